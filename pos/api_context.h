@@ -1,0 +1,126 @@
+// api_context.h — one API call in flight: its parameters, sequence number, DAG edges and result.
+// Contexts are pooled per client and travel rpc → parser → worker → parser → rpc without allocation.
+#pragma once
+
+#include <cstdint>
+#include <atomic>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pos/api_id.h"
+#include "pos/handle.h"
+#include "pos/inline_vec.h"
+#include "pos/status.h"
+#include "pos/sync.h"
+
+namespace pos {
+
+// A parameter as the caller hands it to pos_process: bytes, copied into the context.
+struct Param {
+  const void* data;
+  uint64_t size;
+};
+template <typename T>
+Param param_of(const T& v) {
+  return Param{&v, sizeof(T)};
+}
+
+enum class EdgeKind : uint8_t { kIn, kOut, kInOut, kCreate, kDelete };
+std::string_view edge_kind_name(EdgeKind k);
+
+struct Edge {
+  Handle* handle = nullptr;
+  EdgeKind kind = EdgeKind::kIn;
+  uint64_t offset = 0;  // where in the handle the call touches (memory)
+  uint64_t bytes = 0;   // how much (0 = whole / unknown)
+};
+
+enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2 };
+
+struct APIContext {
+  // identity
+  ApiId api_id{};
+  const ApiInfo* info = nullptr;
+  uint64_t pc = 0;  // api_inst_pc: the client's sequence number of this call
+  uint64_t client_uuid = 0;
+
+  // parameters, copied in by pos_process (capacity is kept across reuse)
+  std::vector<std::byte> param_data;
+  struct Slot {
+    uint64_t offset, size;
+  };
+  InlineVec<Slot, 8> params;
+
+  // what the parser found, for the worker
+  InlineVec<Edge, 8> edges;
+  Handle* h[4] = {};
+  uint64_t u[8] = {};
+
+  // result
+  std::vector<std::byte> ret;
+  uint64_t ret_size = 0;
+  Status status;
+  bool skip_worker = false;  // failed in the parser: never reaches the worker
+
+  StateWord state{kQueued};
+  std::atomic<bool> caller_released{false};  // the submitting thread has read the result
+  uint64_t t_submit_ns = 0, t_parsed_ns = 0, t_done_ns = 0;
+
+  // ---- parameter access (parser / worker) ----
+  size_t param_count() const { return params.size(); }
+  std::span<const std::byte> param_bytes(size_t i) const {
+    const Slot& s = params[i];
+    return {param_data.data() + s.offset, s.size};
+  }
+  // Exactly sizeof(T) bytes, or a clear error naming the parameter.
+  template <typename T>
+  Status get(size_t i, T* out) const {
+    if (i >= params.size()) return Status::InvalidArgument("missing parameter " + std::to_string(i));
+    if (params[i].size != sizeof(T))
+      return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(params[i].size) +
+                                     " bytes, expected " + std::to_string(sizeof(T)));
+    std::memcpy(out, param_data.data() + params[i].offset, sizeof(T));
+    return Status::Ok();
+  }
+  Status expect_params(size_t n) const {
+    if (params.size() != n)
+      return Status::InvalidArgument("expected " + std::to_string(n) + " parameters, got " +
+                                     std::to_string(params.size()));
+    return Status::Ok();
+  }
+
+  // ---- result ----
+  template <typename T>
+  void set_ret(const T& v) {
+    ret.resize(sizeof(T));
+    std::memcpy(ret.data(), &v, sizeof(T));
+    ret_size = sizeof(T);
+  }
+  void set_ret_bytes(const void* p, size_t n) {
+    ret.resize(n);
+    if (n > 0) std::memcpy(ret.data(), p, n);
+    ret_size = n;
+  }
+
+  void add_edge(Handle* handle, EdgeKind kind, uint64_t offset = 0, uint64_t bytes = 0) {
+    edges.push_back(Edge{handle, kind, offset, bytes});
+  }
+
+  // Reset for reuse; keeps buffer capacity unless it grew large (a big async copy).
+  void recycle() {
+    params.clear();
+    edges.clear();
+    for (auto& p : h) p = nullptr;
+    ret_size = 0;
+    status = Status();
+    skip_worker = false;
+    if (param_data.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_data);
+    if (ret.capacity() > (1u << 20)) std::vector<std::byte>().swap(ret);
+    state.reset(kQueued);
+    caller_released.store(false, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace pos

@@ -1,0 +1,105 @@
+// backend.h — the device backend interface: what the worker asks a device to do.
+// Two implementations: CUDA (driver API, the product) and host (CPU memory; CI's faithful double).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pos/api_types.h"
+#include "pos/handle.h"
+#include "pos/status.h"
+
+namespace pos {
+
+struct Config;
+
+// A backend object (stream, event, module, function, cuBLAS handle). 0 as a stream means the
+// client's legacy default stream.
+using BackendObj = uint64_t;
+
+struct FunctionInfo {
+  BackendObj obj = 0;
+  bool found = false;  // false: the device has no such kernel (launch fails, registration does not)
+  std::vector<KernelParam> layout;
+  uint32_t param_bytes = 0;
+};
+
+// One client's device state. Confined to that client's worker thread (not thread-safe), except
+// that the destructor may run on the thread that shuts the client down, after the worker stopped.
+// Work on streams runs asynchronously; *_sync calls and synchronize_all wait for it.
+class BackendClient {
+ public:
+  virtual ~BackendClient() = default;
+
+  // Memory at addresses the parser chose, inside the client's range; size = reserved size.
+  virtual Status alloc_at(uint64_t addr, uint64_t size) = 0;
+  virtual Status free_at(uint64_t addr, uint64_t size) = 0;
+
+  // Copies. Sync variants run on the legacy default stream and wait; async ones are ordered on
+  // `stream`. Async host→device copies take ownership of the bytes (staging, as CUDA does for
+  // pageable memory); async device→host copies write `dst` when the stream reaches them.
+  virtual Status memcpy_h2d(uint64_t dst, const void* src, uint64_t n) = 0;
+  virtual Status memcpy_h2d_async(uint64_t dst, std::vector<std::byte>&& buf, uint64_t offset, uint64_t n,
+                                  BackendObj stream) = 0;
+  virtual Status memcpy_d2h(void* dst, uint64_t src, uint64_t n) = 0;
+  virtual Status memcpy_d2h_async(void* dst, uint64_t src, uint64_t n, BackendObj stream) = 0;
+  virtual Status memcpy_d2d(uint64_t dst, uint64_t src, uint64_t n, BackendObj stream, bool sync) = 0;
+  virtual Status memset(uint64_t dst, int value, uint64_t n, BackendObj stream, bool sync) = 0;
+
+  virtual StatusOr<BackendObj> stream_create(uint32_t flags, int32_t priority) = 0;
+  virtual Status stream_destroy(BackendObj stream) = 0;
+  virtual Status stream_synchronize(BackendObj stream) = 0;
+  virtual Status stream_query(BackendObj stream) = 0;  // ok, or cudaErrorNotReady
+  virtual Status stream_wait_event(BackendObj stream, BackendObj event) = 0;
+
+  virtual StatusOr<BackendObj> event_create(uint32_t flags) = 0;
+  virtual Status event_destroy(BackendObj event) = 0;
+  virtual Status event_record(BackendObj event, BackendObj stream) = 0;
+  virtual Status event_synchronize(BackendObj event) = 0;
+  virtual Status event_query(BackendObj event) = 0;
+  virtual StatusOr<float> event_elapsed_ms(BackendObj start, BackendObj end) = 0;
+
+  virtual Status synchronize_all() = 0;
+
+  virtual StatusOr<BackendObj> module_load(std::span<const std::byte> fatbin) = 0;
+  virtual Status module_unload(BackendObj module) = 0;
+  virtual StatusOr<FunctionInfo> function_get(BackendObj module, const std::string& name) = 0;
+  virtual Status var_bind(BackendObj module, const std::string& name, uint64_t addr, uint64_t size) = 0;
+  virtual Status launch(BackendObj function, const LaunchDims& dims, std::span<const std::byte> params,
+                        BackendObj stream) = 0;
+  virtual StatusOr<FuncAttributes> function_attributes(BackendObj function) = 0;
+  virtual Status function_set_attribute(BackendObj function, int32_t attr, int32_t value) = 0;
+  virtual StatusOr<int32_t> occupancy(BackendObj function, int32_t block_size, uint64_t dyn_smem,
+                                      uint32_t flags) = 0;
+
+  virtual StatusOr<BackendObj> blas_create() = 0;
+  virtual Status blas_destroy(BackendObj handle) = 0;
+  virtual Status blas_set_stream(BackendObj handle, BackendObj stream) = 0;
+  virtual Status blas_set_math_mode(BackendObj handle, int32_t mode) = 0;
+  virtual Status blas_gemm(BackendObj handle, const GemmArgs& args) = 0;
+};
+
+// A device backend. Thread-safe: clients are opened from the workspace's control thread and used
+// from their own workers.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual int device_count() const = 0;
+  // Address-space granularity of allocations (the parser rounds reservations to it).
+  virtual uint64_t granularity() const = 0;
+  virtual Status properties(int device, DeviceProps* out) const = 0;
+  virtual Status attribute(int32_t attr, int device, int32_t* out) const = 0;
+  virtual int32_t driver_version() const = 0;
+  virtual Status mem_info(int device, MemInfo* out) const = 0;
+  virtual StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t va_base, uint64_t va_size, int device) = 0;
+};
+
+// The backend named by the config ("host"; "cuda" where built with the CUDA toolkit).
+StatusOr<std::unique_ptr<DeviceBackend>> make_backend(const Config& config);
+
+}  // namespace pos

@@ -1,0 +1,445 @@
+// client.cc — the per-client pipeline: submit → Rpc2Parser → parser → Parser2Worker → worker → back.
+// Contexts are pooled and returned through the completion queues, so steady state allocates nothing.
+#include "pos/client.h"
+
+#include <algorithm>
+
+#include "pos/log.h"
+
+namespace pos {
+
+// ---------------- LatencyHistogram ----------------
+void LatencyHistogram::record(uint64_t ns) {
+  const size_t b = std::min<uint64_t>(ns / kBucketNs, kBuckets);
+  ++buckets_[b];
+  ++count_;
+}
+uint64_t LatencyHistogram::percentile_ns(double p) const {
+  if (count_ == 0) return 0;
+  const uint64_t target = static_cast<uint64_t>(p * static_cast<double>(count_ - 1)) + 1;
+  uint64_t acc = 0;
+  for (size_t i = 0; i <= kBuckets; ++i) {
+    acc += buckets_[i];
+    if (acc >= target) return (i + 1) * kBucketNs;  // upper edge: never under-reports
+  }
+  return (kBuckets + 1) * kBucketNs;
+}
+void LatencyHistogram::clear() {
+  std::fill(buckets_.begin(), buckets_.end(), 0);
+  count_ = 0;
+}
+
+// ---------------- ParserScope ----------------
+Handle* ParserScope::stream(uint64_t value) {
+  if (value == 0 || value == cuda::kStreamLegacy || value == cuda::kStreamPerThread) return default_stream;
+  return mgr(ResourceType::kStream).get(value);
+}
+
+Handle* ParserScope::device_range(uint64_t addr, uint64_t bytes, uint64_t* offset) {
+  uint64_t off = 0;
+  Handle* h = mgr(ResourceType::kMemory).find_containing(addr, &off);
+  if (h == nullptr) {
+    h = mgr(ResourceType::kVar).find_containing(addr, &off);
+    if (h == nullptr) return nullptr;
+  }
+  if (bytes > h->size - off) return nullptr;
+  if (offset != nullptr) *offset = off;
+  return h;
+}
+
+// ---------------- POSClient ----------------
+POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config,
+                     DeviceBackend* backend, const ApiTable* table)
+    : uuid_(uuid),
+      slot_(slot),
+      job_name_(std::move(job_name)),
+      config_(config),
+      backend_(backend),
+      table_(table),
+      rpc2parser_wq_(config.queue_depth),
+      rpc2parser_cq_(config.queue_depth * 2),
+      parser2worker_wq_(config.queue_depth),
+      parser2worker_cq_(config.queue_depth * 2) {}
+
+POSClient::~POSClient() { shutdown(); }
+
+Status POSClient::start() {
+  const uint64_t base = config_.va_base + static_cast<uint64_t>(slot_) * config_.va_size;
+  // The top eighth of the range holds opaque handle values (streams, events, ...); the rest is
+  // device memory. Distinct per client, so one client's values never name another's resources.
+  const uint64_t mem_size = config_.va_size / 8 * 7;
+  const uint64_t gran = backend_->granularity();
+  auto bc = backend_->open_client(base, mem_size, 0);
+  if (!bc.ok()) return bc.status().with_context("opening device state");
+  backend_client_ = std::move(bc.value());
+
+  ps_.client = this;
+  ps_.va_base = base;
+  ps_.va_size = mem_size;
+  ps_.device_count = backend_->device_count();
+  ps_.memory_quota = config_.memory_quota;
+  ps_.window_base = config_.va_base;
+  ps_.window_size = config_.va_size * config_.max_clients;
+  const uint64_t opaque = base + mem_size;
+  const uint64_t per_type = (config_.va_size - mem_size) / static_cast<uint64_t>(ResourceType::kCount);
+  for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
+    const auto type = static_cast<ResourceType>(t);
+    if (type == ResourceType::kMemory) {
+      // Vars share the memory range (they are device memory too), from its top 1/16.
+      ps_.managers[t] = std::make_unique<HandleManager>(type, base, mem_size / 16 * 15, gran);
+    } else if (type == ResourceType::kVar) {
+      ps_.managers[t] = std::make_unique<HandleManager>(type, base + mem_size / 16 * 15, mem_size / 16, gran);
+    } else {
+      ps_.managers[t] = std::make_unique<HandleManager>(type, opaque + t * per_type, per_type, 1);
+    }
+  }
+  // The device, its context and the legacy default stream exist from the start (DAG roots).
+  ps_.device = ps_.mgr(ResourceType::kDevice).allocate_mocked_resource(0, {}, 0).value();
+  ps_.context = ps_.mgr(ResourceType::kContext).allocate_mocked_resource(0, {ps_.device}, 0).value();
+  ps_.default_stream = ps_.mgr(ResourceType::kStream).allocate_mocked_resource(0, {ps_.context}, 0).value();
+  ps_.default_stream->backend_obj = 0;
+
+  ws_.client = this;
+  ws_.backend = backend_client_.get();
+  ws_.device = backend_;
+
+  accepting_.store(true, std::memory_order_release);
+  parser_thread_ = std::thread([this] { parser_main(); });
+  worker_thread_ = std::thread([this] { worker_main(); });
+  started_ = true;
+  POS_INFO("client %lu (%s): started, device range 0x%lx + 0x%lx", (unsigned long)uuid_, job_name_.c_str(),
+           (unsigned long)base, (unsigned long)mem_size);
+  return Status::Ok();
+}
+
+void POSClient::shutdown() {
+  if (!started_) return;
+  {
+    std::lock_guard<std::mutex> lk(submit_mu_);
+    accepting_.store(false, std::memory_order_release);
+  }
+  worker_paused_.store(false);
+  worker_bell_.ring();
+  // Drain: every submitted call comes back on the rpc CQ, and no command is in flight.
+  spin_then_block(rpc_bell_, config_.spin_ns, [&] {
+    return completed_.load(std::memory_order_acquire) == submitted_.load(std::memory_order_acquire) &&
+           !command_busy_.load(std::memory_order_acquire);
+  });
+  stop_.store(true, std::memory_order_release);
+  parser_bell_.ring();
+  worker_bell_.ring();
+  parser_thread_.join();
+  worker_thread_.join();
+  if (backend_client_) {
+    Status s = backend_client_->synchronize_all();
+    if (!s.ok()) POS_WARN("client %lu: final synchronize: %s", (unsigned long)uuid_, s.to_string().c_str());
+    backend_client_.reset();  // frees all device memory and objects of this client
+  }
+  started_ = false;
+  POS_INFO("client %lu (%s): stopped after %lu calls", (unsigned long)uuid_, job_name_.c_str(),
+           (unsigned long)executed_.load());
+}
+
+ClientStats POSClient::stats() const {
+  ClientStats s;
+  s.calls_submitted = submitted_.load();
+  s.calls_executed = executed_.load();
+  s.memory_in_use = memory_in_use_.load();
+  s.live_handles = live_handles_.load();
+  return s;
+}
+
+void POSClient::set_worker_paused(bool paused) {
+  worker_paused_.store(paused, std::memory_order_release);
+  worker_bell_.ring();
+}
+
+template <typename Q, typename T>
+void POSClient::push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& wait_on) {
+  // Back-pressure: a full queue means the consumer is behind; wait for it to make room.
+  while (!q.push(item)) {
+    wake_consumer.ring();
+    spin_then_block(wait_on, config_.spin_ns, [&] { return q.write_available() > 0 || stop_.load(); });
+  }
+  wake_consumer.ring();
+}
+
+APIContext* POSClient::acquire_context() {
+  for (;;) {
+    if (!pool_.empty()) {
+      APIContext* c = pool_.back();
+      pool_.pop_back();
+      return c;
+    }
+    // Contexts come back on the rpc CQ; one whose caller is still reading its result waits.
+    for (auto it = unreleased_.begin(); it != unreleased_.end();) {
+      if ((*it)->caller_released.load(std::memory_order_acquire)) {
+        (*it)->recycle();
+        pool_.push_back(*it);
+        it = unreleased_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    APIContext* c = nullptr;
+    while (rpc2parser_cq_.pop(c)) {
+      if (c->caller_released.load(std::memory_order_acquire)) {
+        c->recycle();
+        pool_.push_back(c);
+      } else {
+        unreleased_.push_back(c);
+      }
+    }
+    if (!pool_.empty()) continue;
+    if (all_contexts_.size() < static_cast<size_t>(config_.queue_depth) * 2) {
+      all_contexts_.push_back(std::make_unique<APIContext>());
+      return all_contexts_.back().get();
+    }
+    // Everything is in flight: wait for the pipeline to hand one back.
+    spin_then_block(rpc_bell_, config_.spin_ns, [&] { return rpc2parser_cq_.read_available() > 0; });
+  }
+}
+
+Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void* ret_data, uint64_t ret_data_len,
+                         uint64_t* ret_written) {
+  if (ret_written != nullptr) *ret_written = 0;
+  APIContext* c = nullptr;
+  uint32_t target = 0;
+  {
+    std::lock_guard<std::mutex> lk(submit_mu_);
+    if (!accepting_.load(std::memory_order_relaxed))
+      return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+    c = acquire_context();
+    c->api_id = api.id;
+    c->info = &api;
+    c->client_uuid = uuid_;
+    c->pc = next_pc_++;
+    uint64_t total = 0;
+    for (const Param& p : params) total += (p.size + 7) & ~uint64_t{7};
+    c->param_data.resize(total);
+    uint64_t off = 0;
+    for (const Param& p : params) {
+      if (p.size > 0) std::memcpy(c->param_data.data() + off, p.data, p.size);
+      c->params.push_back(APIContext::Slot{off, p.size});
+      off += (p.size + 7) & ~uint64_t{7};
+    }
+    c->t_submit_ns = config_.record_latency ? now_ns() : 0;
+    target = api.mode == ReturnMode::kParse ? kParsed : kDone;
+    submitted_.fetch_add(1, std::memory_order_release);
+    push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
+  }
+  c->state.wait_at_least(target, config_.spin_ns);
+  Status s = c->status;
+  if (s.ok() && ret_data_len > 0 && c->ret_size > 0) {
+    if (c->ret_size > ret_data_len) {
+      s = Status::InvalidArgument("result needs " + std::to_string(c->ret_size) + " bytes, buffer has " +
+                                  std::to_string(ret_data_len));
+    } else {
+      std::memcpy(ret_data, c->ret.data(), c->ret_size);
+      if (ret_written != nullptr) *ret_written = c->ret_size;
+    }
+  }
+  // The context may be reused once the caller is done with it and it is back from the pipeline
+  // (a kParse call may still be executing on the worker now).
+  c->caller_released.store(true, std::memory_order_release);
+  return s;
+}
+
+Status POSClient::run_command(Command& cmd) {
+  if (!accepting_.load(std::memory_order_acquire))
+    return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+  if (command_busy_.exchange(true, std::memory_order_acq_rel))
+    return Status::Busy("client " + std::to_string(uuid_) + " already has a command in flight");
+  cmd.state.reset(0);
+  cmd.status = Status();
+  cmd.dirty.clear();
+  // Single producer: command_busy_ admits one control thread at a time.
+  push_blocking(cmd_parser_wq_, &cmd, parser_bell_, rpc_bell_);
+  cmd.state.wait_at_least(kDone, config_.spin_ns);
+  command_busy_.store(false, std::memory_order_release);
+  rpc_bell_.ring();  // shutdown may be waiting for the command to finish
+  return cmd.status;
+}
+
+// ---------------- parser thread ----------------
+void POSClient::parser_main() {
+  for (;;) {
+    bool progressed = false;
+    APIContext* c = nullptr;
+    while (parser2worker_cq_.pop(c)) {
+      progressed = true;
+      finish_call(c);
+    }
+    Command* cmd = nullptr;
+    if (cmd_worker_cq_.pop(cmd)) {
+      progressed = true;
+      parser_cmd_ = nullptr;
+      cmd->state.set(kDone);
+    }
+    if (parser_cmd_ == nullptr && cmd_parser_wq_.pop(cmd)) {
+      progressed = true;
+      parse_command(cmd);
+    }
+    for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
+      progressed = true;
+      // Completions the caller may already have observed are applied first (e.g. a free that a
+      // later malloc may reuse the address of).
+      APIContext* done = nullptr;
+      while (parser2worker_cq_.pop(done)) finish_call(done);
+      parse_call(c);
+    }
+    if (progressed) continue;
+    if (stop_.load(std::memory_order_acquire)) return;
+    spin_then_block(parser_bell_, config_.spin_ns, [&] {
+      return rpc2parser_wq_.read_available() > 0 || parser2worker_cq_.read_available() > 0 ||
+             cmd_worker_cq_.read_available() > 0 ||
+             (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_.load();
+    });
+  }
+}
+
+void POSClient::complete_to_rpc(APIContext* c) {
+  // rpc2parser_cq_ has room for every context that exists (2 x depth), so this never waits.
+  while (!rpc2parser_cq_.push(c)) cpu_relax();
+  completed_.fetch_add(1, std::memory_order_release);
+  rpc_bell_.ring();
+}
+
+void POSClient::parse_call(APIContext* c) {
+  last_parsed_pc_ = c->pc;
+  const ApiFunctions& f = table_->get(c->api_id);
+  Status s = f.parse != nullptr ? f.parse(ps_, *c)
+                                : Status::Unsupported(std::string(c->info->name) + " has no parser function");
+  if (!s.ok()) {
+    POS_DEBUG("client %lu pc %lu %.*s: %s", (unsigned long)uuid_, (unsigned long)c->pc,
+              (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
+    c->status = s.with_context(c->info->name);
+    c->skip_worker = true;
+    c->state.set(kDone);
+    complete_to_rpc(c);
+    return;
+  }
+  // DAG bookkeeping: writers bump versions and enter the dirty set (incremental checkpoints and
+  // migration pre-copy read it).
+  for (size_t i = 0; i < c->edges.size(); ++i) {
+    Edge& e = c->edges[i];
+    if (e.kind == EdgeKind::kOut || e.kind == EdgeKind::kInOut || e.kind == EdgeKind::kCreate) {
+      e.handle->version = c->pc;
+      if (!e.handle->dirty) {
+        e.handle->dirty = true;
+        dirty_.insert(e.handle);
+      }
+    }
+  }
+  memory_in_use_.store(ps_.memory_in_use, std::memory_order_relaxed);
+  if (c->skip_worker) {  // nothing for the device to do (e.g. cudaMalloc(0))
+    executed_.fetch_add(1, std::memory_order_relaxed);
+    c->state.set(kDone);
+    complete_to_rpc(c);
+    return;
+  }
+  if (c->info->mode == ReturnMode::kParse) c->state.set(kParsed);
+  push_blocking(parser2worker_wq_, c, worker_bell_, parser_bell_);
+}
+
+void POSClient::finish_call(APIContext* c) {
+  // Deleted handles become reusable only now that the worker has really destroyed them.
+  for (size_t i = 0; i < c->edges.size(); ++i) {
+    const Edge& e = c->edges[i];
+    if (e.kind != EdgeKind::kDelete) continue;
+    dirty_.erase(e.handle);
+    ps_.mgr(e.handle->type).release(e.handle);
+  }
+  uint64_t live = 0;
+  for (auto& m : ps_.managers) live += m->active_count();
+  live_handles_.store(live, std::memory_order_relaxed);
+  complete_to_rpc(c);
+}
+
+void POSClient::parse_command(Command* cmd) {
+  cmd->cut_pc = last_parsed_pc_ + 1;
+  if (cmd->type == CommandType::kCollectDirty) {
+    cmd->dirty.reserve(dirty_.size());
+    for (Handle* h : dirty_) {
+      cmd->dirty.push_back(DirtyRecord{h->id, h->type, h->client_addr, h->size, h->version});
+      h->dirty = false;
+    }
+    dirty_.clear();
+    std::sort(cmd->dirty.begin(), cmd->dirty.end(),
+              [](const DirtyRecord& a, const DirtyRecord& b) { return a.handle_id < b.handle_id; });
+  }
+  parser_cmd_ = cmd;
+  push_blocking(cmd_worker_wq_, cmd, worker_bell_, parser_bell_);
+}
+
+// ---------------- worker thread ----------------
+void POSClient::worker_main() {
+  for (;;) {
+    if (worker_paused_.load(std::memory_order_acquire) && !stop_.load()) {
+      spin_then_block(worker_bell_, 0, [&] { return !worker_paused_.load() || stop_.load(); });
+      continue;
+    }
+    bool progressed = false;
+    if (worker_cmd_ == nullptr) {
+      Command* cmd = nullptr;
+      if (cmd_worker_wq_.pop(cmd)) worker_cmd_ = cmd;
+    }
+    APIContext* c = nullptr;
+    for (int i = 0; i < 64; ++i) {
+      // Calls at or past a pending command's cut wait until the command has run.
+      APIContext* const* front = parser2worker_wq_.read_available() > 0 ? &parser2worker_wq_.front() : nullptr;
+      if (front == nullptr) break;
+      if (worker_cmd_ != nullptr && (*front)->pc >= worker_cmd_->cut_pc) break;
+      parser2worker_wq_.pop(c);
+      progressed = true;
+      execute_call(c);
+      if (worker_paused_.load(std::memory_order_acquire)) break;
+    }
+    if (worker_cmd_ != nullptr) {
+      const bool cut_reached = parser2worker_wq_.read_available() == 0 ||
+                               parser2worker_wq_.front()->pc >= worker_cmd_->cut_pc;
+      if (cut_reached) {
+        execute_command(worker_cmd_);
+        Command* done = worker_cmd_;
+        worker_cmd_ = nullptr;
+        push_blocking(cmd_worker_cq_, done, parser_bell_, worker_bell_);
+        progressed = true;
+      }
+    }
+    if (progressed) continue;
+    if (stop_.load(std::memory_order_acquire) && parser2worker_wq_.read_available() == 0) return;
+    spin_then_block(worker_bell_, config_.spin_ns, [&] {
+      return parser2worker_wq_.read_available() > 0 || cmd_worker_wq_.read_available() > 0 ||
+             worker_cmd_ != nullptr || worker_paused_.load() || stop_.load();
+    });
+  }
+}
+
+void POSClient::execute_call(APIContext* c) {
+  const ApiFunctions& f = table_->get(c->api_id);
+  Status s = f.work != nullptr ? f.work(ws_, *c)
+                               : Status::Unsupported(std::string(c->info->name) + " has no worker function");
+  if (c->info->mode == ReturnMode::kSync) {
+    c->status = s.ok() ? s : s.with_context(c->info->name);
+  } else if (!s.ok()) {
+    // The app already got success for this call: the error surfaces through cudaGetLastError.
+    ws_.async_error = s.api_error();
+    ws_.async_error_message = s.message();
+    POS_WARN("client %lu pc %lu %.*s failed asynchronously: %s", (unsigned long)uuid_, (unsigned long)c->pc,
+             (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
+  }
+  executed_.fetch_add(1, std::memory_order_relaxed);
+  if (c->t_submit_ns != 0) {
+    c->t_done_ns = now_ns();
+    latency_.record(c->t_done_ns - c->t_submit_ns);
+  }
+  c->state.set(kDone);
+  push_blocking(parser2worker_cq_, c, parser_bell_, worker_bell_);
+}
+
+void POSClient::execute_command(Command* cmd) {
+  // Every call < cut has executed; wait for the device to finish them too.
+  cmd->status = backend_client_->synchronize_all();
+}
+
+}  // namespace pos

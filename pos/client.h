@@ -1,0 +1,207 @@
+// client.h — POSClient: one tenant's queues, parser thread, worker thread, handles and device state.
+// Clients share nothing mutable with each other; a stalled client never blocks another.
+#pragma once
+
+#include <boost/lockfree/spsc_queue.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "pos/api_context.h"
+#include "pos/api_table.h"
+#include "pos/backend.h"
+#include "pos/config.h"
+#include "pos/handle.h"
+#include "pos/status.h"
+#include "pos/sync.h"
+
+namespace pos {
+
+// ---- checkpoint / migration commands (control → parser → worker → parser → control) ----
+enum class CommandType : uint8_t {
+  kQuiesce,       // cut at N: every call < N has executed on the device, none >= N has started
+  kCollectDirty,  // cut at N and report (then clear) the handles written since the last collection
+};
+
+struct DirtyRecord {
+  uint64_t handle_id;
+  ResourceType type;
+  uint64_t client_addr;
+  uint64_t size;
+  uint64_t version;
+};
+
+struct Command {
+  CommandType type = CommandType::kQuiesce;
+  uint64_t cut_pc = 0;  // N, chosen by the parser: all calls with pc < N are inside the cut
+  Status status;
+  std::vector<DirtyRecord> dirty;  // kCollectDirty, sorted by handle id
+  StateWord state{0};
+};
+
+// pos_process → worker-completion latency, 50 ns buckets up to 2 ms. Written by the worker only;
+// read after the client is quiet (a sync call or shutdown orders the reads).
+class LatencyHistogram {
+ public:
+  void record(uint64_t ns);
+  uint64_t count() const { return count_; }
+  uint64_t percentile_ns(double p) const;
+  void clear();
+
+ private:
+  static constexpr uint64_t kBucketNs = 50;
+  static constexpr size_t kBuckets = 40000;
+  std::vector<uint64_t> buckets_ = std::vector<uint64_t>(kBuckets + 1, 0);
+  uint64_t count_ = 0;
+};
+
+struct ClientStats {
+  uint64_t calls_submitted = 0;
+  uint64_t calls_executed = 0;
+  uint64_t memory_in_use = 0;  // bytes reserved for the client's buffers
+  uint64_t live_handles = 0;
+};
+
+class POSClient;
+
+// Parser-thread state handed to parser functions (confined to the parser thread).
+struct ParserScope {
+  POSClient* client = nullptr;
+  std::array<std::unique_ptr<HandleManager>, static_cast<size_t>(ResourceType::kCount)> managers;
+  Handle* device = nullptr;
+  Handle* context = nullptr;
+  Handle* default_stream = nullptr;
+  int32_t current_device = 0;
+  int32_t device_count = 1;
+  uint64_t memory_quota = 0;  // 0 = none
+  uint64_t memory_in_use = 0;
+  uint64_t va_base = 0, va_size = 0;
+
+  HandleManager& mgr(ResourceType t) { return *managers[static_cast<size_t>(t)]; }
+  // A cudaStream_t from the app: 0 / legacy / per-thread map to the default stream.
+  Handle* stream(uint64_t value);
+  // A device pointer range [addr, addr+bytes) wholly inside one live buffer of this client.
+  Handle* device_range(uint64_t addr, uint64_t bytes, uint64_t* offset);
+  bool in_device_range(uint64_t addr) const { return addr >= va_base && addr < va_base + va_size; }
+  // Inside the address window of any client of this workspace. Such a value that is not one of
+  // this client's live buffers is refused wherever a pointer is expected: it can only be another
+  // tenant's memory (or this client's freed memory).
+  bool in_pos_window(uint64_t addr) const { return addr >= window_base && addr - window_base < window_size; }
+  uint64_t window_base = 0, window_size = 0;
+};
+
+// Worker-thread state handed to worker functions (confined to the worker thread).
+struct WorkerScope {
+  POSClient* client = nullptr;
+  BackendClient* backend = nullptr;
+  DeviceBackend* device = nullptr;
+  // Latest error of a call that had already returned success to the app (cudaGetLastError).
+  int32_t async_error = 0;
+  std::string async_error_message;
+};
+
+class POSClient {
+ public:
+  POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config, DeviceBackend* backend,
+            const ApiTable* table);
+  ~POSClient();
+  POSClient(const POSClient&) = delete;
+  POSClient& operator=(const POSClient&) = delete;
+
+  // Opens the device state and starts the parser and worker threads.
+  Status start();
+  // Refuses new calls, waits for in-flight calls and commands, stops threads, frees device state.
+  void shutdown();
+
+  // pos_process for this client. Thread-safe (app threads may call concurrently).
+  Status submit(const ApiInfo& api, std::span<const Param> params, void* ret_data, uint64_t ret_data_len,
+                uint64_t* ret_written);
+  // Runs a command at a cut; one at a time per client (a second concurrent one gets kBusy).
+  Status run_command(Command& cmd);
+
+  uint64_t uuid() const { return uuid_; }
+  uint32_t slot() const { return slot_; }
+  const std::string& job_name() const { return job_name_; }
+  bool active() const { return accepting_.load(std::memory_order_acquire); }
+  bool command_in_flight() const { return command_busy_.load(std::memory_order_acquire); }
+  ClientStats stats() const;
+  const LatencyHistogram& latency() const { return latency_; }
+  void clear_latency() { latency_.clear(); }
+
+  // Test hook: hold the worker before its next call (to make "busy" and ordering observable).
+  void set_worker_paused(bool paused);
+
+ private:
+  using Queue = boost::lockfree::spsc_queue<APIContext*>;
+  using CmdQueue = boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<4>>;
+
+  APIContext* acquire_context();
+  void parser_main();
+  void worker_main();
+  void parse_call(APIContext* c);
+  void finish_call(APIContext* c);  // parser: after the worker completed c
+  void execute_call(APIContext* c);
+  void parse_command(Command* cmd);
+  void execute_command(Command* cmd);
+  void complete_to_rpc(APIContext* c);
+  template <typename Q, typename T>
+  void push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& wait_on);
+
+  const uint64_t uuid_;
+  const uint32_t slot_;
+  const std::string job_name_;
+  const Config config_;
+  DeviceBackend* const backend_;
+  const ApiTable* const table_;
+
+  // Queues, one producer and one consumer each; indices live on separate cache lines inside
+  // boost's spsc_queue, so producer and consumer do not false-share.
+  Queue rpc2parser_wq_, rpc2parser_cq_, parser2worker_wq_, parser2worker_cq_;
+  CmdQueue cmd_parser_wq_, cmd_parser_cq_, cmd_worker_wq_, cmd_worker_cq_;
+  Doorbell parser_bell_;  // rpc WQ, worker CQ, command queues
+  Doorbell worker_bell_;  // parser → worker WQ, command queue, pause changes
+  Doorbell rpc_bell_;     // rpc CQ (contexts coming back), command completions
+
+  // Producer side of rpc2parser_wq_ (guarded by submit_mu_).
+  std::mutex submit_mu_;
+  uint64_t next_pc_ = 1;                 // guarded by submit_mu_
+  std::vector<APIContext*> pool_;        // guarded by submit_mu_
+  std::vector<APIContext*> unreleased_;  // guarded by submit_mu_: back from CQ, caller still reading
+  std::vector<std::unique_ptr<APIContext>> all_contexts_;  // guarded by submit_mu_
+  std::atomic<bool> accepting_{false};
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> completed_{0};  // contexts handed back on rpc2parser_cq_
+
+  std::atomic<bool> command_busy_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> worker_paused_{false};
+
+  // Parser thread state.
+  ParserScope ps_;
+  uint64_t last_parsed_pc_ = 0;
+  std::unordered_set<Handle*> dirty_;  // parser thread
+  Command* parser_cmd_ = nullptr;      // parser thread: command waiting for the worker
+
+  // Worker thread state.
+  WorkerScope ws_;
+  std::unique_ptr<BackendClient> backend_client_;
+  Command* worker_cmd_ = nullptr;  // worker thread
+  std::atomic<uint64_t> executed_{0};
+  LatencyHistogram latency_;
+
+  std::atomic<uint64_t> memory_in_use_{0};  // mirror of ps_.memory_in_use for stats
+  std::atomic<uint64_t> live_handles_{0};
+
+  std::thread parser_thread_, worker_thread_;
+  bool started_ = false;
+};
+
+}  // namespace pos

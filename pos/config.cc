@@ -1,0 +1,173 @@
+// config.cc — YAML → Config with validation; the only place yaml-cpp is used.
+// Parsing never throws out of this file: yaml-cpp exceptions become Status.
+#include "pos/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace pos {
+
+StatusOr<uint64_t> parse_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return Status::InvalidArgument("not a size: '" + text + "'");
+  double v = 0;
+  try {
+    v = std::stod(text.substr(0, i));
+  } catch (...) {
+    return Status::InvalidArgument("not a size: '" + text + "'");
+  }
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mul = 1;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "KiB" || unit == "K") mul = 1024.0;
+  else if (unit == "MiB" || unit == "M") mul = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else if (unit == "TB") mul = 1e12;
+  else return Status::InvalidArgument("unknown size unit '" + unit + "' in '" + text + "'");
+  const double bytes = v * mul;
+  if (bytes < 0 || bytes > 1.8e19) return Status::InvalidArgument("size out of range: '" + text + "'");
+  return static_cast<uint64_t>(bytes);
+}
+
+namespace {
+
+StatusOr<LogLevel> parse_level(const std::string& s) {
+  if (s == "error") return LogLevel::kError;
+  if (s == "warn" || s == "warning") return LogLevel::kWarn;
+  if (s == "info") return LogLevel::kInfo;
+  if (s == "debug") return LogLevel::kDebug;
+  return Status::InvalidArgument("log_level must be error|warn|info|debug, got '" + s + "'");
+}
+
+Status check_keys(const YAML::Node& node, const std::string& where, const std::set<std::string>& allowed) {
+  if (!node.IsMap()) return Status::InvalidArgument(where + " must be a mapping");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (allowed.count(key) == 0) return Status::InvalidArgument("unknown config key '" + where + key + "'");
+  }
+  return Status::Ok();
+}
+
+Status read_size(const YAML::Node& n, const std::string& key, uint64_t* out) {
+  if (!n[key]) return Status::Ok();
+  auto v = parse_size(n[key].as<std::string>());
+  if (!v.ok()) return v.status().with_context(key);
+  *out = *v;
+  return Status::Ok();
+}
+
+template <typename T>
+Status read_uint(const YAML::Node& n, const std::string& key, T* out, uint64_t lo, uint64_t hi) {
+  if (!n[key]) return Status::Ok();
+  auto v = parse_size(n[key].as<std::string>());
+  if (!v.ok()) return v.status().with_context(key);
+  if (*v < lo || *v > hi)
+    return Status::InvalidArgument(key + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  *out = static_cast<T>(*v);
+  return Status::Ok();
+}
+
+Status apply(const YAML::Node& root, Config* c) {
+  if (!root || root.IsNull()) return Status::Ok();
+  POS_RETURN_IF_ERROR(check_keys(root, "", {"backend", "log_level", "client", "queues", "host_backend", "checkpoint"}));
+  if (root["backend"]) {
+    c->backend = root["backend"].as<std::string>();
+    if (c->backend != "host" && c->backend != "cuda")
+      return Status::InvalidArgument("backend must be host|cuda, got '" + c->backend + "'");
+  }
+  if (root["log_level"]) {
+    auto l = parse_level(root["log_level"].as<std::string>());
+    if (!l.ok()) return l.status();
+    c->log_level = *l;
+  }
+  if (const auto n = root["client"]) {
+    POS_RETURN_IF_ERROR(check_keys(n, "client.", {"max_clients", "memory_quota", "va_base", "va_size"}));
+    POS_RETURN_IF_ERROR(read_uint(n, "max_clients", &c->max_clients, 1, 4096));
+    POS_RETURN_IF_ERROR(read_size(n, "memory_quota", &c->memory_quota));
+    if (n["va_base"]) c->va_base = std::strtoull(n["va_base"].as<std::string>().c_str(), nullptr, 0);
+    POS_RETURN_IF_ERROR(read_size(n, "va_size", &c->va_size));
+  }
+  if (const auto n = root["queues"]) {
+    POS_RETURN_IF_ERROR(check_keys(n, "queues.", {"depth", "spin_us", "record_latency"}));
+    POS_RETURN_IF_ERROR(read_uint(n, "depth", &c->queue_depth, 16, 1u << 20));
+    uint64_t us = c->spin_ns / 1000;
+    POS_RETURN_IF_ERROR(read_uint(n, "spin_us", &us, 0, 10'000'000));
+    c->spin_ns = us * 1000;
+    if (n["record_latency"]) c->record_latency = n["record_latency"].as<bool>();
+  }
+  if (const auto n = root["host_backend"]) {
+    POS_RETURN_IF_ERROR(check_keys(n, "host_backend.", {"device_count", "device_memory", "device_name"}));
+    POS_RETURN_IF_ERROR(read_uint(n, "device_count", &c->host_device_count, 1, 64));
+    POS_RETURN_IF_ERROR(read_size(n, "device_memory", &c->host_device_memory));
+    if (n["device_name"]) c->host_device_name = n["device_name"].as<std::string>();
+  }
+  if (const auto n = root["checkpoint"]) {
+    POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode"}));
+    if (n["mode"]) {
+      c->checkpoint_mode = n["mode"].as<std::string>();
+      if (c->checkpoint_mode != "off" && c->checkpoint_mode != "sync" && c->checkpoint_mode != "async")
+        return Status::InvalidArgument("checkpoint.mode must be off|sync|async");
+    }
+  }
+  // Ranges: each client's range must be page aligned and the whole set must fit in user space.
+  if (c->va_base % 4096 != 0 || c->va_size % (2ull << 20) != 0 || c->va_size < (64ull << 20))
+    return Status::InvalidArgument("client.va_base must be 4 KiB aligned and client.va_size a multiple of 2 MiB, >= 64 MiB");
+  if (c->va_base + static_cast<unsigned __int128>(c->va_size) * c->max_clients > (1ull << 47))
+    return Status::InvalidArgument("client.va_base + max_clients * va_size exceeds the 128 TiB user address space");
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<Config> parse_config(const std::string& yaml_text) {
+  Config c;
+  try {
+    POS_RETURN_IF_ERROR(apply(YAML::Load(yaml_text), &c));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string("config: ") + e.what());
+  }
+  return c;
+}
+
+StatusOr<Config> load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument("cannot read config file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto c = parse_config(ss.str());
+  if (!c.ok()) return c.status().with_context(path);
+  return c;
+}
+
+StatusOr<Config> config_from_environment() {
+  Config c;
+  if (const char* p = std::getenv("POS_CONFIG"); p != nullptr && *p != '\0') {
+    auto r = load_config_file(p);
+    if (!r.ok()) return r.status();
+    c = *r;
+  }
+  if (const char* b = std::getenv("POS_BACKEND"); b != nullptr && *b != '\0') {
+    std::string s(b);
+    if (s != "host" && s != "cuda") return Status::InvalidArgument("POS_BACKEND must be host|cuda");
+    c.backend = s;
+  }
+  if (const char* l = std::getenv("POS_LOG_LEVEL"); l != nullptr && *l != '\0') {
+    auto lv = parse_level(l);
+    if (!lv.ok()) return lv.status();
+    c.log_level = *lv;
+  }
+  return c;
+}
+
+}  // namespace pos

@@ -1,0 +1,47 @@
+// config.h — POS configuration: backend, per-client limits, queues, logging. YAML (yaml-cpp).
+// Every field has a default that works with no file; a bad file is refused with the field named.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pos/status.h"
+
+namespace pos {
+
+enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug };
+
+struct Config {
+  std::string backend = "host";  // host | cuda
+  LogLevel log_level = LogLevel::kWarn;
+
+  // Clients
+  uint32_t max_clients = 64;
+  uint64_t memory_quota = 0;                 // bytes of device memory per client; 0 = no quota
+  uint64_t va_base = 0x110000000000ull;      // 17 TiB: above ASan shadow, below PIE/heap (0x55..)
+  uint64_t va_size = 0x10000000000ull;       // per client (1 TiB): its memory + opaque handle slots
+
+  // Queues and threads
+  uint32_t queue_depth = 4096;  // per queue; a full queue applies back-pressure to the caller
+  uint64_t spin_ns = 50000;     // spin before blocking (latency vs. idle CPU)
+  bool record_latency = false;  // keep a pos_process → worker-completion histogram per client
+
+  // Host backend
+  uint32_t host_device_count = 1;
+  uint64_t host_device_memory = 16ull << 30;
+  std::string host_device_name = "POS Host Device";
+
+  // Checkpointing (engine arrives with the checkpoint issue; mode is accepted and validated now)
+  std::string checkpoint_mode = "off";  // off | sync | async
+};
+
+// Parse a YAML document. Unknown keys and bad values are errors naming the key.
+StatusOr<Config> parse_config(const std::string& yaml_text);
+StatusOr<Config> load_config_file(const std::string& path);
+// POS_CONFIG names a file if set; otherwise defaults. POS_BACKEND / POS_LOG_LEVEL override.
+StatusOr<Config> config_from_environment();
+
+// "64", "4KiB", "16GiB", "1.5GB" → bytes.
+StatusOr<uint64_t> parse_size(const std::string& text);
+
+}  // namespace pos

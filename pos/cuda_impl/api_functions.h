@@ -1,0 +1,40 @@
+// api_functions.h — the CUDA API set's parser and worker functions, by family, and the table fill.
+// Parser functions validate, allocate mocked handles and record DAG edges; worker functions call the backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pos/api_table.h"
+#include "pos/client.h"
+
+namespace pos::cuda_impl {
+
+void fill_api_table(ApiTable* table);
+
+// Per-family registration (one .cc per family).
+void register_device_apis(ApiTable* t);
+void register_memory_apis(ApiTable* t);
+void register_stream_apis(ApiTable* t);
+void register_module_apis(ApiTable* t);
+void register_cublas_apis(ApiTable* t);
+
+// Shared parsing helpers.
+std::string hex(uint64_t v);
+inline Status cuda_error(int32_t e, std::string msg) { return Status::Cuda(e, std::move(msg)); }
+inline Status cublas_error(int32_t e, std::string msg) { return Status::Cublas(e, std::move(msg)); }
+
+// Reads parameter i as T; a missing or wrongly sized parameter is cudaErrorInvalidValue.
+#define POS_PARAM(ctx, i, T, var) \
+  T var{};                        \
+  POS_RETURN_IF_ERROR((ctx).get((i), &var))
+
+// The same for cuBLAS APIs, where a bad parameter is CUBLAS_STATUS_INVALID_VALUE.
+#define POS_BLAS_PARAM(ctx, i, T, var)                                          \
+  T var{};                                                                      \
+  do {                                                                          \
+    ::pos::Status pos_s_ = (ctx).get((i), &var);                                \
+    if (!pos_s_.ok()) return ::pos::Status::Cublas(::pos::cuda::kCublasInvalidValue, pos_s_.message()); \
+  } while (0)
+
+}  // namespace pos::cuda_impl

@@ -1,0 +1,64 @@
+// host_stream.h — a CUDA stream on the host: an ordered executor thread with real asynchrony.
+// Ops run in submission order; cross-stream dependencies (legacy default stream, wait-event) are
+// (stream, sequence) pairs waited on before an op runs.
+#pragma once
+
+#include <boost/lockfree/spsc_queue.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "pos/sync.h"
+
+namespace pos::host {
+
+class HostStream;
+
+struct StreamDep {
+  std::shared_ptr<HostStream> stream;
+  uint64_t seq;  // wait until stream->completed() >= seq
+};
+
+// Producer side (enqueue) is confined to one thread: the owning client's worker. Waiting and
+// progress queries are thread-safe.
+class HostStream {
+ public:
+  HostStream(uint32_t flags, int32_t priority, uint64_t spin_ns);
+  ~HostStream();  // runs what is queued, then stops
+  HostStream(const HostStream&) = delete;
+  HostStream& operator=(const HostStream&) = delete;
+
+  // Returns the op's sequence number (1, 2, ...).
+  uint64_t enqueue(std::function<void()> fn, std::vector<StreamDep> deps = {});
+  uint64_t submitted() const { return submitted_.load(std::memory_order_acquire); }
+  uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  bool idle() const { return completed() == submitted(); }
+  void wait_for(uint64_t seq);
+  void wait_idle() { wait_for(submitted()); }
+  uint32_t flags() const { return flags_; }
+  int32_t priority() const { return priority_; }
+
+ private:
+  struct Op {
+    std::function<void()> fn;
+    std::vector<StreamDep> deps;
+  };
+  void run();
+
+  const uint32_t flags_;
+  const int32_t priority_;
+  const uint64_t spin_ns_;
+  boost::lockfree::spsc_queue<Op*, boost::lockfree::capacity<1024>> q_;
+  Doorbell submit_bell_;  // ops queued / stop
+  Doorbell done_bell_;    // ops completed (waiters and a producer facing a full queue)
+  std::atomic<uint64_t> submitted_{0};
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace pos::host

@@ -1,0 +1,67 @@
+// workspace.h — POSWorkspace: the daemon-side entry point. Owns the backend and all clients and
+// routes every API call (pos_process) and control command to the right client's pipeline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pos/api_context.h"
+#include "pos/api_table.h"
+#include "pos/backend.h"
+#include "pos/client.h"
+#include "pos/config.h"
+#include "pos/status.h"
+
+namespace pos {
+
+using ClientUuid = uint64_t;
+
+struct ClientInfo {
+  ClientUuid uuid;
+  std::string job_name;
+  ClientStats stats;
+};
+
+// Thread-safe: any thread may call pos_process / run_command; clients are added and removed
+// under an exclusive lock, lookups take it shared only long enough to pin the client.
+class POSWorkspace {
+ public:
+  static StatusOr<std::unique_ptr<POSWorkspace>> create(const Config& config);
+  // For tests and embedders that bring their own backend.
+  static StatusOr<std::unique_ptr<POSWorkspace>> create_with_backend(const Config& config,
+                                                                     std::unique_ptr<DeviceBackend> backend);
+  ~POSWorkspace();
+
+  StatusOr<ClientUuid> create_client(const std::string& job_name);
+  // Drains the client's in-flight work, then frees all its device memory and handles.
+  Status remove_client(ClientUuid uuid);
+
+  // Executes API `api_id` for `uuid`. Parameters are copied; results go to ret_data (at most
+  // ret_data_len bytes; *ret_written tells how many). The returned Status carries the API's
+  // error code (cudaError_t / cublasStatus_t) as api_error().
+  Status pos_process(uint32_t api_id, ClientUuid uuid, std::span<const Param> params, void* ret_data,
+                     uint64_t ret_data_len, uint64_t* ret_written = nullptr);
+
+  Status run_command(ClientUuid uuid, Command& cmd);
+
+  std::shared_ptr<POSClient> find_client(ClientUuid uuid) const;
+  std::vector<ClientInfo> list_clients() const;
+  const Config& config() const { return config_; }
+  DeviceBackend& backend() { return *backend_; }
+
+ private:
+  POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend);
+
+  const Config config_;
+  std::unique_ptr<DeviceBackend> backend_;
+  ApiTable table_;
+  mutable std::shared_mutex mu_;
+  std::vector<std::shared_ptr<POSClient>> slots_;  // guarded by mu_; index = slot
+  uint64_t generation_ = 0;                        // guarded by mu_
+};
+
+}  // namespace pos

@@ -1,0 +1,111 @@
+// api_fixture.h — a workspace with one or more clients on the backend under test, and helpers.
+// The backend comes from POS_TEST_BACKEND (default host), so the same tests can run on a GPU.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pos/cuda_impl/fatbin.h"
+#include "pos/workspace.h"
+#include "remoting/api_client.h"
+#include "unittest/test_kernels.h"
+
+namespace pos::test {
+
+inline Config test_config() {
+  Config c;
+  const char* b = std::getenv("POS_TEST_BACKEND");
+  c.backend = (b != nullptr && *b != '\0') ? b : "host";
+  c.spin_ns = 20000;
+  c.max_clients = 16;
+  c.host_device_memory = 4ull << 30;
+  return c;
+}
+
+// One client: its transport and typed API.
+struct TestClient {
+  uint64_t uuid = 0;
+  std::unique_ptr<InProcessTransport> transport;
+  std::unique_ptr<ApiClient> api;
+  uint64_t module = 0;
+  RegisteredFunction axpy, scale_struct, fill, noop;
+};
+
+class ApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { make_workspace(test_config()); }
+  void TearDown() override {
+    clients_.clear();
+    ws_.reset();
+  }
+
+  void make_workspace(const Config& c) {
+    clients_.clear();
+    ws_.reset();
+    auto ws = POSWorkspace::create(c);
+    ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+    ws_ = std::move(ws.value());
+    add_client("test-a");
+  }
+
+  TestClient& add_client(const std::string& job) {
+    auto uuid = ws_->create_client(job);
+    EXPECT_TRUE(uuid.ok()) << uuid.status().to_string();
+    auto tc = std::make_unique<TestClient>();
+    tc->uuid = *uuid;
+    tc->transport = std::make_unique<InProcessTransport>(ws_.get(), tc->uuid);
+    tc->api = std::make_unique<ApiClient>(tc->transport.get());
+    auto fatbin = cuda_impl::make_test_fatbin(64);
+    EXPECT_TRUE(tc->api->register_fatbin(&tc->module, fatbin).ok());
+    EXPECT_TRUE(tc->api->register_function(&tc->axpy, tc->module, kTestAxpyName).ok());
+    EXPECT_TRUE(tc->api->register_function(&tc->scale_struct, tc->module, kTestScaleStructName).ok());
+    EXPECT_TRUE(tc->api->register_function(&tc->fill, tc->module, kTestFillName).ok());
+    EXPECT_TRUE(tc->api->register_function(&tc->noop, tc->module, kTestNoopName).ok());
+    clients_.push_back(std::move(tc));
+    return *clients_.back();
+  }
+
+  ApiClient& api(size_t i = 0) { return *clients_[i]->api; }
+  TestClient& client(size_t i = 0) { return *clients_[i]; }
+
+  uint64_t alloc(uint64_t n, size_t client_index = 0) {
+    uint64_t p = 0;
+    Status s = api(client_index).malloc(&p, n);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return p;
+  }
+  void upload(uint64_t dst, const void* src, uint64_t n, size_t ci = 0) {
+    Status s = api(ci).memcpy(dst, reinterpret_cast<uint64_t>(src), n, cuda::kMemcpyHostToDevice);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  template <typename T>
+  std::vector<T> download(uint64_t src, size_t count, size_t ci = 0) {
+    std::vector<T> out(count);
+    Status s = api(ci).memcpy(reinterpret_cast<uint64_t>(out.data()), src, count * sizeof(T), cuda::kMemcpyDeviceToHost);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return out;
+  }
+  // Packs kernel arguments by the registered layout (what the client shim does).
+  template <typename... A>
+  static std::vector<std::byte> args(const RegisteredFunction& f, const A&... a) {
+    std::vector<std::byte> buf(f.param_bytes);
+    const void* ptrs[] = {&a...};
+    const size_t sizes[] = {sizeof(A)...};
+    EXPECT_EQ(sizeof...(A), f.params.size());
+    for (size_t i = 0; i < sizeof...(A) && i < f.params.size(); ++i) {
+      EXPECT_EQ(sizes[i], f.params[i].size);
+      std::memcpy(buf.data() + f.params[i].offset, ptrs[i], sizes[i]);
+    }
+    return buf;
+  }
+  static LaunchDims dims(uint32_t grid, uint32_t block) { return LaunchDims{{grid, 1, 1}, {block, 1, 1}, 0}; }
+
+  std::unique_ptr<POSWorkspace> ws_;
+  std::vector<std::unique_ptr<TestClient>> clients_;
+};
+
+}  // namespace pos::test

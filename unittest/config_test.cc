@@ -1,0 +1,83 @@
+// config_test.cc — YAML configuration: defaults, sizes, validation with the offending key named.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "pos/config.h"
+
+namespace pos {
+namespace {
+
+TEST(Config, EmptyDocumentGivesWorkingDefaults) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->backend, "host");
+  EXPECT_EQ(c->memory_quota, 0u);
+  EXPECT_GT(c->queue_depth, 0u);
+  EXPECT_EQ(c->checkpoint_mode, "off");
+}
+
+TEST(Config, ParsesEverySection) {
+  auto c = parse_config(R"(
+backend: host
+log_level: debug
+client: {max_clients: 8, memory_quota: 2GiB, va_size: 256GiB}
+queues: {depth: 1024, spin_us: 10, record_latency: true}
+host_backend: {device_count: 2, device_memory: 8GiB, device_name: Test}
+checkpoint: {mode: async}
+)");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->log_level, LogLevel::kDebug);
+  EXPECT_EQ(c->max_clients, 8u);
+  EXPECT_EQ(c->memory_quota, 2ull << 30);
+  EXPECT_EQ(c->va_size, 256ull << 30);
+  EXPECT_EQ(c->queue_depth, 1024u);
+  EXPECT_EQ(c->spin_ns, 10000u);
+  EXPECT_TRUE(c->record_latency);
+  EXPECT_EQ(c->host_device_count, 2u);
+  EXPECT_EQ(c->host_device_name, "Test");
+  EXPECT_EQ(c->checkpoint_mode, "async");
+}
+
+TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
+  auto a = parse_config("backnd: host");
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("backnd"), std::string::npos);
+  auto b = parse_config("client: {memory_quota: lots}");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("memory_quota"), std::string::npos);
+  EXPECT_FALSE(parse_config("backend: tpu").ok());
+  EXPECT_FALSE(parse_config("queues: {depth: 1}").ok());
+  EXPECT_FALSE(parse_config("checkpoint: {mode: sometimes}").ok());
+  EXPECT_FALSE(parse_config("client: {max_clients: 4096, va_size: 1TiB}").ok());  // exceeds user VA
+  EXPECT_FALSE(parse_config("[unclosed").ok());
+}
+
+TEST(Config, SizesAcceptBinaryAndDecimalUnits) {
+  EXPECT_EQ(parse_size("64").value(), 64u);
+  EXPECT_EQ(parse_size("4KiB").value(), 4096u);
+  EXPECT_EQ(parse_size("1.5GiB").value(), 3ull << 29);
+  EXPECT_EQ(parse_size("2GB").value(), 2000000000u);
+  EXPECT_FALSE(parse_size("GiB").ok());
+  EXPECT_FALSE(parse_size("12 parsecs").ok());
+}
+
+TEST(Config, EnvironmentNamesTheFileAndOverridesTheBackend) {
+  const std::string path = ::testing::TempDir() + "/pos_config_test.yaml";
+  std::ofstream(path) << "log_level: info\nclient: {memory_quota: 1MiB}\n";
+  setenv("POS_CONFIG", path.c_str(), 1);
+  setenv("POS_BACKEND", "host", 1);
+  auto c = config_from_environment();
+  unsetenv("POS_CONFIG");
+  unsetenv("POS_BACKEND");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->memory_quota, 1u << 20);
+  EXPECT_EQ(c->log_level, LogLevel::kInfo);
+  setenv("POS_CONFIG", "/nonexistent/pos.yaml", 1);
+  EXPECT_FALSE(config_from_environment().ok());
+  unsetenv("POS_CONFIG");
+}
+
+}  // namespace
+}  // namespace pos

@@ -1,0 +1,215 @@
+// pipeline_test.cc — the workspace → parser → worker pipeline itself: sync and async return paths,
+// versions and dirty sets (DAG edges), commands at a cut, many clients, shutdown that drains.
+#include <atomic>
+#include <thread>
+
+#include "unittest/api_fixture.h"
+
+namespace pos::test {
+namespace {
+
+class PipelineTest : public ApiTest {
+ protected:
+  std::shared_ptr<POSClient> client_ptr(size_t i = 0) { return ws_->find_client(client(i).uuid); }
+  std::vector<DirtyRecord> collect_dirty(size_t i = 0, uint64_t* cut = nullptr) {
+    Command cmd;
+    cmd.type = CommandType::kCollectDirty;
+    Status s = ws_->run_command(client(i).uuid, cmd);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    if (cut != nullptr) *cut = cmd.cut_pc;
+    return cmd.dirty;
+  }
+  static const DirtyRecord* find(const std::vector<DirtyRecord>& v, uint64_t addr) {
+    for (const auto& r : v)
+      if (r.client_addr == addr) return &r;
+    return nullptr;
+  }
+};
+
+TEST_F(PipelineTest, ParseReturnableCallsReturnBeforeTheWorkerRunsThem) {
+  auto c = client_ptr();
+  const uint64_t executed_before = c->stats().calls_executed;
+  c->set_worker_paused(true);
+  uint64_t p = 0;
+  // cudaMalloc's result comes from the parser: it returns although the worker is held.
+  ASSERT_TRUE(api().malloc(&p, 1024).ok());
+  EXPECT_NE(p, 0u);
+  ASSERT_TRUE(api().memset(p, 7, 1024).ok());
+  EXPECT_EQ(c->stats().calls_executed, executed_before);
+  c->set_worker_paused(false);
+  // A sync call waits for the worker and sees the async work done.
+  EXPECT_EQ(download<uint8_t>(p, 4), std::vector<uint8_t>(4, 7));
+  EXPECT_GE(c->stats().calls_executed, executed_before + 3);
+}
+
+TEST_F(PipelineTest, SyncCallsWaitForTheWorkerResult) {
+  auto c = client_ptr();
+  c->set_worker_paused(true);
+  std::atomic<bool> returned{false};
+  int32_t n = 0;
+  const uint64_t submitted = c->stats().calls_submitted;
+  std::thread t([&] {
+    EXPECT_TRUE(api().get_device_count(&n).ok());
+    returned = true;
+  });
+  // Once submitted, a held worker means the sync call cannot return; release and it completes.
+  while (c->stats().calls_submitted == submitted) std::this_thread::yield();
+  for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+  EXPECT_FALSE(returned.load());
+  c->set_worker_paused(false);
+  t.join();
+  EXPECT_TRUE(returned.load());
+  EXPECT_GE(n, 1);
+}
+
+TEST_F(PipelineTest, WritersBumpVersionsAndEnterTheDirtySet) {
+  collect_dirty();  // start clean
+  const uint64_t x = alloc(256), y = alloc(256), z = alloc(256);
+  auto first = collect_dirty();
+  // Created buffers are dirty (new state to capture).
+  EXPECT_NE(find(first, x), nullptr);
+  EXPECT_NE(find(first, y), nullptr);
+  EXPECT_NE(find(first, z), nullptr);
+  EXPECT_TRUE(collect_dirty().empty());
+
+  // axpy(y, x): y is InOut, x is read-only (In). A D2H copy of z reads it only.
+  auto p = args(client().axpy, y, x, 1.0f, 64);
+  ASSERT_TRUE(api().launch_kernel(client().axpy.handle, dims(1, 64), 0, p).ok());
+  download<float>(z, 4);
+  uint64_t cut = 0;
+  auto second = collect_dirty(0, &cut);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].client_addr, y);
+  EXPECT_EQ(second[0].type, ResourceType::kMemory);
+  // The launch was the call two before the command's cut (launch, memcpy, then the cut).
+  EXPECT_EQ(second[0].version, cut - 2);
+}
+
+TEST_F(PipelineTest, StructPointersAreInOutEdges) {
+  const uint64_t d = alloc(256);
+  collect_dirty();
+  ScaleArgs sa{reinterpret_cast<float*>(d), 64, 2.0f};
+  auto p = args(client().scale_struct, sa);
+  ASSERT_TRUE(api().launch_kernel(client().scale_struct.handle, dims(1, 64), 0, p).ok());
+  auto dirty = collect_dirty();
+  ASSERT_EQ(dirty.size(), 1u);
+  EXPECT_EQ(dirty[0].client_addr, d);
+}
+
+TEST_F(PipelineTest, QuiesceCommandCutsAfterEveryEarlierCall) {
+  const int n = 1 << 18;
+  const uint64_t d = alloc(n * 4);
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create_with_flags(&s, cuda::kStreamNonBlocking).ok());
+  for (int i = 0; i < 8; ++i) {
+    auto p = args(client().fill, d, static_cast<unsigned>(i), n);
+    ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(n / 256, 256), s, p).ok());
+  }
+  Command cmd;
+  cmd.type = CommandType::kQuiesce;
+  ASSERT_TRUE(ws_->run_command(client().uuid, cmd).ok());
+  // At the cut every earlier call has run on the device: the stream is idle.
+  EXPECT_TRUE(api().stream_query(s).ok());
+  auto out = download<uint32_t>(d, 2);
+  EXPECT_EQ(out[1], 8u);
+}
+
+TEST_F(PipelineTest, ASecondConcurrentCommandIsBusy) {
+  auto c = client_ptr();
+  c->set_worker_paused(true);
+  Command first;
+  first.type = CommandType::kQuiesce;
+  std::thread t([&] { EXPECT_TRUE(ws_->run_command(client().uuid, first).ok()); });
+  // Wait until the first command is admitted (it holds the client until the worker runs it).
+  while (!c->command_in_flight()) std::this_thread::yield();
+  Command cmd;
+  Status second = ws_->run_command(client().uuid, cmd);
+  EXPECT_EQ(second.code(), Code::kBusy);
+  c->set_worker_paused(false);
+  t.join();
+  EXPECT_GT(first.cut_pc, 0u);
+}
+
+TEST_F(PipelineTest, ManyClientsRunConcurrentlyWithoutInterference) {
+  for (int i = 1; i < 4; ++i) add_client("c" + std::to_string(i));
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (size_t ci = 0; ci < 4; ++ci) {
+    threads.emplace_back([&, ci] {
+      const int n = 4096;
+      uint64_t d = 0;
+      if (!api(ci).malloc(&d, n * 4).ok()) ++failures;
+      for (int it = 0; it < 200; ++it) {
+        auto p = args(client(ci).fill, d, static_cast<unsigned>(ci * 1000 + it), n);
+        if (!api(ci).launch_kernel(client(ci).fill.handle, dims(n / 256, 256), 0, p).ok()) ++failures;
+      }
+      std::vector<uint32_t> out(n);
+      if (!api(ci).memcpy(reinterpret_cast<uint64_t>(out.data()), d, n * 4, cuda::kMemcpyDeviceToHost).ok()) ++failures;
+      for (int i = 0; i < n; ++i)
+        if (out[i] != ci * 1000 + 199 + i) ++failures;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(ws_->list_clients().size(), 4u);
+}
+
+TEST_F(PipelineTest, ManyThreadsOfOneClientShareItsPipeline) {
+  const int threads = 4, per = 300;
+  std::vector<uint64_t> bufs(threads);
+  for (auto& b : bufs) b = alloc(64);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < per; ++i) {
+        uint32_t v = static_cast<uint32_t>(i);
+        EXPECT_TRUE(api().memcpy(bufs[t], reinterpret_cast<uint64_t>(&v), 4, cuda::kMemcpyHostToDevice).ok());
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int t = 0; t < threads; ++t) EXPECT_EQ(download<uint32_t>(bufs[t], 1)[0], static_cast<uint32_t>(per - 1));
+  EXPECT_GE(client_ptr()->stats().calls_submitted, static_cast<uint64_t>(threads * per));
+}
+
+TEST_F(PipelineTest, RemovingAClientDrainsItsWorkAndFreesItsMemory) {
+  auto& b = add_client("victim");
+  uint64_t before_free = 0, total = 0;
+  ASSERT_TRUE(api(0).mem_get_info(&before_free, &total).ok());
+  uint64_t d = 0;
+  ASSERT_TRUE(b.api->malloc(&d, 64 << 20).ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(b.api->memset(d, i, 64 << 20).ok());
+  uint64_t during = 0;
+  ASSERT_TRUE(api(0).mem_get_info(&during, &total).ok());
+  EXPECT_EQ(before_free - during, 64u << 20);
+  ASSERT_TRUE(ws_->remove_client(b.uuid).ok());
+  uint64_t after = 0;
+  ASSERT_TRUE(api(0).mem_get_info(&after, &total).ok());
+  EXPECT_EQ(after, before_free);
+  EXPECT_EQ(b.api->memset(d, 0, 1).code(), Code::kNotFound);
+}
+
+TEST_F(PipelineTest, ContextsAreRecycledAcrossManyCalls) {
+  Config c = test_config();
+  c.queue_depth = 16;  // forces the pool and the back-pressure paths
+  make_workspace(c);
+  const uint64_t d = alloc(64);
+  for (int i = 0; i < 5000; ++i) ASSERT_TRUE(api().memset(d, i & 0xff, 64).ok());
+  EXPECT_EQ(download<uint8_t>(d, 1)[0], (4999 & 0xff));
+}
+
+TEST_F(PipelineTest, LatencyIsRecordedWhenEnabled) {
+  Config c = test_config();
+  c.record_latency = true;
+  make_workspace(c);
+  const uint64_t d = alloc(64);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(api().memset(d, 1, 64).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  const auto& h = client_ptr()->latency();
+  EXPECT_GE(h.count(), 100u);
+  EXPECT_GT(h.percentile_ns(0.5), 0u);
+  EXPECT_LE(h.percentile_ns(0.5), h.percentile_ns(0.99));
+}
+
+}  // namespace
+}  // namespace pos::test

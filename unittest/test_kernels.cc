@@ -1,0 +1,11 @@
+// test_kernels.cc — registers the test kernels with the host kernel library.
+// Linked whole into the test binaries and the pipeline bench.
+#define POS_TEST_KERNELS_DEFINE
+#include "unittest/test_kernels.h"
+
+namespace {
+POS_HOST_KERNEL(r1, &test_axpy, kTestAxpyName);
+POS_HOST_KERNEL(r2, &test_scale_struct, kTestScaleStructName);
+POS_HOST_KERNEL(r3, &test_fill, kTestFillName);
+POS_HOST_KERNEL(r4, &test_noop, kTestNoopName);
+}  // namespace

@@ -1,0 +1,47 @@
+// test_kernels.h — small kernels the API tests launch, written once for nvcc and the host library.
+// Their mangled names are what nvcc emits for these signatures (host and GPU suites share them).
+#pragma once
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#else
+#include "pos/host_impl/cuda_emulation.h"
+#endif
+
+struct ScaleArgs {
+  float* data;  // a pointer inside a struct parameter: the parser must find it
+  int n;
+  float factor;
+};
+
+// Definitions only where kernels are compiled (test_kernels.cc, or an nvcc build of them).
+#if defined(POS_TEST_KERNELS_DEFINE) || defined(__CUDACC__)
+#ifndef __CUDACC__
+namespace pos_test_kernels {  // host versions must not collide with nvcc stubs of the same name
+#endif
+__global__ void test_axpy(float* y, const float* x, float a, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+
+__global__ void test_scale_struct(ScaleArgs args) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < args.n) args.data[i] *= args.factor;
+}
+
+__global__ void test_fill(unsigned* out, unsigned value, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = value + static_cast<unsigned>(i);
+}
+
+__global__ void test_noop(int) {}
+#ifndef __CUDACC__
+}  // namespace pos_test_kernels
+using namespace pos_test_kernels;  // NOLINT
+#endif
+#endif
+
+inline constexpr const char* kTestAxpyName = "_Z9test_axpyPfPKffi";
+inline constexpr const char* kTestScaleStructName = "_Z17test_scale_struct9ScaleArgs";
+inline constexpr const char* kTestFillName = "_Z9test_fillPjji";
+inline constexpr const char* kTestNoopName = "_Z9test_noopi";
