@@ -9,8 +9,13 @@
 namespace pos {
 
 // ---------------- LatencyHistogram ----------------
+uint64_t LatencyHistogram::bucket_upper_ns(size_t i) {
+  if (i < kFine) return (i + 1) * kBucketNs;
+  return kFine * kBucketNs + (i - kFine + 1) * kCoarseNs;
+}
 void LatencyHistogram::record(uint64_t ns) {
-  const size_t b = std::min<uint64_t>(ns / kBucketNs, kBuckets);
+  const uint64_t fine_end = kFine * kBucketNs;
+  const size_t b = ns < fine_end ? ns / kBucketNs : std::min<uint64_t>(kFine + (ns - fine_end) / kCoarseNs, kBuckets);
   ++buckets_[b];
   ++count_;
 }
@@ -20,9 +25,9 @@ uint64_t LatencyHistogram::percentile_ns(double p) const {
   uint64_t acc = 0;
   for (size_t i = 0; i <= kBuckets; ++i) {
     acc += buckets_[i];
-    if (acc >= target) return (i + 1) * kBucketNs;  // upper edge: never under-reports
+    if (acc >= target) return bucket_upper_ns(i);  // upper edge: never under-reports
   }
-  return (kBuckets + 1) * kBucketNs;
+  return bucket_upper_ns(kBuckets);
 }
 void LatencyHistogram::clear() {
   std::fill(buckets_.begin(), buckets_.end(), 0);
@@ -250,12 +255,13 @@ Status POSClient::run_command(Command& cmd) {
     return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
   if (command_busy_.exchange(true, std::memory_order_acq_rel))
     return Status::Busy("client " + std::to_string(uuid_) + " already has a command in flight");
-  cmd.state.reset(0);
   cmd.status = Status();
   cmd.dirty.clear();
+  const uint32_t gen = ++command_generation_;
+  cmd.generation = gen;
   // Single producer: command_busy_ admits one control thread at a time.
   push_blocking(cmd_parser_wq_, &cmd, parser_bell_, rpc_bell_);
-  cmd.state.wait_at_least(kDone, config_.spin_ns);
+  command_done_.wait_at_least(gen, config_.spin_ns);
   command_busy_.store(false, std::memory_order_release);
   rpc_bell_.ring();  // shutdown may be waiting for the command to finish
   return cmd.status;
@@ -274,7 +280,7 @@ void POSClient::parser_main() {
     if (cmd_worker_cq_.pop(cmd)) {
       progressed = true;
       parser_cmd_ = nullptr;
-      cmd->state.set(kDone);
+      command_done_.set(static_cast<uint32_t>(cmd->generation));  // cmd may be gone right after
     }
     if (parser_cmd_ == nullptr && cmd_parser_wq_.pop(cmd)) {
       progressed = true;

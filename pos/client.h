@@ -44,10 +44,11 @@ struct Command {
   uint64_t cut_pc = 0;  // N, chosen by the parser: all calls with pc < N are inside the cut
   Status status;
   std::vector<DirtyRecord> dirty;  // kCollectDirty, sorted by handle id
-  StateWord state{0};
+  uint64_t generation = 0;         // set by run_command; completion is signalled per client
 };
 
-// pos_process → worker-completion latency, 50 ns buckets up to 2 ms. Written by the worker only;
+// pos_process → worker-completion latency: 50 ns buckets up to 2 ms, then 10 us buckets up to 2 s.
+// Written by the worker only;
 // read after the client is quiet (a sync call or shutdown orders the reads).
 class LatencyHistogram {
  public:
@@ -58,7 +59,10 @@ class LatencyHistogram {
 
  private:
   static constexpr uint64_t kBucketNs = 50;
-  static constexpr size_t kBuckets = 40000;
+  static constexpr size_t kFine = 40000;                  // [0, 2 ms)
+  static constexpr uint64_t kCoarseNs = 10000;
+  static constexpr size_t kBuckets = kFine + 200000;      // + [2 ms, 2 s)
+  static uint64_t bucket_upper_ns(size_t i);
   std::vector<uint64_t> buckets_ = std::vector<uint64_t>(kBuckets + 1, 0);
   uint64_t count_ = 0;
 };
@@ -181,6 +185,10 @@ class POSClient {
   std::atomic<uint64_t> completed_{0};  // contexts handed back on rpc2parser_cq_
 
   std::atomic<bool> command_busy_{false};
+  // Command completion lives in the client, not in the Command: the control thread may destroy
+  // its Command the moment it sees completion, while the parser is still ringing the bell.
+  StateWord command_done_{0};
+  uint32_t command_generation_ = 0;  // guarded by command_busy_
   std::atomic<bool> stop_{false};
   std::atomic<bool> worker_paused_{false};
 

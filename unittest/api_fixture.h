@@ -23,6 +23,9 @@ inline Config test_config() {
   c.spin_ns = 20000;
   c.max_clients = 16;
   c.host_device_memory = 4ull << 30;
+  // Sanitizer runtimes own parts of the address space (TSan's shadow); their setups move the window.
+  if (const char* v = std::getenv("POS_TEST_VA_BASE")) c.va_base = std::strtoull(v, nullptr, 0);
+  if (const char* v = std::getenv("POS_TEST_VA_SIZE")) c.va_size = std::strtoull(v, nullptr, 0);
   return c;
 }
 
