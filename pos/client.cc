@@ -288,10 +288,12 @@ void POSClient::parser_main() {
     }
     for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
       progressed = true;
-      // Completions the caller may already have observed are applied first (e.g. a free that a
-      // later malloc may reuse the address of).
-      APIContext* done = nullptr;
-      while (parser2worker_cq_.pop(done)) finish_call(done);
+      // An allocation may reuse the range of a free the caller has already seen complete:
+      // apply completions first. Other calls parse at once (the hot path stays short).
+      if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
+        APIContext* done = nullptr;
+        while (parser2worker_cq_.pop(done)) finish_call(done);
+      }
       parse_call(c);
     }
     if (progressed) continue;
@@ -325,6 +327,8 @@ void POSClient::parse_call(APIContext* c) {
     complete_to_rpc(c);
     return;
   }
+  // The caller of a parse-returnable call may go on now; the bookkeeping below is ours alone.
+  if (c->info->mode == ReturnMode::kParse && !c->skip_worker) c->state.set(kParsed);
   // DAG bookkeeping: writers bump versions and enter the dirty set (incremental checkpoints and
   // migration pre-copy read it).
   for (size_t i = 0; i < c->edges.size(); ++i) {
@@ -344,7 +348,6 @@ void POSClient::parse_call(APIContext* c) {
     complete_to_rpc(c);
     return;
   }
-  if (c->info->mode == ReturnMode::kParse) c->state.set(kParsed);
   push_blocking(parser2worker_wq_, c, worker_bell_, parser_bell_);
 }
 

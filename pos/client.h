@@ -181,8 +181,9 @@ class POSClient {
   std::vector<APIContext*> unreleased_;  // guarded by submit_mu_: back from CQ, caller still reading
   std::vector<std::unique_ptr<APIContext>> all_contexts_;  // guarded by submit_mu_
   std::atomic<bool> accepting_{false};
-  std::atomic<uint64_t> submitted_{0};
-  std::atomic<uint64_t> completed_{0};  // contexts handed back on rpc2parser_cq_
+  // Counters written by different threads sit on their own cache lines (no false sharing).
+  alignas(64) std::atomic<uint64_t> submitted_{0};  // submitter
+  alignas(64) std::atomic<uint64_t> completed_{0};  // parser: contexts handed back on rpc2parser_cq_
 
   std::atomic<bool> command_busy_{false};
   // Command completion lives in the client, not in the Command: the control thread may destroy
@@ -202,10 +203,10 @@ class POSClient {
   WorkerScope ws_;
   std::unique_ptr<BackendClient> backend_client_;
   Command* worker_cmd_ = nullptr;  // worker thread
-  std::atomic<uint64_t> executed_{0};
+  alignas(64) std::atomic<uint64_t> executed_{0};
   LatencyHistogram latency_;
 
-  std::atomic<uint64_t> memory_in_use_{0};  // mirror of ps_.memory_in_use for stats
+  alignas(64) std::atomic<uint64_t> memory_in_use_{0};  // parser: mirror of ps_.memory_in_use for stats
   std::atomic<uint64_t> live_handles_{0};
 
   std::thread parser_thread_, worker_thread_;

@@ -35,19 +35,28 @@ inline uint64_t now_ns() {
           .count());
 }
 
-// A word that changes whenever a waiter may have something to do. Thread-safe: any number of
-// ringers and waiters. The syscall happens only when somebody actually sleeps (sleepers_ > 0);
-// seq_cst on both sides makes "ring after check" and "sleep after ring" impossible to miss.
+// Wakes threads that sleep until some condition (a queue is non-empty, a state advanced) holds.
+// Thread-safe: any number of ringers and waiters. The fast path of ring() is one load of a
+// read-mostly word: the sequence word is bumped and the futex woken only when somebody sleeps.
+// No lost wake-up: a sleeper announces itself (sleepers_++) and then re-checks its condition;
+// a ringer publishes its condition and then checks for sleepers. Full fences on both sides make
+// at least one of them see the other (Dekker); a bump between the sleeper's snapshot of seq_ and
+// its futex_wait makes the wait return at once.
 class Doorbell {
  public:
-  uint32_t snapshot() const { return seq_.load(std::memory_order_seq_cst); }
   void ring() {
-    seq_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) != 0) futex_wake_all(&seq_);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_relaxed) != 0) {
+      seq_.fetch_add(1, std::memory_order_seq_cst);
+      futex_wake_all(&seq_);
+    }
   }
-  void sleep(uint32_t seen) {
+  template <typename Ready>
+  void sleep_until(Ready&& ready) {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    if (seq_.load(std::memory_order_seq_cst) == seen) futex_wait(&seq_, seen);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t seen = seq_.load(std::memory_order_seq_cst);
+    if (!ready()) futex_wait(&seq_, seen);
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
   }
 
@@ -70,11 +79,7 @@ void spin_then_block(Doorbell& bell, uint64_t spin_ns, Ready&& ready) {
       }
     } while (now_ns() < deadline);
   }
-  for (;;) {
-    const uint32_t seen = bell.snapshot();
-    if (ready()) return;
-    bell.sleep(seen);
-  }
+  while (!ready()) bell.sleep_until(ready);
 }
 
 // A monotonically advancing state with waiters (an API call's lifecycle, a command's progress).
