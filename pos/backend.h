@@ -97,6 +97,10 @@ class DeviceBackend {
   virtual int32_t driver_version() const = 0;
   virtual Status mem_info(int device, MemInfo* out) const = 0;
   virtual StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t va_base, uint64_t va_size, int device) = 0;
+  // Device-wide memory accounting, done by parsers when they accept an allocation so that the
+  // worker's allocation cannot fail for lack of capacity afterwards. Thread-safe.
+  virtual bool try_reserve(uint64_t bytes) = 0;
+  virtual void unreserve(uint64_t bytes) = 0;
 };
 
 // The backend named by the config ("host"; "cuda" where built with the CUDA toolkit).

@@ -34,6 +34,17 @@ void LatencyHistogram::clear() {
   count_ = 0;
 }
 
+std::string_view edge_kind_name(EdgeKind k) {
+  switch (k) {
+    case EdgeKind::kIn: return "in";
+    case EdgeKind::kOut: return "out";
+    case EdgeKind::kInOut: return "inout";
+    case EdgeKind::kCreate: return "create";
+    case EdgeKind::kDelete: return "delete";
+  }
+  return "?";
+}
+
 // ---------------- ParserScope ----------------
 Handle* ParserScope::stream(uint64_t value) {
   if (value == 0 || value == cuda::kStreamLegacy || value == cuda::kStreamPerThread) return default_stream;
@@ -79,6 +90,7 @@ Status POSClient::start() {
   backend_client_ = std::move(bc.value());
 
   ps_.client = this;
+  ps_.device_backend = backend_;
   ps_.va_base = base;
   ps_.va_size = mem_size;
   ps_.device_count = backend_->device_count();
@@ -86,7 +98,8 @@ Status POSClient::start() {
   ps_.window_base = config_.va_base;
   ps_.window_size = config_.va_size * config_.max_clients;
   const uint64_t opaque = base + mem_size;
-  const uint64_t per_type = (config_.va_size - mem_size) / static_cast<uint64_t>(ResourceType::kCount);
+  const uint64_t per_type =
+      (config_.va_size - mem_size) / static_cast<uint64_t>(ResourceType::kCount) / 16 * 16;
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
     const auto type = static_cast<ResourceType>(t);
     if (type == ResourceType::kMemory) {
@@ -139,6 +152,11 @@ void POSClient::shutdown() {
     Status s = backend_client_->synchronize_all();
     if (!s.ok()) POS_WARN("client %lu: final synchronize: %s", (unsigned long)uuid_, s.to_string().c_str());
     backend_client_.reset();  // frees all device memory and objects of this client
+  }
+  // Give back the device-wide reservations of every buffer still held (threads are stopped).
+  for (ResourceType t : {ResourceType::kMemory, ResourceType::kVar}) {
+    if (!ps_.managers[static_cast<size_t>(t)]) continue;
+    ps_.mgr(t).for_each([&](Handle* h) { backend_->unreserve(h->charged); });
   }
   started_ = false;
   POS_INFO("client %lu (%s): stopped after %lu calls", (unsigned long)uuid_, job_name_.c_str(),
@@ -357,6 +375,8 @@ void POSClient::finish_call(APIContext* c) {
     const Edge& e = c->edges[i];
     if (e.kind != EdgeKind::kDelete) continue;
     dirty_.erase(e.handle);
+    if (e.handle->type == ResourceType::kMemory || e.handle->type == ResourceType::kVar)
+      backend_->unreserve(e.handle->charged);
     ps_.mgr(e.handle->type).release(e.handle);
   }
   uint64_t live = 0;

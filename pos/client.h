@@ -83,6 +83,7 @@ struct ParserScope {
   Handle* device = nullptr;
   Handle* context = nullptr;
   Handle* default_stream = nullptr;
+  DeviceBackend* device_backend = nullptr;  // for try_reserve / unreserve (thread-safe)
   int32_t current_device = 0;
   int32_t device_count = 1;
   uint64_t memory_quota = 0;  // 0 = none
@@ -169,7 +170,7 @@ class POSClient {
   // Queues, one producer and one consumer each; indices live on separate cache lines inside
   // boost's spsc_queue, so producer and consumer do not false-share.
   Queue rpc2parser_wq_, rpc2parser_cq_, parser2worker_wq_, parser2worker_cq_;
-  CmdQueue cmd_parser_wq_, cmd_parser_cq_, cmd_worker_wq_, cmd_worker_cq_;
+  CmdQueue cmd_parser_wq_, cmd_worker_wq_, cmd_worker_cq_;
   Doorbell parser_bell_;  // rpc WQ, worker CQ, command queues
   Doorbell worker_bell_;  // parser → worker WQ, command queue, pause changes
   Doorbell rpc_bell_;     // rpc CQ (contexts coming back), command completions

@@ -86,9 +86,10 @@ Handle* HandleManager::insert(uint64_t addr, uint64_t size, uint64_t reserved, s
 
 StatusOr<Handle*> HandleManager::allocate_mocked_resource(uint64_t size, std::vector<Handle*> parents, uint64_t pc) {
   if (ranged_) {
-    auto addr = reserve_range(size == 0 ? 1 : size);
+    if (size > (1ull << 62)) return Status::Cuda(cuda::kErrorMemoryAllocation, "allocation size out of range");
+    auto addr = reserve_range(size + 1);
     if (!addr.ok()) return addr.status();
-    const uint64_t reserved = (std::max<uint64_t>(size, 1) + granularity_ - 1) / granularity_ * granularity_;
+    const uint64_t reserved = (size + 1 + granularity_ - 1) / granularity_ * granularity_;
     return insert(*addr, size, reserved, std::move(parents), pc);
   }
   // Opaque handles: 16-byte slots, so values look like (and cannot collide with) pointers.
@@ -101,7 +102,7 @@ StatusOr<Handle*> HandleManager::adopt_at(uint64_t addr, uint64_t size, std::vec
   if (by_addr_.count(addr) != 0) return Status::InvalidArgument("address already in use");
   uint64_t reserved = 0;
   if (ranged_) {
-    reserved = (std::max<uint64_t>(size, 1) + granularity_ - 1) / granularity_ * granularity_;
+    reserved = (size + 1 + granularity_ - 1) / granularity_ * granularity_;
     // Carve [addr, addr+reserved) out of the free list; it must be wholly free.
     auto it = free_.upper_bound(addr);
     if (it == free_.begin()) return Status::InvalidArgument("address not free");
@@ -111,6 +112,10 @@ StatusOr<Handle*> HandleManager::adopt_at(uint64_t addr, uint64_t size, std::vec
     free_.erase(it);
     if (addr > fb) free_.emplace(fb, addr - fb);
     if (fb + fs > addr + reserved) free_.emplace(addr + reserved, fb + fs - addr - reserved);
+  }
+  if (!ranged_ && addr >= base_ && addr < base_ + size_) {
+    // Later slots must not land on the adopted value.
+    next_slot_ = std::max(next_slot_, (addr - base_) / 16 + 1);
   }
   return insert(addr, size, reserved, std::move(parents), pc);
 }

@@ -50,7 +50,9 @@ struct Handle {
   ResourceType type = ResourceType::kMemory;
   uint64_t client_addr = 0;  // what the app sees (device pointer, cudaStream_t, ...)
   uint64_t size = 0;         // bytes for memory / vars; 0 otherwise
-  uint64_t reserved_size = 0;  // address-space footprint (size rounded to the backend granularity)
+  uint64_t reserved_size = 0;  // address-space footprint: size + 1 rounded up to the granularity, so
+                               // a buffer's one-past-the-end address is never another buffer's start
+  uint64_t charged = 0;        // bytes counted against quota / device memory (size rounded up)
   std::vector<Handle*> parents;
   uint64_t created_pc = 0;
 
@@ -104,6 +106,8 @@ class HandleManager {
 
   bool contains_range(uint64_t addr) const { return addr >= base_ && addr < base_ + size_; }
   size_t active_count() const { return active_; }
+  uint64_t granularity() const { return granularity_; }
+  uint64_t round_up(uint64_t n) const { return (n + granularity_ - 1) / granularity_ * granularity_; }
   uint64_t bytes_reserved() const { return bytes_reserved_; }
   template <typename F>
   void for_each(F&& f) {

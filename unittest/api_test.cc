@@ -119,6 +119,15 @@ TEST_F(ApiTest, PointersInsideStructParametersAreFollowed) {
   EXPECT_EQ(s.api_error(), cuda::kErrorInvalidValue);
 }
 
+TEST_F(ApiTest, OnePastTheEndPointersAreAcceptedAsTheBuffersOwn) {
+  const uint64_t d = alloc(4096);
+  const uint64_t end = d + 4096;  // an end iterator, as thrust and friends pass them
+  auto p = args(client().fill, end, 1u, 0);
+  EXPECT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 1), 0, p).ok());
+  auto q = args(client().fill, end + 4096, 1u, 0);  // beyond that: refused
+  EXPECT_EQ(api().launch_kernel(client().fill.handle, dims(1, 1), 0, q).api_error(), cuda::kErrorInvalidValue);
+}
+
 TEST_F(ApiTest, StreamsRunConcurrentlyAndWaitEventOrdersThem) {
   uint64_t s1 = 0, s2 = 0, ev = 0;
   ASSERT_TRUE(api().stream_create_with_flags(&s1, cuda::kStreamNonBlocking).ok());

@@ -38,28 +38,28 @@ TEST(HandleManager, FindsTheBufferContainingAnyInteriorAddress) {
 
 TEST(HandleManager, DeletedHandlesAreInvisibleAndReusedOnlyAfterRelease) {
   HandleManager m(ResourceType::kMemory, kBase, 1 << 30, 4096);
-  Handle* a = m.allocate_mocked_resource(4096, {}, 1).value();
+  Handle* a = m.allocate_mocked_resource(4000, {}, 1).value();
   m.mark_deleted(a);
   EXPECT_EQ(m.get(kBase), nullptr);
   EXPECT_EQ(m.find_containing(kBase, nullptr), nullptr);
   EXPECT_EQ(m.find_any_containing(kBase), a);  // still reserved: a double free is recognisable
-  Handle* b = m.allocate_mocked_resource(4096, {}, 2).value();
+  Handle* b = m.allocate_mocked_resource(4000, {}, 2).value();
   EXPECT_NE(b->client_addr, kBase);  // not reused while pending
   m.release(a);
-  Handle* c = m.allocate_mocked_resource(4096, {}, 3).value();
+  Handle* c = m.allocate_mocked_resource(4000, {}, 3).value();
   EXPECT_EQ(c->client_addr, kBase);
 }
 
 TEST(HandleManager, FreedNeighboursCoalesceIntoOneRange) {
   HandleManager m(ResourceType::kMemory, kBase, 16 * 4096, 4096);
   std::vector<Handle*> hs;
-  for (int i = 0; i < 16; ++i) hs.push_back(m.allocate_mocked_resource(4096, {}, i).value());
+  for (int i = 0; i < 16; ++i) hs.push_back(m.allocate_mocked_resource(4000, {}, i).value());
   EXPECT_FALSE(m.allocate_mocked_resource(1, {}, 99).ok());  // full
   for (int i : {3, 5, 4}) {
     m.mark_deleted(hs[i]);
     m.release(hs[i]);
   }
-  auto big = m.allocate_mocked_resource(3 * 4096, {}, 100);
+  auto big = m.allocate_mocked_resource(3 * 4096 - 1, {}, 100);
   ASSERT_TRUE(big.ok());
   EXPECT_EQ((*big)->client_addr, kBase + 3 * 4096);
 }
@@ -84,12 +84,21 @@ TEST(HandleManager, OpaqueHandlesGetDistinctNonZeroSlots) {
 
 TEST(HandleManager, AdoptAtPlacesAHandleAtAChosenFreeAddress) {
   HandleManager m(ResourceType::kMemory, kBase, 1 << 20, 4096);
-  auto a = m.adopt_at(kBase + 8 * 4096, 4096, {}, 7);
+  auto a = m.adopt_at(kBase + 8 * 4096, 4000, {}, 7);
   ASSERT_TRUE(a.ok());
-  EXPECT_FALSE(m.adopt_at(kBase + 8 * 4096, 4096, {}, 8).ok());
-  auto b = m.allocate_mocked_resource(8 * 4096, {}, 9);
+  EXPECT_FALSE(m.adopt_at(kBase + 8 * 4096, 4000, {}, 8).ok());
+  auto b = m.allocate_mocked_resource(8 * 4096 - 1, {}, 9);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)->client_addr, kBase);  // the gap before the adopted range is still usable
+}
+
+TEST(HandleManager, OnePastTheEndOfABufferIsNeverAnotherBuffersStart) {
+  HandleManager m(ResourceType::kMemory, kBase, 1 << 20, 4096);
+  Handle* a = m.allocate_mocked_resource(4096, {}, 1).value();
+  Handle* b = m.allocate_mocked_resource(4096, {}, 2).value();
+  EXPECT_EQ(a->reserved_size, 8192u);
+  EXPECT_NE(a->client_addr + a->size, b->client_addr);
+  EXPECT_EQ(m.find_containing(a->client_addr + a->size, nullptr), nullptr);
 }
 
 TEST(HandleManager, ParentsAreRecorded) {

@@ -24,7 +24,13 @@ Status parse_malloc(ParserScope& ps, APIContext& c) {
                                                         std::to_string(ps.memory_quota) + " in use)");
   auto h = mem.allocate_mocked_resource(size, {ps.context}, c.pc);
   if (!h.ok()) return h.status();
-  ps.memory_in_use += (*h)->reserved_size;
+  (*h)->charged = mem.round_up(size);
+  if (!ps.device_backend->try_reserve((*h)->charged)) {
+    mem.mark_deleted(*h);
+    mem.release(*h);
+    return cuda_error(cuda::kErrorMemoryAllocation, "device memory exhausted (" + std::to_string(size) + " bytes requested)");
+  }
+  ps.memory_in_use += (*h)->charged;
   c.h[0] = *h;
   c.add_edge(*h, EdgeKind::kCreate);
   c.set_ret<uint64_t>((*h)->client_addr);
@@ -49,7 +55,7 @@ Status parse_free(ParserScope& ps, APIContext& c) {
     if (any != nullptr) return invalid(hex(ptr) + " is inside an allocation, not its start");
     return invalid(hex(ptr) + " is not a device allocation of this client");
   }
-  ps.memory_in_use -= h->reserved_size;
+  ps.memory_in_use -= h->charged;
   mem.mark_deleted(h);
   c.h[0] = h;
   c.add_edge(h, EdgeKind::kDelete);

@@ -98,6 +98,12 @@ Status parse_register_var(ParserScope& ps, APIContext& c) {
   if (size == 0 || size > (1ull << 30)) return cuda_error(cuda::kErrorInvalidValue, "variable size out of range");
   auto h = ps.mgr(ResourceType::kVar).allocate_mocked_resource(size, {m}, c.pc);
   if (!h.ok()) return h.status();
+  (*h)->charged = ps.mgr(ResourceType::kVar).round_up(size);
+  if (!ps.device_backend->try_reserve((*h)->charged)) {
+    ps.mgr(ResourceType::kVar).mark_deleted(*h);
+    ps.mgr(ResourceType::kVar).release(*h);
+    return cuda_error(cuda::kErrorMemoryAllocation, "device memory exhausted");
+  }
   (*h)->name = std::move(name);
   (*h)->flags = constant != 0 ? 1 : 0;
   c.h[0] = *h, c.h[1] = m;
@@ -178,6 +184,9 @@ Status parse_launch(ParserScope& ps, APIContext& c) {
       if (!ps.in_pos_window(v)) continue;  // not a device pointer of any tenant
       uint64_t off = 0;
       Handle* h = ps.device_range(v, 0, &off);
+      // One past the end (an end iterator) is the buffer's own: reservations keep a guard byte,
+      // so it is never the start of another buffer.
+      if (h == nullptr && (h = ps.device_range(v - 1, 1, &off)) != nullptr) ++off;
       if (h == nullptr)
         return cuda_error(cuda::kErrorInvalidValue, "parameter " + std::to_string(i) + " of '" + f->name + "' (" +
                                                         hex(v) + ") points to freed or unallocated device memory");
@@ -224,13 +233,12 @@ Status parse_func_set_attribute(ParserScope& ps, APIContext& c) {
   POS_RETURN_IF_ERROR(function_of(ps, c, fv));
   c.edges[c.edges.size() - 1].kind = EdgeKind::kInOut;
   c.u[0] = static_cast<uint32_t>(attr), c.u[1] = static_cast<uint32_t>(value);
+  c.h[0]->func_attrs.emplace_back(attr, value);  // state a restore re-applies (parser-owned)
   return Status::Ok();
 }
 Status work_func_set_attribute(WorkerScope& ws, APIContext& c) {
   const auto attr = static_cast<int32_t>(c.u[0]), value = static_cast<int32_t>(c.u[1]);
-  POS_RETURN_IF_ERROR(ws.backend->function_set_attribute(c.h[0]->backend_obj, attr, value));
-  c.h[0]->func_attrs.emplace_back(attr, value);
-  return Status::Ok();
+  return ws.backend->function_set_attribute(c.h[0]->backend_obj, attr, value);
 }
 
 Status parse_occupancy_common(ParserScope& ps, APIContext& c, size_t nparams) {

@@ -424,15 +424,14 @@ class HostBackend final : public DeviceBackend {
     return std::unique_ptr<BackendClient>(std::move(c));
   }
 
-  // Device-wide accounting across clients (thread-safe).
-  bool charge(uint64_t n) {
+  bool try_reserve(uint64_t n) override {
     uint64_t cur = used_.load();
     do {
       if (cur + n > config_.host_device_memory) return false;
     } while (!used_.compare_exchange_weak(cur, cur + n));
     return true;
   }
-  void refund(uint64_t n) { used_.fetch_sub(n); }
+  void unreserve(uint64_t n) override { used_.fetch_sub(n); }
 
  private:
   const Config config_;
@@ -443,16 +442,13 @@ HostClient::~HostClient() {
   default_->wait_idle();
   streams_.clear();  // each executor drains, then joins
   default_.reset();
-  for (auto& [addr, n] : allocations_) dev_->refund(n);
   if (reserved_) munmap(reinterpret_cast<void*>(base_), size_);
 }
 
 Status HostClient::alloc_at(uint64_t addr, uint64_t size) {
   if (!in_range(addr, size) || addr % kPage != 0 || size % kPage != 0)
     return Status::Internal("host backend: allocation outside the client's range");
-  if (!dev_->charge(size)) return Status::Cuda(cuda::kErrorMemoryAllocation, "host device memory exhausted");
   if (mprotect(reinterpret_cast<void*>(addr), size, PROT_READ | PROT_WRITE) != 0) {
-    dev_->refund(size);
     return Status::Cuda(cuda::kErrorMemoryAllocation, std::string("mprotect: ") + std::strerror(errno));
   }
   allocations_[addr] = size;
@@ -468,7 +464,6 @@ Status HostClient::free_at(uint64_t addr, uint64_t size) {
   madvise(reinterpret_cast<void*>(addr), size, MADV_DONTNEED);  // contents gone: zero on reuse
   mprotect(reinterpret_cast<void*>(addr), size, PROT_NONE);
   allocations_.erase(it);
-  dev_->refund(size);
   return Status::Ok();
 }
 
