@@ -290,6 +290,17 @@ void POSClient::parser_main() {
   for (;;) {
     bool progressed = false;
     APIContext* c = nullptr;
+    // New calls first: their callers are waiting; completions only recycle contexts.
+    for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
+      progressed = true;
+      // An allocation may reuse the range of a free the caller has already seen complete:
+      // apply completions first. Other calls parse at once (the hot path stays short).
+      if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
+        APIContext* done = nullptr;
+        while (parser2worker_cq_.pop(done)) finish_call(done);
+      }
+      parse_call(c);
+    }
     while (parser2worker_cq_.pop(c)) {
       progressed = true;
       finish_call(c);
@@ -303,16 +314,6 @@ void POSClient::parser_main() {
     if (parser_cmd_ == nullptr && cmd_parser_wq_.pop(cmd)) {
       progressed = true;
       parse_command(cmd);
-    }
-    for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
-      progressed = true;
-      // An allocation may reuse the range of a free the caller has already seen complete:
-      // apply completions first. Other calls parse at once (the hot path stays short).
-      if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
-        APIContext* done = nullptr;
-        while (parser2worker_cq_.pop(done)) finish_call(done);
-      }
-      parse_call(c);
     }
     if (progressed) continue;
     if (stop_.load(std::memory_order_acquire)) return;
