@@ -242,60 +242,54 @@ Status symbol_range(ParserScope& ps, APIContext& c, uint64_t symbol, uint64_t n,
   return Status::Ok();
 }
 
-// cudaMemcpyToSymbol(symbol, src, count, offset, kind)
-Status parse_to_symbol(ParserScope& ps, APIContext& c) {
+// The other end of a symbol copy: a live device range of this client, or a host pointer that is
+// not in the POS window. Returns whether it is device memory.
+Status symbol_peer(ParserScope& ps, APIContext& c, uint64_t ptr, uint64_t n, int32_t kind, bool to_symbol, bool* dev) {
+  const char* what = to_symbol ? "source " : "destination ";
+  *dev = kind == cuda::kMemcpyDeviceToDevice || (kind == cuda::kMemcpyDefault && ps.in_device_range(ptr));
+  if (n == 0) return Status::Ok();
+  if (*dev) {
+    uint64_t off = 0;
+    Handle* h = ps.device_range(ptr, n, &off);
+    if (h == nullptr) return invalid(what + hex(ptr) + " is not inside a live device allocation");
+    c.add_edge(h, to_symbol ? EdgeKind::kIn : EdgeKind::kOut, off, n);
+  } else if (ptr == 0 || ps.in_pos_window(ptr)) {
+    return invalid(what + hex(ptr) + " is not a valid host pointer");
+  }
+  return Status::Ok();
+}
+
+// cudaMemcpyToSymbol(symbol, src, count, offset, kind) and
+// cudaMemcpyFromSymbol(dst, symbol, count, offset, kind): u = {dst, src, count, peer is device}.
+Status parse_symbol_copy(ParserScope& ps, APIContext& c, bool to_symbol) {
   POS_RETURN_IF_ERROR(c.expect_params(5));
-  POS_PARAM(c, 0, uint64_t, symbol);
-  POS_PARAM(c, 1, uint64_t, src);
+  POS_PARAM(c, 0, uint64_t, first);
+  POS_PARAM(c, 1, uint64_t, second);
   POS_PARAM(c, 2, uint64_t, n);
   POS_PARAM(c, 3, uint64_t, offset);
   POS_PARAM(c, 4, int32_t, kind);
-  if (kind != cuda::kMemcpyHostToDevice && kind != cuda::kMemcpyDeviceToDevice && kind != cuda::kMemcpyDefault)
-    return cuda_error(cuda::kErrorInvalidMemcpyDirection, "cudaMemcpyToSymbol needs a host-to-device or device-to-device kind");
+  const uint64_t symbol = to_symbol ? first : second, peer = to_symbol ? second : first;
+  const int32_t host_kind = to_symbol ? cuda::kMemcpyHostToDevice : cuda::kMemcpyDeviceToHost;
+  if (kind != host_kind && kind != cuda::kMemcpyDeviceToDevice && kind != cuda::kMemcpyDefault)
+    return cuda_error(cuda::kErrorInvalidMemcpyDirection,
+                      std::string(to_symbol ? "cudaMemcpyToSymbol" : "cudaMemcpyFromSymbol") +
+                          " needs a host or device-to-device kind in the symbol's direction");
   Handle* v = nullptr;
-  POS_RETURN_IF_ERROR(symbol_range(ps, c, symbol, n, offset, EdgeKind::kOut, &v));
-  const bool src_dev = kind == cuda::kMemcpyDeviceToDevice || (kind == cuda::kMemcpyDefault && ps.in_device_range(src));
-  if (src_dev && n > 0) {
-    uint64_t off = 0;
-    Handle* h = ps.device_range(src, n, &off);
-    if (h == nullptr) return invalid("source " + hex(src) + " is not inside a live device allocation");
-    c.add_edge(h, EdgeKind::kIn, off, n);
-  } else if (!src_dev && n > 0 && (src == 0 || ps.in_pos_window(src))) {
-    return invalid("source " + hex(src) + " is not a valid host pointer");
-  }
-  c.u[0] = v->client_addr + offset, c.u[1] = src, c.u[2] = n, c.u[3] = src_dev ? 1 : 0;
+  POS_RETURN_IF_ERROR(symbol_range(ps, c, symbol, n, offset, to_symbol ? EdgeKind::kOut : EdgeKind::kIn, &v));
+  bool peer_dev = false;
+  POS_RETURN_IF_ERROR(symbol_peer(ps, c, peer, n, kind, to_symbol, &peer_dev));
+  const uint64_t sym_addr = v->client_addr + offset;
+  c.u[0] = to_symbol ? sym_addr : peer, c.u[1] = to_symbol ? peer : sym_addr, c.u[2] = n, c.u[3] = peer_dev ? 1 : 0;
   return Status::Ok();
 }
+Status parse_to_symbol(ParserScope& ps, APIContext& c) { return parse_symbol_copy(ps, c, true); }
+Status parse_from_symbol(ParserScope& ps, APIContext& c) { return parse_symbol_copy(ps, c, false); }
 Status work_to_symbol(WorkerScope& ws, APIContext& c) {
   if (c.u[2] == 0) return Status::Ok();
   if (c.u[3] != 0) return ws.backend->memcpy_d2d(c.u[0], c.u[1], c.u[2], 0, true);
   return ws.backend->memcpy_h2d(c.u[0], reinterpret_cast<const void*>(c.u[1]), c.u[2]);
 }
 
-// cudaMemcpyFromSymbol(dst, symbol, count, offset, kind)
-Status parse_from_symbol(ParserScope& ps, APIContext& c) {
-  POS_RETURN_IF_ERROR(c.expect_params(5));
-  POS_PARAM(c, 0, uint64_t, dst);
-  POS_PARAM(c, 1, uint64_t, symbol);
-  POS_PARAM(c, 2, uint64_t, n);
-  POS_PARAM(c, 3, uint64_t, offset);
-  POS_PARAM(c, 4, int32_t, kind);
-  if (kind != cuda::kMemcpyDeviceToHost && kind != cuda::kMemcpyDeviceToDevice && kind != cuda::kMemcpyDefault)
-    return cuda_error(cuda::kErrorInvalidMemcpyDirection, "cudaMemcpyFromSymbol needs a device-to-host or device-to-device kind");
-  Handle* v = nullptr;
-  POS_RETURN_IF_ERROR(symbol_range(ps, c, symbol, n, offset, EdgeKind::kIn, &v));
-  const bool dst_dev = kind == cuda::kMemcpyDeviceToDevice || (kind == cuda::kMemcpyDefault && ps.in_device_range(dst));
-  if (dst_dev && n > 0) {
-    uint64_t off = 0;
-    Handle* h = ps.device_range(dst, n, &off);
-    if (h == nullptr) return invalid("destination " + hex(dst) + " is not inside a live device allocation");
-    c.add_edge(h, EdgeKind::kOut, off, n);
-  } else if (!dst_dev && n > 0 && (dst == 0 || ps.in_pos_window(dst))) {
-    return invalid("destination " + hex(dst) + " is not a valid host pointer");
-  }
-  c.u[0] = dst, c.u[1] = v->client_addr + offset, c.u[2] = n, c.u[3] = dst_dev ? 1 : 0;
-  return Status::Ok();
-}
 Status work_from_symbol(WorkerScope& ws, APIContext& c) {
   if (c.u[2] == 0) return Status::Ok();
   if (c.u[3] != 0) return ws.backend->memcpy_d2d(c.u[0], c.u[1], c.u[2], 0, true);
