@@ -3,6 +3,7 @@
 #include "pos/workspace.h"
 
 #include <mutex>
+#include <thread>
 
 #include "pos/cuda_impl/api_functions.h"
 #include "pos/log.h"
@@ -15,7 +16,10 @@ uint32_t slot_of(ClientUuid u) { return static_cast<uint32_t>(u & ((1u << kSlotB
 }  // namespace
 
 POSWorkspace::POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend)
-    : config_(config), backend_(std::move(backend)), slots_(config.max_clients) {
+    : config_(config),
+      backend_(std::move(backend)),
+      slots_(config.max_clients),
+      fast_(std::make_unique<FastSlot[]>(config.max_clients)) {
   cuda_impl::fill_api_table(&table_);
 }
 
@@ -23,8 +27,9 @@ POSWorkspace::~POSWorkspace() {
   std::vector<std::shared_ptr<POSClient>> clients;
   {
     std::unique_lock lk(mu_);
-    for (auto& c : slots_) {
-      if (c) clients.push_back(std::move(c));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      fast_[i].client.store(nullptr, std::memory_order_seq_cst);
+      if (slots_[i]) clients.push_back(std::move(slots_[i]));
     }
   }
   for (auto& c : clients) c->shutdown();
@@ -62,6 +67,7 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name) {
                                             &table_);
   Status s = client->start();
   if (!s.ok()) return s;
+  fast_[slot].client.store(client.get(), std::memory_order_release);
   slots_[slot] = std::move(client);
   return uuid;
 }
@@ -73,9 +79,13 @@ Status POSWorkspace::remove_client(ClientUuid uuid) {
     const uint32_t slot = slot_of(uuid);
     if (slot >= slots_.size() || !slots_[slot] || slots_[slot]->uuid() != uuid)
       return Status::NotFound("no client " + std::to_string(uuid));
+    fast_[slot].client.store(nullptr, std::memory_order_seq_cst);
     c = std::move(slots_[slot]);
   }
-  c->shutdown();
+  c->shutdown();  // refuses new calls, drains the ones in flight
+  // Calls that picked up the pointer before it was cleared are leaving (they see an inactive
+  // client); the client may be freed only after the last of them.
+  while (fast_[slot_of(uuid)].users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
   return Status::Ok();
 }
 
@@ -92,9 +102,17 @@ Status POSWorkspace::pos_process(uint32_t api_id, ClientUuid uuid, std::span<con
                                  uint64_t ret_data_len, uint64_t* ret_written) {
   const ApiInfo* api = find_api(api_id);
   if (api == nullptr) return Status::InvalidArgument("unknown api id " + std::to_string(api_id));
-  auto client = find_client(uuid);
-  if (!client) return Status::NotFound("no client " + std::to_string(uuid));
-  return client->submit(*api, params, ret_data, ret_data_len, ret_written);
+  const uint32_t slot = slot_of(uuid);
+  if (slot >= slots_.size()) return Status::NotFound("no client " + std::to_string(uuid));
+  FastSlot& fs = fast_[slot];
+  // Announce, then read: removal clears the pointer, then waits for users to reach zero.
+  fs.users.fetch_add(1, std::memory_order_seq_cst);
+  POSClient* client = fs.client.load(std::memory_order_seq_cst);
+  Status s = (client == nullptr || client->uuid() != uuid)
+                 ? Status::NotFound("no client " + std::to_string(uuid))
+                 : client->submit(*api, params, ret_data, ret_data_len, ret_written);
+  fs.users.fetch_sub(1, std::memory_order_release);
+  return s;
 }
 
 Status POSWorkspace::run_command(ClientUuid uuid, Command& cmd) {

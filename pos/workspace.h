@@ -26,8 +26,9 @@ struct ClientInfo {
   ClientStats stats;
 };
 
-// Thread-safe: any thread may call pos_process / run_command; clients are added and removed
-// under an exclusive lock, lookups take it shared only long enough to pin the client.
+// Thread-safe: any thread may call pos_process / run_command. Clients are added and removed under
+// mu_; pos_process finds its client without locks (a per-slot pointer, pinned by a per-slot user
+// count that removal waits out), so clients never contend on a shared line.
 class POSWorkspace {
  public:
   static StatusOr<std::unique_ptr<POSWorkspace>> create(const Config& config);
@@ -60,8 +61,14 @@ class POSWorkspace {
   std::unique_ptr<DeviceBackend> backend_;
   ApiTable table_;
   mutable std::shared_mutex mu_;
-  std::vector<std::shared_ptr<POSClient>> slots_;  // guarded by mu_; index = slot
+  std::vector<std::shared_ptr<POSClient>> slots_;  // guarded by mu_; index = slot; owns the clients
   uint64_t generation_ = 0;                        // guarded by mu_
+  // The hot-path view of slots_: written under mu_, read lock-free by pos_process.
+  struct alignas(64) FastSlot {
+    std::atomic<POSClient*> client{nullptr};
+    std::atomic<uint32_t> users{0};  // pos_process calls currently holding `client`
+  };
+  std::unique_ptr<FastSlot[]> fast_;
 };
 
 }  // namespace pos

@@ -17,14 +17,16 @@ Status parse_malloc(ParserScope& ps, APIContext& c) {
     return Status::Ok();
   }
   HandleManager& mem = ps.mgr(ResourceType::kMemory);
-  if (ps.memory_quota != 0 && (size > ps.memory_quota || ps.memory_in_use > ps.memory_quota - size))
+  const uint64_t charge = mem.round_up(size);  // what the allocation really takes
+  if (charge < size) return cuda_error(cuda::kErrorMemoryAllocation, "allocation size out of range");
+  if (ps.memory_quota != 0 && (charge > ps.memory_quota || ps.memory_in_use > ps.memory_quota - charge))
     return cuda_error(cuda::kErrorMemoryAllocation, "allocation of " + std::to_string(size) +
                                                         " bytes exceeds the client's quota (" +
                                                         std::to_string(ps.memory_in_use) + " of " +
                                                         std::to_string(ps.memory_quota) + " in use)");
   auto h = mem.allocate_mocked_resource(size, {ps.context}, c.pc);
   if (!h.ok()) return h.status();
-  (*h)->charged = mem.round_up(size);
+  (*h)->charged = charge;
   if (!ps.device_backend->try_reserve((*h)->charged)) {
     mem.mark_deleted(*h);
     mem.release(*h);
