@@ -298,6 +298,7 @@ void POSClient::parser_main() {
       if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
         APIContext* done = nullptr;
         while (parser2worker_cq_.pop(done)) finish_call(done);
+        flush_completions();
       }
       parse_call(c);
     }
@@ -305,6 +306,7 @@ void POSClient::parser_main() {
       progressed = true;
       finish_call(c);
     }
+    flush_completions();
     Command* cmd = nullptr;
     if (cmd_worker_cq_.pop(cmd)) {
       progressed = true;
@@ -325,10 +327,19 @@ void POSClient::parser_main() {
   }
 }
 
-void POSClient::complete_to_rpc(APIContext* c) {
+void POSClient::complete_to_rpc(APIContext* c, bool flush) {
   // rpc2parser_cq_ has room for every context that exists (2 x depth), so this never waits.
   while (!rpc2parser_cq_.push(c)) cpu_relax();
-  completed_.fetch_add(1, std::memory_order_release);
+  ++unflushed_completions_;
+  if (flush) flush_completions();
+}
+
+void POSClient::flush_completions() {
+  // One counter update and one ring per batch: the submitter waits on rpc_bell_ only when every
+  // context is in flight (and shutdown when draining), so a batch is soon enough.
+  if (unflushed_completions_ == 0) return;
+  completed_.fetch_add(unflushed_completions_, std::memory_order_release);
+  unflushed_completions_ = 0;
   rpc_bell_.ring();
 }
 
@@ -360,7 +371,11 @@ void POSClient::parse_call(APIContext* c) {
       }
     }
   }
-  memory_in_use_.store(ps_.memory_in_use, std::memory_order_relaxed);
+  if (memory_in_use_.load(std::memory_order_relaxed) != ps_.memory_in_use)
+    memory_in_use_.store(ps_.memory_in_use, std::memory_order_relaxed);
+  bool created = false;
+  for (size_t i = 0; i < c->edges.size(); ++i) created |= c->edges[i].kind == EdgeKind::kCreate;
+  if (created) update_live_handles();
   if (c->skip_worker) {  // nothing for the device to do (e.g. cudaMalloc(0))
     executed_.fetch_add(1, std::memory_order_relaxed);
     c->state.set(kDone);
@@ -372,18 +387,24 @@ void POSClient::parse_call(APIContext* c) {
 
 void POSClient::finish_call(APIContext* c) {
   // Deleted handles become reusable only now that the worker has really destroyed them.
+  bool released = false;
   for (size_t i = 0; i < c->edges.size(); ++i) {
     const Edge& e = c->edges[i];
     if (e.kind != EdgeKind::kDelete) continue;
+    released = true;
     dirty_.erase(e.handle);
     if (e.handle->type == ResourceType::kMemory || e.handle->type == ResourceType::kVar)
       backend_->unreserve(e.handle->charged);
     ps_.mgr(e.handle->type).release(e.handle);
   }
+  if (released) update_live_handles();
+  complete_to_rpc(c, false);
+}
+
+void POSClient::update_live_handles() {
   uint64_t live = 0;
   for (auto& m : ps_.managers) live += m->active_count();
   live_handles_.store(live, std::memory_order_relaxed);
-  complete_to_rpc(c);
 }
 
 void POSClient::parse_command(Command* cmd) {
@@ -425,6 +446,7 @@ void POSClient::worker_main() {
       execute_call(c);
       if (worker_paused_.load(std::memory_order_acquire)) break;
     }
+    if (progressed) parser_bell_.ring();
     if (worker_cmd_ != nullptr) {
       const bool cut_reached = parser2worker_wq_.read_available() == 0 ||
                                parser2worker_wq_.front()->pc >= worker_cmd_->cut_pc;
@@ -464,7 +486,9 @@ void POSClient::execute_call(APIContext* c) {
     latency_.record(c->t_done_ns - c->t_submit_ns);
   }
   c->state.set(kDone);
-  push_blocking(parser2worker_cq_, c, parser_bell_, worker_bell_);
+  // The CQ holds every context that exists, so this never waits; the parser is rung once per
+  // batch (worker_main), completions only recycle contexts.
+  while (!parser2worker_cq_.push(c)) cpu_relax();
 }
 
 void POSClient::execute_command(Command* cmd) {

@@ -156,7 +156,9 @@ class POSClient {
   void execute_call(APIContext* c);
   void parse_command(Command* cmd);
   void execute_command(Command* cmd);
-  void complete_to_rpc(APIContext* c);
+  void complete_to_rpc(APIContext* c, bool flush = true);
+  void flush_completions();
+  void update_live_handles();
   template <typename Q, typename T>
   void push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& wait_on);
 
@@ -199,6 +201,7 @@ class POSClient {
   uint64_t last_parsed_pc_ = 0;
   std::unordered_set<Handle*> dirty_;  // parser thread
   Command* parser_cmd_ = nullptr;      // parser thread: command waiting for the worker
+  uint64_t unflushed_completions_ = 0;  // parser thread: pushed to rpc CQ, not yet counted
 
   // Worker thread state.
   WorkerScope ws_;
