@@ -39,34 +39,35 @@ struct Edge {
 
 enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2 };
 
+// Laid out by writer, so that a call moves as few cache lines between threads as possible: the
+// submitter writes the first block, the hand-off word sits on its own line, and the parser and
+// worker write the last block. Each side resets only its own fields (recycle / begin_parse).
 struct APIContext {
-  // identity
+  // ---- written by the submitter; read by the parser and the worker ----
   ApiId api_id{};
   const ApiInfo* info = nullptr;
   uint64_t pc = 0;  // api_inst_pc: the client's sequence number of this call
   uint64_t client_uuid = 0;
-
-  // parameters, copied in by pos_process (capacity is kept across reuse)
-  std::vector<std::byte> param_data;
+  uint64_t t_submit_ns = 0;
   struct Slot {
     uint64_t offset, size;
   };
-  InlineVec<Slot, 8> params;
+  InlineVec<Slot, 6> params;
+  std::vector<std::byte> param_data;  // parameter bytes; capacity is kept across reuse
 
-  // what the parser found, for the worker
-  InlineVec<Edge, 8> edges;
+  // ---- the hand-off ----
+  alignas(64) StateWord state{kQueued};
+  std::atomic<bool> caller_released{false};  // the submitting thread has read the result
+
+  // ---- written by the parser, then the worker ----
+  alignas(64) Status status;
+  bool skip_worker = false;  // nothing for the worker (failed, or nothing to do)
   Handle* h[4] = {};
   uint64_t u[8] = {};
-
-  // result
+  InlineVec<Edge, 8> edges;
   std::vector<std::byte> ret;
   uint64_t ret_size = 0;
-  Status status;
-  bool skip_worker = false;  // failed in the parser: never reaches the worker
-
-  StateWord state{kQueued};
-  std::atomic<bool> caller_released{false};  // the submitting thread has read the result
-  uint64_t t_submit_ns = 0, t_parsed_ns = 0, t_done_ns = 0;
+  uint64_t t_parsed_ns = 0, t_done_ns = 0;
 
   // ---- parameter access (parser / worker) ----
   size_t param_count() const { return params.size(); }
@@ -108,18 +109,21 @@ struct APIContext {
     edges.push_back(Edge{handle, kind, offset, bytes});
   }
 
-  // Reset for reuse; keeps buffer capacity unless it grew large (a big async copy).
+  // Submitter, before reuse: its own fields only. Keeps the parameter buffer unless it grew large.
   void recycle() {
     params.clear();
-    edges.clear();
-    for (auto& p : h) p = nullptr;
-    ret_size = 0;
-    status = Status();
-    skip_worker = false;
     if (param_data.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_data);
-    if (ret.capacity() > (1u << 20)) std::vector<std::byte>().swap(ret);
     state.reset(kQueued);
     caller_released.store(false, std::memory_order_relaxed);
+  }
+  // Parser, before the parser function runs: the fields the parser and worker write.
+  void begin_parse() {
+    if (!edges.empty()) edges.clear();
+    for (auto& p : h) p = nullptr;
+    ret_size = 0;
+    if (!status.ok()) status = Status();
+    skip_worker = false;
+    if (ret.capacity() > (1u << 20)) std::vector<std::byte>().swap(ret);
   }
 };
 

@@ -345,6 +345,7 @@ void POSClient::flush_completions() {
 
 void POSClient::parse_call(APIContext* c) {
   last_parsed_pc_ = c->pc;
+  c->begin_parse();
   const ApiFunctions& f = table_->get(c->api_id);
   Status s = f.parse != nullptr ? f.parse(ps_, *c)
                                 : Status::Unsupported(std::string(c->info->name) + " has no parser function");
