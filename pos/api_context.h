@@ -37,7 +37,10 @@ struct Edge {
   uint64_t bytes = 0;   // how much (0 = whole / unknown)
 };
 
-enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2 };
+// A call's progress. The state word is never reset: each use of a context starts at a new base
+// (base + kQueued), so the submitter does not write the word the worker last wrote (one cache-line
+// transfer less per call); comparisons are wrap-safe.
+enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2, kStatesPerUse = 3 };
 
 // Laid out by writer, so that a call moves as few cache lines between threads as possible: the
 // submitter writes the first block, the hand-off word sits on its own line, and the parser and
@@ -49,6 +52,7 @@ struct APIContext {
   uint64_t pc = 0;  // api_inst_pc: the client's sequence number of this call
   uint64_t client_uuid = 0;
   uint64_t t_submit_ns = 0;
+  uint32_t state_base = 0;  // this use's base value of `state`
   struct Slot {
     uint64_t offset, size;
   };
@@ -113,10 +117,11 @@ struct APIContext {
   void recycle() {
     params.clear();
     if (param_data.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_data);
-    state.reset(kQueued);
+    state_base += kStatesPerUse;  // the worker left the word at the old base + kDone
     caller_released.store(false, std::memory_order_relaxed);
   }
   // Parser, before the parser function runs: the fields the parser and worker write.
+  void advance(CallState s) { state.set(state_base + s); }
   void begin_parse() {
     if (!edges.empty()) edges.clear();
     for (auto& p : h) p = nullptr;

@@ -251,7 +251,7 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     submitted_.fetch_add(1, std::memory_order_release);
     push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
   }
-  c->state.wait_at_least(target, config_.spin_ns);
+  c->state.wait_at_least(c->state_base + target, config_.spin_ns);
   Status s = c->status;
   if (s.ok() && ret_data_len > 0 && c->ret_size > 0) {
     if (c->ret_size > ret_data_len) {
@@ -354,12 +354,12 @@ void POSClient::parse_call(APIContext* c) {
               (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
     c->status = s.with_context(c->info->name);
     c->skip_worker = true;
-    c->state.set(kDone);
+    c->advance(kDone);
     complete_to_rpc(c);
     return;
   }
   // The caller of a parse-returnable call may go on now; the bookkeeping below is ours alone.
-  if (c->info->mode == ReturnMode::kParse && !c->skip_worker) c->state.set(kParsed);
+  if (c->info->mode == ReturnMode::kParse && !c->skip_worker) c->advance(kParsed);
   // DAG bookkeeping: writers bump versions and enter the dirty set (incremental checkpoints and
   // migration pre-copy read it).
   for (size_t i = 0; i < c->edges.size(); ++i) {
@@ -379,7 +379,7 @@ void POSClient::parse_call(APIContext* c) {
   if (created) update_live_handles();
   if (c->skip_worker) {  // nothing for the device to do (e.g. cudaMalloc(0))
     executed_.fetch_add(1, std::memory_order_relaxed);
-    c->state.set(kDone);
+    c->advance(kDone);
     complete_to_rpc(c);
     return;
   }
@@ -486,7 +486,7 @@ void POSClient::execute_call(APIContext* c) {
     c->t_done_ns = now_ns();
     latency_.record(c->t_done_ns - c->t_submit_ns);
   }
-  c->state.set(kDone);
+  c->advance(kDone);
   // The CQ holds every context that exists, so this never waits; the parser is rung once per
   // batch (worker_main), completions only recycle contexts.
   while (!parser2worker_cq_.push(c)) cpu_relax();

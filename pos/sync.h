@@ -109,8 +109,11 @@ class StateWord {
     v_.store(v, std::memory_order_release);
     bell_.ring();
   }
+  // Wrap-safe: "at least" in serial-number order (values within 2^31 of each other).
   void wait_at_least(uint32_t v, uint64_t spin_ns) {
-    spin_then_block(bell_, spin_ns, [&] { return v_.load(std::memory_order_acquire) >= v; });
+    spin_then_block(bell_, spin_ns, [&] {
+      return static_cast<int32_t>(v_.load(std::memory_order_acquire) - v) >= 0;
+    });
   }
 
  private:
