@@ -218,11 +218,32 @@ class HostClient final : public BackendClient {
     if (k == nullptr) return Status::Cuda(cuda::kErrorInvalidDeviceFunction, "no host kernel for this function");
     if (d.shared_mem > static_cast<uint64_t>(it->second.max_dynamic_smem) && d.shared_mem > (48u << 10))
       return Status::Cuda(cuda::kErrorInvalidValue, "dynamic shared memory above the function's maximum");
-    auto buf = std::make_shared<std::vector<std::byte>>(params.begin(), params.end());
-    LaunchGeometry g{emu::Dim3{d.grid[0], d.grid[1], d.grid[2]}, emu::Dim3{d.block[0], d.block[1], d.block[2]},
-                     d.shared_mem};
-    KernelEntry entry = k->entry;
-    return enqueue(s, [entry, g, buf] { entry(g, buf->data()); });
+    // One record: entry, geometry, parameter bytes; it rides in the stream's queue slot.
+    struct Header {
+      KernelEntry entry;
+      LaunchGeometry g;
+    };
+    alignas(16) std::byte rec[sizeof(Header) + 4096];
+    if (params.size() > 4096) return Status::Cuda(cuda::kErrorInvalidValue, "kernel parameters exceed 4 KiB");
+    Header hdr{k->entry, LaunchGeometry{emu::Dim3{d.grid[0], d.grid[1], d.grid[2]},
+                                        emu::Dim3{d.block[0], d.block[1], d.block[2]}, d.shared_mem}};
+    std::memcpy(rec, &hdr, sizeof(hdr));
+    if (!params.empty()) std::memcpy(rec + sizeof(hdr), params.data(), params.size());
+    auto run = [](const std::byte* bytes) {
+      Header h;
+      std::memcpy(&h, bytes, sizeof(h));
+      h.entry(h.g, bytes + sizeof(Header));
+    };
+    auto st = stream(s);
+    if (!st) return not_found("stream", s);
+    std::vector<StreamDep> deps = deps_for(st);
+    if (deps.empty()) {
+      st->enqueue_inline(run, rec, sizeof(hdr) + params.size());
+      return Status::Ok();
+    }
+    std::vector<std::byte> copy(rec, rec + sizeof(hdr) + params.size());
+    st->enqueue([run, c = std::move(copy)] { run(c.data()); }, std::move(deps));
+    return Status::Ok();
   }
   StatusOr<FuncAttributes> function_attributes(BackendObj f) override {
     auto it = functions_.find(f);

@@ -2,6 +2,8 @@
 // Completion is a counter plus a doorbell, so any number of threads can wait for a sequence.
 #include "pos/host_impl/host_stream.h"
 
+#include <cstring>
+
 namespace pos::host {
 
 HostStream::HostStream(uint32_t flags, int32_t priority, uint64_t spin_ns)
@@ -17,7 +19,25 @@ HostStream::~HostStream() {
 }
 
 uint64_t HostStream::enqueue(std::function<void()> fn, std::vector<StreamDep> deps) {
-  Op* op = new Op{std::move(fn), std::move(deps)};
+  Op op;
+  op.inline_fn = nullptr;
+  op.slow = new Slow{std::move(fn), std::move(deps)};
+  return push(op);
+}
+
+uint64_t HostStream::enqueue_inline(InlineFn fn, const void* bytes, size_t n) {
+  if (n > kInlineBytes) {
+    std::vector<std::byte> copy(static_cast<const std::byte*>(bytes), static_cast<const std::byte*>(bytes) + n);
+    return enqueue([fn, c = std::move(copy)] { fn(c.data()); });
+  }
+  Op op;
+  op.inline_fn = fn;
+  op.slow = nullptr;
+  std::memcpy(op.bytes, bytes, n);
+  return push(op);
+}
+
+uint64_t HostStream::push(const Op& op) {
   const uint64_t seq = submitted_.load(std::memory_order_relaxed) + 1;
   submitted_.store(seq, std::memory_order_release);
   while (!q_.push(op)) {  // full: the stream is 1024 ops behind; wait for it
@@ -34,11 +54,15 @@ void HostStream::wait_for(uint64_t seq) {
 
 void HostStream::run() {
   for (;;) {
-    Op* op = nullptr;
+    Op op;
     if (q_.pop(op)) {
-      for (const StreamDep& d : op->deps) d.stream->wait_for(d.seq);
-      op->fn();
-      delete op;
+      if (op.slow != nullptr) {
+        for (const StreamDep& d : op.slow->deps) d.stream->wait_for(d.seq);
+        op.slow->fn();
+        delete op.slow;
+      } else {
+        op.inline_fn(op.bytes);
+      }
       completed_.fetch_add(1, std::memory_order_acq_rel);
       done_bell_.ring();
       continue;

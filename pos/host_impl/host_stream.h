@@ -34,6 +34,11 @@ class HostStream {
 
   // Returns the op's sequence number (1, 2, ...).
   uint64_t enqueue(std::function<void()> fn, std::vector<StreamDep> deps = {});
+  // The hot path (kernel launches with no cross-stream dependency): the op and its argument bytes
+  // travel inside the queue slot, no allocation. Falls back to enqueue() when `bytes` is too big.
+  static constexpr size_t kInlineBytes = 160;
+  using InlineFn = void (*)(const std::byte* bytes);
+  uint64_t enqueue_inline(InlineFn fn, const void* bytes, size_t n);
   uint64_t submitted() const { return submitted_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   bool idle() const { return completed() == submitted(); }
@@ -43,16 +48,23 @@ class HostStream {
   int32_t priority() const { return priority_; }
 
  private:
-  struct Op {
+  struct Slow {  // an op that needs allocation: arbitrary work and/or dependencies
     std::function<void()> fn;
     std::vector<StreamDep> deps;
   };
+  // Trivially copyable, stored by value in the queue: either an inline call or a Slow op.
+  struct Op {
+    InlineFn inline_fn;
+    Slow* slow;
+    alignas(16) std::byte bytes[kInlineBytes];
+  };
+  uint64_t push(const Op& op);
   void run();
 
   const uint32_t flags_;
   const int32_t priority_;
   const uint64_t spin_ns_;
-  boost::lockfree::spsc_queue<Op*, boost::lockfree::capacity<1024>> q_;
+  boost::lockfree::spsc_queue<Op, boost::lockfree::capacity<1024>> q_;
   Doorbell submit_bell_;  // ops queued / stop
   Doorbell done_bell_;    // ops completed (waiters and a producer facing a full queue)
   std::atomic<uint64_t> submitted_{0};
