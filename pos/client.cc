@@ -187,36 +187,44 @@ void POSClient::push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& w
   wake_consumer.ring();
 }
 
+void POSClient::reclaim_contexts() {
+  // Contexts come back on the rpc CQ; one whose caller is still reading its result waits.
+  for (auto it = unreleased_.begin(); it != unreleased_.end();) {
+    if ((*it)->caller_released.load(std::memory_order_acquire)) {
+      (*it)->recycle();
+      pool_.push_back(*it);
+      it = unreleased_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  APIContext* c = nullptr;
+  while (rpc2parser_cq_.pop(c)) {
+    if (c->caller_released.load(std::memory_order_acquire)) {
+      c->recycle();
+      pool_.push_back(c);
+    } else {
+      unreleased_.push_back(c);
+    }
+  }
+}
+
 APIContext* POSClient::acquire_context() {
+  // Contexts rotate first-in first-out through a pool of at least kMinContexts: a context is
+  // reused long after the parser and worker last touched it, and the pool is refilled in batches
+  // (recycled together, so the next few calls find their contexts in this core's cache).
+  constexpr size_t kMinContexts = 96, kRefillBelow = 32;
+  const size_t limit = static_cast<size_t>(config_.queue_depth) * 2;
   for (;;) {
-    if (!pool_.empty()) {
-      APIContext* c = pool_.back();
-      pool_.pop_back();
-      return c;
-    }
-    // Contexts come back on the rpc CQ; one whose caller is still reading its result waits.
-    for (auto it = unreleased_.begin(); it != unreleased_.end();) {
-      if ((*it)->caller_released.load(std::memory_order_acquire)) {
-        (*it)->recycle();
-        pool_.push_back(*it);
-        it = unreleased_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    APIContext* c = nullptr;
-    while (rpc2parser_cq_.pop(c)) {
-      if (c->caller_released.load(std::memory_order_acquire)) {
-        c->recycle();
-        pool_.push_back(c);
-      } else {
-        unreleased_.push_back(c);
-      }
-    }
-    if (!pool_.empty()) continue;
-    if (all_contexts_.size() < static_cast<size_t>(config_.queue_depth) * 2) {
+    if (pool_.size() < kRefillBelow) reclaim_contexts();
+    if (all_contexts_.size() < std::min(kMinContexts, limit) || (pool_.empty() && all_contexts_.size() < limit)) {
       all_contexts_.push_back(std::make_unique<APIContext>());
       return all_contexts_.back().get();
+    }
+    if (!pool_.empty()) {
+      APIContext* c = pool_.front();
+      pool_.pop_front();
+      return c;
     }
     // Everything is in flight: wait for the pipeline to hand one back.
     spin_then_block(rpc_bell_, config_.spin_ns, [&] { return rpc2parser_cq_.read_available() > 0; });

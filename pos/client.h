@@ -5,6 +5,7 @@
 #include <boost/lockfree/spsc_queue.hpp>
 
 #include <array>
+#include <deque>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -149,6 +150,7 @@ class POSClient {
   using CmdQueue = boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<4>>;
 
   APIContext* acquire_context();
+  void reclaim_contexts();
   void parser_main();
   void worker_main();
   void parse_call(APIContext* c);
@@ -180,7 +182,7 @@ class POSClient {
   // Producer side of rpc2parser_wq_ (guarded by submit_mu_).
   std::mutex submit_mu_;
   uint64_t next_pc_ = 1;                 // guarded by submit_mu_
-  std::vector<APIContext*> pool_;        // guarded by submit_mu_
+  std::deque<APIContext*> pool_;         // guarded by submit_mu_ (FIFO: see acquire_context)
   std::vector<APIContext*> unreleased_;  // guarded by submit_mu_: back from CQ, caller still reading
   std::vector<std::unique_ptr<APIContext>> all_contexts_;  // guarded by submit_mu_
   std::atomic<bool> accepting_{false};
