@@ -57,7 +57,13 @@ struct APIContext {
     uint64_t offset, size;
   };
   InlineVec<Slot, 6> params;
-  std::vector<std::byte> param_data;  // parameter bytes; capacity is kept across reuse
+  // Parameter bytes: inside the context for ordinary calls (no separate allocation whose cache
+  // line could be shared with a neighbour's), on the heap for big ones (fatbins, async copies).
+  static constexpr size_t kInlineParamBytes = 192;
+  std::byte* param_base = nullptr;
+  uint64_t param_size = 0;
+  std::vector<std::byte> param_heap;
+  alignas(64) std::byte param_inline[kInlineParamBytes];
 
   // ---- the hand-off ----
   alignas(64) StateWord state{kQueued};
@@ -77,7 +83,7 @@ struct APIContext {
   size_t param_count() const { return params.size(); }
   std::span<const std::byte> param_bytes(size_t i) const {
     const Slot& s = params[i];
-    return {param_data.data() + s.offset, s.size};
+    return {param_base + s.offset, s.size};
   }
   // Exactly sizeof(T) bytes, or a clear error naming the parameter.
   template <typename T>
@@ -86,7 +92,7 @@ struct APIContext {
     if (params[i].size != sizeof(T))
       return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(params[i].size) +
                                      " bytes, expected " + std::to_string(sizeof(T)));
-    std::memcpy(out, param_data.data() + params[i].offset, sizeof(T));
+    std::memcpy(out, param_base + params[i].offset, sizeof(T));
     return Status::Ok();
   }
   Status expect_params(size_t n) const {
@@ -116,12 +122,33 @@ struct APIContext {
   // Submitter, before reuse: its own fields only. Keeps the parameter buffer unless it grew large.
   void recycle() {
     params.clear();
-    if (param_data.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_data);
+    if (param_heap.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_heap);
     state_base += kStatesPerUse;  // the worker left the word at the old base + kDone
     caller_released.store(false, std::memory_order_relaxed);
   }
   // Parser, before the parser function runs: the fields the parser and worker write.
   void advance(CallState s) { state.set(state_base + s); }
+  // Submitter: room for n parameter bytes.
+  std::byte* reserve_params(uint64_t n) {
+    if (n <= kInlineParamBytes) {
+      param_base = param_inline;
+    } else {
+      param_heap.resize(n);
+      param_base = param_heap.data();
+    }
+    param_size = n;
+    return param_base;
+  }
+  // Worker: the parameter bytes as an owned buffer (async copies whose data outlives the call).
+  std::vector<std::byte> take_params() {
+    if (param_base == param_heap.data() && !param_heap.empty()) {
+      std::vector<std::byte> v = std::move(param_heap);
+      param_heap = {};
+      param_base = nullptr;
+      return v;
+    }
+    return std::vector<std::byte>(param_base, param_base + param_size);
+  }
   void begin_parse() {
     if (!edges.empty()) edges.clear();
     for (auto& p : h) p = nullptr;

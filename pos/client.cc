@@ -247,10 +247,10 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     c->pc = next_pc_++;
     uint64_t total = 0;
     for (const Param& p : params) total += (p.size + 7) & ~uint64_t{7};
-    c->param_data.resize(total);
+    std::byte* dst = c->reserve_params(total);
     uint64_t off = 0;
     for (const Param& p : params) {
-      if (p.size > 0) std::memcpy(c->param_data.data() + off, p.data, p.size);
+      if (p.size > 0) std::memcpy(dst + off, p.data, p.size);
       c->params.push_back(APIContext::Slot{off, p.size});
       off += (p.size + 7) & ~uint64_t{7};
     }

@@ -163,7 +163,7 @@ Status work_memcpy_async(WorkerScope& ws, APIContext& c) {
   switch (static_cast<int32_t>(c.u[3])) {
     case cuda::kMemcpyHostToDevice: {
       const uint64_t off = c.params[5].offset;
-      return ws.backend->memcpy_h2d_async(dst, std::move(c.param_data), off, n, s);
+      return ws.backend->memcpy_h2d_async(dst, c.take_params(), off, n, s);
     }
     case cuda::kMemcpyDeviceToHost: return ws.backend->memcpy_d2h_async(reinterpret_cast<void*>(dst), src, n, s);
     default: return ws.backend->memcpy_d2d(dst, src, n, s, false);
