@@ -20,12 +20,18 @@ constexpr bool sorted_unique() {
 static_assert(sorted_unique(), "POS_API_LIST must be in increasing, unique id order");
 }  // namespace
 
-const ApiInfo* find_api(uint32_t id) {
-  auto it = std::lower_bound(std::begin(kApis), std::end(kApis), id,
-                             [](const ApiInfo& a, uint32_t v) { return static_cast<uint32_t>(a.id) < v; });
-  if (it == std::end(kApis) || static_cast<uint32_t>(it->id) != id) return nullptr;
-  return it;
-}
+// Ids are small (< 0x600): a direct index, built at compile time, answers every lookup in O(1).
+constexpr uint32_t kMaxApiId = 0x600;
+struct ApiIndex {
+  const ApiInfo* by_id[kMaxApiId] = {};
+  constexpr ApiIndex() {
+    for (const ApiInfo& a : kApis) by_id[static_cast<uint32_t>(a.id)] = &a;
+  }
+};
+constexpr ApiIndex kIndex;
+static_assert(static_cast<uint32_t>(kApis[std::size(kApis) - 1].id) < kMaxApiId, "api id beyond the index");
+
+const ApiInfo* find_api(uint32_t id) { return id < kMaxApiId ? kIndex.by_id[id] : nullptr; }
 
 const ApiInfo& api_info(ApiId id) {
   const ApiInfo* a = find_api(static_cast<uint32_t>(id));

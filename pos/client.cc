@@ -256,7 +256,8 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     }
     c->t_submit_ns = config_.record_latency ? now_ns() : 0;
     target = api.mode == ReturnMode::kParse ? kParsed : kDone;
-    submitted_.fetch_add(1, std::memory_order_release);
+    // Only submitters (under submit_mu_) write it: a plain store, no locked instruction.
+    submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
   }
   c->state.wait_at_least(c->state_base + target, config_.spin_ns);
