@@ -328,11 +328,23 @@ void POSClient::parser_main() {
     }
     if (progressed) continue;
     if (stop_.load(std::memory_order_acquire)) return;
-    spin_then_block(parser_bell_, config_.spin_ns, [&] {
+    auto anything = [&] {
       return rpc2parser_wq_.read_available() > 0 || parser2worker_cq_.read_available() > 0 ||
              cmd_worker_cq_.read_available() > 0 ||
              (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_.load();
-    });
+    };
+    // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
+    // the busy worker, and reading it on every poll would delay noticing a new call.
+    uint32_t polls = 0;
+    const uint64_t deadline = now_ns() + config_.spin_ns;
+    bool ready = false;
+    while (!ready) {
+      if (rpc2parser_wq_.read_available() > 0) break;
+      if ((++polls & 15) != 0) continue;
+      ready = anything();
+      if ((polls & 1023) == 0 && now_ns() > deadline) break;
+    }
+    spin_then_block(parser_bell_, 0, anything);  // exact check, then sleep if still nothing
   }
 }
 
