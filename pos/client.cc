@@ -2,6 +2,8 @@
 // Contexts are pooled and returned through the completion queues, so steady state allocates nothing.
 #include "pos/client.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "pos/log.h"
@@ -342,7 +344,10 @@ void POSClient::parser_main() {
       if (rpc2parser_wq_.read_available() > 0) break;
       if ((++polls & 15) != 0) continue;
       ready = anything();
-      if ((polls & 1023) == 0 && now_ns() > deadline) break;
+      if ((polls & 1023) == 0) {
+        if (now_ns() > deadline) break;
+        sched_yield();  // lets a descheduled caller or worker run where cores are scarce
+      }
     }
     spin_then_block(parser_bell_, 0, anything);  // exact check, then sleep if still nothing
   }

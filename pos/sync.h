@@ -3,6 +3,7 @@
 #pragma once
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -88,12 +89,15 @@ void spin_then_block(Doorbell& bell, uint64_t spin_ns, Ready&& ready) {
     for (int i = 0; i < 256; ++i) {
       if (ready()) return;
     }
+    // Then pause-spin, yielding the core between rounds: when threads outnumber cores (a 2-core
+    // machine runs app, parser, worker and stream threads), the thread we wait for may need it.
     const uint64_t deadline = now_ns() + spin_ns;
     do {
       for (int i = 0; i < 32; ++i) {
         if (ready()) return;
         cpu_relax();
       }
+      sched_yield();
     } while (now_ns() < deadline);
   }
   while (!ready()) bell.sleep_until(ready);
