@@ -108,7 +108,7 @@ class StateWord {
  public:
   explicit StateWord(uint32_t v = 0) : v_(v) {}
   uint32_t load() const { return v_.load(std::memory_order_acquire); }
-  void reset(uint32_t v) { v_.store(v, std::memory_order_relaxed); }
+  void reset(uint32_t v) { v_.store(v, std::memory_order_relaxed); }  // only while nobody waits
   void set(uint32_t v) {
     v_.store(v, std::memory_order_release);
     bell_.ring();

@@ -40,12 +40,9 @@ struct HostBlas {
   int32_t math_mode = 0;
 };
 
-class HostBackend;
-
 class HostClient final : public BackendClient {
  public:
-  HostClient(HostBackend* dev, uint64_t base, uint64_t size, uint64_t spin_ns)
-      : dev_(dev), base_(base), size_(size), spin_ns_(spin_ns) {
+  HostClient(uint64_t base, uint64_t size, uint64_t spin_ns) : base_(base), size_(size), spin_ns_(spin_ns) {
     default_ = std::make_shared<HostStream>(0, 0, spin_ns_);
   }
   ~HostClient() override;
@@ -360,7 +357,6 @@ class HostClient final : public BackendClient {
     return addr >= base_ && size <= size_ && addr - base_ <= size_ - size;
   }
 
-  HostBackend* dev_;
   const uint64_t base_, size_, spin_ns_;
   bool reserved_ = false;
   BackendObj next_id_ = 1;
@@ -440,7 +436,7 @@ class HostBackend final : public DeviceBackend {
     return Status::Ok();
   }
   StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int) override {
-    auto c = std::make_unique<HostClient>(this, base, size, config_.spin_ns);
+    auto c = std::make_unique<HostClient>(base, size, config_.spin_ns);
     POS_RETURN_IF_ERROR(c->reserve());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
