@@ -126,7 +126,7 @@ struct APIContext {
     state_base += kStatesPerUse;  // the worker left the word at the old base + kDone
     caller_released.store(false, std::memory_order_relaxed);
   }
-  // Parser, before the parser function runs: the fields the parser and worker write.
+  // Parser / worker: publish progress of this use of the context.
   void advance(CallState s) { state.set(state_base + s); }
   // Submitter: room for n parameter bytes.
   std::byte* reserve_params(uint64_t n) {
@@ -149,6 +149,7 @@ struct APIContext {
     }
     return std::vector<std::byte>(param_base, param_base + param_size);
   }
+  // Parser, before the parser function runs: the fields the parser and worker write.
   void begin_parse() {
     if (!edges.empty()) edges.clear();
     for (auto& p : h) p = nullptr;
