@@ -77,7 +77,7 @@ struct APIContext {
   InlineVec<Edge, 8> edges;
   std::vector<std::byte> ret;
   uint64_t ret_size = 0;
-  uint64_t t_parsed_ns = 0, t_done_ns = 0;
+  uint64_t t_done_ns = 0;
 
   // ---- parameter access (parser / worker) ----
   size_t param_count() const { return params.size(); }

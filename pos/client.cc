@@ -388,8 +388,10 @@ void POSClient::parse_call(APIContext* c) {
   if (c->info->mode == ReturnMode::kParse && !c->skip_worker) c->advance(kParsed);
   // DAG bookkeeping: writers bump versions and enter the dirty set (incremental checkpoints and
   // migration pre-copy read it).
+  bool created = false;
   for (size_t i = 0; i < c->edges.size(); ++i) {
     Edge& e = c->edges[i];
+    created |= e.kind == EdgeKind::kCreate;
     if (e.kind == EdgeKind::kOut || e.kind == EdgeKind::kInOut || e.kind == EdgeKind::kCreate) {
       e.handle->version = c->pc;
       if (!e.handle->dirty) {
@@ -400,8 +402,6 @@ void POSClient::parse_call(APIContext* c) {
   }
   if (memory_in_use_.load(std::memory_order_relaxed) != ps_.memory_in_use)
     memory_in_use_.store(ps_.memory_in_use, std::memory_order_relaxed);
-  bool created = false;
-  for (size_t i = 0; i < c->edges.size(); ++i) created |= c->edges[i].kind == EdgeKind::kCreate;
   if (created) update_live_handles();
   if (c->skip_worker) {  // nothing for the device to do (e.g. cudaMalloc(0))
     executed_.fetch_add(1, std::memory_order_relaxed);

@@ -228,12 +228,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   int32_t k = kind;
   if (k == cudaMemcpyDefault) {
-    cudaPointerAttributes a{};
     // Resolve here: a host→device copy must carry its bytes.
     pos::PointerAttributes pd{}, ps{};
     const bool dd = rt()->api().pointer_get_attributes(&pd, u64(dst)).ok() && pd.type == pos::cuda::kMemoryTypeDevice;
     const bool sd = rt()->api().pointer_get_attributes(&ps, u64(src)).ok() && ps.type == pos::cuda::kMemoryTypeDevice;
-    (void)a;
     k = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   }
   return done(rt()->api().memcpy_async(u64(dst), u64(src), n, k, u64(stream)));
