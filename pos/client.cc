@@ -463,15 +463,24 @@ void POSClient::worker_main() {
       if (cmd_worker_wq_.pop(cmd)) worker_cmd_ = cmd;
     }
     APIContext* c = nullptr;
-    for (int i = 0; i < 64; ++i) {
-      // Calls at or past a pending command's cut wait until the command has run.
-      APIContext* const* front = parser2worker_wq_.read_available() > 0 ? &parser2worker_wq_.front() : nullptr;
-      if (front == nullptr) break;
-      if (worker_cmd_ != nullptr && (*front)->pc >= worker_cmd_->cut_pc) break;
-      parser2worker_wq_.pop(c);
-      progressed = true;
-      execute_call(c);
-      if (worker_paused_.load(std::memory_order_acquire)) break;
+    if (worker_cmd_ == nullptr) {
+      // No command pending: every queued call was parsed before any later command's cut, so a
+      // whole batch may be taken at once (one read of the parser's index instead of three a call).
+      APIContext* batch[32];
+      const size_t n = parser2worker_wq_.pop(batch, 32);
+      for (size_t i = 0; i < n; ++i) execute_call(batch[i]);
+      progressed = n > 0;
+    } else {
+      for (int i = 0; i < 64; ++i) {
+        // Calls at or past a pending command's cut wait until the command has run.
+        APIContext* const* front = parser2worker_wq_.read_available() > 0 ? &parser2worker_wq_.front() : nullptr;
+        if (front == nullptr) break;
+        if ((*front)->pc >= worker_cmd_->cut_pc) break;
+        parser2worker_wq_.pop(c);
+        progressed = true;
+        execute_call(c);
+        if (worker_paused_.load(std::memory_order_acquire)) break;
+      }
     }
     if (progressed) parser_bell_.ring();
     if (worker_cmd_ != nullptr) {
