@@ -71,8 +71,12 @@ struct GemmArgs {
   int32_t algo;
   int64_t stride_a, stride_b, stride_c;  // strided batched
   int32_t batch;                          // 1 unless strided batched
-  int32_t pad = 0;
+  int32_t entry = 0;  // which cuBLAS entry point the app called (kGemmEntry*); set by the worker
 };
+
+inline constexpr int32_t kGemmEntrySgemm = 0;
+inline constexpr int32_t kGemmEntryGemmEx = 1;
+inline constexpr int32_t kGemmEntryStridedBatched = 2;
 
 // cudaDataType / cublasComputeType_t values the parser checks.
 inline constexpr int32_t kCudaR32F = 0;

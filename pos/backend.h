@@ -101,6 +101,11 @@ class DeviceBackend {
   // worker's allocation cannot fail for lack of capacity afterwards. Thread-safe.
   virtual bool try_reserve(uint64_t bytes) = 0;
   virtual void unreserve(uint64_t bytes) = 0;
+
+  // Page-locked host memory the device can reach by DMA (cudaMallocHost in-process): copies from it
+  // need no staging. The host backend hands out plain page-aligned memory. Thread-safe.
+  virtual StatusOr<void*> host_alloc(uint64_t bytes);
+  virtual Status host_free(void* p);
 };
 
 // The backend named by the config ("host"; "cuda" where built with the CUDA toolkit).

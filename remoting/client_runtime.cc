@@ -84,6 +84,19 @@ int32_t ClientRuntime::peek_last_error() {
   return s.ok() ? 0 : s.api_error();
 }
 
+Status ClientRuntime::host_alloc(uint64_t bytes, void** out) {
+  if (!ws_) return init_;
+  auto p = ws_->backend().host_alloc(bytes);
+  if (!p.ok()) return p.status();
+  *out = *p;
+  return Status::Ok();
+}
+
+Status ClientRuntime::host_free(void* p) {
+  if (!ws_) return init_;
+  return ws_->backend().host_free(p);
+}
+
 void ClientRuntime::add_function(const void* host_fun, RegisteredFunction f) {
   std::lock_guard<std::mutex> lk(mu_);
   functions_[host_fun] = std::move(f);

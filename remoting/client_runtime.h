@@ -29,6 +29,10 @@ class ClientRuntime {
   int32_t take_last_error();
   int32_t peek_last_error();
 
+  // cudaMallocHost / cudaFreeHost in-process: page-locked memory from the device backend.
+  Status host_alloc(uint64_t bytes, void** out);
+  Status host_free(void* p);
+
   void add_function(const void* host_fun, RegisteredFunction f);
   const RegisteredFunction* function(const void* host_fun);
   void add_var(const void* host_var, uint64_t device_addr);

@@ -209,19 +209,14 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   return done(s);
 }
 cudaError_t cudaFree(void* ptr) { return done(rt()->api().free(u64(ptr))); }
-// Pinned host memory: ordinary page-aligned memory in-process (the shared-memory arena with remoting).
+// Pinned host memory: page-locked by the device backend in-process (the shared-memory arena with
+// remoting), so copies from it go straight to DMA.
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   if (ptr == nullptr) return done(Status::Cuda(pos::cuda::kErrorInvalidValue, "null pointer"));
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, size == 0 ? 1 : size) != 0) return done(Status::Cuda(pos::cuda::kErrorMemoryAllocation, "host allocation failed"));
-  *ptr = p;
-  return cudaSuccess;
+  return done(rt()->host_alloc(size, ptr));
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
-cudaError_t cudaFreeHost(void* ptr) {
-  std::free(ptr);
-  return cudaSuccess;
-}
+cudaError_t cudaFreeHost(void* ptr) { return done(rt()->host_free(ptr)); }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   return done(rt()->api().memcpy(u64(dst), u64(src), n, kind));
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -27,6 +28,23 @@ inline Config test_config() {
   if (const char* v = std::getenv("POS_TEST_VA_BASE")) c.va_base = std::strtoull(v, nullptr, 0);
   if (const char* v = std::getenv("POS_TEST_VA_SIZE")) c.va_size = std::strtoull(v, nullptr, 0);
   return c;
+}
+
+// The module the tests register: the nvcc-built fatbin of test_kernels.cu when POS_TEST_FATBIN names
+// it (the `gpu` suite; a real device needs real code), else a minimal blob (the host backend runs
+// the host versions of the same kernels).
+inline std::vector<std::byte> test_fatbin() {
+  const char* path = std::getenv("POS_TEST_FATBIN");
+  if (path == nullptr || *path == '\0') return cuda_impl::make_test_fatbin(64);
+  std::vector<std::byte> blob;
+  if (FILE* f = std::fopen(path, "rb")) {
+    std::byte buf[65536];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) blob.insert(blob.end(), buf, buf + n);
+    std::fclose(f);
+  }
+  EXPECT_FALSE(blob.empty()) << "cannot read the test fatbin " << path;
+  return blob;
 }
 
 // One client: its transport and typed API.
@@ -62,7 +80,7 @@ class ApiTest : public ::testing::Test {
     tc->uuid = *uuid;
     tc->transport = std::make_unique<InProcessTransport>(ws_.get(), tc->uuid);
     tc->api = std::make_unique<ApiClient>(tc->transport.get());
-    auto fatbin = cuda_impl::make_test_fatbin(64);
+    const std::vector<std::byte> fatbin = test_fatbin();
     EXPECT_TRUE(tc->api->register_fatbin(&tc->module, fatbin).ok());
     EXPECT_TRUE(tc->api->register_function(&tc->axpy, tc->module, kTestAxpyName).ok());
     EXPECT_TRUE(tc->api->register_function(&tc->scale_struct, tc->module, kTestScaleStructName).ok());

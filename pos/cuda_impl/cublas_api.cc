@@ -174,6 +174,10 @@ Status parse_sgemm_strided(ParserScope& ps, APIContext& c) {
 Status work_gemm(WorkerScope& ws, APIContext& c) {
   GemmArgs g{};
   std::memcpy(&g, c.param_bytes(1).data(), sizeof(g));
+  // The device backend calls the same cuBLAS entry point, so it picks the kernels the app would get.
+  g.entry = c.api_id == ApiId::kCublasSgemm    ? kGemmEntrySgemm
+            : c.api_id == ApiId::kCublasGemmEx ? kGemmEntryGemmEx
+                                               : kGemmEntryStridedBatched;
   return ws.backend->blas_gemm(c.h[0]->backend_obj, g);
 }
 

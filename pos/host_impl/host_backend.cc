@@ -489,14 +489,3 @@ Status HostClient::free_at(uint64_t addr, uint64_t size) {
 std::unique_ptr<DeviceBackend> make_host_backend(const Config& config) { return std::make_unique<HostBackend>(config); }
 
 }  // namespace pos::host
-
-namespace pos {
-
-StatusOr<std::unique_ptr<DeviceBackend>> make_backend(const Config& config) {
-  if (config.backend == "host") return host::make_host_backend(config);
-  if (config.backend == "cuda")
-    return Status::Unsupported("the CUDA device backend is not in this build yet (tracked by issue #3); use backend: host");
-  return Status::InvalidArgument("unknown backend '" + config.backend + "'");
-}
-
-}  // namespace pos
