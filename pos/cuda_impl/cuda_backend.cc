@@ -94,6 +94,13 @@ struct Chunk {
 
 thread_local CUcontext t_current = nullptr;
 
+Status make_current(CUcontext ctx) {
+  if (t_current == ctx) return Status::Ok();
+  POS_CU(cuCtxSetCurrent(ctx), "primary context");
+  t_current = ctx;
+  return Status::Ok();
+}
+
 class CudaClient final : public BackendClient {
  public:
   CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size)
@@ -495,12 +502,7 @@ class CudaClient final : public BackendClient {
     BackendObj module = 0;
   };
 
-  Status bind() {
-    if (t_current == ctx_) return Status::Ok();
-    POS_CU(cuCtxSetCurrent(ctx_), "primary context");
-    t_current = ctx_;
-    return Status::Ok();
-  }
+  Status bind() { return make_current(ctx_); }
   static Status not_found(const char* what, BackendObj id) {
     return Status::Cuda(cuda::kErrorInvalidResourceHandle,
                         std::string("cuda backend: unknown ") + what + " " + std::to_string(id));
@@ -703,7 +705,9 @@ class CudaBackend final : public DeviceBackend {
     size_t g = 0;
     POS_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "device 0");
     granule_ = g;
-    POS_RETURN_IF_ERROR(context(0).status());
+    auto ctx = context(0);
+    if (!ctx.ok()) return ctx.status();
+    POS_RETURN_IF_ERROR(make_current(*ctx));
     size_t free_b = 0, total_b = 0;
     POS_CU(cuMemGetInfo(&free_b, &total_b), "device 0");
     // What clients may reserve: free memory now, less room for the driver, cuBLAS workspaces and
@@ -766,10 +770,7 @@ class CudaBackend final : public DeviceBackend {
     if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
     auto ctx = context(device);
     if (!ctx.ok()) return ctx.status();
-    if (t_current != *ctx) {
-      POS_CU(cuCtxSetCurrent(*ctx), "primary context");
-      t_current = *ctx;
-    }
+    POS_RETURN_IF_ERROR(make_current(*ctx));
     size_t f = 0, t = 0;
     POS_CU(cuMemGetInfo(&f, &t), "device " + std::to_string(device));
     out->free = f, out->total = t;
@@ -798,10 +799,7 @@ class CudaBackend final : public DeviceBackend {
   StatusOr<void*> host_alloc(uint64_t bytes) override {
     auto ctx = context(0);
     if (!ctx.ok()) return ctx.status();
-    if (t_current != *ctx) {
-      POS_CU(cuCtxSetCurrent(*ctx), "primary context");
-      t_current = *ctx;
-    }
+    POS_RETURN_IF_ERROR(make_current(*ctx));
     void* p = nullptr;
     // Portable: every context of the process may DMA from it (clients share the primary one).
     POS_CU(cuMemHostAlloc(&p, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE), std::to_string(bytes) + " bytes");
@@ -811,10 +809,7 @@ class CudaBackend final : public DeviceBackend {
     if (p == nullptr) return Status::Ok();
     auto ctx = context(0);
     if (!ctx.ok()) return ctx.status();
-    if (t_current != *ctx) {
-      POS_CU(cuCtxSetCurrent(*ctx), "primary context");
-      t_current = *ctx;
-    }
+    POS_RETURN_IF_ERROR(make_current(*ctx));
     POS_CU(cuMemFreeHost(p), "pinned host memory");
     return Status::Ok();
   }
