@@ -35,7 +35,8 @@ class BackendClient {
  public:
   virtual ~BackendClient() = default;
 
-  // Memory at addresses the parser chose, inside the client's range; size = reserved size.
+  // Memory at addresses the parser chose, inside the client's range: `size` usable bytes (the
+  // backend rounds up to its own page or granule; the parser's reservation always covers that).
   virtual Status alloc_at(uint64_t addr, uint64_t size) = 0;
   virtual Status free_at(uint64_t addr, uint64_t size) = 0;
 

@@ -47,6 +47,11 @@ inline std::vector<std::byte> test_fatbin() {
   return blob;
 }
 
+inline std::string backend_name() { return test_config().backend; }
+// GEMM results against a double-precision reference: full float on the host; TF32 (10 mantissa
+// bits) where a GPU's math mode allows it.
+inline float gemm_tolerance() { return backend_name() == "host" ? 1e-4f : 2e-2f; }
+
 // One client: its transport and typed API.
 struct TestClient {
   uint64_t uuid = 0;

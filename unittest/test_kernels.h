@@ -35,6 +35,9 @@ __global__ void test_fill(unsigned* out, unsigned value, int n) {
 }
 
 __global__ void test_noop(int) {}
+#ifdef __CUDACC__
+__device__ float coeffs[16];  // the symbol-copy tests' variable (the host backend just allocates it)
+#endif
 #ifndef __CUDACC__
 }  // namespace pos_test_kernels
 using namespace pos_test_kernels;  // NOLINT

@@ -20,7 +20,8 @@ std::string run(const char* env_var, const std::string& prefix, const std::vecto
   }
   std::string cmd = prefix + std::string(exe);
   for (const auto& a : args) cmd += " " + a;
-  cmd += " 2>/dev/null";
+  const std::string err = ::testing::TempDir() + "training_gpu_stderr.txt";
+  cmd += " 2>" + err;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     ADD_FAILURE() << "cannot run " << cmd;
@@ -32,6 +33,12 @@ std::string run(const char* env_var, const std::string& prefix, const std::vecto
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int st = pclose(p);
   *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (*code != 0) {  // say why: the program's own error lines
+    if (FILE* f = std::fopen(err.c_str(), "r")) {
+      while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+      std::fclose(f);
+    }
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 
 #include "pos/backend.h"
 #include "pos/config.h"
+#include "pos/cuda_impl/mangled_params.h"
 #include "pos/log.h"
 
 namespace pos::cudabk {
@@ -327,15 +328,20 @@ class CudaClient final : public BackendClient {
     }
     POS_CU(r, name);
     (void)cuFuncLoad(fn.f);  // lazy loading: the layout query below needs the function resident
+    // The driver gives offsets and sizes; constness comes from the mangled name where it can be read.
+    const std::optional<std::vector<bool>> ro = cuda_impl::const_pointer_params(name);
     for (size_t i = 0;; ++i) {
       size_t off = 0, size = 0;
       r = cuFuncGetParamInfo(fn.f, i, &off, &size);
       if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
       POS_CU(r, name + " parameter " + std::to_string(i));
-      // Read-only-ness is not in the driver's answer: every pointer is treated as InOut.
       info.layout.push_back(KernelParam{static_cast<uint32_t>(off), static_cast<uint32_t>(size), false});
       fn.offsets.push_back(static_cast<uint32_t>(off));
       fn.param_bytes = std::max<uint32_t>(fn.param_bytes, static_cast<uint32_t>(off + size));
+    }
+    // Only when the name's parameter list matches the driver's: otherwise every pointer is InOut.
+    if (ro && ro->size() == info.layout.size()) {
+      for (size_t i = 0; i < ro->size(); ++i) info.layout[i].read_only = (*ro)[i] && info.layout[i].size == 8;
     }
     info.param_bytes = fn.param_bytes;
     info.found = true;
@@ -661,6 +667,10 @@ Status CudaClient::alloc_at(uint64_t addr, uint64_t size) {
 
 Status CudaClient::free_at(uint64_t addr, uint64_t size) {
   POS_RETURN_IF_ERROR(bind());
+  if (auto v = vars_.find(addr); v != vars_.end()) {  // a module global: the module owns its memory
+    vars_.erase(v);
+    return Status::Ok();
+  }
   auto a = allocations_.find(addr);
   if (a == allocations_.end() || a->second != size)
     return Status::Internal("cuda backend: free of an address it did not allocate");

@@ -40,7 +40,7 @@ Status parse_malloc(ParserScope& ps, APIContext& c) {
 }
 Status work_malloc(WorkerScope& ws, APIContext& c) {
   if (c.h[0] == nullptr) return Status::Ok();
-  return ws.backend->alloc_at(c.h[0]->client_addr, c.h[0]->reserved_size);
+  return ws.backend->alloc_at(c.h[0]->client_addr, c.h[0]->size);
 }
 
 // cudaFree(ptr)
@@ -65,7 +65,7 @@ Status parse_free(ParserScope& ps, APIContext& c) {
 }
 Status work_free(WorkerScope& ws, APIContext& c) {
   if (c.h[0] == nullptr) return Status::Ok();
-  return ws.backend->free_at(c.h[0]->client_addr, c.h[0]->reserved_size);
+  return ws.backend->free_at(c.h[0]->client_addr, c.h[0]->size);
 }
 
 // Resolves a copy's direction and checks both ends. Device ends must lie wholly inside one live

@@ -112,7 +112,7 @@ Status parse_register_var(ParserScope& ps, APIContext& c) {
 }
 Status work_register_var(WorkerScope& ws, APIContext& c) {
   Handle* v = c.h[0];
-  POS_RETURN_IF_ERROR(ws.backend->var_bind(c.h[1]->backend_obj, v->name, v->client_addr, v->reserved_size));
+  POS_RETURN_IF_ERROR(ws.backend->var_bind(c.h[1]->backend_obj, v->name, v->client_addr, v->size));
   c.set_ret<uint64_t>(v->client_addr);
   return Status::Ok();
 }
@@ -143,7 +143,7 @@ Status work_unregister_fatbin(WorkerScope& ws, APIContext& c) {
   for (size_t i = 0; i < c.edges.size(); ++i) {
     Handle* h = c.edges[i].handle;
     if (h->type == ResourceType::kVar) {
-      Status s = ws.backend->free_at(h->client_addr, h->reserved_size);
+      Status s = ws.backend->free_at(h->client_addr, h->size);
       if (first.ok() && !s.ok()) first = s;
     }
   }

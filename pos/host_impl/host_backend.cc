@@ -462,8 +462,9 @@ HostClient::~HostClient() {
   if (reserved_) munmap(reinterpret_cast<void*>(base_), size_);
 }
 
-Status HostClient::alloc_at(uint64_t addr, uint64_t size) {
-  if (!in_range(addr, size) || addr % kPage != 0 || size % kPage != 0)
+Status HostClient::alloc_at(uint64_t addr, uint64_t bytes) {
+  const uint64_t size = (bytes + kPage - 1) / kPage * kPage;
+  if (bytes == 0 || !in_range(addr, size) || addr % kPage != 0)
     return Status::Internal("host backend: allocation outside the client's range");
   if (mprotect(reinterpret_cast<void*>(addr), size, PROT_READ | PROT_WRITE) != 0) {
     return Status::Cuda(cuda::kErrorMemoryAllocation, std::string("mprotect: ") + std::strerror(errno));
@@ -472,7 +473,8 @@ Status HostClient::alloc_at(uint64_t addr, uint64_t size) {
   return Status::Ok();
 }
 
-Status HostClient::free_at(uint64_t addr, uint64_t size) {
+Status HostClient::free_at(uint64_t addr, uint64_t bytes) {
+  const uint64_t size = (bytes + kPage - 1) / kPage * kPage;
   auto it = allocations_.find(addr);
   if (it == allocations_.end() || it->second != size)
     return Status::Internal("host backend: free of an address it did not allocate");
