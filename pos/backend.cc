@@ -30,7 +30,14 @@ std::string cuda_library_path() {
 StatusOr<std::unique_ptr<DeviceBackend>> load_cuda_backend(const Config& config) {
   const std::string path = cuda_library_path();
   // Kept loaded for the life of the process: backends and their clients hold its code.
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // DEEPBIND: in-process, the app's CUDA runtime and cuBLAS entry points are POS's own shim, and
+  // the backend's calls into the real cuBLAS must not bind to them (they would loop back into
+  // POS). Sanitizer runtimes cannot interpose on a deep-bound library, so those builds go without.
+  int flags = RTLD_NOW | RTLD_LOCAL;
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  flags |= RTLD_DEEPBIND;
+#endif
+  void* lib = dlopen(path.c_str(), flags);
   if (lib == nullptr) {
     const char* err = dlerror();
     return Status(Code::kUnavailable, cuda::kErrorNoDevice,
