@@ -262,7 +262,7 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
   }
-  c->state.wait_at_least(c->state_base + target, config_.spin_ns);
+  c->state.wait_at_least(c->state_base + target, target == kDone ? config_.sync_spin_ns : config_.spin_ns);
   Status s = c->status;
   if (s.ok() && ret_data_len > 0 && c->ret_size > 0) {
     if (c->ret_size > ret_data_len) {
@@ -338,7 +338,8 @@ void POSClient::parser_main() {
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
     // the busy worker, and reading it on every poll would delay noticing a new call.
     uint32_t polls = 0;
-    const uint64_t deadline = now_ns() + config_.spin_ns;
+    const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed_.load(std::memory_order_relaxed);
+    const uint64_t deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
     bool ready = false;
     while (!ready) {
       if (rpc2parser_wq_.read_available() > 0) break;

@@ -24,6 +24,10 @@ struct Config {
   // Queues and threads
   uint32_t queue_depth = 4096;  // per queue; a full queue applies back-pressure to the caller
   uint64_t spin_ns = 50000;     // spin before blocking (latency vs. idle CPU)
+  // A caller waiting for a synchronous call's result, and a parser whose client has calls in flight,
+  // spin (yielding the core between rounds) this long before blocking: a job between two
+  // dependent calls is not idle, and a futex wake-up costs tens of µs on a VM. Native CUDA spins too.
+  uint64_t sync_spin_ns = 2000000;
   bool record_latency = false;  // keep a pos_process → worker-completion histogram per client
 
   // Host backend

@@ -124,7 +124,9 @@ Status work_memcpy(WorkerScope& ws, APIContext& c) {
   switch (static_cast<int32_t>(c.u[3])) {
     case cuda::kMemcpyHostToDevice: return ws.backend->memcpy_h2d(dst, reinterpret_cast<const void*>(src), n);
     case cuda::kMemcpyDeviceToHost: return ws.backend->memcpy_d2h(reinterpret_cast<void*>(dst), src, n);
-    case cuda::kMemcpyDeviceToDevice: return ws.backend->memcpy_d2d(dst, src, n, 0, true);
+    // CUDA: a device-to-device cudaMemcpy does not wait for the copy (it is ordered on the legacy
+    // stream); the caller still gets the verdict once the worker has queued it.
+    case cuda::kMemcpyDeviceToDevice: return ws.backend->memcpy_d2d(dst, src, n, 0, false);
     default:
       std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
       return Status::Ok();
