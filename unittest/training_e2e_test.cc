@@ -2,37 +2,18 @@
 // through the pipeline on the host backend and prints exactly what the direct CPU computation prints.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
 
 namespace {
 
 std::string run_pos(const std::vector<std::string>& args, int* exit_code) {
-  const char* exe = std::getenv("POS_MLP_TRAIN_POS");
-  if (exe == nullptr) {
-    ADD_FAILURE() << "POS_MLP_TRAIN_POS is not set (meson sets it)";
-    return {};
-  }
-  std::string cmd = std::string(exe);
-  for (const auto& a : args) cmd += " " + a;
-  cmd += " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    ADD_FAILURE() << "cannot run " << cmd;
-    return {};
-  }
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  return pos::test::run_program("POS_MLP_TRAIN_POS", "", args, exit_code);
 }
 
 std::string run_reference(const std::vector<std::string>& args) {

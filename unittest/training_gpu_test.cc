@@ -2,50 +2,17 @@
 // natively (cudart + cuBLAS) and through POS on the CUDA backend prints the same loss curve and checksum.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
-namespace {
+#include "unittest/run_program.h"
 
-std::string run(const char* env_var, const std::string& prefix, const std::vector<std::string>& args, int* code) {
-  const char* exe = std::getenv(env_var);
-  if (exe == nullptr) {
-    ADD_FAILURE() << env_var << " is not set (meson sets it)";
-    return {};
-  }
-  std::string cmd = prefix + std::string(exe);
-  for (const auto& a : args) cmd += " " + a;
-  const std::string err = ::testing::TempDir() + "training_gpu_stderr.txt";
-  cmd += " 2>" + err;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    ADD_FAILURE() << "cannot run " << cmd;
-    return {};
-  }
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (*code != 0) {  // say why: the program's own error lines
-    if (FILE* f = std::fopen(err.c_str(), "r")) {
-      while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-      std::fclose(f);
-    }
-  }
-  return out;
-}
+namespace {
 
 void expect_same_as_native(const std::vector<std::string>& args, int steps) {
   int native_code = -1, pos_code = -1;
-  const std::string native = run("POS_MLP_TRAIN_NATIVE", "", args, &native_code);
-  const std::string pos = run("POS_MLP_TRAIN_POS", "POS_BACKEND=cuda ", args, &pos_code);
+  const std::string native = pos::test::run_program("POS_MLP_TRAIN_NATIVE", "", args, &native_code);
+  const std::string pos = pos::test::run_program("POS_MLP_TRAIN_POS", "POS_BACKEND=cuda ", args, &pos_code);
   ASSERT_EQ(native_code, 0) << native;
   ASSERT_EQ(pos_code, 0) << pos;
   size_t lines = 0;

@@ -123,6 +123,16 @@ class Reader {
     return true;
   }
 
+  // A type name may be followed by template arguments: the instance is one more candidate.
+  bool template_instance(std::string* out) {
+    if (peek() != 'I') return true;
+    std::string args;
+    if (!template_args(&args)) return false;
+    *out += args;
+    subs_.push_back(*out);
+    return true;
+  }
+
   // The function's own name: its last component is not a substitution candidate.
   bool function_name(bool* templated) {
     if (peek() == 'N') {
@@ -221,13 +231,7 @@ class Reader {
       if (idx >= fn_template_args_.size()) return false;
       *out = fn_template_args_[idx];
       subs_.push_back(*out);
-      if (peek() == 'I') {
-        std::string args;
-        if (!template_args(&args)) return false;
-        *out += args;
-        subs_.push_back(*out);
-      }
-      return true;
+      return template_instance(out);
     }
     if (c == 'S') {
       const bool std_prefix = peek(1) == 't';
@@ -240,13 +244,7 @@ class Reader {
       } else if (!substitution(out)) {
         return false;
       }
-      if (peek() == 'I') {
-        std::string args;
-        if (!template_args(&args)) return false;
-        *out += args;
-        subs_.push_back(*out);
-      }
-      return true;
+      return template_instance(out);
     }
     if (c == 'N') {  // nested class name
       ++p_;
@@ -272,13 +270,7 @@ class Reader {
     if (std::isdigit(static_cast<unsigned char>(c))) {  // class or enum name
       if (!source_name(out)) return false;
       subs_.push_back(*out);
-      if (peek() == 'I') {
-        std::string args;
-        if (!template_args(&args)) return false;
-        *out += args;
-        subs_.push_back(*out);
-      }
-      return true;
+      return template_instance(out);
     }
     return false;  // arrays, function types, pointers to members, expressions: not handled
   }

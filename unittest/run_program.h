@@ -1,0 +1,50 @@
+// run_program.h — runs a built program through the shell for the workload tests and returns its
+// standard output; on failure its standard error is appended, so an assertion message says why.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace pos::test {
+
+// The program is named by environment variable `env_var` (meson sets it); `prefix` goes before it
+// on the command line (environment assignments).
+inline std::string run_program(const char* env_var, const std::string& prefix, const std::vector<std::string>& args,
+                               int* exit_code) {
+  *exit_code = -1;
+  const char* exe = std::getenv(env_var);
+  if (exe == nullptr) {
+    ADD_FAILURE() << env_var << " is not set (meson sets it)";
+    return {};
+  }
+  std::string cmd = prefix + exe;
+  for (const auto& a : args) cmd += " " + a;
+  const std::string err = ::testing::TempDir() + "run_program_stderr.txt";
+  cmd += " 2>" + err;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    ADD_FAILURE() << "cannot run " << cmd;
+    return {};
+  }
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (*exit_code != 0) {
+    if (FILE* f = std::fopen(err.c_str(), "r")) {
+      while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+      std::fclose(f);
+    }
+  }
+  return out;
+}
+
+}  // namespace pos::test
