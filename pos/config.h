@@ -23,7 +23,10 @@ struct Config {
 
   // Queues and threads
   uint32_t queue_depth = 4096;  // per queue; a full queue applies back-pressure to the caller
-  uint64_t spin_ns = 50000;     // spin before blocking (latency vs. idle CPU)
+  // Spin before blocking (latency vs. idle CPU). 1 ms: a training loop's pipeline threads stay awake
+  // across the CPU work between steps (a futex wake-up costs tens of µs on a VM; measured in
+  // docs/BENCHMARKS.md), and a client idle for longer still costs nothing.
+  uint64_t spin_ns = 1000000;
   // A caller waiting for a synchronous call's result, and a parser whose client has calls in flight,
   // spin (yielding the core between rounds) this long before blocking: a job between two
   // dependent calls is not idle, and a futex wake-up costs tens of µs on a VM. Native CUDA spins too.
