@@ -54,6 +54,14 @@ StatusOr<std::unique_ptr<DeviceBackend>> load_cuda_backend(const Config& config)
 
 }  // namespace
 
+bool DeviceBackend::try_reserve(uint64_t bytes) {
+  uint64_t cur = reserved_.load();
+  do {
+    if (bytes > capacity_ || cur > capacity_ - bytes) return false;
+  } while (!reserved_.compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+
 StatusOr<void*> DeviceBackend::host_alloc(uint64_t bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bytes == 0 ? 1 : bytes) != 0)

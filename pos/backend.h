@@ -2,6 +2,7 @@
 // Two implementations: CUDA (driver API, the product) and host (CPU memory; CI's faithful double).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -100,13 +101,22 @@ class DeviceBackend {
   virtual StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t va_base, uint64_t va_size, int device) = 0;
   // Device-wide memory accounting, done by parsers when they accept an allocation so that the
   // worker's allocation cannot fail for lack of capacity afterwards. Thread-safe.
-  virtual bool try_reserve(uint64_t bytes) = 0;
-  virtual void unreserve(uint64_t bytes) = 0;
+  bool try_reserve(uint64_t bytes);
+  void unreserve(uint64_t bytes) { reserved_.fetch_sub(bytes); }
+  uint64_t reserved_bytes() const { return reserved_.load(); }
 
   // Page-locked host memory the device can reach by DMA (cudaMallocHost in-process): copies from it
   // need no staging. The host backend hands out plain page-aligned memory. Thread-safe.
   virtual StatusOr<void*> host_alloc(uint64_t bytes);
   virtual Status host_free(void* p);
+
+ protected:
+  // What parsers may reserve in all; set by the backend before it opens clients.
+  void set_memory_capacity(uint64_t bytes) { capacity_ = bytes; }
+
+ private:
+  uint64_t capacity_ = 0;
+  std::atomic<uint64_t> reserved_{0};
 };
 
 // The backend named by the config ("host"; "cuda" where built with the CUDA toolkit).

@@ -691,7 +691,7 @@ Status CudaClient::free_at(uint64_t addr, uint64_t size) {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  explicit CudaBackend(const Config& c) : config_(c) {}
+  CudaBackend() = default;
   ~CudaBackend() override {
     for (int d = 0; d < static_cast<int>(ctx_.size()); ++d)
       if (ctx_[d] != nullptr) cuDevicePrimaryCtxRelease(devs_[d]);
@@ -705,7 +705,6 @@ class CudaBackend final : public DeviceBackend {
     POS_CU(cuDriverGetVersion(&driver_version_), "");
     devs_.resize(n);
     ctx_.assign(n, nullptr);
-    capacity_.assign(n, 0);
     for (int d = 0; d < n; ++d) POS_CU(cuDeviceGet(&devs_[d], d), "device " + std::to_string(d));
     // The allocation granularity is the same for every device of a kind; take device 0's.
     CUmemAllocationProp prop{};
@@ -715,15 +714,14 @@ class CudaBackend final : public DeviceBackend {
     size_t g = 0;
     POS_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "device 0");
     granule_ = g;
-    auto ctx = context(0);
-    if (!ctx.ok()) return ctx.status();
-    POS_RETURN_IF_ERROR(make_current(*ctx));
+    POS_RETURN_IF_ERROR(use_device(0));
     size_t free_b = 0, total_b = 0;
     POS_CU(cuMemGetInfo(&free_b, &total_b), "device 0");
     // What clients may reserve: free memory now, less room for the driver, cuBLAS workspaces and
     // the granule rounding of small buffers.
     const uint64_t margin = std::min<uint64_t>(free_b / 16, 2ull << 30);
-    capacity_[0] = free_b > margin ? free_b - margin : 0;
+    // Clients open on device 0 (one device per job for now), so its memory is what they share.
+    set_memory_capacity(free_b > margin ? free_b - margin : 0);
     return Status::Ok();
   }
 
@@ -778,9 +776,7 @@ class CudaBackend final : public DeviceBackend {
   int32_t driver_version() const override { return driver_version_; }
   Status mem_info(int device, MemInfo* out) const override {
     if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
-    auto ctx = context(device);
-    if (!ctx.ok()) return ctx.status();
-    POS_RETURN_IF_ERROR(make_current(*ctx));
+    POS_RETURN_IF_ERROR(use_device(device));
     size_t f = 0, t = 0;
     POS_CU(cuMemGetInfo(&f, &t), "device " + std::to_string(device));
     out->free = f, out->total = t;
@@ -797,19 +793,9 @@ class CudaBackend final : public DeviceBackend {
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
-  bool try_reserve(uint64_t n) override {
-    uint64_t cur = used_.load();
-    do {
-      if (cur + n > capacity_[0]) return false;
-    } while (!used_.compare_exchange_weak(cur, cur + n));
-    return true;
-  }
-  void unreserve(uint64_t n) override { used_.fetch_sub(n); }
 
   StatusOr<void*> host_alloc(uint64_t bytes) override {
-    auto ctx = context(0);
-    if (!ctx.ok()) return ctx.status();
-    POS_RETURN_IF_ERROR(make_current(*ctx));
+    POS_RETURN_IF_ERROR(use_device(0));
     void* p = nullptr;
     // Portable: every context of the process may DMA from it (clients share the primary one).
     POS_CU(cuMemHostAlloc(&p, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE), std::to_string(bytes) + " bytes");
@@ -817,28 +803,29 @@ class CudaBackend final : public DeviceBackend {
   }
   Status host_free(void* p) override {
     if (p == nullptr) return Status::Ok();
-    auto ctx = context(0);
-    if (!ctx.ok()) return ctx.status();
-    POS_RETURN_IF_ERROR(make_current(*ctx));
+    POS_RETURN_IF_ERROR(use_device(0));
     POS_CU(cuMemFreeHost(p), "pinned host memory");
     return Status::Ok();
   }
 
  private:
+  // The device's primary context, current on the calling thread (control-thread queries).
+  Status use_device(int device) const {
+    auto ctx = context(device);
+    if (!ctx.ok()) return ctx.status();
+    return make_current(*ctx);
+  }
   StatusOr<CUcontext> context(int device) const {
     std::lock_guard<std::mutex> lk(mu_);
     if (ctx_[device] == nullptr) POS_CU(cuDevicePrimaryCtxRetain(&ctx_[device], devs_[device]), "device " + std::to_string(device));
     return ctx_[device];
   }
 
-  const Config config_;
   int driver_version_ = 0;
   uint64_t granule_ = 2u << 20;
   std::vector<CUdevice> devs_;
   mutable std::mutex mu_;  // guards ctx_
   mutable std::vector<CUcontext> ctx_;
-  std::vector<uint64_t> capacity_;
-  std::atomic<uint64_t> used_{0};
 };
 
 }  // namespace
@@ -847,7 +834,8 @@ class CudaBackend final : public DeviceBackend {
 // The entry point libpos looks up after loading this library (pos/backend.cc).
 extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_backend_create(const pos::Config* config,
                                                                                               pos::Status* status) {
-  auto b = std::make_unique<pos::cudabk::CudaBackend>(*config);
+  (void)config;  // nothing in it concerns the device yet
+  auto b = std::make_unique<pos::cudabk::CudaBackend>();
   *status = b->init();
   if (!status->ok()) return nullptr;
   return b.release();

@@ -140,17 +140,17 @@ class Reader {
       while (peek() == 'r' || peek() == 'V' || peek() == 'K') ++p_;
       std::string prefix;
       bool last_was_template = false;
-      std::string pending;  // the latest component, entered as a candidate only if more follow
+      bool pending = false;  // the latest component, entered as a candidate only if more follow
       while (!eat("E")) {
         if (p_ >= s_.size()) return false;
-        if (!pending.empty()) subs_.push_back(prefix), pending.clear();
+        if (pending) subs_.push_back(prefix), pending = false;
         std::string comp;
         if (peek() == 'I') {
           if (!template_args(&comp)) return false;
           prefix += comp;
           fn_template_args_ = last_template_args_;
           last_was_template = true;
-          pending = "x";
+          pending = true;
           continue;
         }
         last_was_template = false;
@@ -161,7 +161,7 @@ class Reader {
         }
         if (!source_name(&comp)) return false;
         prefix += comp;
-        pending = "x";
+        pending = true;
       }
       *templated = last_was_template;
       return true;

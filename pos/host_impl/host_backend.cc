@@ -372,7 +372,7 @@ class HostClient final : public BackendClient {
 
 class HostBackend final : public DeviceBackend {
  public:
-  explicit HostBackend(const Config& c) : config_(c) {}
+  explicit HostBackend(const Config& c) : config_(c) { set_memory_capacity(c.host_device_memory); }
   std::string_view name() const override { return "host"; }
   int device_count() const override { return static_cast<int>(config_.host_device_count); }
   uint64_t granularity() const override { return kPage; }
@@ -430,7 +430,7 @@ class HostBackend final : public DeviceBackend {
   int32_t driver_version() const override { return kDriverVersion; }
   Status mem_info(int device, MemInfo* out) const override {
     if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
-    const uint64_t used = used_.load();
+    const uint64_t used = reserved_bytes();
     out->total = config_.host_device_memory;
     out->free = used >= out->total ? 0 : out->total - used;
     return Status::Ok();
@@ -441,18 +441,8 @@ class HostBackend final : public DeviceBackend {
     return std::unique_ptr<BackendClient>(std::move(c));
   }
 
-  bool try_reserve(uint64_t n) override {
-    uint64_t cur = used_.load();
-    do {
-      if (cur + n > config_.host_device_memory) return false;
-    } while (!used_.compare_exchange_weak(cur, cur + n));
-    return true;
-  }
-  void unreserve(uint64_t n) override { used_.fetch_sub(n); }
-
  private:
   const Config config_;
-  std::atomic<uint64_t> used_{0};
 };
 
 HostClient::~HostClient() {
