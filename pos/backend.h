@@ -29,6 +29,24 @@ struct FunctionInfo {
   uint32_t param_bytes = 0;
 };
 
+// Copies for the checkpoint engine that run beside the client's own streams: the drainer's
+// device→host copies, copy-on-write shadows, restore's host→device loads. Device addresses are the
+// client's buffers (not variables) or this copier's shadows. Host memory should come from
+// DeviceBackend::host_alloc (page-locked) for full speed. Used by one thread at a time; thread-safe
+// with respect to the client's worker (it touches no worker state).
+class DeviceCopier {
+ public:
+  static constexpr int kLanes = 2;  // independent copy queues (lane = stream on a GPU)
+  virtual ~DeviceCopier() = default;
+  virtual Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) = 0;
+  virtual Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) = 0;
+  virtual Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) = 0;
+  virtual Status wait(int lane) = 0;  // everything issued on `lane` has finished
+  // Device memory outside every client range (copy-on-write shadows).
+  virtual StatusOr<uint64_t> shadow_alloc(uint64_t n) = 0;
+  virtual void shadow_free(uint64_t addr) = 0;
+};
+
 // One client's device state. Confined to that client's worker thread (not thread-safe), except
 // that the destructor may run on the thread that shuts the client down, after the worker stopped.
 // Work on streams runs asynchronously; *_sync calls and synchronize_all wait for it.
@@ -83,6 +101,9 @@ class BackendClient {
   virtual Status blas_set_stream(BackendObj handle, BackendObj stream) = 0;
   virtual Status blas_set_math_mode(BackendObj handle, int32_t mode) = 0;
   virtual Status blas_gemm(BackendObj handle, const GemmArgs& args) = 0;
+
+  // A copier for the checkpoint engine (see DeviceCopier); may be handed to another thread.
+  virtual StatusOr<std::unique_ptr<DeviceCopier>> make_copier() = 0;
 };
 
 // A device backend. Thread-safe: clients are opened from the workspace's control thread and used
@@ -91,6 +112,8 @@ class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
   virtual std::string_view name() const = 0;
+  // The device model (an image refuses to restore onto another).
+  virtual std::string device_name(int device) const = 0;
   virtual int device_count() const = 0;
   // Address-space granularity of allocations (the parser rounds reservations to it).
   virtual uint64_t granularity() const = 0;

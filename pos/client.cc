@@ -82,6 +82,31 @@ POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const C
 POSClient::~POSClient() { shutdown(); }
 
 Status POSClient::start() {
+  POS_RETURN_IF_ERROR(init_state());
+  // The device, its context and the legacy default stream exist from the start (DAG roots).
+  ps_.device = ps_.mgr(ResourceType::kDevice).allocate_mocked_resource(0, {}, 0).value();
+  ps_.context = ps_.mgr(ResourceType::kContext).allocate_mocked_resource(0, {ps_.device}, 0).value();
+  ps_.default_stream = ps_.mgr(ResourceType::kStream).allocate_mocked_resource(0, {ps_.context}, 0).value();
+  ps_.default_stream->backend_obj = 0;
+  start_threads();
+  return Status::Ok();
+}
+
+Status POSClient::start_restored(const ckpt::ImageReader& image) {
+  POS_RETURN_IF_ERROR(init_state());
+  Status s = restore_state(image);
+  if (!s.ok()) {
+    // Nothing of the half-built client survives: its device state and reservations go.
+    backend_client_.reset();
+    for (ResourceType t : {ResourceType::kMemory, ResourceType::kVar})
+      ps_.mgr(t).for_each([&](Handle* h) { backend_->unreserve(h->charged); });
+    return s;
+  }
+  start_threads();
+  return Status::Ok();
+}
+
+Status POSClient::init_state() {
   const uint64_t base = config_.va_base + static_cast<uint64_t>(slot_) * config_.va_size;
   // The top eighth of the range holds opaque handle values (streams, events, ...); the rest is
   // device memory. Distinct per client, so one client's values never name another's resources.
@@ -113,23 +138,20 @@ Status POSClient::start() {
       ps_.managers[t] = std::make_unique<HandleManager>(type, opaque + t * per_type, per_type, 1);
     }
   }
-  // The device, its context and the legacy default stream exist from the start (DAG roots).
-  ps_.device = ps_.mgr(ResourceType::kDevice).allocate_mocked_resource(0, {}, 0).value();
-  ps_.context = ps_.mgr(ResourceType::kContext).allocate_mocked_resource(0, {ps_.device}, 0).value();
-  ps_.default_stream = ps_.mgr(ResourceType::kStream).allocate_mocked_resource(0, {ps_.context}, 0).value();
-  ps_.default_stream->backend_obj = 0;
-
   ws_.client = this;
   ws_.backend = backend_client_.get();
   ws_.device = backend_;
+  return Status::Ok();
+}
 
+void POSClient::start_threads() {
+  const uint64_t base = ps_.va_base, mem_size = ps_.va_size;
   accepting_.store(true, std::memory_order_release);
   parser_thread_ = std::thread([this] { parser_main(); });
   worker_thread_ = std::thread([this] { worker_main(); });
   started_ = true;
   POS_INFO("client %lu (%s): started, device range 0x%lx + 0x%lx", (unsigned long)uuid_, job_name_.c_str(),
            (unsigned long)base, (unsigned long)mem_size);
-  return Status::Ok();
 }
 
 void POSClient::shutdown() {
@@ -296,6 +318,23 @@ Status POSClient::run_command(Command& cmd) {
   return cmd.status;
 }
 
+StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
+  if (checkpointing_.exchange(true, std::memory_order_acq_rel))
+    return Status::Busy("client " + std::to_string(uuid_) + " is already being checkpointed");
+  struct Clear {
+    std::atomic<bool>* f;
+    ~Clear() { f->store(false, std::memory_order_release); }
+  } clear{&checkpointing_};
+  auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
+  POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes));
+  Command cmd;
+  cmd.type = CommandType::kCheckpoint;
+  cmd.job = job;
+  Status s = run_command(cmd);
+  if (!s.ok()) return s.with_context("checkpoint of client " + std::to_string(uuid_));
+  return job->wait();
+}
+
 // ---------------- parser thread ----------------
 void POSClient::parser_main() {
   for (;;) {
@@ -447,6 +486,7 @@ void POSClient::parse_command(Command* cmd) {
     std::sort(cmd->dirty.begin(), cmd->dirty.end(),
               [](const DirtyRecord& a, const DirtyRecord& b) { return a.handle_id < b.handle_id; });
   }
+  if (cmd->type == CommandType::kCheckpoint) record_checkpoint(*cmd->job, cmd->cut_pc);
   parser_cmd_ = cmd;
   push_blocking(cmd_worker_wq_, cmd, worker_bell_, parser_bell_);
 }
@@ -505,6 +545,10 @@ void POSClient::worker_main() {
 }
 
 void POSClient::execute_call(APIContext* c) {
+  if (cow_job_ != nullptr) {
+    if (cow_job_->drained()) cow_job_.reset();
+    else cow_job_->protect(*c);
+  }
   const ApiFunctions& f = table_->get(c->api_id);
   Status s = f.work != nullptr ? f.work(ws_, *c)
                                : Status::Unsupported(std::string(c->info->name) + " has no worker function");
@@ -529,8 +573,16 @@ void POSClient::execute_call(APIContext* c) {
 }
 
 void POSClient::execute_command(Command* cmd) {
+  const double t = seconds_now();
   // Every call < cut has executed; wait for the device to finish them too.
   cmd->status = backend_client_->synchronize_all();
+  if (cmd->type != CommandType::kCheckpoint || !cmd->status.ok()) return;
+  CheckpointJob& job = *cmd->job;
+  job.image().mutable_client()->set_async_error(ws_.async_error);
+  job.image().mutable_client()->set_async_error_message(ws_.async_error_message);
+  cmd->status = job.start_at_cut(backend_client_.get(), t);
+  // Async: later calls that write a buffer not yet drained are protected first (execute_call).
+  if (cmd->status.ok() && job.request().mode == CheckpointMode::kAsync && !job.drained()) cow_job_ = cmd->job;
 }
 
 }  // namespace pos

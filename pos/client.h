@@ -19,6 +19,7 @@
 #include "pos/api_context.h"
 #include "pos/api_table.h"
 #include "pos/backend.h"
+#include "pos/checkpoint.h"
 #include "pos/config.h"
 #include "pos/handle.h"
 #include "pos/status.h"
@@ -30,6 +31,7 @@ namespace pos {
 enum class CommandType : uint8_t {
   kQuiesce,       // cut at N: every call < N has executed on the device, none >= N has started
   kCollectDirty,  // cut at N and report (then clear) the handles written since the last collection
+  kCheckpoint,    // cut at N and drain the client's state into job's image (sync or async)
 };
 
 struct DirtyRecord {
@@ -46,6 +48,7 @@ struct Command {
   Status status;
   std::vector<DirtyRecord> dirty;  // kCollectDirty, sorted by handle id
   uint64_t generation = 0;         // set by run_command; completion is signalled per client
+  std::shared_ptr<CheckpointJob> job;  // kCheckpoint
 };
 
 // pos_process → worker-completion latency: 50 ns buckets up to 2 ms, then 10 us buckets up to 2 s.
@@ -124,6 +127,9 @@ class POSClient {
 
   // Opens the device state and starts the parser and worker threads.
   Status start();
+  // Same, with the state of an image (handles at their addresses, device bytes) instead of an
+  // empty client. On error nothing of the client remains.
+  Status start_restored(const ckpt::ImageReader& image);
   // Refuses new calls, waits for in-flight calls and commands, stops threads, frees device state.
   void shutdown();
 
@@ -132,6 +138,8 @@ class POSClient {
                 uint64_t* ret_written);
   // Runs a command at a cut; one at a time per client (a second concurrent one gets kBusy).
   Status run_command(Command& cmd);
+  // Takes a checkpoint (see CheckpointRequest); one at a time per client, a second gets kBusy.
+  StatusOr<CheckpointResult> checkpoint(CheckpointRequest request);
 
   uint64_t uuid() const { return uuid_; }
   uint32_t slot() const { return slot_; }
@@ -158,6 +166,10 @@ class POSClient {
   void execute_call(APIContext* c);
   void parse_command(Command* cmd);
   void execute_command(Command* cmd);
+  Status init_state();
+  void start_threads();
+  void record_checkpoint(CheckpointJob& job, uint64_t cut);
+  Status restore_state(const ckpt::ImageReader& image);
   void complete_to_rpc(APIContext* c, bool flush = true);
   void flush_completions();
   void update_live_handles();
@@ -209,6 +221,8 @@ class POSClient {
   WorkerScope ws_;
   std::unique_ptr<BackendClient> backend_client_;
   Command* worker_cmd_ = nullptr;  // worker thread
+  std::shared_ptr<CheckpointJob> cow_job_;  // worker thread: an async checkpoint still draining
+  std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
   alignas(64) std::atomic<uint64_t> executed_{0};
   LatencyHistogram latency_;
 

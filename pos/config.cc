@@ -116,7 +116,8 @@ Status apply(const YAML::Node& root, Config* c) {
     if (n["device_name"]) c->host_device_name = n["device_name"].as<std::string>();
   }
   if (const auto n = root["checkpoint"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode"}));
+    POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode", "shadow_pool"}));
+    POS_RETURN_IF_ERROR(read_size(n, "shadow_pool", &c->shadow_pool_bytes));
     if (n["mode"]) {
       c->checkpoint_mode = n["mode"].as<std::string>();
       if (c->checkpoint_mode != "off" && c->checkpoint_mode != "sync" && c->checkpoint_mode != "async")

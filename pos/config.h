@@ -38,8 +38,10 @@ struct Config {
   uint64_t host_device_memory = 16ull << 30;
   std::string host_device_name = "POS Host Device";
 
-  // Checkpointing (engine arrives with the checkpoint issue; mode is accepted and validated now)
+  // Checkpointing: the mode a request gets when it names none (off: checkpoints only on request,
+  // in sync mode), and the bound on device memory for async copy-on-write shadows per checkpoint.
   std::string checkpoint_mode = "off";  // off | sync | async
+  uint64_t shadow_pool_bytes = 2ull << 30;
 };
 
 // Parse a YAML document. Unknown keys and bad values are errors naming the key.

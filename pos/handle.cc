@@ -65,9 +65,10 @@ void HandleManager::unreserve_range(uint64_t addr, uint64_t bytes) {
 }
 
 Handle* HandleManager::insert(uint64_t addr, uint64_t size, uint64_t reserved, std::vector<Handle*> parents,
-                              uint64_t pc) {
+                              uint64_t pc, uint64_t id) {
   auto h = std::make_unique<Handle>();
-  h->id = next_id_++;
+  h->id = id != 0 ? id : next_id_;
+  next_id_ = std::max(next_id_, h->id + 1);
   h->type = type_;
   h->client_addr = addr;
   h->size = size;
@@ -98,8 +99,11 @@ StatusOr<Handle*> HandleManager::allocate_mocked_resource(uint64_t size, std::ve
   return insert(slot_addr, size, 0, std::move(parents), pc);
 }
 
-StatusOr<Handle*> HandleManager::adopt_at(uint64_t addr, uint64_t size, std::vector<Handle*> parents, uint64_t pc) {
+StatusOr<Handle*> HandleManager::adopt_at(uint64_t addr, uint64_t size, std::vector<Handle*> parents, uint64_t pc,
+                                          uint64_t id) {
   if (by_addr_.count(addr) != 0) return Status::InvalidArgument("address already in use");
+  if (id != 0 && handles_.count(id) != 0) return Status::InvalidArgument("handle id already in use");
+  if (ranged_ && (addr < base_ || addr >= base_ + size_)) return Status::InvalidArgument("address outside the range");
   uint64_t reserved = 0;
   if (ranged_) {
     reserved = (size + 1 + granularity_ - 1) / granularity_ * granularity_;
@@ -117,7 +121,7 @@ StatusOr<Handle*> HandleManager::adopt_at(uint64_t addr, uint64_t size, std::vec
     // Later slots must not land on the adopted value.
     next_slot_ = std::max(next_slot_, (addr - base_) / 16 + 1);
   }
-  return insert(addr, size, reserved, std::move(parents), pc);
+  return insert(addr, size, reserved, std::move(parents), pc, id);
 }
 
 Handle* HandleManager::get(uint64_t addr) {

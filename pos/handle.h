@@ -2,6 +2,7 @@
 // their per-type managers. Parser functions allocate "mocked" handles; the worker makes them real.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -88,8 +89,10 @@ class HandleManager {
 
   // Create a handle whose client-visible address is final now (before the worker runs).
   StatusOr<Handle*> allocate_mocked_resource(uint64_t size, std::vector<Handle*> parents, uint64_t pc);
-  // Adopt a handle at a fixed address (default stream = 0, restore at the same address).
-  StatusOr<Handle*> adopt_at(uint64_t addr, uint64_t size, std::vector<Handle*> parents, uint64_t pc);
+  // Adopt a handle at a fixed address (default stream = 0, restore at the same address). A nonzero
+  // `id` keeps the handle's id (restore: incremental images name buffers by id).
+  StatusOr<Handle*> adopt_at(uint64_t addr, uint64_t size, std::vector<Handle*> parents, uint64_t pc,
+                             uint64_t id = 0);
 
   // Exact lookup of an active handle by client-visible address (streams, events, ...).
   Handle* get(uint64_t addr);
@@ -109,6 +112,13 @@ class HandleManager {
   uint64_t granularity() const { return granularity_; }
   uint64_t round_up(uint64_t n) const { return (n + granularity_ - 1) / granularity_ * granularity_; }
   uint64_t bytes_reserved() const { return bytes_reserved_; }
+  // Allocation cursors, saved in an image so that a restored client hands out fresh values.
+  uint64_t next_id() const { return next_id_; }
+  uint64_t next_slot() const { return next_slot_; }
+  void set_cursors(uint64_t next_id, uint64_t next_slot) {
+    next_id_ = std::max(next_id_, next_id);
+    next_slot_ = std::max(next_slot_, next_slot);
+  }
   template <typename F>
   void for_each(F&& f) {
     for (auto& [id, h] : handles_) f(h.get());
@@ -117,7 +127,8 @@ class HandleManager {
  private:
   StatusOr<uint64_t> reserve_range(uint64_t bytes);
   void unreserve_range(uint64_t addr, uint64_t bytes);
-  Handle* insert(uint64_t addr, uint64_t size, uint64_t reserved, std::vector<Handle*> parents, uint64_t pc);
+  Handle* insert(uint64_t addr, uint64_t size, uint64_t reserved, std::vector<Handle*> parents, uint64_t pc,
+                 uint64_t id = 0);
 
   ResourceType type_;
   uint64_t base_, size_, granularity_;

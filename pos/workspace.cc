@@ -2,6 +2,7 @@
 // A client uuid encodes its slot and a generation, so a stale uuid can never reach a newer client.
 #include "pos/workspace.h"
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -119,6 +120,42 @@ Status POSWorkspace::run_command(ClientUuid uuid, Command& cmd) {
   auto client = find_client(uuid);
   if (!client) return Status::NotFound("no client " + std::to_string(uuid));
   return client->run_command(cmd);
+}
+
+StatusOr<CheckpointResult> POSWorkspace::checkpoint(ClientUuid uuid, CheckpointRequest request) {
+  auto client = find_client(uuid);
+  if (!client) return Status::NotFound("no client " + std::to_string(uuid));
+  return client->checkpoint(std::move(request));
+}
+
+StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image) {
+  const auto& inv = image.inventory();
+  const auto& cr = image.client().client();
+  if (inv.backend() != backend_->name())
+    return Status::FailedPrecondition("image was taken on the " + inv.backend() + " backend; this workspace runs " +
+                                      std::string(backend_->name()));
+  if (cr.current_device() < 0 || cr.current_device() >= backend_->device_count())
+    return Status::FailedPrecondition("image uses device " + std::to_string(cr.current_device()) + ", not present here");
+  if (inv.device_name() != backend_->device_name(cr.current_device()))
+    return Status::FailedPrecondition("image was taken on a " + inv.device_name() + "; this device is a " +
+                                      backend_->device_name(cr.current_device()));
+  if (cr.va_base() < config_.va_base || cr.va_size() != config_.va_size ||
+      (cr.va_base() - config_.va_base) % config_.va_size != 0 ||
+      (cr.va_base() - config_.va_base) / config_.va_size >= config_.max_clients)
+    return Status::FailedPrecondition("image's client range " + std::to_string(cr.va_base()) +
+                                      " does not fit this workspace's client.va_base / va_size / max_clients");
+  const uint32_t slot = static_cast<uint32_t>((cr.va_base() - config_.va_base) / config_.va_size);
+  if (slot_of(cr.uuid()) != slot) return Status::Corrupt("image's client uuid and range disagree");
+  std::unique_lock lk(mu_);
+  if (slots_[slot]) return Status::Busy("client slot " + std::to_string(slot) + " (the image's addresses) is in use");
+  const ClientUuid uuid = cr.uuid();
+  generation_ = std::max(generation_, uuid >> kSlotBits);
+  auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_);
+  Status s = client->start_restored(image);
+  if (!s.ok()) return s.with_context("restore");
+  fast_[slot].client.store(client.get(), std::memory_order_release);
+  slots_[slot] = std::move(client);
+  return uuid;
 }
 
 std::vector<ClientInfo> POSWorkspace::list_clients() const {

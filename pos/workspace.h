@@ -49,6 +49,14 @@ class POSWorkspace {
 
   Status run_command(ClientUuid uuid, Command& cmd);
 
+  // Checkpoints a client at a cut (see CheckpointRequest). Blocks until the image is durable; in
+  // async mode the client keeps running meanwhile.
+  StatusOr<CheckpointResult> checkpoint(ClientUuid uuid, CheckpointRequest request);
+  // A new client with an image's state, in the image's slot (so every address is the same) and
+  // under the image's uuid. The image must come from the same backend and device model. On
+  // error the workspace is as before.
+  StatusOr<ClientUuid> restore(const ckpt::ImageReader& image);
+
   std::shared_ptr<POSClient> find_client(ClientUuid uuid) const;
   std::vector<ClientInfo> list_clients() const;
   const Config& config() const { return config_; }

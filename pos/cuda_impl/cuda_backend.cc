@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,6 +103,64 @@ Status make_current(CUcontext ctx) {
   return Status::Ok();
 }
 
+// The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
+// so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
+class CudaCopier final : public DeviceCopier {
+ public:
+  explicit CudaCopier(CUcontext ctx) : ctx_(ctx) {}
+  ~CudaCopier() override {
+    if (make_current(ctx_).ok()) {
+      for (CUstream s : lanes_)
+        if (s != nullptr) {
+          cuStreamSynchronize(s);
+          cuStreamDestroy(s);
+        }
+      for (CUdeviceptr p : shadows_) cuMemFree(p);
+    }
+  }
+  Status open() {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    for (CUstream& s : lanes_) POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyDtoHAsync(dst, src, n, lanes_[lane & 1]), "checkpoint copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyHtoDAsync(dst, src, n, lanes_[lane & 1]), "restore copy to " + hex(dst));
+    return Status::Ok();
+  }
+  Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyDtoDAsync(dst, src, n, lanes_[lane & 1]), "shadow copy of " + hex(src));
+    return Status::Ok();
+  }
+  Status wait(int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    CUdeviceptr p = 0;
+    POS_CU(cuMemAlloc(&p, n == 0 ? 1 : n), "shadow of " + std::to_string(n) + " bytes");
+    shadows_.insert(p);
+    return static_cast<uint64_t>(p);
+  }
+  void shadow_free(uint64_t addr) override {
+    if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
+    cuMemFree(addr);
+  }
+
+ private:
+  CUcontext ctx_;
+  CUstream lanes_[kLanes] = {};
+  std::set<CUdeviceptr> shadows_;
+};
+
 class CudaClient final : public BackendClient {
  public:
   CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size)
@@ -128,6 +187,12 @@ class CudaClient final : public BackendClient {
 
   Status alloc_at(uint64_t addr, uint64_t size) override;
   Status free_at(uint64_t addr, uint64_t size) override;
+
+  StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
+    auto c = std::make_unique<CudaCopier>(ctx_);
+    POS_RETURN_IF_ERROR(c->open());
+    return std::unique_ptr<DeviceCopier>(std::move(c));
+  }
 
   Status memcpy_h2d(uint64_t dst, const void* src, uint64_t n) override {
     POS_RETURN_IF_ERROR(bind());
@@ -726,6 +791,11 @@ class CudaBackend final : public DeviceBackend {
   }
 
   std::string_view name() const override { return "cuda"; }
+  std::string device_name(int device) const override {
+    DeviceProps p{};
+    if (!properties(device, &p).ok()) return "unknown";
+    return p.name;
+  }
   int device_count() const override { return static_cast<int>(devs_.size()); }
   // cudaMalloc's alignment; the physical backing is shared per granule (CudaClient::alloc_at).
   uint64_t granularity() const override { return 512; }

@@ -40,6 +40,40 @@ struct HostBlas {
   int32_t math_mode = 0;
 };
 
+// Device memory is host memory at the same addresses, so the checkpoint engine's copies are plain
+// memcpy on the calling thread (they finish before the call returns; lanes need no waiting).
+class HostCopier final : public DeviceCopier {
+ public:
+  ~HostCopier() override {
+    for (auto& [p, n] : shadows_) std::free(reinterpret_cast<void*>(p));
+  }
+  Status to_host_async(void* dst, uint64_t src, uint64_t n, int) override {
+    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+    return Status::Ok();
+  }
+  Status to_device_async(uint64_t dst, const void* src, uint64_t n, int) override {
+    std::memcpy(reinterpret_cast<void*>(dst), src, n);
+    return Status::Ok();
+  }
+  Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int) override {
+    std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return Status::Ok();
+  }
+  Status wait(int) override { return Status::Ok(); }
+  StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
+    void* p = std::malloc(n == 0 ? 1 : n);
+    if (p == nullptr) return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, "no memory for a shadow");
+    shadows_[reinterpret_cast<uint64_t>(p)] = n;
+    return reinterpret_cast<uint64_t>(p);
+  }
+  void shadow_free(uint64_t addr) override {
+    if (shadows_.erase(addr) != 0) std::free(reinterpret_cast<void*>(addr));
+  }
+
+ private:
+  std::unordered_map<uint64_t, uint64_t> shadows_;
+};
+
 class HostClient final : public BackendClient {
  public:
   HostClient(uint64_t base, uint64_t size, uint64_t spin_ns) : base_(base), size_(size), spin_ns_(spin_ns) {
@@ -61,6 +95,9 @@ class HostClient final : public BackendClient {
 
   Status alloc_at(uint64_t addr, uint64_t size) override;
   Status free_at(uint64_t addr, uint64_t size) override;
+  StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
+    return std::unique_ptr<DeviceCopier>(std::make_unique<HostCopier>());
+  }
 
   Status memcpy_h2d(uint64_t dst, const void* src, uint64_t n) override {
     return run_sync([=] { std::memcpy(reinterpret_cast<void*>(dst), src, n); });
@@ -374,6 +411,7 @@ class HostBackend final : public DeviceBackend {
  public:
   explicit HostBackend(const Config& c) : config_(c) { set_memory_capacity(c.host_device_memory); }
   std::string_view name() const override { return "host"; }
+  std::string device_name(int) const override { return config_.host_device_name; }
   int device_count() const override { return static_cast<int>(config_.host_device_count); }
   uint64_t granularity() const override { return kPage; }
   Status properties(int device, DeviceProps* p) const override {

@@ -1,0 +1,746 @@
+// image.cc — image writers (directory: staged, O_DIRECT, fsync + rename; memory: pinned segments)
+// and the validating reader. Every byte read from an image is checked before it is trusted.
+#include "ckpt/image.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <unordered_map>
+
+#include "ckpt/crc32c.h"
+
+namespace fs = std::filesystem;
+
+namespace pos::ckpt {
+namespace {
+
+constexpr uint32_t kNumTypes = 9;  // pos::ResourceType::kCount
+constexpr uint32_t kTypeMemory = 4, kTypeVar = 7;
+
+uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+Status errno_status(const std::string& what) {
+  return Status(Code::kUnavailable, 0, what + ": " + std::strerror(errno));
+}
+
+// RAII for a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+  void reset(int f = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = f;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Status write_all(int fd, const void* p, uint64_t n, uint64_t off, const std::string& what) {
+  const auto* b = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, b, n, static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno_status("writing " + what);
+    }
+    b += w, off += static_cast<uint64_t>(w), n -= static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status read_all(int fd, void* p, uint64_t n, uint64_t off, const std::string& what) {
+  auto* b = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, b, n, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno_status("reading " + what);
+    }
+    if (r == 0) return Status::Corrupt(what + " is truncated");
+    b += r, off += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status write_file(const fs::path& p, const std::string& bytes) {
+  Fd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return errno_status("creating " + p.string());
+  POS_RETURN_IF_ERROR(write_all(fd.get(), bytes.data(), bytes.size(), 0, p.string()));
+  if (::fsync(fd.get()) != 0) return errno_status("fsync " + p.string());
+  return Status::Ok();
+}
+
+StatusOr<std::string> read_file(const fs::path& p, uint64_t limit) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return Status::Corrupt(p.string() + " is missing (not a complete POS image)");
+    return errno_status("opening " + p.string());
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status("stat " + p.string());
+  if (static_cast<uint64_t>(st.st_size) > limit)
+    return Status::Corrupt(p.string() + " is too large (" + std::to_string(st.st_size) + " bytes)");
+  std::string s(static_cast<size_t>(st.st_size), '\0');
+  POS_RETURN_IF_ERROR(read_all(fd.get(), s.data(), s.size(), 0, p.string()));
+  return s;
+}
+
+Status fsync_dir(const fs::path& p) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status("opening directory " + p.string());
+  if (::fsync(fd.get()) != 0) return errno_status("fsync " + p.string());
+  return Status::Ok();
+}
+
+uint32_t load_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+void store_u32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
+
+// Checksums of a blob's chunks, filled by whoever checksums each chunk.
+void set_chunk_crc(pb::BlobRef* ref, uint64_t off, uint32_t crc) {
+  ref->set_chunk_crc(static_cast<int>(off / ref->chunk_size()), crc);
+}
+pb::BlobRef new_ref(uint64_t offset, uint64_t length) {
+  pb::BlobRef r;
+  r.set_offset(offset);
+  r.set_length(length);
+  r.set_chunk_size(kChunkSize);
+  const uint64_t chunks = (length + kChunkSize - 1) / kChunkSize;
+  for (uint64_t i = 0; i < chunks; ++i) r.add_chunk_crc(0);
+  return r;
+}
+
+// A small pool that runs checksum jobs; wait() returns when all submitted jobs ran.
+class CrcPool {
+ public:
+  explicit CrcPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~CrcPool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      jobs_.push_back(std::move(job));
+      ++pending_;
+    }
+    cv_.notify_one();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mu_
+  uint64_t pending_ = 0;                    // guarded by mu_
+  bool stop_ = false;                       // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+int default_crc_threads() {
+  const unsigned hc = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(hc / 2, 1, 8));
+}
+
+// The two files that carry records, written into `dir` (fsynced).
+Status write_records(const fs::path& dir, pb::Inventory inv, const pb::ClientImage& client, uint64_t memory_size) {
+  std::string cbytes;
+  if (!client.SerializeToString(&cbytes)) return Status::Internal("cannot encode the client records");
+  inv.set_format_version(kFormatVersion);
+  inv.set_client_size(cbytes.size());
+  inv.set_client_crc(crc32c(cbytes.data(), cbytes.size()));
+  inv.set_memory_size(memory_size);
+  POS_RETURN_IF_ERROR(write_file(dir / "client.pb", cbytes));
+  fault_point("dump-records");
+  POS_RETURN_IF_ERROR(write_file(dir / "inventory.pb", encode_inventory(inv)));
+  fault_point("dump-inventory");
+  return Status::Ok();
+}
+
+// Moves a finished "<dir>.partial" into place: a plain rename, or an atomic exchange with the
+// image being replaced (whose remains are then removed).
+Status publish(const fs::path& partial, const fs::path& dir, bool replace) {
+  POS_RETURN_IF_ERROR(fsync_dir(partial));
+  std::error_code ec;
+  const bool exists = fs::exists(dir, ec);
+  if (exists && !replace) return Status::FailedPrecondition(dir.string() + " already exists");
+  if (exists) {
+    if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0)
+      return errno_status("exchanging " + partial.string() + " with " + dir.string());
+    fault_point("dump-exchanged");
+    POS_RETURN_IF_ERROR(fsync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path()));
+    fs::remove_all(partial, ec);  // the old image, now under the partial name
+  } else {
+    if (::rename(partial.c_str(), dir.c_str()) != 0)
+      return errno_status("renaming " + partial.string() + " to " + dir.string());
+    fault_point("dump-renamed");
+    POS_RETURN_IF_ERROR(fsync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path()));
+  }
+  return Status::Ok();
+}
+
+// ---------------- directory writer ----------------
+class DirWriter final : public ImageWriter {
+ public:
+  DirWriter(fs::path dir, fs::path partial, DirWriterOptions opt) : dir_(std::move(dir)), partial_(std::move(partial)), opt_(std::move(opt)) {}
+  ~DirWriter() override {
+    stop_writer();
+    for (std::byte* b : all_) opt_.alloc.free(b);
+    if (!committed_) abort();
+  }
+
+  Status open() {
+    std::error_code ec;
+    fs::remove_all(partial_, ec);  // the remains of a dump that crashed
+    if (!fs::create_directory(partial_, ec))
+      return Status(Code::kUnavailable, 0, "cannot create " + partial_.string() + ": " + ec.message());
+    fault_point("dump-begin");
+    const fs::path mem = partial_ / "memory.bin";
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    int fd = opt_.direct_io ? ::open(mem.c_str(), flags | O_DIRECT, 0644) : -1;
+    direct_ = fd >= 0;
+    if (fd < 0) fd = ::open(mem.c_str(), flags, 0644);
+    if (fd < 0) return errno_status("creating " + mem.string());
+    fd_.reset(fd);
+    for (uint32_t i = 0; i < std::max(2u, opt_.staging_buffers); ++i) {
+      auto* b = static_cast<std::byte*>(opt_.alloc.alloc(kChunkSize));
+      if (b == nullptr) return Status(Code::kOutOfMemory, 0, "cannot allocate checkpoint staging memory");
+      all_.push_back(b);
+      free_.push_back(b);
+    }
+    writer_ = std::thread([this] { write_loop(); });
+    return Status::Ok();
+  }
+
+  Status begin_blob(uint64_t length, size_t* blob) override {
+    *blob = refs_.size();
+    refs_.push_back(new_ref(end_, length));
+    end_ = align_up(end_ + length, kBlobAlign);
+    return Status::Ok();
+  }
+  StatusOr<std::byte*> chunk(size_t, uint64_t, uint64_t) override {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !free_.empty() || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    std::byte* b = free_.back();
+    free_.pop_back();
+    lent_.push_back(b);
+    return b;
+  }
+  Status chunk_filled(size_t blob, uint64_t off, uint64_t n) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.ok()) return error_;
+    // chunk() calls are matched by chunk_filled() in order.
+    std::byte* b = lent_.front();
+    lent_.pop_front();
+    jobs_.push_back(Job{b, blob, off, n});
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  Status finish_blobs() override {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return (jobs_.empty() && !busy_) || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    lk.unlock();
+    // The file ends where the last blob's aligned slot ends (memory_size in the inventory).
+    if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0) return errno_status("sizing memory.bin");
+    if (::fsync(fd_.get()) != 0) return errno_status("fsync memory.bin");
+    return Status::Ok();
+  }
+  const pb::BlobRef& ref(size_t blob) const override { return refs_[blob]; }
+  Status commit(pb::Inventory inv, const pb::ClientImage& client) override {
+    stop_writer();
+    POS_RETURN_IF_ERROR(write_records(partial_, std::move(inv), client, end_));
+    POS_RETURN_IF_ERROR(publish(partial_, dir_, opt_.replace));
+    committed_ = true;
+    return Status::Ok();
+  }
+  void abort() override {
+    stop_writer();
+    std::error_code ec;
+    fs::remove_all(partial_, ec);
+  }
+  uint64_t bytes_written() const override { return written_.load(); }
+
+ private:
+  struct Job {
+    std::byte* buf;
+    size_t blob;
+    uint64_t off, n;
+  };
+  void write_loop() {
+    for (;;) {
+      Job j{};
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        j = jobs_.front();
+        jobs_.pop_front();
+        busy_ = true;
+      }
+      const uint32_t crc = crc32c(j.buf, j.n);
+      const uint64_t at = refs_[j.blob].offset() + j.off;
+      // O_DIRECT wants whole sectors: the tail of a blob is padded with zeros up to the alignment
+      // (the next blob starts there anyway).
+      uint64_t len = j.n;
+      if (direct_ && len % kBlobAlign != 0) {
+        const uint64_t padded = align_up(len, kBlobAlign);
+        std::memset(j.buf + len, 0, padded - len);
+        len = padded;
+      }
+      Status s = write_all(fd_.get(), j.buf, len, at, "memory.bin");
+      fault_point("dump-blob");
+      std::lock_guard<std::mutex> lk(mu_);
+      set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ is not resized while jobs run
+      written_.fetch_add(j.n);
+      if (!s.ok() && error_.ok()) error_ = s;
+      free_.push_back(j.buf);
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  void stop_writer() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (writer_.joinable()) writer_.join();
+  }
+
+  fs::path dir_, partial_;
+  DirWriterOptions opt_;
+  Fd fd_;
+  bool direct_ = false;
+  bool committed_ = false;
+  uint64_t end_ = 0;
+  std::vector<pb::BlobRef> refs_;  // drainer thread; chunk crcs set by the writer under mu_
+  std::vector<std::byte*> all_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::byte*> free_;  // guarded by mu_
+  std::deque<std::byte*> lent_;   // guarded by mu_
+  std::deque<Job> jobs_;          // guarded by mu_
+  bool busy_ = false, stop_ = false;  // guarded by mu_
+  Status error_;                  // guarded by mu_
+  std::atomic<uint64_t> written_{0};
+  std::thread writer_;
+};
+
+// ---------------- memory writer ----------------
+class MemoryWriterImpl final : public ImageWriter {
+ public:
+  MemoryWriterImpl(MemoryImage* img, int threads) : img_(img), pool_(threads > 0 ? threads : default_crc_threads()) {}
+  Status begin_blob(uint64_t length, size_t* blob) override;
+  StatusOr<std::byte*> chunk(size_t blob, uint64_t off, uint64_t) override { return img_->at(refs_[blob].offset() + off); }
+  Status chunk_filled(size_t blob, uint64_t off, uint64_t n) override {
+    pb::BlobRef* ref = &refs_[blob];
+    const std::byte* p = img_->at(ref->offset() + off);
+    // Each job writes its own element of chunk_crc (sized at begin_blob): no sharing.
+    uint32_t* slot = ref->mutable_chunk_crc()->mutable_data() + off / ref->chunk_size();
+    pool_.submit([p, n, slot] { *slot = crc32c(p, n); });
+    written_ += n;
+    return Status::Ok();
+  }
+  Status finish_blobs() override {
+    pool_.wait();
+    return Status::Ok();
+  }
+  const pb::BlobRef& ref(size_t blob) const override { return refs_[blob]; }
+  Status commit(pb::Inventory inv, const pb::ClientImage& client) override;
+  void abort() override {
+    pool_.wait();
+    img_->invalidate();
+  }
+  uint64_t bytes_written() const override { return written_; }
+
+ private:
+  MemoryImage* img_;
+  CrcPool pool_;
+  std::deque<pb::BlobRef> refs_;  // deque: stable addresses while crc jobs write into them
+  uint64_t written_ = 0;
+};
+
+Status MemoryWriterImpl::begin_blob(uint64_t length, size_t* blob) {
+  auto off = img_->add_blob(length);
+  if (!off.ok()) return off.status();
+  *blob = refs_.size();
+  refs_.push_back(new_ref(*off, length));
+  return Status::Ok();
+}
+
+Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client) {
+  pool_.wait();
+  inv.set_format_version(kFormatVersion);
+  inv.set_memory_size(img_->memory_size());
+  std::string cbytes;
+  if (!client.SerializeToString(&cbytes)) return Status::Internal("cannot encode the client records");
+  inv.set_client_size(cbytes.size());
+  inv.set_client_crc(crc32c(cbytes.data(), cbytes.size()));
+  img_->finish_dump(std::move(inv), client);
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---------------- public helpers ----------------
+HostAllocator HostAllocator::plain() {
+  return HostAllocator{[](uint64_t n) -> void* { return std::aligned_alloc(4096, align_up(std::max<uint64_t>(n, 1), 4096)); },
+                       [](void* p) { std::free(p); }};
+}
+
+void fault_point(const char* stage) {
+  const char* want = std::getenv("POS_FAULT_POINT");  // read each time: tests set it in a child
+  if (want != nullptr && std::strcmp(want, stage) == 0) {
+    std::fprintf(stderr, "pos: fault point %s: killing the process\n", stage);
+    std::raise(SIGKILL);
+  }
+}
+
+std::string random_image_id() {
+  std::random_device rd;
+  std::mt19937_64 g((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                    static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(g()),
+                static_cast<unsigned long long>(g()));
+  return buf;
+}
+
+std::string encode_inventory(const pb::Inventory& inv) {
+  std::string payload;
+  (void)inv.SerializeToString(&payload);
+  std::string out(kMagic, sizeof(kMagic));
+  store_u32(&out, inv.format_version());
+  store_u32(&out, static_cast<uint32_t>(payload.size()));
+  out += payload;
+  store_u32(&out, crc32c(out.data(), out.size()));
+  return out;
+}
+
+StatusOr<pb::Inventory> decode_inventory(const std::string& b) {
+  if (b.size() < sizeof(kMagic) + 12 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0)
+    return Status::Corrupt("not a POS image (bad magic in inventory.pb)");
+  const uint32_t version = load_u32(b.data() + 8);
+  if (version != kFormatVersion)
+    return Status(Code::kUnsupported, 0,
+                  "image format version " + std::to_string(version) + " is not supported (this POS reads version " +
+                      std::to_string(kFormatVersion) + ")");
+  const uint32_t len = load_u32(b.data() + 12);
+  if (b.size() != 16ull + len + 4) return Status::Corrupt("inventory.pb is truncated or has trailing bytes");
+  if (crc32c(b.data(), 16 + len) != load_u32(b.data() + 16 + len)) return Status::Corrupt("inventory.pb checksum mismatch");
+  pb::Inventory inv;
+  if (!inv.ParseFromArray(b.data() + 16, static_cast<int>(len))) return Status::Corrupt("inventory.pb does not decode");
+  if (inv.format_version() != version) return Status::Corrupt("inventory.pb versions disagree");
+  return inv;
+}
+
+Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_parent) {
+  if (!c.has_client()) return Status::Corrupt("client record missing");
+  std::unordered_map<uint64_t, const pb::HandleRecord*> seen;
+  std::vector<std::pair<uint64_t, uint64_t>> blobs;
+  for (const pb::HandleRecord& h : c.handles()) {
+    const std::string who = "handle " + std::to_string(h.id());
+    if (h.id() == 0 || seen.count(h.id())) return Status::Corrupt(who + ": missing or duplicate id");
+    if (h.type() >= kNumTypes) return Status::Corrupt(who + ": unknown type " + std::to_string(h.type()));
+    for (uint64_t p : h.parents())
+      if (!seen.count(p)) return Status::Corrupt(who + ": parent " + std::to_string(p) + " is not an earlier record");
+    if (h.version() >= c.client().next_pc() || h.created_pc() >= c.client().next_pc())
+      return Status::Corrupt(who + ": version past the cut");
+    const bool has_bytes = h.type() == kTypeMemory || h.type() == kTypeVar;
+    if (has_bytes != h.has_memory()) return Status::Corrupt(who + ": device bytes missing or unexpected");
+    if (has_bytes) {
+      const pb::BlobRef& r = h.memory();
+      if (r.in_parent()) {
+        if (!has_parent) return Status::Corrupt(who + ": refers to a parent image, but the image has none");
+      } else {
+        if (r.length() != h.size()) return Status::Corrupt(who + ": blob length differs from the buffer size");
+        if (r.chunk_size() < 4096 || r.chunk_size() > (1u << 30) || (r.chunk_size() & (r.chunk_size() - 1)) != 0)
+          return Status::Corrupt(who + ": bad chunk size");
+        if (static_cast<uint64_t>(r.chunk_crc_size()) != (r.length() + r.chunk_size() - 1) / r.chunk_size())
+          return Status::Corrupt(who + ": checksum count does not match the blob length");
+        if (r.offset() % kBlobAlign != 0 || r.offset() > memory_size || r.length() > memory_size - r.offset())
+          return Status::Corrupt(who + ": blob outside memory.bin");
+        blobs.emplace_back(r.offset(), r.length());
+      }
+    }
+    seen[h.id()] = &h;
+  }
+  std::sort(blobs.begin(), blobs.end());
+  for (size_t i = 1; i < blobs.size(); ++i)
+    if (blobs[i].first < blobs[i - 1].first + blobs[i - 1].second) return Status::Corrupt("blobs overlap in memory.bin");
+  return Status::Ok();
+}
+
+// ---------------- MemoryImage ----------------
+MemoryImage::~MemoryImage() {
+  for (Segment& s : segments_) alloc_.free(s.p);
+}
+
+uint64_t MemoryImage::pinned_bytes() const {
+  uint64_t n = 0;
+  for (const Segment& s : segments_) n += s.capacity;
+  return n;
+}
+
+void MemoryImage::begin_dump() {
+  valid_ = false;
+  used_ = 0;
+  for (Segment& s : segments_) s.used = false;
+}
+
+void MemoryImage::finish_dump(pb::Inventory inventory, pb::ClientImage client) {
+  inventory_ = std::move(inventory);
+  client_ = std::move(client);
+  valid_ = true;
+}
+
+StatusOr<uint64_t> MemoryImage::add_blob(uint64_t length) {
+  // Best fit among the free segments a previous dump left, else a new one.
+  Segment* best = nullptr;
+  for (Segment& s : segments_)
+    if (!s.used && s.capacity >= length && (best == nullptr || s.capacity < best->capacity)) best = &s;
+  if (best == nullptr) {
+    const uint64_t cap = align_up(std::max<uint64_t>(length, 1), kBlobAlign);
+    void* p = alloc_.alloc(cap);
+    if (p == nullptr)
+      return Status(Code::kOutOfMemory, 0, "cannot allocate " + std::to_string(cap) + " bytes of host memory for the image");
+    segments_.push_back(Segment{static_cast<std::byte*>(p), cap, 0, 0, false});
+    best = &segments_.back();
+  }
+  best->used = true;
+  best->offset = used_;
+  best->length = length;
+  used_ = align_up(used_ + length, kBlobAlign);
+  return best->offset;
+}
+
+std::byte* MemoryImage::at(uint64_t off) {
+  return const_cast<std::byte*>(static_cast<const MemoryImage*>(this)->at(off));
+}
+const std::byte* MemoryImage::at(uint64_t off) const {
+  for (const Segment& s : segments_)
+    if (s.used && off >= s.offset && off - s.offset < std::max<uint64_t>(s.length, 1)) return s.p + (off - s.offset);
+  return nullptr;
+}
+
+Status MemoryImage::save_to_dir(const std::string& dir) const {
+  if (!valid_) return Status::FailedPrecondition("the memory image holds no complete checkpoint");
+  DirWriterOptions o;
+  o.direct_io = false;
+  auto w = open_dir_writer(dir, o);
+  if (!w.ok()) return w.status();
+  pb::ClientImage client = client_;
+  // Blobs keep their offsets: memory.bin has the same layout as the memory image.
+  std::vector<const Segment*> order;
+  for (const Segment& s : segments_)
+    if (s.used) order.push_back(&s);
+  std::sort(order.begin(), order.end(), [](const Segment* a, const Segment* b) { return a->offset < b->offset; });
+  for (const Segment* s : order) {
+    size_t blob = 0;
+    POS_RETURN_IF_ERROR((*w)->begin_blob(s->length, &blob));
+    if ((*w)->ref(blob).offset() != s->offset) return Status::Internal("memory image layout is not contiguous");
+    for (uint64_t off = 0; off < s->length; off += kChunkSize) {
+      const uint64_t n = std::min<uint64_t>(kChunkSize, s->length - off);
+      auto buf = (*w)->chunk(blob, off, n);
+      if (!buf.ok()) return buf.status();
+      std::memcpy(*buf, s->p + off, n);
+      POS_RETURN_IF_ERROR((*w)->chunk_filled(blob, off, n));
+    }
+  }
+  POS_RETURN_IF_ERROR((*w)->finish_blobs());
+  return (*w)->commit(inventory_, client);
+}
+
+// ---------------- writers ----------------
+StatusOr<std::unique_ptr<ImageWriter>> open_dir_writer(const std::string& dir, const DirWriterOptions& options) {
+  if (dir.empty()) return Status::InvalidArgument("no image directory given");
+  fs::path d = fs::path(dir).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  std::error_code ec;
+  if (fs::exists(d, ec) && !options.replace)
+    return Status::FailedPrecondition(d.string() + " already exists (choose a new directory, or replace it)");
+  fs::path partial = d;
+  partial += ".partial";
+  auto w = std::make_unique<DirWriter>(d, partial, options);
+  POS_RETURN_IF_ERROR(w->open());
+  return std::unique_ptr<ImageWriter>(std::move(w));
+}
+
+StatusOr<std::unique_ptr<ImageWriter>> open_memory_writer(MemoryImage* image, int crc_threads) {
+  if (image == nullptr) return Status::InvalidArgument("no memory image");
+  image->begin_dump();
+  return std::unique_ptr<ImageWriter>(std::make_unique<MemoryWriterImpl>(image, crc_threads));
+}
+
+// ---------------- reader ----------------
+ImageReader::~ImageReader() {
+  if (memory_fd_ >= 0) ::close(memory_fd_);
+}
+
+StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir(const std::string& dir) { return open_dir_at(dir, 0); }
+
+StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::string& dir, int depth) {
+  if (depth > kMaxParentDepth) return Status::Corrupt("parent chain longer than " + std::to_string(kMaxParentDepth));
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) return Status::NotFound(dir + " is not a directory");
+  std::unique_ptr<ImageReader> r(new ImageReader());
+  r->dir_ = dir;
+  auto inv_bytes = read_file(d / "inventory.pb", 1 << 20);
+  if (!inv_bytes.ok()) return inv_bytes.status();
+  auto inv = decode_inventory(*inv_bytes);
+  if (!inv.ok()) return inv.status().with_context(dir);
+  r->inventory_ = std::move(*inv);
+  if (r->inventory_.client_size() > kMaxRecordBytes) return Status::Corrupt(dir + ": client.pb size out of range");
+  auto cbytes = read_file(d / "client.pb", kMaxRecordBytes);
+  if (!cbytes.ok()) return cbytes.status();
+  if (cbytes->size() != r->inventory_.client_size()) return Status::Corrupt(dir + ": client.pb is truncated or was replaced");
+  if (crc32c(cbytes->data(), cbytes->size()) != r->inventory_.client_crc())
+    return Status::Corrupt(dir + ": client.pb checksum mismatch");
+  if (!r->client_.ParseFromString(*cbytes)) return Status::Corrupt(dir + ": client.pb does not decode");
+  const fs::path mem = d / "memory.bin";
+  r->memory_fd_ = ::open(mem.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->memory_fd_ < 0) return Status::Corrupt(dir + ": memory.bin is missing");
+  struct stat st {};
+  if (::fstat(r->memory_fd_, &st) != 0) return errno_status("stat " + mem.string());
+  r->memory_file_size_ = static_cast<uint64_t>(st.st_size);
+  if (r->memory_file_size_ < r->inventory_.memory_size())
+    return Status::Corrupt(dir + ": memory.bin is truncated (" + std::to_string(r->memory_file_size_) + " of " +
+                           std::to_string(r->inventory_.memory_size()) + " bytes)");
+  POS_RETURN_IF_ERROR(r->validate(depth));
+  return r;
+}
+
+StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_memory(const MemoryImage* image) {
+  if (image == nullptr || !image->valid()) return Status::FailedPrecondition("the memory image holds no complete checkpoint");
+  std::unique_ptr<ImageReader> r(new ImageReader());
+  r->mem_ = image;
+  r->inventory_ = image->inventory();
+  r->client_ = image->client();
+  if (r->inventory_.has_parent()) return Status::Unsupported("incremental memory images are not supported");
+  POS_RETURN_IF_ERROR(r->validate(0));
+  return r;
+}
+
+Status ImageReader::validate(int depth) {
+  const std::string where = dir_.empty() ? std::string("memory image") : dir_;
+  if (inventory_.cut_pc() == 0 || inventory_.cut_pc() != client_.client().next_pc())
+    return Status::Corrupt(where + ": the inventory's cut and the client record disagree");
+  Status s = validate_client(client_, inventory_.memory_size(), inventory_.has_parent());
+  if (!s.ok()) return s.with_context(where);
+  if (inventory_.has_parent()) {
+    if (dir_.empty()) return Status::Unsupported("incremental memory images are not supported");
+    const fs::path pp = fs::path(dir_) / inventory_.parent().path();
+    auto p = open_dir_at(pp.lexically_normal().string(), depth + 1);
+    if (!p.ok()) return p.status().with_context(where + ": parent image");
+    if ((*p)->inventory().image_id() != inventory_.parent().image_id())
+      return Status::Corrupt(where + ": parent " + pp.string() + " is image " + (*p)->inventory().image_id() +
+                             ", not the expected " + inventory_.parent().image_id());
+    if ((*p)->inventory().cut_pc() != inventory_.parent().cut_pc() || (*p)->inventory().cut_pc() > inventory_.cut_pc())
+      return Status::Corrupt(where + ": parent cut does not precede this image");
+    parent_ = std::move(*p);
+    // Every reference into the chain must resolve to a buffer of the same address and size.
+    for (const pb::HandleRecord& h : client_.handles()) {
+      if (!h.has_memory() || !h.memory().in_parent()) continue;
+      auto res = resolve(h);
+      if (!res.ok()) return res.status().with_context(where);
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::pair<const ImageReader*, const pb::BlobRef*>> ImageReader::resolve(const pb::HandleRecord& h) const {
+  const ImageReader* img = this;
+  const pb::HandleRecord* rec = &h;
+  for (int depth = 0; depth <= kMaxParentDepth; ++depth) {
+    if (!rec->memory().in_parent()) return std::make_pair(img, &rec->memory());
+    img = img->parent_.get();
+    if (img == nullptr) return Status::Corrupt("handle " + std::to_string(h.id()) + ": no parent image holds its bytes");
+    const pb::HandleRecord* next = nullptr;
+    for (const pb::HandleRecord& c : img->client_.handles())
+      if (c.id() == h.id()) next = &c;
+    if (next == nullptr || next->addr() != h.addr() || next->size() != h.size() || !next->has_memory())
+      return Status::Corrupt("handle " + std::to_string(h.id()) + ": the parent image has no matching buffer");
+    rec = next;
+  }
+  return Status::Corrupt("parent chain too long");
+}
+
+Status ImageReader::verify_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n, const std::byte* data) const {
+  const uint64_t idx = off / ref.chunk_size();
+  if (off % ref.chunk_size() != 0 || idx >= static_cast<uint64_t>(ref.chunk_crc_size()) ||
+      n != std::min<uint64_t>(ref.chunk_size(), ref.length() - off))
+    return Status::InvalidArgument("chunk request outside the blob");
+  if (crc32c(data, n) != ref.chunk_crc(static_cast<int>(idx)))
+    return Status::Corrupt((dir_.empty() ? std::string("memory image") : dir_) + ": checksum mismatch in memory.bin at offset " +
+                           std::to_string(ref.offset() + off));
+  return Status::Ok();
+}
+
+const std::byte* ImageReader::direct(const pb::BlobRef& ref, uint64_t off) const {
+  return mem_ != nullptr ? mem_->at(ref.offset() + off) : nullptr;
+}
+
+Status ImageReader::read_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n, std::byte* dst) const {
+  if (mem_ != nullptr) {
+    const std::byte* p = mem_->at(ref.offset() + off);
+    if (p == nullptr) return Status::Corrupt("memory image: blob missing");
+    std::memcpy(dst, p, n);
+  } else {
+    if (off > ref.length() || n > ref.length() - off) return Status::InvalidArgument("read past the blob");
+    POS_RETURN_IF_ERROR(read_all(memory_fd_, dst, n, ref.offset() + off, dir_ + "/memory.bin"));
+  }
+  return verify_chunk(ref, off, n, dst);
+}
+
+}  // namespace pos::ckpt

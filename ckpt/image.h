@@ -1,0 +1,168 @@
+// image.h — the POS checkpoint image: writing one (to a directory or to host memory), opening and
+// validating one, reading its device bytes back. Knows nothing of clients; pos/checkpoint fills it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/image.pb.h"
+#include "pos/status.h"
+
+namespace pos::ckpt {
+
+// Layout of a directory image (docs/image_format.md):
+//   inventory.pb  kMagic, u32 format version, u32 length, Inventory, u32 crc32c of all before it
+//   client.pb     ClientImage (size and crc32c in the inventory)
+//   memory.bin    device bytes, one blob per buffer at kBlobAlign-aligned offsets
+inline constexpr char kMagic[8] = {'P', 'O', 'S', 'I', 'M', 'G', '\r', '\n'};
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint64_t kBlobAlign = 4096;
+inline constexpr uint32_t kChunkSize = 8u << 20;  // copy unit and checksum unit
+inline constexpr int kMaxParentDepth = 64;
+inline constexpr uint64_t kMaxRecordBytes = 1ull << 30;  // client.pb: fatbins included
+
+// Host memory for blobs and staging: page-locked where the device backend can give it, so that
+// device→host copies are single DMA transfers. Thread-safe functions.
+struct HostAllocator {
+  std::function<void*(uint64_t bytes)> alloc;
+  std::function<void(void* p)> free;
+  static HostAllocator plain();  // page-aligned ordinary memory
+};
+
+// An image kept in host memory (the fastest target; also what a directory image is loaded into).
+// Its blob segments survive from one dump to the next, so continuous checkpointing pins memory
+// once. Not thread-safe; one dump or restore at a time.
+class MemoryImage {
+ public:
+  explicit MemoryImage(HostAllocator alloc) : alloc_(std::move(alloc)) {}
+  ~MemoryImage();
+  MemoryImage(const MemoryImage&) = delete;
+  MemoryImage& operator=(const MemoryImage&) = delete;
+
+  bool valid() const { return valid_; }
+  const pb::Inventory& inventory() const { return inventory_; }
+  const pb::ClientImage& client() const { return client_; }
+  uint64_t memory_size() const { return used_; }
+  // Bytes at image offset `off` (inside one blob).
+  std::byte* at(uint64_t off);
+  const std::byte* at(uint64_t off) const;
+  uint64_t pinned_bytes() const;
+
+  // Writes it as a directory image (same atomic rules as a dump to a directory).
+  Status save_to_dir(const std::string& dir) const;
+
+  // The memory writer's side (open_memory_writer): start over, place blobs, publish the records.
+  void begin_dump();
+  StatusOr<uint64_t> add_blob(uint64_t length);  // a segment for it; returns its image offset
+  void finish_dump(pb::Inventory inventory, pb::ClientImage client);
+  void invalidate() { valid_ = false; }
+
+ private:
+  struct Segment {
+    std::byte* p = nullptr;
+    uint64_t capacity = 0;
+    uint64_t offset = 0;  // image offset it serves (valid while in use)
+    uint64_t length = 0;
+    bool used = false;
+  };
+  HostAllocator alloc_;
+  std::vector<Segment> segments_;
+  uint64_t used_ = 0;
+  bool valid_ = false;
+  pb::Inventory inventory_;
+  pb::ClientImage client_;
+};
+
+// Writes one image. The engine's drainer thread calls begin_blob / chunk / chunk_filled for each
+// buffer in turn; finish() then commit() (or abort()). Not thread-safe beyond that one caller.
+class ImageWriter {
+ public:
+  virtual ~ImageWriter() = default;
+  // A new blob of `length` bytes; its BlobRef comes back from finish_blobs().
+  virtual Status begin_blob(uint64_t length, size_t* blob) = 0;
+  // Host memory for bytes [off, off+n) of `blob` (off a multiple of kChunkSize, n ≤ kChunkSize).
+  // Blocks while every staging buffer is in flight.
+  virtual StatusOr<std::byte*> chunk(size_t blob, uint64_t off, uint64_t n) = 0;
+  // The buffer chunk() gave now holds the bytes: checksum (and write) them.
+  virtual Status chunk_filled(size_t blob, uint64_t off, uint64_t n) = 0;
+  // Waits for every checksum and write. After it, ref(i) is final.
+  virtual Status finish_blobs() = 0;
+  virtual const pb::BlobRef& ref(size_t blob) const = 0;
+  // Records the metadata and makes the image durable and visible (atomically). The inventory's
+  // format version, sizes and checksums are filled in here.
+  virtual Status commit(pb::Inventory inventory, const pb::ClientImage& client) = 0;
+  // Leaves nothing behind (a directory dump removes its partial directory).
+  virtual void abort() = 0;
+  virtual uint64_t bytes_written() const = 0;
+};
+
+struct DirWriterOptions {
+  bool replace = false;      // an existing image at `dir` is replaced atomically (else: refused)
+  uint32_t staging_buffers = 8;
+  bool direct_io = true;     // O_DIRECT for memory.bin where the file system allows it
+  HostAllocator alloc = HostAllocator::plain();
+};
+// To a directory: everything goes to "<dir>.partial" first, is fsynced, then renamed into place
+// (or exchanged with the old image when replacing), so a crash never damages the last image.
+StatusOr<std::unique_ptr<ImageWriter>> open_dir_writer(const std::string& dir, const DirWriterOptions& options);
+// To host memory: blobs land in `image`'s segments; checksums by a small thread pool.
+StatusOr<std::unique_ptr<ImageWriter>> open_memory_writer(MemoryImage* image, int crc_threads = 0);
+
+// An opened, validated image (and its parents, for an incremental one). Everything structural
+// is checked at open: magic, version, record checksums, record consistency, blob bounds, file
+// sizes, the parent chain. Blob bytes are checked chunk by chunk as they are read.
+// Thread-compatible: concurrent read_chunk calls are fine.
+class ImageReader {
+ public:
+  static StatusOr<std::unique_ptr<ImageReader>> open_dir(const std::string& dir);
+  static StatusOr<std::unique_ptr<ImageReader>> open_memory(const MemoryImage* image);
+  ~ImageReader();
+
+  const pb::Inventory& inventory() const { return inventory_; }
+  const pb::ClientImage& client() const { return client_; }
+  const ImageReader* parent() const { return parent_.get(); }
+  const std::string& dir() const { return dir_; }  // empty for a memory image
+
+  // Where handle `h`'s bytes live: this image or the ancestor that stored them.
+  StatusOr<std::pair<const ImageReader*, const pb::BlobRef*>> resolve(const pb::HandleRecord& h) const;
+  // Bytes [off, off+n) of a blob of THIS image: off a multiple of the blob's chunk size, n the
+  // whole chunk (or the blob's tail). The chunk's checksum is verified.
+  Status read_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n, std::byte* dst) const;
+  // For memory images: the bytes in place (no copy; verify_chunk checks them). nullptr for files.
+  const std::byte* direct(const pb::BlobRef& ref, uint64_t off) const;
+  Status verify_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n, const std::byte* data) const;
+
+ private:
+  ImageReader() = default;
+  static StatusOr<std::unique_ptr<ImageReader>> open_dir_at(const std::string& dir, int depth);
+  Status validate(int depth);
+
+  std::string dir_;
+  const MemoryImage* mem_ = nullptr;
+  int memory_fd_ = -1;
+  uint64_t memory_file_size_ = 0;
+  pb::Inventory inventory_;
+  pb::ClientImage client_;
+  std::unique_ptr<ImageReader> parent_;
+};
+
+// Decodes inventory.pb bytes (exposed for the fuzzer and `pos-cli inspect`).
+StatusOr<pb::Inventory> decode_inventory(const std::string& bytes);
+std::string encode_inventory(const pb::Inventory& inv);
+// Structural checks of a ClientImage on its own (record types, parents, blob refs vs sizes).
+Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_parent);
+
+// A fault point (docs/image_format.md): when POS_FAULT_POINT names `stage`, the process is
+// killed there (SIGKILL) — how the tests prove a crash mid-dump leaves the last image intact.
+void fault_point(const char* stage);
+
+std::string random_image_id();
+
+}  // namespace pos::ckpt

@@ -1,0 +1,138 @@
+// checkpoint.h — the checkpoint engine: a request, the job that drains one client's device state
+// into an image at a cut (sync, or async with copy-on-write shadows), and restore from an image.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/image.h"
+#include "pos/backend.h"
+#include "pos/status.h"
+
+namespace pos {
+
+struct APIContext;
+
+enum class CheckpointMode : uint8_t {
+  kSync,   // the client stops at the cut until every byte is in the image
+  kAsync,  // the client runs on; buffers it is about to write are first copied to device shadows
+};
+StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s);
+
+struct CheckpointRequest {
+  CheckpointMode mode = CheckpointMode::kSync;
+  // Exactly one target: a directory (written atomically) or a host-memory image.
+  std::string dir;
+  ckpt::MemoryImage* memory = nullptr;
+  bool replace = false;  // an existing directory image is replaced atomically
+  // Incremental: store only buffers written since this (directory) image; the rest is referenced.
+  std::string parent_dir;
+  uint64_t shadow_pool_bytes = 0;  // async: bound on shadow memory (0: the config's)
+  // Called by the drainer after each chunk (bytes stored so far, bytes to store).
+  std::function<void(uint64_t done, uint64_t total)> progress;
+  // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
+  // the worker once the cut is taken (before the client resumes).
+  std::atomic<bool>* hold_drain = nullptr;
+  std::function<void(uint64_t cut)> on_cut;
+};
+
+struct CheckpointResult {
+  uint64_t cut_pc = 0;
+  uint64_t handles = 0;
+  uint64_t bytes_stored = 0;     // device bytes written into this image
+  uint64_t bytes_referenced = 0; // device bytes left in the parent chain (incremental)
+  uint64_t shadow_bytes = 0;     // async: bytes copied to shadows because the job wrote them
+  double stall_s = 0;            // how long the client's worker was stopped at the cut
+  double total_s = 0;            // request to durable image
+  std::string image_id;
+};
+
+// One buffer or variable to store. Shared by the worker (copy-on-write) and the drainer under mu.
+struct DrainRegion {
+  uint64_t key = 0;  // image handle key
+  uint64_t addr = 0, size = 0;
+  bool is_var = false;
+  int record = 0;  // index into the job's ClientImage handles
+  std::vector<std::byte> host_copy;  // variables: captured at the cut
+  size_t blob = 0;
+  std::mutex mu;
+  uint64_t drained = 0;      // bytes [0, drained) are in the image (guarded by mu)
+  uint64_t shadow = 0;       // device copy of bytes [shadow_from, size) (guarded by mu)
+  uint64_t shadow_from = 0;
+  bool done = false;         // guarded by mu
+  std::atomic<bool> urgent{false};
+};
+
+// One checkpoint of one client. Built by the parser (records, regions), started by the worker at
+// the cut, drained by its own thread, awaited by the control thread.
+class CheckpointJob {
+ public:
+  CheckpointJob(CheckpointRequest request, DeviceBackend* device) : req_(std::move(request)), device_(device) {}
+  ~CheckpointJob();
+
+  const CheckpointRequest& request() const { return req_; }
+  ckpt::pb::Inventory& inventory() { return inventory_; }
+  ckpt::pb::ClientImage& image() { return image_; }
+  const ckpt::ImageReader* parent() const { return parent_.get(); }
+  // Control thread, before the command: opens the target and the parent.
+  Status prepare(uint64_t default_shadow_pool);
+  // Parser: one region per buffer whose bytes go into this image.
+  void add_region(uint64_t key, uint64_t addr, uint64_t size, bool is_var, int record);
+  uint64_t* referenced_bytes() { return &result_.bytes_referenced; }
+
+  // Worker, at the cut (every call < N has run on the device): captures variables, starts the
+  // drainer. Sync mode returns when the image is complete.
+  Status start_at_cut(BackendClient* backend, double stall_start_s);
+  // Worker, before it executes a call ≥ N: buffers the call writes are shadowed or drained first.
+  void protect(const APIContext& c);
+  bool drained() const { return drained_flag_.load(std::memory_order_acquire); }
+
+  // Control thread: waits for the image to be durable.
+  StatusOr<CheckpointResult> wait();
+
+ private:
+  void drain_main();
+  Status drain_all();
+  Status drain_region(DrainRegion& r, std::vector<std::byte>& bounce);
+  void finish(Status s);
+  void protect_region(DrainRegion& r);
+
+  CheckpointRequest req_;
+  DeviceBackend* device_;
+  std::unique_ptr<ckpt::ImageWriter> writer_;
+  std::unique_ptr<ckpt::ImageReader> parent_;
+  ckpt::pb::Inventory inventory_;
+  ckpt::pb::ClientImage image_;
+  std::vector<std::unique_ptr<DrainRegion>> regions_;
+  std::unordered_map<uint64_t, DrainRegion*> by_addr_;  // buffers (not variables), by address
+  uint64_t total_bytes_ = 0;
+  uint64_t shadow_limit_ = 0;
+
+  std::unique_ptr<DeviceCopier> drain_copier_;   // drainer thread
+  std::unique_ptr<DeviceCopier> shadow_copier_;  // worker; shadow_alloc/free under pool_mu_
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
+  uint64_t shadow_in_use_ = 0;  // guarded by pool_mu_
+  uint64_t shadow_total_ = 0;   // guarded by pool_mu_
+
+  std::thread drainer_;
+  std::atomic<bool> drained_flag_{false};
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;      // guarded by done_mu_
+  Status status_;          // guarded by done_mu_
+  CheckpointResult result_;
+  double t0_ = 0;
+};
+
+double seconds_now();
+
+}  // namespace pos
