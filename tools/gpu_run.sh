@@ -7,7 +7,9 @@ OUT="${OUT:-$ROOT/device-out}"
 B="${POS_GPU_BUILD:-/tmp/pos-build}"
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-QUICK=0; [[ "${1:-}" == "--quick" ]] && QUICK=1   # tests only, no benches
+QUICK=0; CKPT_ONLY=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1      # tests only, no benches
+[[ "${1:-}" == "--ckpt" ]] && CKPT_ONLY=1   # tests, then only the checkpoint benches
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${POS_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "cores: $(nproc)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -17,6 +19,8 @@ if [[ ! -f "$B/build.ninja" ]]; then
   meson setup "$B" "$ROOT" --buildtype=release >"$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 fi
 echo "== build"; ninja -C "$B" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+GPU_RC=0
+if [[ -z "${POS_SKIP_TESTS:-}" ]]; then
 echo "== CI suites (unit, e2e; host backend)"
 meson test -C "$B" --no-rebuild --suite unit --suite e2e >"$OUT/tests_ci.log" 2>&1; grep -E "^(Ok|Fail|Timeout):" "$OUT/tests_ci.log"
 echo "== gpu suite (CUDA backend)"
@@ -24,7 +28,35 @@ meson test -C "$B" --no-rebuild --suite gpu >"$OUT/tests_gpu.log" 2>&1; GPU_RC=$
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Timeout):" "$OUT/tests_gpu.log"
 cp "$B/meson-logs/testlog.txt" "$OUT/testlog_gpu.txt" 2>/dev/null
 [[ $GPU_RC -ne 0 ]] && grep -B2 -A12 "Failure\|FAILED\|error" "$OUT/testlog_gpu.txt" | head -80
+fi
 [[ $QUICK -eq 1 ]] && exit $GPU_RC
+
+ckpt_benches() {
+  local D="${POS_CKPT_DIR:-$ROOT/.ckpt-bench}"
+  mkdir -p "$D"
+  echo "== disk: direct-write bandwidth (dd, 8 GiB, oflag=direct, fsync) in $D"
+  df -h "$D" | tail -1
+  dd if=/dev/zero of="$D/dd.bin" bs=64M count=128 oflag=direct conv=fsync 2>&1 | tail -1 | tee "$OUT/dd.txt"
+  rm -f "$D/dd.bin"
+  echo "== checkpoint engine (CUDA backend): 1, 8, 32 GiB"
+  POS_BACKEND=cuda timeout 400 "$B/bench/ckpt_bench" --gib 1,8,32 --file-max-gib 8 --dir "$D" 2>&1 | tee "$OUT/ckpt_bench.txt"
+  rm -rf "$D"
+  echo "== NVIDIA driver checkpoint API on the native training job (~8 GiB of parameters)"
+  "$B/workloads/mlp_train_native" --input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --steps 1000000 \
+    >/dev/null 2>"$OUT/nv_target.txt" &
+  local pid=$!
+  for i in $(seq 1 60); do
+    sleep 1
+    grep -q "" <(nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -w "$pid") && [[ $i -ge 8 ]] && break
+  done
+  local used
+  used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p="$pid" '$1==p{print $2*1048576}')
+  echo "target pid $pid uses ${used:-?} bytes of device memory"
+  "$B/bench/nv_ckpt" "$pid" --repeat 2 --bytes "${used:-0}" 2>&1 | tee "$OUT/nv_ckpt.txt"
+  kill -0 "$pid" 2>/dev/null && echo "target still running after restore" || echo "target died"
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+}
+if [[ $CKPT_ONLY -eq 1 ]]; then ckpt_benches; exit $GPU_RC; fi
 
 echo "== copies: native vs POS (CUDA backend), GB/s"
 "$B/bench/copy_bench_native" >"$OUT/copy_native.txt" 2>&1
@@ -50,4 +82,5 @@ for size in "default:" "large:--input 1024 --hidden 4096 --layers 4 --output 256
     echo "$name $n $p"
   done
 done | tee "$OUT/steps.txt" | awk '{printf "%s: native %s ms, POS %s ms, POS/native %.3f\n", $1, $2, $3, $3/$2}'
+ckpt_benches
 exit $GPU_RC
