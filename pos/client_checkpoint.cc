@@ -292,7 +292,8 @@ Status POSClient::restore_state(const ckpt::ImageReader& image) {
       next.store(tasks.size());
     }
   };
-  const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, 4);
+  // Each loader verifies its chunk's checksum on the CPU before the copy: eight keep the link busy.
+  const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, 8);
   std::vector<std::thread> threads;
   for (size_t i = 1; i < nthreads; ++i) threads.emplace_back(loader);
   loader();

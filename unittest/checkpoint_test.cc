@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "ckpt/inspect.h"
 #include "unittest/api_fixture.h"
 
 namespace pos::test {
@@ -112,6 +113,22 @@ TEST_F(CheckpointTest, ASyncCheckpointToADirectoryRestoresEveryBufferAndHandle) 
   EXPECT_FALSE(fs::exists(d + ".partial"));
   ASSERT_TRUE(kill_and_restore(d).ok());
   expect_state();
+}
+
+TEST_F(CheckpointTest, InspectDescribesEveryHandleInTextAndJson) {
+  build_state();
+  const std::string d = temp_dir("inspect");
+  auto r = dump(to_dir(d));
+  ASSERT_TRUE(r.ok());
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok());
+  const std::string text = ckpt::describe_image(**img, false);
+  EXPECT_NE(text.find("cut " + std::to_string(r->cut_pc)), std::string::npos) << text;
+  EXPECT_NE(text.find(std::to_string(20u << 20) + " bytes"), std::string::npos) << text;
+  EXPECT_NE(text.find("_Z9test_fillPjji"), std::string::npos) << text;
+  const std::string json = ckpt::describe_image(**img, true);
+  EXPECT_NE(json.find("\"cut_pc\":\"" + std::to_string(r->cut_pc) + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"image_id\":\"" + r->image_id + "\""), std::string::npos) << json;
 }
 
 TEST_F(CheckpointTest, TheClientContinuesAfterACheckpointAndTheImageKeepsTheCut) {

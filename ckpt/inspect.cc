@@ -1,0 +1,76 @@
+// inspect.cc — text and JSON views of an image: inventory, client, every handle with its blob.
+// JSON comes from Protobuf's own mapping (field names as in image.proto), so it stays in step.
+#include "ckpt/inspect.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+
+namespace pos::ckpt {
+namespace {
+
+const char* kTypeNames[] = {"device", "context", "stream", "event", "memory", "module", "function", "var", "cublas"};
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof(buf), f, ap);
+  va_end(ap);
+  return buf;
+}
+
+}  // namespace
+
+std::string describe_image(const ImageReader& image, bool json) {
+  const pb::Inventory& inv = image.inventory();
+  const pb::ClientImage& c = image.client();
+  if (json) {
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = false;
+    o.preserve_proto_field_names = true;
+    std::string inv_json, client_json;
+    pb::ClientImage slim = c;
+    for (auto& h : *slim.mutable_handles()) {
+      if (!h.fatbin().empty()) h.set_fatbin("");  // bytes, not for reading; size below
+      if (h.has_memory()) h.mutable_memory()->clear_chunk_crc();
+    }
+    (void)google::protobuf::util::MessageToJsonString(inv, &inv_json, o);
+    (void)google::protobuf::util::MessageToJsonString(slim, &client_json, o);
+    return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + "}\n";
+  }
+  std::string out;
+  out += fmt("POS image %s (format %u, POS %s)\n", inv.image_id().c_str(), inv.format_version(), inv.pos_version().c_str());
+  out += fmt("  backend %s, device %s, mode %s, cut %" PRIu64 "\n", inv.backend().c_str(), inv.device_name().c_str(),
+             inv.mode().c_str(), inv.cut_pc());
+  std::string feats;
+  for (const auto& f : inv.features()) feats += (feats.empty() ? "" : ", ") + f;
+  out += "  features: " + feats + "\n";
+  if (inv.has_parent())
+    out += fmt("  parent: %s (image %s, cut %" PRIu64 ")\n", inv.parent().path().c_str(), inv.parent().image_id().c_str(),
+               inv.parent().cut_pc());
+  out += fmt("  device bytes stored here: %" PRIu64 " (memory.bin %" PRIu64 " bytes)\n", inv.blob_bytes(), inv.memory_size());
+  const auto& cr = c.client();
+  out += fmt("client %" PRIu64 " (%s): range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n", cr.uuid(),
+             cr.job_name().c_str(), cr.va_base(), cr.va_size(), cr.next_pc());
+  out += fmt("%d handles:\n", c.handles_size());
+  for (const auto& h : c.handles()) {
+    const char* t = h.type() < 9 ? kTypeNames[h.type()] : "?";
+    out += fmt("  %-8s #%-5" PRIu64 " 0x%-14" PRIx64, t, h.id() & ((1ull << 56) - 1), h.addr());
+    if (h.size() != 0) out += fmt(" %" PRIu64 " bytes", h.size());
+    if (!h.name().empty()) out += " " + h.name();
+    if (!h.fatbin().empty()) out += fmt(" fatbin %zu bytes", h.fatbin().size());
+    out += fmt(" v%" PRIu64, h.version());
+    if (h.has_memory()) {
+      if (h.memory().in_parent()) out += " [in parent]";
+      else out += fmt(" [blob @%" PRIu64 ", %d chunks]", h.memory().offset(), h.memory().chunk_crc_size());
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace pos::ckpt
