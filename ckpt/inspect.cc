@@ -59,7 +59,7 @@ std::string describe_image(const ImageReader& image, bool json) {
   out += fmt("%d handles:\n", c.handles_size());
   for (const auto& h : c.handles()) {
     const char* t = h.type() < 9 ? kTypeNames[h.type()] : "?";
-    out += fmt("  %-8s #%-5" PRIu64 " 0x%-14" PRIx64, t, h.id() & ((1ull << 56) - 1), h.addr());
+    out += fmt("  %-8s #%-5" PRIu64 " 0x%-14" PRIx64, t, static_cast<uint64_t>(h.id() & ((uint64_t{1} << 56) - 1)), h.addr());
     if (h.size() != 0) out += fmt(" %" PRIu64 " bytes", h.size());
     if (!h.name().empty()) out += " " + h.name();
     if (!h.fatbin().empty()) out += fmt(" fatbin %zu bytes", h.fatbin().size());

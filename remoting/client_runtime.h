@@ -2,17 +2,36 @@
 // last-error semantics, and maps from host-side symbols (kernel stubs, variables) to POS handles.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
 #include <unordered_map>
+#include <vector>
 
+#include "pos/checkpoint.h"
 #include "pos/status.h"
 #include "remoting/api_client.h"
 
 namespace pos {
 
 class POSWorkspace;
+
+// What POS_CHECKPOINT asks for (docs/inprocess_checkpoint.md): checkpoints of this process's client
+// after chosen synchronizing calls, each optionally followed by a restore from the image just written.
+struct CheckpointPlan {
+  std::vector<uint64_t> at;  // 1-based counts of successful stream/device synchronizations, increasing
+  CheckpointMode mode = CheckpointMode::kSync;
+  std::string dir;           // image k goes to "<dir>-<k>"
+  bool incremental = false;  // image k > 1 names image k-1 as its parent
+  bool restore = false;      // then=restore: drop the client's device state, restore it from the image
+};
+// Strict: unknown or repeated keys, empty items, missing `at` / `dir` and bad values are errors
+// whose message names POS_CHECKPOINT.
+StatusOr<CheckpointPlan> parse_checkpoint_plan(std::string_view spec);
 
 // Process-wide; thread-safe (maps under mu_, last error per thread as in CUDA).
 class ClientRuntime {
@@ -38,9 +57,24 @@ class ClientRuntime {
   void add_var(const void* host_var, uint64_t device_addr);
   uint64_t var(const void* host_var);
 
+  // The shim calls this after cudaStreamSynchronize / cudaDeviceSynchronize succeeded: takes the
+  // checkpoints POS_CHECKPOINT asks for. An error is the synchronizing call's result, so a failed
+  // checkpoint or restore stops the app loudly instead of letting it run on silently wrong.
+  Status after_sync();
+
  private:
+  // An async checkpoint with then=continue: the app runs on while its image drains.
+  struct PendingCheckpoint;
+
   ClientRuntime();
   static void shutdown_at_exit();
+  // All three under ckpt_mu_. reap: reports a pending async checkpoint once it is durable (wait:
+  // blocks until it is) and returns its error.
+  Status take_checkpoint(size_t k, uint64_t n);
+  Status restore_from(const std::string& dir);
+  Status reap(bool wait);
+  Status checkpoint_failed(const Status& s);  // prints it; the returned error is never cudaSuccess
+  std::string image_dir(size_t k) const;
 
   Status init_;
   std::unique_ptr<POSWorkspace> ws_;
@@ -50,6 +84,16 @@ class ClientRuntime {
   std::mutex mu_;
   std::unordered_map<const void*, RegisteredFunction> functions_;  // guarded by mu_
   std::unordered_map<const void*, uint64_t> vars_;                // guarded by mu_
+
+  // POS_CHECKPOINT state; plan_ is null when the variable is unset (after_sync returns at once).
+  std::unique_ptr<CheckpointPlan> plan_;
+  std::atomic<uint64_t> sync_calls_{0};
+  // Calls take it shared (through the transport), a restore exclusively: while the client is
+  // removed and rebuilt, the app's other threads wait instead of seeing an unknown client.
+  std::shared_mutex gate_;
+  std::mutex ckpt_mu_;  // one checkpoint at a time
+  std::unique_ptr<PendingCheckpoint> pending_;  // guarded by ckpt_mu_
+  size_t taken_ = 0;                            // guarded by ckpt_mu_; checkpoints started
 };
 
 }  // namespace pos

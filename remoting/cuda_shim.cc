@@ -20,6 +20,9 @@ ClientRuntime* rt() { return ClientRuntime::get(); }
 cudaError_t done(const Status& s) { return static_cast<cudaError_t>(rt()->record(s)); }
 cublasStatus_t blas_done(const Status& s) { return static_cast<cublasStatus_t>(s.ok() ? 0 : s.api_error()); }
 uint64_t u64(const void* p) { return reinterpret_cast<uint64_t>(p); }
+// Stream and device synchronizations are the points POS_CHECKPOINT counts (the app's own notion
+// of "a step is done"); only successful ones count, and a checkpoint's error becomes the call's.
+Status synced(const Status& s) { return s.ok() ? rt()->after_sync() : s; }
 
 struct LaunchConfig {
   dim3 grid, block;
@@ -181,7 +184,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (s.ok()) *value = v;
   return done(s);
 }
-cudaError_t cudaDeviceSynchronize(void) { return done(rt()->api().device_synchronize()); }
+cudaError_t cudaDeviceSynchronize(void) { return done(synced(rt()->api().device_synchronize())); }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   uint64_t f = 0, t = 0;
   Status s = rt()->api().mem_get_info(&f, &t);
@@ -276,7 +279,7 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, in
   return done(st);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { return done(rt()->api().stream_destroy(u64(s))); }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return done(rt()->api().stream_synchronize(u64(s))); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return done(synced(rt()->api().stream_synchronize(u64(s)))); }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   Status st = rt()->api().stream_query(u64(s));
   return st.api_error() == cudaErrorNotReady ? cudaErrorNotReady : done(st);  // not an error to remember

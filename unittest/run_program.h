@@ -1,5 +1,6 @@
 // run_program.h — runs a built program through the shell for the workload tests and returns its
 // standard output; on failure its standard error is appended, so an assertion message says why.
+// Tests that check what the program reports on stderr get it whole through `err`.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,19 +15,20 @@
 namespace pos::test {
 
 // The program is named by environment variable `env_var` (meson sets it); `prefix` goes before it
-// on the command line (environment assignments).
+// on the command line (environment assignments). `err`, when given, receives all of stderr.
 inline std::string run_program(const char* env_var, const std::string& prefix, const std::vector<std::string>& args,
-                               int* exit_code) {
+                               int* exit_code, std::string* err = nullptr) {
   *exit_code = -1;
   const char* exe = std::getenv(env_var);
+  if (err != nullptr) err->clear();
   if (exe == nullptr) {
     ADD_FAILURE() << env_var << " is not set (meson sets it)";
     return {};
   }
   std::string cmd = prefix + exe;
   for (const auto& a : args) cmd += " " + a;
-  const std::string err = ::testing::TempDir() + "run_program_stderr.txt";
-  cmd += " 2>" + err;
+  const std::string err_file = ::testing::TempDir() + "run_program_stderr.txt";
+  cmd += " 2>" + err_file;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     ADD_FAILURE() << "cannot run " << cmd;
@@ -38,12 +40,13 @@ inline std::string run_program(const char* env_var, const std::string& prefix, c
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int st = pclose(p);
   *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (*exit_code != 0) {
-    if (FILE* f = std::fopen(err.c_str(), "r")) {
-      while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-      std::fclose(f);
-    }
+  std::string err_text;
+  if (FILE* f = std::fopen(err_file.c_str(), "r")) {
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) err_text.append(buf.data(), n);
+    std::fclose(f);
   }
+  if (*exit_code != 0) out += err_text;
+  if (err != nullptr) *err = std::move(err_text);
   return out;
 }
 
