@@ -82,11 +82,7 @@ bool run_size(POSWorkspace* ws, const Options& o, int gib) {
     std::printf("| %d GiB | %s | %.3f s | %.1f GB/s | %s |\n", gib, what, s, gbps(bytes, s), note);
     std::fflush(stdout);
   };
-  ckpt::MemoryImage mem(ckpt::HostAllocator{[ws](uint64_t n) -> void* {
-                                              auto p = ws->backend().host_alloc(n);
-                                              return p.ok() ? *p : nullptr;
-                                            },
-                                            [ws](void* p) { (void)ws->backend().host_free(p); }});
+  ckpt::MemoryImage mem(pinned_allocator(&ws->backend()));
   for (const char* pass : {"to host memory (first: pins memory)", "to host memory (again: pinned reused)"}) {
     CheckpointRequest r;
     r.memory = &mem;

@@ -308,7 +308,6 @@ class DirWriter final : public ImageWriter {
     std::error_code ec;
     fs::remove_all(partial_, ec);
   }
-  uint64_t bytes_written() const override { return written_.load(); }
 
  private:
   struct Job {
@@ -341,7 +340,6 @@ class DirWriter final : public ImageWriter {
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
       set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ is not resized while jobs run
-      written_.fetch_add(j.n);
       if (!s.ok() && error_.ok()) error_ = s;
       free_.push_back(j.buf);
       busy_ = false;
@@ -372,7 +370,6 @@ class DirWriter final : public ImageWriter {
   std::deque<Job> jobs_;          // guarded by mu_
   bool busy_ = false, stop_ = false;  // guarded by mu_
   Status error_;                  // guarded by mu_
-  std::atomic<uint64_t> written_{0};
   std::thread writer_;
 };
 
@@ -388,7 +385,6 @@ class MemoryWriterImpl final : public ImageWriter {
     // Each job writes its own element of chunk_crc (sized at begin_blob): no sharing.
     uint32_t* slot = ref->mutable_chunk_crc()->mutable_data() + off / ref->chunk_size();
     pool_.submit([p, n, slot] { *slot = crc32c(p, n); });
-    written_ += n;
     return Status::Ok();
   }
   Status finish_blobs() override {
@@ -401,13 +397,11 @@ class MemoryWriterImpl final : public ImageWriter {
     pool_.wait();
     img_->invalidate();
   }
-  uint64_t bytes_written() const override { return written_; }
 
  private:
   MemoryImage* img_;
   CrcPool pool_;
   std::deque<pb::BlobRef> refs_;  // deque: stable addresses while crc jobs write into them
-  uint64_t written_ = 0;
 };
 
 Status MemoryWriterImpl::begin_blob(uint64_t length, size_t* blob) {

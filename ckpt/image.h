@@ -100,7 +100,6 @@ class ImageWriter {
   virtual Status commit(pb::Inventory inventory, const pb::ClientImage& client) = 0;
   // Leaves nothing behind (a directory dump removes its partial directory).
   virtual void abort() = 0;
-  virtual uint64_t bytes_written() const = 0;
 };
 
 struct DirWriterOptions {

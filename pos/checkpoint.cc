@@ -18,6 +18,14 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+ckpt::HostAllocator pinned_allocator(DeviceBackend* device) {
+  return ckpt::HostAllocator{[device](uint64_t n) -> void* {
+                               auto p = device->host_alloc(n);
+                               return p.ok() ? *p : nullptr;
+                             },
+                             [device](void* p) { (void)device->host_free(p); }};
+}
+
 StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s) {
   if (s == "sync") return CheckpointMode::kSync;
   if (s == "async") return CheckpointMode::kAsync;
@@ -42,11 +50,6 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool) {
     if (!p.ok()) return p.status().with_context("parent image " + req_.parent_dir);
     parent_ = std::move(*p);
   }
-  ckpt::HostAllocator alloc{[d = device_](uint64_t n) -> void* {
-                              auto p = d->host_alloc(n);
-                              return p.ok() ? *p : nullptr;
-                            },
-                            [d = device_](void* p) { (void)d->host_free(p); }};
   if (req_.memory != nullptr) {
     auto w = ckpt::open_memory_writer(req_.memory);
     if (!w.ok()) return w.status();
@@ -54,7 +57,7 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool) {
   } else {
     ckpt::DirWriterOptions o;
     o.replace = req_.replace;
-    o.alloc = alloc;
+    o.alloc = pinned_allocator(device_);
     auto w = ckpt::open_dir_writer(req_.dir, o);
     if (!w.ok()) return w.status();
     writer_ = std::move(*w);
@@ -160,7 +163,6 @@ Status CheckpointJob::drain_all() {
   if (req_.hold_drain != nullptr)
     while (req_.hold_drain->load(std::memory_order_acquire)) std::this_thread::yield();
   for (auto& r : regions_) POS_RETURN_IF_ERROR(writer_->begin_blob(r->size, &r->blob));
-  std::vector<std::byte> bounce;
   // Regions the worker waits for come first; the rest in order.
   size_t next = 0;
   std::vector<bool> taken(regions_.size(), false);
@@ -176,13 +178,12 @@ Status CheckpointJob::drain_all() {
       pick = next;
     }
     taken[pick] = true;
-    POS_RETURN_IF_ERROR(drain_region(*regions_[pick], bounce));
+    POS_RETURN_IF_ERROR(drain_region(*regions_[pick]));
   }
   return Status::Ok();
 }
 
-Status CheckpointJob::drain_region(DrainRegion& r, std::vector<std::byte>& bounce) {
-  (void)bounce;
+Status CheckpointJob::drain_region(DrainRegion& r) {
   for (uint64_t off = 0; off < r.size || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
     const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
     auto buf = writer_->chunk(r.blob, off, n);

@@ -101,7 +101,7 @@ class CheckpointJob {
  private:
   void drain_main();
   Status drain_all();
-  Status drain_region(DrainRegion& r, std::vector<std::byte>& bounce);
+  Status drain_region(DrainRegion& r);
   void finish(Status s);
   void protect_region(DrainRegion& r);
 
@@ -134,5 +134,7 @@ class CheckpointJob {
 };
 
 double seconds_now();
+// Host memory for images and staging from the backend's page-locked allocator.
+ckpt::HostAllocator pinned_allocator(DeviceBackend* device);
 
 }  // namespace pos
