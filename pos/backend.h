@@ -132,6 +132,10 @@ class DeviceBackend {
   // need no staging. The host backend hands out plain page-aligned memory. Thread-safe.
   virtual StatusOr<void*> host_alloc(uint64_t bytes);
   virtual Status host_free(void* p);
+  // Page-locks memory the caller mapped (posd: a session's shared arena), so copies to and from
+  // it run at DMA speed. The host backend needs nothing. Thread-safe.
+  virtual Status host_register(void* p, uint64_t bytes) { (void)p, (void)bytes; return Status::Ok(); }
+  virtual Status host_unregister(void* p) { (void)p; return Status::Ok(); }
 
  protected:
   // What parsers may reserve in all; set by the backend before it opens clients.

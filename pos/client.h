@@ -80,6 +80,12 @@ struct ClientStats {
 
 class POSClient;
 
+// How a client is set up at creation.
+struct ClientOptions {
+  // Host memory the client's calls may name (ParserScope::host_ok); size 0: its own process's.
+  uint64_t host_base = 0, host_size = 0;
+};
+
 // Parser-thread state handed to parser functions (confined to the parser thread).
 struct ParserScope {
   POSClient* client = nullptr;
@@ -105,6 +111,14 @@ struct ParserScope {
   // tenant's memory (or this client's freed memory).
   bool in_pos_window(uint64_t addr) const { return addr >= window_base && addr - window_base < window_size; }
   uint64_t window_base = 0, window_size = 0;
+  // Host memory a call may name: with a host window (posd: the session's shared arena, the only
+  // memory of the daemon a client may reach) [p, p+n) must lie inside it; without one (in-process:
+  // the app's own address space) any non-null pointer outside the POS window.
+  bool host_ok(uint64_t p, uint64_t n) const {
+    if (host_size != 0) return p >= host_base && n <= host_size && p - host_base <= host_size - n;
+    return p != 0 && !in_pos_window(p);
+  }
+  uint64_t host_base = 0, host_size = 0;
 };
 
 // Worker-thread state handed to worker functions (confined to the worker thread).
@@ -125,6 +139,8 @@ class POSClient {
   POSClient(const POSClient&) = delete;
   POSClient& operator=(const POSClient&) = delete;
 
+  // Before start(): options the parser enforces from the first call.
+  void set_options(const ClientOptions& o) { ps_.host_base = o.host_base, ps_.host_size = o.host_size; }
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an

@@ -80,7 +80,7 @@ Status read_uint(const YAML::Node& n, const std::string& key, T* out, uint64_t l
 
 Status apply(const YAML::Node& root, Config* c) {
   if (!root || root.IsNull()) return Status::Ok();
-  POS_RETURN_IF_ERROR(check_keys(root, "", {"backend", "log_level", "client", "queues", "host_backend", "checkpoint"}));
+  POS_RETURN_IF_ERROR(check_keys(root, "", {"backend", "log_level", "client", "queues", "host_backend", "checkpoint", "posd"}));
   if (root["backend"]) {
     c->backend = root["backend"].as<std::string>();
     if (c->backend != "host" && c->backend != "cuda")
@@ -114,6 +114,23 @@ Status apply(const YAML::Node& root, Config* c) {
     POS_RETURN_IF_ERROR(read_uint(n, "device_count", &c->host_device_count, 1, 64));
     POS_RETURN_IF_ERROR(read_size(n, "device_memory", &c->host_device_memory));
     if (n["device_name"]) c->host_device_name = n["device_name"].as<std::string>();
+  }
+  if (const auto n = root["posd"]) {
+    POS_RETURN_IF_ERROR(check_keys(n, "posd.", {"socket", "group", "arena", "arena_max", "host_kernel_libraries"}));
+    if (n["socket"]) c->posd_socket = n["socket"].as<std::string>();
+    if (n["group"]) {
+      uint32_t g = 0;
+      POS_RETURN_IF_ERROR(read_uint(n, "group", &g, 0, 1u << 31));
+      c->posd_group = g;
+    }
+    POS_RETURN_IF_ERROR(read_size(n, "arena", &c->posd_arena_bytes));
+    POS_RETURN_IF_ERROR(read_size(n, "arena_max", &c->posd_arena_max));
+    if (c->posd_arena_bytes < (1u << 20) || c->posd_arena_bytes > c->posd_arena_max)
+      return Status::InvalidArgument("posd.arena must be at least 1 MiB and at most posd.arena_max");
+    if (const auto l = n["host_kernel_libraries"]) {
+      if (!l.IsSequence()) return Status::InvalidArgument("posd.host_kernel_libraries must be a list of paths");
+      for (const auto& e : l) c->host_kernel_libraries.push_back(e.as<std::string>());
+    }
   }
   if (const auto n = root["checkpoint"]) {
     POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode", "shadow_pool"}));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pos/status.h"
 
@@ -42,6 +43,14 @@ struct Config {
   // in sync mode), and the bound on device memory for async copy-on-write shadows per checkpoint.
   std::string checkpoint_mode = "off";  // off | sync | async
   uint64_t shadow_pool_bytes = 2ull << 30;
+
+  // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
+  std::string posd_socket;               // empty: $POS_SOCKET, else /tmp/posd-<uid>.sock
+  int64_t posd_group = -1;               // also admit clients of this gid (the socket becomes 0660)
+  uint64_t posd_arena_bytes = 256ull << 20;  // a session's arena unless the client asks
+  uint64_t posd_arena_max = 4ull << 30;      // the most a client may ask for
+  // Host backend only: shared libraries of host kernels (the test double's stand-in for device code).
+  std::vector<std::string> host_kernel_libraries;
 };
 
 // Parse a YAML document. Unknown keys and bad values are errors naming the key.

@@ -51,7 +51,7 @@ StatusOr<std::unique_ptr<POSWorkspace>> POSWorkspace::create_with_backend(const 
   return std::unique_ptr<POSWorkspace>(new POSWorkspace(config, std::move(backend)));
 }
 
-StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name) {
+StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, const ClientOptions& options) {
   std::unique_lock lk(mu_);
   size_t slot = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -66,6 +66,7 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name) {
   const ClientUuid uuid = ((++generation_) << kSlotBits) | slot;
   auto client = std::make_shared<POSClient>(uuid, static_cast<uint32_t>(slot), job_name, config_, backend_.get(),
                                             &table_);
+  client->set_options(options);
   Status s = client->start();
   if (!s.ok()) return s;
   fast_[slot].client.store(client.get(), std::memory_order_release);

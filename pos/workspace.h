@@ -37,7 +37,7 @@ class POSWorkspace {
                                                                      std::unique_ptr<DeviceBackend> backend);
   ~POSWorkspace();
 
-  StatusOr<ClientUuid> create_client(const std::string& job_name);
+  StatusOr<ClientUuid> create_client(const std::string& job_name, const ClientOptions& options = {});
   // Drains the client's in-flight work, then frees all its device memory and handles.
   Status remove_client(ClientUuid uuid);
 

@@ -12,6 +12,7 @@
 
 #include "ckpt/image.h"
 #include "pos/workspace.h"
+#include "remoting/shm_client.h"
 
 namespace pos {
 namespace {
@@ -51,6 +52,19 @@ bool parse_u64(std::string_view s, uint64_t* out) {
 }
 
 double ms(double s) { return s * 1e3; }
+
+[[maybe_unused]] std::string program_name() {
+  std::string comm = "client";
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    char b[64] = {};
+    if (std::fgets(b, sizeof(b), f) != nullptr) {
+      comm = b;
+      while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    }
+    std::fclose(f);
+  }
+  return comm;
+}
 
 // Routes every call through the gate (shared), so a restore (exclusive) never runs under a call
 // of another app thread. Installed only when POS_CHECKPOINT is set.
@@ -137,6 +151,30 @@ ClientRuntime::ClientRuntime() {
     if (plan.ok()) plan_ = std::make_unique<CheckpointPlan>(std::move(plan.value()));
     else init_ = plan.status();
   }
+#ifdef POS_REMOTE_CLIENT
+  // libpos_client: calls go to posd through the session's shared memory.
+  if (plan_) {
+    init_ = Status::InvalidArgument(
+        "POS_CHECKPOINT drives checkpoints of in-process jobs (libpos_inproc); under posd it is not available");
+  }
+  uint64_t arena = 0;
+  if (const char* a = std::getenv("POS_ARENA_SIZE"); init_.ok() && a != nullptr && *a != '\0') {
+    auto v = parse_size(a);
+    if (v.ok()) arena = *v;
+    else init_ = v.status().with_context("POS_ARENA_SIZE");
+  }
+  if (init_.ok()) {
+    const char* job = std::getenv("POS_JOB_NAME");
+    auto session = ShmSession::connect(default_socket_path(), job != nullptr ? job : program_name(), arena);
+    if (session.ok()) {
+      shm_ = session->get();
+      uuid_ = (*session)->client_uuid();
+      transport_ = std::move(session.value());
+    } else {
+      init_ = session.status();
+    }
+  }
+#else
   auto cfg = config_from_environment();
   if (init_.ok() && !cfg.ok()) init_ = cfg.status();
   if (init_.ok()) {
@@ -158,6 +196,7 @@ ClientRuntime::ClientRuntime() {
       }
     }
   }
+#endif
   if (!init_.ok()) {
     std::fprintf(stderr, "pos: cannot start the POS runtime: %s\n", init_.to_string().c_str());
     // Calls fail with cudaErrorInitializationError instead of crashing the app.
@@ -214,6 +253,7 @@ int32_t ClientRuntime::peek_last_error() {
 }
 
 Status ClientRuntime::host_alloc(uint64_t bytes, void** out) {
+  if (shm_ != nullptr) return shm_->host_alloc(bytes, out);  // the session's arena, pinned by posd
   // Like every other call of a runtime that did not start: cudaErrorInitializationError.
   if (!ws_) return Status(init_.code(), cuda::kErrorInitializationError, init_.message());
   auto p = ws_->backend().host_alloc(bytes);
@@ -223,6 +263,7 @@ Status ClientRuntime::host_alloc(uint64_t bytes, void** out) {
 }
 
 Status ClientRuntime::host_free(void* p) {
+  if (shm_ != nullptr) return shm_->host_free(p);
   if (!ws_) return Status(init_.code(), cuda::kErrorInitializationError, init_.message());
   return ws_->backend().host_free(p);
 }

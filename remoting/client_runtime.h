@@ -19,6 +19,7 @@
 namespace pos {
 
 class POSWorkspace;
+class ShmSession;
 
 // What POS_CHECKPOINT asks for (docs/inprocess_checkpoint.md): checkpoints of this process's client
 // after chosen synchronizing calls, each optionally followed by a restore from the image just written.
@@ -80,6 +81,7 @@ class ClientRuntime {
   std::unique_ptr<POSWorkspace> ws_;
   uint64_t uuid_ = 0;
   std::unique_ptr<Transport> transport_;
+  ShmSession* shm_ = nullptr;  // libpos_client: transport_ is this posd session
   std::unique_ptr<ApiClient> api_;
   std::mutex mu_;
   std::unordered_map<const void*, RegisteredFunction> functions_;  // guarded by mu_

@@ -7,9 +7,10 @@ OUT="${OUT:-$ROOT/device-out}"
 B="${POS_GPU_BUILD:-/tmp/pos-build}"
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-QUICK=0; CKPT_ONLY=0
+QUICK=0; CKPT_ONLY=0; POSD_ONLY=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1      # tests only, no benches
 [[ "${1:-}" == "--ckpt" ]] && CKPT_ONLY=1   # tests, then only the checkpoint benches
+[[ "${1:-}" == "--posd" ]] && POSD_ONLY=1   # tests, then only the remoting (posd) benches
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${POS_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "cores: $(nproc)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -56,7 +57,38 @@ ckpt_benches() {
   kill -0 "$pid" 2>/dev/null && echo "target still running after restore" || echo "target died"
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
 }
+posd_benches() {
+  local SOCK=/tmp/posd-bench-$$.sock CFG=/tmp/posd-bench-$$.yaml CUDA_LIB=/usr/local/cuda/lib64
+  printf 'backend: cuda\nlog_level: warn\nposd:\n  socket: %s\n  arena_max: 4GiB\n' "$SOCK" >"$CFG"
+  "$B/tools/posd" --config "$CFG" 2>"$OUT/posd.log" &
+  local posd_pid=$!
+  for i in $(seq 1 100); do "$B/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+  local UNDER="env POS_SOCKET=$SOCK LD_LIBRARY_PATH=$CUDA_LIB LD_PRELOAD=$B/remoting/libpos_client.so"
+  echo "== remoting: one binary natively and under posd (CUDA backend)"
+  LD_LIBRARY_PATH=$CUDA_LIB "$B/bench/remoting_bench" 1024 >"$OUT/remoting_native.txt" 2>&1
+  $UNDER POS_ARENA_SIZE=1100MiB "$B/bench/remoting_bench" 1024 >"$OUT/remoting_posd.txt" 2>&1
+  echo "| metric | native | under posd | posd / native |"; echo "|---|---|---|---|"
+  join <(sort "$OUT/remoting_native.txt") <(sort "$OUT/remoting_posd.txt") |
+    awk '{printf "| %s | %s | %s | %.2f |\n", $1, $2, $3, ($2>0)?$3/$2:0}' | tee "$OUT/remoting_table.md"
+  echo "== training step time: native vs the same binary under posd, 3 runs each, alternating"
+  step() { "$@" 2>&1 >/dev/null | sed -n 's/.*mean step time \([0-9.]*\) ms.*/\1/p'; }
+  for size in "default:" "large:--input 1024 --hidden 4096 --layers 4 --output 256 --batch 1024 --steps 40"; do
+    local name="${size%%:*}" args="${size#*:}" n="" p=""
+    for i in 1 2 3; do
+      n="$n $(LD_LIBRARY_PATH=$CUDA_LIB step "$B/workloads/mlp_train_native" $args)"
+      p="$p $(step $UNDER "$B/workloads/mlp_train_native" $args)"
+    done
+    echo "$name native:$n | posd:$p" | tee -a "$OUT/posd_steps.txt"
+  done
+  echo "== outputs: native vs under posd (byte comparison)"
+  LD_LIBRARY_PATH=$CUDA_LIB "$B/workloads/mlp_train_native" >"$OUT/train_native.txt" 2>/dev/null
+  $UNDER "$B/workloads/mlp_train_native" >"$OUT/train_posd.txt" 2>/dev/null
+  cmp "$OUT/train_native.txt" "$OUT/train_posd.txt" && echo "identical ($(wc -l <"$OUT/train_posd.txt") lines)"
+  "$B/tools/pos-cli" ps --socket "$SOCK"
+  kill -TERM $posd_pid; wait $posd_pid; echo "posd exit: $?"
+}
 if [[ $CKPT_ONLY -eq 1 ]]; then ckpt_benches; exit $GPU_RC; fi
+if [[ $POSD_ONLY -eq 1 ]]; then posd_benches; exit $GPU_RC; fi
 
 echo "== copies: native vs POS (CUDA backend), GB/s"
 "$B/bench/copy_bench_native" >"$OUT/copy_native.txt" 2>&1

@@ -1,17 +1,20 @@
 // pos_cli.cc — `pos-cli`, the operator's tool. A thin main over tested libraries.
-// Today: `inspect DIR [--json]` (ckpt/inspect). dump / restore / ps / migrate arrive with posd.
+// `inspect DIR [--json]` (ckpt/inspect), `ps [--json] [--socket PATH]` (posd's sessions).
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "ckpt/inspect.h"
+#include "remoting/shm_client.h"
 
 namespace {
 
 int usage() {
   std::fprintf(stderr,
                "usage: pos-cli inspect IMAGE_DIR [--json]\n"
-               "  inspect   validate a checkpoint image (and its parents) and print it\n");
+               "       pos-cli ps [--json] [--socket PATH]\n"
+               "  inspect   validate a checkpoint image (and its parents) and print it\n"
+               "  ps        list posd's sessions: pid, job, device memory, calls, state\n");
   return 2;
 }
 
@@ -35,6 +38,23 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fputs(pos::ckpt::describe_image(**img, json).c_str(), stdout);
+    return 0;
+  }
+  if (cmd == "ps") {
+    bool json = false;
+    std::string socket = pos::default_socket_path();
+    for (int i = 2; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--json") == 0) json = true;
+      else if (std::strcmp(argv[i], "--socket") == 0 && i + 1 < argc) socket = argv[++i];
+      else return usage();
+    }
+    // posd renders both forms: one source of truth for the fields.
+    auto text = pos::posd_control(socket, json ? "ps" : "ps-table");
+    if (!text.ok()) {
+      std::fprintf(stderr, "pos-cli: %s\n", text.status().message().c_str());
+      return 1;
+    }
+    std::fputs(text->c_str(), stdout);
     return 0;
   }
   return usage();

@@ -13,6 +13,8 @@
 #include "pos/cuda_impl/fatbin.h"
 #include "pos/workspace.h"
 #include "remoting/api_client.h"
+#include "remoting/posd_server.h"
+#include "remoting/shm_client.h"
 #include "unittest/test_kernels.h"
 
 namespace pos::test {
@@ -48,6 +50,12 @@ inline std::vector<std::byte> test_fatbin() {
 }
 
 inline std::string backend_name() { return test_config().backend; }
+// POS_TEST_TRANSPORT=posd: the same tests with every call through a posd session (an embedded
+// PosdServer, the shared-memory transport and its frame decoder) instead of in-process.
+inline bool through_posd() {
+  const char* t = std::getenv("POS_TEST_TRANSPORT");
+  return t != nullptr && std::string(t) == "posd";
+}
 // GEMM results against a double-precision reference: full float on the host; TF32 (10 mantissa
 // bits) where a GPU's math mode allows it.
 inline float gemm_tolerance() { return backend_name() == "host" ? 1e-4f : 2e-2f; }
@@ -55,7 +63,7 @@ inline float gemm_tolerance() { return backend_name() == "host" ? 1e-4f : 2e-2f;
 // One client: its transport and typed API.
 struct TestClient {
   uint64_t uuid = 0;
-  std::unique_ptr<InProcessTransport> transport;
+  std::unique_ptr<Transport> transport;  // in-process, or a posd session
   std::unique_ptr<ApiClient> api;
   uint64_t module = 0;
   RegisteredFunction axpy, scale_struct, fill, noop;
@@ -66,24 +74,47 @@ class ApiTest : public ::testing::Test {
   void SetUp() override { make_workspace(test_config()); }
   void TearDown() override {
     clients_.clear();
-    ws_.reset();
+    server_.reset();
+    own_ws_.reset();
+    ws_ = nullptr;
   }
 
-  void make_workspace(const Config& c) {
+  void make_workspace(Config c) {
     clients_.clear();
-    ws_.reset();
-    auto ws = POSWorkspace::create(c);
-    ASSERT_TRUE(ws.ok()) << ws.status().to_string();
-    ws_ = std::move(ws.value());
+    server_.reset();
+    own_ws_.reset();
+    if (through_posd()) {
+      c.posd_socket = ::testing::TempDir() + "posd-api-" + std::to_string(::getpid()) + ".sock";
+      c.posd_arena_bytes = 16ull << 20;
+      auto srv = PosdServer::start(c);
+      ASSERT_TRUE(srv.ok()) << srv.status().to_string();
+      server_ = std::move(srv.value());
+      ws_ = &server_->workspace();
+    } else {
+      auto ws = POSWorkspace::create(c);
+      ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+      own_ws_ = std::move(ws.value());
+      ws_ = own_ws_.get();
+    }
     add_client("test-a");
   }
 
   TestClient& add_client(const std::string& job) {
-    auto uuid = ws_->create_client(job);
-    EXPECT_TRUE(uuid.ok()) << uuid.status().to_string();
     auto tc = std::make_unique<TestClient>();
-    tc->uuid = *uuid;
-    tc->transport = std::make_unique<InProcessTransport>(ws_.get(), tc->uuid);
+    if (server_) {
+      auto session = ShmSession::connect(server_->socket_path(), job);
+      EXPECT_TRUE(session.ok()) << session.status().to_string();
+      if (!session.ok()) std::abort();
+      // Calls wait for posd's verdict, so a bad launch fails at the launch as in-process.
+      (*session)->set_post_async(false);
+      tc->uuid = (*session)->client_uuid();
+      tc->transport = std::move(session.value());
+    } else {
+      auto uuid = ws_->create_client(job);
+      EXPECT_TRUE(uuid.ok()) << uuid.status().to_string();
+      tc->uuid = *uuid;
+      tc->transport = std::make_unique<InProcessTransport>(ws_, tc->uuid);
+    }
     tc->api = std::make_unique<ApiClient>(tc->transport.get());
     const std::vector<std::byte> fatbin = test_fatbin();
     EXPECT_TRUE(tc->api->register_fatbin(&tc->module, fatbin).ok());
@@ -130,7 +161,9 @@ class ApiTest : public ::testing::Test {
   }
   static LaunchDims dims(uint32_t grid, uint32_t block) { return LaunchDims{{grid, 1, 1}, {block, 1, 1}, 0}; }
 
-  std::unique_ptr<POSWorkspace> ws_;
+  POSWorkspace* ws_ = nullptr;  // own_ws_, or the server's
+  std::unique_ptr<POSWorkspace> own_ws_;
+  std::unique_ptr<PosdServer> server_;
   std::vector<std::unique_ptr<TestClient>> clients_;
 };
 

@@ -96,7 +96,7 @@ class CheckpointTest : public ApiTest {
     TestClient& c = client();
     c.uuid = uuid;
     c.api.reset();
-    c.transport = std::make_unique<InProcessTransport>(ws_.get(), uuid);
+    c.transport = std::make_unique<InProcessTransport>(ws_, uuid);
     c.api = std::make_unique<ApiClient>(c.transport.get());
   }
 
@@ -299,7 +299,8 @@ TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   Config other = test_config();
   other.host_device_name = "Another Device";
   clients_.clear();
-  ws_.reset();
+  own_ws_.reset();
+  ws_ = nullptr;
   auto ws = POSWorkspace::create(other);
   ASSERT_TRUE(ws.ok());
   auto u = (*ws)->restore(**img);

@@ -877,6 +877,16 @@ class CudaBackend final : public DeviceBackend {
     POS_CU(cuMemFreeHost(p), "pinned host memory");
     return Status::Ok();
   }
+  Status host_register(void* p, uint64_t bytes) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    POS_CU(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE), "registering " + std::to_string(bytes) + " bytes of host memory");
+    return Status::Ok();
+  }
+  Status host_unregister(void* p) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    POS_CU(cuMemHostUnregister(p), "unregistering host memory");
+    return Status::Ok();
+  }
 
  private:
   // The device's primary context, current on the calling thread (control-thread queries).

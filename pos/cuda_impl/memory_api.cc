@@ -70,8 +70,9 @@ Status work_free(WorkerScope& ws, APIContext& c) {
 
 // Resolves a copy's direction and checks both ends. Device ends must lie wholly inside one live
 // buffer of this client; anything in the client's device range that is not is an error.
+// src_carried: the call carries the source bytes (async host-to-device), so `src` is never read.
 Status resolve_copy(ParserScope& ps, APIContext& c, uint64_t dst, uint64_t src, uint64_t n, int32_t kind,
-                    int32_t* resolved) {
+                    int32_t* resolved, bool src_carried = false) {
   if (kind < cuda::kMemcpyHostToHost || kind > cuda::kMemcpyDefault)
     return cuda_error(cuda::kErrorInvalidMemcpyDirection, "invalid cudaMemcpyKind " + std::to_string(kind));
   bool dst_dev, src_dev;
@@ -88,16 +89,16 @@ Status resolve_copy(ParserScope& ps, APIContext& c, uint64_t dst, uint64_t src, 
       Handle* h = ps.device_range(dst, n, &off);
       if (h == nullptr) return invalid("destination " + hex(dst) + " + " + std::to_string(n) + " bytes is not inside a live device allocation of this client");
       c.add_edge(h, EdgeKind::kOut, off, n);
-    } else if (ps.in_pos_window(dst) || dst == 0) {
-      return invalid("destination " + hex(dst) + " is not a valid host pointer for this copy kind");
+    } else if (!ps.host_ok(dst, n)) {
+      return invalid("destination " + hex(dst) + " + " + std::to_string(n) + " bytes is not valid host memory for this copy");
     }
     if (src_dev) {
       uint64_t off = 0;
       Handle* h = ps.device_range(src, n, &off);
       if (h == nullptr) return invalid("source " + hex(src) + " + " + std::to_string(n) + " bytes is not inside a live device allocation of this client");
       c.add_edge(h, EdgeKind::kIn, off, n);
-    } else if (ps.in_pos_window(src) || src == 0) {
-      return invalid("source " + hex(src) + " is not a valid host pointer for this copy kind");
+    } else if (!src_carried && !ps.host_ok(src, n)) {
+      return invalid("source " + hex(src) + " + " + std::to_string(n) + " bytes is not valid host memory for this copy");
     }
   }
   *resolved = dst_dev ? (src_dev ? cuda::kMemcpyDeviceToDevice : cuda::kMemcpyHostToDevice)
@@ -145,7 +146,7 @@ Status parse_memcpy_async(ParserScope& ps, APIContext& c) {
   Handle* s = ps.stream(stream);
   if (s == nullptr) return cuda_error(cuda::kErrorInvalidResourceHandle, "unknown stream " + hex(stream));
   int32_t k = 0;
-  POS_RETURN_IF_ERROR(resolve_copy(ps, c, dst, src, n, kind, &k));
+  POS_RETURN_IF_ERROR(resolve_copy(ps, c, dst, src, n, kind, &k, /*src_carried=*/c.param_count() == 6));
   if (k == cuda::kMemcpyHostToDevice) {
     if (c.param_count() != 6 || c.param_bytes(5).size() != n)
       return invalid("host-to-device cudaMemcpyAsync needs its " + std::to_string(n) + " source bytes as parameter 5");
@@ -257,8 +258,8 @@ Status symbol_peer(ParserScope& ps, APIContext& c, uint64_t ptr, uint64_t n, int
     Handle* h = ps.device_range(ptr, n, &off);
     if (h == nullptr) return invalid(what + hex(ptr) + " is not inside a live device allocation");
     c.add_edge(h, to_symbol ? EdgeKind::kIn : EdgeKind::kOut, off, n);
-  } else if (ptr == 0 || ps.in_pos_window(ptr)) {
-    return invalid(what + hex(ptr) + " is not a valid host pointer");
+  } else if (!ps.host_ok(ptr, n)) {
+    return invalid(what + hex(ptr) + " + " + std::to_string(n) + " bytes is not valid host memory");
   }
   return Status::Ok();
 }

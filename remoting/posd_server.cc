@@ -1,0 +1,526 @@
+// posd_server.cc — sessions: handshake (SO_PEERCRED, protocol version, sealed memfd + eventfd),
+// the serve loop (decode, pos_process, reply; spin then sleep in poll) and teardown on hang-up.
+#include "remoting/posd_server.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "pos/cuda_errors.h"
+#include "pos/log.h"
+#include "remoting/shm_client.h"
+#include "remoting/wire.h"
+
+namespace pos {
+
+struct PosdServer::Session {
+  int fd = -1;
+  ucred cred{};
+  std::string job;
+  std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
+  uint64_t arena_bytes = 0;
+  std::atomic<uint64_t> frames{0};
+  std::atomic<bool> finished{false};
+  std::thread thread;
+};
+
+namespace {
+
+bool send_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w, n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool recv_exact(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r, n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void refuse(int fd, const Status& why) {
+  wire::Welcome w;
+  w.code = static_cast<int32_t>(why.code());
+  w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
+  wire::put_cstr(w.message, sizeof(w.message), why.message());
+  (void)send_all(fd, &w, sizeof(w));
+}
+
+const char* state_of(const SessionInfo& s) {
+  if (s.ending) return "ending";
+  return s.stats.calls_executed < s.stats.calls_submitted ? "running" : "idle";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o;
+}
+
+// The session's shared memory: a sealed memfd (the client can neither shrink it under posd's
+// mapping nor grow it), mapped here, and the eventfd the client rings when posd sleeps.
+struct SessionMemory {
+  int memfd = -1, efd = -1;
+  std::byte* base = nullptr;
+  wire::Layout layout{};
+  bool registered = false;
+  DeviceBackend* backend = nullptr;
+  ~SessionMemory() {
+    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    if (base != nullptr) ::munmap(base, layout.total);
+    if (memfd >= 0) ::close(memfd);
+    if (efd >= 0) ::close(efd);
+  }
+  Status create(uint64_t arena_bytes, DeviceBackend* b) {
+    backend = b;
+    layout = wire::layout_for(arena_bytes);
+    memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0) return Status::Unavailable(std::string("memfd_create: ") + std::strerror(errno));
+    if (::ftruncate(memfd, static_cast<off_t>(layout.total)) != 0)
+      return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
+    if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
+    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
+    base = static_cast<std::byte*>(m);
+    auto* h = new (base) wire::ShmHeader();
+    h->magic = wire::kShmMagic;
+    h->version = wire::kProtocolVersion;
+    h->ring_bytes = layout.ring_bytes;
+    efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+    Status s = b->host_register(base + layout.arena_offset, layout.arena_bytes);
+    if (!s.ok()) return s.with_context("page-locking the session arena");
+    registered = true;
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
+  std::unique_ptr<PosdServer> srv(new PosdServer());
+  srv->config_ = config;
+  set_log_level(config.log_level);
+  if (!config.host_kernel_libraries.empty() && config.backend != "host")
+    return Status::InvalidArgument("posd.host_kernel_libraries apply to the host backend only");
+  for (const auto& lib : config.host_kernel_libraries) {
+    void* h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) return Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
+    srv->kernel_libs_.push_back(h);
+  }
+  auto ws = POSWorkspace::create(config);
+  if (!ws.ok()) return ws.status();
+  srv->ws_ = std::move(ws.value());
+
+  srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
+  sockaddr_un addr{};
+  if (srv->socket_path_.size() >= sizeof(addr.sun_path))
+    return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
+  // A leftover socket file is replaced, a live daemon is not.
+  if (::access(srv->socket_path_.c_str(), F_OK) == 0) {
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) return Status::Busy("another posd is listening on " + srv->socket_path_);
+    ::unlink(srv->socket_path_.c_str());
+  }
+  srv->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  // Owner only (or owner + the configured group): the socket's mode is the first gate, the
+  // SO_PEERCRED check the second.
+  const mode_t old = ::umask(config.posd_group >= 0 ? 0117 : 0177);
+  const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old);
+  if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
+  if (config.posd_group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1),
+                                        static_cast<gid_t>(config.posd_group)) != 0)
+    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(config.posd_group) +
+                               ": " + std::strerror(errno));
+  if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
+  srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  srv->acceptor_ = std::thread([p = srv.get()] { p->accept_main(); });
+  POS_INFO("posd: listening on %s (%s backend)", srv->socket_path_.c_str(), std::string(srv->ws_->backend().name()).c_str());
+  return srv;
+}
+
+PosdServer::~PosdServer() {
+  stop();
+  ws_.reset();
+  for (void* h : kernel_libs_) ::dlclose(h);
+}
+
+void PosdServer::stop() {
+  if (stopping_.exchange(true)) {
+    if (acceptor_.joinable()) acceptor_.join();
+    return;
+  }
+  if (stop_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof(one));  // never read: stays readable for every poll
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  std::list<std::unique_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    all.swap(sessions_);
+  }
+  for (auto& s : all) {
+    ::shutdown(s->fd, SHUT_RDWR);  // wakes a handshake still waiting for its hello
+    if (s->thread.joinable()) s->thread.join();
+    ::close(s->fd);
+  }
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(socket_path_.c_str());
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_), stop_fd_ = -1;
+}
+
+void PosdServer::reap_finished() {
+  std::list<std::unique_ptr<Session>> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if ((*it)->finished.load()) done.splice(done.end(), sessions_, it++);
+      else ++it;
+    }
+  }
+  for (auto& s : done) {
+    s->thread.join();
+    ::close(s->fd);
+  }
+}
+
+void PosdServer::accept_main() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (::poll(p, 2, 1000) < 0 && errno != EINTR) break;
+    if (p[1].revents != 0 || stopping_.load()) break;
+    reap_finished();
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    auto s = std::make_unique<Session>();
+    s->fd = fd;
+    Session* raw = s.get();
+    std::lock_guard<std::mutex> lk(mu_);
+    sessions_.push_back(std::move(s));
+    raw->thread = std::thread([this, raw] { connection_main(raw); });
+  }
+}
+
+void PosdServer::connection_main(Session* s) {
+  const int fd = s->fd;
+  socklen_t len = sizeof(s->cred);
+  timeval tv{5, 0};  // a peer that connects and says nothing is dropped
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  wire::Hello hello;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &s->cred, &len) != 0) {
+    POS_WARN("posd: connection without peer credentials refused");
+  } else if (s->cred.uid != ::geteuid() &&
+             !(config_.posd_group >= 0 && s->cred.gid == static_cast<gid_t>(config_.posd_group))) {
+    POS_WARN("posd: refused pid %d: uid %u is not allowed", s->cred.pid, s->cred.uid);
+    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorNotPermitted,
+                      "uid " + std::to_string(s->cred.uid) + " may not use this posd (its owner's uid or posd.group only)"));
+  } else if (!recv_exact(fd, &hello, sizeof(hello)) || hello.magic != wire::kHelloMagic) {
+    POS_WARN("posd: pid %d sent no valid hello; dropped", s->cred.pid);
+  } else if (hello.version != wire::kProtocolVersion) {
+    POS_WARN("posd: pid %d speaks protocol %u, posd %u; refused", s->cred.pid, hello.version, wire::kProtocolVersion);
+    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+                      "protocol version " + std::to_string(hello.version) + " is not posd's " +
+                          std::to_string(wire::kProtocolVersion) + ": use the libpos_client of the running posd's build"));
+  } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kControl)) {
+    control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
+  } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
+    s->job = wire::get_cstr(hello.job, sizeof(hello.job));
+    s->arena_bytes = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
+    if (s->arena_bytes < (1u << 20) || s->arena_bytes > config_.posd_arena_max) {
+      refuse(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
+                        "arena of " + std::to_string(s->arena_bytes) + " bytes asked; posd allows 1 MiB to " +
+                            std::to_string(config_.posd_arena_max)));
+    } else {
+      tv = timeval{0, 0};
+      (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      serve(s);
+    }
+  } else {
+    refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
+  }
+  s->finished.store(true);  // the fd is closed by whoever joins this thread
+}
+
+void PosdServer::control(int fd, const std::string& command) {
+  std::string text;
+  if (command == "ps") {
+    text = sessions_json();
+  } else if (command == "ps-table") {
+    text = sessions_table();
+  } else {
+    refuse(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table)"));
+    return;
+  }
+  wire::Welcome w;
+  w.control_bytes = text.size();
+  if (send_all(fd, &w, sizeof(w))) (void)send_all(fd, text.data(), text.size());
+}
+
+void PosdServer::serve(Session* s) {
+  const int fd = s->fd;
+  SessionMemory mem;
+  Status st = mem.create(s->arena_bytes, &ws_->backend());
+  std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
+  StatusOr<ClientUuid> uuid = st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena),
+                                                                                  mem.layout.arena_bytes})
+                                      : StatusOr<ClientUuid>(st);
+  if (!uuid.ok()) {
+    POS_WARN("posd: session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(), uuid.status().to_string().c_str());
+    refuse(fd, uuid.status());
+    return;
+  }
+  s->uuid.store(*uuid, std::memory_order_release);
+  const Config& cfg = ws_->config();
+  wire::Welcome w;
+  w.client_uuid = *uuid;
+  w.shm_bytes = mem.layout.total;
+  w.ring_offset = mem.layout.ring_offset, w.ring_bytes = mem.layout.ring_bytes;
+  w.reply_offset = mem.layout.reply_offset;
+  w.arena_offset = mem.layout.arena_offset, w.arena_bytes = mem.layout.arena_bytes;
+  w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
+  w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
+  w.device_size = cfg.va_size;
+  w.window_base = cfg.va_base;
+  w.window_size = cfg.va_size * cfg.max_clients;
+  msghdr msg{};
+  iovec iov{&w, sizeof(w)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {mem.memfd, mem.efd};
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
+    POS_WARN("posd: pid %d left during the handshake", s->cred.pid);
+    (void)ws_->remove_client(*uuid);
+    return;
+  }
+  POS_INFO("posd: session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, s->cred.pid,
+           s->cred.uid, s->job.c_str(), (unsigned long)mem.layout.arena_bytes);
+
+  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
+  std::byte* const ring = mem.base + mem.layout.ring_offset;
+  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem.base + mem.layout.reply_offset);
+  const uint64_t ring_bytes = mem.layout.ring_bytes;
+  const uint64_t spin_ns = cfg.sync_spin_ns;
+  uint64_t head = 0, last_seq = 0;
+  Status deferred;  // first failure of a posted frame since the last reply
+  std::string end_reason = "client disconnected";
+  std::vector<Param> params(wire::kMaxParams);
+  alignas(16) std::byte ret[wire::kMaxRet];
+  wire::DecodedFrame f;
+
+  auto fail = [&](const Status& why) {
+    POS_ERROR("posd: session %lu (pid %d): %s; closing it", (unsigned long)*uuid, s->cred.pid, why.message().c_str());
+    end_reason = "malformed frame";
+  };
+  for (;;) {
+    const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
+    if (tail != head) {
+      if (tail < head || tail - head > ring_bytes) {
+        fail(Status::Corrupt("ring tail " + std::to_string(tail) + " is impossible (head " + std::to_string(head) + ")"));
+        break;
+      }
+      const uint64_t pos = head % ring_bytes, rem = ring_bytes - pos;
+      if (rem < sizeof(wire::FrameHeader)) {  // too little room for a header: implicit pad
+        head += rem;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem.layout.arena_bytes, &f);
+      if (d.ok() && (f.h.flags & wire::kFlagPad) && f.h.total_len != rem) d = Status::Corrupt("pad frame does not end at the ring's end");
+      if (d.ok() && !(f.h.flags & wire::kFlagPad) && f.h.seq != last_seq + 1)
+        d = Status::Corrupt("frame sequence " + std::to_string(f.h.seq) + " after " + std::to_string(last_seq));
+      if (!d.ok()) {
+        fail(d);
+        break;
+      }
+      if (f.h.flags & wire::kFlagPad) {
+        head += f.h.total_len;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      uint64_t written = 0;
+      Status r = ws_->pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
+                                  &written);
+      if (!r.ok())
+        POS_DEBUG("posd: session %lu: %s failed: %s", (unsigned long)*uuid, std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
+                  r.to_string().c_str());
+      // pos_process copied the parameters: the ring space may be reused.
+      head += f.h.total_len;
+      hdr->head.store(head, std::memory_order_release);
+      last_seq = f.h.seq;
+      s->frames.fetch_add(1, std::memory_order_relaxed);
+      if (f.h.flags & wire::kFlagReply) {
+        reply->seq = f.h.seq;
+        reply->code = static_cast<int32_t>(r.code());
+        reply->api_error = r.ok() ? 0 : r.api_error();
+        const std::string& m = r.message();
+        reply->message_len = static_cast<uint32_t>(std::min<uint64_t>(m.size(), wire::kMaxMessage));
+        std::memcpy(reply->message, m.data(), reply->message_len);
+        reply->deferred_code = static_cast<int32_t>(deferred.code());
+        reply->deferred_api_error = deferred.ok() ? 0 : deferred.api_error();
+        const std::string& dm = deferred.message();
+        reply->deferred_message_len = static_cast<uint32_t>(std::min<uint64_t>(dm.size(), wire::kMaxMessage));
+        std::memcpy(reply->deferred_message, dm.data(), reply->deferred_message_len);
+        reply->ret_written = std::min<uint64_t>(written, wire::kMaxRet);
+        std::memcpy(reply->ret, ret, reply->ret_written);
+        deferred = Status::Ok();
+      } else if (!r.ok() && deferred.ok()) {
+        deferred = r;
+      }
+      hdr->done_seq.store(f.h.seq, std::memory_order_release);
+      hdr->done32.store(static_cast<uint32_t>(f.h.seq), std::memory_order_release);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the client's sleeping flag
+      if (hdr->client_sleeping.load(std::memory_order_relaxed) != 0) wire::futex_wake_all(&hdr->done32);
+      continue;
+    }
+    // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
+    // client rings, hangs up, or posd stops.
+    const uint64_t deadline = now_ns() + spin_ns;
+    bool work = false;
+    for (uint32_t i = 0; !work; ++i) {
+      work = hdr->tail.load(std::memory_order_acquire) != head;
+      if ((i & 63) == 63) {
+        if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
+        std::this_thread::yield();
+      }
+    }
+    if (work) continue;
+    hdr->server_sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (hdr->tail.load(std::memory_order_acquire) != head) {
+      hdr->server_sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem.efd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    const int n = ::poll(p, 3, -1);
+    hdr->server_sleeping.store(0, std::memory_order_relaxed);
+    if (n < 0 && errno != EINTR) break;
+    if (p[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(mem.efd, &v, sizeof(v));
+    }
+    if (p[2].revents != 0) {
+      end_reason = "posd stopping";
+      break;
+    }
+    if (p[0].revents != 0) {
+      // The client never writes to the socket after the hello: readable means hang-up (or
+      // garbage, which ends the session too).
+      if (hdr->tail.load(std::memory_order_acquire) != head) continue;  // run what it left first
+      break;
+    }
+  }
+  ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
+  const ClientStats st2 = [&] {
+    auto client = ws_->find_client(*uuid);
+    return client ? client->stats() : ClientStats{};
+  }();
+  Status rm = ws_->remove_client(*uuid);
+  const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
+  POS_INFO("posd: session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
+           (unsigned long)*uuid, s->cred.pid, s->job.c_str(), end_reason.c_str(), (unsigned long)s->frames.load(),
+           (unsigned long)st2.memory_in_use, rm_note.c_str());
+}
+
+std::vector<SessionInfo> PosdServer::sessions() const {
+  std::vector<SessionInfo> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& s : sessions_) {
+    const uint64_t uuid = s->uuid.load(std::memory_order_acquire);
+    if (uuid == 0 || s->finished.load()) continue;
+    // Listed until its teardown (device memory freed) is complete.
+    auto c = ws_->find_client(uuid);
+    SessionInfo i;
+    i.ending = !c;
+    i.uuid = uuid;
+    i.pid = static_cast<uint32_t>(s->cred.pid), i.uid = s->cred.uid;
+    i.job = s->job;
+    i.arena_bytes = s->arena_bytes;
+    i.frames = s->frames.load();
+    if (c) i.stats = c->stats();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::string PosdServer::sessions_json() const {
+  std::string o = "{\"backend\":\"" + std::string(ws_->backend().name()) + "\",\"socket\":\"" + json_escape(socket_path_) +
+                  "\",\"sessions\":[";
+  bool first = true;
+  for (const auto& s : sessions()) {
+    if (!first) o += ",";
+    first = false;
+    o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
+         ",\"job\":\"" + json_escape(s.job) + "\",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
+         ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
+         ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
+         ",\"state\":\"" + state_of(s) + "\"}";
+  }
+  return o + "]}\n";
+}
+
+}  // namespace pos
+
+namespace pos {
+std::string PosdServer::sessions_table() const {
+  const auto all = sessions();
+  std::string o;
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "MEMORY", "HANDLES",
+                "CALLS", "EXECUTED", "STATE");
+  o += line;
+  for (const auto& s : all) {
+    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid, s.job.c_str(),
+                  (unsigned long long)s.stats.memory_in_use, (unsigned long long)s.stats.live_handles,
+                  (unsigned long long)s.stats.calls_submitted, (unsigned long long)s.stats.calls_executed,
+                  state_of(s));
+    o += line;
+  }
+  o += std::to_string(all.size()) + " session(s) on " + socket_path_ + " (" + std::string(ws_->backend().name()) +
+       " backend)\n";
+  return o;
+}
+}  // namespace pos

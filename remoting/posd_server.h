@@ -1,0 +1,72 @@
+// posd_server.h — the daemon's core: owns the workspace (and so the GPU), accepts sessions on a
+// Unix socket, and runs one thread per session that feeds its ring's frames to pos_process.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pos/config.h"
+#include "pos/status.h"
+#include "pos/workspace.h"
+
+namespace pos {
+
+struct SessionInfo {
+  uint64_t uuid = 0;
+  uint32_t pid = 0, uid = 0;
+  std::string job;
+  uint64_t arena_bytes = 0;
+  uint64_t frames = 0;  // frames handled
+  bool ending = false;  // its client is being torn down
+  ClientStats stats;
+};
+
+// Thread-safe. Embeddable (tests run it in-process); tools/posd.cc is a thin main around it.
+class PosdServer {
+ public:
+  // Creates the workspace, loads host kernel libraries (host backend), binds the socket (an
+  // existing socket file is replaced only if no daemon answers on it) and starts accepting.
+  static StatusOr<std::unique_ptr<PosdServer>> start(const Config& config);
+  ~PosdServer();
+  PosdServer(const PosdServer&) = delete;
+  PosdServer& operator=(const PosdServer&) = delete;
+
+  // Stops accepting, ends every session (their clients' memory is freed), removes the socket.
+  void stop();
+
+  const std::string& socket_path() const { return socket_path_; }
+  POSWorkspace& workspace() { return *ws_; }
+  std::vector<SessionInfo> sessions() const;
+  // `pos-cli ps --json`'s text.
+  std::string sessions_json() const;
+  // `pos-cli ps`'s table.
+  std::string sessions_table() const;
+
+ private:
+  struct Session;
+  PosdServer() = default;
+  void accept_main();
+  void connection_main(Session* s);
+  void serve(Session* s);
+  void control(int fd, const std::string& command);
+  void reap_finished();
+
+  Config config_;
+  std::unique_ptr<POSWorkspace> ws_;
+  std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
+  std::string socket_path_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // eventfd: readable once stop() began
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  mutable std::mutex mu_;
+  std::list<std::unique_ptr<Session>> sessions_;  // guarded by mu_
+};
+
+}  // namespace pos

@@ -1,0 +1,62 @@
+// posd.cc — the POS daemon: owns the GPU and serves unmodified CUDA programs that load
+// libpos_client.so (docs/remoting.md). A thin main over remoting/posd_server.
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <pthread.h>
+
+#include "pos/config.h"
+#include "remoting/posd_server.h"
+
+namespace {
+int usage() {
+  std::fprintf(stderr,
+               "usage: posd [--config FILE] [--socket PATH] [--backend host|cuda]\n"
+               "  Serves CUDA programs run with LD_PRELOAD=libpos_client.so. Stops cleanly on SIGTERM or SIGINT.\n"
+               "  Config: YAML (docs/configuration.md); POS_CONFIG / POS_BACKEND / POS_LOG_LEVEL also apply.\n");
+  return 2;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path, socket, backend;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--config" || a == "--socket" || a == "--backend") && i + 1 < argc) {
+      (a == "--config" ? config_path : a == "--socket" ? socket : backend) = argv[++i];
+    } else {
+      return usage();
+    }
+  }
+  auto cfg = config_path.empty() ? pos::config_from_environment() : pos::load_config_file(config_path);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "posd: %s\n", cfg.status().to_string().c_str());
+    return 1;
+  }
+  if (!socket.empty()) cfg->posd_socket = socket;
+  if (!backend.empty()) {
+    if (backend != "host" && backend != "cuda") return usage();
+    cfg->backend = backend;
+  }
+  // Signals go to this thread only (sigwait below), never to a session thread mid-call.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto srv = pos::PosdServer::start(*cfg);
+  if (!srv.ok()) {
+    std::fprintf(stderr, "posd: %s\n", srv.status().to_string().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "posd: listening on %s (%s backend)\n", (*srv)->socket_path().c_str(), cfg->backend.c_str());
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::fprintf(stderr, "posd: %s: ending %zu session(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (*srv)->sessions().size());
+  (*srv)->stop();
+  srv->reset();
+  std::fprintf(stderr, "posd: stopped\n");
+  return 0;
+}

@@ -1,0 +1,213 @@
+// posd_e2e_test.cc — the unmodified training binary (nvcc -cudart shared) under LD_PRELOAD against a
+// real posd process: same output as without POS, several clients at once, a killed client reclaimed.
+// Host backend in CI (reference: the direct CPU computation); CUDA backend in the gpu suite
+// (reference: the same binary run natively).
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "remoting/shm_client.h"
+#include "unittest/run_program.h"
+#include "workloads/mlp_reference.h"
+
+extern char** environ;
+
+namespace {
+
+std::string env_or_fail(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
+  return v == nullptr ? "" : v;
+}
+bool on_gpu() {
+  const char* b = std::getenv("POS_TEST_BACKEND");
+  return b != nullptr && std::string(b) == "cuda";
+}
+
+// Runs a shell command line; returns stdout (stderr into *err).
+std::string shell(const std::string& cmd, int* code, std::string* err) {
+  const std::string err_file = ::testing::TempDir() + "posd_e2e_stderr_" + std::to_string(::getpid()) + "_" +
+                               std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())) + ".txt";
+  FILE* p = popen((cmd + " 2>" + err_file).c_str(), "r");
+  std::string out;
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream f(err_file);
+  err->assign(std::istreambuf_iterator<char>(f), {});
+  return out;
+}
+
+class PosdProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".sock";
+    const std::string cfg = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".yaml";
+    {
+      std::ofstream y(cfg);
+      y << "backend: " << (on_gpu() ? "cuda" : "host") << "\nlog_level: info\nposd:\n  socket: " << socket_
+        << "\n  arena: 32MiB\n";
+      if (!on_gpu()) y << "  host_kernel_libraries: [" << env_or_fail("POS_MLP_HOST_KERNELS") << "]\n";
+    }
+    log_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".log";
+    const std::string posd = env_or_fail("POS_POSD");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv{const_cast<char*>(posd.c_str()), const_cast<char*>("--config"),
+                            const_cast<char*>(cfg.c_str()), nullptr};
+    ASSERT_EQ(posix_spawn(&pid_, posd.c_str(), &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    // Ready when it answers `ps` (bounded: a posd that never comes up fails the test).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!pos::posd_control(socket_, "ps").ok()) {
+      int st = 0;
+      ASSERT_EQ(waitpid(pid_, &st, WNOHANG), 0) << "posd exited: " << log_text();
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "posd did not come up: " << log_text();
+      std::this_thread::yield();
+    }
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int st = 0;
+      waitpid(pid_, &st, 0);
+    }
+  }
+  std::string log_text() const {
+    std::ifstream f(log_);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  std::string preload_env() const {
+    return "POS_SOCKET=" + socket_ + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+           " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  }
+  std::string train_cmd(const std::string& args) const { return env_or_fail("POS_MLP_NATIVE") + " " + args; }
+  // What the job must print: the direct CPU computation on the host backend, the job run natively
+  // (without POS) on a GPU.
+  std::string expected(const std::vector<std::string>& args) const {
+    if (on_gpu()) {
+      std::string a;
+      for (const auto& s : args) a += s + " ";
+      int code = -1;
+      std::string err;
+      std::string out = shell("LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") + " " + train_cmd(a), &code, &err);
+      EXPECT_EQ(code, 0) << err;
+      return out;
+    }
+    std::vector<const char*> argv{"mlp_reference"};
+    for (const auto& a : args) argv.push_back(a.c_str());
+    mlp::MlpConfig cfg;
+    EXPECT_TRUE(mlp::parse_args(static_cast<int>(argv.size()), argv.data(), &cfg).ok);
+    char* data = nullptr;
+    size_t size = 0;
+    FILE* mem = open_memstream(&data, &size);
+    EXPECT_EQ(run_mlp_reference(cfg, mem), 0);
+    fclose(mem);
+    std::string out(data, size);
+    free(data);
+    return out;
+  }
+  std::string sessions_json() const {
+    auto j = pos::posd_control(socket_, "ps");
+    return j.ok() ? *j : "";
+  }
+
+  std::string socket_, log_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(PosdProcess, TheUnmodifiedTrainingBinaryUnderPosdPrintsWhatItPrintsWithoutPos) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{}, std::vector<std::string>{"--input", "96", "--hidden", "160", "--layers", "3",
+                                                             "--output", "24", "--batch", "48", "--steps", "12",
+                                                             "--seed", "7"}}) {
+    std::string a;
+    for (const auto& s : args) a += s + " ";
+    int code = -1;
+    std::string err;
+    const std::string out = shell(preload_env() + train_cmd(a), &code, &err);
+    ASSERT_EQ(code, 0) << err << log_text();
+    EXPECT_EQ(out, expected(args));
+    EXPECT_NE(out.find("checksum "), std::string::npos);
+  }
+}
+
+TEST_F(PosdProcess, SeveralClientsAtOnceEachGetTheirOwnCorrectRun) {
+  const std::vector<std::string> seeds{"1", "2", "3"};
+  std::vector<std::string> outs(seeds.size()), errs(seeds.size());
+  std::vector<int> codes(seeds.size(), -1);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < seeds.size(); ++i)
+    ts.emplace_back([&, i] { outs[i] = shell(preload_env() + train_cmd("--seed " + seeds[i]), &codes[i], &errs[i]); });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    ASSERT_EQ(codes[i], 0) << errs[i];
+    EXPECT_EQ(outs[i], expected({"--seed", seeds[i]})) << "client " << i;
+  }
+  EXPECT_NE(outs[0], outs[1]);  // really three different jobs
+}
+
+TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
+  // A long run in the background, killed once posd shows its session holding device memory.
+  const std::string cmd = preload_env() + "POS_JOB_NAME=victim exec " + train_cmd("--steps 100000000") + " >/dev/null 2>&1";
+  pid_t child = -1;
+  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
+  ASSERT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string ps;
+  while ((ps = sessions_json()).find("\"job\":\"victim\"") == std::string::npos ||
+         ps.find("\"memory_bytes\":0,") != std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ps << log_text();
+    std::this_thread::yield();
+  }
+  kill(child, SIGKILL);
+  int st = 0;
+  waitpid(child, &st, 0);
+  while ((ps = sessions_json()).find("\"job\":\"victim\"") != std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "session not reclaimed: " << ps;
+    std::this_thread::yield();
+  }
+  EXPECT_NE(log_text().find("'victim') ended: client disconnected"), std::string::npos) << log_text();
+  int code = -1;
+  std::string err;
+  const std::string out = shell(preload_env() + train_cmd("--steps 5"), &code, &err);
+  ASSERT_EQ(code, 0) << err;
+  EXPECT_EQ(out, expected({"--steps", "5"}));
+}
+
+TEST_F(PosdProcess, WithoutPosdTheJobStopsAtOnceWithAMessageNamingIt) {
+  int code = -1;
+  std::string err;
+  const std::string env = "POS_SOCKET=" + ::testing::TempDir() + "nobody-here.sock LD_LIBRARY_PATH=" +
+                          env_or_fail("POS_CUDA_LIB_DIR") + " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  (void)shell(env + train_cmd(""), &code, &err);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(err.find("cannot reach posd"), std::string::npos) << err;
+}
+
+TEST_F(PosdProcess, SigtermStopsPosdCleanly) {
+  ASSERT_EQ(kill(pid_, SIGTERM), 0);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid_, &st, 0), pid_);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << log_text();
+  EXPECT_NE(log_text().find("posd: stopped"), std::string::npos);
+  EXPECT_FALSE(pos::posd_control(socket_, "ps").ok());
+}
+
+}  // namespace

@@ -1,0 +1,301 @@
+// remoting_test.cc — posd sessions end to end inside one process: handshake, the frame codec,
+// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "pos/cuda_errors.h"
+#include "unittest/api_fixture.h"
+
+namespace pos::test {
+namespace {
+
+class Posd : public ::testing::Test {
+ protected:
+  void SetUp() override { start(test_config()); }
+  void TearDown() override {
+    sessions_.clear();
+    server_.reset();
+  }
+  void start(Config c) {
+    sessions_.clear();
+    server_.reset();
+    c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + ".sock";
+    c.posd_arena_bytes = 8ull << 20;  // staging slots of 1 MiB: copies below cross several chunks
+    auto s = PosdServer::start(c);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    server_ = std::move(s.value());
+  }
+  ShmSession& connect(const std::string& job = "test") {
+    auto s = ShmSession::connect(server_->socket_path(), job);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) std::abort();
+    sessions_.push_back(std::move(s.value()));
+    apis_.push_back(std::make_unique<ApiClient>(sessions_.back().get()));
+    return *sessions_.back();
+  }
+  ApiClient& api(size_t i = 0) { return *apis_[i]; }
+  uint64_t alloc(uint64_t n, size_t i = 0) {
+    uint64_t p = 0;
+    EXPECT_TRUE(api(i).malloc(&p, n).ok());
+    return p;
+  }
+  // Waits (bounded, no sleep) until posd lists exactly `n` sessions.
+  bool wait_sessions(size_t n) {
+    for (int i = 0; i < 2'000'000; ++i) {
+      if (server_->sessions().size() == n) return true;
+      std::this_thread::yield();
+    }
+    return false;
+  }
+
+  std::unique_ptr<PosdServer> server_;
+  std::vector<std::unique_ptr<ShmSession>> sessions_;
+  std::vector<std::unique_ptr<ApiClient>> apis_;
+};
+
+TEST(WireFormat, AFrameRoundTripsThroughTheDecoder) {
+  uint64_t a = 7;
+  const char text[] = "hello";
+  std::array<Param, 2> p{Param{&a, 8}, Param{text, 5}};
+  std::array<uint64_t, 2> sizes{8, 5};
+  std::vector<std::byte> buf(wire::frame_bytes(sizes));
+  wire::encode_frame(buf.data(), 0x203, wire::kFlagReply, 42, 16, p, sizes);
+  wire::DecodedFrame f;
+  ASSERT_TRUE(wire::decode_frame(buf.data(), buf.size(), nullptr, 0, &f).ok());
+  EXPECT_EQ(f.h.api_id, 0x203u);
+  EXPECT_EQ(f.h.seq, 42u);
+  ASSERT_EQ(f.nparams, 2u);
+  EXPECT_EQ(std::memcmp(f.params[0].data, &a, 8), 0);
+  EXPECT_EQ(f.params[1].size, 5u);
+  EXPECT_EQ(std::memcmp(f.params[1].data, text, 5), 0);
+}
+
+TEST(WireFormat, TheDecoderRefusesLengthsCountsAndArenaReferencesThatDoNotFit) {
+  uint64_t a = 7;
+  std::array<Param, 1> p{Param{&a, 8}};
+  std::array<uint64_t, 1> sizes{8};
+  std::vector<std::byte> good(wire::frame_bytes(sizes));
+  wire::encode_frame(good.data(), 0x203, 0, 1, 0, p, sizes);
+  wire::DecodedFrame f;
+  EXPECT_EQ(wire::decode_frame(good.data(), good.size() - 8, nullptr, 0, &f).code(), Code::kCorrupt);  // truncated
+  auto bad = good;
+  bad[0] = std::byte{0};
+  EXPECT_EQ(wire::decode_frame(bad.data(), bad.size(), nullptr, 0, &f).code(), Code::kCorrupt);  // magic
+  bad = good;
+  uint16_t many = 200;
+  std::memcpy(bad.data() + 12, &many, 2);
+  EXPECT_EQ(wire::decode_frame(bad.data(), bad.size(), nullptr, 0, &f).code(), Code::kCorrupt);  // nparams
+  bad = good;
+  uint64_t huge = 1ull << 40;
+  std::memcpy(bad.data() + 32, &huge, 8);
+  EXPECT_EQ(wire::decode_frame(bad.data(), bad.size(), nullptr, 0, &f).code(), Code::kCorrupt);  // size
+  // An indirect parameter must lie inside the arena.
+  std::vector<std::byte> arena(4096);
+  uint64_t off = 4000;
+  std::array<Param, 1> ip{Param{&off, 8}};
+  std::array<uint64_t, 1> isz{200 | wire::kIndirect};
+  std::vector<std::byte> ind(wire::frame_bytes(isz));
+  wire::encode_frame(ind.data(), 0x203, 0, 1, 0, ip, isz);
+  EXPECT_EQ(wire::decode_frame(ind.data(), ind.size(), arena.data(), arena.size(), &f).code(), Code::kCorrupt);
+  off = 96;
+  wire::encode_frame(ind.data(), 0x203, 0, 1, 0, ip, isz);
+  ASSERT_TRUE(wire::decode_frame(ind.data(), ind.size(), arena.data(), arena.size(), &f).ok());
+  EXPECT_EQ(f.params[0].data, arena.data() + 96);
+}
+
+TEST_F(Posd, WithoutADaemonConnectingFailsAtOnceWithAnInitializationError) {
+  auto s = ShmSession::connect(::testing::TempDir() + "no-such-posd.sock", "x");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(s.status().message().find("posd"), std::string::npos);
+}
+
+TEST_F(Posd, PageableAndArenaCopiesOfSeveralChunksRoundTrip) {
+  connect();
+  const uint64_t n = 3 * (1u << 20) + 12345;  // 3+ staging chunks
+  std::vector<uint8_t> src(n), back(n);
+  std::iota(src.begin(), src.end(), 0);
+  const uint64_t d = alloc(n);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(src.data()), n, cuda::kMemcpyHostToDevice).ok());
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, n, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(src, back);
+  // From cudaMallocHost memory (the arena): no staging, the daemon's DMA reads it in place.
+  void* pinned = nullptr;
+  ASSERT_TRUE(sessions_[0]->host_alloc(n, &pinned).ok());
+  std::memset(pinned, 0x5a, n);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(pinned), n, cuda::kMemcpyDefault).ok());
+  std::memset(pinned, 0, n);
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  ASSERT_TRUE(api().memcpy_async(reinterpret_cast<uint64_t>(pinned), d, n, cuda::kMemcpyDeviceToHost, s).ok());
+  ASSERT_TRUE(api().stream_synchronize(s).ok());
+  EXPECT_EQ(static_cast<uint8_t*>(pinned)[0], 0x5a);
+  EXPECT_EQ(static_cast<uint8_t*>(pinned)[n - 1], 0x5a);
+  // Host to host never leaves the process.
+  std::vector<uint8_t> h2(16, 1);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(h2.data()), reinterpret_cast<uint64_t>(src.data()), 16,
+                           cuda::kMemcpyHostToHost).ok());
+  EXPECT_EQ(h2[5], src[5]);
+  EXPECT_TRUE(sessions_[0]->host_free(pinned).ok());
+  EXPECT_EQ(sessions_[0]->host_free(src.data()).api_error(), cuda::kErrorInvalidValue);
+}
+
+TEST_F(Posd, AsyncHostToDeviceCopiesOfEverySizeArriveInOrder) {
+  connect();
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  for (uint64_t n : {uint64_t{100}, uint64_t{200000}, uint64_t{3u << 20}}) {  // inline, arena block, too big
+    std::vector<uint8_t> src(n, static_cast<uint8_t>(n)), back(n);
+    const uint64_t d = alloc(n);
+    ASSERT_TRUE(api().memcpy_async(d, reinterpret_cast<uint64_t>(src.data()), n, cuda::kMemcpyHostToDevice, s).ok());
+    std::fill(src.begin(), src.end(), 0);  // staged at the call: changing the source now is harmless
+    ASSERT_TRUE(api().stream_synchronize(s).ok());
+    ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, n, cuda::kMemcpyDeviceToHost).ok());
+    EXPECT_EQ(back[0], static_cast<uint8_t>(n)) << n;
+    EXPECT_EQ(back[n - 1], static_cast<uint8_t>(n)) << n;
+  }
+}
+
+TEST_F(Posd, APostedCallsErrorSurfacesAtTheNextSynchronousCall) {
+  connect();
+  const uint64_t d = alloc(4096);
+  // A memset past the allocation's end is posted (returns at once); the sync reports it.
+  EXPECT_TRUE(api().memset_async(d, 0, 8192, 0).ok());
+  Status s = api().device_synchronize();
+  EXPECT_EQ(s.api_error(), cuda::kErrorInvalidValue) << s.to_string();
+  EXPECT_TRUE(api().device_synchronize().ok());  // reported once
+}
+
+TEST_F(Posd, AClientCannotReachAnotherClientsMemoryOrTheDaemonsOwn) {
+  connect("a");
+  connect("b");
+  const uint64_t a = alloc(4096, 0);
+  std::vector<uint32_t> v(1024, 0xabcdef01u), w(1024, 0);
+  ASSERT_TRUE(api(0).memcpy(a, reinterpret_cast<uint64_t>(v.data()), 4096, cuda::kMemcpyHostToDevice).ok());
+  // b names a's buffer: an error, and a's bytes stay.
+  Status s = api(1).memcpy(reinterpret_cast<uint64_t>(w.data()), a, 4096, cuda::kMemcpyDeviceToHost);
+  EXPECT_EQ(s.api_error(), cuda::kErrorInvalidValue);
+  EXPECT_EQ(api(1).memset(a, 0, 4096).ok() && api(1).device_synchronize().ok(), false);
+  ASSERT_TRUE(api(0).memcpy(reinterpret_cast<uint64_t>(w.data()), a, 4096, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(w, v);
+  // A hostile client sends daemon addresses outside its arena as host pointers: refused by posd.
+  const uint64_t bbuf = alloc(4096, 1);
+  const uint64_t outside = sessions_[1]->welcome().daemon_arena_addr - 8192;
+  const uint64_t other_arena = sessions_[0]->welcome().daemon_arena_addr;
+  for (uint64_t host : {outside, other_arena}) {
+    uint64_t n = 4096;
+    int32_t kind = cuda::kMemcpyDeviceToHost;
+    uint64_t src = bbuf;
+    std::array<Param, 4> p{Param{&host, 8}, Param{&src, 8}, Param{&n, 8}, Param{&kind, 4}};
+    EXPECT_EQ(sessions_[1]->call_untranslated_for_test(ApiId::kMemcpy, p).api_error(), cuda::kErrorInvalidValue);
+    kind = cuda::kMemcpyHostToDevice;
+    std::array<Param, 4> q{Param{&src, 8}, Param{&host, 8}, Param{&n, 8}, Param{&kind, 4}};
+    EXPECT_EQ(sessions_[1]->call_untranslated_for_test(ApiId::kMemcpy, q).api_error(), cuda::kErrorInvalidValue);
+  }
+}
+
+TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {
+  connect("good");
+  connect("bad");
+  (void)alloc(1 << 20, 1);
+  ASSERT_EQ(server_->sessions().size(), 2u);
+  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(sessions_[1]->send_raw_for_test(junk, sizeof(junk)).ok());
+  ASSERT_TRUE(wait_sessions(1));
+  EXPECT_EQ(server_->sessions()[0].job, "good");
+  Status s = api(1).device_synchronize();
+  EXPECT_FALSE(s.ok());
+  // The other session runs on; the bad one's megabyte went back to the device.
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+  EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
+}
+
+TEST_F(Posd, AClosedSessionIsRemovedWithAllItsDeviceMemory) {
+  connect("leaver");
+  (void)alloc(8 << 20);
+  EXPECT_GT(server_->workspace().backend().reserved_bytes(), 0u);
+  apis_.clear();
+  sessions_.clear();  // the process "exits": the socket closes
+  ASSERT_TRUE(wait_sessions(0));
+  EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
+  EXPECT_TRUE(server_->workspace().list_clients().empty());
+}
+
+TEST_F(Posd, TheQuotaBoundsCudaMallocAndIsWhatCudaMemGetInfoReports) {
+  Config c = test_config();
+  c.memory_quota = 8ull << 20;
+  start(c);
+  connect();
+  uint64_t p = 0;
+  EXPECT_TRUE(api().malloc(&p, 6 << 20).ok());
+  EXPECT_EQ(api().malloc(&p, 4 << 20).api_error(), cuda::kErrorMemoryAllocation);
+  uint64_t free = 0, total = 0;
+  ASSERT_TRUE(api().mem_get_info(&free, &total).ok());
+  EXPECT_EQ(total, 8ull << 20);
+  EXPECT_LE(free, 2ull << 20);
+}
+
+TEST_F(Posd, PsListsEverySessionWithItsJobAndMemory) {
+  connect("job-one");
+  connect("job \"two\"");
+  (void)alloc(2 << 20, 0);
+  auto json = posd_control(server_->socket_path(), "ps");
+  ASSERT_TRUE(json.ok()) << json.status().to_string();
+  EXPECT_NE(json->find("\"job\":\"job-one\""), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"job\":\"job \\\"two\\\"\""), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"pid\":" + std::to_string(::getpid())), std::string::npos);
+  EXPECT_NE(json->find("\"memory_bytes\":2097152"), std::string::npos) << *json;
+  auto table = posd_control(server_->socket_path(), "ps-table");
+  ASSERT_TRUE(table.ok());
+  EXPECT_NE(table->find("2 session(s)"), std::string::npos) << *table;
+  EXPECT_EQ(posd_control(server_->socket_path(), "reboot").status().api_error(), cuda::kErrorInvalidValue);
+}
+
+TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, server_->socket_path().c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  wire::Hello h;
+  h.version = 99;
+  ASSERT_EQ(::send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+  wire::Welcome w;
+  ASSERT_EQ(::recv(fd, &w, sizeof(w), MSG_WAITALL), static_cast<ssize_t>(sizeof(w)));
+  ::close(fd);
+  EXPECT_NE(w.code, 0);
+  EXPECT_NE(std::string(w.message).find("protocol version 99"), std::string::npos) << w.message;
+  EXPECT_TRUE(server_->sessions().empty());
+}
+
+TEST_F(Posd, ManySessionsRunConcurrentlyEachOnItsOwnData) {
+  constexpr int kSessions = 4;
+  for (int i = 0; i < kSessions; ++i) connect("c" + std::to_string(i));
+  std::vector<std::thread> threads;
+  std::vector<int> ok(kSessions, 0);
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      const uint64_t n = 1 << 20;
+      std::vector<uint8_t> src(n, static_cast<uint8_t>(i + 1)), back(n);
+      uint64_t d = 0;
+      if (!api(i).malloc(&d, n).ok()) return;
+      for (int round = 0; round < 5; ++round) {
+        if (!api(i).memcpy(d, reinterpret_cast<uint64_t>(src.data()), n, cuda::kMemcpyHostToDevice).ok()) return;
+        if (!api(i).memcpy(reinterpret_cast<uint64_t>(back.data()), d, n, cuda::kMemcpyDeviceToHost).ok()) return;
+        if (back != src) return;
+      }
+      ok[i] = 1;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(ok[i], 1) << "session " << i;
+}
+
+}  // namespace
+}  // namespace pos::test
