@@ -89,6 +89,7 @@ Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s)
     if (!sc.ok()) return sc.status();
     shadow_copier_ = std::move(*sc);
   }
+  result_.drain_start_s = seconds_now();
   drainer_ = std::thread([this] { drain_main(); });
   if (req_.on_cut) req_.on_cut(inventory_.cut_pc());
   if (req_.mode == CheckpointMode::kSync) {
@@ -217,6 +218,7 @@ Status CheckpointJob::drain_region(DrainRegion& r) {
 }
 
 void CheckpointJob::finish(Status s) {
+  result_.drain_end_s = seconds_now();
   drained_flag_.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lk(done_mu_);
   status_ = std::move(s);

@@ -52,6 +52,9 @@ struct CheckpointResult {
   uint64_t shadow_bytes = 0;     // async: bytes copied to shadows because the job wrote them
   double stall_s = 0;            // how long the client's worker was stopped at the cut
   double total_s = 0;            // request to durable image
+  // When the drainer started (at the cut) and when the image was durable, on the monotonic clock
+  // (seconds_now()), so a caller can tell which of the job's work overlapped the drain.
+  double drain_start_s = 0, drain_end_s = 0;
   std::string image_id;
 };
 

@@ -42,6 +42,8 @@ ckpt_benches() {
   echo "== checkpoint engine (CUDA backend): 1, 8, 32 GiB"
   POS_BACKEND=cuda timeout 400 "$B/bench/ckpt_bench" --gib 1,8,32 --file-max-gib 8 --dir "$D" 2>&1 | tee "$OUT/ckpt_bench.txt"
   rm -rf "$D"
+  echo "== training step time while an async checkpoint drains (mlp_train_pos, ~9.5 GB of parameters)"
+  "$ROOT/bench/async_step_bench.sh" --build "$B" --backend cuda --logs "$OUT/async_step" 2>&1 | tee "$OUT/async_step_bench.txt"
   echo "== NVIDIA driver checkpoint API on the native training job (~8 GiB of parameters)"
   "$B/workloads/mlp_train_native" --input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --steps 1000000 \
     >/dev/null 2>"$OUT/nv_target.txt" &

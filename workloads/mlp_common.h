@@ -29,6 +29,9 @@ struct MlpConfig {
   int steps = 20;
   float lr = -1.0f;  // negative: pick from the width, see learning_rate()
   uint64_t seed = 1;
+  // Not part of the computation: the CUDA program prints each step's wall time to stderr
+  // (bench/async_step_bench.sh reads it); the reference accepts the flag and ignores it.
+  bool step_times = false;
 };
 
 // ---- model shape --------------------------------------------------------------------------------
@@ -220,6 +223,7 @@ inline const char* usage_text() {
          "  --lr F          learning rate             (default min(2, 1024/(hidden*layers)))\n"
          "  --seed N        seed for data and init    (default 1)\n"
          "  --param-mib N   pick --hidden so the parameters take about N MiB (needs --layers >= 1)\n"
+         "  --step-times    print each step's wall time to stderr (CUDA program only; stdout unchanged)\n"
          "  --help          print this and exit\n";
 }
 
@@ -276,6 +280,10 @@ inline ParseResult parse_args(int argc, const char* const* argv, MlpConfig* cfg)
     if (a.rfind("--", 0) != 0) {
       r.error = "unexpected argument '" + a + "'";
       return r;
+    }
+    if (a == "--step-times") {  // the one flag without a value
+      c.step_times = true;
+      continue;
     }
     if (i + 1 >= argc) {
       r.error = "missing value for " + a;

@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
   // every step ends with a stream sync, so this is the time the job sees.
   auto t_steps = std::chrono::steady_clock::now();
   for (int step = 0; step < cfg.steps; ++step) {
-    if (step == 1) t_steps = std::chrono::steady_clock::now();
+    const auto t_step = std::chrono::steady_clock::now();
+    if (step == 1) t_steps = t_step;
     // The previous step ended with a stream sync, so the pinned batch buffers are free to refill.
     data.batch(step, h_x, h_t);
     check(cudaMemcpyAsync(act[0], h_x, sizeof(float) * cfg.input * batch, cudaMemcpyHostToDevice, g_stream),
@@ -185,6 +186,16 @@ int main(int argc, char** argv) {
 
     check(cudaMemcpyAsync(h_loss, d_loss, sizeof(float), cudaMemcpyDeviceToHost, g_stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize");
+    if (cfg.step_times) {
+      // Start and end on the monotonic clock (seconds) as well, so a step can be matched with what
+      // else happened meanwhile (POS_CHECKPOINT's drain line uses the same clock).
+      const auto t_end = std::chrono::steady_clock::now();
+      auto secs = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration<double>(t.time_since_epoch()).count();
+      };
+      std::fprintf(stderr, "step %d time_ms %.4f start_s %.6f end_s %.6f\n", step,
+                   std::chrono::duration<double, std::milli>(t_end - t_step).count(), secs(t_step), secs(t_end));
+    }
     mlp::print_step(stdout, step, *h_loss);
     std::fflush(stdout);
   }
