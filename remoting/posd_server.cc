@@ -411,9 +411,10 @@ void PosdServer::serve(Session* s) {
         deferred = r;
       }
       hdr->done_seq.store(f.h.seq, std::memory_order_release);
-      hdr->done32.store(static_cast<uint32_t>(f.h.seq), std::memory_order_release);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the client's sleeping flag
-      if (hdr->client_sleeping.load(std::memory_order_relaxed) != 0) wire::futex_wake_all(&hdr->done32);
+      // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
+      // store-sleeping-then-load-done32, at least one side sees the other.
+      hdr->done32.store(static_cast<uint32_t>(f.h.seq), std::memory_order_seq_cst);
+      if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
       continue;
     }
     // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
@@ -428,9 +429,8 @@ void PosdServer::serve(Session* s) {
       }
     }
     if (work) continue;
-    hdr->server_sleeping.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (hdr->tail.load(std::memory_order_acquire) != head) {
+    hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
+    if (hdr->tail.load(std::memory_order_seq_cst) != head) {
       hdr->server_sleeping.store(0, std::memory_order_relaxed);
       continue;
     }

@@ -318,9 +318,9 @@ Status ShmSession::publish(const std::byte* raw, uint64_t len, uint32_t api_id, 
   if (raw != nullptr) std::memcpy(ring_ + at, raw, len);
   else wire::encode_frame(ring_ + at, api_id, flags, seq, ret_cap, params, sizes);
   tail_ += len;
-  hdr_->tail.store(tail_, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with posd's sleeping flag
-  if (hdr_->server_sleeping.load(std::memory_order_relaxed) != 0) {
+  // Store then load, both seq_cst: with posd's store-sleeping-then-load-tail, one side sees the other.
+  hdr_->tail.store(tail_, std::memory_order_seq_cst);
+  if (hdr_->server_sleeping.load(std::memory_order_seq_cst) != 0) {
     const uint64_t one = 1;
     (void)!::write(efd_, &one, sizeof(one));
   }
@@ -338,9 +338,8 @@ Status ShmSession::wait_done(uint64_t seq) {
     }
   }
   while (!done()) {
-    hdr_->client_sleeping.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    const uint32_t v = hdr_->done32.load(std::memory_order_acquire);
+    hdr_->client_sleeping.store(1, std::memory_order_seq_cst);  // pairs with posd's done32 store
+    const uint32_t v = hdr_->done32.load(std::memory_order_seq_cst);
     if (done()) break;
     wire::futex_wait(&hdr_->done32, v, 200);
     if (!done()) {
