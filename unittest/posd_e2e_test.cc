@@ -109,17 +109,8 @@ class PosdProcess : public ::testing::Test {
       EXPECT_EQ(code, 0) << err;
       return out;
     }
-    std::vector<const char*> argv{"mlp_reference"};
-    for (const auto& a : args) argv.push_back(a.c_str());
-    mlp::MlpConfig cfg;
-    EXPECT_TRUE(mlp::parse_args(static_cast<int>(argv.size()), argv.data(), &cfg).ok);
-    char* data = nullptr;
-    size_t size = 0;
-    FILE* mem = open_memstream(&data, &size);
-    EXPECT_EQ(run_mlp_reference(cfg, mem), 0);
-    fclose(mem);
-    std::string out(data, size);
-    free(data);
+    const std::string out = mlp_reference_output(args);
+    EXPECT_FALSE(out.empty()) << "the reference refused its arguments";
     return out;
   }
   std::string sessions_json() const {

@@ -23,18 +23,8 @@ std::string run_pos(const std::vector<std::string>& args, int* exit_code, const 
 }
 
 std::string run_reference(const std::vector<std::string>& args) {
-  std::vector<const char*> argv{"mlp_reference"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  mlp::MlpConfig cfg;
-  auto r = mlp::parse_args(static_cast<int>(argv.size()), argv.data(), &cfg);
-  EXPECT_TRUE(r.ok) << r.error;
-  char* data = nullptr;
-  size_t size = 0;
-  FILE* mem = open_memstream(&data, &size);
-  EXPECT_EQ(run_mlp_reference(cfg, mem), 0);
-  fclose(mem);
-  std::string out(data, size);
-  free(data);
+  std::string out = mlp_reference_output(args);
+  EXPECT_FALSE(out.empty()) << "the reference refused its arguments";
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "workloads/mlp_reference.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "pos/host_impl/cpu_blas.h"
@@ -117,4 +118,19 @@ int run_mlp_reference(const mlp::MlpConfig& cfg, std::FILE* out) {
   mlp::print_checksum(out, sum);
   std::fflush(out);
   return 0;
+}
+
+std::string mlp_reference_output(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"mlp_reference"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  mlp::MlpConfig cfg;
+  if (!mlp::parse_args(static_cast<int>(argv.size()), argv.data(), &cfg).ok) return {};
+  char* data = nullptr;
+  size_t size = 0;
+  FILE* mem = open_memstream(&data, &size);
+  const int rc = run_mlp_reference(cfg, mem);
+  std::fclose(mem);
+  std::string out = rc == 0 ? std::string(data, size) : std::string();
+  std::free(data);
+  return out;
 }
