@@ -347,7 +347,6 @@ void PosdServer::serve(Session* s) {
   uint64_t head = 0, last_seq = 0;
   Status deferred;  // first failure of a posted frame since the last reply
   std::string end_reason = "client disconnected";
-  std::vector<Param> params(wire::kMaxParams);
   alignas(16) std::byte ret[wire::kMaxRet];
   wire::DecodedFrame f;
 

@@ -266,6 +266,8 @@ Status ShmSession::host_free(void* p) {
 }
 
 void ShmSession::reap_temp() {
+  // Every call passes here: without blocks in flight, leave posd's cache line alone.
+  if (temp_.empty()) return;
   const uint64_t done = hdr_->done_seq.load(std::memory_order_acquire);
   while (!temp_.empty() && temp_.front().first <= done) {
     arena_free(temp_.front().second);
