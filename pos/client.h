@@ -22,6 +22,7 @@
 #include "pos/checkpoint.h"
 #include "pos/config.h"
 #include "pos/handle.h"
+#include "pos/lazy_restore.h"
 #include "pos/status.h"
 #include "pos/sync.h"
 
@@ -128,8 +129,9 @@ class POSClient {
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an
-  // empty client. On error nothing of the client remains.
-  Status start_restored(const ckpt::ImageReader& image);
+  // empty client. On error nothing of the client remains. Lazy (options.lazy): the buffers' bytes
+  // are loaded after this returns (see RestoreOptions); the image is kept until they all are.
+  Status start_restored(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options);
   // Refuses new calls, waits for in-flight calls and commands, stops threads, frees device state.
   void shutdown();
 
@@ -139,7 +141,13 @@ class POSClient {
   // Runs a command at a cut; one at a time per client (a second concurrent one gets kBusy).
   Status run_command(Command& cmd);
   // Takes a checkpoint (see CheckpointRequest); one at a time per client, a second gets kBusy.
+  // A client still being restored lazily finishes loading first; if a buffer could not be
+  // loaded, the checkpoint is refused with that error (the image would not be the job's state).
   StatusOr<CheckpointResult> checkpoint(CheckpointRequest request);
+  // A lazily restored client: waits until every buffer is loaded (the error of one that could
+  // not be, if any). Ok at once for any other client. Thread-safe.
+  Status wait_restored();
+  LazyRestoreStats restore_stats() const;
 
   uint64_t uuid() const { return uuid_; }
   uint32_t slot() const { return slot_; }
@@ -169,7 +177,7 @@ class POSClient {
   Status init_state();
   void start_threads();
   void record_checkpoint(CheckpointJob& job, uint64_t cut);
-  Status restore_state(const ckpt::ImageReader& image);
+  Status restore_state(const std::shared_ptr<const ckpt::ImageReader>& image, const RestoreOptions& options);
   void complete_to_rpc(APIContext* c, bool flush = true);
   void flush_completions();
   void update_live_handles();
@@ -223,6 +231,10 @@ class POSClient {
   Command* worker_cmd_ = nullptr;  // worker thread
   std::shared_ptr<CheckpointJob> cow_job_;  // worker thread: an async checkpoint still draining
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
+  // A lazy restore: set before the threads start, stopped (not freed) at shutdown, so any thread
+  // may use it while the client exists. The worker's own pointer goes once nothing is left to do.
+  std::shared_ptr<LazyLoader> lazy_;
+  LazyLoader* lazy_worker_ = nullptr;  // worker thread
   alignas(64) std::atomic<uint64_t> executed_{0};
   LatencyHistogram latency_;
 

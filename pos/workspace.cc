@@ -128,7 +128,17 @@ StatusOr<CheckpointResult> POSWorkspace::checkpoint(ClientUuid uuid, CheckpointR
   return client->checkpoint(std::move(request));
 }
 
-StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image) {
+StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image, const RestoreOptions& options) {
+  if (options.lazy)
+    return Status::InvalidArgument("a lazy restore reads the image after it returns: pass the image as a shared_ptr");
+  // Not owned: the restore is eager, so nothing keeps the pointer past this call.
+  return restore(std::shared_ptr<const ckpt::ImageReader>(&image, [](const ckpt::ImageReader*) {}), options);
+}
+
+StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageReader> image_ptr,
+                                           const RestoreOptions& options) {
+  if (!image_ptr) return Status::InvalidArgument("no image to restore");
+  const ckpt::ImageReader& image = *image_ptr;
   const auto& inv = image.inventory();
   const auto& cr = image.client().client();
   if (inv.backend() != backend_->name())
@@ -151,7 +161,7 @@ StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image) {
   const ClientUuid uuid = cr.uuid();
   generation_ = std::max(generation_, uuid >> kSlotBits);
   auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_);
-  Status s = client->start_restored(image);
+  Status s = client->start_restored(image_ptr, options);
   if (!s.ok()) return s.with_context("restore");
   fast_[slot].client.store(client.get(), std::memory_order_release);
   slots_[slot] = std::move(client);
