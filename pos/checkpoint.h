@@ -65,6 +65,10 @@ struct RestoreOptions {
   // that names the buffer, while background threads load the rest. Needs the image's ownership
   // (the shared_ptr overload of restore): it is read until every buffer is loaded.
   bool lazy = false;
+  // The device the client's state goes to: -1 keeps the image's own device; another index maps
+  // the image onto that device, which must be of the same model (the device name must match).
+  // The application keeps seeing the device numbers it saw before (its cudaGetDevice value).
+  int device = -1;
   // Test hook: the background loaders wait while *hold_loader is true before their first buffer.
   std::atomic<bool>* hold_loader = nullptr;
 };

@@ -67,10 +67,11 @@ Handle* ParserScope::device_range(uint64_t addr, uint64_t bytes, uint64_t* offse
 
 // ---------------- POSClient ----------------
 POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config,
-                     DeviceBackend* backend, const ApiTable* table)
+                     DeviceBackend* backend, const ApiTable* table, int device)
     : uuid_(uuid),
       slot_(slot),
       job_name_(std::move(job_name)),
+      device_(device),
       config_(config),
       backend_(backend),
       table_(table),
@@ -114,7 +115,7 @@ Status POSClient::init_state() {
   // device memory. Distinct per client, so one client's values never name another's resources.
   const uint64_t mem_size = config_.va_size / 8 * 7;
   const uint64_t gran = backend_->granularity();
-  auto bc = backend_->open_client(base, mem_size, 0);
+  auto bc = backend_->open_client(base, mem_size, device_);
   if (!bc.ok()) return bc.status().with_context("opening device state");
   backend_client_ = std::move(bc.value());
 
@@ -152,8 +153,8 @@ void POSClient::start_threads() {
   parser_thread_ = std::thread([this] { parser_main(); });
   worker_thread_ = std::thread([this] { worker_main(); });
   started_ = true;
-  POS_INFO("client %lu (%s): started, device range 0x%lx + 0x%lx", (unsigned long)uuid_, job_name_.c_str(),
-           (unsigned long)base, (unsigned long)mem_size);
+  POS_INFO("client %lu (%s): started on device %d, device range 0x%lx + 0x%lx", (unsigned long)uuid_,
+           job_name_.c_str(), device_, (unsigned long)base, (unsigned long)mem_size);
 }
 
 void POSClient::shutdown() {

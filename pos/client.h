@@ -120,8 +120,9 @@ struct WorkerScope {
 
 class POSClient {
  public:
+  // `device`: the backend device that holds this client's memory, streams and kernels.
   POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config, DeviceBackend* backend,
-            const ApiTable* table);
+            const ApiTable* table, int device = 0);
   ~POSClient();
   POSClient(const POSClient&) = delete;
   POSClient& operator=(const POSClient&) = delete;
@@ -151,6 +152,7 @@ class POSClient {
 
   uint64_t uuid() const { return uuid_; }
   uint32_t slot() const { return slot_; }
+  int device() const { return device_; }
   const std::string& job_name() const { return job_name_; }
   bool active() const { return accepting_.load(std::memory_order_acquire); }
   bool command_in_flight() const { return command_busy_.load(std::memory_order_acquire); }
@@ -187,6 +189,7 @@ class POSClient {
   const uint64_t uuid_;
   const uint32_t slot_;
   const std::string job_name_;
+  const int device_;
   const Config config_;
   DeviceBackend* const backend_;
   const ApiTable* const table_;

@@ -35,6 +35,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   cr->set_va_size(config_.va_size);
   cr->set_next_pc(cut);
   cr->set_current_device(ps_.current_device);
+  cr->set_device(device_);
   cr->set_default_stream(key_of(ps_.default_stream));
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
     auto* m = cr->add_managers();
@@ -95,7 +96,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   ckpt::pb::Inventory& inv = job.inventory();
   inv.set_pos_version(POS_VERSION_STRING);
   inv.set_backend(std::string(backend_->name()));
-  inv.set_device_name(backend_->device_name(ps_.current_device));
+  inv.set_device_name(backend_->device_name(device_));  // the model that held the bytes
   inv.set_cut_pc(cut);
   inv.set_image_id(ckpt::random_image_id());
   inv.set_created_unix_ns(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -468,6 +468,45 @@ TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   auto u = (*ws)->restore(**img);
   EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(u.status().message().find("Another Device"), std::string::npos) << u.status().to_string();
+  // Mapped onto a device explicitly: the model must match all the same.
+  RestoreOptions on0;
+  on0.device = 0;
+  u = (*ws)->restore(**img, on0);
+  EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(u.status().message().find("same device model"), std::string::npos) << u.status().to_string();
+}
+
+TEST_F(CheckpointTest, AnImageOfADeviceThatIsNotPresentIsRefusedUnlessMappedOntoOne) {
+  if (backend_name() != "host") GTEST_SKIP() << "the host backend's device count is configurable; a machine's is not";
+  Config two = test_config();
+  two.host_device_count = 2;
+  make_workspace(two);
+  build_state();
+  const std::string d0 = temp_dir("dev0"), d1 = temp_dir("dev1");
+  ASSERT_TRUE(dump(to_dir(d0)).ok());
+  RestoreOptions on1;
+  on1.device = 1;
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  ASSERT_TRUE(restore_from(d0, on1).ok());
+  EXPECT_EQ(live_client().device(), 1);
+  ASSERT_TRUE(dump(to_dir(d1)).ok());
+  auto img = ckpt::ImageReader::open_dir(d1);
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ((*img)->client().client().device(), 1);
+  EXPECT_NE(ckpt::describe_image(**img, false).find("on device 1"), std::string::npos);
+  // A workspace with one device: the image's own device is not there; mapped onto device 0 it is.
+  clients_.clear();
+  ws_.reset();
+  auto one = POSWorkspace::create(test_config());
+  ASSERT_TRUE(one.ok());
+  auto u = (*one)->restore(**img);
+  EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(u.status().message().find("device 1 is not present"), std::string::npos) << u.status().to_string();
+  RestoreOptions on0;
+  on0.device = 0;
+  u = (*one)->restore(**img, on0);
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  EXPECT_EQ((*one)->find_client(*u)->device(), 0);
 }
 
 // A dump killed at each stage (POS_FAULT_POINT) leaves the previous image intact and restorable,
