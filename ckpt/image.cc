@@ -261,6 +261,8 @@ class DirWriter final : public ImageWriter {
   }
 
   Status begin_blob(uint64_t length, size_t* blob) override {
+    // Under mu_: a caller may add blobs while the writer still writes earlier ones (save_to_dir).
+    std::lock_guard<std::mutex> lk(mu_);
     *blob = refs_.size();
     refs_.push_back(new_ref(end_, length));
     end_ = align_up(end_ + length, kBlobAlign);
@@ -318,6 +320,7 @@ class DirWriter final : public ImageWriter {
   void write_loop() {
     for (;;) {
       Job j{};
+      uint64_t at = 0;
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
@@ -325,9 +328,9 @@ class DirWriter final : public ImageWriter {
         j = jobs_.front();
         jobs_.pop_front();
         busy_ = true;
+        at = refs_[j.blob].offset() + j.off;
       }
       const uint32_t crc = crc32c(j.buf, j.n);
-      const uint64_t at = refs_[j.blob].offset() + j.off;
       // O_DIRECT wants whole sectors: the tail of a blob is padded with zeros up to the alignment
       // (the next blob starts there anyway).
       uint64_t len = j.n;
@@ -339,7 +342,7 @@ class DirWriter final : public ImageWriter {
       Status s = write_all(fd_.get(), j.buf, len, at, "memory.bin");
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
-      set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ is not resized while jobs run
+      set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ grows under mu_ too
       if (!s.ok() && error_.ok()) error_ = s;
       free_.push_back(j.buf);
       busy_ = false;
@@ -361,7 +364,7 @@ class DirWriter final : public ImageWriter {
   bool direct_ = false;
   bool committed_ = false;
   uint64_t end_ = 0;
-  std::vector<pb::BlobRef> refs_;  // drainer thread; chunk crcs set by the writer under mu_
+  std::vector<pb::BlobRef> refs_;  // grown by the caller and chunk crcs set by the writer, both under mu_
   std::vector<std::byte*> all_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -54,8 +54,8 @@ std::string describe_image(const ImageReader& image, bool json) {
                inv.parent().cut_pc());
   out += fmt("  device bytes stored here: %" PRIu64 " (memory.bin %" PRIu64 " bytes)\n", inv.blob_bytes(), inv.memory_size());
   const auto& cr = c.client();
-  out += fmt("client %" PRIu64 " (%s): range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n", cr.uuid(),
-             cr.job_name().c_str(), cr.va_base(), cr.va_size(), cr.next_pc());
+  out += fmt("client %" PRIu64 " (%s) on device %d: range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n",
+             cr.uuid(), cr.job_name().c_str(), cr.device(), cr.va_base(), cr.va_size(), cr.next_pc());
   out += fmt("%d handles:\n", c.handles_size());
   for (const auto& h : c.handles()) {
     const char* t = h.type() < 9 ? kTypeNames[h.type()] : "?";

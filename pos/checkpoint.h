@@ -58,6 +58,32 @@ struct CheckpointResult {
   std::string image_id;
 };
 
+// How POSWorkspace::restore rebuilds a client (docs/checkpoint.md, "Restore").
+struct RestoreOptions {
+  // Lazy: restore returns once the handles exist (and the variables, which kernels touch without
+  // naming them, are loaded); each buffer's bytes are loaded by the worker before the first call
+  // that names the buffer, while background threads load the rest. Needs the image's ownership
+  // (the shared_ptr overload of restore): it is read until every buffer is loaded.
+  bool lazy = false;
+  // The device the client's state goes to: -1 keeps the image's own device; another index maps
+  // the image onto that device, which must be of the same model (the device name must match).
+  // The application keeps seeing the device numbers it saw before (its cudaGetDevice value).
+  int device = -1;
+  // Test hook: the background loaders wait while *hold_loader is true before their first buffer.
+  std::atomic<bool>* hold_loader = nullptr;
+};
+
+// Progress of a lazy restore (all zero, complete, for an eager one).
+struct LazyRestoreStats {
+  uint64_t buffers = 0, bytes = 0;      // buffers (and their bytes) restored lazily
+  uint64_t loaded_on_demand = 0;        // loaded by the worker before a call that named them
+  uint64_t loaded_in_background = 0;    // loaded by the background loaders
+  uint64_t dropped = 0;                 // freed by the job before anyone loaded them
+  uint64_t failed = 0;                  // could not be loaded (a checksum mismatch, ...)
+  bool complete = true;                 // nothing is left to load
+  double seconds = 0;                   // restore to complete (while incomplete: so far)
+};
+
 // One buffer or variable to store. Shared by the worker (copy-on-write) and the drainer under mu.
 struct DrainRegion {
   uint64_t key = 0;  // image handle key

@@ -67,10 +67,11 @@ Handle* ParserScope::device_range(uint64_t addr, uint64_t bytes, uint64_t* offse
 
 // ---------------- POSClient ----------------
 POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config,
-                     DeviceBackend* backend, const ApiTable* table)
+                     DeviceBackend* backend, const ApiTable* table, int device)
     : uuid_(uuid),
       slot_(slot),
       job_name_(std::move(job_name)),
+      device_(device),
       config_(config),
       backend_(backend),
       table_(table),
@@ -92,11 +93,13 @@ Status POSClient::start() {
   return Status::Ok();
 }
 
-Status POSClient::start_restored(const ckpt::ImageReader& image) {
+Status POSClient::start_restored(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options) {
   POS_RETURN_IF_ERROR(init_state());
-  Status s = restore_state(image);
+  Status s = restore_state(image, options);
   if (!s.ok()) {
     // Nothing of the half-built client survives: its device state and reservations go.
+    if (lazy_) lazy_->stop();
+    lazy_.reset();
     backend_client_.reset();
     for (ResourceType t : {ResourceType::kMemory, ResourceType::kVar})
       ps_.mgr(t).for_each([&](Handle* h) { backend_->unreserve(h->charged); });
@@ -112,7 +115,7 @@ Status POSClient::init_state() {
   // device memory. Distinct per client, so one client's values never name another's resources.
   const uint64_t mem_size = config_.va_size / 8 * 7;
   const uint64_t gran = backend_->granularity();
-  auto bc = backend_->open_client(base, mem_size, 0);
+  auto bc = backend_->open_client(base, mem_size, device_);
   if (!bc.ok()) return bc.status().with_context("opening device state");
   backend_client_ = std::move(bc.value());
 
@@ -150,8 +153,8 @@ void POSClient::start_threads() {
   parser_thread_ = std::thread([this] { parser_main(); });
   worker_thread_ = std::thread([this] { worker_main(); });
   started_ = true;
-  POS_INFO("client %lu (%s): started, device range 0x%lx + 0x%lx", (unsigned long)uuid_, job_name_.c_str(),
-           (unsigned long)base, (unsigned long)mem_size);
+  POS_INFO("client %lu (%s): started on device %d, device range 0x%lx + 0x%lx", (unsigned long)uuid_,
+           job_name_.c_str(), device_, (unsigned long)base, (unsigned long)mem_size);
 }
 
 void POSClient::shutdown() {
@@ -172,6 +175,7 @@ void POSClient::shutdown() {
   worker_bell_.ring();
   parser_thread_.join();
   worker_thread_.join();
+  if (lazy_) lazy_->stop();  // its copiers belong to the backend client
   if (backend_client_) {
     Status s = backend_client_->synchronize_all();
     if (!s.ok()) POS_WARN("client %lu: final synchronize: %s", (unsigned long)uuid_, s.to_string().c_str());
@@ -325,6 +329,12 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
     std::atomic<bool>* f;
     ~Clear() { f->store(false, std::memory_order_release); }
   } clear{&checkpointing_};
+  if (lazy_) {
+    Status loaded = lazy_->wait();
+    if (!loaded.ok())
+      return loaded.with_context("checkpoint of client " + std::to_string(uuid_) +
+                                 " refused: its lazy restore did not load every buffer");
+  }
   auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
   POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes));
   Command cmd;
@@ -334,6 +344,10 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   if (!s.ok()) return s.with_context("checkpoint of client " + std::to_string(uuid_));
   return job->wait();
 }
+
+Status POSClient::wait_restored() { return lazy_ ? lazy_->wait() : Status::Ok(); }
+
+LazyRestoreStats POSClient::restore_stats() const { return lazy_ ? lazy_->stats() : LazyRestoreStats{}; }
 
 // ---------------- parser thread ----------------
 void POSClient::parser_main() {
@@ -549,9 +563,15 @@ void POSClient::execute_call(APIContext* c) {
     if (cow_job_->drained()) cow_job_.reset();
     else cow_job_->protect(*c);
   }
+  Status s;
+  if (lazy_worker_ != nullptr) {
+    // A lazily restored buffer this call names is loaded first; one that cannot be fails the call.
+    if (lazy_worker_->worker_done()) lazy_worker_ = nullptr;
+    else s = lazy_worker_->before_call(*c);
+  }
   const ApiFunctions& f = table_->get(c->api_id);
-  Status s = f.work != nullptr ? f.work(ws_, *c)
-                               : Status::Unsupported(std::string(c->info->name) + " has no worker function");
+  if (s.ok())
+    s = f.work != nullptr ? f.work(ws_, *c) : Status::Unsupported(std::string(c->info->name) + " has no worker function");
   if (c->info->mode == ReturnMode::kSync) {
     c->status = s.ok() ? s : s.with_context(c->info->name);
   } else if (!s.ok()) {

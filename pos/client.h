@@ -22,6 +22,7 @@
 #include "pos/checkpoint.h"
 #include "pos/config.h"
 #include "pos/handle.h"
+#include "pos/lazy_restore.h"
 #include "pos/status.h"
 #include "pos/sync.h"
 
@@ -133,8 +134,9 @@ struct WorkerScope {
 
 class POSClient {
  public:
+  // `device`: the backend device that holds this client's memory, streams and kernels.
   POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const Config& config, DeviceBackend* backend,
-            const ApiTable* table);
+            const ApiTable* table, int device = 0);
   ~POSClient();
   POSClient(const POSClient&) = delete;
   POSClient& operator=(const POSClient&) = delete;
@@ -144,8 +146,9 @@ class POSClient {
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an
-  // empty client. On error nothing of the client remains.
-  Status start_restored(const ckpt::ImageReader& image);
+  // empty client. On error nothing of the client remains. Lazy (options.lazy): the buffers' bytes
+  // are loaded after this returns (see RestoreOptions); the image is kept until they all are.
+  Status start_restored(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options);
   // Refuses new calls, waits for in-flight calls and commands, stops threads, frees device state.
   void shutdown();
 
@@ -155,10 +158,17 @@ class POSClient {
   // Runs a command at a cut; one at a time per client (a second concurrent one gets kBusy).
   Status run_command(Command& cmd);
   // Takes a checkpoint (see CheckpointRequest); one at a time per client, a second gets kBusy.
+  // A client still being restored lazily finishes loading first; if a buffer could not be
+  // loaded, the checkpoint is refused with that error (the image would not be the job's state).
   StatusOr<CheckpointResult> checkpoint(CheckpointRequest request);
+  // A lazily restored client: waits until every buffer is loaded (the error of one that could
+  // not be, if any). Ok at once for any other client. Thread-safe.
+  Status wait_restored();
+  LazyRestoreStats restore_stats() const;
 
   uint64_t uuid() const { return uuid_; }
   uint32_t slot() const { return slot_; }
+  int device() const { return device_; }
   const std::string& job_name() const { return job_name_; }
   bool active() const { return accepting_.load(std::memory_order_acquire); }
   bool command_in_flight() const { return command_busy_.load(std::memory_order_acquire); }
@@ -185,7 +195,7 @@ class POSClient {
   Status init_state();
   void start_threads();
   void record_checkpoint(CheckpointJob& job, uint64_t cut);
-  Status restore_state(const ckpt::ImageReader& image);
+  Status restore_state(const std::shared_ptr<const ckpt::ImageReader>& image, const RestoreOptions& options);
   void complete_to_rpc(APIContext* c, bool flush = true);
   void flush_completions();
   void update_live_handles();
@@ -195,6 +205,7 @@ class POSClient {
   const uint64_t uuid_;
   const uint32_t slot_;
   const std::string job_name_;
+  const int device_;
   const Config config_;
   DeviceBackend* const backend_;
   const ApiTable* const table_;
@@ -239,6 +250,10 @@ class POSClient {
   Command* worker_cmd_ = nullptr;  // worker thread
   std::shared_ptr<CheckpointJob> cow_job_;  // worker thread: an async checkpoint still draining
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
+  // A lazy restore: set before the threads start, stopped (not freed) at shutdown, so any thread
+  // may use it while the client exists. The worker's own pointer goes once nothing is left to do.
+  std::shared_ptr<LazyLoader> lazy_;
+  LazyLoader* lazy_worker_ = nullptr;  // worker thread
   alignas(64) std::atomic<uint64_t> executed_{0};
   LatencyHistogram latency_;
 

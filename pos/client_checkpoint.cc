@@ -18,6 +18,9 @@ constexpr int kKeyShift = 56;
 uint64_t key_of(const Handle* h) { return (static_cast<uint64_t>(h->type) << kKeyShift) | h->id; }
 ResourceType type_of_key(uint64_t key) { return static_cast<ResourceType>(key >> kKeyShift); }
 uint64_t id_of_key(uint64_t key) { return key & ((uint64_t{1} << kKeyShift) - 1); }
+// Background loaders of a lazy restore: as many as eager restore uses, so a job that never waits
+// still gets its state at full speed.
+constexpr size_t kLazyLoaders = 8;
 
 }  // namespace
 
@@ -32,6 +35,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   cr->set_va_size(config_.va_size);
   cr->set_next_pc(cut);
   cr->set_current_device(ps_.current_device);
+  cr->set_device(device_);
   cr->set_default_stream(key_of(ps_.default_stream));
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
     auto* m = cr->add_managers();
@@ -92,7 +96,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   ckpt::pb::Inventory& inv = job.inventory();
   inv.set_pos_version(POS_VERSION_STRING);
   inv.set_backend(std::string(backend_->name()));
-  inv.set_device_name(backend_->device_name(ps_.current_device));
+  inv.set_device_name(backend_->device_name(device_));  // the model that held the bytes
   inv.set_cut_pc(cut);
   inv.set_image_id(ckpt::random_image_id());
   inv.set_created_unix_ns(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -114,7 +118,9 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
 }
 
 // Before the threads start: this thread is the only one touching parser and worker state.
-Status POSClient::restore_state(const ckpt::ImageReader& image) {
+Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& image_ptr,
+                                const RestoreOptions& options) {
+  const ckpt::ImageReader& image = *image_ptr;
   const ckpt::pb::ClientImage& img = image.client();
   const auto& cr = img.client();
   if (cr.va_base() != ps_.va_base || cr.va_size() != config_.va_size)
@@ -246,59 +252,50 @@ Status POSClient::restore_state(const ckpt::ImageReader& image) {
     }
     POS_RETURN_IF_ERROR(bc.memcpy_h2d(p.addr, buf.data(), buf.size()));
   }
-  struct Task {
-    const Piece* piece;
-    uint64_t off, n;
-  };
-  std::vector<Task> tasks;
-  for (const Piece& p : pieces) {
-    if (p.is_var) continue;
-    for (uint64_t off = 0; off < p.ref->length(); off += p.ref->chunk_size())
-      tasks.push_back(Task{&p, off, std::min<uint64_t>(p.ref->chunk_size(), p.ref->length() - off)});
-  }
-  std::atomic<size_t> next{0};
-  std::mutex err_mu;
-  Status first;
-  auto loader = [&] {
-    auto copier = bc.make_copier();
-    std::byte* staging = nullptr;
-    Status s = copier.ok() ? Status::Ok() : copier.status();
-    while (s.ok()) {
-      const size_t i = next.fetch_add(1);
-      if (i >= tasks.size()) break;
-      const Task& t = tasks[i];
-      const std::byte* src = t.piece->img->direct(*t.piece->ref, t.off);
-      if (src != nullptr) {
-        s = t.piece->img->verify_chunk(*t.piece->ref, t.off, t.n, src);
-      } else {
-        if (staging == nullptr) {
-          auto p = backend_->host_alloc(ckpt::kChunkSize);
-          if (!p.ok()) {
-            s = p.status();
-            break;
-          }
-          staging = static_cast<std::byte*>(*p);
-        }
-        s = t.piece->img->read_chunk(*t.piece->ref, t.off, t.n, staging);
-        src = staging;
+  if (options.lazy) {
+    // The buffers' bytes come later: on first use (the worker) and from background loaders.
+    lazy_ = std::make_shared<LazyLoader>(image_ptr, backend_,
+                                         "client " + std::to_string(uuid_) + " (" + job_name_ + ")");
+    for (const Piece& p : pieces)
+      if (!p.is_var) lazy_->add(p.addr, p.ref->length(), p.img, p.ref);
+  } else {
+    struct Task {
+      const Piece* piece;
+      uint64_t off, n;
+    };
+    std::vector<Task> tasks;
+    for (const Piece& p : pieces) {
+      if (p.is_var) continue;
+      for (uint64_t off = 0; off < p.ref->length(); off += p.ref->chunk_size())
+        tasks.push_back(Task{&p, off, std::min<uint64_t>(p.ref->chunk_size(), p.ref->length() - off)});
+    }
+    std::atomic<size_t> next{0};
+    std::mutex err_mu;
+    Status first;
+    auto loader = [&] {
+      auto copier = bc.make_copier();
+      ChunkStaging staging(backend_);
+      Status s = copier.ok() ? Status::Ok() : copier.status();
+      while (s.ok()) {
+        const size_t i = next.fetch_add(1);
+        if (i >= tasks.size()) break;
+        const Task& t = tasks[i];
+        s = load_chunk(*t.piece->img, *t.piece->ref, t.off, t.n, t.piece->addr, **copier, staging);
       }
-      if (s.ok()) s = (*copier)->to_device_async(t.piece->addr + t.off, src, t.n, 0);
-      if (s.ok()) s = (*copier)->wait(0);
-    }
-    if (staging != nullptr) (void)backend_->host_free(staging);
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lk(err_mu);
-      if (first.ok()) first = s;
-      next.store(tasks.size());
-    }
-  };
-  // Each loader verifies its chunk's checksum on the CPU before the copy: eight keep the link busy.
-  const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, 8);
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < nthreads; ++i) threads.emplace_back(loader);
-  loader();
-  for (auto& th : threads) th.join();
-  POS_RETURN_IF_ERROR(first);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (first.ok()) first = s;
+        next.store(tasks.size());
+      }
+    };
+    // Each loader verifies its chunk's checksum on the CPU before the copy: eight keep the link busy.
+    const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, 8);
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < nthreads; ++i) threads.emplace_back(loader);
+    loader();
+    for (auto& th : threads) th.join();
+    POS_RETURN_IF_ERROR(first);
+  }
   POS_RETURN_IF_ERROR(bc.synchronize_all());
 
   for (const auto& m : cr.managers())
@@ -310,8 +307,13 @@ Status POSClient::restore_state(const ckpt::ImageReader& image) {
   ws_.async_error_message = cr.async_error_message();
   memory_in_use_.store(ps_.memory_in_use);
   update_live_handles();
-  POS_INFO("client %lu (%s): restored %d handles at cut %lu", (unsigned long)uuid_, job_name_.c_str(),
-           img.handles_size(), (unsigned long)cr.next_pc());
+  if (lazy_) {
+    // Last: from here on the loaders write device memory, so nothing above may fail after them.
+    POS_RETURN_IF_ERROR(lazy_->start(bc, kLazyLoaders, options.hold_loader));
+    lazy_worker_ = lazy_.get();
+  }
+  POS_INFO("client %lu (%s): restored %d handles at cut %lu%s", (unsigned long)uuid_, job_name_.c_str(),
+           img.handles_size(), (unsigned long)cr.next_pc(), lazy_ ? " (buffers load lazily)" : "");
   return Status::Ok();
 }
 

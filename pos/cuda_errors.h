@@ -19,6 +19,7 @@ inline constexpr int32_t kErrorInvalidDeviceFunction = 98;
 inline constexpr int32_t kErrorNoDevice = 100;
 inline constexpr int32_t kErrorInvalidDevice = 101;
 inline constexpr int32_t kErrorInvalidKernelImage = 200;
+inline constexpr int32_t kErrorEccUncorrectable = 214;  // also: a lazily restored buffer failed its checksum
 inline constexpr int32_t kErrorInvalidResourceHandle = 400;
 inline constexpr int32_t kErrorNotReady = 600;
 inline constexpr int32_t kErrorIllegalAddress = 700;

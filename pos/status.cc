@@ -91,6 +91,7 @@ std::string_view error_name(int32_t e) {
     case kErrorNoDevice: return "cudaErrorNoDevice";
     case kErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case kErrorInvalidKernelImage: return "cudaErrorInvalidKernelImage";
+    case kErrorEccUncorrectable: return "cudaErrorECCUncorrectable";
     case kErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case kErrorNotReady: return "cudaErrorNotReady";
     case kErrorIllegalAddress: return "cudaErrorIllegalAddress";

@@ -129,17 +129,38 @@ StatusOr<CheckpointResult> POSWorkspace::checkpoint(ClientUuid uuid, CheckpointR
   return client->checkpoint(std::move(request));
 }
 
-StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image) {
+StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image, const RestoreOptions& options) {
+  if (options.lazy)
+    return Status::InvalidArgument("a lazy restore reads the image after it returns: pass the image as a shared_ptr");
+  // Not owned: the restore is eager, so nothing keeps the pointer past this call.
+  return restore(std::shared_ptr<const ckpt::ImageReader>(&image, [](const ckpt::ImageReader*) {}), options);
+}
+
+StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageReader> image_ptr,
+                                           const RestoreOptions& options) {
+  if (!image_ptr) return Status::InvalidArgument("no image to restore");
+  const ckpt::ImageReader& image = *image_ptr;
   const auto& inv = image.inventory();
   const auto& cr = image.client().client();
   if (inv.backend() != backend_->name())
     return Status::FailedPrecondition("image was taken on the " + inv.backend() + " backend; this workspace runs " +
                                       std::string(backend_->name()));
-  if (cr.current_device() < 0 || cr.current_device() >= backend_->device_count())
-    return Status::FailedPrecondition("image uses device " + std::to_string(cr.current_device()) + ", not present here");
-  if (inv.device_name() != backend_->device_name(cr.current_device()))
-    return Status::FailedPrecondition("image was taken on a " + inv.device_name() + "; this device is a " +
-                                      backend_->device_name(cr.current_device()));
+  const int count = backend_->device_count();
+  const int device = options.device < 0 ? cr.device() : options.device;
+  if (device < 0 || device >= count)
+    return Status::FailedPrecondition(
+        (options.device < 0 ? "the image's device " + std::to_string(device) + " is not present here"
+                            : "restore onto device " + std::to_string(device) + ": no such device") +
+        " (this workspace has " + std::to_string(count) + "; RestoreOptions::device maps an image onto another)");
+  if (inv.device_name() != backend_->device_name(device))
+    return Status::FailedPrecondition("image was taken on a " + inv.device_name() + " (device " +
+                                      std::to_string(cr.device()) + "); device " + std::to_string(device) +
+                                      " here is a " + backend_->device_name(device) +
+                                      ": restore needs the same device model");
+  // The application's own device number (cudaGetDevice) must still name a device.
+  if (cr.current_device() < 0 || cr.current_device() >= count)
+    return Status::FailedPrecondition("the job had selected device " + std::to_string(cr.current_device()) +
+                                      ", not present here (this workspace has " + std::to_string(count) + ")");
   if (cr.va_base() < config_.va_base || cr.va_size() != config_.va_size ||
       (cr.va_base() - config_.va_base) % config_.va_size != 0 ||
       (cr.va_base() - config_.va_base) / config_.va_size >= config_.max_clients)
@@ -151,8 +172,8 @@ StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image) {
   if (slots_[slot]) return Status::Busy("client slot " + std::to_string(slot) + " (the image's addresses) is in use");
   const ClientUuid uuid = cr.uuid();
   generation_ = std::max(generation_, uuid >> kSlotBits);
-  auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_);
-  Status s = client->start_restored(image);
+  auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_, device);
+  Status s = client->start_restored(image_ptr, options);
   if (!s.ok()) return s.with_context("restore");
   fast_[slot].client.store(client.get(), std::memory_order_release);
   slots_[slot] = std::move(client);

@@ -54,8 +54,12 @@ class POSWorkspace {
   StatusOr<CheckpointResult> checkpoint(ClientUuid uuid, CheckpointRequest request);
   // A new client with an image's state, in the image's slot (so every address is the same) and
   // under the image's uuid. The image must come from the same backend and device model. On
-  // error the workspace is as before.
-  StatusOr<ClientUuid> restore(const ckpt::ImageReader& image);
+  // error the workspace is as before. The image is read only during the call: options.lazy is
+  // refused here (use the shared_ptr overload).
+  StatusOr<ClientUuid> restore(const ckpt::ImageReader& image, const RestoreOptions& options = {});
+  // Same; a lazy restore keeps `image` (and, for a memory image, needs its ckpt::MemoryImage)
+  // until the client has loaded every buffer (POSClient::wait_restored).
+  StatusOr<ClientUuid> restore(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options = {});
 
   std::shared_ptr<POSClient> find_client(ClientUuid uuid) const;
   std::vector<ClientInfo> list_clients() const;

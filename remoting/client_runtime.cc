@@ -21,7 +21,7 @@ ClientRuntime* g_runtime = nullptr;
 std::once_flag g_once;
 
 constexpr char kPlanGrammar[] =
-    "expected at=N[,N...];dir=PREFIX[;mode=sync|async][;incremental=0|1][;then=continue|restore]";
+    "expected at=N[,N...];dir=PREFIX[;mode=sync|async][;incremental=0|1][;then=continue|restore][;lazy=0|1]";
 
 Status plan_error(std::string_view spec, const std::string& why) {
   return Status::InvalidArgument("POS_CHECKPOINT=\"" + std::string(spec) + "\": " + why + " (" + kPlanGrammar +
@@ -114,12 +114,16 @@ StatusOr<CheckpointPlan> parse_checkpoint_plan(std::string_view spec) {
     } else if (key == "then") {
       if (val != "continue" && val != "restore") return plan_error(spec, "then must be continue or restore");
       plan.restore = val == "restore";
+    } else if (key == "lazy") {
+      if (val != "0" && val != "1") return plan_error(spec, "lazy must be 0 or 1");
+      plan.lazy = val == "1";
     } else {
       return plan_error(spec, "unknown key '" + std::string(key) + "'");
     }
   }
   if (plan.at.empty()) return plan_error(spec, "at is required");
   if (plan.dir.empty()) return plan_error(spec, "dir is required");
+  if (plan.lazy && !plan.restore) return plan_error(spec, "lazy=1 is a way to restore: it needs then=restore");
   return plan;
 }
 
@@ -215,7 +219,7 @@ void ClientRuntime::shutdown_at_exit() {
   if (g_runtime->plan_) {
     std::lock_guard<std::mutex> lk(g_runtime->ckpt_mu_);
     // An async checkpoint still draining must finish before its client goes.
-    if (!g_runtime->reap(/*wait=*/true).ok()) {
+    if (!g_runtime->reap(/*wait=*/true).ok() || !g_runtime->report_lazy_restore(/*wait=*/true).ok()) {
       // Its failure must not look like a successful run; exit() cannot be re-entered here.
       std::fflush(nullptr);
       std::_Exit(1);
@@ -298,9 +302,12 @@ Status ClientRuntime::after_sync() {
   std::lock_guard<std::mutex> lk(ckpt_mu_);
   // A finished async checkpoint is reported (and its failure surfaces) at the next sync call.
   POS_RETURN_IF_ERROR(reap(/*wait=*/false));
+  POS_RETURN_IF_ERROR(report_lazy_restore(/*wait=*/false));
   const auto& at = plan_->at;
   const auto it = std::lower_bound(at.begin(), at.end(), n);
   if (it == at.end() || *it != n) return Status::Ok();
+  // The engine would wait for a lazy restore to finish anyway; this reports it first.
+  POS_RETURN_IF_ERROR(report_lazy_restore(/*wait=*/true));
   // The previous image must be durable first: it may be this one's parent, and the engine takes
   // one checkpoint of a client at a time.
   POS_RETURN_IF_ERROR(reap(/*wait=*/true));
@@ -392,19 +399,50 @@ Status ClientRuntime::reap(bool wait) {
 Status ClientRuntime::restore_from(const std::string& dir) {
   // Opened (and validated) before the live client is dropped: a bad image leaves the app running
   // on its live state and failing this call, not stranded without a client.
-  auto img = ckpt::ImageReader::open_dir(dir);
-  if (!img.ok()) return checkpoint_failed(img.status().with_context("opening " + dir + " to restore"));
+  auto opened = ckpt::ImageReader::open_dir(dir);
+  if (!opened.ok()) return checkpoint_failed(opened.status().with_context("opening " + dir + " to restore"));
+  // Shared: a lazy restore keeps reading it after restore() returns.
+  std::shared_ptr<const ckpt::ImageReader> img = std::move(opened.value());
   std::unique_lock<std::shared_mutex> gate(gate_);
   // As a crashed daemon would: every buffer and handle of the client is freed. The workspace
   // (with its backend, which owns the app's cudaMallocHost memory) stays.
   Status s = ws_->remove_client(uuid_);
   if (!s.ok()) return checkpoint_failed(s.with_context("dropping the client before restore"));
-  auto u = ws_->restore(**img);
+  RestoreOptions options;
+  options.lazy = plan_->lazy;
+  auto u = ws_->restore(img, options);
   if (!u.ok()) return checkpoint_failed(u.status().with_context("restoring from " + dir));
   if (*u != uuid_)
     return checkpoint_failed(Status::Internal("restored client has uuid " + std::to_string(*u) + ", expected " +
                                               std::to_string(uuid_)));
-  std::fprintf(stderr, "pos: restored from %s\n", dir.c_str());
+  if (!plan_->lazy) {
+    std::fprintf(stderr, "pos: restored from %s\n", dir.c_str());
+    return Status::Ok();
+  }
+  const auto client = ws_->find_client(uuid_);
+  const LazyRestoreStats st = client ? client->restore_stats() : LazyRestoreStats{};
+  std::fprintf(stderr, "pos: restored from %s (lazily: %llu buffers, %llu bytes to load)\n", dir.c_str(),
+               static_cast<unsigned long long>(st.buffers), static_cast<unsigned long long>(st.bytes));
+  lazy_dir_ = dir;
+  return Status::Ok();
+}
+
+Status ClientRuntime::report_lazy_restore(bool wait) {
+  if (lazy_dir_.empty()) return Status::Ok();
+  const auto client = ws_->find_client(uuid_);
+  if (!client) return Status::Ok();  // the client is gone (a later restore failed): nothing to report
+  if (!wait && !client->restore_stats().complete) return Status::Ok();
+  const Status s = client->wait_restored();
+  const std::string dir = std::move(lazy_dir_);
+  lazy_dir_.clear();
+  if (!s.ok()) return checkpoint_failed(s.with_context("lazy restore from " + dir));
+  const LazyRestoreStats st = client->restore_stats();
+  std::fprintf(stderr,
+               "pos: lazy restore from %s complete: %llu buffers, %llu bytes, %llu loaded on first use, %llu freed "
+               "unloaded, %.3f ms\n",
+               dir.c_str(), static_cast<unsigned long long>(st.buffers), static_cast<unsigned long long>(st.bytes),
+               static_cast<unsigned long long>(st.loaded_on_demand), static_cast<unsigned long long>(st.dropped),
+               ms(st.seconds));
   return Status::Ok();
 }
 

@@ -29,6 +29,7 @@ struct CheckpointPlan {
   std::string dir;           // image k goes to "<dir>-<k>"
   bool incremental = false;  // image k > 1 names image k-1 as its parent
   bool restore = false;      // then=restore: drop the client's device state, restore it from the image
+  bool lazy = false;         // lazy=1 (then=restore only): buffers load on first use and in the background
 };
 // Strict: unknown or repeated keys, empty items, missing `at` / `dir` and bad values are errors
 // whose message names POS_CHECKPOINT.
@@ -74,6 +75,9 @@ class ClientRuntime {
   Status take_checkpoint(size_t k, uint64_t n);
   Status restore_from(const std::string& dir);
   Status reap(bool wait);
+  // A lazy restore still loading: once it has finished (wait: blocks until it has), prints its
+  // line and returns its error.
+  Status report_lazy_restore(bool wait);
   Status checkpoint_failed(const Status& s);  // prints it; the returned error is never cudaSuccess
   std::string image_dir(size_t k) const;
 
@@ -96,6 +100,7 @@ class ClientRuntime {
   std::mutex ckpt_mu_;  // one checkpoint at a time
   std::unique_ptr<PendingCheckpoint> pending_;  // guarded by ckpt_mu_
   size_t taken_ = 0;                            // guarded by ckpt_mu_; checkpoints started
+  std::string lazy_dir_;                        // guarded by ckpt_mu_; a lazy restore not yet reported
 };
 
 }  // namespace pos

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # gpu_run.sh — everything issue #3 proves on a GPU machine, in one call: build there, run the CI suites
 # and the `gpu` suite, then the GPU benches (native vs POS side by side). Results under $OUT.
+# Flags: --quick (tests only), --ckpt (tests, checkpoint benches), --multi (tests, then the `multigpu`
+# suite: needs two GPUs of one model, e.g. the nvidia-h200-x2 machine).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/device-out}"
 B="${POS_GPU_BUILD:-/tmp/pos-build}"
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-QUICK=0; CKPT_ONLY=0; POSD_ONLY=0
+QUICK=0; CKPT_ONLY=0; POSD_ONLY=0; MULTI=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1      # tests only, no benches
 [[ "${1:-}" == "--ckpt" ]] && CKPT_ONLY=1   # tests, then only the checkpoint benches
 [[ "${1:-}" == "--posd" ]] && POSD_ONLY=1   # tests, then only the remoting (posd) benches
+[[ "${1:-}" == "--multi" ]] && MULTI=1      # tests, then the multigpu suite (two GPUs of one model), no benches
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${POS_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "cores: $(nproc)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -29,6 +32,15 @@ meson test -C "$B" --no-rebuild --suite gpu >"$OUT/tests_gpu.log" 2>&1; GPU_RC=$
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Timeout):" "$OUT/tests_gpu.log"
 cp "$B/meson-logs/testlog.txt" "$OUT/testlog_gpu.txt" 2>/dev/null
 [[ $GPU_RC -ne 0 ]] && grep -B2 -A12 "Failure\|FAILED\|error" "$OUT/testlog_gpu.txt" | head -80
+fi
+if [[ $MULTI -eq 1 ]]; then
+  echo "== multigpu suite (CUDA backend): checkpoint on GPU 0, restore on GPU 1"
+  meson test -C "$B" --no-rebuild --suite multigpu >"$OUT/tests_multigpu.log" 2>&1; MULTI_RC=$?
+  grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Timeout):" "$OUT/tests_multigpu.log"
+  cp "$B/meson-logs/testlog.txt" "$OUT/testlog_multigpu.txt" 2>/dev/null
+  [[ $MULTI_RC -ne 0 ]] && grep -B2 -A12 "Failure\|FAILED\|error" "$OUT/testlog_multigpu.txt" | head -80
+  [[ $GPU_RC -ne 0 ]] && exit $GPU_RC
+  exit $MULTI_RC
 fi
 [[ $QUICK -eq 1 ]] && exit $GPU_RC
 

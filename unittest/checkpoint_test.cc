@@ -84,13 +84,40 @@ class CheckpointTest : public ApiTest {
     if (!s.ok()) return s;
     return restore_from(dir);
   }
-  Status restore_from(const std::string& dir) {
+  Status restore_from(const std::string& dir, const RestoreOptions& options = {}) {
     auto img = ckpt::ImageReader::open_dir(dir);
     if (!img.ok()) return img.status();
-    auto u = ws_->restore(**img);
+    auto u = options.lazy ? ws_->restore(std::shared_ptr<const ckpt::ImageReader>(std::move(*img)), options)
+                          : ws_->restore(**img, options);
     if (!u.ok()) return u.status();
     reattach(*u);
     return Status::Ok();
+  }
+  // Lazily, the background loaders held until `hold` goes false (nullptr: not held).
+  Status kill_and_restore_lazily(const std::string& dir, std::atomic<bool>* hold = nullptr) {
+    Status s = ws_->remove_client(client().uuid);
+    if (!s.ok()) return s;
+    RestoreOptions o;
+    o.lazy = true;
+    o.hold_loader = hold;
+    return restore_from(dir, o);
+  }
+  POSClient& live_client() { return *ws_->find_client(client().uuid); }
+  // A copy of image `dir` with one byte of `buffer`'s blob flipped.
+  std::string corrupt_copy(const std::string& dir, uint64_t buffer, const std::string& name) {
+    const std::string c = temp_dir(name);
+    fs::copy(dir, c);
+    auto img = ckpt::ImageReader::open_dir(dir);
+    EXPECT_TRUE(img.ok());
+    uint64_t off = 0;
+    for (const auto& h : (*img)->client().handles())
+      if (h.addr() == buffer && h.has_memory()) off = h.memory().offset();
+    std::fstream f(c + "/memory.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(off + 100));
+    const char was = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(off + 100));
+    f.put(static_cast<char>(was ^ 0x5a));
+    return c;
   }
   void reattach(uint64_t uuid) {
     TestClient& c = client();
@@ -288,6 +315,142 @@ TEST_F(CheckpointTest, AnExistingImageIsRefusedUnlessReplacedAndReplacingIsAtomi
   expect_state();
 }
 
+// ---------------- lazy restore ----------------
+
+TEST_F(CheckpointTest, ALazilyRestoredClientHasEveryBufferAndHandle) {
+  build_state();
+  const std::string d = temp_dir("lazy");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  Status s = kill_and_restore_lazily(d);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_state();
+  Status loaded = live_client().wait_restored();
+  EXPECT_TRUE(loaded.ok()) << loaded.to_string();
+  const LazyRestoreStats st = live_client().restore_stats();
+  EXPECT_TRUE(st.complete);
+  EXPECT_EQ(st.buffers, 3u);
+  EXPECT_EQ(st.bytes, 4096u + (20u << 20) + 777 * 4);
+  EXPECT_EQ(st.loaded_on_demand + st.loaded_in_background, 3u);
+  EXPECT_EQ(st.failed, 0u);
+}
+
+TEST_F(CheckpointTest, ALazyRestoreNeedsTheImagesOwnership) {
+  build_state();
+  const std::string d = temp_dir("lazy-ref");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok());
+  RestoreOptions o;
+  o.lazy = true;
+  EXPECT_EQ(ws_->restore(**img, o).status().code(), Code::kInvalidArgument);
+  ASSERT_TRUE(restore_from(d).ok());  // nothing was left behind: the slot is free
+  expect_state();
+}
+
+TEST_F(CheckpointTest, BuffersUsedBeforeTheBackgroundLoaderReachesThemAreLoadedFirst) {
+  build_state();
+  const uint64_t rest = alloc(8192);  // named by no call after the restore: the loaders' part
+  const std::vector<unsigned> rest_data = pattern(2048, 4);
+  upload(rest, rest_data.data(), 8192);
+  const std::string d = temp_dir("lazy-first-use");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  std::atomic<bool> hold{true};
+  ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+  // The background loaders have not loaded a byte: whatever a call names, the worker loads first.
+  EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);  // read (In)
+  auto a = args(client().fill, static_cast<uint64_t>(odd_), 7u, 100);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 128), stream_, a).ok());  // partial write (InOut)
+  ASSERT_TRUE(api().stream_synchronize(stream_).ok());
+  std::vector<unsigned> odd = odd_data_;
+  for (unsigned i = 0; i < 100; ++i) odd[i] = 7u + i;
+  EXPECT_EQ(download<unsigned>(odd_, 777), odd);  // the kernel's bytes, and the image's beyond them
+  ASSERT_TRUE(api().free(small_).ok());            // never loaded: dropped
+  ASSERT_TRUE(api().device_synchronize().ok());
+  LazyRestoreStats st = live_client().restore_stats();
+  EXPECT_FALSE(st.complete);
+  EXPECT_EQ(st.loaded_on_demand, 2u);
+  EXPECT_EQ(st.dropped, 1u);
+  EXPECT_EQ(st.loaded_in_background, 0u);
+  hold.store(false);
+  ASSERT_TRUE(live_client().wait_restored().ok());
+  st = live_client().restore_stats();
+  EXPECT_TRUE(st.complete);
+  EXPECT_EQ(st.loaded_on_demand, 2u);
+  EXPECT_EQ(st.loaded_in_background, 1u);
+  EXPECT_EQ(download<unsigned>(rest, 2048), rest_data);
+  EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);
+}
+
+TEST_F(CheckpointTest, ACorruptBufferFoundLazilyFailsTheCallsThatNameItNeverWithWrongBytes) {
+  build_state();
+  const std::string d = temp_dir("lazy-good");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  const std::string bad = corrupt_copy(d, big_, "lazy-bad");
+  // Found by the worker, before the call that reads the buffer (the loaders are held).
+  std::atomic<bool> hold{true};
+  ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());  // only the structure is checked up front
+  std::vector<unsigned> got(big_data_.size());
+  for (int attempt = 0; attempt < 2; ++attempt) {  // and every later call that names it
+    Status s = api().memcpy(reinterpret_cast<uint64_t>(got.data()), big_, 20u << 20, cuda::kMemcpyDeviceToHost);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.to_string();
+    EXPECT_EQ(s.api_error(), cuda::kErrorEccUncorrectable) << s.to_string();
+    EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.to_string();
+  }
+  EXPECT_NE(got, big_data_);
+  // An asynchronous call that names it fails too, through the sticky error.
+  auto a = args(client().fill, static_cast<uint64_t>(big_), 1u, 64);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 64), stream_, a).ok());
+  EXPECT_EQ(api().device_synchronize().api_error(), cuda::kErrorEccUncorrectable);
+  (void)api().get_last_error();
+  EXPECT_EQ(download<unsigned>(odd_, 777), odd_data_);  // the other buffers are fine
+  hold.store(false);
+  Status w = live_client().wait_restored();
+  EXPECT_EQ(w.code(), Code::kCorrupt) << w.to_string();
+  // A checkpoint would not hold the job's state: refused, until the job drops the buffer.
+  auto refused = dump(to_dir(temp_dir("lazy-refused")));
+  EXPECT_EQ(refused.status().code(), Code::kCorrupt) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("lazy restore"), std::string::npos) << refused.status().to_string();
+  ASSERT_TRUE(api().free(big_).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());  // cudaFree returns once parsed; the worker drops it
+  EXPECT_TRUE(live_client().wait_restored().ok());
+  EXPECT_TRUE(dump(to_dir(temp_dir("lazy-after-free"))).ok());
+
+  // Found by a background loader first: wait_restored says so, and the call that names it fails.
+  const std::string bad2 = corrupt_copy(d, big_, "lazy-bad2");
+  ASSERT_TRUE(kill_and_restore_lazily(bad2).ok());
+  w = live_client().wait_restored();
+  EXPECT_EQ(w.code(), Code::kCorrupt) << w.to_string();
+  EXPECT_EQ(live_client().restore_stats().failed, 1u);
+  Status s = api().memcpy(reinterpret_cast<uint64_t>(got.data()), big_, 20u << 20, cuda::kMemcpyDeviceToHost);
+  EXPECT_EQ(s.api_error(), cuda::kErrorEccUncorrectable) << s.to_string();
+  EXPECT_EQ(download<unsigned>(small_, 1024), small_data_);
+}
+
+TEST_F(CheckpointTest, ACheckpointOfAClientStillLoadingLazilyWaitsForEveryBuffer) {
+  build_state();
+  const std::string d = temp_dir("lazy-src");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  std::atomic<bool> hold{true};
+  ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+  const std::string again = temp_dir("lazy-again");
+  std::atomic<bool> finished{false};
+  StatusOr<CheckpointResult> r = Status::Internal("not run");
+  std::thread t([&] {
+    r = dump(to_dir(again));
+    finished.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(finished.load()) << "the checkpoint did not wait for the lazy restore";
+  hold.store(false);
+  t.join();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(live_client().restore_stats().complete);
+  // The new image has every byte (an unloaded buffer would have been stored as zeros).
+  ASSERT_TRUE(kill_and_restore(again).ok());
+  expect_state();
+}
+
 TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   build_state();
   const std::string d = temp_dir("model");
@@ -306,6 +469,46 @@ TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   auto u = (*ws)->restore(**img);
   EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(u.status().message().find("Another Device"), std::string::npos) << u.status().to_string();
+  // Mapped onto a device explicitly: the model must match all the same.
+  RestoreOptions on0;
+  on0.device = 0;
+  u = (*ws)->restore(**img, on0);
+  EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(u.status().message().find("same device model"), std::string::npos) << u.status().to_string();
+}
+
+TEST_F(CheckpointTest, AnImageOfADeviceThatIsNotPresentIsRefusedUnlessMappedOntoOne) {
+  if (backend_name() != "host") GTEST_SKIP() << "the host backend's device count is configurable; a machine's is not";
+  Config two = test_config();
+  two.host_device_count = 2;
+  make_workspace(two);
+  build_state();
+  const std::string d0 = temp_dir("dev0"), d1 = temp_dir("dev1");
+  ASSERT_TRUE(dump(to_dir(d0)).ok());
+  RestoreOptions on1;
+  on1.device = 1;
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  ASSERT_TRUE(restore_from(d0, on1).ok());
+  EXPECT_EQ(live_client().device(), 1);
+  ASSERT_TRUE(dump(to_dir(d1)).ok());
+  auto img = ckpt::ImageReader::open_dir(d1);
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ((*img)->client().client().device(), 1);
+  EXPECT_NE(ckpt::describe_image(**img, false).find("on device 1"), std::string::npos);
+  // A workspace with one device: the image's own device is not there; mapped onto device 0 it is.
+  clients_.clear();
+  own_ws_.reset();
+  ws_ = nullptr;
+  auto one = POSWorkspace::create(test_config());
+  ASSERT_TRUE(one.ok());
+  auto u = (*one)->restore(**img);
+  EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(u.status().message().find("device 1 is not present"), std::string::npos) << u.status().to_string();
+  RestoreOptions on0;
+  on0.device = 0;
+  u = (*one)->restore(**img, on0);
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  EXPECT_EQ((*one)->find_client(*u)->device(), 0);
 }
 
 // A dump killed at each stage (POS_FAULT_POINT) leaves the previous image intact and restorable,

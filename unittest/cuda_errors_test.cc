@@ -23,6 +23,7 @@ TEST(CudaErrors, RuntimeErrorCodesMatchTheToolkit) {
   EXPECT_EQ(cuda::kErrorNoDevice, cudaErrorNoDevice);
   EXPECT_EQ(cuda::kErrorInvalidDevice, cudaErrorInvalidDevice);
   EXPECT_EQ(cuda::kErrorInvalidKernelImage, cudaErrorInvalidKernelImage);
+  EXPECT_EQ(cuda::kErrorEccUncorrectable, cudaErrorECCUncorrectable);
   EXPECT_EQ(cuda::kErrorInvalidResourceHandle, cudaErrorInvalidResourceHandle);
   EXPECT_EQ(cuda::kErrorNotReady, cudaErrorNotReady);
   EXPECT_EQ(cuda::kErrorIllegalAddress, cudaErrorIllegalAddress);

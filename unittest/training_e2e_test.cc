@@ -110,7 +110,7 @@ class CheckpointedTraining : public ::testing::Test {
   // Runs the default job under POS_CHECKPOINT=`spec` (dir= is added) and checks it printed exactly
   // what the uninterrupted CPU reference prints, and one report line per checkpoint in `at`.
   std::vector<CheckpointLine> run_checkpointed(const std::string& spec, const std::vector<unsigned long long>& at,
-                                               bool restores) {
+                                               bool restores, bool lazy = false) {
     int code = -1;
     std::string err;
     const std::string out = run_pos({}, &code, "POS_CHECKPOINT='" + spec + ";dir=" + prefix() + "' ", &err);
@@ -121,13 +121,19 @@ class CheckpointedTraining : public ::testing::Test {
     EXPECT_EQ(lines.size(), at.size()) << err;
     EXPECT_EQ(count_lines_starting(err, "pos: checkpoint "), at.size()) << err;
     EXPECT_EQ(count_lines_starting(err, "pos: restored from "), restores ? at.size() : 0) << err;
+    EXPECT_EQ(count_lines_starting(err, "pos: lazy restore from "), lazy ? at.size() : 0) << err;
     for (size_t i = 0; i < lines.size() && i < at.size(); ++i) {
       const int k = static_cast<int>(i) + 1;
       EXPECT_EQ(lines[i].k, k) << err;
       EXPECT_EQ(lines[i].sync_call, at[i]) << err;
       EXPECT_EQ(lines[i].dir, image(k)) << err;
-      if (restores) {
+      if (restores && !lazy) {
         EXPECT_NE(err.find("pos: restored from " + image(k) + "\n"), std::string::npos) << err;
+      }
+      if (restores && lazy) {
+        EXPECT_NE(err.find("pos: restored from " + image(k) + " (lazily: "), std::string::npos) << err;
+        // Every lazy restore finished loading (by the next checkpoint, or at exit) without an error.
+        EXPECT_NE(err.find("pos: lazy restore from " + image(k) + " complete: "), std::string::npos) << err;
       }
     }
     return lines;
@@ -155,6 +161,18 @@ TEST_F(CheckpointedTraining, SyncCheckpointsAtSeveralStepsLeaveTheRunUnchangedAn
 
 TEST_F(CheckpointedTraining, SyncCheckpointsEachFollowedByARestoreLeaveTheRunUnchanged) {
   run_checkpointed("at=5,10,15;then=restore", {5, 10, 15}, /*restores=*/true);
+}
+
+TEST_F(CheckpointedTraining, LazyRestoresAfterEachCheckpointLeaveTheRunUnchanged) {
+  // Each restore returns before a byte of the buffers is loaded; the next step's calls load what
+  // they name first, background loaders the rest.
+  run_checkpointed("at=5,10,15;then=restore;lazy=1", {5, 10, 15}, /*restores=*/true, /*lazy=*/true);
+}
+
+TEST_F(CheckpointedTraining, LazyRestoresThroughAnIncrementalChainOfAsyncImagesLeaveTheRunUnchanged) {
+  // The last two links store nothing: their buffers load lazily from the ancestors.
+  run_checkpointed("at=4,20,21,22;mode=async;incremental=1;then=restore;lazy=1", {4, 20, 21, 22},
+                   /*restores=*/true, /*lazy=*/true);
 }
 
 TEST_F(CheckpointedTraining, AsyncCheckpointsEachFollowedByARestoreLeaveTheRunUnchanged) {
@@ -194,7 +212,8 @@ TEST_F(CheckpointedTraining, AnIncrementalChainRestoredAtEveryLinkLeavesTheRunUn
 
 TEST_F(CheckpointedTraining, AMalformedCheckpointVariableStopsTheJobWithAMessageNamingIt) {
   for (const std::string spec : {"at=0;dir=", "at=3", "dir=/tmp/x", "at=3,2;dir=/tmp/x", "at=3;dir=/tmp/x;mode=fast",
-                                 "at=3;dir=/tmp/x;then=stop", "at=3;dir=/tmp/x;bogus=1", "at=3;;dir=/tmp/x"}) {
+                                 "at=3;dir=/tmp/x;then=stop", "at=3;dir=/tmp/x;bogus=1", "at=3;;dir=/tmp/x",
+                                 "at=3;dir=/tmp/x;lazy=1", "at=3;dir=/tmp/x;then=restore;lazy=yes"}) {
     int code = 0;
     std::string err;
     const std::string out = run_pos({}, &code, "POS_CHECKPOINT='" + spec + "' ", &err);

@@ -473,7 +473,10 @@ class HostBackend final : public DeviceBackend {
     out->free = used >= out->total ? 0 : out->total - used;
     return Status::Ok();
   }
-  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int) override {
+  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device) override {
+    // Every device is this process's memory; the index only has to exist (a client on device 1
+    // is what a restore onto another GPU produces).
+    if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
     auto c = std::make_unique<HostClient>(base, size, config_.spin_ns);
     POS_RETURN_IF_ERROR(c->reserve());
     return std::unique_ptr<BackendClient>(std::move(c));

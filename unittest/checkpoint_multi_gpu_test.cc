@@ -1,0 +1,187 @@
+// checkpoint_multi_gpu_test.cc — restore onto another device of the same model: a client
+// checkpointed on device 0 comes back on device 1 with the same bytes, handles and addresses.
+// Needs two devices: CI runs it on the host backend presenting two; the `multigpu` suite (tools/gpu_run.sh
+// --multi) on a machine with two GPUs of one model. With fewer it fails, never skips.
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#ifdef POS_TEST_CUDA_HEADERS
+#include <cuda.h>
+#include <dlfcn.h>
+#endif
+
+#include "unittest/api_fixture.h"
+
+namespace pos::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<unsigned> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = seed * 2246822519u + static_cast<unsigned>(i) * 3266489917u;
+  return v;
+}
+
+// Which device's memory backs `addr` (the CUDA backend maps client buffers with the driver's VMM
+// calls): -1 where it cannot be told (the host backend keeps every device in host memory), -2 if
+// the driver would not say. The driver is looked up at run time, so that CI machines without one
+// still run this binary on the host backend.
+int backing_device(uint64_t addr) {
+#ifdef POS_TEST_CUDA_HEADERS
+  if (backend_name() != "cuda") return -1;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // the backend has loaded it
+  if (lib == nullptr) return -2;
+  using Retain = CUresult (*)(CUmemGenericAllocationHandle*, void*);
+  using Props = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationHandle);
+  using Release = CUresult (*)(CUmemGenericAllocationHandle);
+  auto retain = reinterpret_cast<Retain>(dlsym(lib, "cuMemRetainAllocationHandle"));
+  auto props = reinterpret_cast<Props>(dlsym(lib, "cuMemGetAllocationPropertiesFromHandle"));
+  auto release = reinterpret_cast<Release>(dlsym(lib, "cuMemRelease"));
+  int device = -2;
+  CUmemGenericAllocationHandle h = 0;
+  if (retain != nullptr && props != nullptr && release != nullptr &&
+      retain(&h, reinterpret_cast<void*>(addr)) == CUDA_SUCCESS) {
+    CUmemAllocationProp prop{};
+    if (props(&prop, h) == CUDA_SUCCESS) device = prop.location.id;
+    release(h);
+  }
+  dlclose(lib);
+  return device;
+#else
+  (void)addr;
+  return -1;
+#endif
+}
+
+class MultiDeviceRestoreTest : public ApiTest {
+ protected:
+  void SetUp() override {
+    Config c = test_config();
+    c.host_device_count = 2;  // the host backend's stand-in for a two-GPU machine
+    make_workspace(c);
+    const int n = ws_->backend().device_count();
+    ASSERT_GE(n, 2) << "this test needs two devices of one model and the " << backend_name() << " backend sees " << n
+                    << "; run it on a multi-GPU machine (tools/gpu_run.sh --multi)";
+    ASSERT_EQ(ws_->backend().device_name(0), ws_->backend().device_name(1))
+        << "devices 0 and 1 are different models; restore onto another device needs the same one";
+    dir_ = (fs::temp_directory_path() / ("pos-multigpu-test-" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    ApiTest::TearDown();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  void build_state() {
+    a_ = alloc(3u << 20);
+    b_ = alloc(20u << 20);  // more than two 8 MiB chunks
+    a_data_ = pattern((3u << 20) / 4, 1);
+    b_data_ = pattern((20u << 20) / 4, 2);
+    upload(a_, a_data_.data(), 3u << 20);
+    upload(b_, b_data_.data(), 20u << 20);
+    ASSERT_TRUE(api().stream_create_with_flags(&stream_, 1).ok());
+    ASSERT_TRUE(api().device_synchronize().ok());
+  }
+  void expect_state(int device) {
+    EXPECT_EQ(download<unsigned>(a_, a_data_.size()), a_data_);
+    EXPECT_EQ(download<unsigned>(b_, b_data_.size()), b_data_);
+    // The restored function and stream run a kernel there.
+    auto args = ApiTest::args(client().fill, static_cast<uint64_t>(a_), 5u, 1000);
+    ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, args).ok());
+    ASSERT_TRUE(api().stream_synchronize(stream_).ok());
+    std::vector<unsigned> want = a_data_;
+    for (unsigned i = 0; i < 1000; ++i) want[i] = 5u + i;
+    EXPECT_EQ(download<unsigned>(a_, want.size()), want);
+    EXPECT_EQ(ws_->find_client(client().uuid)->device(), device);
+    for (uint64_t p : {a_, b_}) {
+      const int d = backing_device(p);
+      if (d != -1) {
+        EXPECT_EQ(d, device) << "buffer " << p << " lives on device " << d;
+      }
+    }
+  }
+  std::string image(const std::string& name) const { return dir_ + "/" + name; }
+  Status dump(const std::string& d) {
+    CheckpointRequest r;
+    r.dir = d;
+    auto res = ws_->checkpoint(client().uuid, std::move(r));
+    return res.ok() ? Status::Ok() : res.status();
+  }
+  // Drops the client and restores it from `d` with `options`.
+  Status kill_and_restore(const std::string& d, const RestoreOptions& options) {
+    POS_RETURN_IF_ERROR(ws_->remove_client(client().uuid));
+    auto img = ckpt::ImageReader::open_dir(d);
+    if (!img.ok()) return img.status();
+    auto u = ws_->restore(std::shared_ptr<const ckpt::ImageReader>(std::move(*img)), options);
+    if (!u.ok()) return u.status();
+    TestClient& c = client();
+    c.uuid = *u;
+    c.api.reset();
+    c.transport = std::make_unique<InProcessTransport>(ws_, *u);
+    c.api = std::make_unique<ApiClient>(c.transport.get());
+    return Status::Ok();
+  }
+  static RestoreOptions on_device(int device, bool lazy = false) {
+    RestoreOptions o;
+    o.device = device;
+    o.lazy = lazy;
+    return o;
+  }
+
+  std::string dir_;
+  uint64_t a_ = 0, b_ = 0, stream_ = 0;
+  std::vector<unsigned> a_data_, b_data_;
+};
+
+TEST_F(MultiDeviceRestoreTest, ACheckpointOnDevice0RestoresOnDevice1WithTheSameBytes) {
+  build_state();
+  ASSERT_EQ(ws_->find_client(client().uuid)->device(), 0);
+  ASSERT_TRUE(dump(image("on0")).ok());
+  Status s = kill_and_restore(image("on0"), on_device(1));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_state(1);
+}
+
+TEST_F(MultiDeviceRestoreTest, AnImageRemembersItsDeviceAndCanBeMappedBack) {
+  build_state();
+  ASSERT_TRUE(dump(image("on0")).ok());
+  ASSERT_TRUE(kill_and_restore(image("on0"), on_device(1)).ok());
+  ASSERT_TRUE(dump(image("on1")).ok());
+  auto img = ckpt::ImageReader::open_dir(image("on1"));
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ((*img)->client().client().device(), 1);
+  // Without a mapping the image goes back to its own device; with one, anywhere of its model.
+  ASSERT_TRUE(kill_and_restore(image("on1"), on_device(-1)).ok());
+  expect_state(1);
+  ASSERT_TRUE(kill_and_restore(image("on1"), on_device(0)).ok());
+  expect_state(0);
+}
+
+TEST_F(MultiDeviceRestoreTest, ALazyRestoreOntoDevice1LoadsEveryBufferThere) {
+  build_state();
+  ASSERT_TRUE(dump(image("lazy")).ok());
+  ASSERT_TRUE(kill_and_restore(image("lazy"), on_device(1, /*lazy=*/true)).ok());
+  expect_state(1);
+  EXPECT_TRUE(ws_->find_client(client().uuid)->wait_restored().ok());
+}
+
+TEST_F(MultiDeviceRestoreTest, ADeviceThatDoesNotExistIsRefusedAndChangesNothing) {
+  build_state();
+  ASSERT_TRUE(dump(image("img")).ok());
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  auto img = ckpt::ImageReader::open_dir(image("img"));
+  ASSERT_TRUE(img.ok());
+  const int n = ws_->backend().device_count();
+  auto u = ws_->restore(**img, on_device(n));
+  EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(u.status().message().find("device " + std::to_string(n)), std::string::npos) << u.status().to_string();
+  ASSERT_TRUE(ws_->restore(**img, on_device(1)).ok());  // the slot is still free
+}
+
+}  // namespace
+}  // namespace pos::test
