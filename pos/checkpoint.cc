@@ -39,9 +39,10 @@ CheckpointJob::~CheckpointJob() {
     if (r->shadow != 0 && shadow_copier_) shadow_copier_->shadow_free(r->shadow);
 }
 
-Status CheckpointJob::prepare(uint64_t default_shadow_pool) {
+Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
   t0_ = seconds_now();
   shadow_limit_ = req_.shadow_pool_bytes != 0 ? req_.shadow_pool_bytes : default_shadow_pool;
+  device_index_ = device;
   if (req_.dir.empty() == (req_.memory == nullptr))
     return Status::InvalidArgument("a checkpoint needs exactly one target: a directory or a memory image");
   if (!req_.parent_dir.empty()) {
@@ -88,6 +89,16 @@ Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s)
     auto sc = backend->make_copier();
     if (!sc.ok()) return sc.status();
     shadow_copier_ = std::move(*sc);
+    if (shadow_limit_ == 0) {
+      // Auto: room to shadow every buffer once (then the job never waits for the drainer), but
+      // never more than half of what is free, so the job's own allocations keep their headroom.
+      uint64_t buffers = 0;
+      for (auto& r : regions_)
+        if (!r->is_var) buffers += r->size;
+      MemInfo mi{};
+      const uint64_t half_free = device_->mem_info(device_index_, &mi).ok() ? mi.free / 2 : 0;
+      shadow_limit_ = std::min(buffers, half_free);
+    }
   }
   result_.drain_start_s = seconds_now();
   drainer_ = std::thread([this] { drain_main(); });
@@ -137,8 +148,10 @@ void CheckpointJob::protect_region(DrainRegion& r) {
     // No room (or no memory) for a shadow: the drainer takes this region next; wait for it.
     r.urgent.store(true, std::memory_order_release);
     lk.unlock();
+    if (req_.on_pool_full) req_.on_pool_full();
     {
       std::unique_lock<std::mutex> pl(pool_mu_);
+      ++shadow_waits_;
       pool_cv_.wait_for(pl, std::chrono::milliseconds(1));
     }
     lk.lock();
@@ -239,6 +252,8 @@ StatusOr<CheckpointResult> CheckpointJob::wait() {
   {
     std::lock_guard<std::mutex> pl(pool_mu_);
     result_.shadow_bytes = shadow_total_;
+    result_.shadow_waits = shadow_waits_;
+    result_.shadow_limit = shadow_limit_;
   }
   result_.total_s = seconds_now() - t0_;
   return result_;

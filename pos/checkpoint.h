@@ -35,13 +35,15 @@ struct CheckpointRequest {
   bool replace = false;  // an existing directory image is replaced atomically
   // Incremental: store only buffers written since this (directory) image; the rest is referenced.
   std::string parent_dir;
-  uint64_t shadow_pool_bytes = 0;  // async: bound on shadow memory (0: the config's)
+  uint64_t shadow_pool_bytes = 0;  // async: bound on shadow memory (0: the config's, whose 0 is auto)
   // Called by the drainer after each chunk (bytes stored so far, bytes to store).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
   // the worker once the cut is taken (before the client resumes).
   std::atomic<bool>* hold_drain = nullptr;
   std::function<void(uint64_t cut)> on_cut;
+  // Test hook: runs on the worker each time it finds the shadow pool full and starts to wait.
+  std::function<void()> on_pool_full;
 };
 
 struct CheckpointResult {
@@ -50,6 +52,8 @@ struct CheckpointResult {
   uint64_t bytes_stored = 0;     // device bytes written into this image
   uint64_t bytes_referenced = 0; // device bytes left in the parent chain (incremental)
   uint64_t shadow_bytes = 0;     // async: bytes copied to shadows because the job wrote them
+  uint64_t shadow_limit = 0;     // async: the pool's bound for this checkpoint
+  uint64_t shadow_waits = 0;     // async: times the worker found the pool full and waited
   double stall_s = 0;            // how long the client's worker was stopped at the cut
   double total_s = 0;            // request to durable image
   // When the drainer started (at the cut) and when the image was durable, on the monotonic clock
@@ -112,7 +116,8 @@ class CheckpointJob {
   ckpt::pb::ClientImage& image() { return image_; }
   const ckpt::ImageReader* parent() const { return parent_.get(); }
   // Control thread, before the command: opens the target and the parent.
-  Status prepare(uint64_t default_shadow_pool);
+  // `device` is the client's device, whose free memory bounds an auto-sized shadow pool.
+  Status prepare(uint64_t default_shadow_pool, int device);
   // Parser: one region per buffer whose bytes go into this image.
   void add_region(uint64_t key, uint64_t addr, uint64_t size, bool is_var, int record);
   uint64_t* referenced_bytes() { return &result_.bytes_referenced; }
@@ -143,7 +148,8 @@ class CheckpointJob {
   std::vector<std::unique_ptr<DrainRegion>> regions_;
   std::unordered_map<uint64_t, DrainRegion*> by_addr_;  // buffers (not variables), by address
   uint64_t total_bytes_ = 0;
-  uint64_t shadow_limit_ = 0;
+  uint64_t shadow_limit_ = 0;    // 0 until the cut when auto-sized
+  int device_index_ = 0;
 
   std::unique_ptr<DeviceCopier> drain_copier_;   // drainer thread
   std::unique_ptr<DeviceCopier> shadow_copier_;  // worker; shadow_alloc/free under pool_mu_
@@ -151,6 +157,7 @@ class CheckpointJob {
   std::condition_variable pool_cv_;
   uint64_t shadow_in_use_ = 0;  // guarded by pool_mu_
   uint64_t shadow_total_ = 0;   // guarded by pool_mu_
+  uint64_t shadow_waits_ = 0;   // guarded by pool_mu_
 
   std::thread drainer_;
   std::atomic<bool> drained_flag_{false};

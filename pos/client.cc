@@ -336,7 +336,7 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
                                  " refused: its lazy restore did not load every buffer");
   }
   auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
-  POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes));
+  POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes, device_));
   Command cmd;
   cmd.type = CommandType::kCheckpoint;
   cmd.job = job;

@@ -134,7 +134,13 @@ Status apply(const YAML::Node& root, Config* c) {
   }
   if (const auto n = root["checkpoint"]) {
     POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode", "shadow_pool"}));
-    POS_RETURN_IF_ERROR(read_size(n, "shadow_pool", &c->shadow_pool_bytes));
+    if (n["shadow_pool"] && n["shadow_pool"].as<std::string>() == "auto") {
+      c->shadow_pool_bytes = 0;
+    } else {
+      POS_RETURN_IF_ERROR(read_size(n, "shadow_pool", &c->shadow_pool_bytes));
+      if (n["shadow_pool"] && c->shadow_pool_bytes == 0)
+        return Status::InvalidArgument("checkpoint.shadow_pool must be auto or a size above 0");
+    }
     if (n["mode"]) {
       c->checkpoint_mode = n["mode"].as<std::string>();
       if (c->checkpoint_mode != "off" && c->checkpoint_mode != "sync" && c->checkpoint_mode != "async")

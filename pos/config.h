@@ -42,7 +42,10 @@ struct Config {
   // Checkpointing: the mode a request gets when it names none (off: checkpoints only on request,
   // in sync mode), and the bound on device memory for async copy-on-write shadows per checkpoint.
   std::string checkpoint_mode = "off";  // off | sync | async
-  uint64_t shadow_pool_bytes = 2ull << 30;
+  // 0 = auto: as many bytes as the checkpoint's buffers, at most half the device memory free at
+  // the cut. A pool smaller than what the job rewrites during the drain makes it wait for the
+  // drainer (at disk speed when the image goes to files).
+  uint64_t shadow_pool_bytes = 0;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
   std::string posd_socket;               // empty: $POS_SOCKET, else /tmp/posd-<uid>.sock

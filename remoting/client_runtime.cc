@@ -391,8 +391,13 @@ Status ClientRuntime::reap(bool wait) {
     return checkpoint_failed(p->status.with_context("checkpoint " + std::to_string(p->k) + " -> " + p->dir));
   report(p->k, p->n, p->result, p->dir);
   // The job ran on while this image drained: when, so its steps can be matched with the drain.
-  std::fprintf(stderr, "pos: drain of checkpoint %zu ran from %.6f to %.6f s (monotonic clock), %.3f ms\n", p->k,
-               p->result.drain_start_s, p->result.drain_end_s, ms(p->result.drain_end_s - p->result.drain_start_s));
+  std::fprintf(stderr,
+               "pos: drain of checkpoint %zu ran from %.6f to %.6f s (monotonic clock), %.3f ms; shadows %llu bytes "
+               "(pool %llu), %llu waits for a full pool\n",
+               p->k, p->result.drain_start_s, p->result.drain_end_s, ms(p->result.drain_end_s - p->result.drain_start_s),
+               static_cast<unsigned long long>(p->result.shadow_bytes),
+               static_cast<unsigned long long>(p->result.shadow_limit),
+               static_cast<unsigned long long>(p->result.shadow_waits));
   return Status::Ok();
 }
 

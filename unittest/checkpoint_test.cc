@@ -216,6 +216,56 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   expect_state();
 }
 
+TEST_F(CheckpointTest, AnAutoSizedShadowPoolLetsTheJobRewriteEverythingWithoutWaiting) {
+  build_state();
+  const std::string d = temp_dir("auto-pool");
+  std::atomic<bool> hold{true}, cut{false};
+  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);  // the config's pool: auto
+  req.hold_drain = &hold;
+  req.on_cut = [&](uint64_t) { cut.store(true); };
+  StatusOr<CheckpointResult> result = Status::Internal("not run");
+  std::thread t([&] { result = dump(std::move(req)); });
+  while (!cut.load()) std::this_thread::yield();
+  // The drainer is held: had the worker to wait for it, these calls would never return.
+  ASSERT_TRUE(api().memset(big_, 0x11, 20u << 20).ok());
+  ASSERT_TRUE(api().memset(small_, 0x22, 4096).ok());
+  ASSERT_TRUE(api().memset(odd_, 0x33, 777 * 4).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  hold.store(false);
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_EQ(result->shadow_limit, (20u << 20) + 4096u + 777 * 4);  // every buffer, once
+  EXPECT_EQ(result->shadow_bytes, result->shadow_limit);
+  EXPECT_EQ(result->shadow_waits, 0u);
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  expect_state();
+}
+
+TEST_F(CheckpointTest, AFullShadowPoolMakesTheWorkerWaitForTheDrainerAndTheImageStaysExact) {
+  build_state();
+  const std::string d = temp_dir("small-pool");
+  std::atomic<bool> hold{true}, cut{false};
+  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
+  req.shadow_pool_bytes = 8192;  // the small buffer fits, the 20 MiB one never does
+  req.hold_drain = &hold;
+  req.on_cut = [&](uint64_t) { cut.store(true); };
+  req.on_pool_full = [&] { hold.store(false); };  // the drainer starts only once the worker waits
+  StatusOr<CheckpointResult> result = Status::Internal("not run");
+  std::thread t([&] { result = dump(std::move(req)); });
+  while (!cut.load()) std::this_thread::yield();
+  ASSERT_TRUE(api().memset(big_, 0x11, 20u << 20).ok());
+  ASSERT_TRUE(api().memset(small_, 0x22, 4096).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_EQ(result->shadow_limit, 8192u);
+  EXPECT_LE(result->shadow_bytes, 8192u);
+  EXPECT_GE(result->shadow_waits, 1u);
+  EXPECT_EQ(download<unsigned char>(big_, 16), std::vector<unsigned char>(16, 0x11));
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  expect_state();
+}
+
 TEST_F(CheckpointTest, ASecondCheckpointWhileOneIsDrainingIsBusy) {
   build_state();
   std::atomic<bool> hold{true}, cut{false};

@@ -54,6 +54,21 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
   EXPECT_FALSE(parse_config("[unclosed").ok());
 }
 
+TEST(Config, TheShadowPoolIsAutoByDefaultOrASizeButNeverZero) {
+  auto d = parse_config("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->shadow_pool_bytes, 0u);  // auto
+  auto a = parse_config("checkpoint: {shadow_pool: auto}");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->shadow_pool_bytes, 0u);
+  auto s = parse_config("checkpoint: {shadow_pool: 3GiB}");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->shadow_pool_bytes, 3ull << 30);
+  auto z = parse_config("checkpoint: {shadow_pool: 0}");
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.status().message().find("shadow_pool"), std::string::npos);
+}
+
 TEST(Config, SizesAcceptBinaryAndDecimalUnits) {
   EXPECT_EQ(parse_size("64").value(), 64u);
   EXPECT_EQ(parse_size("4KiB").value(), 4096u);

@@ -110,12 +110,15 @@ class CudaCopier final : public DeviceCopier {
   explicit CudaCopier(CUcontext ctx) : ctx_(ctx) {}
   ~CudaCopier() override {
     if (make_current(ctx_).ok()) {
+      for (CUdeviceptr p : shadows_) {
+        if (no_pool_ || lanes_[0] == nullptr) cuMemFree(p);
+        else cuMemFreeAsync(p, lanes_[0]);
+      }
       for (CUstream s : lanes_)
         if (s != nullptr) {
           cuStreamSynchronize(s);
           cuStreamDestroy(s);
         }
-      for (CUdeviceptr p : shadows_) cuMemFree(p);
     }
   }
   Status open() {
@@ -143,22 +146,34 @@ class CudaCopier final : public DeviceCopier {
     POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
     return Status::Ok();
   }
+  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
+  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
+  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
   StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
     POS_RETURN_IF_ERROR(make_current(ctx_));
     CUdeviceptr p = 0;
-    POS_CU(cuMemAlloc(&p, n == 0 ? 1 : n), "shadow of " + std::to_string(n) + " bytes");
+    const size_t bytes = n == 0 ? 1 : n;
+    if (!no_pool_) {
+      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
+      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
+      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
+    }
+    if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
     shadows_.insert(p);
     return static_cast<uint64_t>(p);
   }
   void shadow_free(uint64_t addr) override {
     if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
-    cuMemFree(addr);
+    // The caller has waited for every copy that reads the shadow, so any stream may free it.
+    if (no_pool_) cuMemFree(addr);
+    else cuMemFreeAsync(addr, lanes_[1]);
   }
 
  private:
   CUcontext ctx_;
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
+  bool no_pool_ = false;  // the device has no stream-ordered allocator
 };
 
 class CudaClient final : public BackendClient {
