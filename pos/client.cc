@@ -78,7 +78,8 @@ POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const C
       rpc2parser_wq_(config.queue_depth),
       rpc2parser_cq_(config.queue_depth * 2),
       parser2worker_wq_(config.queue_depth),
-      parser2worker_cq_(config.queue_depth * 2) {}
+      parser2worker_cq_(config.queue_depth * 2),
+      worker2rpc_cq_(config.queue_depth * 2) {}
 
 POSClient::~POSClient() { shutdown(); }
 
@@ -167,7 +168,7 @@ void POSClient::shutdown() {
   worker_bell_.ring();
   // Drain: every submitted call comes back on the rpc CQ, and no command is in flight.
   spin_then_block(rpc_bell_, config_.spin_ns, [&] {
-    return completed_.load(std::memory_order_acquire) == submitted_.load(std::memory_order_acquire) &&
+    return completed() == submitted_.load(std::memory_order_acquire) &&
            !command_busy_.load(std::memory_order_acquire);
   });
   stop_.store(true, std::memory_order_release);
@@ -227,12 +228,14 @@ void POSClient::reclaim_contexts() {
     }
   }
   APIContext* c = nullptr;
-  while (rpc2parser_cq_.pop(c)) {
-    if (c->caller_released.load(std::memory_order_acquire)) {
-      c->recycle();
-      pool_.push_back(c);
-    } else {
-      unreleased_.push_back(c);
+  for (Queue* q : {&worker2rpc_cq_, &rpc2parser_cq_}) {
+    while (q->pop(c)) {
+      if (c->caller_released.load(std::memory_order_acquire)) {
+        c->recycle();
+        pool_.push_back(c);
+      } else {
+        unreleased_.push_back(c);
+      }
     }
   }
 }
@@ -255,7 +258,8 @@ APIContext* POSClient::acquire_context() {
       return c;
     }
     // Everything is in flight: wait for the pipeline to hand one back.
-    spin_then_block(rpc_bell_, config_.spin_ns, [&] { return rpc2parser_cq_.read_available() > 0; });
+    spin_then_block(rpc_bell_, config_.spin_ns,
+                    [&] { return rpc2parser_cq_.read_available() > 0 || worker2rpc_cq_.read_available() > 0; });
   }
 }
 
@@ -391,7 +395,7 @@ void POSClient::parser_main() {
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
     // the busy worker, and reading it on every poll would delay noticing a new call.
     uint32_t polls = 0;
-    const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed_.load(std::memory_order_relaxed);
+    const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed();
     const uint64_t deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
     bool ready = false;
     while (!ready) {
@@ -420,6 +424,15 @@ void POSClient::flush_completions() {
   if (unflushed_completions_ == 0) return;
   completed_.fetch_add(unflushed_completions_, std::memory_order_release);
   unflushed_completions_ = 0;
+  rpc_bell_.ring();
+}
+
+void POSClient::flush_worker_completions() {
+  if (worker_unflushed_ == 0) return;
+  // Only the worker writes it: a plain store, no locked instruction.
+  worker_completed_.store(worker_completed_.load(std::memory_order_relaxed) + worker_unflushed_,
+                          std::memory_order_release);
+  worker_unflushed_ = 0;
   rpc_bell_.ring();
 }
 
@@ -537,7 +550,10 @@ void POSClient::worker_main() {
         if (worker_paused_.load(std::memory_order_acquire)) break;
       }
     }
-    if (progressed) parser_bell_.ring();
+    if (progressed) {
+      flush_worker_completions();
+      parser_bell_.ring();
+    }
     if (worker_cmd_ != nullptr) {
       const bool cut_reached = parser2worker_wq_.read_available() == 0 ||
                                parser2worker_wq_.front()->pc >= worker_cmd_->cut_pc;
@@ -586,10 +602,17 @@ void POSClient::execute_call(APIContext* c) {
     c->t_done_ns = now_ns();
     latency_.record(c->t_done_ns - c->t_submit_ns);
   }
+  bool deletes = false;
+  for (size_t i = 0; i < c->edges.size(); ++i) deletes |= c->edges[i].kind == EdgeKind::kDelete;
   c->advance(kDone);
-  // The CQ holds every context that exists, so this never waits; the parser is rung once per
-  // batch (worker_main), completions only recycle contexts.
-  while (!parser2worker_cq_.push(c)) cpu_relax();
+  // Both CQs hold every context that exists, so this never waits; the parser and the submitter
+  // are rung once per batch (worker_main). Deleted handles are released by the parser first.
+  if (deletes) {
+    while (!parser2worker_cq_.push(c)) cpu_relax();
+  } else {
+    while (!worker2rpc_cq_.push(c)) cpu_relax();
+    ++worker_unflushed_;
+  }
 }
 
 void POSClient::execute_command(Command* cmd) {

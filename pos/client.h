@@ -198,6 +198,10 @@ class POSClient {
   Status restore_state(const std::shared_ptr<const ckpt::ImageReader>& image, const RestoreOptions& options);
   void complete_to_rpc(APIContext* c, bool flush = true);
   void flush_completions();
+  void flush_worker_completions();
+  uint64_t completed() const {
+    return completed_.load(std::memory_order_acquire) + worker_completed_.load(std::memory_order_acquire);
+  }
   void update_live_handles();
   template <typename Q, typename T>
   void push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& wait_on);
@@ -213,6 +217,9 @@ class POSClient {
   // Queues, one producer and one consumer each; indices live on separate cache lines inside
   // boost's spsc_queue, so producer and consumer do not false-share.
   Queue rpc2parser_wq_, rpc2parser_cq_, parser2worker_wq_, parser2worker_cq_;
+  // Worker → submitter: contexts of calls that deleted nothing go back to the pool directly, so
+  // the parser's loop is spent on new calls (only deletions need the parser's handle managers).
+  Queue worker2rpc_cq_;
   CmdQueue cmd_parser_wq_, cmd_worker_wq_, cmd_worker_cq_;
   Doorbell parser_bell_;  // rpc WQ, worker CQ, command queues
   Doorbell worker_bell_;  // parser → worker WQ, command queue, pause changes
@@ -228,6 +235,7 @@ class POSClient {
   // Counters written by different threads sit on their own cache lines (no false sharing).
   alignas(64) std::atomic<uint64_t> submitted_{0};  // submitter
   alignas(64) std::atomic<uint64_t> completed_{0};  // parser: contexts handed back on rpc2parser_cq_
+  alignas(64) std::atomic<uint64_t> worker_completed_{0};  // worker: contexts handed back on worker2rpc_cq_
 
   std::atomic<bool> command_busy_{false};
   // Command completion lives in the client, not in the Command: the control thread may destroy
@@ -248,6 +256,7 @@ class POSClient {
   WorkerScope ws_;
   std::unique_ptr<BackendClient> backend_client_;
   Command* worker_cmd_ = nullptr;  // worker thread
+  uint64_t worker_unflushed_ = 0;  // worker thread: pushed to worker2rpc_cq_, not yet counted
   std::shared_ptr<CheckpointJob> cow_job_;  // worker thread: an async checkpoint still draining
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
   // A lazy restore: set before the threads start, stopped (not freed) at shutdown, so any thread

@@ -66,13 +66,15 @@ else
 fi
 
 if ((QUICK == 0)); then
-  # The queues, the pipeline and the isolation checks under sanitizers (meson test setups).
-  TARGETS=(unittest/queue_test unittest/pipeline_test unittest/isolation_test)
+  # The queues, the pipeline, the isolation checks, the checkpoint engine (drainer, shadows, lazy
+  # loaders) and posd's sessions under sanitizers (meson test setups).
+  SAN_TESTS=(queue_test pipeline_test isolation_test checkpoint_test remoting_test)
+  TARGETS=("${SAN_TESTS[@]/#/unittest/}")
   for san in asan tsan; do
     if [[ $san == asan ]]; then opt=(-Db_sanitize=address,undefined); else opt=(-Db_sanitize=thread); fi
     log "building the lock-free code with $san..."
     if build "$ROOT/build-$san" --buildtype=debug "${opt[@]}" -Db_lundef=false -Dwith_cuda=disabled; then
-      meson test -C "$ROOT/build-$san" --no-rebuild --setup "$san" --print-errorlogs queue_test pipeline_test isolation_test
+      meson test -C "$ROOT/build-$san" --no-rebuild --setup "$san" --print-errorlogs "${SAN_TESTS[@]}"
       count "$ROOT/build-$san/meson-logs/testlog-$san.json"
     else
       FAILED=$((FAILED + 1))

@@ -52,7 +52,13 @@ Status cu_status(CUresult r, const char* call, const std::string& what) {
   if (r != CUDA_ERROR_NOT_READY) POS_WARN("cuda backend: %s", m.c_str());
   return Status::Cuda(runtime_error(r), std::move(m));
 }
-#define POS_CU(call, what) POS_RETURN_IF_ERROR(cu_status((call), #call, (what)))
+// `what` is built only on failure: the hot paths (launches, async copies) name their handle in
+// it, and formatting that on every success would cost the worker an allocation per call.
+#define POS_CU(call, what)                                       \
+  do {                                                           \
+    const CUresult pos_cu_r_ = (call);                           \
+    if (pos_cu_r_ != CUDA_SUCCESS) return cu_status(pos_cu_r_, #call, (what)); \
+  } while (0)
 
 Status blas_status(cublasStatus_t r, const char* call, const std::string& what) {
   if (r == CUBLAS_STATUS_SUCCESS) return Status::Ok();
@@ -578,6 +584,7 @@ class CudaClient final : public BackendClient {
                                       &g.beta, C, g.ldc, g.stride_c, g.batch);
         break;
     }
+    if (r == CUBLAS_STATUS_SUCCESS) return Status::Ok();
     return blas_status(r, "cublas gemm", "handle " + std::to_string(id));
   }
 
