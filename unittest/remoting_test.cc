@@ -26,7 +26,7 @@ class Posd : public ::testing::Test {
     sessions_.clear();
     server_.reset();
     c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + ".sock";
-    c.posd_arena_bytes = 8ull << 20;  // staging slots of 1 MiB: copies below cross several chunks
+    c.posd_arena_bytes = 8ull << 20;  // staging slots of 512 KiB: copies below cross several chunks
     auto s = PosdServer::start(c);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     server_ = std::move(s.value());
@@ -42,7 +42,8 @@ class Posd : public ::testing::Test {
   ApiClient& api(size_t i = 0) { return *apis_[i]; }
   uint64_t alloc(uint64_t n, size_t i = 0) {
     uint64_t p = 0;
-    EXPECT_TRUE(api(i).malloc(&p, n).ok());
+    Status s = api(i).malloc(&p, n);
+    EXPECT_TRUE(s.ok()) << s.to_string();
     return p;
   }
   // Waits (bounded, no sleep) until posd lists exactly `n` sessions.
@@ -295,6 +296,103 @@ TEST_F(Posd, ManySessionsRunConcurrentlyEachOnItsOwnData) {
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(ok[i], 1) << "session " << i;
+}
+
+// ---------------- pageable copies through the staging slots ----------------
+
+// Bytes no power-of-two stride repeats, so a chunk or piece landing one slot off shows.
+std::vector<uint8_t> pattern(uint64_t n) {
+  std::vector<uint8_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 7 + i / 251 + 1);
+  return v;
+}
+
+TEST(ParallelCopy, BlocksOfOddSizesAndOffsetsArriveWholeAndNothingAroundThemChanges) {
+  ParallelCopier pc(4, 200000);
+  const uint64_t kMax = (8ull << 20) + 3;
+  const std::vector<uint8_t> src = pattern(kMax + 4096);
+  const uint64_t piece = ParallelCopier::kMinPiece;
+  const std::initializer_list<uint64_t> sizes = {1, 4095, 2 * piece - 1, 2 * piece, 2 * piece + 1, (3ull << 20) + 17, kMax};
+  for (uint64_t n : sizes) {
+    for (auto [so, dof] : {std::pair<uint64_t, uint64_t>{0, 0}, {1, 3}, {4095, 7}}) {
+      std::vector<uint8_t> dst(n + 8192, 0xee);
+      pc.copy(dst.data() + dof, src.data() + so, n);
+      ASSERT_EQ(std::memcmp(dst.data() + dof, src.data() + so, n), 0) << n << " bytes, offsets " << so << "/" << dof;
+      for (uint64_t i = 0; i < dof; ++i) ASSERT_EQ(dst[i], 0xee);
+      for (uint64_t i = dof + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xee) << n;
+    }
+  }
+  EXPECT_EQ(pc.helpers_started(), 3u);  // started by the first copy worth splitting
+}
+
+TEST(ParallelCopy, OneThreadMeansTheCallerAloneAndSmallCopiesStartNoHelper) {
+  const std::vector<uint8_t> src = pattern(4 << 20);
+  std::vector<uint8_t> dst(src.size());
+  ParallelCopier alone(1, 0);
+  alone.copy(dst.data(), src.data(), src.size());
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(alone.helpers_started(), 0u);
+  ParallelCopier lazy(4, 0);
+  lazy.copy(dst.data(), src.data(), ParallelCopier::kMinPiece);
+  EXPECT_EQ(lazy.helpers_started(), 0u);
+}
+
+TEST_F(Posd, LargePageableCopiesAtOddSizesAndOffsetsArriveWhole) {
+  connect();
+  sessions_[0]->set_copy_threads(3);
+  const uint64_t stage = sessions_[0]->stage_bytes();  // 512 KiB with this arena
+  ASSERT_GE(stage, 64u << 10);
+  const uint64_t cap = 11 * stage + 8192;
+  const std::vector<uint8_t> bytes = pattern(cap);
+  const uint64_t d = alloc(cap);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), cap, cuda::kMemcpyHostToDevice).ok());
+  auto check_d2h = [&](uint64_t n, uint64_t src_off, uint64_t dst_off, const char* how) {
+    std::vector<uint8_t> back(n + 64, 0xee);
+    ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data() + dst_off), d + src_off, n,
+                             cuda::kMemcpyDeviceToHost).ok());
+    ASSERT_EQ(std::memcmp(back.data() + dst_off, bytes.data() + src_off, n), 0)
+        << how << ": " << n << " bytes from +" << src_off << " to +" << dst_off;
+    for (uint64_t i = 0; i < dst_off; ++i) ASSERT_EQ(back[i], 0xee);
+    for (uint64_t i = dst_off + n; i < back.size(); ++i) ASSERT_EQ(back[i], 0xee) << how << ": past " << n;
+  };
+  // Around one slot, around all four (posd runs that far ahead), and many chunks with a short tail.
+  for (uint64_t n : {stage - 1, stage, stage + 1, 4 * stage - 3, 4 * stage, 4 * stage + 5, 9 * stage + 4097,
+                     11 * stage + 1}) {
+    for (uint64_t src_off : {uint64_t{0}, uint64_t{5}}) {
+      for (uint64_t dst_off : {uint64_t{0}, uint64_t{3}}) check_d2h(n, src_off, dst_off, "posted chunks");
+    }
+  }
+  // Host to device from an odd offset of a pageable buffer, read back whole.
+  std::vector<uint8_t> shifted(cap + 3, 0);
+  std::memcpy(shifted.data() + 3, bytes.data(), cap - 1);
+  ASSERT_TRUE(api().memcpy(d + 1, reinterpret_cast<uint64_t>(shifted.data() + 3), cap - 1,
+                           cuda::kMemcpyHostToDevice).ok());
+  std::vector<uint8_t> whole(cap);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(whole.data()), d, cap, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(std::memcmp(whole.data() + 1, bytes.data(), cap - 1), 0);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), cap, cuda::kMemcpyHostToDevice).ok());
+  // Device to pageable memory with cudaMemcpyAsync (staged the same way, after the stream).
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  std::vector<uint8_t> back(cap - 7, 0);
+  ASSERT_TRUE(api().memcpy_async(reinterpret_cast<uint64_t>(back.data()), d + 7, cap - 7, cuda::kMemcpyDeviceToHost, s)
+                  .ok());
+  EXPECT_EQ(std::memcmp(back.data(), bytes.data() + 7, cap - 7), 0);
+  // A copy running past the buffer's end fails, whether the failing chunks were posted or not.
+  std::vector<uint8_t> big(cap);
+  EXPECT_EQ(api().memcpy(reinterpret_cast<uint64_t>(big.data()), d + 2 * stage + 8192, cap, cuda::kMemcpyDeviceToHost)
+                .api_error(),
+            cuda::kErrorInvalidValue);
+  EXPECT_TRUE(api().device_synchronize().ok());  // reported once
+  // One thread, and every chunk waiting for its verdict (POS_CLIENT_POST=0): the same bytes.
+  sessions_[0]->set_copy_threads(1);
+  check_d2h(9 * stage + 4097, 5, 3, "one copy thread");
+  sessions_[0]->set_post_async(false);
+  sessions_[0]->set_copy_threads(2);
+  check_d2h(9 * stage + 4097, 5, 3, "no posted calls");
+  EXPECT_EQ(api().memcpy(reinterpret_cast<uint64_t>(big.data()), d + 2 * stage + 8192, cap, cuda::kMemcpyDeviceToHost)
+                .api_error(),
+            cuda::kErrorInvalidValue);
 }
 
 }  // namespace
