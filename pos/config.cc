@@ -119,9 +119,9 @@ Status apply(const YAML::Node& root, Config* c) {
     POS_RETURN_IF_ERROR(check_keys(n, "posd.", {"socket", "group", "arena", "arena_max", "host_kernel_libraries"}));
     if (n["socket"]) c->posd_socket = n["socket"].as<std::string>();
     if (n["group"]) {
-      uint32_t g = 0;
-      POS_RETURN_IF_ERROR(read_uint(n, "group", &g, 0, 1u << 31));
-      c->posd_group = g;
+      // -1 (the old way of saying "none") and "" mean no group.
+      c->posd_group = n["group"].IsNull() ? "" : n["group"].as<std::string>();
+      if (c->posd_group == "-1") c->posd_group.clear();
     }
     POS_RETURN_IF_ERROR(read_size(n, "arena", &c->posd_arena_bytes));
     POS_RETURN_IF_ERROR(read_size(n, "arena_max", &c->posd_arena_max));

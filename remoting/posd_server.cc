@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -124,7 +126,61 @@ struct SessionMemory {
   }
 };
 
+// The peer's credentials; its supplementary groups where the kernel tells them (Linux >= 4.13).
+bool peer_credentials(int fd, ucred* cred, PeerCredentials* out) {
+  socklen_t len = sizeof(*cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) return false;
+  out->uid = cred->uid, out->gid = cred->gid;
+  std::vector<gid_t> g(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t glen = static_cast<socklen_t>(g.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g.data(), &glen) == 0) {
+      out->groups.assign(g.begin(), g.begin() + glen / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE) break;  // an older kernel: the primary group only
+    g.resize(glen / sizeof(gid_t) + 16);
+  }
+  return true;
+}
+
 }  // namespace
+
+Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid) {
+  if (peer.uid == server_uid) return Status::Ok();
+  if (group_gid >= 0) {
+    const auto g = static_cast<uint32_t>(group_gid);
+    if (peer.gid == g || std::find(peer.groups.begin(), peer.groups.end(), g) != peer.groups.end())
+      return Status::Ok();
+  }
+  const std::string who = "uid " + std::to_string(peer.uid) + " (gid " + std::to_string(peer.gid) + ")";
+  const std::string rule = group_gid >= 0 ? "uid " + std::to_string(server_uid) + " (its owner) and members of group " +
+                                                std::to_string(group_gid) + " (posd.group)"
+                                          : "only uid " + std::to_string(server_uid) +
+                                                " (its owner; posd.group admits a group too)";
+  return Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+                who + " may not use this posd: it admits " + rule);
+}
+
+StatusOr<int64_t> resolve_group(const std::string& group) {
+  if (group.empty()) return int64_t{-1};
+  if (group.size() <= 10 && std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const uint64_t gid = std::stoull(group);
+    if (gid >= (1ull << 31)) return Status::InvalidArgument("posd.group: gid " + group + " is out of range");
+    return static_cast<int64_t>(gid);
+  }
+  std::vector<char> buf(16384);
+  struct group gr{};
+  struct group* found = nullptr;
+  int e = 0;
+  while ((e = ::getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found)) == ERANGE && buf.size() < (1u << 22))
+    buf.resize(buf.size() * 2);
+  if (found == nullptr)
+    return Status::InvalidArgument("posd.group: no group named '" + group + "'" +
+                                   (e != 0 ? std::string(" (") + std::strerror(e) + ")" : std::string()) +
+                                   ": name an existing group or give its gid");
+  return static_cast<int64_t>(found->gr_gid);
+}
 
 StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   std::unique_ptr<PosdServer> srv(new PosdServer());
@@ -137,6 +193,10 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     if (h == nullptr) return Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
     srv->kernel_libs_.push_back(h);
   }
+  auto gid = resolve_group(config.posd_group);
+  if (!gid.ok()) return gid.status();
+  srv->group_gid_ = *gid;
+  srv->owner_uid_.store(::geteuid());
   auto ws = POSWorkspace::create(config);
   if (!ws.ok()) return ws.status();
   srv->ws_ = std::move(ws.value());
@@ -159,14 +219,17 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
   // Owner only (or owner + the configured group): the socket's mode is the first gate, the
   // SO_PEERCRED check the second.
-  const mode_t old = ::umask(config.posd_group >= 0 ? 0117 : 0177);
+  const int64_t group = srv->group_gid_;
+  const mode_t old = ::umask(group >= 0 ? 0117 : 0177);
   const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
-  if (config.posd_group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1),
-                                        static_cast<gid_t>(config.posd_group)) != 0)
-    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(config.posd_group) +
-                               ": " + std::strerror(errno));
+  if (group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
+    const int e = errno;
+    ::unlink(srv->socket_path_.c_str());
+    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(group) + ": " +
+                               std::strerror(e) + " (posd's user must be a member of posd.group)");
+  }
   if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
   srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
@@ -244,17 +307,16 @@ void PosdServer::accept_main() {
 
 void PosdServer::connection_main(Session* s) {
   const int fd = s->fd;
-  socklen_t len = sizeof(s->cred);
   timeval tv{5, 0};  // a peer that connects and says nothing is dropped
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   wire::Hello hello;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &s->cred, &len) != 0) {
+  PeerCredentials peer;
+  Status admitted;
+  if (!peer_credentials(fd, &s->cred, &peer)) {
     POS_WARN("posd: connection without peer credentials refused");
-  } else if (s->cred.uid != ::geteuid() &&
-             !(config_.posd_group >= 0 && s->cred.gid == static_cast<gid_t>(config_.posd_group))) {
-    POS_WARN("posd: refused pid %d: uid %u is not allowed", s->cred.pid, s->cred.uid);
-    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorNotPermitted,
-                      "uid " + std::to_string(s->cred.uid) + " may not use this posd (its owner's uid or posd.group only)"));
+  } else if (!(admitted = admit(peer, owner_uid_.load(), group_gid_)).ok()) {
+    POS_WARN("posd: refused pid %d: %s", s->cred.pid, admitted.message().c_str());
+    refuse(fd, admitted);
   } else if (!recv_exact(fd, &hello, sizeof(hello)) || hello.magic != wire::kHelloMagic) {
     POS_WARN("posd: pid %d sent no valid hello; dropped", s->cred.pid);
   } else if (hello.version != wire::kProtocolVersion) {

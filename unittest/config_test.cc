@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include "pos/config.h"
 
@@ -52,6 +53,13 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
   EXPECT_FALSE(parse_config("checkpoint: {mode: sometimes}").ok());
   EXPECT_FALSE(parse_config("client: {max_clients: 4096, va_size: 1TiB}").ok());  // exceeds user VA
   EXPECT_FALSE(parse_config("[unclosed").ok());
+}
+
+TEST(Config, PosdGroupIsAGidOrAName) {
+  EXPECT_EQ(parse_config("").value().posd_group, "");
+  EXPECT_EQ(parse_config("posd: {group: 44}").value().posd_group, "44");
+  EXPECT_EQ(parse_config("posd: {group: video}").value().posd_group, "video");
+  EXPECT_EQ(parse_config("posd: {group: -1}").value().posd_group, "");  // none, as before names
 }
 
 TEST(Config, SizesAcceptBinaryAndDecimalUnits) {

@@ -1,7 +1,10 @@
 // remoting_test.cc — posd sessions end to end inside one process: handshake, the frame codec,
-// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames.
+// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames,
+// admission (who may connect).
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -393,6 +396,100 @@ TEST_F(Posd, LargePageableCopiesAtOddSizesAndOffsetsArriveWhole) {
   EXPECT_EQ(api().memcpy(reinterpret_cast<uint64_t>(big.data()), d + 2 * stage + 8192, cap, cuda::kMemcpyDeviceToHost)
                 .api_error(),
             cuda::kErrorInvalidValue);
+}
+
+// ---------------- admission ----------------
+
+TEST(Admission, TheOwnerIsAlwaysAdmitted) {
+  EXPECT_TRUE(admit({1000, 1000, {}}, 1000, -1).ok());
+  EXPECT_TRUE(admit({1000, 5, {6}}, 1000, 44).ok());
+}
+
+TEST(Admission, AnotherUidOutsideTheGroupIsRefusedWithWhoItIsAndWhoMayConnect) {
+  Status s = admit({1001, 1001, {27}}, 1000, -1);
+  EXPECT_EQ(s.api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(s.message().find("uid 1001 (gid 1001) may not use this posd"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("only uid 1000"), std::string::npos) << s.message();
+  s = admit({1001, 1001, {27}}, 1000, 44);
+  EXPECT_EQ(s.api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(s.message().find("members of group 44"), std::string::npos) << s.message();
+  // Without posd.group no group admits anyone, group 0 included.
+  EXPECT_FALSE(admit({1001, 0, {0}}, 1000, -1).ok());
+}
+
+TEST(Admission, AMemberOfPosdGroupIsAdmittedByItsPrimaryOrASupplementaryGroup) {
+  EXPECT_TRUE(admit({1001, 44, {}}, 1000, 44).ok());
+  EXPECT_TRUE(admit({1001, 1001, {27, 44}}, 1000, 44).ok());
+  EXPECT_FALSE(admit({1001, 1001, {27, 45}}, 1000, 44).ok());
+}
+
+TEST(Admission, PosdGroupIsAGidOrAGroupNameAndAnUnknownNameIsAnError) {
+  EXPECT_EQ(resolve_group("").value(), -1);
+  EXPECT_EQ(resolve_group("44").value(), 44);
+  EXPECT_FALSE(resolve_group("4294967296").ok());
+  auto unknown = resolve_group("pos-no-such-group-5f3759df");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("no group named 'pos-no-such-group-5f3759df'"), std::string::npos)
+      << unknown.status().message();
+  if (const group* g = ::getgrgid(::getgid()); g != nullptr) {
+    EXPECT_EQ(resolve_group(g->gr_name).value(), ::getgid());
+  }
+}
+
+TEST_F(Posd, TheSocketIsTheOwnersAloneWithoutAGroupAndTheGroupsTooWithOne) {
+  struct stat st {};
+  ASSERT_EQ(::stat(server_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  Config c = test_config();
+  c.posd_group = std::to_string(::getgid());  // this user's own group: posd may give the socket to it
+  start(c);
+  ASSERT_EQ(::stat(server_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, ::getgid());
+  EXPECT_EQ(server_->group_gid(), static_cast<int64_t>(::getgid()));
+}
+
+TEST_F(Posd, AnUnknownGroupNameIsAStartErrorThatNamesIt) {
+  Config c = test_config();
+  c.posd_socket = ::testing::TempDir() + "posd-badgroup-" + std::to_string(::getpid()) + ".sock";
+  c.posd_group = "pos-no-such-group-5f3759df";
+  auto s = PosdServer::start(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("posd.group: no group named 'pos-no-such-group-5f3759df'"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0);  // refused before binding anything
+}
+
+TEST_F(Posd, AForeignUidIsRefusedWithAMessageWhilePosdServesTheOthersOn) {
+  connect("owner");
+  const uint64_t d = alloc(4096);
+  server_->set_owner_uid_for_test(::geteuid() + 1);  // from posd's point of view this process is foreign now
+  auto refused = ShmSession::connect(server_->socket_path(), "intruder");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(refused.status().message().find("posd refused the session: uid " + std::to_string(::geteuid())),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("may not use this posd"), std::string::npos);
+  EXPECT_FALSE(posd_control(server_->socket_path(), "ps").ok());  // nor may it look at the sessions
+  // The session admitted before runs on; nothing of the refused one exists.
+  EXPECT_TRUE(api().memset(d, 1, 4096).ok());
+  EXPECT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(server_->sessions().size(), 1u);
+  server_->set_owner_uid_for_test(::geteuid());
+  connect("owner-again");
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+}
+
+TEST_F(Posd, AForeignUidIsAdmittedAsAMemberOfPosdGroup) {
+  Config c = test_config();
+  c.posd_group = std::to_string(::getgid());
+  start(c);
+  server_->set_owner_uid_for_test(::geteuid() + 1);
+  connect("member");
+  const uint64_t d = alloc(4096);
+  EXPECT_TRUE(api().memset(d, 0, 4096).ok());
+  EXPECT_TRUE(api().device_synchronize().ok());
 }
 
 }  // namespace
