@@ -200,6 +200,17 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   auto ws = POSWorkspace::create(config);
   if (!ws.ok()) return ws.status();
   srv->ws_ = std::move(ws.value());
+  // The YAML parser refuses negative and repeated indices already; an embedder's Config may not.
+  const int count = srv->ws_->backend().device_count();
+  const auto& devices = config.posd_devices;
+  for (auto it = devices.begin(); it != devices.end(); ++it) {
+    if (*it < 0 || *it >= count)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + ", but the " +
+                                     std::string(srv->ws_->backend().name()) + " backend has " + std::to_string(count) +
+                                     " device(s) (0.." + std::to_string(count - 1) + ")");
+    if (std::find(devices.begin(), it, *it) != it)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
+  }
 
   srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
   sockaddr_un addr{};
@@ -364,9 +375,10 @@ void PosdServer::serve(Session* s) {
   SessionMemory mem;
   Status st = mem.create(s->arena_bytes, &ws_->backend());
   std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
-  StatusOr<ClientUuid> uuid = st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena),
-                                                                                  mem.layout.arena_bytes})
-                                      : StatusOr<ClientUuid>(st);
+  StatusOr<ClientUuid> uuid =
+      st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena), mem.layout.arena_bytes,
+                                                         config_.posd_devices})
+              : StatusOr<ClientUuid>(st);
   if (!uuid.ok()) {
     POS_WARN("posd: session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(), uuid.status().to_string().c_str());
     refuse(fd, uuid.status());
@@ -538,6 +550,7 @@ std::vector<SessionInfo> PosdServer::sessions() const {
     i.ending = !c;
     i.uuid = uuid;
     i.pid = static_cast<uint32_t>(s->cred.pid), i.uid = s->cred.uid;
+    if (c) i.device = c->device();
     i.job = s->job;
     i.arena_bytes = s->arena_bytes;
     i.frames = s->frames.load();
@@ -555,7 +568,8 @@ std::string PosdServer::sessions_json() const {
     if (!first) o += ",";
     first = false;
     o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
-         ",\"job\":\"" + json_escape(s.job) + "\",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
+         ",\"job\":\"" + json_escape(s.job) + "\",\"device\":" + std::to_string(s.device) +
+         ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
          ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
          ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
          ",\"state\":\"" + state_of(s) + "\"}";
@@ -570,12 +584,13 @@ std::string PosdServer::sessions_table() const {
   const auto all = sessions();
   std::string o;
   char line[512];
-  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "MEMORY", "HANDLES",
-                "CALLS", "EXECUTED", "STATE");
+  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %6s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "DEVICE",
+                "MEMORY", "HANDLES", "CALLS", "EXECUTED", "STATE");
   o += line;
   for (const auto& s : all) {
-    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid, s.job.c_str(),
-                  (unsigned long long)s.stats.memory_in_use, (unsigned long long)s.stats.live_handles,
+    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %6d %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid,
+                  s.job.c_str(), s.device, (unsigned long long)s.stats.memory_in_use,
+                  (unsigned long long)s.stats.live_handles,
                   (unsigned long long)s.stats.calls_submitted, (unsigned long long)s.stats.calls_executed,
                   state_of(s));
     o += line;

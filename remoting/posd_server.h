@@ -20,6 +20,7 @@ namespace pos {
 struct SessionInfo {
   uint64_t uuid = 0;
   uint32_t pid = 0, uid = 0;
+  int32_t device = 0;  // the backend device that holds the session's memory, streams and kernels
   std::string job;
   uint64_t arena_bytes = 0;
   uint64_t frames = 0;  // frames handled

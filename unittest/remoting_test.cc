@@ -1,6 +1,6 @@
 // remoting_test.cc — posd sessions end to end inside one process: handshake, the frame codec,
 // posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames,
-// admission (who may connect).
+// admission (who may connect), the devices a session sees.
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -490,6 +490,98 @@ TEST_F(Posd, AForeignUidIsAdmittedAsAMemberOfPosdGroup) {
   const uint64_t d = alloc(4096);
   EXPECT_TRUE(api().memset(d, 0, 4096).ok());
   EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+// ---------------- devices ----------------
+
+TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
+  if (backend_name() != "host") GTEST_SKIP() << "needs three devices: the host backend presents them";
+  Config c = test_config();
+  c.host_device_count = 3;
+  c.posd_devices = {2, 0};
+  start(c);
+  connect("two-of-three");
+  int32_t count = 0;
+  ASSERT_TRUE(api().get_device_count(&count).ok());
+  EXPECT_EQ(count, 2);
+  // The host backend's PCI device id is the device's index: the session's 0 is device 2, its 1 device 0.
+  DeviceProps p{};
+  ASSERT_TRUE(api().get_device_properties(&p, 0).ok());
+  EXPECT_EQ(p.pci_device_id, 2);
+  ASSERT_TRUE(api().get_device_properties(&p, 1).ok());
+  EXPECT_EQ(p.pci_device_id, 0);
+  int32_t v = -1;
+  constexpr int32_t kPciDeviceId = 34;  // cudaDevAttrPciDeviceId
+  ASSERT_TRUE(api().device_get_attribute(&v, kPciDeviceId, 0).ok());
+  EXPECT_EQ(v, 2);
+  // Numbers past the list do not exist for the session, though the backend has a device 2.
+  EXPECT_EQ(api().set_device(2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().get_device_properties(&p, 2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().device_get_attribute(&v, kPciDeviceId, 2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().set_device(-1).api_error(), cuda::kErrorInvalidDevice);
+  ASSERT_TRUE(api().set_device(1).ok());
+  int32_t cur = -1;
+  ASSERT_TRUE(api().get_device(&cur).ok());
+  EXPECT_EQ(cur, 1);
+  uint64_t free = 0, total = 0;
+  EXPECT_TRUE(api().mem_get_info(&free, &total).ok());
+  // Its memory lives on its first listed device, which posd reports.
+  const std::vector<uint8_t> bytes = pattern(1 << 20);
+  std::vector<uint8_t> back(bytes.size());
+  const uint64_t d = alloc(bytes.size());
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), bytes.size(), cuda::kMemcpyHostToDevice).ok());
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, back.size(), cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(back, bytes);
+  const auto info = server_->sessions();
+  ASSERT_EQ(info.size(), 1u);
+  EXPECT_EQ(info[0].device, 2);
+  auto json = posd_control(server_->socket_path(), "ps");
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"device\":2"), std::string::npos) << *json;
+  // A client of the same workspace that is no posd session sees every device, as they are.
+  auto uuid = server_->workspace().create_client("in-process");
+  ASSERT_TRUE(uuid.ok()) << uuid.status().to_string();
+  InProcessTransport t(&server_->workspace(), *uuid);
+  ApiClient local(&t);
+  ASSERT_TRUE(local.get_device_count(&count).ok());
+  EXPECT_EQ(count, 3);
+  ASSERT_TRUE(local.get_device_properties(&p, 1).ok());
+  EXPECT_EQ(p.pci_device_id, 1);
+  EXPECT_EQ(server_->workspace().find_client(*uuid)->device(), 0);
+  EXPECT_TRUE(server_->workspace().remove_client(*uuid).ok());
+}
+
+TEST_F(Posd, PosdRefusesToStartWithADeviceTheBackendDoesNotHave) {
+  if (backend_name() != "host") GTEST_SKIP() << "the host backend's device count is configurable";
+  Config c = test_config();
+  c.host_device_count = 2;
+  c.posd_devices = {0, 3};
+  c.posd_socket = ::testing::TempDir() + "posd-baddev-" + std::to_string(::getpid()) + ".sock";
+  auto s = PosdServer::start(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("posd.devices lists device 3, but the host backend has 2 device(s) (0..1)"),
+            std::string::npos)
+      << s.status().message();
+}
+
+TEST(ClientDevices, AWorkspaceRefusesAClientOnADeviceItDoesNotHave) {
+  Config c = test_config();
+  c.host_device_count = 2;
+  if (c.backend != "host") GTEST_SKIP() << "the host backend's device count is configurable";
+  auto ws = POSWorkspace::create(c);
+  ASSERT_TRUE(ws.ok());
+  ClientOptions o;
+  o.devices = {1, 2};
+  auto bad = (*ws)->create_client("x", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().api_error(), cuda::kErrorInvalidDevice);
+  o.devices = {1, 1};
+  EXPECT_FALSE((*ws)->create_client("x", o).ok());
+  o.devices = {1};
+  auto good = (*ws)->create_client("x", o);
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*ws)->find_client(*good)->device(), 1);
+  EXPECT_TRUE((*ws)->list_clients().size() == 1);
 }
 
 }  // namespace
