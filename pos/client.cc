@@ -124,7 +124,10 @@ Status POSClient::init_state() {
   ps_.device_backend = backend_;
   ps_.va_base = base;
   ps_.va_size = mem_size;
-  ps_.device_count = backend_->device_count();
+  if (ps_.devices.empty()) {  // every device, as it is
+    for (int d = 0; d < backend_->device_count(); ++d) ps_.devices.push_back(d);
+  }
+  ps_.device_count = static_cast<int32_t>(ps_.devices.size());
   ps_.memory_quota = config_.memory_quota;
   ps_.window_base = config_.va_base;
   ps_.window_size = config_.va_size * config_.max_clients;

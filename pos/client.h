@@ -85,6 +85,9 @@ class POSClient;
 struct ClientOptions {
   // Host memory the client's calls may name (ParserScope::host_ok); size 0: its own process's.
   uint64_t host_base = 0, host_size = 0;
+  // The backend devices the client sees, renumbered 0..k-1 as CUDA_VISIBLE_DEVICES does (its
+  // device 1 is devices[1]); its state lives on devices[0]. Empty: every device, as they are.
+  std::vector<int32_t> devices;
 };
 
 // Parser-thread state handed to parser functions (confined to the parser thread).
@@ -95,8 +98,9 @@ struct ParserScope {
   Handle* context = nullptr;
   Handle* default_stream = nullptr;
   DeviceBackend* device_backend = nullptr;  // for try_reserve / unreserve (thread-safe)
-  int32_t current_device = 0;
-  int32_t device_count = 1;
+  int32_t current_device = 0;  // the app's number (cudaSetDevice), an index into `devices`
+  int32_t device_count = 1;    // = devices.size()
+  std::vector<int32_t> devices;  // the app's device i is backend device devices[i]
   uint64_t memory_quota = 0;  // 0 = none
   uint64_t memory_in_use = 0;
   uint64_t va_base = 0, va_size = 0;
@@ -142,7 +146,10 @@ class POSClient {
   POSClient& operator=(const POSClient&) = delete;
 
   // Before start(): options the parser enforces from the first call.
-  void set_options(const ClientOptions& o) { ps_.host_base = o.host_base, ps_.host_size = o.host_size; }
+  void set_options(const ClientOptions& o) {
+    ps_.host_base = o.host_base, ps_.host_size = o.host_size;
+    ps_.devices = o.devices;
+  }
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -78,6 +79,28 @@ Status read_uint(const YAML::Node& n, const std::string& key, T* out, uint64_t l
   return Status::Ok();
 }
 
+// posd.devices: a non-empty list of distinct, non-negative device indices.
+StatusOr<std::vector<int32_t>> parse_device_list(const YAML::Node& n) {
+  if (!n.IsSequence())
+    return Status::InvalidArgument("posd.devices must be a list of device indices, e.g. [0, 2]");
+  if (n.size() == 0)
+    return Status::InvalidArgument("posd.devices is empty: list at least one device, or leave the key out for all");
+  std::vector<int32_t> out;
+  for (const auto& e : n) {
+    const std::string text = e.IsScalar() ? e.as<std::string>() : std::string("(not a number)");
+    size_t i = text.size() > 1 && text[0] == '-' ? 1 : 0;
+    bool digits = i < text.size() && text.size() - i <= 9;
+    for (; digits && i < text.size(); ++i) digits = std::isdigit(static_cast<unsigned char>(text[i])) != 0;
+    if (!digits) return Status::InvalidArgument("posd.devices: '" + text + "' is not a device index");
+    const int32_t d = static_cast<int32_t>(std::stol(text));
+    if (d < 0) return Status::InvalidArgument("posd.devices: device " + text + " is negative");
+    if (std::find(out.begin(), out.end(), d) != out.end())
+      return Status::InvalidArgument("posd.devices lists device " + text + " twice");
+    out.push_back(d);
+  }
+  return out;
+}
+
 Status apply(const YAML::Node& root, Config* c) {
   if (!root || root.IsNull()) return Status::Ok();
   POS_RETURN_IF_ERROR(check_keys(root, "", {"backend", "log_level", "client", "queues", "host_backend", "checkpoint", "posd"}));
@@ -116,12 +139,18 @@ Status apply(const YAML::Node& root, Config* c) {
     if (n["device_name"]) c->host_device_name = n["device_name"].as<std::string>();
   }
   if (const auto n = root["posd"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "posd.", {"socket", "group", "arena", "arena_max", "host_kernel_libraries"}));
+    POS_RETURN_IF_ERROR(
+        check_keys(n, "posd.", {"socket", "group", "devices", "arena", "arena_max", "host_kernel_libraries"}));
     if (n["socket"]) c->posd_socket = n["socket"].as<std::string>();
     if (n["group"]) {
-      uint32_t g = 0;
-      POS_RETURN_IF_ERROR(read_uint(n, "group", &g, 0, 1u << 31));
-      c->posd_group = g;
+      // -1 (the old way of saying "none") and "" mean no group.
+      c->posd_group = n["group"].IsNull() ? "" : n["group"].as<std::string>();
+      if (c->posd_group == "-1") c->posd_group.clear();
+    }
+    if (const auto d = n["devices"]) {
+      auto v = parse_device_list(d);
+      if (!v.ok()) return v.status();
+      c->posd_devices = std::move(v.value());
     }
     POS_RETURN_IF_ERROR(read_size(n, "arena", &c->posd_arena_bytes));
     POS_RETURN_IF_ERROR(read_size(n, "arena_max", &c->posd_arena_max));

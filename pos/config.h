@@ -49,7 +49,13 @@ struct Config {
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
   std::string posd_socket;               // empty: $POS_SOCKET, else /tmp/posd-<uid>.sock
-  int64_t posd_group = -1;               // also admit clients of this gid (the socket becomes 0660)
+  // Also admit members of this group (the socket becomes 0660): a gid, or a group name that posd
+  // resolves at start (an unknown name is a start error). Empty: the owner's uid only.
+  std::string posd_group;
+  // The devices each session sees, renumbered 0..k-1 as CUDA_VISIBLE_DEVICES does; its memory,
+  // streams and kernels live on the first. Empty: all of the backend's devices. Checked against
+  // the backend's device count when posd starts.
+  std::vector<int32_t> posd_devices;
   uint64_t posd_arena_bytes = 256ull << 20;  // a session's arena unless the client asks
   uint64_t posd_arena_max = 4ull << 30;      // the most a client may ask for
   // Host backend only: shared libraries of host kernels (the test double's stand-in for device code).

@@ -63,9 +63,20 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, co
   if (slot == slots_.size())
     return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation,
                   "all " + std::to_string(slots_.size()) + " client slots are in use");
+  const int count = backend_->device_count();
+  for (size_t i = 0; i < options.devices.size(); ++i) {
+    const int32_t d = options.devices[i];
+    if (d < 0 || d >= count)
+      return Status(Code::kInvalidArgument, cuda::kErrorInvalidDevice,
+                    "device " + std::to_string(d) + " does not exist (the " + std::string(backend_->name()) +
+                        " backend has " + std::to_string(count) + ")");
+    if (std::find(options.devices.begin(), options.devices.begin() + i, d) != options.devices.begin() + i)
+      return Status::InvalidArgument("device " + std::to_string(d) + " is listed twice");
+  }
+  const int device = options.devices.empty() ? 0 : options.devices[0];
   const ClientUuid uuid = ((++generation_) << kSlotBits) | slot;
   auto client = std::make_shared<POSClient>(uuid, static_cast<uint32_t>(slot), job_name, config_, backend_.get(),
-                                            &table_);
+                                            &table_, device);
   client->set_options(options);
   Status s = client->start();
   if (!s.ok()) return s;

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -124,7 +126,61 @@ struct SessionMemory {
   }
 };
 
+// The peer's credentials; its supplementary groups where the kernel tells them (Linux >= 4.13).
+bool peer_credentials(int fd, ucred* cred, PeerCredentials* out) {
+  socklen_t len = sizeof(*cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) return false;
+  out->uid = cred->uid, out->gid = cred->gid;
+  std::vector<gid_t> g(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t glen = static_cast<socklen_t>(g.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g.data(), &glen) == 0) {
+      out->groups.assign(g.begin(), g.begin() + glen / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE) break;  // an older kernel: the primary group only
+    g.resize(glen / sizeof(gid_t) + 16);
+  }
+  return true;
+}
+
 }  // namespace
+
+Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid) {
+  if (peer.uid == server_uid) return Status::Ok();
+  if (group_gid >= 0) {
+    const auto g = static_cast<uint32_t>(group_gid);
+    if (peer.gid == g || std::find(peer.groups.begin(), peer.groups.end(), g) != peer.groups.end())
+      return Status::Ok();
+  }
+  const std::string who = "uid " + std::to_string(peer.uid) + " (gid " + std::to_string(peer.gid) + ")";
+  const std::string rule = group_gid >= 0 ? "uid " + std::to_string(server_uid) + " (its owner) and members of group " +
+                                                std::to_string(group_gid) + " (posd.group)"
+                                          : "only uid " + std::to_string(server_uid) +
+                                                " (its owner; posd.group admits a group too)";
+  return Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+                who + " may not use this posd: it admits " + rule);
+}
+
+StatusOr<int64_t> resolve_group(const std::string& group) {
+  if (group.empty()) return int64_t{-1};
+  if (group.size() <= 10 && std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const uint64_t gid = std::stoull(group);
+    if (gid >= (1ull << 31)) return Status::InvalidArgument("posd.group: gid " + group + " is out of range");
+    return static_cast<int64_t>(gid);
+  }
+  std::vector<char> buf(16384);
+  struct group gr{};
+  struct group* found = nullptr;
+  int e = 0;
+  while ((e = ::getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found)) == ERANGE && buf.size() < (1u << 22))
+    buf.resize(buf.size() * 2);
+  if (found == nullptr)
+    return Status::InvalidArgument("posd.group: no group named '" + group + "'" +
+                                   (e != 0 ? std::string(" (") + std::strerror(e) + ")" : std::string()) +
+                                   ": name an existing group or give its gid");
+  return static_cast<int64_t>(found->gr_gid);
+}
 
 StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   std::unique_ptr<PosdServer> srv(new PosdServer());
@@ -137,9 +193,24 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     if (h == nullptr) return Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
     srv->kernel_libs_.push_back(h);
   }
+  auto gid = resolve_group(config.posd_group);
+  if (!gid.ok()) return gid.status();
+  srv->group_gid_ = *gid;
+  srv->owner_uid_.store(::geteuid());
   auto ws = POSWorkspace::create(config);
   if (!ws.ok()) return ws.status();
   srv->ws_ = std::move(ws.value());
+  // The YAML parser refuses negative and repeated indices already; an embedder's Config may not.
+  const int count = srv->ws_->backend().device_count();
+  const auto& devices = config.posd_devices;
+  for (auto it = devices.begin(); it != devices.end(); ++it) {
+    if (*it < 0 || *it >= count)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + ", but the " +
+                                     std::string(srv->ws_->backend().name()) + " backend has " + std::to_string(count) +
+                                     " device(s) (0.." + std::to_string(count - 1) + ")");
+    if (std::find(devices.begin(), it, *it) != it)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
+  }
 
   srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
   sockaddr_un addr{};
@@ -159,14 +230,17 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
   // Owner only (or owner + the configured group): the socket's mode is the first gate, the
   // SO_PEERCRED check the second.
-  const mode_t old = ::umask(config.posd_group >= 0 ? 0117 : 0177);
+  const int64_t group = srv->group_gid_;
+  const mode_t old = ::umask(group >= 0 ? 0117 : 0177);
   const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
-  if (config.posd_group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1),
-                                        static_cast<gid_t>(config.posd_group)) != 0)
-    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(config.posd_group) +
-                               ": " + std::strerror(errno));
+  if (group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
+    const int e = errno;
+    ::unlink(srv->socket_path_.c_str());
+    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(group) + ": " +
+                               std::strerror(e) + " (posd's user must be a member of posd.group)");
+  }
   if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
   srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
@@ -244,17 +318,16 @@ void PosdServer::accept_main() {
 
 void PosdServer::connection_main(Session* s) {
   const int fd = s->fd;
-  socklen_t len = sizeof(s->cred);
   timeval tv{5, 0};  // a peer that connects and says nothing is dropped
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   wire::Hello hello;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &s->cred, &len) != 0) {
+  PeerCredentials peer;
+  Status admitted;
+  if (!peer_credentials(fd, &s->cred, &peer)) {
     POS_WARN("posd: connection without peer credentials refused");
-  } else if (s->cred.uid != ::geteuid() &&
-             !(config_.posd_group >= 0 && s->cred.gid == static_cast<gid_t>(config_.posd_group))) {
-    POS_WARN("posd: refused pid %d: uid %u is not allowed", s->cred.pid, s->cred.uid);
-    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorNotPermitted,
-                      "uid " + std::to_string(s->cred.uid) + " may not use this posd (its owner's uid or posd.group only)"));
+  } else if (!(admitted = admit(peer, owner_uid_.load(), group_gid_)).ok()) {
+    POS_WARN("posd: refused pid %d: %s", s->cred.pid, admitted.message().c_str());
+    refuse(fd, admitted);
   } else if (!recv_exact(fd, &hello, sizeof(hello)) || hello.magic != wire::kHelloMagic) {
     POS_WARN("posd: pid %d sent no valid hello; dropped", s->cred.pid);
   } else if (hello.version != wire::kProtocolVersion) {
@@ -302,9 +375,10 @@ void PosdServer::serve(Session* s) {
   SessionMemory mem;
   Status st = mem.create(s->arena_bytes, &ws_->backend());
   std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
-  StatusOr<ClientUuid> uuid = st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena),
-                                                                                  mem.layout.arena_bytes})
-                                      : StatusOr<ClientUuid>(st);
+  StatusOr<ClientUuid> uuid =
+      st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena), mem.layout.arena_bytes,
+                                                         config_.posd_devices})
+              : StatusOr<ClientUuid>(st);
   if (!uuid.ok()) {
     POS_WARN("posd: session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(), uuid.status().to_string().c_str());
     refuse(fd, uuid.status());
@@ -476,6 +550,7 @@ std::vector<SessionInfo> PosdServer::sessions() const {
     i.ending = !c;
     i.uuid = uuid;
     i.pid = static_cast<uint32_t>(s->cred.pid), i.uid = s->cred.uid;
+    if (c) i.device = c->device();
     i.job = s->job;
     i.arena_bytes = s->arena_bytes;
     i.frames = s->frames.load();
@@ -493,7 +568,8 @@ std::string PosdServer::sessions_json() const {
     if (!first) o += ",";
     first = false;
     o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
-         ",\"job\":\"" + json_escape(s.job) + "\",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
+         ",\"job\":\"" + json_escape(s.job) + "\",\"device\":" + std::to_string(s.device) +
+         ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
          ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
          ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
          ",\"state\":\"" + state_of(s) + "\"}";
@@ -508,12 +584,13 @@ std::string PosdServer::sessions_table() const {
   const auto all = sessions();
   std::string o;
   char line[512];
-  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "MEMORY", "HANDLES",
-                "CALLS", "EXECUTED", "STATE");
+  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %6s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "DEVICE",
+                "MEMORY", "HANDLES", "CALLS", "EXECUTED", "STATE");
   o += line;
   for (const auto& s : all) {
-    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid, s.job.c_str(),
-                  (unsigned long long)s.stats.memory_in_use, (unsigned long long)s.stats.live_handles,
+    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %6d %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid,
+                  s.job.c_str(), s.device, (unsigned long long)s.stats.memory_in_use,
+                  (unsigned long long)s.stats.live_handles,
                   (unsigned long long)s.stats.calls_submitted, (unsigned long long)s.stats.calls_executed,
                   state_of(s));
     o += line;

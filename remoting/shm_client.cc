@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -193,12 +194,18 @@ StatusOr<std::unique_ptr<ShmSession>> ShmSession::connect(const std::string& soc
   s->arena_ = s->base_ + w.arena_offset;
   if (s->hdr_->magic != wire::kShmMagic || s->hdr_->ring_bytes != w.ring_bytes)
     return Status::Corrupt("posd's session memory has a foreign header");
-  s->stage_bytes_ = std::min<uint64_t>(8ull << 20, w.arena_bytes / 8 / wire::kArenaAlign * wire::kArenaAlign);
+  // The staging slots take a quarter of the arena at most (8 MiB each from a 128 MiB arena up).
+  s->stage_bytes_ =
+      std::min<uint64_t>(8ull << 20, w.arena_bytes / (4 * kStageSlots) / wire::kArenaAlign * wire::kArenaAlign);
   if (s->stage_bytes_ < wire::kArenaAlign) return Status::Corrupt("posd's arena is too small");
-  s->free_[2 * s->stage_bytes_] = w.arena_bytes - 2 * s->stage_bytes_;
+  s->free_[kStageSlots * s->stage_bytes_] = w.arena_bytes - kStageSlots * s->stage_bytes_;
   uint64_t spin_us = 2000;
   if (const char* e = std::getenv("POS_CLIENT_SPIN_US"); e != nullptr) spin_us = std::strtoull(e, nullptr, 10);
   s->spin_ns_ = spin_us * 1000;
+  unsigned copy_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  if (const char* e = std::getenv("POS_CLIENT_COPY_THREADS"); e != nullptr && *e != '\0')
+    copy_threads = static_cast<unsigned>(std::clamp(std::strtoul(e, nullptr, 10), 1ul, 64ul));
+  s->copier_ = std::make_unique<ParallelCopier>(copy_threads, s->spin_ns_);
   if (const char* e = std::getenv("POS_CLIENT_POST"); e != nullptr && std::string(e) == "0") s->post_async_ = false;
   return s;
 }
@@ -207,6 +214,11 @@ ShmSession::~ShmSession() {
   if (sock_ >= 0) ::close(sock_);  // posd ends the session and frees its memory
   if (efd_ >= 0) ::close(efd_);
   if (base_ != nullptr) ::munmap(base_, map_bytes_);
+}
+
+void ShmSession::set_copy_threads(unsigned n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  copier_ = std::make_unique<ParallelCopier>(n, spin_ns_);
 }
 
 bool ShmSession::in_arena(const void* p, uint64_t n) const {
@@ -378,7 +390,7 @@ Status ShmSession::read_reply(uint64_t seq, void* ret, uint64_t ret_len, uint64_
 }
 
 Status ShmSession::send(ApiId api, std::span<const Param> params, bool reply, void* ret, uint64_t ret_len,
-                        uint64_t* ret_written, uint64_t* seq_out) {
+                        uint64_t* ret_written, uint64_t* seq_out, bool defer_reply) {
   if (params.size() > wire::kMaxParams) return Status::InvalidArgument("too many parameters");
   ret_len = std::min(ret_len, wire::kMaxRet);  // the caller's capacity; no result is larger
   reap_temp();
@@ -405,6 +417,7 @@ Status ShmSession::send(ApiId api, std::span<const Param> params, bool reply, vo
     out[i] = Param{&offsets[i], 8};
   }
   const std::span<const uint64_t> sz(sizes, params.size());
+  const bool asked = reply;
   if (!post_async_) reply = true;
   const uint64_t seq = ++next_seq_;
   Status s = publish(nullptr, wire::frame_bytes(sz), static_cast<uint32_t>(api), reply ? wire::kFlagReply : 0, seq,
@@ -415,9 +428,15 @@ Status ShmSession::send(ApiId api, std::span<const Param> params, bool reply, vo
   }
   if (!s.ok()) return s;
   if (seq_out != nullptr) *seq_out = seq;
-  if (!reply) return Status::Ok();
+  // A reply forced by POS_CLIENT_POST=0 is read now: a later reply would overwrite it.
+  if (!reply || (defer_reply && asked)) return Status::Ok();
   POS_RETURN_IF_ERROR(wait_done(seq));
   return read_reply(seq, ret, ret_len, ret_written);
+}
+
+Status ShmSession::collect(uint64_t seq) {
+  POS_RETURN_IF_ERROR(wait_done(seq));
+  return read_reply(seq, nullptr, 0, nullptr);
 }
 
 Status ShmSession::send_raw_for_test(const void* bytes, uint64_t n) {
@@ -450,37 +469,40 @@ Status ShmSession::copy_sync(uint64_t dst, uint64_t src, uint64_t n, int32_t kin
   if (dd && sd) return forward(dst, src);
   const void* host = reinterpret_cast<const void*>(dd ? src : dst);
   if (in_arena(host, n)) return dd ? forward(dst, to_daemon(host)) : forward(to_daemon(host), src);
-  // Pageable memory: through the two staging slots, the copy of one chunk overlapping the
-  // daemon's DMA of the other.
+  // Pageable memory: through the staging slots. Host to device, the app copies chunk i into a
+  // slot while posd's DMA moves the chunks before it from the others; device to host, posd runs
+  // up to kStageSlots chunks ahead of the app copying them out. The app's side of each chunk is
+  // split among copier_'s threads: one core's memcpy is slower than the DMA.
   const uint64_t chunks = (n + stage_bytes_ - 1) / stage_bytes_;
-  auto slot = [&](uint64_t i) { return arena_ + (i & 1) * stage_bytes_; };
+  auto slot = [&](uint64_t i) { return arena_ + (i % kStageSlots) * stage_bytes_; };
   auto chunk_len = [&](uint64_t i) { return std::min(stage_bytes_, n - i * stage_bytes_); };
   int32_t k = dd ? cuda::kMemcpyHostToDevice : cuda::kMemcpyDeviceToHost;
-  uint64_t seqs[2] = {0, 0};
+  uint64_t seqs[kStageSlots] = {};  // the last frame that used each slot
   auto issue = [&](uint64_t i) {
     uint64_t d = dd ? dst + i * stage_bytes_ : to_daemon(slot(i));
     uint64_t s = dd ? to_daemon(slot(i)) : src + i * stage_bytes_;
     uint64_t c = chunk_len(i);
     const std::array<Param, 4> p{Param{&d, 8}, Param{&s, 8}, Param{&c, 8}, Param{&k, 4}};
-    // The last chunk waits for its reply, which also reports a failure of the posted ones.
-    return send(ApiId::kMemcpy, p, /*reply=*/i + 1 == chunks, nullptr, 0, nullptr, &seqs[i & 1]);
+    // The last chunk wants a reply, which also reports a failure of the posted ones; it is
+    // collected after the loop, so the app keeps copying out while posd finishes.
+    return send(ApiId::kMemcpy, p, /*reply=*/i + 1 == chunks, nullptr, 0, nullptr, &seqs[i % kStageSlots],
+                /*defer_reply=*/true);
   };
   if (dd) {
     for (uint64_t i = 0; i < chunks; ++i) {
-      POS_RETURN_IF_ERROR(wait_done(seqs[i & 1]));  // the slot's previous chunk is on the device
-      std::memcpy(slot(i), reinterpret_cast<const std::byte*>(src) + i * stage_bytes_, chunk_len(i));
+      POS_RETURN_IF_ERROR(wait_done(seqs[i % kStageSlots]));  // the slot's previous chunk is on the device
+      copier_->copy(slot(i), reinterpret_cast<const std::byte*>(src) + i * stage_bytes_, chunk_len(i));
       POS_RETURN_IF_ERROR(issue(i));
     }
   } else {
-    POS_RETURN_IF_ERROR(issue(0));
-    if (chunks > 1) POS_RETURN_IF_ERROR(issue(1));
+    for (uint64_t i = 0; i < std::min(chunks, kStageSlots); ++i) POS_RETURN_IF_ERROR(issue(i));
     for (uint64_t i = 0; i < chunks; ++i) {
-      POS_RETURN_IF_ERROR(wait_done(seqs[i & 1]));
-      std::memcpy(reinterpret_cast<std::byte*>(dst) + i * stage_bytes_, slot(i), chunk_len(i));
-      if (i + 2 < chunks) POS_RETURN_IF_ERROR(issue(i + 2));
+      POS_RETURN_IF_ERROR(wait_done(seqs[i % kStageSlots]));
+      copier_->copy(reinterpret_cast<std::byte*>(dst) + i * stage_bytes_, slot(i), chunk_len(i));
+      if (i + kStageSlots < chunks) POS_RETURN_IF_ERROR(issue(i + kStageSlots));
     }
   }
-  return Status::Ok();
+  return collect(seqs[(chunks - 1) % kStageSlots]);
 }
 
 Status ShmSession::copy_async(std::span<const Param> params) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "remoting/api_client.h"
+#include "remoting/parallel_copy.h"
 #include "remoting/wire.h"
 
 namespace pos {
@@ -41,6 +42,13 @@ class ShmSession final : public Transport {
   // ring; their errors come with the next synchronous call, like CUDA's asynchronous errors. Off:
   // every call waits for posd's verdict. Default from POS_CLIENT_POST (1).
   void set_post_async(bool on) { post_async_ = on; }
+  // Threads that copy a pageable chunk into or out of a staging slot, the calling app thread
+  // included (default from POS_CLIENT_COPY_THREADS, else up to 4). Not while a call is running.
+  void set_copy_threads(unsigned n);
+  unsigned copy_threads() const { return copier_->threads(); }
+  // Pageable copies are staged through this many slots of stage_bytes() each at the arena's start.
+  static constexpr uint64_t kStageSlots = 4;
+  uint64_t stage_bytes() const { return stage_bytes_; }
   const wire::Welcome& welcome() const { return welcome_; }
   // Test hooks: bytes straight onto the ring (malformed frames), and a call whose host pointers
   // go to posd untranslated (what a hostile client could send).
@@ -60,8 +68,11 @@ class ShmSession final : public Transport {
     return welcome_.daemon_arena_addr + static_cast<uint64_t>(static_cast<const std::byte*>(p) - arena_);
   }
   // All under mu_.
+  // With defer_reply, a call that asks for a reply returns once published; collect(seq) reads it
+  // (before any other call that wants a reply is sent).
   Status send(ApiId api, std::span<const Param> params, bool reply, void* ret, uint64_t ret_len,
-              uint64_t* ret_written, uint64_t* seq_out = nullptr);
+              uint64_t* ret_written, uint64_t* seq_out = nullptr, bool defer_reply = false);
+  Status collect(uint64_t seq);
   Status publish(const std::byte* frame_or_null, uint64_t len, uint32_t api_id, uint16_t flags, uint64_t seq,
                  uint64_t ret_cap, std::span<const Param> params, std::span<const uint64_t> sizes);
   Status wait_done(uint64_t seq);
@@ -84,7 +95,8 @@ class ShmSession final : public Transport {
   std::byte* ring_ = nullptr;
   wire::ReplySlot* reply_ = nullptr;
   std::byte* arena_ = nullptr;
-  uint64_t stage_bytes_ = 0;  // two staging slots at the arena's start, each this big
+  uint64_t stage_bytes_ = 0;  // kStageSlots staging slots at the arena's start, each this big
+  std::unique_ptr<ParallelCopier> copier_;  // used under mu_
   uint64_t spin_ns_ = 0;
   bool post_async_ = true;
 

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "pos/config.h"
 
@@ -67,6 +69,33 @@ TEST(Config, TheShadowPoolIsAutoByDefaultOrASizeButNeverZero) {
   auto z = parse_config("checkpoint: {shadow_pool: 0}");
   ASSERT_FALSE(z.ok());
   EXPECT_NE(z.status().message().find("shadow_pool"), std::string::npos);
+}
+
+TEST(Config, PosdDevicesIsAListOfDistinctNonNegativeIndices) {
+  EXPECT_TRUE(parse_config("").value().posd_devices.empty());  // default: all devices
+  auto c = parse_config("posd: {devices: [0, 2]}");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->posd_devices, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(parse_config("posd: {devices: [3, 1]}").value().posd_devices, (std::vector<int32_t>{3, 1}));
+  auto message = [](const std::string& yaml) {
+    auto r = parse_config(yaml);
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  EXPECT_NE(message("posd: {devices: [0, -1]}").find("device -1 is negative"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: [1, 2, 1]}").find("lists device 1 twice"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: 2}").find("posd.devices must be a list"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: {a: 1}}").find("posd.devices must be a list"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: []}").find("posd.devices is empty"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: [gpu0]}").find("'gpu0' is not a device index"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: [1.5]}").find("'1.5' is not a device index"), std::string::npos);
+  EXPECT_NE(message("posd: {devices: [[0]]}").find("is not a device index"), std::string::npos);
+}
+
+TEST(Config, PosdGroupIsAGidOrAName) {
+  EXPECT_EQ(parse_config("").value().posd_group, "");
+  EXPECT_EQ(parse_config("posd: {group: 44}").value().posd_group, "44");
+  EXPECT_EQ(parse_config("posd: {group: video}").value().posd_group, "video");
+  EXPECT_EQ(parse_config("posd: {group: -1}").value().posd_group, "");  // none, as before names
 }
 
 TEST(Config, SizesAcceptBinaryAndDecimalUnits) {

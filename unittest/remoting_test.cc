@@ -1,7 +1,10 @@
 // remoting_test.cc — posd sessions end to end inside one process: handshake, the frame codec,
-// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames.
+// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames,
+// admission (who may connect), the devices a session sees.
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -26,7 +29,7 @@ class Posd : public ::testing::Test {
     sessions_.clear();
     server_.reset();
     c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + ".sock";
-    c.posd_arena_bytes = 8ull << 20;  // staging slots of 1 MiB: copies below cross several chunks
+    c.posd_arena_bytes = 8ull << 20;  // staging slots of 512 KiB: copies below cross several chunks
     auto s = PosdServer::start(c);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     server_ = std::move(s.value());
@@ -42,7 +45,8 @@ class Posd : public ::testing::Test {
   ApiClient& api(size_t i = 0) { return *apis_[i]; }
   uint64_t alloc(uint64_t n, size_t i = 0) {
     uint64_t p = 0;
-    EXPECT_TRUE(api(i).malloc(&p, n).ok());
+    Status s = api(i).malloc(&p, n);
+    EXPECT_TRUE(s.ok()) << s.to_string();
     return p;
   }
   // Waits (bounded, no sleep) until posd lists exactly `n` sessions.
@@ -295,6 +299,289 @@ TEST_F(Posd, ManySessionsRunConcurrentlyEachOnItsOwnData) {
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kSessions; ++i) EXPECT_EQ(ok[i], 1) << "session " << i;
+}
+
+// ---------------- pageable copies through the staging slots ----------------
+
+// Bytes no power-of-two stride repeats, so a chunk or piece landing one slot off shows.
+std::vector<uint8_t> pattern(uint64_t n) {
+  std::vector<uint8_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 7 + i / 251 + 1);
+  return v;
+}
+
+TEST(ParallelCopy, BlocksOfOddSizesAndOffsetsArriveWholeAndNothingAroundThemChanges) {
+  ParallelCopier pc(4, 200000);
+  const uint64_t kMax = (8ull << 20) + 3;
+  const std::vector<uint8_t> src = pattern(kMax + 4096);
+  const uint64_t piece = ParallelCopier::kMinPiece;
+  const std::initializer_list<uint64_t> sizes = {1, 4095, 2 * piece - 1, 2 * piece, 2 * piece + 1, (3ull << 20) + 17, kMax};
+  for (uint64_t n : sizes) {
+    for (auto [so, dof] : {std::pair<uint64_t, uint64_t>{0, 0}, {1, 3}, {4095, 7}}) {
+      std::vector<uint8_t> dst(n + 8192, 0xee);
+      pc.copy(dst.data() + dof, src.data() + so, n);
+      ASSERT_EQ(std::memcmp(dst.data() + dof, src.data() + so, n), 0) << n << " bytes, offsets " << so << "/" << dof;
+      for (uint64_t i = 0; i < dof; ++i) ASSERT_EQ(dst[i], 0xee);
+      for (uint64_t i = dof + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xee) << n;
+    }
+  }
+  EXPECT_EQ(pc.helpers_started(), 3u);  // started by the first copy worth splitting
+}
+
+TEST(ParallelCopy, OneThreadMeansTheCallerAloneAndSmallCopiesStartNoHelper) {
+  const std::vector<uint8_t> src = pattern(4 << 20);
+  std::vector<uint8_t> dst(src.size());
+  ParallelCopier alone(1, 0);
+  alone.copy(dst.data(), src.data(), src.size());
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(alone.helpers_started(), 0u);
+  ParallelCopier lazy(4, 0);
+  lazy.copy(dst.data(), src.data(), ParallelCopier::kMinPiece);
+  EXPECT_EQ(lazy.helpers_started(), 0u);
+}
+
+TEST_F(Posd, LargePageableCopiesAtOddSizesAndOffsetsArriveWhole) {
+  connect();
+  sessions_[0]->set_copy_threads(3);
+  const uint64_t stage = sessions_[0]->stage_bytes();  // 512 KiB with this arena
+  ASSERT_GE(stage, 64u << 10);
+  const uint64_t cap = 11 * stage + 8192;
+  const std::vector<uint8_t> bytes = pattern(cap);
+  const uint64_t d = alloc(cap);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), cap, cuda::kMemcpyHostToDevice).ok());
+  auto check_d2h = [&](uint64_t n, uint64_t src_off, uint64_t dst_off, const char* how) {
+    std::vector<uint8_t> back(n + 64, 0xee);
+    ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data() + dst_off), d + src_off, n,
+                             cuda::kMemcpyDeviceToHost).ok());
+    ASSERT_EQ(std::memcmp(back.data() + dst_off, bytes.data() + src_off, n), 0)
+        << how << ": " << n << " bytes from +" << src_off << " to +" << dst_off;
+    for (uint64_t i = 0; i < dst_off; ++i) ASSERT_EQ(back[i], 0xee);
+    for (uint64_t i = dst_off + n; i < back.size(); ++i) ASSERT_EQ(back[i], 0xee) << how << ": past " << n;
+  };
+  // Around one slot, around all four (posd runs that far ahead), and many chunks with a short tail.
+  for (uint64_t n : {stage - 1, stage, stage + 1, 4 * stage - 3, 4 * stage, 4 * stage + 5, 9 * stage + 4097,
+                     11 * stage + 1}) {
+    for (uint64_t src_off : {uint64_t{0}, uint64_t{5}}) {
+      for (uint64_t dst_off : {uint64_t{0}, uint64_t{3}}) check_d2h(n, src_off, dst_off, "posted chunks");
+    }
+  }
+  // Host to device from an odd offset of a pageable buffer, read back whole.
+  std::vector<uint8_t> shifted(cap + 3, 0);
+  std::memcpy(shifted.data() + 3, bytes.data(), cap - 1);
+  ASSERT_TRUE(api().memcpy(d + 1, reinterpret_cast<uint64_t>(shifted.data() + 3), cap - 1,
+                           cuda::kMemcpyHostToDevice).ok());
+  std::vector<uint8_t> whole(cap);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(whole.data()), d, cap, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(std::memcmp(whole.data() + 1, bytes.data(), cap - 1), 0);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), cap, cuda::kMemcpyHostToDevice).ok());
+  // Device to pageable memory with cudaMemcpyAsync (staged the same way, after the stream).
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  std::vector<uint8_t> back(cap - 7, 0);
+  ASSERT_TRUE(api().memcpy_async(reinterpret_cast<uint64_t>(back.data()), d + 7, cap - 7, cuda::kMemcpyDeviceToHost, s)
+                  .ok());
+  EXPECT_EQ(std::memcmp(back.data(), bytes.data() + 7, cap - 7), 0);
+  // A copy running past the buffer's end fails, whether the failing chunks were posted or not.
+  std::vector<uint8_t> big(cap);
+  EXPECT_EQ(api().memcpy(reinterpret_cast<uint64_t>(big.data()), d + 2 * stage + 8192, cap, cuda::kMemcpyDeviceToHost)
+                .api_error(),
+            cuda::kErrorInvalidValue);
+  EXPECT_TRUE(api().device_synchronize().ok());  // reported once
+  // One thread, and every chunk waiting for its verdict (POS_CLIENT_POST=0): the same bytes.
+  sessions_[0]->set_copy_threads(1);
+  check_d2h(9 * stage + 4097, 5, 3, "one copy thread");
+  sessions_[0]->set_post_async(false);
+  sessions_[0]->set_copy_threads(2);
+  check_d2h(9 * stage + 4097, 5, 3, "no posted calls");
+  EXPECT_EQ(api().memcpy(reinterpret_cast<uint64_t>(big.data()), d + 2 * stage + 8192, cap, cuda::kMemcpyDeviceToHost)
+                .api_error(),
+            cuda::kErrorInvalidValue);
+}
+
+// ---------------- admission ----------------
+
+TEST(Admission, TheOwnerIsAlwaysAdmitted) {
+  EXPECT_TRUE(admit({1000, 1000, {}}, 1000, -1).ok());
+  EXPECT_TRUE(admit({1000, 5, {6}}, 1000, 44).ok());
+}
+
+TEST(Admission, AnotherUidOutsideTheGroupIsRefusedWithWhoItIsAndWhoMayConnect) {
+  Status s = admit({1001, 1001, {27}}, 1000, -1);
+  EXPECT_EQ(s.api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(s.message().find("uid 1001 (gid 1001) may not use this posd"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("only uid 1000"), std::string::npos) << s.message();
+  s = admit({1001, 1001, {27}}, 1000, 44);
+  EXPECT_EQ(s.api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(s.message().find("members of group 44"), std::string::npos) << s.message();
+  // Without posd.group no group admits anyone, group 0 included.
+  EXPECT_FALSE(admit({1001, 0, {0}}, 1000, -1).ok());
+}
+
+TEST(Admission, AMemberOfPosdGroupIsAdmittedByItsPrimaryOrASupplementaryGroup) {
+  EXPECT_TRUE(admit({1001, 44, {}}, 1000, 44).ok());
+  EXPECT_TRUE(admit({1001, 1001, {27, 44}}, 1000, 44).ok());
+  EXPECT_FALSE(admit({1001, 1001, {27, 45}}, 1000, 44).ok());
+}
+
+TEST(Admission, PosdGroupIsAGidOrAGroupNameAndAnUnknownNameIsAnError) {
+  EXPECT_EQ(resolve_group("").value(), -1);
+  EXPECT_EQ(resolve_group("44").value(), 44);
+  EXPECT_FALSE(resolve_group("4294967296").ok());
+  auto unknown = resolve_group("pos-no-such-group-5f3759df");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("no group named 'pos-no-such-group-5f3759df'"), std::string::npos)
+      << unknown.status().message();
+  if (const group* g = ::getgrgid(::getgid()); g != nullptr) {
+    EXPECT_EQ(resolve_group(g->gr_name).value(), ::getgid());
+  }
+}
+
+TEST_F(Posd, TheSocketIsTheOwnersAloneWithoutAGroupAndTheGroupsTooWithOne) {
+  struct stat st {};
+  ASSERT_EQ(::stat(server_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  Config c = test_config();
+  c.posd_group = std::to_string(::getgid());  // this user's own group: posd may give the socket to it
+  start(c);
+  ASSERT_EQ(::stat(server_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, ::getgid());
+  EXPECT_EQ(server_->group_gid(), static_cast<int64_t>(::getgid()));
+}
+
+TEST_F(Posd, AnUnknownGroupNameIsAStartErrorThatNamesIt) {
+  Config c = test_config();
+  c.posd_socket = ::testing::TempDir() + "posd-badgroup-" + std::to_string(::getpid()) + ".sock";
+  c.posd_group = "pos-no-such-group-5f3759df";
+  auto s = PosdServer::start(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("posd.group: no group named 'pos-no-such-group-5f3759df'"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0);  // refused before binding anything
+}
+
+TEST_F(Posd, AForeignUidIsRefusedWithAMessageWhilePosdServesTheOthersOn) {
+  connect("owner");
+  const uint64_t d = alloc(4096);
+  server_->set_owner_uid_for_test(::geteuid() + 1);  // from posd's point of view this process is foreign now
+  auto refused = ShmSession::connect(server_->socket_path(), "intruder");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(refused.status().message().find("posd refused the session: uid " + std::to_string(::geteuid())),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("may not use this posd"), std::string::npos);
+  EXPECT_FALSE(posd_control(server_->socket_path(), "ps").ok());  // nor may it look at the sessions
+  // The session admitted before runs on; nothing of the refused one exists.
+  EXPECT_TRUE(api().memset(d, 1, 4096).ok());
+  EXPECT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(server_->sessions().size(), 1u);
+  server_->set_owner_uid_for_test(::geteuid());
+  connect("owner-again");
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+}
+
+TEST_F(Posd, AForeignUidIsAdmittedAsAMemberOfPosdGroup) {
+  Config c = test_config();
+  c.posd_group = std::to_string(::getgid());
+  start(c);
+  server_->set_owner_uid_for_test(::geteuid() + 1);
+  connect("member");
+  const uint64_t d = alloc(4096);
+  EXPECT_TRUE(api().memset(d, 0, 4096).ok());
+  EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+// ---------------- devices ----------------
+
+TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
+  if (backend_name() != "host") GTEST_SKIP() << "needs three devices: the host backend presents them";
+  Config c = test_config();
+  c.host_device_count = 3;
+  c.posd_devices = {2, 0};
+  start(c);
+  connect("two-of-three");
+  int32_t count = 0;
+  ASSERT_TRUE(api().get_device_count(&count).ok());
+  EXPECT_EQ(count, 2);
+  // The host backend's PCI device id is the device's index: the session's 0 is device 2, its 1 device 0.
+  DeviceProps p{};
+  ASSERT_TRUE(api().get_device_properties(&p, 0).ok());
+  EXPECT_EQ(p.pci_device_id, 2);
+  ASSERT_TRUE(api().get_device_properties(&p, 1).ok());
+  EXPECT_EQ(p.pci_device_id, 0);
+  int32_t v = -1;
+  constexpr int32_t kPciDeviceId = 34;  // cudaDevAttrPciDeviceId
+  ASSERT_TRUE(api().device_get_attribute(&v, kPciDeviceId, 0).ok());
+  EXPECT_EQ(v, 2);
+  // Numbers past the list do not exist for the session, though the backend has a device 2.
+  EXPECT_EQ(api().set_device(2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().get_device_properties(&p, 2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().device_get_attribute(&v, kPciDeviceId, 2).api_error(), cuda::kErrorInvalidDevice);
+  EXPECT_EQ(api().set_device(-1).api_error(), cuda::kErrorInvalidDevice);
+  ASSERT_TRUE(api().set_device(1).ok());
+  int32_t cur = -1;
+  ASSERT_TRUE(api().get_device(&cur).ok());
+  EXPECT_EQ(cur, 1);
+  uint64_t free = 0, total = 0;
+  EXPECT_TRUE(api().mem_get_info(&free, &total).ok());
+  // Its memory lives on its first listed device, which posd reports.
+  const std::vector<uint8_t> bytes = pattern(1 << 20);
+  std::vector<uint8_t> back(bytes.size());
+  const uint64_t d = alloc(bytes.size());
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(bytes.data()), bytes.size(), cuda::kMemcpyHostToDevice).ok());
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, back.size(), cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(back, bytes);
+  const auto info = server_->sessions();
+  ASSERT_EQ(info.size(), 1u);
+  EXPECT_EQ(info[0].device, 2);
+  auto json = posd_control(server_->socket_path(), "ps");
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"device\":2"), std::string::npos) << *json;
+  // A client of the same workspace that is no posd session sees every device, as they are.
+  auto uuid = server_->workspace().create_client("in-process");
+  ASSERT_TRUE(uuid.ok()) << uuid.status().to_string();
+  InProcessTransport t(&server_->workspace(), *uuid);
+  ApiClient local(&t);
+  ASSERT_TRUE(local.get_device_count(&count).ok());
+  EXPECT_EQ(count, 3);
+  ASSERT_TRUE(local.get_device_properties(&p, 1).ok());
+  EXPECT_EQ(p.pci_device_id, 1);
+  EXPECT_EQ(server_->workspace().find_client(*uuid)->device(), 0);
+  EXPECT_TRUE(server_->workspace().remove_client(*uuid).ok());
+}
+
+TEST_F(Posd, PosdRefusesToStartWithADeviceTheBackendDoesNotHave) {
+  if (backend_name() != "host") GTEST_SKIP() << "the host backend's device count is configurable";
+  Config c = test_config();
+  c.host_device_count = 2;
+  c.posd_devices = {0, 3};
+  c.posd_socket = ::testing::TempDir() + "posd-baddev-" + std::to_string(::getpid()) + ".sock";
+  auto s = PosdServer::start(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("posd.devices lists device 3, but the host backend has 2 device(s) (0..1)"),
+            std::string::npos)
+      << s.status().message();
+}
+
+TEST(ClientDevices, AWorkspaceRefusesAClientOnADeviceItDoesNotHave) {
+  Config c = test_config();
+  c.host_device_count = 2;
+  if (c.backend != "host") GTEST_SKIP() << "the host backend's device count is configurable";
+  auto ws = POSWorkspace::create(c);
+  ASSERT_TRUE(ws.ok());
+  ClientOptions o;
+  o.devices = {1, 2};
+  auto bad = (*ws)->create_client("x", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().api_error(), cuda::kErrorInvalidDevice);
+  o.devices = {1, 1};
+  EXPECT_FALSE((*ws)->create_client("x", o).ok());
+  o.devices = {1};
+  auto good = (*ws)->create_client("x", o);
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ((*ws)->find_client(*good)->device(), 1);
+  EXPECT_TRUE((*ws)->list_clients().size() == 1);
 }
 
 }  // namespace

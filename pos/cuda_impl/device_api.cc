@@ -16,10 +16,17 @@ Status check_device(const ParserScope& ps, int32_t dev) {
   return Status::Ok();
 }
 
-// cudaGetDeviceCount
-Status parse_get_device_count(ParserScope&, APIContext& c) { return c.expect_params(0); }
-Status work_get_device_count(WorkerScope& ws, APIContext& c) {
-  c.set_ret<int32_t>(ws.device->device_count());
+// The app's device numbers are indices into the devices its client sees (ClientOptions::devices:
+// posd's `devices`, renumbered as CUDA_VISIBLE_DEVICES does); the backend is asked about the device
+// behind the number (-1, which the backend refuses, for a number that names none).
+int32_t backend_device(const ParserScope& ps, int32_t dev) {
+  return dev >= 0 && static_cast<size_t>(dev) < ps.devices.size() ? ps.devices[static_cast<size_t>(dev)] : -1;
+}
+
+// cudaGetDeviceCount: the devices this client sees.
+Status parse_get_device_count(ParserScope& ps, APIContext& c) {
+  POS_RETURN_IF_ERROR(c.expect_params(0));
+  c.set_ret<int32_t>(ps.device_count);
   return Status::Ok();
 }
 
@@ -45,7 +52,7 @@ Status parse_get_properties(ParserScope& ps, APIContext& c) {
   POS_RETURN_IF_ERROR(c.expect_params(1));
   POS_PARAM(c, 0, int32_t, dev);
   POS_RETURN_IF_ERROR(check_device(ps, dev));
-  c.u[0] = static_cast<uint64_t>(dev);
+  c.u[0] = static_cast<uint64_t>(backend_device(ps, dev));
   return Status::Ok();
 }
 Status work_get_properties(WorkerScope& ws, APIContext& c) {
@@ -62,7 +69,7 @@ Status parse_get_attribute(ParserScope& ps, APIContext& c) {
   POS_PARAM(c, 1, int32_t, dev);
   POS_RETURN_IF_ERROR(check_device(ps, dev));
   c.u[0] = static_cast<uint64_t>(static_cast<uint32_t>(attr));
-  c.u[1] = static_cast<uint64_t>(dev);
+  c.u[1] = static_cast<uint64_t>(backend_device(ps, dev));
   return Status::Ok();
 }
 Status work_get_attribute(WorkerScope& ws, APIContext& c) {
@@ -85,7 +92,7 @@ Status parse_mem_get_info(ParserScope& ps, APIContext& c) {
   POS_RETURN_IF_ERROR(c.expect_params(0));
   c.u[0] = ps.memory_quota;
   c.u[1] = ps.memory_in_use;
-  c.u[2] = static_cast<uint64_t>(ps.current_device);
+  c.u[2] = static_cast<uint64_t>(backend_device(ps, ps.current_device));
   return Status::Ok();
 }
 Status work_mem_get_info(WorkerScope& ws, APIContext& c) {
@@ -130,7 +137,7 @@ Status work_peek_last_error(WorkerScope& ws, APIContext&) {
 }  // namespace
 
 void register_device_apis(ApiTable* t) {
-  t->set(ApiId::kGetDeviceCount, {parse_get_device_count, work_get_device_count});
+  t->set(ApiId::kGetDeviceCount, {parse_get_device_count, work_nothing});
   t->set(ApiId::kGetDevice, {parse_get_device, work_nothing});
   t->set(ApiId::kSetDevice, {parse_set_device, work_nothing});
   t->set(ApiId::kGetDeviceProperties, {parse_get_properties, work_get_properties});
