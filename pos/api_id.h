@@ -24,8 +24,8 @@ enum class ReturnMode : uint8_t { kParse, kSync };
   X(MemGetInfo, "cudaMemGetInfo", 0x107, kSync)                                                      \
   X(DriverGetVersion, "cudaDriverGetVersion", 0x108, kSync)                                          \
   X(RuntimeGetVersion, "cudaRuntimeGetVersion", 0x109, kParse)                                       \
-  X(GetLastError, "cudaGetLastError", 0x10A, kSync)                                                  \
-  X(PeekAtLastError, "cudaPeekAtLastError", 0x10B, kSync)                                            \
+  X(GetLastError, "cudaGetLastError", 0x10A, kParse)                                                 \
+  X(PeekAtLastError, "cudaPeekAtLastError", 0x10B, kParse)                                           \
   X(Malloc, "cudaMalloc", 0x201, kParse)                                                             \
   X(Free, "cudaFree", 0x202, kParse)                                                                 \
   X(Memcpy, "cudaMemcpy", 0x203, kSync)                                                              \

@@ -79,7 +79,9 @@ POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const C
       rpc2parser_cq_(config.queue_depth * 2),
       parser2worker_wq_(config.queue_depth),
       parser2worker_cq_(config.queue_depth * 2),
-      worker2rpc_cq_(config.queue_depth * 2) {}
+      worker2rpc_cq_(config.queue_depth * 2) {
+  if (CallProfile::enabled_by_env()) profile_ = std::make_unique<CallProfile>();
+}
 
 POSClient::~POSClient() { shutdown(); }
 
@@ -146,6 +148,8 @@ Status POSClient::init_state() {
     }
   }
   ws_.client = this;
+  ws_.async_error_code = &async_error_code_;
+  ps_.async_error = &async_error_code_;
   ws_.backend = backend_client_.get();
   ws_.device = backend_;
   return Status::Ok();
@@ -191,6 +195,10 @@ void POSClient::shutdown() {
     ps_.mgr(t).for_each([&](Handle* h) { backend_->unreserve(h->charged); });
   }
   started_ = false;
+  if (profile_) {
+    const std::string t = "client " + std::to_string(uuid_) + " (" + job_name_ + ")";
+    std::fputs(profile_->report(t).c_str(), stderr);
+  }
   POS_INFO("client %lu (%s): stopped after %lu calls", (unsigned long)uuid_, job_name_.c_str(),
            (unsigned long)executed_.load());
 }
@@ -269,6 +277,7 @@ APIContext* POSClient::acquire_context() {
 Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void* ret_data, uint64_t ret_data_len,
                          uint64_t* ret_written) {
   if (ret_written != nullptr) *ret_written = 0;
+  const uint64_t t_profile = profile_ ? now_ns() : 0;
   APIContext* c = nullptr;
   uint32_t target = 0;
   {
@@ -309,6 +318,7 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
   // The context may be reused once the caller is done with it and it is back from the pipeline
   // (a kParse call may still be executing on the worker now).
   c->caller_released.store(true, std::memory_order_release);
+  if (profile_) profile_->add_submit(static_cast<uint32_t>(api.id), now_ns() - t_profile);
   return s;
 }
 
@@ -443,8 +453,10 @@ void POSClient::parse_call(APIContext* c) {
   last_parsed_pc_ = c->pc;
   c->begin_parse();
   const ApiFunctions& f = table_->get(c->api_id);
+  const uint64_t t_profile = profile_ ? now_ns() : 0;
   Status s = f.parse != nullptr ? f.parse(ps_, *c)
                                 : Status::Unsupported(std::string(c->info->name) + " has no parser function");
+  if (profile_) profile_->add_parse(static_cast<uint32_t>(c->api_id), now_ns() - t_profile);
   if (!s.ok()) {
     POS_DEBUG("client %lu pc %lu %.*s: %s", (unsigned long)uuid_, (unsigned long)c->pc,
               (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
@@ -583,10 +595,12 @@ void POSClient::worker_main() {
     }
     if (progressed) continue;
     if (stop_.load(std::memory_order_acquire) && parser2worker_wq_.read_available() == 0) return;
+    const uint64_t t_idle = profile_ ? now_ns() : 0;
     spin_then_block(worker_bell_, config_.spin_ns, [&] {
       return parser2worker_wq_.read_available() > 0 || cmd_worker_wq_.read_available() > 0 ||
              worker_cmd_ != nullptr || worker_paused_.load() || stop_.load();
     });
+    if (profile_) profile_->add_worker_idle(now_ns() - t_idle);
   }
 }
 
@@ -602,14 +616,19 @@ void POSClient::execute_call(APIContext* c) {
     else s = lazy_worker_->before_call(*c);
   }
   const ApiFunctions& f = table_->get(c->api_id);
+  const uint64_t t_profile = profile_ ? now_ns() : 0;
   if (s.ok())
     s = f.work != nullptr ? f.work(ws_, *c) : Status::Unsupported(std::string(c->info->name) + " has no worker function");
+  if (profile_) {
+    const uint64_t t = now_ns();
+    profile_->add_work(static_cast<uint32_t>(c->api_id), t - t_profile);
+    profile_->worker_seen(t);
+  }
   if (c->info->mode == ReturnMode::kSync) {
     c->status = s.ok() ? s : s.with_context(c->info->name);
   } else if (!s.ok()) {
     // The app already got success for this call: the error surfaces through cudaGetLastError.
-    ws_.async_error = s.api_error();
-    ws_.async_error_message = s.message();
+    ws_.set_async_error(s.api_error(), s.message());
     POS_WARN("client %lu pc %lu %.*s failed asynchronously: %s", (unsigned long)uuid_, (unsigned long)c->pc,
              (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
   }
@@ -637,7 +656,7 @@ void POSClient::execute_command(Command* cmd) {
   cmd->status = backend_client_->synchronize_all();
   if (cmd->type != CommandType::kCheckpoint || !cmd->status.ok()) return;
   CheckpointJob& job = *cmd->job;
-  job.image().mutable_client()->set_async_error(ws_.async_error);
+  job.image().mutable_client()->set_async_error(ws_.async_error());
   job.image().mutable_client()->set_async_error_message(ws_.async_error_message);
   cmd->status = job.start_at_cut(backend_client_.get(), t);
   // Async: later calls that write a buffer not yet drained are protected first (execute_call).

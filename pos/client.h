@@ -19,6 +19,7 @@
 #include "pos/api_context.h"
 #include "pos/api_table.h"
 #include "pos/backend.h"
+#include "pos/call_profile.h"
 #include "pos/checkpoint.h"
 #include "pos/config.h"
 #include "pos/handle.h"
@@ -124,6 +125,8 @@ struct ParserScope {
     return p != 0 && !in_pos_window(p);
   }
   uint64_t host_base = 0, host_size = 0;
+  // The worker's latest asynchronous error (see WorkerScope): cudaGetLastError exchanges it with 0.
+  std::atomic<int32_t>* async_error = nullptr;
 };
 
 // Worker-thread state handed to worker functions (confined to the worker thread).
@@ -131,9 +134,16 @@ struct WorkerScope {
   POSClient* client = nullptr;
   BackendClient* backend = nullptr;
   DeviceBackend* device = nullptr;
-  // Latest error of a call that had already returned success to the app (cudaGetLastError).
-  int32_t async_error = 0;
+  // Latest error of a call that had already returned success to the app. The worker sets it;
+  // cudaGetLastError takes it in the parser (ParserScope::async_error), without waiting for the
+  // worker, as CUDA reports what is known so far. The message is the worker's, for logs and syncs.
+  std::atomic<int32_t>* async_error_code = nullptr;
   std::string async_error_message;
+  int32_t async_error() const { return async_error_code->load(std::memory_order_acquire); }
+  void set_async_error(int32_t code, std::string message) {
+    async_error_message = std::move(message);
+    async_error_code->store(code, std::memory_order_release);
+  }
 };
 
 class POSClient {
@@ -270,8 +280,10 @@ class POSClient {
   // may use it while the client exists. The worker's own pointer goes once nothing is left to do.
   std::shared_ptr<LazyLoader> lazy_;
   LazyLoader* lazy_worker_ = nullptr;  // worker thread
+  alignas(64) std::atomic<int32_t> async_error_code_{0};  // ParserScope / WorkerScope async_error
   alignas(64) std::atomic<uint64_t> executed_{0};
   LatencyHistogram latency_;
+  std::unique_ptr<CallProfile> profile_;  // POS_PROFILE=1 only; printed at shutdown
 
   alignas(64) std::atomic<uint64_t> memory_in_use_{0};  // parser: mirror of ps_.memory_in_use for stats
   std::atomic<uint64_t> live_handles_{0};

@@ -303,8 +303,7 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   ps_.current_device = cr.current_device();
   next_pc_ = cr.next_pc();
   last_parsed_pc_ = cr.next_pc() - 1;
-  ws_.async_error = cr.async_error();
-  ws_.async_error_message = cr.async_error_message();
+  ws_.set_async_error(cr.async_error(), cr.async_error_message());
   memory_in_use_.store(ps_.memory_in_use);
   update_live_handles();
   if (lazy_) {

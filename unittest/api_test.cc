@@ -303,6 +303,7 @@ TEST_F(ApiTest, CublasGemmExAndStridedBatchedCompute) {
   bad.a_type = bad.b_type = bad.c_type = 3;  // int8 in and out with float compute: no device has it
   bad.compute_type = kCublasCompute32F;
   EXPECT_TRUE(api().cublas_gemm_ex(h, bad).ok());  // argument checks pass; the device refuses later
+  (void)api().device_synchronize();  // cudaGetLastError reports what the worker has run so far
   const int32_t e = api().get_last_error().api_error();
   EXPECT_TRUE(e == cuda::kCublasNotSupported || e == cuda::kCublasInvalidValue) << e;
 }
@@ -329,13 +330,32 @@ TEST_F(ApiTest, AsynchronousFailuresSurfaceThroughGetLastError) {
   g.a_type = g.b_type = g.c_type = 3;  // int8 in and out, float compute: accepted by the parser only
   g.compute_type = kCublasCompute32F;
   ASSERT_TRUE(api().cublas_gemm_ex(h, g).ok());
+  // The failure is known once the worker has run the call; a synchronize waits for that and
+  // reports it too, without clearing it.
+  const int32_t s = api().device_synchronize().api_error();
   const int32_t e = api().peek_at_last_error().api_error();
+  EXPECT_EQ(s, e);
   EXPECT_TRUE(e == cuda::kCublasNotSupported || e == cuda::kCublasInvalidValue) << e;
   if (backend_name() == "host") {
     EXPECT_EQ(e, cuda::kCublasNotSupported);
   }
   EXPECT_EQ(api().get_last_error().api_error(), e);
   EXPECT_TRUE(api().get_last_error().ok());  // cleared
+}
+
+TEST_F(ApiTest, GetLastErrorAnswersWithoutWaitingForTheWorker) {
+  // A launch followed by cudaGetLastError is every kernel's idiom; waiting for the worker there
+  // would make each launch a round trip. With the worker held, both still return at once.
+  const uint64_t d = alloc(1024 * 4);
+  std::shared_ptr<POSClient> c = ws_->find_client(client().uuid);
+  ASSERT_NE(c, nullptr);
+  c->set_worker_paused(true);
+  auto a = args(client().fill, d, 5u, 1024);
+  EXPECT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), 0, a).ok());
+  EXPECT_TRUE(api().get_last_error().ok());
+  EXPECT_TRUE(api().peek_at_last_error().ok());
+  c->set_worker_paused(false);
+  EXPECT_EQ(download<unsigned>(d, 1024)[1023], 5u + 1023u);
 }
 
 TEST_F(ApiTest, MallocOfZeroBytesReturnsNullAndFreeOfNullSucceeds) {

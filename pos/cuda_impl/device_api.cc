@@ -83,7 +83,8 @@ Status work_get_attribute(WorkerScope& ws, APIContext& c) {
 Status parse_device_sync(ParserScope&, APIContext& c) { return c.expect_params(0); }
 Status work_device_sync(WorkerScope& ws, APIContext&) {
   POS_RETURN_IF_ERROR(ws.backend->synchronize_all());
-  if (ws.async_error != 0) return cuda_error(ws.async_error, "earlier asynchronous error: " + ws.async_error_message);
+  if (const int32_t e = ws.async_error(); e != 0)
+    return cuda_error(e, "earlier asynchronous error: " + ws.async_error_message);
   return Status::Ok();
 }
 
@@ -120,18 +121,21 @@ Status parse_runtime_version(ParserScope&, APIContext& c) {
 }
 
 // cudaGetLastError / cudaPeekAtLastError: the latest failure of a call that had already returned
-// success to the app (its error is only known once the worker ran it). Errors returned directly
-// by a call are the client library's to remember (runtime semantics live there).
-Status parse_last_error(ParserScope&, APIContext& c) { return c.expect_params(0); }
-Status work_get_last_error(WorkerScope& ws, APIContext&) {
-  const int32_t e = ws.async_error;
-  std::string m = std::move(ws.async_error_message);
-  ws.async_error = 0;
-  ws.async_error_message.clear();
-  return e == 0 ? Status::Ok() : cuda_error(e, m);
+// success to the app, as far as the worker has run: answered by the parser, never waiting for the
+// worker (CUDA reports the errors known so far; a later failure shows at a later call or sync).
+// Waiting would make every launch-then-check pair a round trip through the worker. Errors
+// returned directly by a call are the client library's to remember (runtime semantics live there).
+Status parse_get_last_error(ParserScope& ps, APIContext& c) {
+  POS_RETURN_IF_ERROR(c.expect_params(0));
+  c.skip_worker = true;
+  const int32_t e = ps.async_error->exchange(0, std::memory_order_acq_rel);
+  return e == 0 ? Status::Ok() : cuda_error(e, "an earlier call failed asynchronously");
 }
-Status work_peek_last_error(WorkerScope& ws, APIContext&) {
-  return ws.async_error == 0 ? Status::Ok() : cuda_error(ws.async_error, ws.async_error_message);
+Status parse_peek_last_error(ParserScope& ps, APIContext& c) {
+  POS_RETURN_IF_ERROR(c.expect_params(0));
+  c.skip_worker = true;
+  const int32_t e = ps.async_error->load(std::memory_order_acquire);
+  return e == 0 ? Status::Ok() : cuda_error(e, "an earlier call failed asynchronously");
 }
 
 }  // namespace
@@ -146,8 +150,8 @@ void register_device_apis(ApiTable* t) {
   t->set(ApiId::kMemGetInfo, {parse_mem_get_info, work_mem_get_info});
   t->set(ApiId::kDriverGetVersion, {parse_driver_version, work_driver_version});
   t->set(ApiId::kRuntimeGetVersion, {parse_runtime_version, work_nothing});
-  t->set(ApiId::kGetLastError, {parse_last_error, work_get_last_error});
-  t->set(ApiId::kPeekAtLastError, {parse_last_error, work_peek_last_error});
+  t->set(ApiId::kGetLastError, {parse_get_last_error, work_nothing});
+  t->set(ApiId::kPeekAtLastError, {parse_peek_last_error, work_nothing});
 }
 
 }  // namespace pos::cuda_impl

@@ -71,7 +71,8 @@ Status parse_stream_one(ParserScope& ps, APIContext& c) {
 }
 Status work_stream_sync(WorkerScope& ws, APIContext& c) {
   POS_RETURN_IF_ERROR(ws.backend->stream_synchronize(c.h[0]->backend_obj));
-  if (ws.async_error != 0) return cuda_error(ws.async_error, "earlier asynchronous error: " + ws.async_error_message);
+  if (const int32_t e = ws.async_error(); e != 0)
+    return cuda_error(e, "earlier asynchronous error: " + ws.async_error_message);
   return Status::Ok();
 }
 Status work_stream_query(WorkerScope& ws, APIContext& c) { return ws.backend->stream_query(c.h[0]->backend_obj); }
