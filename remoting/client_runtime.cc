@@ -244,7 +244,15 @@ int32_t ClientRuntime::record(const Status& s) {
 int32_t ClientRuntime::take_last_error() {
   int32_t e = t_last_error;
   t_last_error = 0;
-  // Errors of calls that had returned success are known to the worker only.
+  // Under posd an earlier cudaGetLastError's frame may have taken the worker's error: it came
+  // back with a later reply.
+  if (shm_ != nullptr) {
+    const int32_t a = shm_->take_async_error();
+    if (e == 0) e = a;
+  }
+  // Errors of calls that had returned success are known to the worker only. In-process the
+  // parser answers at once; under posd the frame is posted (no round trip per launch check) and
+  // what it takes is reported by a later call's reply.
   Status s = api_->get_last_error();
   if (e == 0 && !s.ok()) e = s.api_error();
   return e;
@@ -252,6 +260,7 @@ int32_t ClientRuntime::take_last_error() {
 
 int32_t ClientRuntime::peek_last_error() {
   if (t_last_error != 0) return t_last_error;
+  if (shm_ != nullptr && shm_->peek_async_error() != 0) return shm_->peek_async_error();
   Status s = api_->peek_at_last_error();
   return s.ok() ? 0 : s.api_error();
 }

@@ -420,6 +420,7 @@ void PosdServer::serve(Session* s) {
   const uint64_t spin_ns = cfg.sync_spin_ns;
   uint64_t head = 0, last_seq = 0;
   Status deferred;  // first failure of a posted frame since the last reply
+  int32_t taken_async_error = 0;  // taken by a posted cudaGetLastError since the last reply
   std::string end_reason = "client disconnected";
   alignas(16) std::byte ret[wire::kMaxRet];
   wire::DecodedFrame f;
@@ -479,7 +480,13 @@ void PosdServer::serve(Session* s) {
         std::memcpy(reply->deferred_message, dm.data(), reply->deferred_message_len);
         reply->ret_written = std::min<uint64_t>(written, wire::kMaxRet);
         std::memcpy(reply->ret, ret, reply->ret_written);
+        reply->async_error = taken_async_error;
+        reply->reserved = 0;
         deferred = Status::Ok();
+        taken_async_error = 0;
+      } else if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError)) {
+        // A posted cudaGetLastError: what it took is the app's next last error, not a failure.
+        if (!r.ok()) taken_async_error = r.api_error();
       } else if (!r.ok() && deferred.ok()) {
         deferred = r;
       }

@@ -101,6 +101,7 @@ bool posted_api(ApiId api) {
     case ApiId::kCublasSgemm:
     case ApiId::kCublasGemmEx:
     case ApiId::kCublasSgemmStridedBatched:
+    case ApiId::kGetLastError:  // what it takes comes back with the next reply (take_async_error)
       return true;
     default:
       return false;
@@ -383,6 +384,7 @@ Status ShmSession::read_reply(uint64_t seq, void* ret, uint64_t ret_len, uint64_
   const uint64_t n = std::min({r.ret_written, ret_len, wire::kMaxRet});
   if (n > 0 && ret != nullptr) std::memcpy(ret, r.ret, n);
   if (ret_written != nullptr) *ret_written = n;
+  if (r.async_error != 0) async_error_.store(r.async_error, std::memory_order_relaxed);
   Status own = status_of(r.code, r.api_error, r.message, r.message_len);
   if (!own.ok()) return own;
   // An earlier posted call failed: like CUDA's asynchronous errors, the next call reports it.

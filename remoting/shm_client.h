@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ class ShmSession final : public Transport {
   bool in_arena(const void* p, uint64_t n) const;
 
   uint64_t client_uuid() const { return welcome_.client_uuid; }
+  // The worker's asynchronous error that a posted cudaGetLastError took, as reported by a later
+  // reply (0: none). take_ clears it (cudaGetLastError), peek_ keeps it (cudaPeekAtLastError).
+  int32_t take_async_error() { return async_error_.exchange(0, std::memory_order_relaxed); }
+  int32_t peek_async_error() const { return async_error_.load(std::memory_order_relaxed); }
   // Posted calls (launches, async copies and memsets, event records, GEMMs) return once on the
   // ring; their errors come with the next synchronous call, like CUDA's asynchronous errors. Off:
   // every call waits for posd's verdict. Default from POS_CLIENT_POST (1).
@@ -100,6 +105,7 @@ class ShmSession final : public Transport {
   uint64_t spin_ns_ = 0;
   bool post_async_ = true;
 
+  std::atomic<int32_t> async_error_{0};
   std::mutex mu_;
   uint64_t next_seq_ = 0;       // guarded by mu_
   uint64_t tail_ = 0;           // guarded by mu_: mirror of hdr_->tail

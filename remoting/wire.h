@@ -13,7 +13,7 @@
 
 namespace pos::wire {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: ReplySlot::async_error
 inline constexpr uint32_t kHelloMagic = 0x484f5350;    // "PSOH"
 inline constexpr uint32_t kWelcomeMagic = 0x574f5350;  // "PSOW"
 inline constexpr uint32_t kShmMagic = 0x4d534f50;      // "POSM"
@@ -83,6 +83,10 @@ struct ReplySlot {
   int32_t deferred_code, deferred_api_error;  // first failure of a posted frame since the last reply
   uint64_t ret_written;
   uint32_t message_len, deferred_message_len;
+  // The worker's asynchronous error taken by posted cudaGetLastError frames since the last reply
+  // (0: none). The client keeps it for its next cudaGetLastError; it is not this call's error.
+  int32_t async_error;
+  uint32_t reserved;
   char message[kMaxMessage];
   char deferred_message[kMaxMessage];
   std::byte ret[kMaxRet];

@@ -176,6 +176,31 @@ TEST_F(Posd, APostedCallsErrorSurfacesAtTheNextSynchronousCall) {
   EXPECT_TRUE(api().device_synchronize().ok());  // reported once
 }
 
+TEST_F(Posd, APostedGetLastErrorTakesTheWorkersErrorAndTheNextReplyHandsItOverOnce) {
+  ShmSession& s = connect();
+  uint64_t h = 0;
+  ASSERT_TRUE(api().cublas_create(&h).ok());
+  const uint64_t d = alloc(1024);
+  GemmArgs g{};
+  g.entry = kGemmEntryGemmEx;
+  g.m = g.n = g.k = 4, g.lda = g.ldb = g.ldc = 4, g.alpha = 1, g.a = g.b = g.c = d, g.batch = 1;
+  g.a_type = g.b_type = g.c_type = 3;  // int8 in and out, float compute: only the worker refuses it
+  g.compute_type = kCublasCompute32F;
+  ASSERT_TRUE(api().cublas_gemm_ex(h, g).ok());  // posted
+  const int32_t e = api().device_synchronize().api_error();  // the worker has run it; kept
+  ASSERT_NE(e, 0);
+  // cudaGetLastError's frame is posted: no round trip, the error it takes rides on the next reply.
+  EXPECT_TRUE(api().get_last_error().ok());
+  EXPECT_EQ(s.peek_async_error(), 0);
+  EXPECT_TRUE(api().device_synchronize().ok());  // taken: no longer reported by syncs
+  EXPECT_EQ(s.peek_async_error(), e);
+  EXPECT_EQ(s.take_async_error(), e);
+  EXPECT_EQ(s.take_async_error(), 0);
+  EXPECT_TRUE(api().get_last_error().ok());
+  EXPECT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(s.take_async_error(), 0);  // nothing new was taken
+}
+
 TEST_F(Posd, AClientCannotReachAnotherClientsMemoryOrTheDaemonsOwn) {
   connect("a");
   connect("b");
