@@ -211,5 +211,33 @@ TEST_F(PipelineTest, LatencyIsRecordedWhenEnabled) {
   EXPECT_LE(h.percentile_ns(0.5), h.percentile_ns(0.99));
 }
 
+TEST(CallProfile, CountsCallsPerApiAndReportsTimesAndTheWorkersShare) {
+  CallProfile p;
+  const auto launch = static_cast<uint32_t>(ApiId::kLaunchKernel), sync = static_cast<uint32_t>(ApiId::kDeviceSynchronize);
+  for (int i = 0; i < 4; ++i) {
+    p.add_submit(launch, 2'000);
+    p.add_parse(launch, 500);
+    p.add_work(launch, 3'000);
+  }
+  p.add_submit(sync, 90'000);
+  p.add_parse(sync, 1'000);
+  p.add_work(sync, 80'000);
+  p.add_worker_idle(7'000);   // before the first call: not counted
+  p.worker_seen(1'000'000);
+  p.add_worker_idle(50'000);  // between calls: counted
+  p.worker_seen(1'200'000);
+  const std::string r = p.report("test");
+  // By worker time: the synchronize (80 us) above the launches (4 x 3 us).
+  const size_t s = r.find("cudaDeviceSynchronize"), l = r.find("cudaLaunchKernel");
+  ASSERT_NE(s, std::string::npos) << r;
+  ASSERT_NE(l, std::string::npos) << r;
+  EXPECT_LT(s, l);
+  EXPECT_NE(r.find("cudaLaunchKernel                            4        2.000        0.500        3.000"),
+            std::string::npos) << r;
+  EXPECT_NE(r.find("0.200 ms from first to last call; in worker functions 0.092 ms (46.0 %), waiting for calls "
+                   "0.050 ms (25.0 %)"), std::string::npos) << r;
+  EXPECT_EQ(r.find("cudaMalloc"), std::string::npos);  // never called: no row
+}
+
 }  // namespace
 }  // namespace pos::test
