@@ -193,6 +193,10 @@ class POSClient {
   const LatencyHistogram& latency() const { return latency_; }
   void clear_latency() { latency_.clear(); }
 
+  // The worker's latest asynchronous error, taken (what cudaGetLastError's parser function does;
+  // posd answers a posted cudaGetLastError frame with it directly, without a parser round trip).
+  int32_t take_async_error() { return async_error_code_.exchange(0, std::memory_order_acq_rel); }
+
   // Test hook: hold the worker before its next call (to make "busy" and ordering observable).
   void set_worker_paused(bool paused);
 

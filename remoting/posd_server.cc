@@ -419,12 +419,30 @@ void PosdServer::serve(Session* s) {
   const uint64_t ring_bytes = mem.layout.ring_bytes;
   const uint64_t spin_ns = cfg.sync_spin_ns;
   uint64_t head = 0, last_seq = 0;
+  // Posted cudaGetLastError frames are answered here from the client's atomic (what its parser
+  // function would read), not through pos_process: a training loop posts one after every launch,
+  // and a parser round trip each would make this thread the session's bottleneck.
+  std::shared_ptr<POSClient> client = ws_->find_client(*uuid);
   Status deferred;  // first failure of a posted frame since the last reply
   int32_t taken_async_error = 0;  // taken by a posted cudaGetLastError since the last reply
   std::string end_reason = "client disconnected";
   alignas(16) std::byte ret[wire::kMaxRet];
   wire::DecodedFrame f;
 
+  // A frame's ring space is free again; then its completion is visible to the client.
+  auto consumed = [&](uint64_t total_len, uint64_t seq) {
+    head += total_len;
+    hdr->head.store(head, std::memory_order_release);
+    last_seq = seq;
+    s->frames.fetch_add(1, std::memory_order_relaxed);
+  };
+  auto published = [&](uint64_t seq) {
+    hdr->done_seq.store(seq, std::memory_order_release);
+    // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
+    // store-sleeping-then-load-done32, at least one side sees the other.
+    hdr->done32.store(static_cast<uint32_t>(seq), std::memory_order_seq_cst);
+    if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
+  };
   auto fail = [&](const Status& why) {
     POS_ERROR("posd: session %lu (pid %d): %s; closing it", (unsigned long)*uuid, s->cred.pid, why.message().c_str());
     end_reason = "malformed frame";
@@ -455,6 +473,13 @@ void PosdServer::serve(Session* s) {
         hdr->head.store(head, std::memory_order_release);
         continue;
       }
+      if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError) && !(f.h.flags & wire::kFlagReply) &&
+          f.nparams == 0 && client) {
+        if (const int32_t e = client->take_async_error(); e != 0) taken_async_error = e;
+        consumed(f.h.total_len, f.h.seq);
+        published(f.h.seq);
+        continue;
+      }
       uint64_t written = 0;
       Status r = ws_->pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
                                   &written);
@@ -462,10 +487,7 @@ void PosdServer::serve(Session* s) {
         POS_DEBUG("posd: session %lu: %s failed: %s", (unsigned long)*uuid, std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
                   r.to_string().c_str());
       // pos_process copied the parameters: the ring space may be reused.
-      head += f.h.total_len;
-      hdr->head.store(head, std::memory_order_release);
-      last_seq = f.h.seq;
-      s->frames.fetch_add(1, std::memory_order_relaxed);
+      consumed(f.h.total_len, f.h.seq);
       if (f.h.flags & wire::kFlagReply) {
         reply->seq = f.h.seq;
         reply->code = static_cast<int32_t>(r.code());
@@ -490,11 +512,7 @@ void PosdServer::serve(Session* s) {
       } else if (!r.ok() && deferred.ok()) {
         deferred = r;
       }
-      hdr->done_seq.store(f.h.seq, std::memory_order_release);
-      // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
-      // store-sleeping-then-load-done32, at least one side sees the other.
-      hdr->done32.store(static_cast<uint32_t>(f.h.seq), std::memory_order_seq_cst);
-      if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
+      published(f.h.seq);
       continue;
     }
     // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
@@ -534,10 +552,8 @@ void PosdServer::serve(Session* s) {
     }
   }
   ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
-  const ClientStats st2 = [&] {
-    auto client = ws_->find_client(*uuid);
-    return client ? client->stats() : ClientStats{};
-  }();
+  const ClientStats st2 = client ? client->stats() : ClientStats{};
+  client.reset();  // the workspace alone owns it while it is removed
   Status rm = ws_->remove_client(*uuid);
   const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
   POS_INFO("posd: session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
