@@ -435,6 +435,7 @@ void POSClient::parser_main() {
   for (;;) {
     bool progressed = false;
     APIContext* c = nullptr;
+    if (stop_phase_ != StopPhase::kNone) progressed = update_stop_phase();  // may resume
     if (stop_phase_ == StopPhase::kNone) {
       // New calls first: their callers are waiting; completions only recycle contexts.
       for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
@@ -443,7 +444,6 @@ void POSClient::parser_main() {
         parse_popped(c);
       }
     } else {
-      progressed = update_stop_phase();
       progressed |= intake_while_stopping();
     }
     while (parser2worker_cq_.pop(c)) {

@@ -105,6 +105,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   inv.set_mode(job.request().mode == CheckpointMode::kSync ? "sync" : "async");
   inv.add_features("handles");
   inv.add_features("device-memory");
+  if (job.request().stop) inv.add_features("stopped");
   if (const ckpt::ImageReader* p = job.parent()) {
     inv.add_features("incremental");
     auto* pp = inv.mutable_parent();
@@ -329,7 +330,7 @@ bool POSClient::intake_while_stopping() {
       if (rpc2parser_wq_.front()->info->mode == ReturnMode::kSync) break;
       (void)rpc2parser_wq_.pop(c);
       if (parse_popped(c)) pending_.push_back(c);
-    } else {
+    } else {  // kFrozen, kStopped
       (void)rpc2parser_wq_.pop(c);
       refuse_stopped(c);
     }
