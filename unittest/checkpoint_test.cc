@@ -12,6 +12,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
+#include "remoting/restore_gate.h"
 #include "unittest/api_fixture.h"
 
 namespace pos::test {
@@ -847,6 +848,44 @@ TEST_F(CheckpointTest, AStopCheckpointThatFailsAfterItsSealRunsTheHeldCallsAndGo
   ASSERT_TRUE(r2.ok()) << r2.status().to_string();
   ASSERT_TRUE(kill_and_restore(d).ok());
   EXPECT_EQ(download<unsigned>(small_, 1024), filled(1024, 500u));
+}
+
+// The in-process runtime's then=restore (POS_CHECKPOINT): another app thread's synchronous call,
+// refused by the stop, is issued again to the restored client, as a system call interrupted by a
+// dump is restarted.
+TEST_F(CheckpointTest, ACallAStopRefusedGoesThroughTheRestoreGateAgainToTheRestoredClient) {
+  build_state();
+  RestoreGate gate;
+  GatedTransport transport(std::make_unique<InProcessTransport>(ws_, client().uuid), &gate);
+  ApiClient app(&transport);
+  const std::string d = temp_dir("stop-gate");
+  Stopping st;
+  gate.begin_stop();
+  start_stop(st, to_dir(d));
+  ASSERT_TRUE(app.memset_async(small_, 0x09, 4096, stream_).ok());  // pending
+  std::atomic<bool> done{false};
+  Status sync_status;
+  std::vector<unsigned> got(1024);
+  std::thread t([&] {
+    sync_status = app.stream_synchronize(stream_);
+    if (sync_status.ok())
+      sync_status = app.memcpy(reinterpret_cast<uint64_t>(got.data()), small_, 4096, cuda::kMemcpyDeviceToHost);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->pending_calls, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load()) << "the refused call must wait for the restore";
+  {
+    std::unique_lock<std::shared_mutex> lk(gate.mutex());
+    ASSERT_TRUE(kill_and_restore(d).ok());
+  }
+  gate.end_stop();
+  t.join();
+  ASSERT_TRUE(sync_status.ok()) << sync_status.to_string();
+  EXPECT_EQ(got, std::vector<unsigned>(1024, 0x09090909u));
 }
 
 TEST_F(CheckpointTest, AStopCheckpointWithNothingPendingAndAnOrdinaryOneRestoreAsBefore) {
