@@ -441,7 +441,10 @@ bool POSClient::worker_stopped_step() {
     push_blocking(cmd_worker_cq_, cmd, parser_bell_, worker_bell_);
     progressed = true;
   }
-  if (progressed) parser_bell_.ring();
+  if (progressed) {
+    flush_worker_completions();  // held calls run after a failure come back through the worker's CQ
+    parser_bell_.ring();
+  }
   return progressed;
 }
 
