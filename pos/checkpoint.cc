@@ -189,6 +189,10 @@ Status CheckpointJob::wait_for_seal() {
   std::unique_lock<std::mutex> lk(seal_mu_);
   seal_cv_.wait(lk, [&] { return sealed_; });
   POS_RETURN_IF_ERROR(seal_status_);
+  if (sealed_async_error_ == 0) {  // the app read it after the cut: it must not see it twice
+    image_.mutable_client()->set_async_error(0);
+    image_.mutable_client()->clear_async_error_message();
+  }
   for (ckpt::pb::PendingCall& p : pending_) *image_.add_pending() = std::move(p);
   pending_.clear();
   result_.pending_calls = static_cast<uint64_t>(image_.pending_size());
@@ -196,10 +200,11 @@ Status CheckpointJob::wait_for_seal() {
   return Status::Ok();
 }
 
-void CheckpointJob::seal(std::vector<ckpt::pb::PendingCall> calls, Status status) {
+void CheckpointJob::seal(std::vector<ckpt::pb::PendingCall> calls, Status status, int32_t async_error) {
   std::lock_guard<std::mutex> lk(seal_mu_);
   pending_ = std::move(calls);
   seal_status_ = std::move(status);
+  sealed_async_error_ = async_error;
   sealed_ = true;
   seal_cv_.notify_all();
 }

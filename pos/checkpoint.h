@@ -149,8 +149,10 @@ class CheckpointJob {
   // The device bytes are drained: the parser must stop accepting calls and hand over the pending
   // ones (seal). Parser thread.
   bool seal_requested() const { return seal_requested_.load(std::memory_order_acquire); }
-  // Parser: the pending calls, in pc order (or why they cannot be stored: the checkpoint fails).
-  void seal(std::vector<ckpt::pb::PendingCall> calls, Status status);
+  // Parser: the pending calls, in pc order (or why they cannot be stored: the checkpoint fails),
+  // and the client's sticky error now. Nothing runs past the cut, so it can only have been read
+  // (cleared) by a cudaGetLastError the parser answered since: 0 clears the image's.
+  void seal(std::vector<ckpt::pb::PendingCall> calls, Status status, int32_t async_error);
 
   // Control thread: waits for the image to be durable.
   StatusOr<CheckpointResult> wait();
@@ -200,6 +202,7 @@ class CheckpointJob {
   bool sealed_ = false;                          // guarded by seal_mu_
   Status seal_status_;                           // guarded by seal_mu_
   std::vector<ckpt::pb::PendingCall> pending_;   // guarded by seal_mu_ (then the drainer's)
+  int32_t sealed_async_error_ = 0;               // guarded by seal_mu_
 };
 
 double seconds_now();

@@ -399,7 +399,7 @@ bool POSClient::update_stop_phase() {
     }
     pending_.clear();
     stop_phase_ = StopPhase::kFrozen;
-    job.seal(std::move(calls), std::move(st));
+    job.seal(std::move(calls), std::move(st), ps_.async_error->load(std::memory_order_acquire));
     return true;
   }
   if (!job.drained()) return false;

@@ -974,6 +974,46 @@ TEST_F(CheckpointTest, CorruptPendingCallRecordsAreRefusedBeforeAnythingChanges)
   EXPECT_EQ(download<unsigned>(odd_, 777), std::vector<unsigned>(777, 0x06060606u));
 }
 
+TEST_F(CheckpointTest, AStickyErrorCrossesAStopOnceAndAReplayedCallThatFailsSetsIt) {
+  build_state();
+  uint64_t h = 0;
+  ASSERT_TRUE(api().cublas_create(&h).ok());
+  GemmArgs bad = sgemm_args(0, 0, 4, 4, 4, 1, small_, 4, small_, 4, 0, small_, 4);
+  bad.a_type = bad.b_type = bad.c_type = 3;  // int8 with float compute: the parser accepts, the device refuses
+  bad.compute_type = kCublasCompute32F;
+  ASSERT_TRUE(api().cublas_gemm_ex(h, bad).ok());
+  const int32_t e = api().device_synchronize().api_error();
+  ASSERT_NE(e, 0);
+  // Not read before the dump: the restored client still has it.
+  const std::string d0 = temp_dir("stop-err0"), d1 = temp_dir("stop-err1"), d2 = temp_dir("stop-err2");
+  {
+    CheckpointRequest r = to_dir(d0);
+    r.stop = true;
+    ASSERT_TRUE(dump(std::move(r)).ok());
+  }
+  ASSERT_TRUE(kill_and_restore(d0).ok());
+  EXPECT_EQ(api().peek_at_last_error().api_error(), e);
+  // Read while the image drains (cudaGetLastError is answered by the parser): not seen twice.
+  Stopping st1;
+  start_stop(st1, to_dir(d1));
+  EXPECT_EQ(api().get_last_error().api_error(), e);
+  ASSERT_TRUE(finish_stop(st1).ok());
+  ASSERT_TRUE(kill_and_restore(d1).ok());
+  EXPECT_TRUE(api().get_last_error().ok());
+  // A pending call that fails when it is replayed: its caller had success long ago, so the failure
+  // is the client's sticky error, as for any asynchronous call.
+  Stopping st2;
+  start_stop(st2, to_dir(d2));
+  ASSERT_TRUE(api().cublas_gemm_ex(h, bad).ok());
+  auto r2 = finish_stop(st2);
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(r2->pending_calls, 1u);
+  ASSERT_TRUE(kill_and_restore(d2).ok());
+  EXPECT_EQ(api().device_synchronize().api_error(), e);
+  EXPECT_EQ(api().get_last_error().api_error(), e);
+  EXPECT_TRUE(api().get_last_error().ok());
+}
+
 TEST_F(CheckpointTest, InspectListsThePendingCalls) {
   build_state();
   const std::string d = temp_dir("stop-inspect");
