@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "ckpt/crc32c.h"
+#include "pos/api_id.h"
 
 namespace fs = std::filesystem;
 
@@ -468,10 +469,10 @@ StatusOr<pb::Inventory> decode_inventory(const std::string& b) {
   if (b.size() < sizeof(kMagic) + 12 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0)
     return Status::Corrupt("not a POS image (bad magic in inventory.pb)");
   const uint32_t version = load_u32(b.data() + 8);
-  if (version != kFormatVersion)
+  if (version < kMinFormatVersion || version > kFormatVersion)
     return Status(Code::kUnsupported, 0,
-                  "image format version " + std::to_string(version) + " is not supported (this POS reads version " +
-                      std::to_string(kFormatVersion) + ")");
+                  "image format version " + std::to_string(version) + " is not supported (this POS reads versions " +
+                      std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion) + ")");
   const uint32_t len = load_u32(b.data() + 12);
   if (b.size() != 16ull + len + 4) return Status::Corrupt("inventory.pb is truncated or has trailing bytes");
   if (crc32c(b.data(), 16 + len) != load_u32(b.data() + 16 + len)) return Status::Corrupt("inventory.pb checksum mismatch");
@@ -515,6 +516,41 @@ Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_
   std::sort(blobs.begin(), blobs.end());
   for (size_t i = 1; i < blobs.size(); ++i)
     if (blobs[i].first < blobs[i - 1].first + blobs[i - 1].second) return Status::Corrupt("blobs overlap in memory.bin");
+  if (static_cast<uint64_t>(c.pending_size()) > kMaxPendingCalls)
+    return Status::Corrupt(std::to_string(c.pending_size()) + " pending calls, more than a client can have in flight (" +
+                           std::to_string(kMaxPendingCalls) + ")");
+  uint64_t min_pc = c.client().next_pc(), total = 0;
+  for (const pb::PendingCall& p : c.pending()) {
+    POS_RETURN_IF_ERROR(validate_pending_call(p, min_pc));
+    for (const std::string& b : p.params()) total += b.size();
+    if (total > kMaxPendingBytes)
+      return Status::Corrupt("pending calls carry more than " + std::to_string(kMaxPendingBytes) + " parameter bytes");
+    min_pc = p.pc() + 1;
+  }
+  return Status::Ok();
+}
+
+Status validate_pending_call(const pb::PendingCall& p, uint64_t min_pc) {
+  const std::string who = "pending call pc " + std::to_string(p.pc());
+  if (p.pc() < min_pc || p.pc() == UINT64_MAX)
+    return Status::Corrupt(who + ": before the cut or out of order (expected pc >= " + std::to_string(min_pc) + ")");
+  const ApiInfo* api = find_api(p.api_id());
+  if (api == nullptr) return Status::Corrupt(who + ": unknown api id " + std::to_string(p.api_id()));
+  // Only a call whose answer the parser produced can be pending: its caller has that answer. A
+  // call that waits for the worker is never in an image (its caller is answered at the seal).
+  if (api->mode != ReturnMode::kParse)
+    return Status::Corrupt(who + ": " + std::string(api->name) + " returns only after it executes; it cannot be pending");
+  if (static_cast<uint64_t>(p.params_size()) > kMaxPendingParams)
+    return Status::Corrupt(who + " (" + std::string(api->name) + "): " + std::to_string(p.params_size()) +
+                           " parameters, more than " + std::to_string(kMaxPendingParams));
+  uint64_t bytes = 0;
+  for (const std::string& b : p.params()) bytes += b.size();
+  if (bytes > kMaxPendingCallBytes)
+    return Status::Corrupt(who + " (" + std::string(api->name) + "): " + std::to_string(bytes) +
+                           " parameter bytes, more than " + std::to_string(kMaxPendingCallBytes));
+  if (p.ret().size() > kMaxPendingRetBytes)
+    return Status::Corrupt(who + " (" + std::string(api->name) + "): a " + std::to_string(p.ret().size()) +
+                           "-byte answer, more than " + std::to_string(kMaxPendingRetBytes));
   return Status::Ok();
 }
 
@@ -673,6 +709,9 @@ Status ImageReader::validate(int depth) {
   const std::string where = dir_.empty() ? std::string("memory image") : dir_;
   if (inventory_.cut_pc() == 0 || inventory_.cut_pc() != client_.client().next_pc())
     return Status::Corrupt(where + ": the inventory's cut and the client record disagree");
+  if (inventory_.format_version() < 2 && client_.pending_size() > 0)
+    return Status::Corrupt(where + ": a format version " + std::to_string(inventory_.format_version()) +
+                           " image cannot hold pending calls");
   Status s = validate_client(client_, inventory_.memory_size(), inventory_.has_parent());
   if (!s.ok()) return s.with_context(where);
   if (inventory_.has_parent()) {

@@ -22,11 +22,23 @@ namespace pos::ckpt {
 //   client.pb     ClientImage (size and crc32c in the inventory)
 //   memory.bin    device bytes, one blob per buffer at kBlobAlign-aligned offsets
 inline constexpr char kMagic[8] = {'P', 'O', 'S', 'I', 'M', 'G', '\r', '\n'};
-inline constexpr uint32_t kFormatVersion = 1;
+// Writers write kFormatVersion; readers take kMinFormatVersion..kFormatVersion. Version 2 added
+// ClientImage.pending (calls to replay after restore); a version 1 image has none.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kMinFormatVersion = 1;
 inline constexpr uint64_t kBlobAlign = 4096;
 inline constexpr uint32_t kChunkSize = 8u << 20;  // copy unit and checksum unit
 inline constexpr int kMaxParentDepth = 64;
 inline constexpr uint64_t kMaxRecordBytes = 1ull << 30;  // client.pb: fatbins included
+// Bounds on pending calls (ClientImage.pending). A client never has more than 2 x queues.depth
+// (at most 2^21) calls in flight; a call has at most a handful of parameters; the answers the
+// parser gives are small. The byte bounds keep client.pb under kMaxRecordBytes with its fatbins:
+// a stop checkpoint whose pending calls exceed them fails, and the client runs on.
+inline constexpr uint64_t kMaxPendingCalls = 1ull << 21;
+inline constexpr uint64_t kMaxPendingParams = 16;          // parameters of one call
+inline constexpr uint64_t kMaxPendingCallBytes = 256ull << 20;  // parameter bytes of one call
+inline constexpr uint64_t kMaxPendingBytes = 512ull << 20;      // parameter bytes of all of them
+inline constexpr uint64_t kMaxPendingRetBytes = 4096;           // one call's recorded answer
 
 // Host memory for blobs and staging: page-locked where the device backend can give it, so that
 // device→host copies are single DMA transfers. Thread-safe functions.
@@ -155,8 +167,12 @@ class ImageReader {
 // Decodes inventory.pb bytes (exposed for the fuzzer and `pos-cli inspect`).
 StatusOr<pb::Inventory> decode_inventory(const std::string& bytes);
 std::string encode_inventory(const pb::Inventory& inv);
-// Structural checks of a ClientImage on its own (record types, parents, blob refs vs sizes).
+// Structural checks of a ClientImage on its own (record types, parents, blob refs vs sizes,
+// pending calls: known API that returns after parsing, pcs strictly increasing from the cut,
+// parameter counts and sizes within the bounds above).
 Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_parent);
+// One pending call's checks (validate_client runs them on every record, with its running totals).
+Status validate_pending_call(const pb::PendingCall& p, uint64_t min_pc);
 
 // A fault point (docs/image_format.md): when POS_FAULT_POINT names `stage`, the process is
 // killed there (SIGKILL) — how the tests prove a crash mid-dump leaves the last image intact.

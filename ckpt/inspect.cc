@@ -8,6 +8,8 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "pos/api_id.h"
+
 namespace pos::ckpt {
 namespace {
 
@@ -21,6 +23,17 @@ std::string fmt(const char* f, ...) {
   std::vsnprintf(buf, sizeof(buf), f, ap);
   va_end(ap);
   return buf;
+}
+
+std::string api_name_of(uint32_t id) {
+  const ApiInfo* a = find_api(id);
+  return a != nullptr ? std::string(a->name) : "unknown-api";
+}
+
+uint64_t param_bytes(const pb::PendingCall& p) {
+  uint64_t n = 0;
+  for (const std::string& b : p.params()) n += b.size();
+  return n;
 }
 
 }  // namespace
@@ -38,9 +51,19 @@ std::string describe_image(const ImageReader& image, bool json) {
       if (!h.fatbin().empty()) h.set_fatbin("");  // bytes, not for reading; size below
       if (h.has_memory()) h.mutable_memory()->clear_chunk_crc();
     }
+    // Pending calls: pc, API and sizes (their parameter bytes can be whole host-to-device copies).
+    slim.clear_pending();
+    std::string pending = "[";
+    for (const pb::PendingCall& p : c.pending()) {
+      pending += fmt("%s{\"pc\":\"%" PRIu64 "\",\"api_id\":%u,\"api\":\"%s\",\"params\":%d,\"param_bytes\":\"%" PRIu64
+                     "\",\"ret_bytes\":%zu}",
+                     pending.size() > 1 ? "," : "", p.pc(), p.api_id(), api_name_of(p.api_id()).c_str(), p.params_size(),
+                     param_bytes(p), p.ret().size());
+    }
+    pending += "]";
     (void)google::protobuf::util::MessageToJsonString(inv, &inv_json, o);
     (void)google::protobuf::util::MessageToJsonString(slim, &client_json, o);
-    return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + "}\n";
+    return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + ",\"pending_calls\":" + pending + "}\n";
   }
   std::string out;
   out += fmt("POS image %s (format %u, POS %s)\n", inv.image_id().c_str(), inv.format_version(), inv.pos_version().c_str());
@@ -70,6 +93,10 @@ std::string describe_image(const ImageReader& image, bool json) {
     }
     out += "\n";
   }
+  out += fmt("%d pending calls%s\n", c.pending_size(), c.pending_size() > 0 ? " (replayed after restore):" : "");
+  for (const pb::PendingCall& p : c.pending())
+    out += fmt("  pc %-8" PRIu64 " %-28s %d params, %" PRIu64 " bytes\n", p.pc(), api_name_of(p.api_id()).c_str(),
+               p.params_size(), param_bytes(p));
   return out;
 }
 

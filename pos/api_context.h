@@ -53,6 +53,10 @@ struct APIContext {
   uint64_t client_uuid = 0;
   uint64_t t_submit_ns = 0;
   uint32_t state_base = 0;  // this use's base value of `state`
+  // Replay of a pending call from an image (restore): the answer the app got when the call was
+  // first parsed; nullptr for every other call. Parser functions whose answer depends on timing
+  // (cudaMalloc's first fit sees ranges the worker has freed) give that answer again.
+  const std::string* replay_ret = nullptr;
   struct Slot {
     uint64_t offset, size;
   };
@@ -122,6 +126,7 @@ struct APIContext {
   // Submitter, before reuse: its own fields only. Keeps the parameter buffer unless it grew large.
   void recycle() {
     params.clear();
+    replay_ret = nullptr;
     if (param_heap.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_heap);
     state_base += kStatesPerUse;  // the worker left the word at the old base + kDone
     caller_released.store(false, std::memory_order_relaxed);

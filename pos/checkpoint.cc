@@ -45,6 +45,9 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
   device_index_ = device;
   if (req_.dir.empty() == (req_.memory == nullptr))
     return Status::InvalidArgument("a checkpoint needs exactly one target: a directory or a memory image");
+  if (req_.stop && req_.mode != CheckpointMode::kSync)
+    return Status::InvalidArgument("a stop checkpoint is sync: the client never runs past its cut, so there is "
+                                   "nothing for copy-on-write to protect");
   if (!req_.parent_dir.empty()) {
     if (req_.memory != nullptr) return Status::InvalidArgument("incremental checkpoints go to a directory");
     auto p = ckpt::ImageReader::open_dir(req_.parent_dir);
@@ -100,10 +103,13 @@ Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s)
       shadow_limit_ = std::min(buffers, half_free);
     }
   }
+  stall_start_s_ = stall_start_s;
   result_.drain_start_s = seconds_now();
   drainer_ = std::thread([this] { drain_main(); });
   if (req_.on_cut) req_.on_cut(inventory_.cut_pc());
-  if (req_.mode == CheckpointMode::kSync) {
+  // A stop checkpoint's worker does not wait here: it goes back to holding (never running) the
+  // calls after the cut, which the parser keeps handing it until the seal.
+  if (req_.mode == CheckpointMode::kSync && !req_.stop) {
     std::unique_lock<std::mutex> lk(done_mu_);
     done_cv_.wait(lk, [&] { return done_; });
   }
@@ -167,10 +173,45 @@ void CheckpointJob::drain_main() {
       *h->mutable_memory() = writer_->ref(r->blob);
     }
     inventory_.set_blob_bytes(total_bytes_);
-    s = writer_->commit(inventory_, image_);
+    if (req_.stop) s = wait_for_seal();
   }
+  if (s.ok()) s = writer_->commit(inventory_, image_);
   if (!s.ok()) writer_->abort();
   finish(s);
+}
+
+// Drainer, stop checkpoints: the device state is in the image; the parser now stops accepting
+// calls and hands over the ones after the cut. The parser runs until the client's shutdown, and
+// shutdown waits for a stop checkpoint in flight, so the seal always comes.
+Status CheckpointJob::wait_for_seal() {
+  seal_requested_.store(true, std::memory_order_release);
+  if (wake_) wake_();
+  std::unique_lock<std::mutex> lk(seal_mu_);
+  seal_cv_.wait(lk, [&] { return sealed_; });
+  POS_RETURN_IF_ERROR(seal_status_);
+  if (sealed_async_error_ == 0) {  // the app read it after the cut: it must not see it twice
+    image_.mutable_client()->set_async_error(0);
+    image_.mutable_client()->clear_async_error_message();
+  }
+  for (ckpt::pb::PendingCall& p : pending_) *image_.add_pending() = std::move(p);
+  pending_.clear();
+  result_.pending_calls = static_cast<uint64_t>(image_.pending_size());
+  if (image_.pending_size() > 0) inventory_.add_features("pending-calls");
+  return Status::Ok();
+}
+
+void CheckpointJob::seal(std::vector<ckpt::pb::PendingCall> calls, Status status, int32_t async_error) {
+  std::lock_guard<std::mutex> lk(seal_mu_);
+  pending_ = std::move(calls);
+  seal_status_ = std::move(status);
+  sealed_async_error_ = async_error;
+  sealed_ = true;
+  seal_cv_.notify_all();
+}
+
+bool CheckpointJob::succeeded() const {
+  std::lock_guard<std::mutex> lk(done_mu_);
+  return done_ && status_.ok();
 }
 
 Status CheckpointJob::drain_all() {
@@ -232,11 +273,16 @@ Status CheckpointJob::drain_region(DrainRegion& r) {
 
 void CheckpointJob::finish(Status s) {
   result_.drain_end_s = seconds_now();
-  drained_flag_.store(true, std::memory_order_release);
-  std::lock_guard<std::mutex> lk(done_mu_);
-  status_ = std::move(s);
-  done_ = true;
-  done_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lk(done_mu_);
+    status_ = std::move(s);
+    done_ = true;
+    // Under the lock, so that whoever sees drained() also sees the outcome (succeeded()).
+    drained_flag_.store(true, std::memory_order_release);
+    done_cv_.notify_all();
+  }
+  // wait() joins this thread before it returns, so the client the hook rings is still there.
+  if (wake_) wake_();
 }
 
 StatusOr<CheckpointResult> CheckpointJob::wait() {
@@ -248,6 +294,8 @@ StatusOr<CheckpointResult> CheckpointJob::wait() {
   if (!status_.ok()) return status_;
   result_.cut_pc = inventory_.cut_pc();
   result_.handles = static_cast<uint64_t>(image_.handles_size());
+  // A stop checkpoint's client never resumes: it was stopped from the cut to the durable image.
+  if (req_.stop) result_.stall_s = result_.drain_end_s - stall_start_s_;
   result_.image_id = inventory_.image_id();
   {
     std::lock_guard<std::mutex> pl(pool_mu_);

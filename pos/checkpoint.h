@@ -36,6 +36,15 @@ struct CheckpointRequest {
   // Incremental: store only buffers written since this (directory) image; the rest is referenced.
   std::string parent_dir;
   uint64_t shadow_pool_bytes = 0;  // async: bound on shadow memory (0: the config's, whose 0 is auto)
+  // Stop (a dump that ends the client, as `criu dump` ends a process): the worker runs no call
+  // at or after the cut, ever. The parser goes on accepting calls that return after parsing until
+  // the device bytes are drained, then seals the image with every such call (the app already has
+  // their answers) as pending calls, replayed by restore. Calls whose callers still wait (a sync
+  // call, and everything after it) are answered kUnavailable and are not in the image. From then
+  // on the client executes nothing and refuses every call and command; remove_client drops it
+  // without running the pending calls. If the checkpoint fails, the client runs on as if it had
+  // never been stopped (its pending calls execute). Sync mode only (docs/checkpoint.md, "Stop").
+  bool stop = false;
   // Called by the drainer after each chunk (bytes stored so far, bytes to store).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
@@ -60,6 +69,7 @@ struct CheckpointResult {
   // (seconds_now()), so a caller can tell which of the job's work overlapped the drain.
   double drain_start_s = 0, drain_end_s = 0;
   std::string image_id;
+  uint64_t pending_calls = 0;    // stop: calls at or after the cut, kept in the image for replay
 };
 
 // How POSWorkspace::restore rebuilds a client (docs/checkpoint.md, "Restore").
@@ -127,7 +137,22 @@ class CheckpointJob {
   Status start_at_cut(BackendClient* backend, double stall_start_s);
   // Worker, before it executes a call ≥ N: buffers the call writes are shadowed or drained first.
   void protect(const APIContext& c);
+  // The job is finished (durable image, or failed). Any thread.
   bool drained() const { return drained_flag_.load(std::memory_order_acquire); }
+  // After drained(): whether the image is durable. Any thread.
+  bool succeeded() const;
+
+  // ---- stop checkpoints: sealing the pending calls (request().stop) ----
+  // Called (from the drainer) when the client's threads have something to look at: the seal is
+  // requested, or the job finished. Set by the client before the command; must not block.
+  void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
+  // The device bytes are drained: the parser must stop accepting calls and hand over the pending
+  // ones (seal). Parser thread.
+  bool seal_requested() const { return seal_requested_.load(std::memory_order_acquire); }
+  // Parser: the pending calls, in pc order (or why they cannot be stored: the checkpoint fails),
+  // and the client's sticky error now. Nothing runs past the cut, so it can only have been read
+  // (cleared) by a cudaGetLastError the parser answered since: 0 clears the image's.
+  void seal(std::vector<ckpt::pb::PendingCall> calls, Status status, int32_t async_error);
 
   // Control thread: waits for the image to be durable.
   StatusOr<CheckpointResult> wait();
@@ -138,6 +163,7 @@ class CheckpointJob {
   Status drain_region(DrainRegion& r);
   void finish(Status s);
   void protect_region(DrainRegion& r);
+  Status wait_for_seal();
 
   CheckpointRequest req_;
   DeviceBackend* device_;
@@ -161,12 +187,22 @@ class CheckpointJob {
 
   std::thread drainer_;
   std::atomic<bool> drained_flag_{false};
-  std::mutex done_mu_;
+  mutable std::mutex done_mu_;
   std::condition_variable done_cv_;
   bool done_ = false;      // guarded by done_mu_
   Status status_;          // guarded by done_mu_
   CheckpointResult result_;
   double t0_ = 0;
+  double stall_start_s_ = 0;
+
+  std::function<void()> wake_;  // set before the command; called by the drainer
+  std::atomic<bool> seal_requested_{false};
+  std::mutex seal_mu_;
+  std::condition_variable seal_cv_;
+  bool sealed_ = false;                          // guarded by seal_mu_
+  Status seal_status_;                           // guarded by seal_mu_
+  std::vector<ckpt::pb::PendingCall> pending_;   // guarded by seal_mu_ (then the drainer's)
+  int32_t sealed_async_error_ = 0;               // guarded by seal_mu_
 };
 
 double seconds_now();

@@ -131,6 +131,11 @@ Status POSClient::start_restored(std::shared_ptr<const ckpt::ImageReader> image,
     return s;
   }
   start_threads();
+  s = replay_pending(image->client());
+  if (!s.ok()) {
+    shutdown();  // nobody has seen the client: its calls and device state go
+    return s;
+  }
   return Status::Ok();
 }
 
@@ -195,10 +200,12 @@ void POSClient::shutdown() {
   }
   worker_paused_.store(false);
   worker_bell_.ring();
-  // Drain: every submitted call comes back on the rpc CQ, and no command is in flight.
+  // Drain: every submitted call comes back on the rpc CQ, no command is in flight, and a stop
+  // checkpoint has its outcome (its seal needs the parser, which runs until stop_).
   spin_then_block(rpc_bell_, config_.spin_ns, [&] {
     return completed() == submitted_.load(std::memory_order_acquire) &&
-           !command_busy_.load(std::memory_order_acquire);
+           !command_busy_.load(std::memory_order_acquire) &&
+           stop_state_.load(std::memory_order_acquire) != kStopping;
   });
   stop_.store(true, std::memory_order_release);
   parser_bell_.ring();
@@ -350,6 +357,17 @@ Status POSClient::run_command(Command& cmd) {
     return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
   if (command_busy_.exchange(true, std::memory_order_acq_rel))
     return Status::Busy("client " + std::to_string(uuid_) + " already has a command in flight");
+  // A stopped client (or one being stopped) runs no call past its cut, so it takes no other cut.
+  const uint8_t st = stop_state_.load(std::memory_order_acquire);
+  if (st != kRunning) {
+    command_busy_.store(false, std::memory_order_release);
+    rpc_bell_.ring();
+    return st == kStopped ? Status::FailedPrecondition("client " + std::to_string(uuid_) +
+                                                       " was stopped by a checkpoint: it runs nothing more (restore its image)")
+                          : Status::Busy("client " + std::to_string(uuid_) + " is being stopped by a checkpoint");
+  }
+  const bool stop = cmd.type == CommandType::kCheckpoint && cmd.job && cmd.job->request().stop;
+  if (stop) stop_state_.store(kStopping, std::memory_order_release);
   cmd.status = Status();
   cmd.dirty.clear();
   const uint32_t gen = ++command_generation_;
@@ -357,6 +375,8 @@ Status POSClient::run_command(Command& cmd) {
   // Single producer: command_busy_ admits one control thread at a time.
   push_blocking(cmd_parser_wq_, &cmd, parser_bell_, rpc_bell_);
   command_done_.wait_at_least(gen, config_.spin_ns);
+  // A stop that failed at the cut never started: the parser has resumed already.
+  if (stop && !cmd.status.ok()) stop_state_.store(kRunning, std::memory_order_release);
   command_busy_.store(false, std::memory_order_release);
   rpc_bell_.ring();  // shutdown may be waiting for the command to finish
   return cmd.status;
@@ -375,14 +395,35 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
       return loaded.with_context("checkpoint of client " + std::to_string(uuid_) +
                                  " refused: its lazy restore did not load every buffer");
   }
+  if (stop_state_.load(std::memory_order_acquire) == kStopped)
+    return Status::FailedPrecondition("client " + std::to_string(uuid_) +
+                                      " was stopped by a checkpoint: it runs nothing more (restore its image)");
   auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
   POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes, device_));
+  const bool stop = job->request().stop;
+  // The drainer wakes the parser (seal) and the worker (outcome); it never blocks on them.
+  if (stop) job->set_wake([this] {
+    parser_bell_.ring();
+    worker_bell_.ring();
+  });
   Command cmd;
   cmd.type = CommandType::kCheckpoint;
   cmd.job = job;
   Status s = run_command(cmd);
   if (!s.ok()) return s.with_context("checkpoint of client " + std::to_string(uuid_));
-  return job->wait();
+  StatusOr<CheckpointResult> r = job->wait();
+  if (stop) {
+    if (r.ok()) {
+      POS_INFO("client %lu (%s): stopped at cut %lu; %lu pending calls are in the image", (unsigned long)uuid_,
+               job_name_.c_str(), (unsigned long)r->cut_pc, (unsigned long)r->pending_calls);
+    } else {
+      POS_WARN("client %lu (%s): stop checkpoint failed (%s); the client runs on", (unsigned long)uuid_,
+               job_name_.c_str(), r.status().to_string().c_str());
+    }
+    stop_state_.store(r.ok() ? kStopped : kRunning, std::memory_order_release);
+    rpc_bell_.ring();  // shutdown may be waiting for the outcome
+  }
+  return r;
 }
 
 Status POSClient::wait_restored() { return lazy_ ? lazy_->wait() : Status::Ok(); }
@@ -394,18 +435,16 @@ void POSClient::parser_main() {
   for (;;) {
     bool progressed = false;
     APIContext* c = nullptr;
-    // New calls first: their callers are waiting; completions only recycle contexts.
-    for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
-      progressed = true;
-      prefetch_for_parser(c);
-      // An allocation may reuse the range of a free the caller has already seen complete:
-      // apply completions first. Other calls parse at once (the hot path stays short).
-      if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
-        APIContext* done = nullptr;
-        while (parser2worker_cq_.pop(done)) finish_call(done);
-        flush_completions();
+    if (stop_phase_ != StopPhase::kNone) progressed = update_stop_phase();  // may resume
+    if (stop_phase_ == StopPhase::kNone) {
+      // New calls first: their callers are waiting; completions only recycle contexts.
+      for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
+        progressed = true;
+        prefetch_for_parser(c);
+        parse_popped(c);
       }
-      parse_call(c);
+    } else {
+      progressed |= intake_while_stopping();
     }
     while (parser2worker_cq_.pop(c)) {
       progressed = true;
@@ -416,6 +455,12 @@ void POSClient::parser_main() {
     if (cmd_worker_cq_.pop(cmd)) {
       progressed = true;
       parser_cmd_ = nullptr;
+      if (parser_stop_job_ != nullptr && cmd->job == parser_stop_job_ && !cmd->status.ok()) {
+        // The stop failed at the cut (the drainer never started): the client runs on.
+        stop_phase_ = StopPhase::kNone;
+        parser_stop_job_.reset();
+        pending_.clear();
+      }
       command_done_.set(static_cast<uint32_t>(cmd->generation));  // cmd may be gone right after
     }
     if (parser_cmd_ == nullptr && cmd_parser_wq_.pop(cmd)) {
@@ -425,9 +470,9 @@ void POSClient::parser_main() {
     if (progressed) continue;
     if (stop_.load(std::memory_order_acquire)) return;
     auto anything = [&] {
-      return rpc2parser_wq_.read_available() > 0 || parser2worker_cq_.read_available() > 0 ||
+      return (rpc2parser_wq_.read_available() > 0 && !held_at_sync_call()) || parser2worker_cq_.read_available() > 0 ||
              cmd_worker_cq_.read_available() > 0 ||
-             (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_.load();
+             (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_needs_parser() || stop_.load();
     };
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
     // the busy worker, and reading it on every poll would delay noticing a new call.
@@ -436,7 +481,7 @@ void POSClient::parser_main() {
     const uint64_t deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
     bool ready = false;
     while (!ready) {
-      if (rpc2parser_wq_.read_available() > 0) break;
+      if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) break;
       if ((++polls & 15) != 0) continue;
       ready = anything();
       if ((polls & 1023) == 0) {
@@ -473,7 +518,18 @@ void POSClient::flush_worker_completions() {
   rpc_bell_.ring();
 }
 
-void POSClient::parse_call(APIContext* c) {
+bool POSClient::parse_popped(APIContext* c) {
+  // An allocation may reuse the range of a free the caller has already seen complete: apply
+  // completions first. Other calls parse at once (the hot path stays short).
+  if (c->api_id == ApiId::kMalloc || c->api_id == ApiId::kRegisterVar) {
+    APIContext* done = nullptr;
+    while (parser2worker_cq_.pop(done)) finish_call(done);
+    flush_completions();
+  }
+  return parse_call(c);
+}
+
+bool POSClient::parse_call(APIContext* c) {
   last_parsed_pc_ = c->pc;
   c->begin_parse();
   const ApiFunctions& f = table_->get(c->api_id);
@@ -488,7 +544,7 @@ void POSClient::parse_call(APIContext* c) {
     c->skip_worker = true;
     c->advance(kDone);
     complete_to_rpc(c);
-    return;
+    return false;
   }
   // The caller of a parse-returnable call may go on now; the bookkeeping below is ours alone.
   if (c->info->mode == ReturnMode::kParse && !c->skip_worker) c->advance(kParsed);
@@ -513,9 +569,10 @@ void POSClient::parse_call(APIContext* c) {
     executed_.fetch_add(1, std::memory_order_relaxed);
     c->advance(kDone);
     complete_to_rpc(c);
-    return;
+    return false;
   }
   push_blocking(parser2worker_wq_, c, worker_bell_, parser_bell_);
+  return true;
 }
 
 void POSClient::finish_call(APIContext* c) {
@@ -541,6 +598,8 @@ void POSClient::update_live_handles() {
 }
 
 void POSClient::parse_command(Command* cmd) {
+  // A command after a stop checkpoint comes only once that checkpoint failed: resume first.
+  if (parser_stop_job_ != nullptr) (void)update_stop_phase();
   cmd->cut_pc = last_parsed_pc_ + 1;
   if (cmd->type == CommandType::kCollectDirty) {
     cmd->dirty.reserve(dirty_.size());
@@ -552,7 +611,16 @@ void POSClient::parse_command(Command* cmd) {
     std::sort(cmd->dirty.begin(), cmd->dirty.end(),
               [](const DirtyRecord& a, const DirtyRecord& b) { return a.handle_id < b.handle_id; });
   }
-  if (cmd->type == CommandType::kCheckpoint) record_checkpoint(*cmd->job, cmd->cut_pc);
+  if (cmd->type == CommandType::kCheckpoint) {
+    record_checkpoint(*cmd->job, cmd->cut_pc);
+    if (cmd->job->request().stop) {
+      // From here every call handed to the worker is past the cut: the worker holds it.
+      parser_stop_job_ = cmd->job;
+      stop_phase_ = StopPhase::kHolding;
+      stop_cut_ = cmd->cut_pc;
+      pending_.clear();
+    }
+  }
   parser_cmd_ = cmd;
   push_blocking(cmd_worker_wq_, cmd, worker_bell_, parser_bell_);
 }
@@ -563,6 +631,18 @@ void POSClient::worker_main() {
   for (;;) {
     if (worker_paused_.load(std::memory_order_acquire) && !stop_.load()) {
       spin_then_block(worker_bell_, 0, [&] { return !worker_paused_.load() || stop_.load(); });
+      continue;
+    }
+    if (worker_stop_job_ != nullptr || worker_dead_) {
+      // Past a stop checkpoint's cut: calls are held (or, once it succeeded, dropped), never run.
+      if (worker_stopped_step()) continue;
+      if (stop_.load(std::memory_order_acquire) && worker_stop_job_ == nullptr &&
+          parser2worker_wq_.read_available() == 0)
+        return;
+      spin_then_block(worker_bell_, config_.spin_ns, [&] {
+        return parser2worker_wq_.read_available() > 0 || (worker_dead_ && cmd_worker_wq_.read_available() > 0) ||
+               (worker_stop_job_ != nullptr && worker_stop_job_->drained()) || worker_paused_.load() || stop_.load();
+      });
       continue;
     }
     bool progressed = false;
@@ -644,8 +724,9 @@ void POSClient::execute_call(APIContext* c) {
   } else if (!s.ok()) {
     // The app already got success for this call: the error surfaces through cudaGetLastError.
     ws_.set_async_error(s.api_error(), s.message());
-    POS_WARN("client %lu pc %lu %.*s failed asynchronously: %s", (unsigned long)uuid_, (unsigned long)c->pc,
-             (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
+    POS_WARN("client %lu pc %lu %.*s failed asynchronously%s: %s", (unsigned long)uuid_, (unsigned long)c->pc,
+             (int)c->info->name.size(), c->info->name.data(),
+             c->replay_ret != nullptr ? " (replayed from the image)" : "", s.to_string().c_str());
   }
   executed_.fetch_add(1, std::memory_order_relaxed);
   if (c->t_submit_ns != 0) {
@@ -676,6 +757,8 @@ void POSClient::execute_command(Command* cmd) {
   cmd->status = job.start_at_cut(backend_client_.get(), t);
   // Async: later calls that write a buffer not yet drained are protected first (execute_call).
   if (cmd->status.ok() && job.request().mode == CheckpointMode::kAsync && !job.drained()) cow_job_ = cmd->job;
+  // Stop: no call past the cut runs (worker_stopped_step), unless the checkpoint fails.
+  if (cmd->status.ok() && job.request().stop) worker_stop_job_ = cmd->job;
 }
 
 }  // namespace pos

@@ -165,6 +165,10 @@ class POSClient {
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an
   // empty client. On error nothing of the client remains. Lazy (options.lazy): the buffers' bytes
   // are loaded after this returns (see RestoreOptions); the image is kept until they all are.
+  // The image's pending calls (a stop checkpoint's) are replayed, with their pcs, before this
+  // returns the client: each is parsed again and must give the answer the app got (else the
+  // restore fails); their execution follows in pc order, before any new call, and an execution
+  // error becomes the client's sticky error as for any asynchronous call.
   Status start_restored(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options);
   // Refuses new calls, waits for in-flight calls and commands, stops threads, frees device state.
   void shutdown();
@@ -188,6 +192,8 @@ class POSClient {
   int device() const { return device_; }
   const std::string& job_name() const { return job_name_; }
   bool active() const { return accepting_.load(std::memory_order_acquire); }
+  // A stop checkpoint of this client succeeded: it executes nothing more (restore its image).
+  bool stopped() const { return stop_state_.load(std::memory_order_acquire) == kStopped; }
   bool command_in_flight() const { return command_busy_.load(std::memory_order_acquire); }
   ClientStats stats() const;
   const LatencyHistogram& latency() const { return latency_; }
@@ -208,7 +214,17 @@ class POSClient {
   void reclaim_contexts();
   void parser_main();
   void worker_main();
-  void parse_call(APIContext* c);
+  bool parse_popped(APIContext* c);  // parser: a call just taken from the rpc WQ
+  bool parse_call(APIContext* c);    // true: handed to the worker
+  // ---- stop checkpoints (CheckpointRequest::stop; docs/checkpoint.md, "Stop") ----
+  bool intake_while_stopping();        // parser: hold at sync calls; after the seal, refuse all
+  bool held_at_sync_call();            // parser: holding, and the next call waits for the worker
+  bool stop_needs_parser();            // parser: seal requested, or the job finished
+  bool update_stop_phase();            // parser: seal, stop for good, or resume
+  void refuse_stopped(APIContext* c);  // parser: answer a call the stopped client will not run
+  bool worker_stopped_step();          // worker: hold calls; at the end drop or run them
+  void return_unexecuted(APIContext* c);
+  Status replay_pending(const ckpt::pb::ClientImage& img);
   void finish_call(APIContext* c);  // parser: after the worker completed c
   void execute_call(APIContext* c);
   void parse_command(Command* cmd);
@@ -265,6 +281,11 @@ class POSClient {
   uint32_t command_generation_ = 0;  // guarded by command_busy_
   std::atomic<bool> stop_{false};
   std::atomic<bool> worker_paused_{false};
+  // Stop checkpoints, as the control side sees them: written under command_busy_ (kStopping, when
+  // the stop command is admitted) and by that checkpoint's control thread (its outcome). Commands
+  // and checkpoints are refused while it is not kRunning; shutdown waits out kStopping.
+  enum StopState : uint8_t { kRunning, kStopping, kStopped };
+  std::atomic<uint8_t> stop_state_{kRunning};
 
   // Parser thread state.
   ParserScope ps_;
@@ -272,6 +293,15 @@ class POSClient {
   std::unordered_set<Handle*> dirty_;  // parser thread
   Command* parser_cmd_ = nullptr;      // parser thread: command waiting for the worker
   uint64_t unflushed_completions_ = 0;  // parser thread: pushed to rpc CQ, not yet counted
+  // Parser thread, stop checkpoints: kHolding from the cut (calls that return after parsing are
+  // parsed and handed to the worker, which holds them; the first call that waits for the worker
+  // stops the intake), kFrozen from the seal (every call is refused), kStopped once the image is
+  // durable; back to kNone if the checkpoint fails.
+  enum class StopPhase : uint8_t { kNone, kHolding, kFrozen, kStopped };
+  StopPhase stop_phase_ = StopPhase::kNone;
+  std::shared_ptr<CheckpointJob> parser_stop_job_;
+  std::vector<APIContext*> pending_;  // handed to the worker since the cut, in pc order
+  uint64_t stop_cut_ = 0;
 
   // Worker thread state.
   WorkerScope ws_;
@@ -279,6 +309,9 @@ class POSClient {
   Command* worker_cmd_ = nullptr;  // worker thread
   uint64_t worker_unflushed_ = 0;  // worker thread: pushed to worker2rpc_cq_, not yet counted
   std::shared_ptr<CheckpointJob> cow_job_;  // worker thread: an async checkpoint still draining
+  std::shared_ptr<CheckpointJob> worker_stop_job_;  // worker thread: a stop checkpoint past its cut
+  std::vector<APIContext*> held_;  // worker thread: calls after a stop cut, not run (pc order)
+  bool worker_dead_ = false;       // worker thread: a stop checkpoint succeeded; nothing runs again
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
   // A lazy restore: set before the threads start, stopped (not freed) at shutdown, so any thread
   // may use it while the client exists. The worker's own pointer goes once nothing is left to do.

@@ -105,6 +105,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   inv.set_mode(job.request().mode == CheckpointMode::kSync ? "sync" : "async");
   inv.add_features("handles");
   inv.add_features("device-memory");
+  if (job.request().stop) inv.add_features("stopped");
   if (const ckpt::ImageReader* p = job.parent()) {
     inv.add_features("incremental");
     auto* pp = inv.mutable_parent();
@@ -313,6 +314,211 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   }
   POS_INFO("client %lu (%s): restored %d handles at cut %lu%s", (unsigned long)uuid_, job_name_.c_str(),
            img.handles_size(), (unsigned long)cr.next_pc(), lazy_ ? " (buffers load lazily)" : "");
+  return Status::Ok();
+}
+
+// ---------------- stop checkpoints (CheckpointRequest::stop) ----------------
+
+// Parser. Holding: calls that return after parsing are parsed and handed to the worker, which
+// holds them; a call that waits for the worker stops the intake (its caller has no answer yet, and
+// the calls behind it keep their order). Frozen or stopped: every call is answered kUnavailable.
+bool POSClient::intake_while_stopping() {
+  bool progressed = false;
+  APIContext* c = nullptr;
+  for (int i = 0; i < 64 && rpc2parser_wq_.read_available() > 0; ++i) {
+    if (stop_phase_ == StopPhase::kHolding) {
+      if (rpc2parser_wq_.front()->info->mode == ReturnMode::kSync) break;
+      (void)rpc2parser_wq_.pop(c);
+      if (parse_popped(c)) pending_.push_back(c);
+    } else {  // kFrozen, kStopped
+      (void)rpc2parser_wq_.pop(c);
+      refuse_stopped(c);
+    }
+    progressed = true;
+  }
+  return progressed;
+}
+
+bool POSClient::held_at_sync_call() {
+  return stop_phase_ == StopPhase::kHolding && rpc2parser_wq_.read_available() > 0 &&
+         rpc2parser_wq_.front()->info->mode == ReturnMode::kSync;
+}
+
+bool POSClient::stop_needs_parser() {
+  return parser_stop_job_ != nullptr && ((stop_phase_ == StopPhase::kHolding && parser_stop_job_->seal_requested()) ||
+                                         parser_stop_job_->drained());
+}
+
+void POSClient::refuse_stopped(APIContext* c) {
+  c->begin_parse();
+  c->status = Status::Unavailable("client " + std::to_string(uuid_) + " stopped at checkpoint cut " +
+                                  std::to_string(stop_cut_) + ": " + std::string(c->info->name) +
+                                  " (pc " + std::to_string(c->pc) + ") was not run and is not in the image");
+  POS_DEBUG("%s", c->status.message().c_str());
+  c->skip_worker = true;
+  c->advance(kDone);
+  complete_to_rpc(c);
+}
+
+bool POSClient::update_stop_phase() {
+  if (parser_stop_job_ == nullptr) return false;
+  CheckpointJob& job = *parser_stop_job_;
+  if (stop_phase_ == StopPhase::kHolding && job.seal_requested()) {
+    // The device bytes are in the image. From now on nothing is accepted, so the calls handed to
+    // the worker since the cut are exactly the pending calls. The worker has only held them: their
+    // parameter bytes are as submitted, their answers as the parser gave them.
+    std::vector<ckpt::pb::PendingCall> calls;
+    calls.reserve(pending_.size());
+    Status st;
+    uint64_t min_pc = stop_cut_, total = 0;
+    if (pending_.size() > ckpt::kMaxPendingCalls)
+      st = Status::Internal(std::to_string(pending_.size()) + " calls after the cut, more than an image holds");
+    for (size_t i = 0; st.ok() && i < pending_.size(); ++i) {
+      const APIContext& c = *pending_[i];
+      ckpt::pb::PendingCall p;
+      p.set_pc(c.pc);
+      p.set_api_id(static_cast<uint32_t>(c.api_id));
+      for (size_t k = 0; k < c.param_count(); ++k) {
+        const auto b = c.param_bytes(k);
+        p.add_params(std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+        total += b.size();
+      }
+      if (c.ret_size > 0) p.set_ret(std::string(reinterpret_cast<const char*>(c.ret.data()), c.ret_size));
+      // The writer stores only what a reader takes.
+      st = ckpt::validate_pending_call(p, min_pc);
+      if (st.ok() && total > ckpt::kMaxPendingBytes)
+        st = Status::Internal("the calls after the cut carry more than " + std::to_string(ckpt::kMaxPendingBytes) +
+                              " parameter bytes");
+      min_pc = c.pc + 1;
+      calls.push_back(std::move(p));
+    }
+    if (!st.ok()) {
+      st = Status(Code::kOutOfRange, cuda::kErrorUnknown,
+                  "client " + std::to_string(uuid_) + ": cannot keep the calls after the cut: " + st.message());
+      calls.clear();
+    }
+    pending_.clear();
+    stop_phase_ = StopPhase::kFrozen;
+    job.seal(std::move(calls), std::move(st), ps_.async_error->load(std::memory_order_acquire));
+    return true;
+  }
+  if (!job.drained()) return false;
+  if (job.succeeded()) {
+    stop_phase_ = StopPhase::kStopped;  // for good: the worker drops the held calls
+  } else {
+    stop_phase_ = StopPhase::kNone;  // the worker runs the held calls; parsing goes on
+    pending_.clear();
+  }
+  parser_stop_job_.reset();
+  return true;
+}
+
+// Worker, past a stop checkpoint's cut.
+bool POSClient::worker_stopped_step() {
+  bool progressed = false;
+  APIContext* c = nullptr;
+  while (parser2worker_wq_.pop(c)) {
+    progressed = true;
+    if (worker_dead_) return_unexecuted(c);
+    else held_.push_back(c);
+  }
+  if (worker_stop_job_ != nullptr && worker_stop_job_->drained()) {
+    // Succeeded: the held calls are in the image, and this client never runs them. Failed: the
+    // client runs on, and they run now, in pc order, before anything the parser hands on later.
+    const bool stopped = worker_stop_job_->succeeded();
+    for (APIContext* h : held_) {
+      if (stopped) return_unexecuted(h);
+      else execute_call(h);
+    }
+    held_.clear();
+    worker_dead_ = stopped;
+    worker_stop_job_.reset();
+    progressed = true;
+  }
+  Command* cmd = nullptr;
+  if (worker_dead_ && cmd_worker_wq_.pop(cmd)) {  // refused by run_command; never expected here
+    cmd->status = Status::FailedPrecondition("client " + std::to_string(uuid_) + " was stopped by a checkpoint");
+    push_blocking(cmd_worker_cq_, cmd, parser_bell_, worker_bell_);
+    progressed = true;
+  }
+  if (progressed) {
+    flush_worker_completions();  // held calls run after a failure come back through the worker's CQ
+    parser_bell_.ring();
+  }
+  return progressed;
+}
+
+void POSClient::return_unexecuted(APIContext* c) {
+  // Its caller returned long ago (it returns after parsing); the context just goes home.
+  c->advance(kDone);
+  while (!parser2worker_cq_.push(c)) cpu_relax();
+}
+
+// Restore, once the threads run and before anyone can see the client: the image's pending calls
+// go through the parser and worker again with their own pcs. Each must parse to the answer the app
+// got; a window of them is in flight at a time (the context pool is bounded).
+Status POSClient::replay_pending(const ckpt::pb::ClientImage& img) {
+  const auto& pending = img.pending();
+  if (pending.empty()) return Status::Ok();
+  struct InFlight {
+    APIContext* c;
+    const ckpt::pb::PendingCall* p;
+  };
+  std::deque<InFlight> window;
+  Status first;
+  auto settle = [&](const InFlight& f) {
+    f.c->state.wait_at_least(f.c->state_base + kParsed, config_.spin_ns);
+    const std::string name(f.c->info->name);
+    if (first.ok() && !f.c->status.ok()) {
+      first = Status::Corrupt("replaying pending call pc " + std::to_string(f.p->pc()) + " (" + name +
+                              "): " + f.c->status.to_string());
+    } else if (first.ok() &&
+               std::string_view(reinterpret_cast<const char*>(f.c->ret.data()), f.c->ret_size) != f.p->ret()) {
+      first = Status::Corrupt("replaying pending call pc " + std::to_string(f.p->pc()) + " (" + name +
+                              ") gave another answer than the application got");
+    }
+    f.c->caller_released.store(true, std::memory_order_release);
+  };
+  const size_t max_window = std::max<size_t>(1, config_.queue_depth);
+  {
+    std::lock_guard<std::mutex> lk(submit_mu_);
+    for (const ckpt::pb::PendingCall& p : pending) {
+      const ApiInfo* api = find_api(p.api_id());  // validated when the image was opened
+      if (api == nullptr) {
+        first = Status::Corrupt("pending call pc " + std::to_string(p.pc()) + ": unknown api id");
+        break;
+      }
+      if (window.size() >= max_window) {
+        settle(window.front());
+        window.pop_front();
+      }
+      if (!first.ok()) break;
+      APIContext* c = acquire_context();
+      c->api_id = api->id;
+      c->info = api;
+      c->client_uuid = uuid_;
+      c->pc = p.pc();
+      c->replay_ret = &p.ret();
+      uint64_t total = 0;
+      for (const std::string& b : p.params()) total += (b.size() + 7) & ~uint64_t{7};
+      std::byte* dst = c->reserve_params(total);
+      uint64_t off = 0;
+      for (const std::string& b : p.params()) {
+        if (!b.empty()) std::memcpy(dst + off, b.data(), b.size());
+        c->params.push_back(APIContext::Slot{off, b.size()});
+        off += (b.size() + 7) & ~uint64_t{7};
+      }
+      c->t_submit_ns = 0;
+      submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
+      window.push_back(InFlight{c, &p});
+      next_pc_ = p.pc() + 1;  // the client's own calls continue after the last pending one
+    }
+  }
+  for (const InFlight& f : window) settle(f);
+  if (!first.ok()) return first.with_context("restore of client " + std::to_string(uuid_));
+  POS_INFO("client %lu (%s): replayed %d pending calls, pcs %lu to %lu", (unsigned long)uuid_, job_name_.c_str(),
+           pending.size(), (unsigned long)pending.begin()->pc(), (unsigned long)pending.rbegin()->pc());
   return Status::Ok();
 }
 

@@ -66,20 +66,6 @@ double ms(double s) { return s * 1e3; }
   return comm;
 }
 
-// Routes every call through the gate (shared), so a restore (exclusive) never runs under a call
-// of another app thread. Installed only when POS_CHECKPOINT is set.
-class GatedTransport final : public Transport {
- public:
-  GatedTransport(std::unique_ptr<Transport> inner, std::shared_mutex* gate) : inner_(std::move(inner)), gate_(gate) {}
-  Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len, uint64_t* ret_written) override {
-    std::shared_lock lk(*gate_);
-    return inner_->call(api, params, ret, ret_len, ret_written);
-  }
-
- private:
-  std::unique_ptr<Transport> inner_;
-  std::shared_mutex* gate_;
-};
 }  // namespace
 
 StatusOr<CheckpointPlan> parse_checkpoint_plan(std::string_view spec) {
@@ -380,6 +366,18 @@ Status ClientRuntime::take_checkpoint(size_t k, uint64_t n) {
     return failed ? reap(/*wait=*/true) : Status::Ok();  // a failure before the cut: report it now
   }
 
+  // then=restore drops the live client once the image is durable: a sync checkpoint stops it at
+  // the cut, so that what the app's other threads issue meanwhile is carried into the restored
+  // client (pending calls) or issued again there (calls the stop refused; RestoreGate), not run on
+  // the client being dropped and lost.
+  req.stop = plan_->restore && plan_->mode == CheckpointMode::kSync;
+  if (req.stop) gate_.begin_stop();
+  struct EndStop {
+    RestoreGate* gate;
+    ~EndStop() {
+      if (gate != nullptr) gate->end_stop();
+    }
+  } end_stop{req.stop ? &gate_ : nullptr};
   auto r = ws_->checkpoint(uuid_, std::move(req));
   if (!r.ok()) return checkpoint_failed(r.status().with_context("checkpoint " + std::to_string(k) + " -> " + image_dir(k)));
   report(k, n, *r, image_dir(k));
@@ -417,7 +415,7 @@ Status ClientRuntime::restore_from(const std::string& dir) {
   if (!opened.ok()) return checkpoint_failed(opened.status().with_context("opening " + dir + " to restore"));
   // Shared: a lazy restore keeps reading it after restore() returns.
   std::shared_ptr<const ckpt::ImageReader> img = std::move(opened.value());
-  std::unique_lock<std::shared_mutex> gate(gate_);
+  std::unique_lock<std::shared_mutex> gate(gate_.mutex());
   // As a crashed daemon would: every buffer and handle of the client is freed. The workspace
   // (with its backend, which owns the app's cudaMallocHost memory) stays.
   Status s = ws_->remove_client(uuid_);

@@ -15,6 +15,7 @@
 #include "pos/checkpoint.h"
 #include "pos/status.h"
 #include "remoting/api_client.h"
+#include "remoting/restore_gate.h"
 
 namespace pos {
 
@@ -95,8 +96,9 @@ class ClientRuntime {
   std::unique_ptr<CheckpointPlan> plan_;
   std::atomic<uint64_t> sync_calls_{0};
   // Calls take it shared (through the transport), a restore exclusively: while the client is
-  // removed and rebuilt, the app's other threads wait instead of seeing an unknown client.
-  std::shared_mutex gate_;
+  // removed and rebuilt, the app's other threads wait instead of seeing an unknown client. Calls
+  // a stop checkpoint refused are issued again after the restore (remoting/restore_gate.h).
+  RestoreGate gate_;
   std::mutex ckpt_mu_;  // one checkpoint at a time
   std::unique_ptr<PendingCheckpoint> pending_;  // guarded by ckpt_mu_
   size_t taken_ = 0;                            // guarded by ckpt_mu_; checkpoints started

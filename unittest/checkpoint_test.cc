@@ -5,10 +5,14 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <tuple>
 #include <fstream>
 #include <thread>
 
+#include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
+#include "remoting/restore_gate.h"
 #include "unittest/api_fixture.h"
 
 namespace pos::test {
@@ -125,6 +129,78 @@ class CheckpointTest : public ApiTest {
     c.api.reset();
     c.transport = std::make_unique<InProcessTransport>(ws_, uuid);
     c.api = std::make_unique<ApiClient>(c.transport.get());
+  }
+
+  // ---- stop checkpoints ----
+  // A stop checkpoint whose drain is held (CheckpointRequest::hold_drain) until finish_stop, so
+  // that calls pile up after its cut.
+  struct Stopping {
+    std::atomic<bool> hold{true}, cut{false};
+    StatusOr<CheckpointResult> result = Status::Internal("not run");
+    std::thread thread;
+  };
+  void start_stop(Stopping& st, CheckpointRequest r) {
+    r.stop = true;
+    r.hold_drain = &st.hold;
+    r.on_cut = [&st](uint64_t) { st.cut.store(true); };
+    st.thread = std::thread([this, &st, r = std::move(r)]() mutable { st.result = dump(std::move(r)); });
+    while (!st.cut.load()) std::this_thread::yield();
+  }
+  StatusOr<CheckpointResult> finish_stop(Stopping& st) {
+    st.hold.store(false);
+    st.thread.join();
+    return st.result;
+  }
+  // Another workspace, as a restarted daemon would have: the clients' transports go with the old.
+  void fresh_workspace() {
+    for (auto& c : clients_) {
+      c->api.reset();
+      c->transport.reset();
+    }
+    server_.reset();
+    own_ws_.reset();
+    ws_ = nullptr;
+    auto ws = POSWorkspace::create(test_config());
+    ASSERT_TRUE(ws.ok()) << ws.status().to_string();
+    own_ws_ = std::move(*ws);
+    ws_ = own_ws_.get();
+  }
+  // The asynchronous calls of the stop tests (every one returns once parsed): memsets, launches and
+  // a host-to-device copy whose source the caller overwrites as soon as the call returns.
+  void async_work(ApiClient& a, const RegisteredFunction& fill, uint64_t small, uint64_t big, uint64_t odd,
+                  uint64_t stream) {
+    ASSERT_TRUE(a.memset_async(big, 0x11, 1u << 20, stream).ok());
+    ASSERT_TRUE(a.launch_kernel(fill.handle, dims(4, 256), stream, args(fill, small, 500u, 1024)).ok());
+    std::vector<unsigned> src = pattern(777, 40);
+    ASSERT_TRUE(a.memcpy_async(odd, reinterpret_cast<uint64_t>(src.data()), 777 * 4, cuda::kMemcpyHostToDevice, stream).ok());
+    std::fill(src.begin(), src.end(), 0u);  // the call carried its bytes
+    ASSERT_TRUE(a.memset(big + (4u << 20), 0x22, 1u << 20).ok());
+    ASSERT_TRUE(a.launch_kernel(fill.handle, dims(1, 128), stream, args(fill, odd, 9u, 100)).ok());
+    ASSERT_TRUE(a.launch_kernel(fill.handle, dims(4, 256), 0, args(fill, big + (8u << 20) + 4, 77u, 1000)).ok());
+  }
+  static constexpr uint64_t kAsyncWorkCalls = 6;
+  // A copy of image `dir` whose records `edit` changed (client.pb re-encoded, the inventory's size
+  // and checksum of it updated): a well-formed file with the damage inside the records.
+  std::string edited_copy(const std::string& dir, const std::string& name,
+                          const std::function<void(ckpt::pb::Inventory&, ckpt::pb::ClientImage&)>& edit) {
+    const std::string c = temp_dir(name);
+    fs::copy(dir, c);
+    auto read = [](const std::string& f) {
+      std::ifstream in(f, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    auto inv = ckpt::decode_inventory(read(c + "/inventory.pb"));
+    EXPECT_TRUE(inv.ok()) << inv.status().to_string();
+    ckpt::pb::ClientImage img;
+    EXPECT_TRUE(img.ParseFromString(read(c + "/client.pb")));
+    edit(*inv, img);
+    std::string bytes;
+    EXPECT_TRUE(img.SerializeToString(&bytes));
+    inv->set_client_size(bytes.size());
+    inv->set_client_crc(ckpt::crc32c(bytes.data(), bytes.size()));
+    std::ofstream(c + "/client.pb", std::ios::binary | std::ios::trunc) << bytes;
+    std::ofstream(c + "/inventory.pb", std::ios::binary | std::ios::trunc) << ckpt::encode_inventory(*inv);
+    return c;
   }
 
   uint64_t small_ = 0, big_ = 0, odd_ = 0, stream_ = 0, event_ = 0;
@@ -559,6 +635,441 @@ TEST_F(CheckpointTest, AnImageOfADeviceThatIsNotPresentIsRefusedUnlessMappedOnto
   u = (*one)->restore(**img, on0);
   ASSERT_TRUE(u.ok()) << u.status().to_string();
   EXPECT_EQ((*one)->find_client(*u)->device(), 0);
+}
+
+// ---------------- stop checkpoints: pending calls ----------------
+
+TEST_F(CheckpointTest, CallsIssuedWhileAStopCheckpointDrainsAreReplayedAfterRestoreAsIfNeverInterrupted) {
+  build_state();
+  // The uninterrupted run: the same state and the same calls on another client.
+  TestClient& ref = add_client("reference");
+  const uint64_t rs = alloc(4096, 1), rb = alloc(20u << 20, 1), ro = alloc(777 * 4, 1);
+  upload(rs, small_data_.data(), 4096, 1);
+  upload(rb, big_data_.data(), 20u << 20, 1);
+  upload(ro, odd_data_.data(), 777 * 4, 1);
+  uint64_t rstream = 0;
+  ASSERT_TRUE(api(1).stream_create_with_flags(&rstream, 1).ok());
+  async_work(api(1), ref.fill, rs, rb, ro, rstream);
+  ASSERT_TRUE(api(1).device_synchronize().ok());
+  const auto want_small = download<unsigned>(rs, 1024, 1);
+  const auto want_big = download<unsigned>(rb, big_data_.size(), 1);
+  const auto want_odd = download<unsigned>(ro, 777, 1);
+  ASSERT_EQ(want_small, filled(1024, 500u));
+
+  const std::string d = temp_dir("stop");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  std::shared_ptr<POSClient> stopped = ws_->find_client(client().uuid);
+  const uint64_t executed_at_cut = stopped->stats().calls_executed;
+  async_work(api(), client().fill, small_, big_, odd_, stream_);  // every call returns at once
+  EXPECT_EQ(stopped->stats().calls_executed, executed_at_cut);   // held, not run
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->pending_calls, kAsyncWorkCalls);
+  EXPECT_TRUE(stopped->stopped());
+
+  // The stopped client runs nothing: new calls and checkpoints are refused, at once.
+  Status late = api().memset(small_, 0, 4096);
+  EXPECT_EQ(late.code(), Code::kUnavailable) << late.to_string();
+  EXPECT_EQ(dump(to_dir(temp_dir("stop-again"))).status().code(), Code::kFailedPrecondition);
+  // Removing it neither hangs nor runs the pending calls.
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  EXPECT_EQ(stopped->stats().calls_executed, executed_at_cut);
+
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok()) << img.status().to_string();
+  const auto& pending = (*img)->client().pending();
+  ASSERT_EQ(pending.size(), static_cast<int>(kAsyncWorkCalls));
+  EXPECT_EQ(pending[0].pc(), r->cut_pc);
+  EXPECT_EQ(pending[0].api_id(), static_cast<uint32_t>(ApiId::kMemsetAsync));
+  EXPECT_EQ(pending[2].api_id(), static_cast<uint32_t>(ApiId::kMemcpyAsync));
+  EXPECT_EQ(pending[2].params(5), std::string(reinterpret_cast<const char*>(pattern(777, 40).data()), 777 * 4));
+
+  // A restarted daemon restores it; the job goes on with a synchronous copy.
+  fresh_workspace();
+  Status s = restore_from(d);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(api().device_synchronize().ok());  // stream_ does not sync with the legacy stream
+  EXPECT_EQ(download<unsigned>(small_, 1024), want_small);
+  EXPECT_EQ(download<unsigned>(big_, big_data_.size()), want_big);
+  EXPECT_EQ(download<unsigned>(odd_, 777), want_odd);
+  EXPECT_TRUE(api().get_last_error().ok());
+  // The client's own calls continue after the last replayed one.
+  auto again = dump(to_dir(temp_dir("after-replay")));
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_GT(again->cut_pc, pending.rbegin()->pc());
+  EXPECT_TRUE(api().event_query(event_).ok());
+}
+
+TEST_F(CheckpointTest, APendingMallocReplaysToTheAddressTheApplicationGot) {
+  build_state();
+  const std::string d = temp_dir("stop-malloc");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  // The free is never run by this client, so its range stays taken: the allocation gets another
+  // address. On replay the free may already be done when the allocation is parsed, and first fit
+  // would hand out odd_'s range; the image's answer decides.
+  ASSERT_TRUE(api().free(odd_).ok());
+  uint64_t p = 0;
+  ASSERT_TRUE(api().malloc(&p, 777 * 4).ok());
+  EXPECT_NE(p, odd_);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, args(client().fill, p, 3u, 777)).ok());
+  PointerAttributes attrs{};
+  ASSERT_TRUE(api().pointer_get_attributes(&attrs, p).ok());  // answered by the parser: pending too
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->pending_calls, 4u);
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok());
+  const auto& pending = (*img)->client().pending();
+  ASSERT_EQ(pending.size(), 4);
+  ASSERT_EQ(pending[1].api_id(), static_cast<uint32_t>(ApiId::kMalloc));
+  EXPECT_EQ(pending[1].ret(), std::string(reinterpret_cast<const char*>(&p), 8));
+
+  for (int round = 0; round < 3; ++round) {  // whatever the worker's timing on replay
+    SCOPED_TRACE(round);
+    Status s = kill_and_restore(d);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_TRUE(api().device_synchronize().ok());
+    EXPECT_EQ(download<unsigned>(p, 777), filled(777, 3u));
+    EXPECT_EQ(api().pointer_get_attributes(&attrs, odd_).api_error(), cuda::kErrorInvalidValue);
+  }
+}
+
+TEST_F(CheckpointTest, TheReplayPlacesAnAllocationWhereTheImageSaysAndRefusesAnImpossibleOne) {
+  build_state();
+  const std::string d = temp_dir("stop-place");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  uint64_t p = 0;
+  ASSERT_TRUE(api().malloc(&p, 8192).ok());
+  ASSERT_TRUE(finish_stop(st).ok());
+  // Somewhere first fit would never choose (it would take p again): the replay must put it there.
+  // Halfway up the client's buffer range (the sanitizer setups shrink client.va_size).
+  const Config cfg = test_config();
+  const uint64_t far = p + cfg.va_size / 4 / (2u << 20) * (2u << 20);
+  const std::string moved = edited_copy(d, "stop-place-far", [&](auto&, ckpt::pb::ClientImage& c) {
+    c.mutable_pending(0)->set_ret(std::string(reinterpret_cast<const char*>(&far), 8));
+  });
+  // On a live buffer: it cannot be there; the restore is refused and changes nothing.
+  const std::string clash = edited_copy(d, "stop-place-clash", [&](auto&, ckpt::pb::ClientImage& c) {
+    c.mutable_pending(0)->set_ret(std::string(reinterpret_cast<const char*>(&big_), 8));
+  });
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  Status s = restore_from(clash);
+  EXPECT_EQ(s.code(), Code::kCorrupt) << s.to_string();
+  EXPECT_NE(s.message().find("replaying pending call"), std::string::npos) << s.to_string();
+  s = restore_from(moved);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  PointerAttributes attrs{};
+  EXPECT_TRUE(api().pointer_get_attributes(&attrs, far).ok());
+  EXPECT_FALSE(api().pointer_get_attributes(&attrs, p).ok());
+  ASSERT_TRUE(api().memset(far, 0x7f, 8192).ok());
+  EXPECT_EQ(download<unsigned>(far, 2048), std::vector<unsigned>(2048, 0x7f7f7f7fu));
+  expect_state();
+}
+
+TEST_F(CheckpointTest, ASyncCallDuringAStopDrainIsAnsweredUnavailableAndIsNotInTheImage) {
+  build_state();
+  const std::string d = temp_dir("stop-sync");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  ASSERT_TRUE(api().memset_async(small_, 0x01, 4096, stream_).ok());  // pending
+  // A synchronous call waits for the worker, which runs nothing past the cut: it is held, and
+  // answered once the image is sealed.
+  std::atomic<bool> sync_done{false};
+  Status sync_status;
+  std::vector<unsigned> got(1024);
+  std::thread t([&] {
+    sync_status = api().memcpy(reinterpret_cast<uint64_t>(got.data()), small_, 4096, cuda::kMemcpyDeviceToHost);
+    sync_done.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(sync_done.load());
+  auto r = finish_stop(st);
+  t.join();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->pending_calls, 1u);
+  EXPECT_EQ(sync_status.code(), Code::kUnavailable) << sync_status.to_string();
+  EXPECT_NE(sync_status.message().find("not in the image"), std::string::npos) << sync_status.to_string();
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(download<unsigned>(small_, 1024), std::vector<unsigned>(1024, 0x01010101u));
+}
+
+TEST_F(CheckpointTest, AStopCheckpointThatFailsLetsTheClientRunOnWithEveryCall) {
+  build_state();
+  // A memory image whose host memory cannot be had: the drain fails after the cut.
+  ckpt::MemoryImage mem(ckpt::HostAllocator{[](uint64_t) -> void* { return nullptr; }, [](void*) {}});
+  CheckpointRequest req;
+  req.memory = &mem;
+  Stopping st;
+  start_stop(st, std::move(req));
+  async_work(api(), client().fill, small_, big_, odd_, stream_);
+  std::vector<unsigned> got(1024);
+  Status sync_status = Status::Internal("not run");
+  std::thread t([&] {  // held until the checkpoint's outcome; then it runs
+    sync_status = api().stream_synchronize(stream_);
+    if (sync_status.ok())
+      sync_status = api().memcpy(reinterpret_cast<uint64_t>(got.data()), small_, 4096, cuda::kMemcpyDeviceToHost);
+  });
+  auto r = finish_stop(st);
+  t.join();
+  EXPECT_EQ(r.status().code(), Code::kOutOfMemory) << r.status().to_string();
+  EXPECT_FALSE(live_client().stopped());
+  ASSERT_TRUE(sync_status.ok()) << sync_status.to_string();
+  EXPECT_EQ(got, filled(1024, 500u));  // the held calls ran first, in order
+  EXPECT_EQ(download<unsigned>(odd_, 100), filled(100, 9u));
+  // And it can be checkpointed (and stopped) again.
+  const std::string d = temp_dir("stop-after-failure");
+  CheckpointRequest again = to_dir(d);
+  again.stop = true;
+  auto r2 = dump(std::move(again));
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(r2->pending_calls, 0u);
+}
+
+TEST_F(CheckpointTest, AStopCheckpointThatFailsAfterItsSealRunsTheHeldCallsAndGoesOn) {
+  build_state();
+  const std::string d = temp_dir("stop-late-failure");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  async_work(api(), client().fill, small_, big_, odd_, stream_);
+  // Something takes the image's place meanwhile: the records are sealed, then publishing fails.
+  fs::create_directories(d + "/in-the-way");
+  auto r = finish_stop(st);
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << r.status().to_string();
+  EXPECT_FALSE(live_client().stopped());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(download<unsigned>(small_, 1024), filled(1024, 500u));
+  EXPECT_EQ(download<unsigned>(odd_, 100), filled(100, 9u));
+  fs::remove_all(d);
+  CheckpointRequest again = to_dir(d);
+  again.stop = true;
+  auto r2 = dump(std::move(again));
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  EXPECT_EQ(download<unsigned>(small_, 1024), filled(1024, 500u));
+}
+
+// The in-process runtime's then=restore (POS_CHECKPOINT): another app thread's synchronous call,
+// refused by the stop, is issued again to the restored client, as a system call interrupted by a
+// dump is restarted.
+TEST_F(CheckpointTest, ACallAStopRefusedGoesThroughTheRestoreGateAgainToTheRestoredClient) {
+  build_state();
+  RestoreGate gate;
+  GatedTransport transport(std::make_unique<InProcessTransport>(ws_, client().uuid), &gate);
+  ApiClient app(&transport);
+  const std::string d = temp_dir("stop-gate");
+  Stopping st;
+  gate.begin_stop();
+  start_stop(st, to_dir(d));
+  ASSERT_TRUE(app.memset_async(small_, 0x09, 4096, stream_).ok());  // pending
+  std::atomic<bool> done{false};
+  Status sync_status;
+  std::vector<unsigned> got(1024);
+  std::thread t([&] {
+    sync_status = app.stream_synchronize(stream_);
+    if (sync_status.ok())
+      sync_status = app.memcpy(reinterpret_cast<uint64_t>(got.data()), small_, 4096, cuda::kMemcpyDeviceToHost);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->pending_calls, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load()) << "the refused call must wait for the restore";
+  {
+    std::unique_lock<std::shared_mutex> lk(gate.mutex());
+    ASSERT_TRUE(kill_and_restore(d).ok());
+  }
+  gate.end_stop();
+  t.join();
+  ASSERT_TRUE(sync_status.ok()) << sync_status.to_string();
+  EXPECT_EQ(got, std::vector<unsigned>(1024, 0x09090909u));
+}
+
+TEST_F(CheckpointTest, AStopCheckpointWithNothingPendingAndAnOrdinaryOneRestoreAsBefore) {
+  build_state();
+  const std::string plain = temp_dir("plain"), stop = temp_dir("stop-empty");
+  ASSERT_TRUE(dump(to_dir(plain)).ok());
+  CheckpointRequest r = to_dir(stop);
+  r.stop = true;
+  auto res = dump(std::move(r));
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->pending_calls, 0u);
+  for (const std::string& d : {plain, stop}) {
+    auto img = ckpt::ImageReader::open_dir(d);
+    ASSERT_TRUE(img.ok());
+    EXPECT_EQ((*img)->client().pending_size(), 0);
+    EXPECT_EQ((*img)->inventory().format_version(), ckpt::kFormatVersion);
+    ASSERT_TRUE(kill_and_restore(d).ok());
+    expect_state();
+  }
+  // Async stop makes no sense (nothing runs past the cut to protect): refused up front.
+  CheckpointRequest bad = to_dir(temp_dir("stop-async"), CheckpointMode::kAsync);
+  bad.stop = true;
+  EXPECT_EQ(dump(std::move(bad)).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(CheckpointTest, AVersionOneImageStillRestoresButCannotHoldPendingCalls) {
+  build_state();
+  const std::string d = temp_dir("v2");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  ASSERT_TRUE(api().memset_async(small_, 0x03, 4096, stream_).ok());
+  ASSERT_TRUE(finish_stop(st).ok());
+  const std::string v1 = edited_copy(d, "v1", [](ckpt::pb::Inventory& inv, ckpt::pb::ClientImage& c) {
+    inv.set_format_version(1);
+    c.clear_pending();
+  });
+  const std::string v1_pending = edited_copy(d, "v1-pending", [](ckpt::pb::Inventory& inv, auto&) {
+    inv.set_format_version(1);
+  });
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  Status s = restore_from(v1_pending);
+  EXPECT_EQ(s.code(), Code::kCorrupt) << s.to_string();
+  s = restore_from(v1);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_state();
+}
+
+TEST_F(CheckpointTest, CorruptPendingCallRecordsAreRefusedBeforeAnythingChanges) {
+  build_state();
+  const std::string d = temp_dir("stop-good");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  ASSERT_TRUE(api().memset_async(small_, 0x05, 4096, stream_).ok());
+  ASSERT_TRUE(api().memset_async(odd_, 0x06, 777 * 4, stream_).ok());
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const uint64_t cut = r->cut_pc;
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  using Edit = std::function<void(ckpt::pb::Inventory&, ckpt::pb::ClientImage&)>;
+  const std::vector<std::tuple<std::string, std::string, Edit>> cases = {
+      {"unknown-api", "unknown api id", [](auto&, auto& c) { c.mutable_pending(0)->set_api_id(0x999); }},
+      {"sync-api", "cannot be pending",
+       [](auto&, auto& c) { c.mutable_pending(0)->set_api_id(static_cast<uint32_t>(ApiId::kMemcpy)); }},
+      {"before-cut", "before the cut", [&](auto&, auto& c) { c.mutable_pending(0)->set_pc(cut - 1); }},
+      {"out-of-order", "out of order", [&](auto&, auto& c) { c.mutable_pending(1)->set_pc(c.pending(0).pc()); }},
+      {"too-many-params", "parameters, more than",
+       [](auto&, auto& c) {
+         for (int i = 0; i < 20; ++i) c.mutable_pending(0)->add_params("x");
+       }},
+      {"oversized-answer", "answer, more than",
+       [](auto&, auto& c) { c.mutable_pending(1)->set_ret(std::string(ckpt::kMaxPendingRetBytes + 1, 'r')); }},
+  };
+  for (const auto& [name, why, edit] : cases) {
+    SCOPED_TRACE(name);
+    Status s = restore_from(edited_copy(d, "bad-" + name, edit));
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.to_string();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.to_string();
+    EXPECT_EQ(ws_->find_client(client().uuid), nullptr);
+  }
+  // Nothing changed: the good image restores into the same slot.
+  ASSERT_TRUE(restore_from(d).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(download<unsigned>(small_, 1024), std::vector<unsigned>(1024, 0x05050505u));
+  EXPECT_EQ(download<unsigned>(odd_, 777), std::vector<unsigned>(777, 0x06060606u));
+}
+
+TEST_F(CheckpointTest, AStickyErrorCrossesAStopOnceAndAReplayedCallThatFailsSetsIt) {
+  build_state();
+  uint64_t h = 0;
+  ASSERT_TRUE(api().cublas_create(&h).ok());
+  GemmArgs bad = sgemm_args(0, 0, 4, 4, 4, 1, small_, 4, small_, 4, 0, small_, 4);
+  bad.a_type = bad.b_type = bad.c_type = 3;  // int8 with float compute: the parser accepts, the device refuses
+  bad.compute_type = kCublasCompute32F;
+  ASSERT_TRUE(api().cublas_gemm_ex(h, bad).ok());
+  const int32_t e = api().device_synchronize().api_error();
+  ASSERT_NE(e, 0);
+  // Not read before the dump: the restored client still has it.
+  const std::string d0 = temp_dir("stop-err0"), d1 = temp_dir("stop-err1"), d2 = temp_dir("stop-err2");
+  {
+    CheckpointRequest r = to_dir(d0);
+    r.stop = true;
+    ASSERT_TRUE(dump(std::move(r)).ok());
+  }
+  ASSERT_TRUE(kill_and_restore(d0).ok());
+  EXPECT_EQ(api().peek_at_last_error().api_error(), e);
+  // Read while the image drains (cudaGetLastError is answered by the parser): not seen twice.
+  Stopping st1;
+  start_stop(st1, to_dir(d1));
+  EXPECT_EQ(api().get_last_error().api_error(), e);
+  ASSERT_TRUE(finish_stop(st1).ok());
+  ASSERT_TRUE(kill_and_restore(d1).ok());
+  EXPECT_TRUE(api().get_last_error().ok());
+  // A pending call that fails when it is replayed: its caller had success long ago, so the failure
+  // is the client's sticky error, as for any asynchronous call.
+  Stopping st2;
+  start_stop(st2, to_dir(d2));
+  ASSERT_TRUE(api().cublas_gemm_ex(h, bad).ok());
+  auto r2 = finish_stop(st2);
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  EXPECT_EQ(r2->pending_calls, 1u);
+  ASSERT_TRUE(kill_and_restore(d2).ok());
+  EXPECT_EQ(api().device_synchronize().api_error(), e);
+  EXPECT_EQ(api().get_last_error().api_error(), e);
+  EXPECT_TRUE(api().get_last_error().ok());
+}
+
+TEST_F(CheckpointTest, InspectListsThePendingCalls) {
+  build_state();
+  const std::string d = temp_dir("stop-inspect");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  uint64_t p = 0;
+  ASSERT_TRUE(api().malloc(&p, 4096).ok());
+  ASSERT_TRUE(api().memset_async(p, 0, 4096, stream_).ok());
+  auto r = finish_stop(st);
+  ASSERT_TRUE(r.ok());
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok());
+  const std::string text = ckpt::describe_image(**img, false);
+  EXPECT_NE(text.find("2 pending calls"), std::string::npos) << text;
+  EXPECT_NE(text.find("pc " + std::to_string(r->cut_pc)), std::string::npos) << text;
+  EXPECT_NE(text.find("cudaMalloc"), std::string::npos) << text;
+  EXPECT_NE(text.find("cudaMemsetAsync"), std::string::npos) << text;
+  EXPECT_NE(text.find("pending-calls"), std::string::npos) << text;  // the feature
+  const std::string json = ckpt::describe_image(**img, true);
+  EXPECT_NE(json.find("\"pending_calls\":[{\"pc\":\"" + std::to_string(r->cut_pc) + "\",\"api_id\":513,\"api\":\"cudaMalloc\""),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"api\":\"cudaMemsetAsync\""), std::string::npos) << json;
+}
+
+TEST_F(CheckpointTest, ALazyRestoreReplaysPendingCallsAndTheirErrorsBecomeTheStickyError) {
+  build_state();
+  const std::string d = temp_dir("stop-lazy");
+  Stopping st;
+  start_stop(st, to_dir(d));
+  auto a = args(client().fill, static_cast<uint64_t>(odd_), 21u, 777);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, a).ok());
+  ASSERT_TRUE(api().memset_async(big_, 0x44, 4096, stream_).ok());
+  ASSERT_TRUE(finish_stop(st).ok());
+  // Lazily, loaders held: the replayed calls load what they name first.
+  std::atomic<bool> hold{true};
+  ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(download<unsigned>(odd_, 777), filled(777, 21u));
+  std::vector<unsigned> big = big_data_;
+  std::fill(big.begin(), big.begin() + 1024, 0x44444444u);
+  EXPECT_EQ(download<unsigned>(big_, big.size()), big);
+  EXPECT_TRUE(api().get_last_error().ok());
+  hold.store(false);
+  ASSERT_TRUE(live_client().wait_restored().ok());
+
+  // A replayed call that fails on the device: its caller had its answer long ago, so the error
+  // is the client's sticky error, as for any asynchronous call.
+  const std::string bad = corrupt_copy(d, big_, "stop-lazy-bad");
+  std::atomic<bool> hold2{true};
+  ASSERT_TRUE(kill_and_restore_lazily(bad, &hold2).ok());
+  EXPECT_EQ(api().device_synchronize().api_error(), cuda::kErrorEccUncorrectable);
+  EXPECT_EQ(api().get_last_error().api_error(), cuda::kErrorEccUncorrectable);
+  EXPECT_EQ(download<unsigned>(odd_, 777), filled(777, 21u));  // the other replayed call ran
+  hold2.store(false);
+  EXPECT_EQ(live_client().wait_restored().code(), Code::kCorrupt);
 }
 
 // A dump killed at each stage (POS_FAULT_POINT) leaves the previous image intact and restorable,

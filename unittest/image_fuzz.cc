@@ -37,7 +37,7 @@ std::string seed_input() {
   pb::Inventory inv;
   inv.set_format_version(kFormatVersion);
   inv.set_cut_pc(10);
-  inv.set_memory_size(8192);
+  inv.set_memory_size(3 * 4096);
   pb::ClientImage c;
   c.mutable_client()->set_next_pc(10);
   for (int i = 0; i < 3; ++i) {
@@ -47,10 +47,18 @@ std::string seed_input() {
     h->set_addr(0x1000 * (i + 1));
     h->set_size(100);
     auto* m = h->mutable_memory();
-    m->set_offset(4096 * (i % 2));
+    m->set_offset(4096 * i);
     m->set_length(100);
     m->set_chunk_size(kChunkSize);
     m->add_chunk_crc(1);
+  }
+  // Pending calls (format version 2): pcs from the cut, known APIs that return after parsing.
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto* p = c.add_pending();
+    p->set_pc(10 + 2 * i);
+    p->set_api_id(i == 1 ? 0x206 : 0x201);  // cudaMemsetAsync, cudaMalloc
+    p->add_params(std::string(8, static_cast<char>(i)));
+    p->set_ret(std::string(8, 'r'));
   }
   const std::string ib = encode_inventory(inv);
   std::string cb;
@@ -75,6 +83,15 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(b.data(), b.size());
   }
   const std::string seed = seed_input();
+  {  // the seed itself is a valid image: mutations start from records that pass every check
+    uint32_t len = 0;
+    std::memcpy(&len, seed.data(), 4);
+    auto inv = pos::ckpt::decode_inventory(seed.substr(4, len));
+    pos::ckpt::pb::ClientImage client;
+    if (!inv.ok() || !client.ParseFromString(seed.substr(4 + len))) return std::fprintf(stderr, "image_fuzz: bad seed\n"), 1;
+    pos::Status s = pos::ckpt::validate_client(client, inv->memory_size(), false);
+    if (!s.ok()) return std::fprintf(stderr, "image_fuzz: the seed does not validate: %s\n", s.to_string().c_str()), 1;
+  }
   std::mt19937 g(12345);
   const int iterations = 200000;
   for (int it = 0; it < iterations; ++it) {

@@ -7,6 +7,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/image.h"
+#include "pos/api_id.h"
 
 namespace pos::ckpt {
 namespace {
@@ -132,6 +133,47 @@ TEST(ImageRoundTripTest, TheValidatorRefusesInconsistentRecords) {
   c = one_buffer_client(ref, 100);
   c.mutable_handles(0)->set_version(10);
   EXPECT_FALSE(validate_client(c, 4096, false).ok());  // written at or after the cut
+}
+
+pb::PendingCall pending_call(uint64_t pc, ApiId api) {
+  pb::PendingCall p;
+  p.set_pc(pc);
+  p.set_api_id(static_cast<uint32_t>(api));
+  p.add_params(std::string(8, '\1'));
+  return p;
+}
+
+TEST(ImageRoundTripTest, TheValidatorChecksPendingCallsAgainstTheCutTheApiTableAndTheBounds) {
+  pb::BlobRef ref;
+  ref.set_offset(0);
+  ref.set_length(100);
+  ref.set_chunk_size(kChunkSize);
+  ref.add_chunk_crc(0);
+  const pb::ClientImage base = one_buffer_client(ref, 100);  // cut 10
+  auto with = [&](std::vector<pb::PendingCall> calls) {
+    pb::ClientImage c = base;
+    for (auto& p : calls) *c.add_pending() = std::move(p);
+    return validate_client(c, 4096, false);
+  };
+  EXPECT_TRUE(with({pending_call(10, ApiId::kMalloc), pending_call(12, ApiId::kMemsetAsync)}).ok());
+  EXPECT_EQ(with({pending_call(9, ApiId::kMalloc)}).code(), Code::kCorrupt);  // before the cut
+  EXPECT_EQ(with({pending_call(11, ApiId::kMalloc), pending_call(11, ApiId::kMalloc)}).code(), Code::kCorrupt);
+  EXPECT_EQ(with({pending_call(12, ApiId::kMalloc), pending_call(11, ApiId::kMalloc)}).code(), Code::kCorrupt);
+  pb::PendingCall unknown = pending_call(10, ApiId::kMalloc);
+  unknown.set_api_id(0x5ff);
+  EXPECT_EQ(with({unknown}).code(), Code::kCorrupt);
+  EXPECT_EQ(with({pending_call(10, ApiId::kDeviceSynchronize)}).code(), Code::kCorrupt);  // waits for the worker
+  pb::PendingCall many = pending_call(10, ApiId::kLaunchKernel);
+  for (uint64_t i = 0; i < kMaxPendingParams; ++i) many.add_params("p");
+  EXPECT_EQ(with({many}).code(), Code::kCorrupt);
+  pb::PendingCall answer = pending_call(10, ApiId::kMalloc);
+  answer.set_ret(std::string(kMaxPendingRetBytes + 1, 'r'));
+  EXPECT_EQ(with({answer}).code(), Code::kCorrupt);
+  pb::PendingCall big = pending_call(10, ApiId::kMemcpyAsync);
+  big.add_params(std::string(kMaxPendingCallBytes, 'b'));  // with the first parameter: one byte too many
+  Status s = with({big});
+  EXPECT_EQ(s.code(), Code::kCorrupt);
+  EXPECT_NE(s.message().find("parameter bytes"), std::string::npos) << s.to_string();
 }
 
 }  // namespace

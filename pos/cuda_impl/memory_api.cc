@@ -24,7 +24,19 @@ Status parse_malloc(ParserScope& ps, APIContext& c) {
                                                         " bytes exceeds the client's quota (" +
                                                         std::to_string(ps.memory_in_use) + " of " +
                                                         std::to_string(ps.memory_quota) + " in use)");
-  auto h = mem.allocate_mocked_resource(size, {ps.context}, c.pc);
+  StatusOr<Handle*> h = Status::Internal("unset");
+  if (c.replay_ret != nullptr) {
+    // Replay (restore): the address the app got. First fit could pick another one here, as the
+    // original parse may not yet have seen frees the worker had executed; that address is free
+    // on replay (the replayed client has never held more than the original did).
+    uint64_t at = 0;
+    if (c.replay_ret->size() != sizeof(at)) return invalid("replayed cudaMalloc without its original address");
+    std::memcpy(&at, c.replay_ret->data(), sizeof(at));
+    h = mem.adopt_at(at, size, {ps.context}, c.pc);
+    if (!h.ok()) return h.status().with_context("replaying cudaMalloc at " + hex(at));
+  } else {
+    h = mem.allocate_mocked_resource(size, {ps.context}, c.pc);
+  }
   if (!h.ok()) return h.status();
   (*h)->charged = charge;
   if (!ps.device_backend->try_reserve((*h)->charged)) {
