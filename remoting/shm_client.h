@@ -11,7 +11,7 @@
 #include <string>
 
 #include "remoting/api_client.h"
-#include "remoting/parallel_copy.h"
+#include "pos/parallel_copy.h"
 #include "remoting/wire.h"
 
 namespace pos {

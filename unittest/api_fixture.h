@@ -146,6 +146,25 @@ class ApiTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.to_string();
     return out;
   }
+  // Page-locked host memory, as cudaMallocHost gives it: the backend's in-process, the session's
+  // arena through posd.
+  void* pinned_alloc(uint64_t n) {
+    void* p = nullptr;
+    Status s;
+    if (server_) {
+      s = static_cast<ShmSession*>(clients_[0]->transport.get())->host_alloc(n, &p);
+    } else {
+      auto r = ws_->backend().host_alloc(n);
+      s = r.status();
+      if (r.ok()) p = *r;
+    }
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return p;
+  }
+  void pinned_free(void* p) {
+    Status s = server_ ? static_cast<ShmSession*>(clients_[0]->transport.get())->host_free(p) : ws_->backend().host_free(p);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  }
   // Packs kernel arguments by the registered layout (what the client shim does).
   template <typename... A>
   static std::vector<std::byte> args(const RegisteredFunction& f, const A&... a) {

@@ -1,6 +1,7 @@
 // api_test.cc — the API set through the whole pipeline (pos_process → parser → worker → backend).
 // Each test states a behaviour a CUDA program relies on and checks it through results on the device.
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -75,6 +76,62 @@ TEST_F(ApiTest, AsyncCopiesOnAStreamAreOrderedAndStaged) {
   EXPECT_EQ(back, std::vector<float>(1024, 1.5f));
   EXPECT_TRUE(api().stream_query(s).ok());
   EXPECT_TRUE(api().stream_destroy(s).ok());
+}
+
+// Bytes no power-of-two stride repeats, so a chunk landing one staging slot off shows.
+std::vector<uint8_t> pattern(uint64_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 7 + i / 251 + seed);
+  return v;
+}
+
+// On the CUDA backend, copies of 1 MiB and more from or to pageable memory go through pinned
+// staging slots (docs/cuda_backend.md); smaller ones and pinned memory take the driver's path.
+// Through posd, the session's arena stages them. Every route must deliver the same bytes.
+TEST_F(ApiTest, LargePageableCopiesAtOddSizesAndOffsetsArriveWholeBothWays) {
+  const uint64_t n = (64ull << 20) + 12345;
+  const std::vector<uint8_t> src = pattern(n + 7, 1);
+  const uint64_t d = alloc(n + 4096);
+  upload(d + 3, src.data() + 7, n);
+  std::vector<uint8_t> back(n + 16, 0xee);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data() + 5), d + 3, n, cuda::kMemcpyDeviceToHost).ok());
+  ASSERT_EQ(std::memcmp(back.data() + 5, src.data() + 7, n), 0);
+  for (uint64_t i : {uint64_t{0}, uint64_t{4}, n + 5, n + 15}) ASSERT_EQ(back[i], 0xee) << i;
+
+  // Asynchronous, to pageable memory on a stream: there once the stream is.
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  std::vector<uint8_t> back2(n + 1, 0);
+  ASSERT_TRUE(api().memcpy_async(reinterpret_cast<uint64_t>(back2.data() + 1), d + 3, n, cuda::kMemcpyDeviceToHost, s).ok());
+  ASSERT_TRUE(api().stream_synchronize(s).ok());
+  ASSERT_EQ(std::memcmp(back2.data() + 1, src.data() + 7, n), 0);
+  EXPECT_TRUE(api().stream_destroy(s).ok());
+}
+
+TEST_F(ApiTest, CopiesAroundTheStagingThresholdAndFromPinnedMemoryStillArriveWhole) {
+  const uint64_t d = alloc(8 << 20);
+  for (uint64_t n : std::initializer_list<uint64_t>{4097, (1u << 20) - 1, 1u << 20, (1u << 20) + 1, (8u << 20) + 1 - 512}) {
+    const std::vector<uint8_t> src = pattern(n + 3, static_cast<uint8_t>(n));
+    upload(d + 511, src.data() + 3, n);
+    std::vector<uint8_t> back(n + 2, 0xee);
+    ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data() + 1), d + 511, n, cuda::kMemcpyDeviceToHost).ok());
+    ASSERT_EQ(std::memcmp(back.data() + 1, src.data() + 3, n), 0) << n;
+    ASSERT_EQ(back[0], 0xee);
+    ASSERT_EQ(back[n + 1], 0xee);
+  }
+  // Page-locked both ends (cudaMallocHost): the driver's DMA, no staging.
+  const uint64_t n = (4ull << 20) + 3;
+  auto* in = static_cast<uint8_t*>(pinned_alloc(n + 1));
+  auto* out = static_cast<uint8_t*>(pinned_alloc(n + 1));
+  ASSERT_NE(in, nullptr);
+  ASSERT_NE(out, nullptr);
+  const std::vector<uint8_t> src = pattern(n, 9);
+  std::memcpy(in + 1, src.data(), n);
+  ASSERT_TRUE(api().memcpy(d + 1, reinterpret_cast<uint64_t>(in + 1), n, cuda::kMemcpyHostToDevice).ok());
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(out + 1), d + 1, n, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(std::memcmp(out + 1, src.data(), n), 0);
+  pinned_free(in);
+  pinned_free(out);
 }
 
 TEST_F(ApiTest, KernelLaunchComputesAxpyOnTheDevice) {

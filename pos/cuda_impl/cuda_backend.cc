@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -18,6 +21,8 @@
 #include "pos/config.h"
 #include "pos/cuda_impl/mangled_params.h"
 #include "pos/log.h"
+#include "pos/parallel_copy.h"
+#include "pos/staged_copy.h"
 
 namespace pos::cudabk {
 namespace {
@@ -182,10 +187,87 @@ class CudaCopier final : public DeviceCopier {
   bool no_pool_ = false;  // the device has no stream-ordered allocator
 };
 
+// Whether the driver knows [p, p + n) as page-locked host memory (cuMemHostAlloc, cudaMallocHost,
+// cuMemHostRegister, posd's arena): it answers CUDA_ERROR_INVALID_VALUE for pageable memory. Both
+// ends are asked, so a copy that runs off a pinned block into pageable memory is staged.
+bool page_locked(const void* p, uint64_t n) {
+  auto ask = [](const void* q) {
+    unsigned int type = 0;  // CUmemorytype
+    return cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(q)) ==
+               CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_HOST;
+  };
+  return ask(p) && ask(static_cast<const std::byte*>(p) + n - 1);
+}
+
+// Pageable copies through page-locked slots (pos/staged_copy.h): the slots, an event per slot
+// (its fence) and the threads that copy into and out of them. A client makes one on its first
+// large pageable copy; confined to that client's worker, whose context is current in every call.
+class CuStaging final : public StagingDevice {
+ public:
+  CuStaging(const StagingOptions& o, uint64_t spin_ns) : opts_(o), copier_(o.threads, spin_ns) {}
+  // Every slot is idle here: each pipeline call returns with its DMAs finished.
+  ~CuStaging() override {
+    for (CUevent e : events_) cuEventDestroy(e);
+    for (std::byte* p : slots_) cuMemFreeHost(p);
+  }
+  // On failure what was made is freed by the destructor.
+  Status open() {
+    for (unsigned i = 0; i < opts_.slots; ++i) {
+      void* p = nullptr;
+      POS_CU(cuMemHostAlloc(&p, opts_.slot_bytes, 0), "staging slot of " + std::to_string(opts_.slot_bytes) + " bytes");
+      slots_.push_back(static_cast<std::byte*>(p));
+      CUevent e = nullptr;
+      POS_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "staging slot event");
+      events_.push_back(e);
+    }
+    pipeline_.emplace(slots_, opts_.slot_bytes, &copier_);
+    return Status::Ok();
+  }
+  Status h2d(CUstream s, CUdeviceptr dst, const void* src, uint64_t n) {
+    stream_ = s;
+    return pipeline_->h2d(*this, dst, src, n);
+  }
+  Status d2h(CUstream s, void* dst, CUdeviceptr src, uint64_t n) {
+    stream_ = s;
+    return pipeline_->d2h(*this, dst, src, n);
+  }
+
+  Status to_device(uint64_t dst, const void* slot, uint64_t n) override {
+    POS_CU(cuMemcpyHtoDAsync(dst, slot, n, stream_), "staged copy to " + hex(dst));
+    return Status::Ok();
+  }
+  Status to_host(void* slot, uint64_t src, uint64_t n) override {
+    POS_CU(cuMemcpyDtoHAsync(slot, src, n, stream_), "staged copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status fence(unsigned slot) override {
+    POS_CU(cuEventRecord(events_[slot], stream_), "staging slot " + std::to_string(slot));
+    return Status::Ok();
+  }
+  Status wait(unsigned slot) override {
+    POS_CU(cuEventSynchronize(events_[slot]), "staging slot " + std::to_string(slot));
+    return Status::Ok();
+  }
+  Status drain() override {
+    POS_CU(cuStreamSynchronize(stream_), "staged copy stream");
+    return Status::Ok();
+  }
+
+ private:
+  const StagingOptions opts_;
+  ParallelCopier copier_;
+  std::vector<std::byte*> slots_;
+  std::vector<CUevent> events_;
+  std::optional<StagingPipeline> pipeline_;
+  CUstream stream_ = nullptr;  // the stream of the copy in progress
+};
+
 class CudaClient final : public BackendClient {
  public:
-  CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size)
-      : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size) {}
+  CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size, const StagingOptions& staging,
+             uint64_t spin_ns)
+      : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size), staging_opts_(staging), spin_ns_(spin_ns) {}
   ~CudaClient() override;
 
   Status open() {
@@ -219,7 +301,8 @@ class CudaClient final : public BackendClient {
     POS_RETURN_IF_ERROR(bind());
     CuStream& s = *default_;
     order_before(s);
-    POS_CU(cuMemcpyHtoDAsync(xlate(dst), src, n, s.s), hex(dst));
+    if (CuStaging* st = staging_for(src, n)) POS_RETURN_IF_ERROR(st->h2d(s.s, xlate(dst), src, n));
+    else POS_CU(cuMemcpyHtoDAsync(xlate(dst), src, n, s.s), hex(dst));
     POS_CU(cuStreamSynchronize(s.s), "default stream");
     return Status::Ok();
   }
@@ -237,7 +320,8 @@ class CudaClient final : public BackendClient {
     POS_RETURN_IF_ERROR(bind());
     CuStream& s = *default_;
     order_before(s);
-    POS_CU(cuMemcpyDtoHAsync(dst, xlate(src), n, s.s), hex(src));
+    if (CuStaging* st = staging_for(dst, n)) POS_RETURN_IF_ERROR(st->d2h(s.s, dst, xlate(src), n));
+    else POS_CU(cuMemcpyDtoHAsync(dst, xlate(src), n, s.s), hex(src));
     POS_CU(cuStreamSynchronize(s.s), "default stream");
     return Status::Ok();
   }
@@ -246,6 +330,9 @@ class CudaClient final : public BackendClient {
     CuStream* s = find_stream(stream);
     if (s == nullptr) return not_found("stream", stream);
     order_before(*s);
+    // To pageable memory the driver's copy returns only once the bytes are there (CUDA semantics),
+    // ordered on the stream; the staged one does the same, on the same stream.
+    if (CuStaging* st = staging_for(dst, n)) return st->d2h(s->s, dst, xlate(src), n);
     POS_CU(cuMemcpyDtoHAsync(dst, xlate(src), n, s->s), hex(src));
     return Status::Ok();
   }
@@ -596,6 +683,26 @@ class CudaClient final : public BackendClient {
   };
 
   Status bind() { return make_current(ctx_); }
+  // The slots for a copy of n bytes at host address p, or null where the driver's own path is
+  // right: small copies, page-locked memory, staging off, or slots that could not be made.
+  CuStaging* staging_for(const void* p, uint64_t n) {
+    if (!should_stage(n, staging_opts_, [&] { return page_locked(p, n); })) return nullptr;
+    if (staging_ == nullptr) {
+      auto st = std::make_unique<CuStaging>(staging_opts_, spin_ns_);
+      if (Status s = st->open(); !s.ok()) {
+        // Not a failure of the copy: the driver stages it, as it does natively.
+        POS_WARN("cuda backend: no pinned staging slots (%s); pageable copies take the driver's path",
+                 s.message().c_str());
+        staging_opts_.threads = 0;
+        return nullptr;
+      }
+      POS_INFO("cuda backend: pageable copies of %lu bytes and more go through %u pinned slots of %lu bytes, %u threads",
+               static_cast<unsigned long>(staging_opts_.min_bytes), staging_opts_.slots,
+               static_cast<unsigned long>(staging_opts_.slot_bytes), staging_opts_.threads);
+      staging_ = std::move(st);
+    }
+    return staging_.get();
+  }
   static Status not_found(const char* what, BackendObj id) {
     return Status::Cuda(cuda::kErrorInvalidResourceHandle,
                         std::string("cuda backend: unknown ") + what + " " + std::to_string(id));
@@ -678,11 +785,15 @@ class CudaClient final : public BackendClient {
   std::map<uint64_t, Var> vars_;
   std::map<uint64_t, Chunk> chunks_;             // start → chunk, non-overlapping
   std::map<uint64_t, uint64_t> allocations_;     // addr → size, as the parser placed them
+  StagingOptions staging_opts_;
+  const uint64_t spin_ns_;                       // the copier threads spin this long between chunks
+  std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
 };
 
 CudaClient::~CudaClient() {
   if (!bind().ok()) return;
   (void)synchronize_all();
+  staging_.reset();
   for (auto& [id, b] : blas_) cublasDestroy(b.h);
   for (auto& [id, e] : events_) cuEventDestroy(e);
   for (auto& [id, s] : streams_) destroy_stream(*s);
@@ -778,7 +889,7 @@ Status CudaClient::free_at(uint64_t addr, uint64_t size) {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend() = default;
+  CudaBackend(const StagingOptions& staging, uint64_t spin_ns) : staging_(staging), spin_ns_(spin_ns) {}
   ~CudaBackend() override {
     for (int d = 0; d < static_cast<int>(ctx_.size()); ++d)
       if (ctx_[d] != nullptr) cuDevicePrimaryCtxRelease(devs_[d]);
@@ -881,7 +992,7 @@ class CudaBackend final : public DeviceBackend {
     if (base % granule_ != 0 || size % granule_ != 0)
       return Status::InvalidArgument("cuda backend: client range " + hex(base) + " + " + hex(size) +
                                      " is not aligned to the device's " + std::to_string(granule_) + "-byte granule");
-    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size);
+    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size, staging_, spin_ns_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
@@ -923,6 +1034,8 @@ class CudaBackend final : public DeviceBackend {
     return ctx_[device];
   }
 
+  const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
+  const uint64_t spin_ns_;
   int driver_version_ = 0;
   uint64_t granule_ = 2u << 20;
   std::vector<CUdevice> devs_;
@@ -936,8 +1049,15 @@ class CudaBackend final : public DeviceBackend {
 // The entry point libpos looks up after loading this library (pos/backend.cc).
 extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_backend_create(const pos::Config* config,
                                                                                               pos::Status* status) {
-  (void)config;  // nothing in it concerns the device yet
-  auto b = std::make_unique<pos::cudabk::CudaBackend>();
+  pos::StagingOptions staging;
+  auto threads = pos::copy_threads_from_env(std::getenv("POS_COPY_THREADS"), std::thread::hardware_concurrency());
+  if (!threads.ok()) {
+    *status = threads.status();
+    return nullptr;
+  }
+  staging.threads = *threads;
+  const uint64_t spin_ns = config != nullptr ? config->spin_ns : pos::Config{}.spin_ns;
+  auto b = std::make_unique<pos::cudabk::CudaBackend>(staging, spin_ns);
   *status = b->init();
   if (!status->ok()) return nullptr;
   return b.release();

@@ -1,7 +1,9 @@
 // parallel_copy.h — memcpy of large blocks by the calling thread and a few helper threads.
-// The app side of a posd session moves pageable bytes through the shared arena's staging slots;
-// one core's memcpy (about 10 GB/s) is slower than the DMA that fills or drains a slot (PCIe,
-// about 50 GB/s), so each staged chunk is split among several threads (docs/remoting.md).
+// Pageable bytes reach the device through pinned staging slots: the app side of a posd session
+// through the shared arena's (docs/remoting.md), the in-process CUDA backend through its own
+// (pos/staged_copy.h, docs/cuda_backend.md). One core's memcpy (about 10 GB/s) is slower than the
+// DMA that fills or drains a slot (PCIe, about 50 GB/s), so each staged chunk is split among
+// several threads.
 #pragma once
 
 #include <atomic>
@@ -13,7 +15,8 @@
 
 namespace pos {
 
-// One caller at a time (ShmSession calls it under its mutex); the helpers are internal.
+// One caller at a time (ShmSession calls it under its mutex, a CUDA client from its worker); the
+// helpers are internal.
 // Helpers start on the first copy large enough to split, spin for `spin_ns` after each piece of
 // work (the next chunk of a large copy is usually a DMA away), then sleep on a futex.
 class ParallelCopier {

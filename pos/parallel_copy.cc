@@ -1,6 +1,6 @@
 // parallel_copy.cc — the caller publishes a job, helpers and caller take pieces of it by CAS, the
 // caller waits for the last piece.
-#include "remoting/parallel_copy.h"
+#include "pos/parallel_copy.h"
 
 #include <algorithm>
 #include <cstring>
