@@ -5,30 +5,18 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstddef>
 
 #include "pos/log.h"
 
 namespace pos {
 
 namespace {
-// A context's lines were last written on other cores. Asking for all of them at once lets the
-// misses overlap instead of coming one by one as the code reaches each field.
-// The worker: the next queued call, while the current one runs (when the device keeps up, the
-// worker is the pipeline's slowest stage and would otherwise stall once per call).
+// The worker, for the next queued call while the current one runs: its context was written on
+// other cores, and asking for all its lines at once lets the misses overlap. When the device keeps
+// up, the worker is the pipeline's slowest stage and would otherwise stall once per call.
 void prefetch_for_worker(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
   for (size_t off = 0; off < sizeof(APIContext); off += 64) __builtin_prefetch(p + off, 0, 3);
-}
-// The parser, as it takes a call: the submitter's block (parameters included), read right away.
-void prefetch_for_parser(const APIContext* c) {
-  const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < offsetof(APIContext, state); off += 64) __builtin_prefetch(p + off, 0, 3);
-}
-// The submitter, for the context its next call will take: its own block, to be written.
-void prefetch_for_submitter(const APIContext* c) {
-  const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < offsetof(APIContext, state); off += 64) __builtin_prefetch(p + off, 1, 3);
 }
 }  // namespace
 
@@ -295,7 +283,6 @@ APIContext* POSClient::acquire_context() {
     if (!pool_.empty()) {
       APIContext* c = pool_.front();
       pool_.pop_front();
-      if (!pool_.empty()) prefetch_for_submitter(pool_.front());
       return c;
     }
     // Everything is in flight: wait for the pipeline to hand one back.
@@ -440,7 +427,6 @@ void POSClient::parser_main() {
       // New calls first: their callers are waiting; completions only recycle contexts.
       for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
         progressed = true;
-        prefetch_for_parser(c);
         parse_popped(c);
       }
     } else {
