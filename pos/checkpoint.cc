@@ -11,6 +11,7 @@
 #include "pos/handle.h"
 #include "pos/cuda_impl/api_functions.h"
 #include "pos/log.h"
+#include "pos/sync.h"
 
 namespace pos {
 
@@ -105,7 +106,10 @@ Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s)
   }
   stall_start_s_ = stall_start_s;
   result_.drain_start_s = seconds_now();
-  drainer_ = std::thread([this] { drain_main(); });
+  drainer_ = std::thread([this] {
+    name_this_thread("pos-ckpt-drain");
+    drain_main();
+  });
   if (req_.on_cut) req_.on_cut(inventory_.cut_pc());
   // A stop checkpoint's worker does not wait here: it goes back to holding (never running) the
   // calls after the cut, which the parser keeps handing it until the seal.

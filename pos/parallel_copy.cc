@@ -21,7 +21,10 @@ void ParallelCopier::copy(void* dst, const void* src, uint64_t n) {
     std::memcpy(dst, src, n);
     return;
   }
-  while (helpers_.size() + 1 < threads_) helpers_.emplace_back([this] { helper_main(); });
+  while (helpers_.size() + 1 < threads_) helpers_.emplace_back([this] {
+    name_this_thread("pos-copy");
+    helper_main();
+  });
   // A few pieces per thread, each a whole number of pages: a thread that starts late (or is
   // descheduled) still takes a share, and with a page-aligned destination no two threads write
   // one page.

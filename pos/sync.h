@@ -3,6 +3,7 @@
 #pragma once
 
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,6 +14,13 @@
 
 namespace pos {
 
+// Names the calling thread (`top -H`, `perf`, `ps -L` show it); Linux keeps at most 15 characters.
+inline void name_this_thread(const char* name) {
+  char n[16] = {};
+  for (int i = 0; i < 15 && name[i] != '\0'; ++i) n[i] = name[i];
+  (void)pthread_setname_np(pthread_self(), n);
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -20,6 +28,22 @@ inline void cpu_relax() {
   asm volatile("yield" ::: "memory");
 #endif
 }
+
+// Spinning waiters yield the core (sched_yield) now and then. Where cores are scarce (fewer than
+// 8 that this process may use: the CI machine has 2 for app, parser, worker and stream threads)
+// they yield between every short round, since the thread they wait for may need the core.
+// Elsewhere only every few tens of µs: a yield is a syscall (~0.5 µs on a VM), and a hand-off
+// that lands during one waits for it to return.
+inline bool cores_are_scarce() {
+  static const bool scarce = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    return sched_getaffinity(0, sizeof(set), &set) != 0 || CPU_COUNT(&set) < 8;
+  }();
+  return scarce;
+}
+// How many short spin rounds (about 2 µs each) pass between two yields.
+inline uint32_t spin_rounds_per_yield() { return cores_are_scarce() ? 1 : 32; }
 
 // A full memory barrier (store-load ordering) for the doorbell's Dekker handshake. ThreadSanitizer
 // cannot model fences, so its builds use a relaxed locked RMW on a private word instead: on x86 that
@@ -89,15 +113,19 @@ void spin_then_block(Doorbell& bell, uint64_t spin_ns, Ready&& ready) {
     for (int i = 0; i < 256; ++i) {
       if (ready()) return;
     }
-    // Then pause-spin, yielding the core between rounds: when threads outnumber cores (a 2-core
-    // machine runs app, parser, worker and stream threads), the thread we wait for may need it.
+    // Then pause-spin, yielding the core now and then (see spin_rounds_per_yield).
     const uint64_t deadline = now_ns() + spin_ns;
+    const uint32_t per_yield = spin_rounds_per_yield();
+    uint32_t rounds = 0;
     do {
       for (int i = 0; i < 32; ++i) {
         if (ready()) return;
         cpu_relax();
       }
-      sched_yield();
+      if (++rounds == per_yield) {
+        rounds = 0;
+        sched_yield();
+      }
     } while (now_ns() < deadline);
   }
   while (!ready()) bell.sleep_until(ready);

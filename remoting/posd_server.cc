@@ -21,6 +21,7 @@
 
 #include "pos/cuda_errors.h"
 #include "pos/log.h"
+#include "pos/sync.h"
 #include "remoting/shm_client.h"
 #include "remoting/wire.h"
 
@@ -244,7 +245,10 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
   srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-  srv->acceptor_ = std::thread([p = srv.get()] { p->accept_main(); });
+  srv->acceptor_ = std::thread([p = srv.get()] {
+    name_this_thread("posd-accept");
+    p->accept_main();
+  });
   POS_INFO("posd: listening on %s (%s backend)", srv->socket_path_.c_str(), std::string(srv->ws_->backend().name()).c_str());
   return srv;
 }
@@ -312,7 +316,10 @@ void PosdServer::accept_main() {
     Session* raw = s.get();
     std::lock_guard<std::mutex> lk(mu_);
     sessions_.push_back(std::move(s));
-    raw->thread = std::thread([this, raw] { connection_main(raw); });
+    raw->thread = std::thread([this, raw] {
+      name_this_thread("posd-session");
+      connection_main(raw);
+    });
   }
 }
 
@@ -521,9 +528,11 @@ void PosdServer::serve(Session* s) {
     bool work = false;
     for (uint32_t i = 0; !work; ++i) {
       work = hdr->tail.load(std::memory_order_acquire) != head;
+      cpu_relax();  // see the parser's idle loop (pos/client.cc)
       if ((i & 63) == 63) {
         if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
-        std::this_thread::yield();
+        // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
+        if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
       }
     }
     if (work) continue;

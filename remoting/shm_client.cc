@@ -347,9 +347,11 @@ Status ShmSession::wait_done(uint64_t seq) {
   if (done()) return Status::Ok();
   const uint64_t deadline = now_ns() + spin_ns_;
   for (uint32_t i = 0; !done(); ++i) {
+    cpu_relax();  // see posd's session loop
     if ((i & 63) == 63) {
       if (now_ns() > deadline) break;
-      std::this_thread::yield();
+      // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
+      if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
     }
   }
   while (!done()) {

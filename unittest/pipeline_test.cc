@@ -1,6 +1,11 @@
 // pipeline_test.cc — the workspace → parser → worker pipeline itself: sync and async return paths,
 // versions and dirty sets (DAG edges), commands at a cut, many clients, shutdown that drains.
+#include <dirent.h>
+
 #include <atomic>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "unittest/api_fixture.h"
@@ -209,6 +214,36 @@ TEST_F(PipelineTest, LatencyIsRecordedWhenEnabled) {
   EXPECT_GE(h.count(), 100u);
   EXPECT_GT(h.percentile_ns(0.5), 0u);
   EXPECT_LE(h.percentile_ns(0.5), h.percentile_ns(0.99));
+}
+
+// Thread names of this process (/proc/self/task/*/comm).
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string comm;
+    if (std::getline(f, comm)) out.insert(comm);
+  }
+  closedir(d);
+  return out;
+}
+
+TEST_F(PipelineTest, EachClientsParserAndWorkerThreadsAreNamedAfterItsSlot) {
+  add_client("second");
+  // A call through the pipeline: both threads have run (and named themselves) by its answer.
+  (void)alloc(64, 0);
+  (void)alloc(64, 1);
+  ASSERT_TRUE(api(0).device_synchronize().ok());
+  ASSERT_TRUE(api(1).device_synchronize().ok());
+  const auto names = thread_names();
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string slot = std::to_string(client_ptr(i)->slot());
+    EXPECT_EQ(names.count("pos-parse-" + slot), 1u) << "client " << i;
+    EXPECT_EQ(names.count("pos-work-" + slot), 1u) << "client " << i;
+  }
 }
 
 TEST(CallProfile, CountsCallsPerApiAndReportsTimesAndTheWorkersShare) {

@@ -8,7 +8,10 @@ namespace pos::host {
 
 HostStream::HostStream(uint32_t flags, int32_t priority, uint64_t spin_ns)
     : flags_(flags), priority_(priority), spin_ns_(spin_ns) {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("pos-hoststream");
+    run();
+  });
 }
 
 HostStream::~HostStream() {
