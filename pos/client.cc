@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "pos/log.h"
 
@@ -133,7 +134,8 @@ Status POSClient::init_state() {
   // device memory. Distinct per client, so one client's values never name another's resources.
   const uint64_t mem_size = config_.va_size / 8 * 7;
   const uint64_t gran = backend_->granularity();
-  auto bc = backend_->open_client(base, mem_size, device_);
+  va_base_ = base, va_mem_size_ = mem_size;
+  auto bc = backend_->open_client(base, mem_size, device_.load());
   if (!bc.ok()) return bc.status().with_context("opening device state");
   backend_client_ = std::move(bc.value());
 
@@ -184,7 +186,7 @@ void POSClient::start_threads() {
   });
   started_ = true;
   POS_INFO("client %lu (%s): started on device %d, device range 0x%lx + 0x%lx", (unsigned long)uuid_,
-           job_name_.c_str(), device_, (unsigned long)base, (unsigned long)mem_size);
+           job_name_.c_str(), device_.load(), (unsigned long)base, (unsigned long)mem_size);
 }
 
 void POSClient::shutdown() {
@@ -393,7 +395,7 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
     return Status::FailedPrecondition("client " + std::to_string(uuid_) +
                                       " was stopped by a checkpoint: it runs nothing more (restore its image)");
   auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
-  POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes, device_));
+  POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes, device()));
   const bool stop = job->request().stop;
   // The drainer wakes the parser (seal) and the worker (outcome); it never blocks on them.
   if (stop) job->set_wake([this] {
@@ -588,6 +590,97 @@ void POSClient::finish_call(APIContext* c) {
   complete_to_rpc(c, false);
 }
 
+bool ParserScope::holds_device_state() {
+  if (mgr(ResourceType::kMemory).active_count() > 0 || mgr(ResourceType::kEvent).active_count() > 0 ||
+      mgr(ResourceType::kCublas).active_count() > 0 || mgr(ResourceType::kStream).active_count() > 1)
+    return true;  // (the default stream is always there; a move makes a new one)
+  bool state = false;
+  mgr(ResourceType::kVar).for_each([&](Handle* h) {
+    state |= h->state == HandleState::kActive && h->version != h->created_pc;
+  });
+  mgr(ResourceType::kFunction).for_each([&](Handle* h) {
+    state |= h->state == HandleState::kActive && !h->func_attrs.empty();
+  });
+  return state;
+}
+
+Status POSClient::move_device(int to) {
+  const int from = device_.load(std::memory_order_relaxed);
+  if (to == from || no_device_) return Status::Ok();
+  if (cow_job_ != nullptr || lazy_worker_ != nullptr || worker_stop_job_ != nullptr)
+    return Status(Code::kBusy, cuda::kErrorNotPermitted,
+                  "cannot move to device " + std::to_string(to) + " while a checkpoint or lazy restore runs");
+  POS_RETURN_IF_ERROR(backend_client_->synchronize_all());
+  // A backend client reserves the client's address range, so the old one goes first. Modules
+  // before their functions and variables (ws_.loaded is in registration order).
+  auto open_on = [&](int device, std::unique_ptr<BackendClient>* out) -> Status {
+    auto bc = backend_->open_client(va_base_, va_mem_size_, device);
+    if (!bc.ok()) return bc.status();
+    std::unordered_map<const Handle*, uint64_t> obj;
+    for (ResourceType t : {ResourceType::kModule, ResourceType::kFunction, ResourceType::kVar}) {
+      for (Handle* h : ws_.loaded) {
+        if (h->type != t) continue;
+        const std::string what = std::string(resource_type_name(t)) + " '" + h->name + "'";
+        if (t == ResourceType::kModule) {
+          auto m = (*bc)->module_load(h->blob);
+          if (!m.ok()) return m.status().with_context("module " + std::to_string(h->id));
+          obj[h] = *m;
+          continue;
+        }
+        const uint64_t module = obj.at(h->parents.at(0));
+        if (t == ResourceType::kFunction) {
+          auto info = (*bc)->function_get(module, h->name);
+          if (!info.ok()) return info.status().with_context(what);
+          // The parser has told the app whether the kernel exists: a device that disagrees
+          // (another architecture) cannot take the job.
+          if (info->found != h->resolved || info->param_bytes != h->param_bytes)
+            return Status::Cuda(cuda::kErrorInvalidDeviceFunction,
+                                what + (h->resolved ? " has no kernel on" : " differs on") + " device " +
+                                    std::to_string(device));
+          obj[h] = info->obj;
+        } else {
+          POS_RETURN_IF_ERROR((*bc)->var_bind(module, h->name, h->client_addr, h->size).with_context(what));
+        }
+      }
+    }
+    for (Handle* h : ws_.loaded)
+      if (obj.count(h) != 0) h->backend_obj = obj[h];
+    *out = std::move(bc.value());
+    return Status::Ok();
+  };
+  ws_.backend = nullptr;
+  backend_client_.reset();
+  std::unique_ptr<BackendClient> moved;
+  Status s = open_on(to, &moved);
+  if (s.ok()) {
+    backend_client_ = std::move(moved);
+    ws_.backend = backend_client_.get();
+    device_.store(to, std::memory_order_release);
+    POS_INFO("client %lu (%s): moved to device %d (cudaSetDevice before any device state)", (unsigned long)uuid_,
+             job_name_.c_str(), to);
+    return Status::Ok();
+  }
+  moved.reset();
+  Status back = open_on(from, &moved);
+  if (!back.ok()) {
+    no_device_ = true;
+    return Status(Code::kUnavailable, cuda::kErrorDevicesUnavailable,
+                  "moving to device " + std::to_string(to) + " failed (" + s.message() +
+                      "), and so did going back to device " + std::to_string(from) + " (" + back.message() + ")");
+  }
+  backend_client_ = std::move(moved);
+  ws_.backend = backend_client_.get();
+  return s.with_context("the job stays on device " + std::to_string(from) + ": moving to device " + std::to_string(to));
+}
+
+void POSClient::note_device_stays(int to) {
+  if (told_device_stays_) return;
+  told_device_stays_ = true;
+  POS_INFO("client %lu (%s): cudaSetDevice to device %d after the job holds device state: its memory, streams "
+           "and kernels stay on device %d (POS keeps a job on one device; select it before allocating)",
+           (unsigned long)uuid_, job_name_.c_str(), to, device());
+}
+
 void POSClient::update_live_handles() {
   uint64_t live = 0;
   for (auto& m : ps_.managers) live += m->active_count();
@@ -702,7 +795,10 @@ void POSClient::execute_call(APIContext* c) {
     else cow_job_->protect(*c);
   }
   Status s;
-  if (lazy_worker_ != nullptr) {
+  if (no_device_) [[unlikely]] {
+    s = Status(Code::kUnavailable, cuda::kErrorDevicesUnavailable,
+               "client " + std::to_string(uuid_) + " lost its device state in a failed device move");
+  } else if (lazy_worker_ != nullptr) {
     // A lazily restored buffer this call names is loaded first; one that cannot be fails the call.
     if (lazy_worker_->worker_done()) lazy_worker_ = nullptr;
     else s = lazy_worker_->before_call(*c);
@@ -746,9 +842,15 @@ void POSClient::execute_call(APIContext* c) {
 void POSClient::execute_command(Command* cmd) {
   const double t = seconds_now();
   // Every call < cut has executed; wait for the device to finish them too.
+  if (no_device_) [[unlikely]] {
+    cmd->status = Status::Unavailable("client " + std::to_string(uuid_) + " lost its device state in a failed device move");
+    return;
+  }
   cmd->status = backend_client_->synchronize_all();
   if (cmd->type != CommandType::kCheckpoint || !cmd->status.ok()) return;
   CheckpointJob& job = *cmd->job;
+  // The device of every call before the cut (a cudaSetDevice may have moved the client).
+  job.image().mutable_client()->set_device(device_.load(std::memory_order_relaxed));
   job.image().mutable_client()->set_async_error(ws_.async_error());
   job.image().mutable_client()->set_async_error_message(ws_.async_error_message);
   cmd->status = job.start_at_cut(backend_client_.get(), t);

@@ -87,7 +87,8 @@ struct ClientOptions {
   // Host memory the client's calls may name (ParserScope::host_ok); size 0: its own process's.
   uint64_t host_base = 0, host_size = 0;
   // The backend devices the client sees, renumbered 0..k-1 as CUDA_VISIBLE_DEVICES does (its
-  // device 1 is devices[1]); its state lives on devices[0]. Empty: every device, as they are.
+  // device 1 is devices[1]); its state starts on devices[0] (and follows cudaSetDevice while it
+  // holds none: ParserScope::holds_device_state). Empty: every device, as they are.
   std::vector<int32_t> devices;
 };
 
@@ -107,6 +108,10 @@ struct ParserScope {
   uint64_t va_base = 0, va_size = 0;
 
   HandleManager& mgr(ResourceType t) { return *managers[static_cast<size_t>(t)]; }
+  // The client holds state a move to another device would lose: memory, streams besides the
+  // default one, events, cuBLAS handles, a variable written since it was registered, or a
+  // function attribute set. Modules, functions and untouched variables are reloaded by a move.
+  bool holds_device_state();
   // A cudaStream_t from the app: 0 / legacy / per-thread map to the default stream.
   Handle* stream(uint64_t value);
   // A device pointer range [addr, addr+bytes) wholly inside one live buffer of this client.
@@ -139,6 +144,10 @@ struct WorkerScope {
   // worker, as CUDA reports what is known so far. The message is the worker's, for logs and syncs.
   std::atomic<int32_t>* async_error_code = nullptr;
   std::string async_error_message;
+  // Modules, functions and variables the backend has loaded, in registration order (a device
+  // move loads them again on the new device).
+  std::vector<Handle*> loaded;
+  void forget_loaded(const Handle* h) { std::erase(loaded, h); }
   int32_t async_error() const { return async_error_code->load(std::memory_order_acquire); }
   void set_async_error(int32_t code, std::string message) {
     async_error_message = std::move(message);
@@ -189,7 +198,15 @@ class POSClient {
 
   uint64_t uuid() const { return uuid_; }
   uint32_t slot() const { return slot_; }
-  int device() const { return device_; }
+  // The backend device that holds the client's state (it follows cudaSetDevice while the client
+  // holds no device state: ParserScope::holds_device_state). Thread-safe.
+  int device() const { return device_.load(std::memory_order_acquire); }
+  // Worker thread only (cudaSetDevice's worker function): moves the client's device state to
+  // backend device `to`: a new device context there, its modules, functions and variables loaded
+  // again. If that fails the client stays where it was, and the error says why.
+  Status move_device(int to);
+  // Worker thread only: cudaSetDevice(to) came after the client held device state (logged once).
+  void note_device_stays(int to);
   const std::string& job_name() const { return job_name_; }
   bool active() const { return accepting_.load(std::memory_order_acquire); }
   // A stop checkpoint of this client succeeded: it executes nothing more (restore its image).
@@ -246,7 +263,7 @@ class POSClient {
   const uint64_t uuid_;
   const uint32_t slot_;
   const std::string job_name_;
-  const int device_;
+  std::atomic<int> device_;  // written by the worker (move_device) only
   const Config config_;
   DeviceBackend* const backend_;
   const ApiTable* const table_;
@@ -312,6 +329,9 @@ class POSClient {
   std::shared_ptr<CheckpointJob> worker_stop_job_;  // worker thread: a stop checkpoint past its cut
   std::vector<APIContext*> held_;  // worker thread: calls after a stop cut, not run (pc order)
   bool worker_dead_ = false;       // worker thread: a stop checkpoint succeeded; nothing runs again
+  bool no_device_ = false;         // worker thread: a failed device move could not even go back
+  bool told_device_stays_ = false;  // worker thread: logged that cudaSetDevice did not move state
+  uint64_t va_base_ = 0, va_mem_size_ = 0;  // the range the backend client reserves (init_state)
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image
   // A lazy restore: set before the threads start, stopped (not freed) at shutdown, so any thread
   // may use it while the client exists. The worker's own pointer goes once nothing is left to do.

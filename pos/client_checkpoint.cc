@@ -307,6 +307,11 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   ws_.set_async_error(cr.async_error(), cr.async_error_message());
   memory_in_use_.store(ps_.memory_in_use);
   update_live_handles();
+  // What the backend has loaded, for a later device move (the threads do not run yet).
+  for (ResourceType t : {ResourceType::kModule, ResourceType::kFunction, ResourceType::kVar})
+    ps_.mgr(t).for_each([&](Handle* h) {
+      if (h->state == HandleState::kActive) ws_.loaded.push_back(h);
+    });
   if (lazy_) {
     // Last: from here on the loaders write device memory, so nothing above may fail after them.
     POS_RETURN_IF_ERROR(lazy_->start(bc, kLazyLoaders, options.hold_loader));

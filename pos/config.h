@@ -52,8 +52,8 @@ struct Config {
   // Also admit members of this group (the socket becomes 0660): a gid, or a group name that posd
   // resolves at start (an unknown name is a start error). Empty: the owner's uid only.
   std::string posd_group;
-  // The devices each session sees, renumbered 0..k-1 as CUDA_VISIBLE_DEVICES does; its memory,
-  // streams and kernels live on the first. Empty: all of the backend's devices. Checked against
+  // The devices each session sees, renumbered 0..k-1 as CUDA_VISIBLE_DEVICES does; its state
+  // starts on the first (docs/api_set.md, cudaSetDevice). Empty: all of the backend's devices. Checked against
   // the backend's device count when posd starts.
   std::vector<int32_t> posd_devices;
   uint64_t posd_arena_bytes = 256ull << 20;  // a session's arena unless the client asks

@@ -15,6 +15,7 @@ inline constexpr int32_t kErrorInvalidConfiguration = 9;
 inline constexpr int32_t kErrorInvalidSymbol = 13;
 inline constexpr int32_t kErrorInvalidDevicePointer = 17;
 inline constexpr int32_t kErrorInvalidMemcpyDirection = 21;
+inline constexpr int32_t kErrorDevicesUnavailable = 46;
 inline constexpr int32_t kErrorInvalidDeviceFunction = 98;
 inline constexpr int32_t kErrorNoDevice = 100;
 inline constexpr int32_t kErrorInvalidDevice = 101;

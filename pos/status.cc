@@ -37,6 +37,7 @@ Status Status::Cuda(int32_t e, std::string m) {
     case cuda::kErrorInvalidSymbol:
     case cuda::kErrorInvalidDeviceFunction: c = Code::kNotFound; break;
     case cuda::kErrorNotReady: c = Code::kNotReady; break;
+    case cuda::kErrorDevicesUnavailable: c = Code::kUnavailable; break;
     case cuda::kErrorIllegalAddress: c = Code::kOutOfRange; break;
     case cuda::kErrorNotSupported: c = Code::kUnsupported; break;
     case cuda::kErrorNotPermitted: c = Code::kFailedPrecondition; break;
@@ -87,6 +88,7 @@ std::string_view error_name(int32_t e) {
     case kErrorInvalidSymbol: return "cudaErrorInvalidSymbol";
     case kErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case kErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case kErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
     case kErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case kErrorNoDevice: return "cudaErrorNoDevice";
     case kErrorInvalidDevice: return "cudaErrorInvalidDevice";

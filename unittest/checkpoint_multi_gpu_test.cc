@@ -170,6 +170,84 @@ TEST_F(MultiDeviceRestoreTest, ALazyRestoreOntoDevice1LoadsEveryBufferThere) {
   EXPECT_TRUE(ws_->find_client(client().uuid)->wait_restored().ok());
 }
 
+// ---- a job's state follows cudaSetDevice until it holds some ----
+
+// What device the client's state is on, once the calls before this one have run.
+int settled_device(POSWorkspace* ws, ApiClient& api, uint64_t uuid) {
+  EXPECT_TRUE(api.device_synchronize().ok());
+  return ws->find_client(uuid)->device();
+}
+
+TEST_F(MultiDeviceRestoreTest, AJobFollowsCudaSetDeviceUntilItHoldsDeviceStateAndItsKernelsRunThere) {
+  // The fixture registered the test module and its kernels (as a program's static constructors
+  // do) before any cudaSetDevice: the move takes them along.
+  ASSERT_EQ(settled_device(ws_, api(), client().uuid), 0);
+  ASSERT_TRUE(api().set_device(1).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1);
+  int32_t d = -1;
+  ASSERT_TRUE(api().get_device(&d).ok());
+  EXPECT_EQ(d, 1);
+  const uint64_t buf = alloc(4u << 20);
+  const int backing = backing_device(buf);
+  if (backing != -1) {
+    EXPECT_EQ(backing, 1) << "the buffer's memory is on device " << backing;
+  }
+  auto args = ApiTest::args(client().fill, buf, 7u, 4096);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(16, 256), 0, args).ok());
+  std::vector<unsigned> want(4096);
+  for (unsigned i = 0; i < 4096; ++i) want[i] = 7u + i;
+  EXPECT_EQ(download<unsigned>(buf, 4096), want);
+
+  // With memory, selecting another device changes the number the job sees, not where it runs.
+  ASSERT_TRUE(api().set_device(0).ok());
+  ASSERT_TRUE(api().get_device(&d).ok());
+  EXPECT_EQ(d, 0);
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1);
+  const uint64_t second = alloc(1u << 20);
+  if (backing_device(second) != -1) {
+    EXPECT_EQ(backing_device(second), 1);
+  }
+  EXPECT_EQ(download<unsigned>(buf, 4096), want) << "the first buffer is untouched";
+  EXPECT_TRUE(api().get_last_error().ok());
+
+  // Once it holds nothing again, it follows once more.
+  ASSERT_TRUE(api().free(buf).ok());
+  ASSERT_TRUE(api().free(second).ok());
+  ASSERT_TRUE(api().set_device(0).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 0);
+  const uint64_t third = alloc(1u << 20);
+  if (backing_device(third) != -1) {
+    EXPECT_EQ(backing_device(third), 0);
+  }
+  args = ApiTest::args(client().fill, third, 3u, 64);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 64), 0, args).ok());
+  std::vector<unsigned> small(64);
+  for (unsigned i = 0; i < 64; ++i) small[i] = 3u + i;
+  EXPECT_EQ(download<unsigned>(third, 64), small);
+}
+
+TEST_F(MultiDeviceRestoreTest, AStreamOfItsOwnKeepsTheJobWhereItIs) {
+  uint64_t s = 0;
+  ASSERT_TRUE(api().stream_create(&s).ok());
+  ASSERT_TRUE(api().set_device(1).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 0) << "a stream of its own is device state";
+  ASSERT_TRUE(api().stream_destroy(s).ok());
+  ASSERT_TRUE(api().set_device(1).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1) << "without it the job moves";
+}
+
+TEST_F(MultiDeviceRestoreTest, AnImageOfAMovedJobRecordsTheDeviceItMovedTo) {
+  ASSERT_TRUE(api().set_device(1).ok());
+  build_state();
+  ASSERT_TRUE(dump(image("moved")).ok());
+  auto img = ckpt::ImageReader::open_dir(image("moved"));
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ((*img)->client().client().device(), 1);
+  EXPECT_EQ((*img)->client().client().current_device(), 1);
+  ASSERT_TRUE(kill_and_restore(image("moved"), on_device(-1)).ok());
+  expect_state(1);
+}
+
 TEST_F(MultiDeviceRestoreTest, ADeviceThatDoesNotExistIsRefusedAndChangesNothing) {
   build_state();
   ASSERT_TRUE(dump(image("img")).ok());

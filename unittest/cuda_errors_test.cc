@@ -19,6 +19,7 @@ TEST(CudaErrors, RuntimeErrorCodesMatchTheToolkit) {
   EXPECT_EQ(cuda::kErrorInvalidSymbol, cudaErrorInvalidSymbol);
   EXPECT_EQ(cuda::kErrorInvalidDevicePointer, cudaErrorInvalidDevicePointer);
   EXPECT_EQ(cuda::kErrorInvalidMemcpyDirection, cudaErrorInvalidMemcpyDirection);
+  EXPECT_EQ(cuda::kErrorDevicesUnavailable, cudaErrorDevicesUnavailable);
   EXPECT_EQ(cuda::kErrorInvalidDeviceFunction, cudaErrorInvalidDeviceFunction);
   EXPECT_EQ(cuda::kErrorNoDevice, cudaErrorNoDevice);
   EXPECT_EQ(cuda::kErrorInvalidDevice, cudaErrorInvalidDevice);

@@ -520,7 +520,8 @@ TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
   EXPECT_EQ(cur, 1);
   uint64_t free = 0, total = 0;
   EXPECT_TRUE(api().mem_get_info(&free, &total).ok());
-  // Its memory lives on its first listed device, which posd reports.
+  // Its state lives on its first listed device until it selects another before holding any: the
+  // session's 1 is the backend's device 0, which posd reports.
   const std::vector<uint8_t> bytes = pattern(1 << 20);
   std::vector<uint8_t> back(bytes.size());
   const uint64_t d = alloc(bytes.size());
@@ -529,10 +530,17 @@ TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
   EXPECT_EQ(back, bytes);
   const auto info = server_->sessions();
   ASSERT_EQ(info.size(), 1u);
-  EXPECT_EQ(info[0].device, 2);
+  EXPECT_EQ(info[0].device, 0);
   auto json = posd_control(server_->socket_path(), "ps");
   ASSERT_TRUE(json.ok());
-  EXPECT_NE(json->find("\"device\":2"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"device\":0"), std::string::npos) << *json;
+  // With memory, another selection changes the number only.
+  ASSERT_TRUE(api().set_device(0).ok());
+  ASSERT_TRUE(api().get_device(&cur).ok());
+  EXPECT_EQ(cur, 0);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, back.size(), cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(back, bytes);
+  EXPECT_EQ(server_->sessions().at(0).device, 0);
   // A client of the same workspace that is no posd session sees every device, as they are.
   auto uuid = server_->workspace().create_client("in-process");
   ASSERT_TRUE(uuid.ok()) << uuid.status().to_string();

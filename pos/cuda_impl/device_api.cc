@@ -44,6 +44,17 @@ Status parse_set_device(ParserScope& ps, APIContext& c) {
   POS_PARAM(c, 0, int32_t, dev);
   POS_RETURN_IF_ERROR(check_device(ps, dev));
   ps.current_device = dev;
+  // The job's state follows the device it selects until it holds some (memory, streams, ...):
+  // the usual `cudaSetDevice(local_rank)` first thing lands a job where it asked to be. After
+  // that the number changes and the state stays (the worker says so once in the log).
+  c.u[0] = static_cast<uint64_t>(backend_device(ps, dev));
+  c.u[1] = ps.holds_device_state() ? 0 : 1;
+  return Status::Ok();
+}
+Status work_set_device(WorkerScope& ws, APIContext& c) {
+  const int to = static_cast<int>(c.u[0]);
+  if (c.u[1] != 0) return ws.client->move_device(to);
+  if (to != ws.client->device()) ws.client->note_device_stays(to);
   return Status::Ok();
 }
 
@@ -143,7 +154,7 @@ Status parse_peek_last_error(ParserScope& ps, APIContext& c) {
 void register_device_apis(ApiTable* t) {
   t->set(ApiId::kGetDeviceCount, {parse_get_device_count, work_nothing});
   t->set(ApiId::kGetDevice, {parse_get_device, work_nothing});
-  t->set(ApiId::kSetDevice, {parse_set_device, work_nothing});
+  t->set(ApiId::kSetDevice, {parse_set_device, work_set_device});
   t->set(ApiId::kGetDeviceProperties, {parse_get_properties, work_get_properties});
   t->set(ApiId::kDeviceGetAttribute, {parse_get_attribute, work_get_attribute});
   t->set(ApiId::kDeviceSynchronize, {parse_device_sync, work_device_sync});

@@ -43,6 +43,7 @@ Status work_register_fatbin(WorkerScope& ws, APIContext& c) {
   auto m = ws.backend->module_load(c.h[0]->blob);
   if (!m.ok()) return m.status();
   c.h[0]->backend_obj = *m;
+  ws.loaded.push_back(c.h[0]);
   return Status::Ok();
 }
 
@@ -69,6 +70,7 @@ Status work_register_function(WorkerScope& ws, APIContext& c) {
   f->resolved = info->found;
   f->layout = info->layout;
   f->param_bytes = info->param_bytes;
+  ws.loaded.push_back(f);
   // Result: header + one record per parameter, so the client can serialize arguments.
   FunctionRegistration r{};
   r.handle = f->client_addr;
@@ -113,6 +115,7 @@ Status parse_register_var(ParserScope& ps, APIContext& c) {
 Status work_register_var(WorkerScope& ws, APIContext& c) {
   Handle* v = c.h[0];
   POS_RETURN_IF_ERROR(ws.backend->var_bind(c.h[1]->backend_obj, v->name, v->client_addr, v->size));
+  ws.loaded.push_back(v);
   c.set_ret<uint64_t>(v->client_addr);
   return Status::Ok();
 }
@@ -142,6 +145,7 @@ Status work_unregister_fatbin(WorkerScope& ws, APIContext& c) {
   Status first;
   for (size_t i = 0; i < c.edges.size(); ++i) {
     Handle* h = c.edges[i].handle;
+    ws.forget_loaded(h);
     if (h->type == ResourceType::kVar) {
       Status s = ws.backend->free_at(h->client_addr, h->size);
       if (first.ok() && !s.ok()) first = s;
