@@ -37,16 +37,39 @@ int backing_device(uint64_t addr) {
   using Retain = CUresult (*)(CUmemGenericAllocationHandle*, void*);
   using Props = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationHandle);
   using Release = CUresult (*)(CUmemGenericAllocationHandle);
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using CtxRetain = CUresult (*)(CUcontext*, CUdevice);
+  using CtxRelease = CUresult (*)(CUdevice);
+  using CtxPush = CUresult (*)(CUcontext);
+  using CtxPop = CUresult (*)(CUcontext*);
   auto retain = reinterpret_cast<Retain>(dlsym(lib, "cuMemRetainAllocationHandle"));
   auto props = reinterpret_cast<Props>(dlsym(lib, "cuMemGetAllocationPropertiesFromHandle"));
   auto release = reinterpret_cast<Release>(dlsym(lib, "cuMemRelease"));
+  auto device_get = reinterpret_cast<DeviceGet>(dlsym(lib, "cuDeviceGet"));
+  auto ctx_retain = reinterpret_cast<CtxRetain>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+  auto ctx_release = reinterpret_cast<CtxRelease>(dlsym(lib, "cuDevicePrimaryCtxRelease_v2"));
+  auto push = reinterpret_cast<CtxPush>(dlsym(lib, "cuCtxPushCurrent_v2"));
+  auto pop = reinterpret_cast<CtxPop>(dlsym(lib, "cuCtxPopCurrent_v2"));
   int device = -2;
-  CUmemGenericAllocationHandle h = 0;
-  if (retain != nullptr && props != nullptr && release != nullptr &&
-      retain(&h, reinterpret_cast<void*>(addr)) == CUDA_SUCCESS) {
-    CUmemAllocationProp prop{};
-    if (props(&prop, h) == CUDA_SUCCESS) device = prop.location.id;
-    release(h);
+  if (retain != nullptr && props != nullptr && release != nullptr && device_get != nullptr && ctx_retain != nullptr &&
+      ctx_release != nullptr && push != nullptr && pop != nullptr) {
+    // Under device 0's primary context, pushed and popped again, so that the answer does not
+    // depend on which context the backend last bound on the test thread.
+    CUdevice dev0 = 0;
+    CUcontext ctx = nullptr;
+    if (device_get(&dev0, 0) == CUDA_SUCCESS && ctx_retain(&ctx, dev0) == CUDA_SUCCESS) {
+      if (push(ctx) == CUDA_SUCCESS) {
+        CUmemGenericAllocationHandle h = 0;
+        if (retain(&h, reinterpret_cast<void*>(addr)) == CUDA_SUCCESS) {
+          CUmemAllocationProp prop{};
+          if (props(&prop, h) == CUDA_SUCCESS) device = prop.location.id;
+          release(h);
+        }
+        CUcontext popped = nullptr;
+        (void)pop(&popped);
+      }
+      (void)ctx_release(dev0);
+    }
   }
   dlclose(lib);
   return device;
@@ -188,6 +211,7 @@ TEST_F(MultiDeviceRestoreTest, AJobFollowsCudaSetDeviceUntilItHoldsDeviceStateAn
   ASSERT_TRUE(api().get_device(&d).ok());
   EXPECT_EQ(d, 1);
   const uint64_t buf = alloc(4u << 20);
+  ASSERT_TRUE(api().device_synchronize().ok());  // cudaMalloc returns at parse; the worker maps it
   const int backing = backing_device(buf);
   if (backing != -1) {
     EXPECT_EQ(backing, 1) << "the buffer's memory is on device " << backing;
@@ -204,6 +228,7 @@ TEST_F(MultiDeviceRestoreTest, AJobFollowsCudaSetDeviceUntilItHoldsDeviceStateAn
   EXPECT_EQ(d, 0);
   EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1);
   const uint64_t second = alloc(1u << 20);
+  ASSERT_TRUE(api().device_synchronize().ok());
   if (backing_device(second) != -1) {
     EXPECT_EQ(backing_device(second), 1);
   }
@@ -216,6 +241,7 @@ TEST_F(MultiDeviceRestoreTest, AJobFollowsCudaSetDeviceUntilItHoldsDeviceStateAn
   ASSERT_TRUE(api().set_device(0).ok());
   EXPECT_EQ(settled_device(ws_, api(), client().uuid), 0);
   const uint64_t third = alloc(1u << 20);
+  ASSERT_TRUE(api().device_synchronize().ok());
   if (backing_device(third) != -1) {
     EXPECT_EQ(backing_device(third), 0);
   }
