@@ -627,7 +627,9 @@ Status POSClient::move_device(int to) {
           obj[h] = *m;
           continue;
         }
-        const uint64_t module = obj.at(h->parents.at(0));
+        auto parent = h->parents.empty() ? obj.end() : obj.find(h->parents[0]);
+        if (parent == obj.end()) return Status::Internal(what + ": its module was not loaded");
+        const uint64_t module = parent->second;
         if (t == ResourceType::kFunction) {
           auto info = (*bc)->function_get(module, h->name);
           if (!info.ok()) return info.status().with_context(what);
@@ -671,6 +673,11 @@ Status POSClient::move_device(int to) {
   backend_client_ = std::move(moved);
   ws_.backend = backend_client_.get();
   return s.with_context("the job stays on device " + std::to_string(from) + ": moving to device " + std::to_string(to));
+}
+
+Status POSClient::lost_device() const {
+  return Status(Code::kUnavailable, cuda::kErrorDevicesUnavailable,
+                "client " + std::to_string(uuid_) + " lost its device state in a failed device move");
 }
 
 void POSClient::note_device_stays(int to) {
@@ -796,8 +803,7 @@ void POSClient::execute_call(APIContext* c) {
   }
   Status s;
   if (no_device_) [[unlikely]] {
-    s = Status(Code::kUnavailable, cuda::kErrorDevicesUnavailable,
-               "client " + std::to_string(uuid_) + " lost its device state in a failed device move");
+    s = lost_device();
   } else if (lazy_worker_ != nullptr) {
     // A lazily restored buffer this call names is loaded first; one that cannot be fails the call.
     if (lazy_worker_->worker_done()) lazy_worker_ = nullptr;
@@ -843,7 +849,7 @@ void POSClient::execute_command(Command* cmd) {
   const double t = seconds_now();
   // Every call < cut has executed; wait for the device to finish them too.
   if (no_device_) [[unlikely]] {
-    cmd->status = Status::Unavailable("client " + std::to_string(uuid_) + " lost its device state in a failed device move");
+    cmd->status = lost_device();
     return;
   }
   cmd->status = backend_client_->synchronize_all();

@@ -147,7 +147,11 @@ struct WorkerScope {
   // Modules, functions and variables the backend has loaded, in registration order (a device
   // move loads them again on the new device).
   std::vector<Handle*> loaded;
-  void forget_loaded(const Handle* h) { std::erase(loaded, h); }
+  // One pass for all of them (a module may take thousands of functions with it).
+  template <typename Gone>
+  void forget_loaded(Gone&& gone) {
+    std::erase_if(loaded, gone);
+  }
   int32_t async_error() const { return async_error_code->load(std::memory_order_acquire); }
   void set_async_error(int32_t code, std::string message) {
     async_error_message = std::move(message);
@@ -330,6 +334,7 @@ class POSClient {
   std::vector<APIContext*> held_;  // worker thread: calls after a stop cut, not run (pc order)
   bool worker_dead_ = false;       // worker thread: a stop checkpoint succeeded; nothing runs again
   bool no_device_ = false;         // worker thread: a failed device move could not even go back
+  Status lost_device() const;      // what every call and command of such a client gets
   bool told_device_stays_ = false;  // worker thread: logged that cudaSetDevice did not move state
   uint64_t va_base_ = 0, va_mem_size_ = 0;  // the range the backend client reserves (init_state)
   std::atomic<bool> checkpointing_{false};  // a checkpoint is between request and durable image

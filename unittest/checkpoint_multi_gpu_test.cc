@@ -262,6 +262,25 @@ TEST_F(MultiDeviceRestoreTest, AStreamOfItsOwnKeepsTheJobWhereItIs) {
   EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1) << "without it the job moves";
 }
 
+TEST_F(MultiDeviceRestoreTest, AModuleUnregisteredBeforeAMoveStaysGoneAndTheOthersMove) {
+  uint64_t extra = 0;
+  RegisteredFunction f;
+  ASSERT_TRUE(api().register_fatbin(&extra, test_fatbin()).ok());
+  ASSERT_TRUE(api().register_function(&f, extra, kTestFillName).ok());
+  ASSERT_TRUE(api().unregister_fatbin(extra).ok());
+  ASSERT_TRUE(api().set_device(1).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1);
+  EXPECT_TRUE(api().get_last_error().ok());
+  // The gone module's kernel is refused; the fixture's module came along and runs.
+  const uint64_t buf = alloc(256);
+  auto args = ApiTest::args(client().fill, buf, 9u, 64);
+  EXPECT_EQ(api().launch_kernel(f.handle, dims(1, 64), 0, args).api_error(), cuda::kErrorInvalidDeviceFunction);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 64), 0, args).ok());
+  std::vector<unsigned> want(64);
+  for (unsigned i = 0; i < 64; ++i) want[i] = 9u + i;
+  EXPECT_EQ(download<unsigned>(buf, 64), want);
+}
+
 TEST_F(MultiDeviceRestoreTest, AnImageOfAMovedJobRecordsTheDeviceItMovedTo) {
   ASSERT_TRUE(api().set_device(1).ok());
   build_state();

@@ -143,9 +143,10 @@ Status parse_unregister_fatbin(ParserScope& ps, APIContext& c) {
 }
 Status work_unregister_fatbin(WorkerScope& ws, APIContext& c) {
   Status first;
+  // The edges are the module and everything registered on it (parse_unregister_fatbin).
+  ws.forget_loaded([&](const Handle* h) { return h == c.h[0] || (!h->parents.empty() && h->parents[0] == c.h[0]); });
   for (size_t i = 0; i < c.edges.size(); ++i) {
     Handle* h = c.edges[i].handle;
-    ws.forget_loaded(h);
     if (h->type == ResourceType::kVar) {
       Status s = ws.backend->free_at(h->client_addr, h->size);
       if (first.ok() && !s.ok()) first = s;
