@@ -527,8 +527,8 @@ void PosdServer::serve(Session* s) {
     const uint64_t deadline = now_ns() + spin_ns;
     bool work = false;
     for (uint32_t i = 0; !work; ++i) {
+      cpu_relax();  // see the parser's idle loop (pos/client.cc); before the load, so work found exits at once
       work = hdr->tail.load(std::memory_order_acquire) != head;
-      cpu_relax();  // see the parser's idle loop (pos/client.cc)
       if ((i & 63) == 63) {
         if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
         // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
