@@ -40,34 +40,43 @@ struct Edge {
 // A call's progress. The state word is never reset: each use of a context starts at a new base
 // (base + kQueued), so the submitter does not write the word the worker last wrote (one cache-line
 // transfer less per call); comparisons are wrap-safe.
-enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2, kStatesPerUse = 3 };
+// kFailed is kDone with a non-ok status: a caller that sees any other final value knows the call
+// succeeded without reading `status` (a line the parser or worker wrote: one transfer less).
+enum CallState : uint32_t { kQueued = 0, kParsed = 1, kDone = 2, kFailed = 3, kStatesPerUse = 4 };
 
 // Laid out by writer, so that a call moves as few cache lines between threads as possible: the
 // submitter writes the first block, the hand-off word sits on its own line, and the parser and
 // worker write the last block. Each side resets only its own fields (recycle / begin_parse).
 struct APIContext {
   // ---- written by the submitter; read by the parser and the worker ----
+  // Packed so that an ordinary call (a kernel launch with up to 24 bytes of kernel parameters)
+  // fills three lines: the header, then the parameter sizes and bytes. Every line written here was
+  // read on the parser's and worker's cores during the context's last use and has to be taken
+  // back before the store completes, and the hand-off to the parser waits for all of them
+  // (stores become visible in order).
+  // line 0: the header
   ApiId api_id{};
+  uint32_t state_base = 0;  // this use's base value of `state`
   const ApiInfo* info = nullptr;
   uint64_t pc = 0;  // api_inst_pc: the client's sequence number of this call
   uint64_t client_uuid = 0;
   uint64_t t_submit_ns = 0;
-  uint32_t state_base = 0;  // this use's base value of `state`
   // Replay of a pending call from an image (restore): the answer the app got when the call was
   // first parsed; nullptr for every other call. Parser functions whose answer depends on timing
   // (cudaMalloc's first fit sees ranges the worker has freed) give that answer again.
   const std::string* replay_ret = nullptr;
-  struct Slot {
-    uint64_t offset, size;
-  };
-  InlineVec<Slot, 6> params;
-  // Parameter bytes: inside the context for ordinary calls (no separate allocation whose cache
-  // line could be shared with a neighbour's), on the heap for big ones (fatbins, async copies).
-  static constexpr size_t kInlineParamBytes = 192;
   std::byte* param_base = nullptr;
-  uint64_t param_size = 0;
+  uint32_t param_n = 0;  // parameter count
+  // line 1 onwards: parameter sizes, then their bytes, each at the next 8-byte boundary (offsets
+  // follow from the sizes). Bytes inside the context for ordinary calls (no separate allocation
+  // whose line could be shared with a neighbour's), on the heap for big ones (fatbins, copies).
+  static constexpr size_t kInlineParams = 6;
+  static constexpr size_t kInlineParamBytes = 192;
+  alignas(64) uint64_t param_size = 0;  // all parameter bytes, with padding
+  uint64_t param_sizes[kInlineParams] = {};
+  std::byte param_inline[kInlineParamBytes];
+  std::vector<uint64_t> param_sizes_more;  // sizes of parameters kInlineParams, ...
   std::vector<std::byte> param_heap;
-  alignas(64) std::byte param_inline[kInlineParamBytes];
 
   // ---- the hand-off ----
   alignas(64) StateWord state{kQueued};
@@ -84,25 +93,31 @@ struct APIContext {
   uint64_t t_done_ns = 0;
 
   // ---- parameter access (parser / worker) ----
-  size_t param_count() const { return params.size(); }
-  std::span<const std::byte> param_bytes(size_t i) const {
-    const Slot& s = params[i];
-    return {param_base + s.offset, s.size};
+  static constexpr uint64_t padded(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+  size_t param_count() const { return param_n; }
+  uint64_t param_size_of(size_t i) const {
+    return i < kInlineParams ? param_sizes[i] : param_sizes_more[i - kInlineParams];
   }
+  uint64_t param_offset(size_t i) const {
+    uint64_t off = 0;
+    for (size_t j = 0; j < i; ++j) off += padded(param_size_of(j));
+    return off;
+  }
+  std::span<const std::byte> param_bytes(size_t i) const { return {param_base + param_offset(i), param_size_of(i)}; }
   // Exactly sizeof(T) bytes, or a clear error naming the parameter.
   template <typename T>
   Status get(size_t i, T* out) const {
-    if (i >= params.size()) return Status::InvalidArgument("missing parameter " + std::to_string(i));
-    if (params[i].size != sizeof(T))
-      return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(params[i].size) +
+    if (i >= param_n) return Status::InvalidArgument("missing parameter " + std::to_string(i));
+    const uint64_t n = param_size_of(i);
+    if (n != sizeof(T))
+      return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(n) +
                                      " bytes, expected " + std::to_string(sizeof(T)));
-    std::memcpy(out, param_base + params[i].offset, sizeof(T));
+    std::memcpy(out, param_base + param_offset(i), sizeof(T));
     return Status::Ok();
   }
   Status expect_params(size_t n) const {
-    if (params.size() != n)
-      return Status::InvalidArgument("expected " + std::to_string(n) + " parameters, got " +
-                                     std::to_string(params.size()));
+    if (param_n != n)
+      return Status::InvalidArgument("expected " + std::to_string(n) + " parameters, got " + std::to_string(param_n));
     return Status::Ok();
   }
 
@@ -125,14 +140,38 @@ struct APIContext {
 
   // Submitter, before reuse: its own fields only. Keeps the parameter buffer unless it grew large.
   void recycle() {
-    params.clear();
+    param_n = 0;
     replay_ret = nullptr;
+    if (!param_sizes_more.empty()) param_sizes_more.clear();
     if (param_heap.capacity() > (1u << 20)) std::vector<std::byte>().swap(param_heap);
-    state_base += kStatesPerUse;  // the worker left the word at the old base + kDone
+    state_base += kStatesPerUse;  // the word was left at the old base + kDone or kFailed
     caller_released.store(false, std::memory_order_relaxed);
   }
-  // Parser / worker: publish progress of this use of the context.
-  void advance(CallState s) { state.set(state_base + s); }
+  // Parser / worker: publish progress of this use of the context. kDone becomes kFailed when the
+  // status is not ok.
+  void advance(CallState s) { state.set(state_base + final_state(s)); }
+  CallState final_state(CallState s) const { return s == kDone && !status.ok() ? kFailed : s; }
+  // Submitter: whether the state value it saw says the call failed.
+  bool failed(uint32_t seen) const { return seen == state_base + kFailed; }
+  // Submitter: the call's parameters, copied in. `size(i)` and `data(i)` describe parameter i.
+  template <typename Size, typename Data>
+  void set_params(size_t n, Size&& size, Data&& data) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += padded(size(i));
+    std::byte* dst = reserve_params(total);
+    param_n = static_cast<uint32_t>(n);
+    if (n > kInlineParams) param_sizes_more.resize(n - kInlineParams);
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t len = size(i);
+      if (len > 0) std::memcpy(dst + off, data(i), len);
+      (i < kInlineParams ? param_sizes[i] : param_sizes_more[i - kInlineParams]) = len;
+      off += padded(len);
+    }
+  }
+  void set_params(std::span<const Param> ps) {
+    set_params(ps.size(), [&](size_t i) { return ps[i].size; }, [&](size_t i) { return ps[i].data; });
+  }
   // Submitter: room for n parameter bytes.
   std::byte* reserve_params(uint64_t n) {
     if (n <= kInlineParamBytes) {

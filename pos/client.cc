@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <unordered_map>
 
 #include "pos/log.h"
@@ -17,7 +18,15 @@ namespace {
 // up, the worker is the pipeline's slowest stage and would otherwise stall once per call.
 void prefetch_for_worker(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < sizeof(APIContext); off += 64) __builtin_prefetch(p + off, 0, 3);
+  for (size_t off = 0; off < sizeof(APIContext); off += 64) prefetch_read(p + off);
+}
+// The parser, for a call it has just taken: the submitter's block was written on the caller's core
+// and the parser's block last on the worker's. Asking for every line at once overlaps the
+// transfers, which the parse would otherwise take one after another (measured: docs/BENCHMARKS.md).
+void prefetch_for_parser(const APIContext* c) {
+  const auto* p = reinterpret_cast<const char*>(c);
+  for (size_t off = 0; off < offsetof(APIContext, state); off += 64) prefetch_read(p + off);
+  for (size_t off = offsetof(APIContext, status); off < sizeof(APIContext); off += 64) prefetch_write(p + off);
 }
 }  // namespace
 
@@ -253,6 +262,10 @@ void POSClient::push_blocking(Q& q, T item, Doorbell& wake_consumer, Doorbell& w
   wake_consumer.ring();
 }
 
+// client_checkpoint.cc uses both; an optimizing build may inline every use here and emit neither.
+template void POSClient::push_blocking(Queue&, APIContext*, Doorbell&, Doorbell&);
+template void POSClient::push_blocking(CmdQueue&, Command*, Doorbell&, Doorbell&);
+
 void POSClient::reclaim_contexts() {
   // Contexts come back on the rpc CQ; one whose caller is still reading its result waits.
   for (auto it = unreleased_.begin(); it != unreleased_.end();) {
@@ -315,23 +328,17 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     c->info = &api;
     c->client_uuid = uuid_;
     c->pc = next_pc_++;
-    uint64_t total = 0;
-    for (const Param& p : params) total += (p.size + 7) & ~uint64_t{7};
-    std::byte* dst = c->reserve_params(total);
-    uint64_t off = 0;
-    for (const Param& p : params) {
-      if (p.size > 0) std::memcpy(dst + off, p.data, p.size);
-      c->params.push_back(APIContext::Slot{off, p.size});
-      off += (p.size + 7) & ~uint64_t{7};
-    }
+    c->set_params(params);
     c->t_submit_ns = config_.record_latency ? now_ns() : 0;
     target = api.mode == ReturnMode::kParse ? kParsed : kDone;
     // Only submitters (under submit_mu_) write it: a plain store, no locked instruction.
     submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
   }
-  c->state.wait_at_least(c->state_base + target, target == kDone ? config_.sync_spin_ns : config_.spin_ns);
-  Status s = c->status;
+  const uint32_t seen =
+      c->state.wait_at_least(c->state_base + target, target == kDone ? config_.sync_spin_ns : config_.spin_ns);
+  // Read the status (a line the parser or worker wrote) only for a call that failed.
+  Status s = c->failed(seen) ? c->status : Status();
   if (s.ok() && ret_data_len > 0 && c->ret_size > 0) {
     if (c->ret_size > ret_data_len) {
       s = Status::InvalidArgument("result needs " + std::to_string(c->ret_size) + " bytes, buffer has " +
@@ -436,6 +443,7 @@ void POSClient::parser_main() {
       // New calls first: their callers are waiting; completions only recycle contexts.
       for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
         progressed = true;
+        prefetch_for_parser(c);
         parse_popped(c);
       }
     } else {
@@ -471,9 +479,11 @@ void POSClient::parser_main() {
     };
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
     // the busy worker, and reading it on every poll would delay noticing a new call.
+    // The spin deadline is set at the first full check, not before the first poll: it reads
+    // counters the submitter and worker write (two transfers) and the clock, and the next call
+    // usually arrives within those first polls.
     uint32_t polls = 0;
-    const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed();
-    const uint64_t deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
+    uint64_t deadline = 0;
     bool ready = false;
     while (!ready) {
       // `pause` between polls: a tight load loop takes execution resources from a hyperthread
@@ -482,6 +492,10 @@ void POSClient::parser_main() {
       if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) break;
       if ((++polls & 15) != 0) continue;
       ready = anything();
+      if (deadline == 0) {
+        const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed();
+        deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
+      }
       if ((polls & 1023) == 0) {
         if (now_ns() > deadline) break;
         // Lets a descheduled caller or worker run where cores are scarce (spin_rounds_per_yield).

@@ -504,15 +504,9 @@ Status POSClient::replay_pending(const ckpt::pb::ClientImage& img) {
       c->client_uuid = uuid_;
       c->pc = p.pc();
       c->replay_ret = &p.ret();
-      uint64_t total = 0;
-      for (const std::string& b : p.params()) total += (b.size() + 7) & ~uint64_t{7};
-      std::byte* dst = c->reserve_params(total);
-      uint64_t off = 0;
-      for (const std::string& b : p.params()) {
-        if (!b.empty()) std::memcpy(dst + off, b.data(), b.size());
-        c->params.push_back(APIContext::Slot{off, b.size()});
-        off += (b.size() + 7) & ~uint64_t{7};
-      }
+      c->set_params(
+          static_cast<size_t>(p.params_size()), [&](size_t i) { return uint64_t{p.params(static_cast<int>(i)).size()}; },
+          [&](size_t i) { return p.params(static_cast<int>(i)).data(); });
       c->t_submit_ns = 0;
       submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
       push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);

@@ -21,6 +21,19 @@ inline void name_this_thread(const char* name) {
   (void)pthread_setname_np(pthread_self(), n);
 }
 
+// Asks for a cache line ahead of use: for reading, or (prefetch_write) for writing, so that a line
+// another core holds is taken over before the store needs it. Never faults.
+inline void prefetch_read(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_write(const void* p) {
+#if defined(__x86_64__)
+  // `prefetchw`: GCC emits it for __builtin_prefetch(p, 1) only with -mprfchw, which a portable
+  // build does not set. CPUs without it (none of this decade's) run it as a no-op.
+  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -141,11 +154,15 @@ class StateWord {
     v_.store(v, std::memory_order_release);
     bell_.ring();
   }
-  // Wrap-safe: "at least" in serial-number order (values within 2^31 of each other).
-  void wait_at_least(uint32_t v, uint64_t spin_ns) {
+  // Wrap-safe: "at least" in serial-number order (values within 2^31 of each other). Returns the
+  // value seen.
+  uint32_t wait_at_least(uint32_t v, uint64_t spin_ns) {
+    uint32_t seen = 0;
     spin_then_block(bell_, spin_ns, [&] {
-      return static_cast<int32_t>(v_.load(std::memory_order_acquire) - v) >= 0;
+      seen = v_.load(std::memory_order_acquire);
+      return static_cast<int32_t>(seen - v) >= 0;
     });
+    return seen;
   }
 
  private:

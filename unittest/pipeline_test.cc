@@ -2,7 +2,9 @@
 // versions and dirty sets (DAG edges), commands at a cut, many clients, shutdown that drains.
 #include <dirent.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
@@ -244,6 +246,109 @@ TEST_F(PipelineTest, EachClientsParserAndWorkerThreadsAreNamedAfterItsSlot) {
     EXPECT_EQ(names.count("pos-parse-" + slot), 1u) << "client " << i;
     EXPECT_EQ(names.count("pos-work-" + slot), 1u) << "client " << i;
   }
+}
+
+// ---- APIContext: parameters and the call's state word ----
+
+std::vector<std::byte> bytes_of(uint64_t n, int seed) {
+  std::vector<std::byte> b(n);
+  for (uint64_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>((seed * 31 + i) & 0xff);
+  return b;
+}
+
+TEST(APIContext, ParametersBeyondTheInlineOnesKeepTheirSizesOffsetsAndBytes) {
+  const std::vector<uint64_t> sizes = {8, 0, 3, 16, 1, 7, 12, 5, 24};  // more than kInlineParams
+  ASSERT_GT(sizes.size(), APIContext::kInlineParams);
+  std::vector<std::vector<std::byte>> data;
+  std::vector<Param> ps;
+  for (size_t i = 0; i < sizes.size(); ++i) data.push_back(bytes_of(sizes[i], static_cast<int>(i)));
+  for (size_t i = 0; i < sizes.size(); ++i) ps.push_back(Param{data[i].data(), sizes[i]});
+  auto c = std::make_unique<APIContext>();
+  c->set_params(ps);
+  ASSERT_EQ(c->param_count(), sizes.size());
+  uint64_t off = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(c->param_size_of(i), sizes[i]) << i;
+    EXPECT_EQ(c->param_offset(i), off) << i;
+    EXPECT_EQ(c->param_offset(i) % 8, 0u) << i;
+    const auto b = c->param_bytes(i);
+    ASSERT_EQ(b.size(), sizes[i]);
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), data[i].begin())) << i;
+    off += (sizes[i] + 7) / 8 * 8;
+  }
+  EXPECT_EQ(c->param_size, off);
+  uint64_t v = 0;
+  EXPECT_TRUE(c->get(0, &v).ok());
+  EXPECT_EQ(std::memcmp(&v, data[0].data(), 8), 0);
+  const Status wrong = c->get(8, &v);  // 24 bytes, not 8
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("parameter 8 has 24 bytes, expected 8"), std::string::npos) << wrong.to_string();
+  EXPECT_FALSE(c->get(9, &v).ok());
+  EXPECT_FALSE(c->expect_params(2).ok());
+  // Reused for a short call: nothing of the long one is left.
+  c->recycle();
+  EXPECT_EQ(c->param_count(), 0u);
+  const uint64_t a = 7, b = 9;
+  const Param two[] = {param_of(a), param_of(b)};
+  c->set_params(two);
+  ASSERT_TRUE(c->expect_params(2).ok());
+  EXPECT_TRUE(c->get(1, &v).ok());
+  EXPECT_EQ(v, 9u);
+  EXPECT_TRUE(c->param_sizes_more.empty());
+}
+
+TEST(APIContext, SmallParametersStayInsideTheContextAndBigOnesGoToTheHeap) {
+  auto c = std::make_unique<APIContext>();
+  const auto small = bytes_of(APIContext::kInlineParamBytes, 1);
+  const Param one[] = {Param{small.data(), small.size()}};
+  c->set_params(one);
+  EXPECT_EQ(c->param_base, c->param_inline);
+  c->recycle();
+  const auto big = bytes_of(APIContext::kInlineParamBytes + 1, 2);
+  const Param other[] = {Param{big.data(), big.size()}};
+  c->set_params(other);
+  EXPECT_EQ(c->param_base, c->param_heap.data());
+  const auto got = c->param_bytes(0);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), big.begin()));
+  // An async copy takes the bytes with it; the context keeps none of them.
+  const std::vector<std::byte> taken = c->take_params();
+  EXPECT_EQ(taken.size(), (big.size() + 7) / 8 * 8);
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), taken.begin()));
+}
+
+TEST(APIContext, AFailedCallEndsInAStateOfItsOwnAndEachUseStartsAboveTheLast) {
+  auto c = std::make_unique<APIContext>();
+  const uint32_t base = c->state_base;
+  c->advance(kParsed);
+  EXPECT_EQ(c->state.load(), base + kParsed);
+  EXPECT_FALSE(c->failed(c->state.load()));
+  c->advance(kDone);  // ok status: done
+  EXPECT_EQ(c->state.load(), base + kDone);
+  EXPECT_FALSE(c->failed(c->state.load()));
+  c->recycle();
+  c->begin_parse();
+  const uint32_t next = c->state_base;
+  EXPECT_EQ(next, base + kStatesPerUse);
+  // The word the last use left is below every value of this one: a waiter does not pass early.
+  EXPECT_LT(static_cast<int32_t>(c->state.load() - (next + kParsed)), 0);
+  c->status = Status::Cuda(cuda::kErrorInvalidValue, "bad");
+  c->advance(kDone);  // a failed call: kFailed, which still counts as parsed and done
+  const uint32_t seen = c->state.wait_at_least(next + kDone, 0);
+  EXPECT_EQ(seen, next + kFailed);
+  EXPECT_TRUE(c->failed(seen));
+  EXPECT_GE(static_cast<int32_t>(seen - (next + kParsed)), 0);
+}
+
+TEST_F(PipelineTest, AFailedCallStillReturnsItsErrorAndTheNextCallSucceeds) {
+  // The caller reads a call's status only when the state says it failed: both answers must arrive.
+  const uint64_t d = alloc(64);
+  for (int i = 0; i < 100; ++i) {
+    const Status bad = api().memset(d + 32, 0, 64);  // past the end of the buffer
+    ASSERT_FALSE(bad.ok()) << i;
+    EXPECT_EQ(bad.api_error(), cuda::kErrorInvalidValue) << bad.to_string();
+    ASSERT_TRUE(api().memset(d, i & 0xff, 64).ok()) << i;
+  }
+  EXPECT_EQ(download<uint8_t>(d, 1)[0], 99);
 }
 
 TEST(CallProfile, CountsCallsPerApiAndReportsTimesAndTheWorkersShare) {

@@ -177,7 +177,7 @@ Status work_memcpy_async(WorkerScope& ws, APIContext& c) {
   const BackendObj s = c.h[0]->backend_obj;
   switch (static_cast<int32_t>(c.u[3])) {
     case cuda::kMemcpyHostToDevice: {
-      const uint64_t off = c.params[5].offset;
+      const uint64_t off = c.param_offset(5);
       return ws.backend->memcpy_h2d_async(dst, c.take_params(), off, n, s);
     }
     case cuda::kMemcpyDeviceToHost: return ws.backend->memcpy_d2h_async(reinterpret_cast<void*>(dst), src, n, s);
