@@ -80,7 +80,6 @@ struct APIContext {
 
   // ---- the hand-off ----
   alignas(64) StateWord state{kQueued};
-  std::atomic<bool> caller_released{false};  // the submitting thread has read the result
 
   // ---- written by the parser, then the worker ----
   alignas(64) Status status;
@@ -91,6 +90,12 @@ struct APIContext {
   std::vector<std::byte> ret;
   uint64_t ret_size = 0;
   uint64_t t_done_ns = 0;
+
+  // ---- the submitters' own line: no parser or worker reads it ----
+  // The caller has read its result (a context back from the pipeline is reused only then). On
+  // the state word's line, this store had to take the line back from the parser that had just
+  // written the verdict, and the caller's next locked instruction waited for that transfer.
+  alignas(64) std::atomic<bool> caller_released{false};
 
   // ---- parameter access (parser / worker) ----
   static constexpr uint64_t padded(uint64_t n) { return (n + 7) & ~uint64_t{7}; }

@@ -18,7 +18,7 @@ namespace {
 // up, the worker is the pipeline's slowest stage and would otherwise stall once per call.
 void prefetch_for_worker(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < sizeof(APIContext); off += 64) prefetch_read(p + off);
+  for (size_t off = 0; off < offsetof(APIContext, caller_released); off += 64) prefetch_read(p + off);
 }
 // The parser, for a call it has just taken: the submitter's block was written on the caller's core
 // and the parser's block last on the worker's. Asking for every line at once overlaps the
@@ -26,7 +26,8 @@ void prefetch_for_worker(const APIContext* c) {
 void prefetch_for_parser(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
   for (size_t off = 0; off < offsetof(APIContext, state); off += 64) prefetch_read(p + off);
-  for (size_t off = offsetof(APIContext, status); off < sizeof(APIContext); off += 64) prefetch_write(p + off);
+  for (size_t off = offsetof(APIContext, status); off < offsetof(APIContext, caller_released); off += 64)
+    prefetch_write(p + off);
 }
 }  // namespace
 

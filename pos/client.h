@@ -228,8 +228,20 @@ class POSClient {
   void set_worker_paused(bool paused);
 
  private:
-  using Queue = boost::lockfree::spsc_queue<APIContext*>;
-  using CmdQueue = boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<4>>;
+  // Boost's spsc_queue keeps its two indices 64 bytes apart but is not aligned itself, and the
+  // ring's size and buffer pointer follow the consumer's index. Queues declared side by side then
+  // share lines: one queue's consumer index with the next one's producer index, so, say, the
+  // parser polling the worker's completion queue pulled in a line the worker wrote on every call.
+  // Aligned and padded, each queue owns its lines: the producer's index, and the consumer's
+  // index with the read-only size and buffer pointer.
+  template <typename Base>
+  struct alignas(64) LineQueue : Base {
+    using Base::Base;
+  };
+  using Queue = LineQueue<boost::lockfree::spsc_queue<APIContext*>>;
+  using CmdQueue = LineQueue<boost::lockfree::spsc_queue<Command*, boost::lockfree::capacity<4>>>;
+  static_assert(alignof(Queue) == 64 && sizeof(Queue) % 64 == 0 && alignof(CmdQueue) == 64 &&
+                sizeof(CmdQueue) % 64 == 0);
 
   APIContext* acquire_context();
   void reclaim_contexts();

@@ -339,6 +339,16 @@ TEST(APIContext, AFailedCallEndsInAStateOfItsOwnAndEachUseStartsAboveTheLast) {
   EXPECT_GE(static_cast<int32_t>(seen - (next + kParsed)), 0);
 }
 
+TEST(APIContext, TheCallersReleaseFlagHasALineThatNoParserOrWorkerFieldShares) {
+  // The submitter writes it after every call; on a line the parser or worker writes (the state
+  // word's, as before), each store had to take that line back from them.
+  constexpr size_t flag = offsetof(pos::APIContext, caller_released);
+  EXPECT_EQ(flag % 64, 0u);
+  EXPECT_GE(flag, offsetof(pos::APIContext, t_done_ns) + sizeof(uint64_t));
+  EXPECT_GE(flag, offsetof(pos::APIContext, state) + 64);
+  EXPECT_LE(sizeof(pos::APIContext) - flag, 64u);  // nothing after it
+}
+
 TEST_F(PipelineTest, AFailedCallStillReturnsItsErrorAndTheNextCallSucceeds) {
   // The caller reads a call's status only when the state says it failed: both answers must arrive.
   const uint64_t d = alloc(64);

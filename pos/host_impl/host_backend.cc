@@ -268,8 +268,10 @@ class HostClient final : public BackendClient {
       std::memcpy(&h, bytes, sizeof(h));
       h.entry(h.g, bytes + sizeof(Header));
     };
-    auto st = stream(s);
-    if (!st) return not_found("stream", s);
+    // Borrowed, not copied: a shared_ptr copy is two locked instructions on every launch.
+    const std::shared_ptr<HostStream>* stp = stream_ref(s);
+    if (stp == nullptr) return not_found("stream", s);
+    const std::shared_ptr<HostStream>& st = *stp;
     std::vector<StreamDep> deps = deps_for(st);
     if (deps.empty()) {
       st->enqueue_inline(run, rec, sizeof(hdr) + params.size());
@@ -362,9 +364,13 @@ class HostClient final : public BackendClient {
                                                                std::to_string(id));
   }
   std::shared_ptr<HostStream> stream(BackendObj s) {
-    if (s == 0) return default_;
+    const std::shared_ptr<HostStream>* p = stream_ref(s);
+    return p == nullptr ? nullptr : *p;
+  }
+  const std::shared_ptr<HostStream>* stream_ref(BackendObj s) const {
+    if (s == 0) return &default_;
     auto it = streams_.find(s);
-    return it == streams_.end() ? nullptr : it->second;
+    return it == streams_.end() ? nullptr : &it->second;
   }
   // Legacy default-stream semantics: the default stream waits for all blocking streams, and a
   // blocking stream waits for the default stream. Non-blocking streams do neither.

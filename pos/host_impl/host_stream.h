@@ -67,8 +67,9 @@ class HostStream {
   boost::lockfree::spsc_queue<Op, boost::lockfree::capacity<1024>> q_;
   Doorbell submit_bell_;  // ops queued / stop
   Doorbell done_bell_;    // ops completed (waiters and a producer facing a full queue)
-  std::atomic<uint64_t> submitted_{0};
-  std::atomic<uint64_t> completed_{0};
+  // Written by the producer and by the executor on every op: a line each.
+  alignas(64) std::atomic<uint64_t> submitted_{0};
+  alignas(64) std::atomic<uint64_t> completed_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
