@@ -661,7 +661,7 @@ Status POSClient::move_device(int to) {
       }
     }
     for (Handle* h : ws_.loaded)
-      if (obj.count(h) != 0) h->backend_obj = obj[h];
+      if (auto it = obj.find(h); it != obj.end()) h->backend_obj = it->second;
     *out = std::move(bc.value());
     return Status::Ok();
   };
