@@ -82,13 +82,17 @@ struct APIContext {
   alignas(64) StateWord state{kQueued};
 
   // ---- written by the parser, then the worker ----
+  // The first line holds what every call writes or resets, the next the edge count and the first
+  // edge: a launch touches these two lines of the block and no other (the parser and worker
+  // prefetch just these; asking for all seven would keep most of a core's line-fill buffers busy).
   alignas(64) Status status;
-  bool skip_worker = false;  // nothing for the worker (failed, or nothing to do)
   Handle* h[4] = {};
-  uint64_t u[8] = {};
-  InlineVec<Edge, 8> edges;
-  std::vector<std::byte> ret;
   uint64_t ret_size = 0;
+  bool skip_worker = false;  // nothing for the worker (failed, or nothing to do)
+  bool ret_grown = false;    // `ret` holds more than 1 MiB: begin_parse gives it back
+  alignas(64) InlineVec<Edge, 8> edges;
+  uint64_t u[8] = {};
+  std::vector<std::byte> ret;
   uint64_t t_done_ns = 0;
 
   // ---- the submitters' own line: no parser or worker reads it ----
@@ -109,21 +113,27 @@ struct APIContext {
     return off;
   }
   std::span<const std::byte> param_bytes(size_t i) const { return {param_base + param_offset(i), param_size_of(i)}; }
-  // Exactly sizeof(T) bytes, or a clear error naming the parameter.
+  // Exactly sizeof(T) bytes, or a clear error naming the parameter. Every parse reads its
+  // parameters through here: the good case is inline, the message is built out of line.
   template <typename T>
   Status get(size_t i, T* out) const {
-    if (i >= param_n) return Status::InvalidArgument("missing parameter " + std::to_string(i));
-    const uint64_t n = param_size_of(i);
-    if (n != sizeof(T))
-      return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(n) +
-                                     " bytes, expected " + std::to_string(sizeof(T)));
-    std::memcpy(out, param_base + param_offset(i), sizeof(T));
-    return Status::Ok();
+    if (i < param_n && param_size_of(i) == sizeof(T)) [[likely]] {
+      std::memcpy(out, param_base + param_offset(i), sizeof(T));
+      return Status();
+    }
+    return bad_param(i, sizeof(T));
   }
   Status expect_params(size_t n) const {
-    if (param_n != n)
-      return Status::InvalidArgument("expected " + std::to_string(n) + " parameters, got " + std::to_string(param_n));
-    return Status::Ok();
+    if (param_n == n) [[likely]] return Status();
+    return wrong_param_count(n);
+  }
+  [[gnu::cold, gnu::noinline]] Status bad_param(size_t i, uint64_t expected) const {
+    if (i >= param_n) return Status::InvalidArgument("missing parameter " + std::to_string(i));
+    return Status::InvalidArgument("parameter " + std::to_string(i) + " has " + std::to_string(param_size_of(i)) +
+                                   " bytes, expected " + std::to_string(expected));
+  }
+  [[gnu::cold, gnu::noinline]] Status wrong_param_count(size_t n) const {
+    return Status::InvalidArgument("expected " + std::to_string(n) + " parameters, got " + std::to_string(param_n));
   }
 
   // ---- result ----
@@ -137,7 +147,9 @@ struct APIContext {
     ret.resize(n);
     if (n > 0) std::memcpy(ret.data(), p, n);
     ret_size = n;
+    if (ret.capacity() > kKeptRetBytes) ret_grown = true;
   }
+  static constexpr size_t kKeptRetBytes = 1u << 20;
 
   void add_edge(Handle* handle, EdgeKind kind, uint64_t offset = 0, uint64_t bytes = 0) {
     edges.push_back(Edge{handle, kind, offset, bytes});
@@ -175,7 +187,31 @@ struct APIContext {
     }
   }
   void set_params(std::span<const Param> ps) {
-    set_params(ps.size(), [&](size_t i) { return ps[i].size; }, [&](size_t i) { return ps[i].data; });
+    // The common case (every hot call): a few small parameters, inline, copied a word at a time
+    // rather than through a library memcpy call each.
+    const size_t n = ps.size();
+    if (n <= kInlineParams) {
+      uint64_t total = 0;
+      for (size_t i = 0; i < n; ++i) total += padded(ps[i].size);
+      if (total <= kInlineParamBytes) {
+        param_base = param_inline;
+        param_size = total;
+        param_n = static_cast<uint32_t>(n);
+        std::byte* dst = param_inline;
+        for (size_t i = 0; i < n; ++i) {
+          const uint64_t len = ps[i].size;
+          const auto* src = static_cast<const std::byte*>(ps[i].data);
+          param_sizes[i] = len;
+          uint64_t k = 0;
+          for (; k + 8 <= len; k += 8) std::memcpy(dst + k, src + k, 8);
+          if (len - k == 4) std::memcpy(dst + k, src + k, 4);
+          else if (k < len) std::memcpy(dst + k, src + k, len - k);
+          dst += padded(len);
+        }
+        return;
+      }
+    }
+    set_params(n, [&](size_t i) { return ps[i].size; }, [&](size_t i) { return ps[i].data; });
   }
   // Submitter: room for n parameter bytes.
   std::byte* reserve_params(uint64_t n) {
@@ -205,7 +241,12 @@ struct APIContext {
     ret_size = 0;
     if (!status.ok()) status = Status();
     skip_worker = false;
-    if (ret.capacity() > (1u << 20)) std::vector<std::byte>().swap(ret);
+    // Only a context that once returned a big result touches `ret` here (its line is otherwise
+    // the worker's, and reading it would stall every parse).
+    if (ret_grown) {
+      std::vector<std::byte>().swap(ret);
+      ret_grown = false;
+    }
   }
 };
 

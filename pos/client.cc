@@ -13,21 +13,35 @@
 namespace pos {
 
 namespace {
+// The lines an ordinary call uses: the submitter's header, parameter sizes and first 72 parameter
+// bytes (a launch with up to 24 bytes of kernel parameters), and the parser block's first two
+// (status, handles, result size; the edge count and first edge). Bigger calls miss on the rest.
+constexpr size_t kSubmitterHotBytes = 3 * 64;
+static_assert(offsetof(APIContext, skip_worker) < offsetof(APIContext, status) + 64 &&
+                  offsetof(APIContext, edges) == offsetof(APIContext, status) + 64,
+              "the fields every call writes must stay on the parser block's first line");
+inline void prefetch_parser_block(const APIContext* c, bool for_write) {
+  const auto* p = reinterpret_cast<const char*>(c);
+  for (size_t off : {offsetof(APIContext, status), offsetof(APIContext, edges)}) {
+    if (for_write) prefetch_write(p + off);
+    else prefetch_read(p + off);
+  }
+}
 // The worker, for the next queued call while the current one runs: its context was written on
-// other cores, and asking for all its lines at once lets the misses overlap. When the device keeps
+// other cores, and asking for its lines at once lets the misses overlap. When the device keeps
 // up, the worker is the pipeline's slowest stage and would otherwise stall once per call.
 void prefetch_for_worker(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < offsetof(APIContext, caller_released); off += 64) prefetch_read(p + off);
+  for (size_t off = 0; off < kSubmitterHotBytes; off += 64) prefetch_read(p + off);
+  prefetch_parser_block(c, false);
 }
 // The parser, for a call it has just taken: the submitter's block was written on the caller's core
 // and the parser's block last on the worker's. Asking for every line at once overlaps the
 // transfers, which the parse would otherwise take one after another (measured: docs/BENCHMARKS.md).
 void prefetch_for_parser(const APIContext* c) {
   const auto* p = reinterpret_cast<const char*>(c);
-  for (size_t off = 0; off < offsetof(APIContext, state); off += 64) prefetch_read(p + off);
-  for (size_t off = offsetof(APIContext, status); off < offsetof(APIContext, caller_released); off += 64)
-    prefetch_write(p + off);
+  for (size_t off = 0; off < kSubmitterHotBytes; off += 64) prefetch_read(p + off);
+  prefetch_parser_block(c, true);
 }
 }  // namespace
 

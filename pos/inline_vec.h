@@ -23,8 +23,8 @@ class InlineVec {
   T& operator[](size_t i) { return i < N ? inline_[i] : spill_[i - N]; }
   const T& operator[](size_t i) const { return i < N ? inline_[i] : spill_[i - N]; }
   void clear() {
+    if (n_ > N) spill_.clear();  // otherwise its line is not touched
     n_ = 0;
-    spill_.clear();
   }
   template <typename F>
   void for_each(F&& f) const {
@@ -32,9 +32,9 @@ class InlineVec {
   }
 
  private:
+  size_t n_ = 0;  // first: the count and the first elements share a cache line
   T inline_[N]{};
   std::vector<T> spill_;
-  size_t n_ = 0;
 };
 
 }  // namespace pos

@@ -59,13 +59,18 @@ Status Status::Cublas(int32_t e, std::string m) {
   return Status(c, e, std::move(m));
 }
 
+const std::string& Status::empty_message() {
+  static const std::string kEmpty;
+  return kEmpty;
+}
+
 std::string Status::to_string() const {
   if (ok()) return "ok";
   std::string s(code_name(code_));
   s += " (api error ";
   s += std::to_string(api_error_);
   s += "): ";
-  s += message_;
+  s += message();
   return s;
 }
 
@@ -73,7 +78,7 @@ Status Status::with_context(std::string_view ctx) const {
   if (ok()) return *this;
   std::string m(ctx);
   m += ": ";
-  m += message_;
+  m += message();
   return Status(code_, api_error_, std::move(m));
 }
 

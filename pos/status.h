@@ -30,12 +30,33 @@ enum class Code : uint8_t {
 
 std::string_view code_name(Code c);
 
+// Sixteen bytes: an ok Status (every call on the hot path returns several) is two stores to make
+// and one test to destroy; only an error carries its message, on the heap.
 class [[nodiscard]] Status {
  public:
   Status() = default;  // ok
   // api_error: the cudaError_t (or cublasStatus_t for cuBLAS APIs) the app must see.
   Status(Code code, int32_t api_error, std::string message)
-      : code_(code), api_error_(api_error), message_(std::move(message)) {}
+      : code_(code), api_error_(api_error),
+        message_(message.empty() ? nullptr : new std::string(std::move(message))) {}
+  Status(const Status& o)
+      : code_(o.code_), api_error_(o.api_error_), message_(o.message_ ? new std::string(*o.message_) : nullptr) {}
+  Status(Status&& o) noexcept : code_(o.code_), api_error_(o.api_error_), message_(o.message_) {
+    o.message_ = nullptr;
+  }
+  Status& operator=(const Status& o) {
+    if (this != &o) *this = Status(o);
+    return *this;
+  }
+  Status& operator=(Status&& o) noexcept {
+    if (this != &o) {
+      delete message_;
+      code_ = o.code_, api_error_ = o.api_error_, message_ = o.message_;
+      o.message_ = nullptr;
+    }
+    return *this;
+  }
+  ~Status() { delete message_; }
 
   static Status Ok() { return Status(); }
   // Build from a CUDA runtime error code; the category is derived from it.
@@ -53,17 +74,20 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
   int32_t api_error() const { return api_error_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const { return message_ != nullptr ? *message_ : empty_message(); }
   std::string to_string() const;
 
   // Prefix the message with context ("cudaMemcpy: ..."), keeping the codes.
   Status with_context(std::string_view ctx) const;
 
  private:
+  static const std::string& empty_message();
+
   Code code_ = Code::kOk;
   int32_t api_error_ = 0;
-  std::string message_;
+  std::string* message_ = nullptr;  // owned; nullptr when empty
 };
+static_assert(sizeof(Status) == 16);
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -349,6 +349,75 @@ TEST(APIContext, TheCallersReleaseFlagHasALineThatNoParserOrWorkerFieldShares) {
   EXPECT_LE(sizeof(pos::APIContext) - flag, 64u);  // nothing after it
 }
 
+TEST(APIContext, TheFieldsEveryCallWritesSitOnTheParserBlocksFirstTwoLines) {
+  // The parser and worker prefetch only these two lines of their block (client.cc).
+  using pos::APIContext;
+  constexpr size_t first = offsetof(APIContext, status);
+  EXPECT_EQ(first % 64, 0u);
+  for (size_t f : {offsetof(APIContext, h), offsetof(APIContext, ret_size), offsetof(APIContext, skip_worker),
+                   offsetof(APIContext, ret_grown)})
+    EXPECT_LT(f, first + 64);
+  EXPECT_EQ(offsetof(APIContext, edges), first + 64);
+  // The edge count comes first in InlineVec, so it shares that line with the first edge.
+  auto c = std::make_unique<APIContext>();
+  pos::Handle h;
+  c->add_edge(&h, pos::EdgeKind::kIn);
+  const auto* line = reinterpret_cast<const char*>(&c->edges);
+  const auto* e0 = reinterpret_cast<const char*>(&c->edges[0]);
+  EXPECT_LE(e0 + sizeof(pos::Edge), line + 64);
+}
+
+TEST(APIContext, SmallParametersOfEverySizeArriveWordForWord) {
+  // The inline fast path copies whole words, then a 4-byte or shorter tail.
+  for (uint64_t n = 0; n <= 40; ++n) {
+    const auto a = bytes_of(n, static_cast<int>(n)), b = bytes_of(3, 7);
+    const Param ps[] = {Param{a.data(), a.size()}, Param{b.data(), b.size()}};
+    auto c = std::make_unique<APIContext>();
+    c->set_params(ps);
+    ASSERT_EQ(c->param_base, c->param_inline) << n;
+    ASSERT_EQ(c->param_size_of(0), n);
+    const auto got = c->param_bytes(0), got_b = c->param_bytes(1);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), a.begin())) << n;
+    EXPECT_TRUE(std::equal(got_b.begin(), got_b.end(), b.begin())) << n;
+    EXPECT_EQ(c->param_size, (n + 7) / 8 * 8 + 8) << n;
+  }
+}
+
+TEST(APIContext, ABigResultBufferIsGivenBackWhenTheContextIsNextParsed) {
+  auto c = std::make_unique<APIContext>();
+  const auto big = bytes_of(APIContext::kKeptRetBytes + 1, 3);
+  c->set_ret_bytes(big.data(), big.size());
+  EXPECT_TRUE(c->ret_grown);
+  c->begin_parse();
+  EXPECT_FALSE(c->ret_grown);
+  EXPECT_EQ(c->ret.capacity(), 0u);
+  EXPECT_EQ(c->ret_size, 0u);
+  c->set_ret<uint64_t>(5);  // a small result keeps its buffer
+  c->begin_parse();
+  EXPECT_GE(c->ret.capacity(), sizeof(uint64_t));
+}
+
+TEST(StatusType, MessagesSurviveCopiesAndMovesAndAnOkStatusCarriesNone) {
+  const Status ok;
+  EXPECT_TRUE(ok.ok());
+  EXPECT_TRUE(ok.message().empty());
+  Status e = Status::NotFound("no such stream");
+  Status copy = e;
+  EXPECT_EQ(copy.message(), "no such stream");
+  EXPECT_EQ(copy.api_error(), e.api_error());
+  Status moved = std::move(copy);
+  EXPECT_EQ(moved.message(), "no such stream");
+  EXPECT_EQ(moved.code(), Code::kNotFound);
+  moved = ok;  // an error overwritten by ok has no message left
+  EXPECT_TRUE(moved.ok());
+  EXPECT_TRUE(moved.message().empty());
+  moved = Status::Internal("x");
+  moved = moved;  // self-assignment keeps it
+  EXPECT_EQ(moved.message(), "x");
+  EXPECT_EQ(e.with_context("cudaStreamQuery").message(), "cudaStreamQuery: no such stream");
+  EXPECT_EQ(Status(Code::kBusy, 1, "").message(), "");  // an empty message allocates nothing
+}
+
 TEST_F(PipelineTest, AFailedCallStillReturnsItsErrorAndTheNextCallSucceeds) {
   // The caller reads a call's status only when the state says it failed: both answers must arrive.
   const uint64_t d = alloc(64);
