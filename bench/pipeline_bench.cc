@@ -21,6 +21,7 @@ struct Options {
   uint64_t paced = 200'000;     // one-at-a-time launches per client in the latency run
   std::vector<int> clients = {1, 4};
   uint64_t spin_us = 50;
+  bool delayed_verdict = true;  // --immediate-verdict: callers poll the verdict at once (A/B)
 };
 
 struct Result {
@@ -37,6 +38,7 @@ bool parse(int argc, char** argv, Options* o) {
     if (a == "--calls" && (v = next())) o->calls = std::strtoull(v, nullptr, 10);
     else if (a == "--paced" && (v = next())) o->paced = std::strtoull(v, nullptr, 10);
     else if (a == "--spin-us" && (v = next())) o->spin_us = std::strtoull(v, nullptr, 10);
+    else if (a == "--immediate-verdict") o->delayed_verdict = false;
     else if (a == "--clients" && (v = next())) {
       o->clients.clear();
       for (char* p = const_cast<char*>(v); *p;) {
@@ -44,7 +46,7 @@ bool parse(int argc, char** argv, Options* o) {
         if (*p == ',') ++p;
       }
     } else {
-      std::fprintf(stderr, "usage: pipeline_bench [--calls N] [--paced N] [--clients 1,4] [--spin-us N]\n");
+      std::fprintf(stderr, "usage: pipeline_bench [--calls N] [--paced N] [--clients 1,4] [--spin-us N] [--immediate-verdict]\n");
       return false;
     }
   }
@@ -70,6 +72,7 @@ bool run_phase(const Options& o, int nclients, bool record_latency, Result* r) {
   pos::Config cfg;
   cfg.backend = "host";
   cfg.spin_ns = o.spin_us * 1000;
+  if (!o.delayed_verdict) cfg.delayed_verdict = pos::VerdictLook::kImmediate;
   cfg.record_latency = record_latency;
   auto ws = pos::POSWorkspace::create(cfg);
   if (!check(ws.status(), "create workspace")) return false;
@@ -166,9 +169,9 @@ int main(int argc, char** argv) {
     }
     results.push_back(r);
   }
-  std::printf("\nPOS pipeline (host backend, noop kernel launches; %u cores, spin %lu us, %lu calls/client)\n",
+  std::printf("\nPOS pipeline (host backend, noop kernel launches; %u cores, spin %lu us, %lu calls/client, verdict %s)\n",
               std::thread::hardware_concurrency(), static_cast<unsigned long>(o.spin_us),
-              static_cast<unsigned long>(o.calls));
+              static_cast<unsigned long>(o.calls), o.delayed_verdict ? "delayed" : "immediate");
   std::printf("| clients | async calls/s per client (min) | all clients calls/s | flood p50 us | flood p99 us | "
               "one-in-flight p50 us | one-in-flight p99 us |\n");
   std::printf("|---|---|---|---|---|---|---|\n");

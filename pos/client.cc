@@ -38,10 +38,12 @@ void prefetch_for_worker(const APIContext* c) {
 // The parser, for a call it has just taken: the submitter's block was written on the caller's core
 // and the parser's block last on the worker's. Asking for every line at once overlaps the
 // transfers, which the parse would otherwise take one after another (measured: docs/BENCHMARKS.md).
-void prefetch_for_parser(const APIContext* c) {
+void prefetch_for_parser(const APIContext* c, bool state_too) {
   const auto* p = reinterpret_cast<const char*>(c);
   for (size_t off = 0; off < kSubmitterHotBytes; off += 64) prefetch_read(p + off);
   prefetch_parser_block(c, true);
+  // The verdict's line, when its caller does not poll it straight away (submit).
+  if (state_too) prefetch_write(p + offsetof(APIContext, state));
 }
 }  // namespace
 
@@ -108,6 +110,8 @@ POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const C
       job_name_(std::move(job_name)),
       device_(device),
       config_(config),
+      verdict_delay_on_(config.spin_ns > 0 && (config.delayed_verdict == VerdictLook::kDelayed ||
+                                                (config.delayed_verdict == VerdictLook::kAuto && !cores_are_scarce()))),
       backend_(backend),
       table_(table),
       rpc2parser_wq_(config.queue_depth),
@@ -350,8 +354,21 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
     submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
   }
-  const uint32_t seen =
-      c->state.wait_at_least(c->state_base + target, target == kDone ? config_.sync_spin_ns : config_.spin_ns);
+  uint32_t seen = 0;
+  if (target == kParsed && verdict_delay_on_) {
+    // A line the caller polls must be taken back by the parser's verdict store and then fetched
+    // again: two transfers on the call's critical path. Not polling until the verdict is probably
+    // there makes it one (the parser asks for the line as soon as it takes the call). The delay
+    // adapts so that about four calls in five find their verdict at the first look.
+    uint32_t k = verdict_delay_.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; i < k; ++i) cpu_relax();
+    const bool there = c->state.at_least(c->state_base + target, &seen);
+    verdict_delay_.store(there ? (k > 0 ? k - 1 : 0) : std::min<uint32_t>(k + 4, kMaxVerdictDelay),
+                         std::memory_order_relaxed);
+    if (!there) seen = c->state.wait_at_least(c->state_base + target, config_.spin_ns);
+  } else {
+    seen = c->state.wait_at_least(c->state_base + target, target == kDone ? config_.sync_spin_ns : config_.spin_ns);
+  }
   // Read the status (a line the parser or worker wrote) only for a call that failed.
   Status s = c->failed(seen) ? c->status : Status();
   if (s.ok() && ret_data_len > 0 && c->ret_size > 0) {
@@ -458,7 +475,7 @@ void POSClient::parser_main() {
       // New calls first: their callers are waiting; completions only recycle contexts.
       for (int i = 0; i < 64 && rpc2parser_wq_.pop(c); ++i) {
         progressed = true;
-        prefetch_for_parser(c);
+        prefetch_for_parser(c, verdict_delay_on_);
         parse_popped(c);
       }
     } else {

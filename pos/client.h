@@ -281,6 +281,10 @@ class POSClient {
   const std::string job_name_;
   std::atomic<int> device_;  // written by the worker (move_device) only
   const Config config_;
+  // Delayed first look at a parse verdict (submit): only where every pipeline thread has a core
+  // of its own; where cores are scarce the delay would hold the core the parser needs.
+  const bool verdict_delay_on_;
+  static constexpr uint32_t kMaxVerdictDelay = 64;  // pauses
   DeviceBackend* const backend_;
   const ApiTable* const table_;
 
@@ -298,6 +302,9 @@ class POSClient {
   // Producer side of rpc2parser_wq_ (guarded by submit_mu_).
   std::mutex submit_mu_;
   uint64_t next_pc_ = 1;                 // guarded by submit_mu_
+  // How many `pause`s a submitter lets pass before it first reads a parse verdict (see submit):
+  // adapted per call; submitters only (relaxed: several app threads may race, any value is safe).
+  std::atomic<uint32_t> verdict_delay_{0};
   std::deque<APIContext*> pool_;         // guarded by submit_mu_ (FIFO: see acquire_context)
   std::vector<APIContext*> unreleased_;  // guarded by submit_mu_: back from CQ, caller still reading
   std::vector<std::unique_ptr<APIContext>> all_contexts_;  // guarded by submit_mu_

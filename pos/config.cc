@@ -122,7 +122,7 @@ Status apply(const YAML::Node& root, Config* c) {
     POS_RETURN_IF_ERROR(read_size(n, "va_size", &c->va_size));
   }
   if (const auto n = root["queues"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "queues.", {"depth", "spin_us", "sync_spin_us", "record_latency"}));
+    POS_RETURN_IF_ERROR(check_keys(n, "queues.", {"depth", "spin_us", "sync_spin_us", "record_latency", "delayed_verdict"}));
     POS_RETURN_IF_ERROR(read_uint(n, "depth", &c->queue_depth, 16, 1u << 20));
     uint64_t us = c->spin_ns / 1000;
     POS_RETURN_IF_ERROR(read_uint(n, "spin_us", &us, 0, 10'000'000));
@@ -131,6 +131,13 @@ Status apply(const YAML::Node& root, Config* c) {
     POS_RETURN_IF_ERROR(read_uint(n, "sync_spin_us", &sync_us, 0, 10'000'000));
     c->sync_spin_ns = sync_us * 1000;
     if (n["record_latency"]) c->record_latency = n["record_latency"].as<bool>();
+    if (n["delayed_verdict"]) {
+      const std::string v = n["delayed_verdict"].as<std::string>();
+      if (v == "auto") c->delayed_verdict = VerdictLook::kAuto;
+      else if (v == "on" || v == "true") c->delayed_verdict = VerdictLook::kDelayed;
+      else if (v == "off" || v == "false") c->delayed_verdict = VerdictLook::kImmediate;
+      else return Status::InvalidArgument("queues.delayed_verdict must be auto|on|off, not '" + v + "'");
+    }
   }
   if (const auto n = root["host_backend"]) {
     POS_RETURN_IF_ERROR(check_keys(n, "host_backend.", {"device_count", "device_memory", "device_name"}));

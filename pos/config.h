@@ -11,6 +11,8 @@
 namespace pos {
 
 enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug };
+// queues.delayed_verdict: auto = delayed unless the process has fewer than 8 cores.
+enum class VerdictLook : uint8_t { kAuto = 0, kDelayed, kImmediate };
 
 struct Config {
   std::string backend = "host";  // host | cuda
@@ -33,6 +35,11 @@ struct Config {
   // dependent calls is not idle, and a futex wake-up costs tens of µs on a VM. Native CUDA spins too.
   uint64_t sync_spin_ns = 2000000;
   bool record_latency = false;  // keep a pos_process → worker-completion histogram per client
+  // A caller of a parse-returnable call (a launch) first reads the parser's verdict only after an
+  // adaptive delay, so that the parser's store does not have to take the line back from a poller
+  // (docs/threads_and_queues.md, "Waiting for the verdict"). Auto: not where cores are scarce,
+  // where the delay would hold the core the parser needs.
+  VerdictLook delayed_verdict = VerdictLook::kAuto;
 
   // Host backend
   uint32_t host_device_count = 1;

@@ -154,6 +154,11 @@ class StateWord {
     v_.store(v, std::memory_order_release);
     bell_.ring();
   }
+  // One look, no waiting: whether the word is at least v (wrap-safe); *seen gets the value.
+  bool at_least(uint32_t v, uint32_t* seen) const {
+    *seen = v_.load(std::memory_order_acquire);
+    return static_cast<int32_t>(*seen - v) >= 0;
+  }
   // Wrap-safe: "at least" in serial-number order (values within 2^31 of each other). Returns the
   // value seen.
   uint32_t wait_at_least(uint32_t v, uint64_t spin_ns) {

@@ -25,7 +25,7 @@ TEST(Config, ParsesEverySection) {
 backend: host
 log_level: debug
 client: {max_clients: 8, memory_quota: 2GiB, va_size: 256GiB}
-queues: {depth: 1024, spin_us: 10, record_latency: true}
+queues: {depth: 1024, spin_us: 10, record_latency: true, delayed_verdict: off}
 host_backend: {device_count: 2, device_memory: 8GiB, device_name: Test}
 checkpoint: {mode: async}
 )");
@@ -37,6 +37,7 @@ checkpoint: {mode: async}
   EXPECT_EQ(c->queue_depth, 1024u);
   EXPECT_EQ(c->spin_ns, 10000u);
   EXPECT_TRUE(c->record_latency);
+  EXPECT_EQ(c->delayed_verdict, VerdictLook::kImmediate);
   EXPECT_EQ(c->host_device_count, 2u);
   EXPECT_EQ(c->host_device_name, "Test");
   EXPECT_EQ(c->checkpoint_mode, "async");
@@ -52,6 +53,12 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
   EXPECT_FALSE(parse_config("backend: tpu").ok());
   EXPECT_FALSE(parse_config("queues: {depth: 1}").ok());
   EXPECT_FALSE(parse_config("checkpoint: {mode: sometimes}").ok());
+  auto v = parse_config("queues: {delayed_verdict: maybe}");
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("delayed_verdict"), std::string::npos);
+  auto d = parse_config("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->delayed_verdict, VerdictLook::kAuto);
   EXPECT_FALSE(parse_config("client: {max_clients: 4096, va_size: 1TiB}").ok());  // exceeds user VA
   EXPECT_FALSE(parse_config("[unclosed").ok());
 }

@@ -137,6 +137,34 @@ TEST_F(PipelineTest, ASecondConcurrentCommandIsBusy) {
   EXPECT_GT(first.cut_pc, 0u);
 }
 
+TEST_F(PipelineTest, WithTheVerdictLookedForLateEveryCallerStillGetsItsOwnVerdict) {
+  // `delayed_verdict: on` forces the path a machine with cores to spare takes (CI has two): each
+  // caller reads the parser's verdict only after an adaptive delay. Two app threads share one
+  // client and interleave good and bad launches: every bad one must report its error, every good
+  // one success, and the data must show every good launch ran in order.
+  Config c = test_config();
+  c.delayed_verdict = VerdictLook::kDelayed;
+  make_workspace(c);
+  const int n = 1024;
+  const uint64_t d0 = alloc(n * 4), d1 = alloc(n * 4);
+  std::atomic<int> wrong{0};
+  auto run = [&](uint64_t d, unsigned base) {
+    for (unsigned it = 0; it < 300; ++it) {
+      auto p = args(client().fill, d, base + it, n);
+      if (!api().launch_kernel(client().fill.handle, dims(n / 256, 256), 0, p).ok()) ++wrong;
+      const Status bad = api().launch_kernel(client().fill.handle, dims(n / 256, 2048), 0, p);  // > 1024 threads
+      if (bad.ok() || bad.api_error() != cuda::kErrorInvalidConfiguration) ++wrong;
+    }
+  };
+  std::thread t([&] { run(d1, 5000); });
+  run(d0, 0);
+  t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(download<uint32_t>(d0, 2), (std::vector<uint32_t>{299, 300}));
+  EXPECT_EQ(download<uint32_t>(d1, 2), (std::vector<uint32_t>{5299, 5300}));
+}
+
 TEST_F(PipelineTest, ManyClientsRunConcurrentlyWithoutInterference) {
   for (int i = 1; i < 4; ++i) add_client("c" + std::to_string(i));
   std::vector<std::thread> threads;
