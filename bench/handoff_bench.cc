@@ -96,8 +96,11 @@ struct alignas(64) CallSlot {
 };
 static_assert(sizeof(CallSlot) == 128);
 
+// kDelayNs > 0 (mode ctxd): the caller first waits that long before polling the state word, and
+// the parser asks for the state word's line for writing as soon as it takes the call: a line the
+// caller polls must be taken back by the parser's store (one more round trip on the critical path).
 template <bool kInSlot>
-double run_ctx(uint64_t n) {
+double run_ctx(uint64_t n, uint64_t delay_ns = 0) {
   using Item = std::conditional_t<kInSlot, CallSlot, Ctx*>;
   boost::lockfree::spsc_queue<Item> q(1024);
   boost::lockfree::spsc_queue<Ctx*> q2(1024), cq(1024);
@@ -127,6 +130,7 @@ double run_ctx(uint64_t n) {
           c = it;
           for (size_t off = 0; off < sizeof(c->sub); off += 64) pos::prefetch_read(reinterpret_cast<char*>(c->sub) + off);
           pos::prefetch_write(c->pw);
+          if (delay_ns > 0) pos::prefetch_write(&c->state);
           for (int k = 0; k < kHeaderWords; ++k) sum += c->sub[k];
           for (int k = 0; k < kParamWords; ++k) sum += c->sub[8 + k];
         }
@@ -184,6 +188,10 @@ double run_ctx(uint64_t n) {
       while (!q.push(c)) pos::cpu_relax();
     }
     bell.ring();
+    if (delay_ns > 0) {
+      const uint64_t until = pos::now_ns() + delay_ns;
+      while (pos::now_ns() < until) pos::cpu_relax();
+    }
     c->state.wait_at_least(base + 1, kSpinNs);
   }
   const double ns = static_cast<double>(pos::now_ns() - t0) / static_cast<double>(n);
@@ -200,12 +208,14 @@ double run_ctx(uint64_t n) {
 int main(int argc, char** argv) {
   uint64_t n = 5'000'000;
   int reps = 1;
+  uint64_t delay_ns = 250;
   std::vector<std::string> modes = {"two", "three"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--calls" && v != nullptr) n = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--reps" && v != nullptr) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--delay-ns" && v != nullptr) delay_ns = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--modes" && v != nullptr) {
       modes.clear();
       std::string m = argv[++i];
@@ -216,16 +226,17 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: handoff_bench [--calls N] [--reps R] [--modes two,three,ctx,slot]\n"
+                   "usage: handoff_bench [--calls N] [--reps R] [--modes two,three,ctx,ctxd,slot] [--delay-ns N]\n"
                    "  two    caller and parser, a one-line slot by pointer\n"
                    "  three  the same, and a worker takes every slot after the verdict\n"
                    "  ctx    three threads, POS's context layout handed over by pointer\n"
+                   "  ctxd   ctx, the caller polls the verdict only after --delay-ns (default 250)\n"
                    "  slot   three threads, header and parameters in a two-line queue slot\n");
       return 2;
     }
   }
   for (const auto& m : modes) {
-    if (m != "two" && m != "three" && m != "ctx" && m != "slot") {
+    if (m != "two" && m != "three" && m != "ctx" && m != "ctxd" && m != "slot") {
       std::fprintf(stderr, "handoff_bench: unknown mode '%s'\n", m.c_str());
       return 2;
     }
@@ -239,8 +250,9 @@ int main(int argc, char** argv) {
     for (const auto& m : modes) {  // interleaved, so that drift on the machine hits every mode alike
       const double ns = m == "two" ? run_bare(n, false)
                         : m == "three" ? run_bare(n, true)
-                        : m == "ctx" ? run_ctx<false>(n)
-                                     : run_ctx<true>(n);
+                        : m == "ctx"   ? run_ctx<false>(n)
+                        : m == "ctxd"  ? run_ctx<false>(n, delay_ns)
+                                       : run_ctx<true>(n);
       std::printf("| %d | %s | %.0f | %.0f |\n", r + 1, m.c_str(), 1e9 / ns, ns);
       std::fflush(stdout);
     }
