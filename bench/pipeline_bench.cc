@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\nPOS pipeline (host backend, noop kernel launches; %u cores, spin %lu us, %lu calls/client, verdict %s)\n",
               std::thread::hardware_concurrency(), static_cast<unsigned long>(o.spin_us),
-              static_cast<unsigned long>(o.calls), o.delayed_verdict ? "delayed" : "immediate");
+              static_cast<unsigned long>(o.calls), o.delayed_verdict ? "auto" : "immediate");
   std::printf("| clients | async calls/s per client (min) | all clients calls/s | flood p50 us | flood p99 us | "
               "one-in-flight p50 us | one-in-flight p99 us |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
