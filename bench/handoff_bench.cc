@@ -19,6 +19,20 @@ namespace {
 
 constexpr uint64_t kSpinNs = 50'000;
 
+// A serving thread's loop: on_item for each element of q, else spin, then sleep on bell, until stop.
+template <typename Q, typename F>
+void serve(Q& q, pos::Doorbell& bell, const std::atomic<bool>& stop, F&& on_item) {
+  typename Q::value_type item{};
+  for (;;) {
+    if (q.pop(item)) {
+      on_item(item);
+      continue;
+    }
+    if (stop.load(std::memory_order_relaxed)) return;
+    pos::spin_then_block(bell, kSpinNs, [&] { return q.read_available() > 0 || stop.load(); });
+  }
+}
+
 // ---- two / three: a one-line slot, handed over by pointer ----
 struct alignas(64) Slot {
   pos::StateWord state{0};
@@ -31,32 +45,20 @@ double run_bare(uint64_t n, bool three) {
   std::vector<Slot> slots(1024);
   std::atomic<bool> stop{false};
   std::thread server([&] {
-    Slot* s = nullptr;
-    for (;;) {
-      if (q.pop(s)) {
-        s->payload[1] = s->payload[0] + 1;  // "parse"
-        s->state.set(1);
-        if (three) {
-          while (!q2.push(s)) pos::cpu_relax();
-          bell2.ring();
-        }
-        continue;
+    serve(q, bell, stop, [&](Slot* s) {
+      s->payload[1] = s->payload[0] + 1;  // "parse"
+      s->state.set(1);
+      if (three) {
+        while (!q2.push(s)) pos::cpu_relax();
+        bell2.ring();
       }
-      if (stop.load(std::memory_order_relaxed)) return;
-      pos::spin_then_block(bell, kSpinNs, [&] { return q.read_available() > 0 || stop.load(); });
-    }
+    });
   });
   std::thread worker([&] {
-    Slot* s = nullptr;
-    for (;;) {
-      if (q2.pop(s)) {
-        s->payload[2] = s->payload[1] + 1;  // "execute"
-        s->state.set(2);
-        continue;
-      }
-      if (stop.load(std::memory_order_relaxed)) return;
-      pos::spin_then_block(bell2, kSpinNs, [&] { return q2.read_available() > 0 || stop.load(); });
-    }
+    serve(q2, bell2, stop, [&](Slot* s) {
+      s->payload[2] = s->payload[1] + 1;  // "execute"
+      s->state.set(2);
+    });
   });
   const uint64_t t0 = pos::now_ns();
   for (uint64_t i = 0; i < n; ++i) {
@@ -113,52 +115,40 @@ double run_ctx(uint64_t n, uint64_t delay_ns = 0) {
   }
   std::atomic<bool> stop{false};
   std::thread parser([&] {
-    Item it{};
-    for (;;) {
-      if (q.pop(it)) {
-        Ctx* c = nullptr;
-        uint64_t sum = 0;
-        if constexpr (kInSlot) {
-          c = it.c;
-          for (size_t off = 0; off < sizeof(c->sub); off += 64) pos::prefetch_write(reinterpret_cast<char*>(c->sub) + off);
-          pos::prefetch_write(c->pw);
-          c->sub[0] = it.w[0];  // what the parser stores for the worker: header and parameters
-          for (int k = 1; k < kHeaderWords; ++k) c->sub[k] = it.w[k];
-          for (int k = 0; k < kParamWords; ++k) c->sub[8 + k] = it.w[kHeaderWords + k];
-          for (int k = 0; k < kHeaderWords + kParamWords; ++k) sum += it.w[k];
-        } else {
-          c = it;
-          for (size_t off = 0; off < sizeof(c->sub); off += 64) pos::prefetch_read(reinterpret_cast<char*>(c->sub) + off);
-          pos::prefetch_write(c->pw);
-          if (delay_ns > 0) pos::prefetch_write(&c->state);
-          for (int k = 0; k < kHeaderWords; ++k) sum += c->sub[k];
-          for (int k = 0; k < kParamWords; ++k) sum += c->sub[8 + k];
-        }
-        c->pw[0] = sum;  // "parse"
-        c->pw[1] = 0;
-        c->state.set(static_cast<uint32_t>(c->sub[0]) + 1);
-        while (!q2.push(c)) pos::cpu_relax();
-        bell2.ring();
-        continue;
+    serve(q, bell, stop, [&](const Item& it) {
+      Ctx* c = nullptr;
+      uint64_t sum = 0;
+      if constexpr (kInSlot) {
+        c = it.c;
+        for (size_t off = 0; off < sizeof(c->sub); off += 64) pos::prefetch_write(reinterpret_cast<char*>(c->sub) + off);
+        pos::prefetch_write(c->pw);
+        c->sub[0] = it.w[0];  // what the parser stores for the worker: header and parameters
+        for (int k = 1; k < kHeaderWords; ++k) c->sub[k] = it.w[k];
+        for (int k = 0; k < kParamWords; ++k) c->sub[8 + k] = it.w[kHeaderWords + k];
+        for (int k = 0; k < kHeaderWords + kParamWords; ++k) sum += it.w[k];
+      } else {
+        c = it;
+        for (size_t off = 0; off < sizeof(c->sub); off += 64) pos::prefetch_read(reinterpret_cast<char*>(c->sub) + off);
+        pos::prefetch_write(c->pw);
+        if (delay_ns > 0) pos::prefetch_write(&c->state);
+        for (int k = 0; k < kHeaderWords; ++k) sum += c->sub[k];
+        for (int k = 0; k < kParamWords; ++k) sum += c->sub[8 + k];
       }
-      if (stop.load(std::memory_order_relaxed)) return;
-      pos::spin_then_block(bell, kSpinNs, [&] { return q.read_available() > 0 || stop.load(); });
-    }
+      c->pw[0] = sum;  // "parse"
+      c->pw[1] = 0;
+      c->state.set(static_cast<uint32_t>(c->sub[0]) + 1);
+      while (!q2.push(c)) pos::cpu_relax();
+      bell2.ring();
+    });
   });
   std::thread worker([&] {
-    Ctx* c = nullptr;
-    for (;;) {
-      if (q2.pop(c)) {
-        uint64_t sum = c->pw[0];
-        for (int k = 0; k < kParamWords; ++k) sum += c->sub[8 + k];
-        c->pw[2] = sum;  // "execute"
-        c->state.set(static_cast<uint32_t>(c->sub[0]) + 2);
-        while (!cq.push(c)) pos::cpu_relax();
-        continue;
-      }
-      if (stop.load(std::memory_order_relaxed)) return;
-      pos::spin_then_block(bell2, kSpinNs, [&] { return q2.read_available() > 0 || stop.load(); });
-    }
+    serve(q2, bell2, stop, [&](Ctx* c) {
+      uint64_t sum = c->pw[0];
+      for (int k = 0; k < kParamWords; ++k) sum += c->sub[8 + k];
+      c->pw[2] = sum;  // "execute"
+      c->state.set(static_cast<uint32_t>(c->sub[0]) + 2);
+      while (!cq.push(c)) pos::cpu_relax();
+    });
   });
   const uint64_t t0 = pos::now_ns();
   for (uint64_t i = 0; i < n; ++i) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,25 +39,14 @@ class [[nodiscard]] Status {
   // api_error: the cudaError_t (or cublasStatus_t for cuBLAS APIs) the app must see.
   Status(Code code, int32_t api_error, std::string message)
       : code_(code), api_error_(api_error),
-        message_(message.empty() ? nullptr : new std::string(std::move(message))) {}
-  Status(const Status& o)
-      : code_(o.code_), api_error_(o.api_error_), message_(o.message_ ? new std::string(*o.message_) : nullptr) {}
-  Status(Status&& o) noexcept : code_(o.code_), api_error_(o.api_error_), message_(o.message_) {
-    o.message_ = nullptr;
-  }
+        message_(message.empty() ? nullptr : std::make_unique<std::string>(std::move(message))) {}
+  Status(const Status& o) : code_(o.code_), api_error_(o.api_error_), message_(copy_of(o.message_)) {}
   Status& operator=(const Status& o) {
-    if (this != &o) *this = Status(o);
+    if (this != &o) code_ = o.code_, api_error_ = o.api_error_, message_ = copy_of(o.message_);
     return *this;
   }
-  Status& operator=(Status&& o) noexcept {
-    if (this != &o) {
-      delete message_;
-      code_ = o.code_, api_error_ = o.api_error_, message_ = o.message_;
-      o.message_ = nullptr;
-    }
-    return *this;
-  }
-  ~Status() { delete message_; }
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
 
   static Status Ok() { return Status(); }
   // Build from a CUDA runtime error code; the category is derived from it.
@@ -82,10 +72,13 @@ class [[nodiscard]] Status {
 
  private:
   static const std::string& empty_message();
+  static std::unique_ptr<std::string> copy_of(const std::unique_ptr<std::string>& m) {
+    return m ? std::make_unique<std::string>(*m) : nullptr;
+  }
 
   Code code_ = Code::kOk;
   int32_t api_error_ = 0;
-  std::string* message_ = nullptr;  // owned; nullptr when empty
+  std::unique_ptr<std::string> message_;  // nullptr when empty
 };
 static_assert(sizeof(Status) == 16);
 
