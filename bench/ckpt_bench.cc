@@ -9,9 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "pos/checkpoint.h"
+#include "pos/checkpoint/checkpoint.h"
 #include "pos/workspace.h"
-#include "remoting/api_client.h"
+#include "remoting/common/api_client.h"
+#include "pos/runtime.h"
+#include "remoting/inproc/inproc_transport.h"
 
 namespace {
 
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
   auto cfg = config_from_environment();
   if (!cfg.ok()) return std::fprintf(stderr, "ckpt_bench: %s\n", cfg.status().to_string().c_str()), 1;
   cfg->host_device_memory = 40ull << 30;
-  auto ws = POSWorkspace::create(*cfg);
+  auto ws = create_workspace(*cfg);
   if (!ws.ok()) return std::fprintf(stderr, "ckpt_bench: %s\n", ws.status().to_string().c_str()), 1;
   fs::create_directories(o.dir);
   std::printf("backend %s, device %s\n", std::string((*ws)->backend().name()).c_str(),

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "pos/sync.h"
+#include "pos/base/sync.h"
 
 namespace {
 

@@ -9,10 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "pos/sync.h"
+#include "pos/base/sync.h"
 #include "pos/workspace.h"
-#include "remoting/api_client.h"
+#include "remoting/common/api_client.h"
 #include "unittest/test_kernels.h"
+#include "pos/runtime.h"
+#include "remoting/inproc/inproc_transport.h"
 
 namespace {
 
@@ -74,7 +76,7 @@ bool run_phase(const Options& o, int nclients, bool record_latency, Result* r) {
   cfg.spin_ns = o.spin_us * 1000;
   if (!o.delayed_verdict) cfg.delayed_verdict = pos::VerdictLook::kImmediate;
   cfg.record_latency = record_latency;
-  auto ws = pos::POSWorkspace::create(cfg);
+  auto ws = pos::create_workspace(cfg);
   if (!check(ws.status(), "create workspace")) return false;
   std::vector<BenchClient> cs(nclients);
   for (auto& c : cs) {
@@ -85,7 +87,7 @@ bool run_phase(const Options& o, int nclients, bool record_latency, Result* r) {
     c.api = std::make_unique<pos::ApiClient>(c.t.get());
     uint64_t module = 0;
     pos::RegisteredFunction f;
-    if (!check(c.api->register_fatbin(&module, pos::cuda_impl::make_test_fatbin(16)), "register module") ||
+    if (!check(c.api->register_fatbin(&module, pos::make_test_fatbin(16)), "register module") ||
         !check(c.api->register_function(&f, module, kTestNoopName), "register kernel"))
       return false;
     c.fn = f.handle;

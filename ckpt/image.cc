@@ -19,15 +19,17 @@
 #include <unordered_map>
 
 #include "ckpt/crc32c.h"
-#include "pos/api_id.h"
+#include "pos/base/api_id.h"
+#include "pos/base/resource_type.h"
 
 namespace fs = std::filesystem;
 
 namespace pos::ckpt {
 namespace {
 
-constexpr uint32_t kNumTypes = 9;  // pos::ResourceType::kCount
-constexpr uint32_t kTypeMemory = 4, kTypeVar = 7;
+constexpr uint32_t kNumTypes = kResourceTypeCount;
+constexpr uint32_t kTypeMemory = static_cast<uint32_t>(ResourceType::kMemory);
+constexpr uint32_t kTypeVar = static_cast<uint32_t>(ResourceType::kVar);
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ckpt/image.pb.h"
-#include "pos/status.h"
+#include "pos/base/status.h"
 
 namespace pos::ckpt {
 

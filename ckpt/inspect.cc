@@ -8,7 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "pos/api_id.h"
+#include "pos/base/api_id.h"
 
 namespace pos::ckpt {
 namespace {

@@ -9,23 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "pos/api_id.h"
+#include "pos/base/api_id.h"
+#include "pos/base/param.h"
 #include "pos/handle.h"
 #include "pos/inline_vec.h"
-#include "pos/status.h"
-#include "pos/sync.h"
+#include "pos/base/status.h"
+#include "pos/base/sync.h"
 
 namespace pos {
-
-// A parameter as the caller hands it to pos_process: bytes, copied into the context.
-struct Param {
-  const void* data;
-  uint64_t size;
-};
-template <typename T>
-Param param_of(const T& v) {
-  return Param{&v, sizeof(T)};
-}
 
 enum class EdgeKind : uint8_t { kIn, kOut, kInOut, kCreate, kDelete };
 std::string_view edge_kind_name(EdgeKind k);

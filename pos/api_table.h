@@ -5,8 +5,8 @@
 #include <array>
 
 #include "pos/api_context.h"
-#include "pos/api_id.h"
-#include "pos/status.h"
+#include "pos/base/api_id.h"
+#include "pos/base/status.h"
 
 namespace pos {
 
@@ -23,7 +23,7 @@ struct ApiFunctions {
 
 class ApiTable {
  public:
-  static constexpr size_t kMaxId = 0x600;
+  static constexpr size_t kMaxId = kApiIdLimit;
   void set(ApiId id, ApiFunctions f) { fns_[static_cast<size_t>(id)] = f; }
   const ApiFunctions& get(ApiId id) const { return fns_[static_cast<size_t>(id)]; }
 

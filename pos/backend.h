@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "pos/api_types.h"
+#include "pos/base/api_types.h"
 #include "pos/handle.h"
-#include "pos/status.h"
+#include "pos/base/status.h"
 
 namespace pos {
 
@@ -146,7 +146,5 @@ class DeviceBackend {
   std::atomic<uint64_t> reserved_{0};
 };
 
-// The backend named by the config ("host"; "cuda" where built with the CUDA toolkit).
-StatusOr<std::unique_ptr<DeviceBackend>> make_backend(const Config& config);
 
 }  // namespace pos

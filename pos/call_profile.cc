@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "pos/api_id.h"
+#include "pos/base/api_id.h"
 
 namespace pos {
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <unordered_map>
 
-#include "pos/log.h"
+#include "pos/base/log.h"
 
 namespace pos {
 

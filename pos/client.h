@@ -20,12 +20,12 @@
 #include "pos/api_table.h"
 #include "pos/backend.h"
 #include "pos/call_profile.h"
-#include "pos/checkpoint.h"
+#include "pos/checkpoint/checkpoint.h"
 #include "pos/config.h"
 #include "pos/handle.h"
-#include "pos/lazy_restore.h"
-#include "pos/status.h"
-#include "pos/sync.h"
+#include "pos/checkpoint/lazy_restore.h"
+#include "pos/base/status.h"
+#include "pos/base/sync.h"
 
 namespace pos {
 

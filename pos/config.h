@@ -6,11 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "pos/status.h"
+#include "pos/base/log.h"
+#include "pos/base/parse.h"
+#include "pos/base/status.h"
 
 namespace pos {
 
-enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug };
 // queues.delayed_verdict: auto = delayed unless the process has fewer than 8 cores.
 enum class VerdictLook : uint8_t { kAuto = 0, kDelayed, kImmediate };
 
@@ -75,7 +76,5 @@ StatusOr<Config> load_config_file(const std::string& path);
 // POS_CONFIG names a file if set; otherwise defaults. POS_BACKEND / POS_LOG_LEVEL override.
 StatusOr<Config> config_from_environment();
 
-// "64", "4KiB", "16GiB", "1.5GB" → bytes.
-StatusOr<uint64_t> parse_size(const std::string& text);
 
 }  // namespace pos

@@ -7,22 +7,6 @@
 
 namespace pos {
 
-std::string_view resource_type_name(ResourceType t) {
-  switch (t) {
-    case ResourceType::kDevice: return "device";
-    case ResourceType::kContext: return "context";
-    case ResourceType::kStream: return "stream";
-    case ResourceType::kEvent: return "event";
-    case ResourceType::kMemory: return "memory";
-    case ResourceType::kModule: return "module";
-    case ResourceType::kFunction: return "function";
-    case ResourceType::kVar: return "var";
-    case ResourceType::kCublas: return "cublas";
-    case ResourceType::kCount: break;
-  }
-  return "?";
-}
-
 HandleManager::HandleManager(ResourceType type, uint64_t base, uint64_t size, uint64_t granularity)
     : type_(type),
       base_(base),

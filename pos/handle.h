@@ -10,23 +10,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pos/status.h"
+#include "pos/base/resource_type.h"
+#include "pos/base/status.h"
 
 namespace pos {
 
-enum class ResourceType : uint8_t {
-  kDevice = 0,
-  kContext,
-  kStream,
-  kEvent,
-  kMemory,
-  kModule,
-  kFunction,
-  kVar,
-  kCublas,
-  kCount,
-};
-std::string_view resource_type_name(ResourceType t);
 
 enum class HandleState : uint8_t {
   kActive,         // usable by later calls (the worker may not have created it yet: "mocked")

@@ -6,8 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "pos/cuda_impl/api_functions.h"
-#include "pos/log.h"
+#include "pos/base/log.h"
 
 namespace pos {
 
@@ -16,13 +15,12 @@ constexpr uint64_t kSlotBits = 16;
 uint32_t slot_of(ClientUuid u) { return static_cast<uint32_t>(u & ((1u << kSlotBits) - 1)); }
 }  // namespace
 
-POSWorkspace::POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend)
+POSWorkspace::POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend, const ApiTable& table)
     : config_(config),
       backend_(std::move(backend)),
+      table_(table),
       slots_(config.max_clients),
-      fast_(std::make_unique<FastSlot[]>(config.max_clients)) {
-  cuda_impl::fill_api_table(&table_);
-}
+      fast_(std::make_unique<FastSlot[]>(config.max_clients)) {}
 
 POSWorkspace::~POSWorkspace() {
   std::vector<std::shared_ptr<POSClient>> clients;
@@ -36,19 +34,13 @@ POSWorkspace::~POSWorkspace() {
   for (auto& c : clients) c->shutdown();
 }
 
-StatusOr<std::unique_ptr<POSWorkspace>> POSWorkspace::create(const Config& config) {
-  set_log_level(config.log_level);
-  auto backend = make_backend(config);
-  if (!backend.ok()) return backend.status();
-  return create_with_backend(config, std::move(backend.value()));
-}
-
-StatusOr<std::unique_ptr<POSWorkspace>> POSWorkspace::create_with_backend(const Config& config,
-                                                                          std::unique_ptr<DeviceBackend> backend) {
+StatusOr<std::unique_ptr<POSWorkspace>> POSWorkspace::create(const Config& config,
+                                                             std::unique_ptr<DeviceBackend> backend,
+                                                             const ApiTable& table) {
   if (!backend) return Status::InvalidArgument("no backend");
   if (config.max_clients == 0 || config.max_clients > (1u << kSlotBits))
     return Status::InvalidArgument("max_clients out of range");
-  return std::unique_ptr<POSWorkspace>(new POSWorkspace(config, std::move(backend)));
+  return std::unique_ptr<POSWorkspace>(new POSWorkspace(config, std::move(backend), table));
 }
 
 StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, const ClientOptions& options) {

@@ -14,7 +14,7 @@
 #include "pos/backend.h"
 #include "pos/client.h"
 #include "pos/config.h"
-#include "pos/status.h"
+#include "pos/base/status.h"
 
 namespace pos {
 
@@ -31,10 +31,10 @@ struct ClientInfo {
 // count that removal waits out), so clients never contend on a shared line.
 class POSWorkspace {
  public:
-  static StatusOr<std::unique_ptr<POSWorkspace>> create(const Config& config);
-  // For tests and embedders that bring their own backend.
-  static StatusOr<std::unique_ptr<POSWorkspace>> create_with_backend(const Config& config,
-                                                                     std::unique_ptr<DeviceBackend> backend);
+  // The core knows no API semantics and no backend: both are handed in (pos/runtime.h assembles
+  // the usual ones: the CUDA API set of pos/cuda_impl and the backend the config names).
+  static StatusOr<std::unique_ptr<POSWorkspace>> create(const Config& config, std::unique_ptr<DeviceBackend> backend,
+                                                        const ApiTable& table);
   ~POSWorkspace();
 
   StatusOr<ClientUuid> create_client(const std::string& job_name, const ClientOptions& options = {});
@@ -67,7 +67,7 @@ class POSWorkspace {
   DeviceBackend& backend() { return *backend_; }
 
  private:
-  POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend);
+  POSWorkspace(const Config& config, std::unique_ptr<DeviceBackend> backend, const ApiTable& table);
 
   const Config config_;
   std::unique_ptr<DeviceBackend> backend_;

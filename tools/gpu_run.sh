@@ -77,7 +77,7 @@ posd_benches() {
   "$B/tools/posd" --config "$CFG" 2>"$OUT/posd.log" &
   local posd_pid=$!
   for i in $(seq 1 100); do "$B/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
-  local UNDER="env POS_SOCKET=$SOCK LD_LIBRARY_PATH=$CUDA_LIB LD_PRELOAD=$B/remoting/libpos_client.so"
+  local UNDER="env POS_SOCKET=$SOCK LD_LIBRARY_PATH=$CUDA_LIB LD_PRELOAD=$B/remoting/client/libpos_client.so"
   echo "== remoting: one binary natively and under posd (CUDA backend)"
   LD_LIBRARY_PATH=$CUDA_LIB "$B/bench/remoting_bench" 1024 >"$OUT/remoting_native.txt" 2>&1
   $UNDER POS_ARENA_SIZE=1100MiB "$B/bench/remoting_bench" 1024 >"$OUT/remoting_posd.txt" 2>&1

@@ -5,7 +5,8 @@
 #include <string>
 
 #include "ckpt/inspect.h"
-#include "remoting/shm_client.h"
+#include "remoting/common/handshake.h"
+#include "remoting/server/control_client.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <pthread.h>
 
 #include "pos/config.h"
-#include "remoting/posd_server.h"
+#include "remoting/server/posd_server.h"
 
 namespace {
 int usage() {

@@ -10,12 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "pos/cuda_impl/fatbin.h"
+#include "pos/base/fatbin.h"
 #include "pos/workspace.h"
-#include "remoting/api_client.h"
-#include "remoting/posd_server.h"
-#include "remoting/shm_client.h"
+#include "remoting/common/api_client.h"
+#include "remoting/server/posd_server.h"
+#include "remoting/client/shm_client.h"
 #include "unittest/test_kernels.h"
+#include "pos/runtime.h"
+#include "remoting/inproc/inproc_transport.h"
 
 namespace pos::test {
 
@@ -37,7 +39,7 @@ inline Config test_config() {
 // the host versions of the same kernels).
 inline std::vector<std::byte> test_fatbin() {
   const char* path = std::getenv("POS_TEST_FATBIN");
-  if (path == nullptr || *path == '\0') return cuda_impl::make_test_fatbin(64);
+  if (path == nullptr || *path == '\0') return make_test_fatbin(64);
   std::vector<std::byte> blob;
   if (FILE* f = std::fopen(path, "rb")) {
     std::byte buf[65536];
@@ -91,7 +93,7 @@ class ApiTest : public ::testing::Test {
       server_ = std::move(srv.value());
       ws_ = &server_->workspace();
     } else {
-      auto ws = POSWorkspace::create(c);
+      auto ws = create_workspace(c);
       ASSERT_TRUE(ws.ok()) << ws.status().to_string();
       own_ws_ = std::move(ws.value());
       ws_ = own_ws_.get();

@@ -13,6 +13,7 @@
 #endif
 
 #include "unittest/api_fixture.h"
+#include "remoting/inproc/inproc_transport.h"
 
 namespace pos::test {
 namespace {

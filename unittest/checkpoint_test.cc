@@ -12,8 +12,10 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
-#include "remoting/restore_gate.h"
+#include "pos/checkpoint/restore_gate.h"
 #include "unittest/api_fixture.h"
+#include "pos/runtime.h"
+#include "remoting/inproc/inproc_transport.h"
 
 namespace pos::test {
 namespace {
@@ -160,7 +162,7 @@ class CheckpointTest : public ApiTest {
     server_.reset();
     own_ws_.reset();
     ws_ = nullptr;
-    auto ws = POSWorkspace::create(test_config());
+    auto ws = create_workspace(test_config());
     ASSERT_TRUE(ws.ok()) << ws.status().to_string();
     own_ws_ = std::move(*ws);
     ws_ = own_ws_.get();
@@ -590,7 +592,7 @@ TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   clients_.clear();
   own_ws_.reset();
   ws_ = nullptr;
-  auto ws = POSWorkspace::create(other);
+  auto ws = create_workspace(other);
   ASSERT_TRUE(ws.ok());
   auto u = (*ws)->restore(**img);
   EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
@@ -625,7 +627,7 @@ TEST_F(CheckpointTest, AnImageOfADeviceThatIsNotPresentIsRefusedUnlessMappedOnto
   clients_.clear();
   own_ws_.reset();
   ws_ = nullptr;
-  auto one = POSWorkspace::create(test_config());
+  auto one = create_workspace(test_config());
   ASSERT_TRUE(one.ok());
   auto u = (*one)->restore(**img);
   EXPECT_EQ(u.status().code(), Code::kFailedPrecondition);
@@ -1090,7 +1092,7 @@ TEST(CheckpointFaultTest, AKillAtAnyStageOfADumpLeavesThePreviousImageIntact) {
       ASSERT_GE(pid, 0);
       if (pid == 0) {
         // Child: no gtest assertions; the exit code says how far it got.
-        auto ws = POSWorkspace::create(cfg);
+        auto ws = create_workspace(cfg);
         if (!ws.ok()) ::_exit(10);
         auto u = (*ws)->create_client("fault");
         if (!u.ok()) ::_exit(11);
@@ -1114,7 +1116,7 @@ TEST(CheckpointFaultTest, AKillAtAnyStageOfADumpLeavesThePreviousImageIntact) {
       ASSERT_EQ(::waitpid(pid, &status, 0), pid);
       ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "child failed early: " << WEXITSTATUS(status);
       // The image at `a`: the old one, or (killed after an atomic exchange) the complete new one.
-      auto ws = POSWorkspace::create(cfg);
+      auto ws = create_workspace(cfg);
       ASSERT_TRUE(ws.ok());
       auto img = ckpt::ImageReader::open_dir(a);
       ASSERT_TRUE(img.ok()) << img.status().to_string();

@@ -1,6 +1,6 @@
 // cuda_emulation_test.cc — tests that CUDA-style kernels compiled through cuda_emulation.h see a correct grid.
 // The host backend runs every kernel this way, so index arithmetic must behave exactly as on a GPU.
-#include "pos/host_impl/cuda_emulation.h"
+#include "pos/backends/host/cuda_emulation.h"
 
 #include <thread>
 #include <vector>

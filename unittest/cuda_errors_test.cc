@@ -4,9 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include "pos/api_types.h"
-#include "pos/cuda_errors.h"
-#include "pos/status.h"
+#include "pos/base/api_types.h"
+#include "pos/base/cuda_errors.h"
+#include "pos/base/status.h"
 
 namespace pos {
 namespace {

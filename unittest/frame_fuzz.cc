@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "remoting/wire.h"
+#include "remoting/common/wire.h"
 
 namespace {
 std::vector<std::byte> g_arena(64 << 10);

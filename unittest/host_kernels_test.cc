@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 
-#include "pos/host_impl/cpu_blas.h"
-#include "pos/host_impl/host_kernels.h"
+#include "pos/backends/host/cpu_blas.h"
+#include "pos/backends/host/host_kernels.h"
 #include "workloads/mlp_common.h"
 #include "workloads/mlp_host_kernels.h"
 #include "workloads/mlp_reference.h"

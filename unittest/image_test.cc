@@ -7,7 +7,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/image.h"
-#include "pos/api_id.h"
+#include "pos/base/api_id.h"
 
 namespace pos::ckpt {
 namespace {

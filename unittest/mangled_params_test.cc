@@ -1,10 +1,10 @@
 // mangled_params_test.cc — constness of kernel pointer parameters read from mangled names (the CUDA
 // backend's source for In edges). Names below are what g++/nvcc emit for the signatures in comments.
-#include "pos/cuda_impl/mangled_params.h"
+#include "pos/backends/cuda/mangled_params.h"
 
 #include <gtest/gtest.h>
 
-namespace pos::cuda_impl {
+namespace pos::cudabk {
 namespace {
 
 using V = std::vector<bool>;
@@ -44,4 +44,4 @@ TEST(MangledParams, NamesItCannotReadGiveNoAnswerRatherThanAGuess) {
 }
 
 }  // namespace
-}  // namespace pos::cuda_impl
+}  // namespace pos::cudabk

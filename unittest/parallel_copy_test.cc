@@ -1,6 +1,6 @@
 // parallel_copy_test.cc — ParallelCopier (pos/parallel_copy.h): blocks split among threads arrive
 // whole, at odd sizes and offsets, and helpers start only when a copy is worth splitting.
-#include "pos/parallel_copy.h"
+#include "pos/base/parallel_copy.h"
 
 #include <gtest/gtest.h>
 

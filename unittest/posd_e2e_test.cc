@@ -17,9 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "remoting/shm_client.h"
+#include "remoting/client/shm_client.h"
 #include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
+#include "remoting/server/control_client.h"
 
 extern char** environ;
 

@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "pos/host_impl/host_stream.h"
-#include "pos/sync.h"
+#include "pos/backends/host/host_stream.h"
+#include "pos/base/sync.h"
 
 namespace pos {
 namespace {

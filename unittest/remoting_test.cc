@@ -12,8 +12,11 @@
 #include <numeric>
 #include <thread>
 
-#include "pos/cuda_errors.h"
+#include "pos/base/cuda_errors.h"
 #include "unittest/api_fixture.h"
+#include "pos/runtime.h"
+#include "remoting/inproc/inproc_transport.h"
+#include "remoting/server/control_client.h"
 
 namespace pos::test {
 namespace {
@@ -571,7 +574,7 @@ TEST(ClientDevices, AWorkspaceRefusesAClientOnADeviceItDoesNotHave) {
   Config c = test_config();
   c.host_device_count = 2;
   if (c.backend != "host") GTEST_SKIP() << "the host backend's device count is configurable";
-  auto ws = POSWorkspace::create(c);
+  auto ws = create_workspace(c);
   ASSERT_TRUE(ws.ok());
   ClientOptions o;
   o.devices = {1, 2};

@@ -3,7 +3,7 @@
 // (the latest a real stream may run them): a slot refilled or read before its fence shows as
 // wrong bytes. Faults injected at any DMA, fence or wait must fail the copy with that error and
 // leave no DMA queued.
-#include "pos/staged_copy.h"
+#include "pos/backends/staged_copy.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "pos/cuda_errors.h"
+#include "pos/base/cuda_errors.h"
 
 namespace pos {
 namespace {

@@ -5,7 +5,7 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #else
-#include "pos/host_impl/cuda_emulation.h"
+#include "pos/backends/host/cuda_emulation.h"
 #endif
 
 struct ScaleArgs {

@@ -6,7 +6,7 @@
 // signature changes gets a new name, and the registry test catches the stale string.
 #include "workloads/mlp_host_kernels.h"
 
-#include "pos/host_impl/host_kernels.h"
+#include "pos/backends/host/host_kernels.h"
 #include "workloads/mlp_kernels.cuh"
 
 namespace {

@@ -10,7 +10,7 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #else
-#include "pos/host_impl/cuda_emulation.h"
+#include "pos/backends/host/cuda_emulation.h"
 // Several host translation units include these definitions (the host kernel library and the reference
 // run, sometimes in one binary); inline makes them one COMDAT function instead of an ODR clash.
 #pragma push_macro("__global__")

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "pos/host_impl/cpu_blas.h"
-#include "pos/host_impl/host_kernels.h"
+#include "pos/backends/host/cpu_blas.h"
+#include "pos/backends/host/host_kernels.h"
 #include "workloads/mlp_kernels.cuh"
 
 namespace {

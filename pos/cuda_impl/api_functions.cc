@@ -7,12 +7,6 @@
 
 namespace pos::cuda_impl {
 
-std::string hex(uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof(b), "0x%llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 void fill_api_table(ApiTable* t) {
   register_device_apis(t);
   register_memory_apis(t);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pos/api_table.h"
+#include "pos/base/hex.h"
 #include "pos/client.h"
 
 namespace pos::cuda_impl {
@@ -20,7 +21,7 @@ void register_module_apis(ApiTable* t);
 void register_cublas_apis(ApiTable* t);
 
 // Shared parsing helpers.
-std::string hex(uint64_t v);
+using ::pos::hex;
 inline Status cuda_error(int32_t e, std::string msg) { return Status::Cuda(e, std::move(msg)); }
 inline Status cublas_error(int32_t e, std::string msg) { return Status::Cublas(e, std::move(msg)); }
 

@@ -1,6 +1,6 @@
 // cublas_api.cc — the cuBLAS subset: handles bound to streams, math mode, and GEMMs whose
 // operands are checked against the client's buffers (A, B read; C written) before they run.
-#include "pos/api_types.h"
+#include "pos/base/api_types.h"
 #include "pos/cuda_impl/api_functions.h"
 
 namespace pos::cuda_impl {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "pos/cuda_impl/api_functions.h"
-#include "pos/cuda_impl/fatbin.h"
+#include "pos/base/fatbin.h"
 
 namespace pos::cuda_impl {
 namespace {

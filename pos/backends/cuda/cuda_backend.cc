@@ -1,0 +1,1064 @@
+// cuda_backend.cc — the CUDA device backend: the worker's calls on a real GPU through the driver API
+// and cuBLAS. Built as libpos_cuda.so, which libpos loads on demand, so hosts without a driver run.
+#include <cublas_v2.h>
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "pos/backend.h"
+#include "pos/config.h"
+#include "pos/backends/cuda/mangled_params.h"
+#include "pos/base/log.h"
+#include "pos/base/parallel_copy.h"
+#include "pos/backends/staged_copy.h"
+
+namespace pos::cudabk {
+namespace {
+
+std::string hex(uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "0x%lx", static_cast<unsigned long>(v));
+  return b;
+}
+
+// CUresult → the cudaError_t the runtime reports for it. Since CUDA 10 the runtime's codes equal the
+// driver's for every error a driver call here can return (checked against the headers at build time).
+int32_t runtime_error(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_NOT_FOUND: return 500;  // cudaErrorSymbolNotFound
+    default: return static_cast<int32_t>(r);
+  }
+}
+static_assert(static_cast<int>(CUDA_ERROR_ILLEGAL_ADDRESS) == 700 && static_cast<int>(CUDA_ERROR_NOT_READY) == 600 &&
+              static_cast<int>(CUDA_ERROR_INVALID_HANDLE) == 400 && static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY) == 2 &&
+              static_cast<int>(CUDA_ERROR_NO_BINARY_FOR_GPU) == 209 && static_cast<int>(CUDA_ERROR_LAUNCH_FAILED) == 719);
+
+Status cu_status(CUresult r, const char* call, const std::string& what) {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  cuGetErrorName(r, &name);
+  cuGetErrorString(r, &text);
+  std::string m = std::string(call) + (what.empty() ? "" : " (" + what + ")") + ": " + (name ? name : "?") + " — " +
+                  (text ? text : "unknown driver error");
+  // NOT_READY is an answer (stream/event queries), not a failure worth a log line.
+  if (r != CUDA_ERROR_NOT_READY) POS_WARN("cuda backend: %s", m.c_str());
+  return Status::Cuda(runtime_error(r), std::move(m));
+}
+// `what` is built only on failure: the hot paths (launches, async copies) name their handle in
+// it, and formatting that on every success would cost the worker an allocation per call.
+#define POS_CU(call, what)                                       \
+  do {                                                           \
+    const CUresult pos_cu_r_ = (call);                           \
+    if (pos_cu_r_ != CUDA_SUCCESS) return cu_status(pos_cu_r_, #call, (what)); \
+  } while (0)
+
+Status blas_status(cublasStatus_t r, const char* call, const std::string& what) {
+  if (r == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  std::string m = std::string(call) + " (" + what + "): " + cublasGetStatusName(r);
+  POS_WARN("cuda backend: %s", m.c_str());
+  return Status::Cublas(static_cast<int32_t>(r), std::move(m));
+}
+
+// A driver stream plus the bookkeeping that emulates the legacy default stream per client. Every
+// driver stream is created non-blocking so that clients sharing the device's context never wait for
+// each other through the process-wide legacy stream; the ordering the app asked for is rebuilt
+// with events (see CudaClient::order_before).
+struct CuStream {
+  CUstream s = nullptr;
+  CUevent join = nullptr;      // recorded when another stream must wait for this one's work so far
+  uint32_t flags = 0;          // the app's flags (cudaStreamNonBlocking)
+  bool pending = false;        // blocking stream: work queued since the default stream last joined it
+  uint64_t seen_default = 0;   // blocking stream: default-stream epoch it last waited for
+  bool blocking() const { return (flags & 0x1u) == 0; }
+};
+
+struct CuFunction {
+  CUfunction f = nullptr;
+  std::vector<uint32_t> offsets;  // parameter offsets, from cuFuncGetParamInfo
+  uint32_t param_bytes = 0;
+};
+
+struct CuBlas {
+  cublasHandle_t h = nullptr;
+  BackendObj stream = 0;
+};
+
+// Physical memory behind the client's reserved range: chunks of whole granules, each shared by
+// every allocation that overlaps it (several small buffers live in one 2 MiB granule), released
+// when the last one is freed. Addresses come from the parser; this only backs them.
+struct Chunk {
+  uint64_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  uint32_t refs = 0;
+};
+
+thread_local CUcontext t_current = nullptr;
+
+Status make_current(CUcontext ctx) {
+  if (t_current == ctx) return Status::Ok();
+  POS_CU(cuCtxSetCurrent(ctx), "primary context");
+  t_current = ctx;
+  return Status::Ok();
+}
+
+// The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
+// so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
+class CudaCopier final : public DeviceCopier {
+ public:
+  explicit CudaCopier(CUcontext ctx) : ctx_(ctx) {}
+  ~CudaCopier() override {
+    if (make_current(ctx_).ok()) {
+      for (CUdeviceptr p : shadows_) {
+        if (no_pool_ || lanes_[0] == nullptr) cuMemFree(p);
+        else cuMemFreeAsync(p, lanes_[0]);
+      }
+      for (CUstream s : lanes_)
+        if (s != nullptr) {
+          cuStreamSynchronize(s);
+          cuStreamDestroy(s);
+        }
+    }
+  }
+  Status open() {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    for (CUstream& s : lanes_) POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyDtoHAsync(dst, src, n, lanes_[lane & 1]), "checkpoint copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyHtoDAsync(dst, src, n, lanes_[lane & 1]), "restore copy to " + hex(dst));
+    return Status::Ok();
+  }
+  Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyDtoDAsync(dst, src, n, lanes_[lane & 1]), "shadow copy of " + hex(src));
+    return Status::Ok();
+  }
+  Status wait(int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
+  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
+  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
+  StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    CUdeviceptr p = 0;
+    const size_t bytes = n == 0 ? 1 : n;
+    if (!no_pool_) {
+      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
+      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
+      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
+    }
+    if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
+    shadows_.insert(p);
+    return static_cast<uint64_t>(p);
+  }
+  void shadow_free(uint64_t addr) override {
+    if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
+    // The caller has waited for every copy that reads the shadow, so any stream may free it.
+    if (no_pool_) cuMemFree(addr);
+    else cuMemFreeAsync(addr, lanes_[1]);
+  }
+
+ private:
+  CUcontext ctx_;
+  CUstream lanes_[kLanes] = {};
+  std::set<CUdeviceptr> shadows_;
+  bool no_pool_ = false;  // the device has no stream-ordered allocator
+};
+
+// Whether the driver knows [p, p + n) as page-locked host memory (cuMemHostAlloc, cudaMallocHost,
+// cuMemHostRegister, posd's arena): it answers CUDA_ERROR_INVALID_VALUE for pageable memory. Both
+// ends are asked, so a copy that runs off a pinned block into pageable memory is staged.
+bool page_locked(const void* p, uint64_t n) {
+  auto ask = [](const void* q) {
+    unsigned int type = 0;  // CUmemorytype
+    return cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(q)) ==
+               CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_HOST;
+  };
+  return ask(p) && ask(static_cast<const std::byte*>(p) + n - 1);
+}
+
+// Pageable copies through page-locked slots (pos/staged_copy.h): the slots, an event per slot
+// (its fence) and the threads that copy into and out of them. A client makes one on its first
+// large pageable copy; confined to that client's worker, whose context is current in every call.
+class CuStaging final : public StagingDevice {
+ public:
+  CuStaging(const StagingOptions& o, uint64_t spin_ns) : opts_(o), copier_(o.threads, spin_ns) {}
+  // Every slot is idle here: each pipeline call returns with its DMAs finished.
+  ~CuStaging() override {
+    for (CUevent e : events_) cuEventDestroy(e);
+    for (std::byte* p : slots_) cuMemFreeHost(p);
+  }
+  // On failure what was made is freed by the destructor.
+  Status open() {
+    for (unsigned i = 0; i < opts_.slots; ++i) {
+      void* p = nullptr;
+      POS_CU(cuMemHostAlloc(&p, opts_.slot_bytes, 0), "staging slot of " + std::to_string(opts_.slot_bytes) + " bytes");
+      slots_.push_back(static_cast<std::byte*>(p));
+      CUevent e = nullptr;
+      POS_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "staging slot event");
+      events_.push_back(e);
+    }
+    pipeline_.emplace(slots_, opts_.slot_bytes, &copier_);
+    return Status::Ok();
+  }
+  Status h2d(CUstream s, CUdeviceptr dst, const void* src, uint64_t n) {
+    stream_ = s;
+    return pipeline_->h2d(*this, dst, src, n);
+  }
+  Status d2h(CUstream s, void* dst, CUdeviceptr src, uint64_t n) {
+    stream_ = s;
+    return pipeline_->d2h(*this, dst, src, n);
+  }
+
+  Status to_device(uint64_t dst, const void* slot, uint64_t n) override {
+    POS_CU(cuMemcpyHtoDAsync(dst, slot, n, stream_), "staged copy to " + hex(dst));
+    return Status::Ok();
+  }
+  Status to_host(void* slot, uint64_t src, uint64_t n) override {
+    POS_CU(cuMemcpyDtoHAsync(slot, src, n, stream_), "staged copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status fence(unsigned slot) override {
+    POS_CU(cuEventRecord(events_[slot], stream_), "staging slot " + std::to_string(slot));
+    return Status::Ok();
+  }
+  Status wait(unsigned slot) override {
+    POS_CU(cuEventSynchronize(events_[slot]), "staging slot " + std::to_string(slot));
+    return Status::Ok();
+  }
+  Status drain() override {
+    POS_CU(cuStreamSynchronize(stream_), "staged copy stream");
+    return Status::Ok();
+  }
+
+ private:
+  const StagingOptions opts_;
+  ParallelCopier copier_;
+  std::vector<std::byte*> slots_;
+  std::vector<CUevent> events_;
+  std::optional<StagingPipeline> pipeline_;
+  CUstream stream_ = nullptr;  // the stream of the copy in progress
+};
+
+class CudaClient final : public BackendClient {
+ public:
+  CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size, const StagingOptions& staging,
+             uint64_t spin_ns)
+      : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size), staging_opts_(staging), spin_ns_(spin_ns) {}
+  ~CudaClient() override;
+
+  Status open() {
+    POS_RETURN_IF_ERROR(bind());
+    CUdeviceptr got = 0;
+    CUresult r = cuMemAddressReserve(&got, size_, granule_, base_, 0);
+    if (r == CUDA_SUCCESS && got != base_) {
+      cuMemAddressFree(got, size_);
+      return Status(Code::kUnavailable, cuda::kErrorMemoryAllocation,
+                    "cuda backend: the driver would not reserve the client range at " + hex(base_) + " (offered " +
+                        hex(got) + "); choose another client.va_base");
+    }
+    POS_CU(r, "client range " + hex(base_));
+    reserved_ = true;
+    auto d = make_stream(0, 0);
+    if (!d.ok()) return d.status();
+    default_ = std::move(d.value());
+    return Status::Ok();
+  }
+
+  Status alloc_at(uint64_t addr, uint64_t size) override;
+  Status free_at(uint64_t addr, uint64_t size) override;
+
+  StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
+    auto c = std::make_unique<CudaCopier>(ctx_);
+    POS_RETURN_IF_ERROR(c->open());
+    return std::unique_ptr<DeviceCopier>(std::move(c));
+  }
+
+  Status memcpy_h2d(uint64_t dst, const void* src, uint64_t n) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream& s = *default_;
+    order_before(s);
+    if (CuStaging* st = staging_for(src, n)) POS_RETURN_IF_ERROR(st->h2d(s.s, xlate(dst), src, n));
+    else POS_CU(cuMemcpyHtoDAsync(xlate(dst), src, n, s.s), hex(dst));
+    POS_CU(cuStreamSynchronize(s.s), "default stream");
+    return Status::Ok();
+  }
+  Status memcpy_h2d_async(uint64_t dst, std::vector<std::byte>&& buf, uint64_t offset, uint64_t n,
+                          BackendObj stream) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(stream);
+    if (s == nullptr) return not_found("stream", stream);
+    order_before(*s);
+    // From pageable memory the driver stages the bytes before it returns, so `buf` may go now.
+    POS_CU(cuMemcpyHtoDAsync(xlate(dst), buf.data() + offset, n, s->s), hex(dst));
+    return Status::Ok();
+  }
+  Status memcpy_d2h(void* dst, uint64_t src, uint64_t n) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream& s = *default_;
+    order_before(s);
+    if (CuStaging* st = staging_for(dst, n)) POS_RETURN_IF_ERROR(st->d2h(s.s, dst, xlate(src), n));
+    else POS_CU(cuMemcpyDtoHAsync(dst, xlate(src), n, s.s), hex(src));
+    POS_CU(cuStreamSynchronize(s.s), "default stream");
+    return Status::Ok();
+  }
+  Status memcpy_d2h_async(void* dst, uint64_t src, uint64_t n, BackendObj stream) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(stream);
+    if (s == nullptr) return not_found("stream", stream);
+    order_before(*s);
+    // To pageable memory the driver's copy returns only once the bytes are there (CUDA semantics),
+    // ordered on the stream; the staged one does the same, on the same stream.
+    if (CuStaging* st = staging_for(dst, n)) return st->d2h(s->s, dst, xlate(src), n);
+    POS_CU(cuMemcpyDtoHAsync(dst, xlate(src), n, s->s), hex(src));
+    return Status::Ok();
+  }
+  Status memcpy_d2d(uint64_t dst, uint64_t src, uint64_t n, BackendObj stream, bool sync) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(stream);
+    if (s == nullptr) return not_found("stream", stream);
+    order_before(*s);
+    POS_CU(cuMemcpyDtoDAsync(xlate(dst), xlate(src), n, s->s), hex(src) + " -> " + hex(dst));
+    if (sync) POS_CU(cuStreamSynchronize(s->s), "copy stream");
+    return Status::Ok();
+  }
+  Status memset(uint64_t dst, int value, uint64_t n, BackendObj stream, bool sync) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(stream);
+    if (s == nullptr) return not_found("stream", stream);
+    order_before(*s);
+    POS_CU(cuMemsetD8Async(xlate(dst), static_cast<unsigned char>(value), n, s->s), hex(dst));
+    if (sync) POS_CU(cuStreamSynchronize(s->s), "memset stream");
+    return Status::Ok();
+  }
+
+  StatusOr<BackendObj> stream_create(uint32_t flags, int32_t priority) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto st = make_stream(flags, priority);
+    if (!st.ok()) return st.status();
+    const BackendObj id = next_id_++;
+    streams_[id] = std::move(st.value());
+    return id;
+  }
+  Status stream_destroy(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = streams_.find(id);
+    if (it == streams_.end() || id == 0) return not_found("stream", id);
+    std::unique_ptr<CuStream> st = std::move(it->second);
+    streams_.erase(it);
+    // Queued work still runs (CUDA semantics); the default stream must still wait for it.
+    if (st->blocking() && st->pending) {
+      POS_CU(cuEventRecord(st->join, st->s), "stream join");
+      POS_CU(cuStreamWaitEvent(default_->s, st->join, 0), "stream join");
+    }
+    std::erase(pending_, st.get());
+    destroy_stream(*st);
+    return Status::Ok();
+  }
+  Status stream_synchronize(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(id);
+    if (s == nullptr) return not_found("stream", id);
+    if (s == default_.get()) order_before(*s);  // legacy: also waits for the blocking streams
+    POS_CU(cuStreamSynchronize(s->s), "stream " + std::to_string(id));
+    return Status::Ok();
+  }
+  Status stream_query(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(id);
+    if (s == nullptr) return not_found("stream", id);
+    if (s == default_.get()) {
+      for (CuStream* b : pending_) POS_RETURN_IF_ERROR(cu_status(cuStreamQuery(b->s), "cuStreamQuery", ""));
+    }
+    return cu_status(cuStreamQuery(s->s), "cuStreamQuery", "stream " + std::to_string(id));
+  }
+  Status stream_wait_event(BackendObj sid, BackendObj eid) override {
+    POS_RETURN_IF_ERROR(bind());
+    CuStream* s = find_stream(sid);
+    if (s == nullptr) return not_found("stream", sid);
+    auto e = events_.find(eid);
+    if (e == events_.end()) return not_found("event", eid);
+    order_before(*s);
+    POS_CU(cuStreamWaitEvent(s->s, e->second, 0), "event " + std::to_string(eid));
+    return Status::Ok();
+  }
+
+  StatusOr<BackendObj> event_create(uint32_t flags) override {
+    POS_RETURN_IF_ERROR(bind());
+    CUevent e = nullptr;
+    // cudaEvent* flag bits equal CU_EVENT_* (blocking sync 1, disable timing 2, interprocess 4).
+    POS_CU(cuEventCreate(&e, flags), "flags " + std::to_string(flags));
+    const BackendObj id = next_id_++;
+    events_[id] = e;
+    return id;
+  }
+  Status event_destroy(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = events_.find(id);
+    if (it == events_.end()) return not_found("event", id);
+    CUevent e = it->second;
+    events_.erase(it);
+    POS_CU(cuEventDestroy(e), "event " + std::to_string(id));
+    return Status::Ok();
+  }
+  Status event_record(BackendObj eid, BackendObj sid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto e = events_.find(eid);
+    if (e == events_.end()) return not_found("event", eid);
+    CuStream* s = find_stream(sid);
+    if (s == nullptr) return not_found("stream", sid);
+    order_before(*s);
+    POS_CU(cuEventRecord(e->second, s->s), "event " + std::to_string(eid));
+    return Status::Ok();
+  }
+  Status event_synchronize(BackendObj eid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto e = events_.find(eid);
+    if (e == events_.end()) return not_found("event", eid);
+    POS_CU(cuEventSynchronize(e->second), "event " + std::to_string(eid));
+    return Status::Ok();
+  }
+  Status event_query(BackendObj eid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto e = events_.find(eid);
+    if (e == events_.end()) return not_found("event", eid);
+    return cu_status(cuEventQuery(e->second), "cuEventQuery", "event " + std::to_string(eid));
+  }
+  StatusOr<float> event_elapsed_ms(BackendObj a, BackendObj b) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto ea = events_.find(a), eb = events_.find(b);
+    if (ea == events_.end()) return not_found("event", a);
+    if (eb == events_.end()) return not_found("event", b);
+    float ms = 0;
+    POS_CU(cuEventElapsedTime(&ms, ea->second, eb->second), "events " + std::to_string(a) + ", " + std::to_string(b));
+    return ms;
+  }
+
+  Status synchronize_all() override {
+    POS_RETURN_IF_ERROR(bind());
+    // This client's streams only: cuCtxSynchronize would also wait for every other tenant.
+    POS_CU(cuStreamSynchronize(default_->s), "default stream");
+    for (auto& [id, s] : streams_) POS_CU(cuStreamSynchronize(s->s), "stream " + std::to_string(id));
+    return Status::Ok();
+  }
+
+  StatusOr<BackendObj> module_load(std::span<const std::byte> fatbin) override {
+    POS_RETURN_IF_ERROR(bind());
+    CUmodule m = nullptr;
+    // The parser checked that the blob is exactly one fatbin; the driver picks the SASS or JITs PTX.
+    POS_CU(cuModuleLoadData(&m, fatbin.data()), std::to_string(fatbin.size()) + "-byte fatbin");
+    const BackendObj id = next_id_++;
+    modules_[id] = m;
+    return id;
+  }
+  Status module_unload(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = modules_.find(id);
+    if (it == modules_.end()) return not_found("module", id);
+    for (auto f = functions_.begin(); f != functions_.end();) {
+      f = function_module_[f->first] == id ? (function_module_.erase(f->first), functions_.erase(f)) : std::next(f);
+    }
+    for (auto v = vars_.begin(); v != vars_.end();) v = v->second.module == id ? vars_.erase(v) : std::next(v);
+    CUmodule m = it->second;
+    modules_.erase(it);
+    POS_CU(cuModuleUnload(m), "module " + std::to_string(id));
+    return Status::Ok();
+  }
+  StatusOr<FunctionInfo> function_get(BackendObj mid, const std::string& name) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto m = modules_.find(mid);
+    if (m == modules_.end()) return not_found("module", mid);
+    FunctionInfo info;
+    CuFunction fn;
+    CUresult r = cuModuleGetFunction(&fn.f, m->second, name.c_str());
+    if (r == CUDA_ERROR_NOT_FOUND) {
+      POS_INFO("cuda backend: module has no kernel '%s' (launches will fail)", name.c_str());
+      info.found = false;
+      return info;
+    }
+    POS_CU(r, name);
+    (void)cuFuncLoad(fn.f);  // lazy loading: the layout query below needs the function resident
+    // The driver gives offsets and sizes; constness comes from the mangled name where it can be read.
+    const std::optional<std::vector<bool>> ro = const_pointer_params(name);
+    for (size_t i = 0;; ++i) {
+      size_t off = 0, size = 0;
+      r = cuFuncGetParamInfo(fn.f, i, &off, &size);
+      if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+      POS_CU(r, name + " parameter " + std::to_string(i));
+      info.layout.push_back(KernelParam{static_cast<uint32_t>(off), static_cast<uint32_t>(size), false});
+      fn.offsets.push_back(static_cast<uint32_t>(off));
+      fn.param_bytes = std::max<uint32_t>(fn.param_bytes, static_cast<uint32_t>(off + size));
+    }
+    // Only when the name's parameter list matches the driver's: otherwise every pointer is InOut.
+    if (ro && ro->size() == info.layout.size()) {
+      for (size_t i = 0; i < ro->size(); ++i) info.layout[i].read_only = (*ro)[i] && info.layout[i].size == 8;
+    }
+    info.param_bytes = fn.param_bytes;
+    info.found = true;
+    info.obj = next_id_++;
+    functions_[info.obj] = std::move(fn);
+    function_module_[info.obj] = mid;
+    return info;
+  }
+  Status var_bind(BackendObj mid, const std::string& name, uint64_t addr, uint64_t size) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto m = modules_.find(mid);
+    if (m == modules_.end()) return not_found("module", mid);
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    POS_CU(cuModuleGetGlobal(&p, &bytes, m->second, name.c_str()), name);
+    if (bytes < size)
+      return Status::Cuda(cuda::kErrorInvalidSymbol, "cuda backend: '" + name + "' has " + std::to_string(bytes) +
+                                                         " bytes on the device, registered as " + std::to_string(size));
+    // The app sees the parser's address; copies to it land in the module's global.
+    vars_[addr] = Var{p, size, mid};
+    return Status::Ok();
+  }
+  Status launch(BackendObj fid, const LaunchDims& d, std::span<const std::byte> params, BackendObj sid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = functions_.find(fid);
+    if (it == functions_.end()) return not_found("function", fid);
+    CuStream* s = find_stream(sid);
+    if (s == nullptr) return not_found("stream", sid);
+    const CuFunction& fn = it->second;
+    if (params.size() != fn.param_bytes)
+      return Status::Cuda(cuda::kErrorInvalidValue, "cuda backend: parameter bytes do not match the kernel's layout");
+    void* args[64];
+    std::vector<void*> many;
+    void** argv = args;
+    if (fn.offsets.size() > 64) {
+      many.resize(fn.offsets.size());
+      argv = many.data();
+    }
+    // cuLaunchKernel copies the values before it returns: pointers into `params` suffice.
+    for (size_t i = 0; i < fn.offsets.size(); ++i) argv[i] = const_cast<std::byte*>(params.data()) + fn.offsets[i];
+    order_before(*s);
+    POS_CU(cuLaunchKernel(fn.f, d.grid[0], d.grid[1], d.grid[2], d.block[0], d.block[1], d.block[2],
+                          static_cast<unsigned>(d.shared_mem), s->s, fn.offsets.empty() ? nullptr : argv, nullptr),
+           "function " + std::to_string(fid));
+    return Status::Ok();
+  }
+  StatusOr<FuncAttributes> function_attributes(BackendObj fid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = functions_.find(fid);
+    if (it == functions_.end()) return not_found("function", fid);
+    CUfunction f = it->second.f;
+    int v[9] = {};
+    const CUfunction_attribute attrs[9] = {
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,  CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, CU_FUNC_ATTRIBUTE_NUM_REGS,    CU_FUNC_ATTRIBUTE_PTX_VERSION,
+        CU_FUNC_ATTRIBUTE_BINARY_VERSION,     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT};
+    for (int i = 0; i < 9; ++i) POS_CU(cuFuncGetAttribute(&v[i], attrs[i], f), "function " + std::to_string(fid));
+    FuncAttributes a{};
+    a.shared_size_bytes = static_cast<uint64_t>(v[0]);
+    a.const_size_bytes = static_cast<uint64_t>(v[1]);
+    a.local_size_bytes = static_cast<uint64_t>(v[2]);
+    a.max_threads_per_block = v[3];
+    a.num_regs = v[4];
+    a.ptx_version = v[5];
+    a.binary_version = v[6];
+    a.max_dynamic_shared_size_bytes = v[7];
+    a.preferred_shmem_carveout = v[8];
+    return a;
+  }
+  Status function_set_attribute(BackendObj fid, int32_t attr, int32_t value) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = functions_.find(fid);
+    if (it == functions_.end()) return not_found("function", fid);
+    // cudaFuncAttribute values 8.. equal CUfunction_attribute's (max dynamic smem, carveout, cluster...).
+    if (attr < 8) return Status::Cuda(cuda::kErrorInvalidValue, "function attribute " + std::to_string(attr) + " is read-only");
+    POS_CU(cuFuncSetAttribute(it->second.f, static_cast<CUfunction_attribute>(attr), value),
+           "attribute " + std::to_string(attr));
+    return Status::Ok();
+  }
+  StatusOr<int32_t> occupancy(BackendObj fid, int32_t block, uint64_t smem, uint32_t flags) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = functions_.find(fid);
+    if (it == functions_.end()) return not_found("function", fid);
+    int n = 0;
+    POS_CU(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&n, it->second.f, block, smem, flags),
+           "function " + std::to_string(fid));
+    return n;
+  }
+
+  StatusOr<BackendObj> blas_create() override {
+    POS_RETURN_IF_ERROR(bind());
+    CuBlas b;
+    POS_RETURN_IF_ERROR(blas_status(cublasCreate(&b.h), "cublasCreate", "new handle"));
+    // The handle starts on this client's default stream, not the process's legacy stream.
+    if (cublasStatus_t r = cublasSetStream(b.h, default_->s); r != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(b.h);
+      return blas_status(r, "cublasSetStream", "new handle");
+    }
+    const BackendObj id = next_id_++;
+    blas_[id] = b;
+    return id;
+  }
+  Status blas_destroy(BackendObj id) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = blas_.find(id);
+    if (it == blas_.end()) return Status::Cublas(cuda::kCublasNotInitialized, "unknown cuBLAS handle");
+    cublasHandle_t h = it->second.h;
+    blas_.erase(it);
+    return blas_status(cublasDestroy(h), "cublasDestroy", "handle " + std::to_string(id));
+  }
+  Status blas_set_stream(BackendObj id, BackendObj sid) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = blas_.find(id);
+    if (it == blas_.end()) return Status::Cublas(cuda::kCublasNotInitialized, "unknown cuBLAS handle");
+    CuStream* s = find_stream(sid);
+    if (s == nullptr) return Status::Cublas(cuda::kCublasInvalidValue, "unknown stream");
+    POS_RETURN_IF_ERROR(blas_status(cublasSetStream(it->second.h, s->s), "cublasSetStream", "handle " + std::to_string(id)));
+    it->second.stream = sid;
+    return Status::Ok();
+  }
+  Status blas_set_math_mode(BackendObj id, int32_t mode) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = blas_.find(id);
+    if (it == blas_.end()) return Status::Cublas(cuda::kCublasNotInitialized, "unknown cuBLAS handle");
+    return blas_status(cublasSetMathMode(it->second.h, static_cast<cublasMath_t>(mode)), "cublasSetMathMode",
+                       "handle " + std::to_string(id));
+  }
+  Status blas_gemm(BackendObj id, const GemmArgs& g) override {
+    POS_RETURN_IF_ERROR(bind());
+    auto it = blas_.find(id);
+    if (it == blas_.end()) return Status::Cublas(cuda::kCublasNotInitialized, "unknown cuBLAS handle");
+    CuStream* s = find_stream(it->second.stream);
+    if (s == nullptr) return Status::Cublas(cuda::kCublasInvalidValue, "the handle's stream is gone");
+    order_before(*s);
+    cublasHandle_t h = it->second.h;
+    const auto ta = static_cast<cublasOperation_t>(g.transa), tb = static_cast<cublasOperation_t>(g.transb);
+    const auto* A = reinterpret_cast<const float*>(xlate(g.a));
+    const auto* B = reinterpret_cast<const float*>(xlate(g.b));
+    auto* C = reinterpret_cast<float*>(xlate(g.c));
+    // The entry point the app called, so cuBLAS picks the same kernels it would natively.
+    cublasStatus_t r;
+    switch (g.entry) {
+      case kGemmEntrySgemm:
+        r = cublasSgemm(h, ta, tb, g.m, g.n, g.k, &g.alpha, A, g.lda, B, g.ldb, &g.beta, C, g.ldc);
+        break;
+      case kGemmEntryGemmEx:
+        r = cublasGemmEx(h, ta, tb, g.m, g.n, g.k, &g.alpha, A, static_cast<cudaDataType>(g.a_type), g.lda, B,
+                         static_cast<cudaDataType>(g.b_type), g.ldb, &g.beta, C, static_cast<cudaDataType>(g.c_type),
+                         g.ldc, static_cast<cublasComputeType_t>(g.compute_type), static_cast<cublasGemmAlgo_t>(g.algo));
+        break;
+      default:
+        r = cublasSgemmStridedBatched(h, ta, tb, g.m, g.n, g.k, &g.alpha, A, g.lda, g.stride_a, B, g.ldb, g.stride_b,
+                                      &g.beta, C, g.ldc, g.stride_c, g.batch);
+        break;
+    }
+    if (r == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+    return blas_status(r, "cublas gemm", "handle " + std::to_string(id));
+  }
+
+ private:
+  struct Var {
+    CUdeviceptr dev = 0;
+    uint64_t size = 0;
+    BackendObj module = 0;
+  };
+
+  Status bind() { return make_current(ctx_); }
+  // The slots for a copy of n bytes at host address p, or null where the driver's own path is
+  // right: small copies, page-locked memory, staging off, or slots that could not be made.
+  CuStaging* staging_for(const void* p, uint64_t n) {
+    if (!should_stage(n, staging_opts_, [&] { return page_locked(p, n); })) return nullptr;
+    if (staging_ == nullptr) {
+      auto st = std::make_unique<CuStaging>(staging_opts_, spin_ns_);
+      if (Status s = st->open(); !s.ok()) {
+        // Not a failure of the copy: the driver stages it, as it does natively.
+        POS_WARN("cuda backend: no pinned staging slots (%s); pageable copies take the driver's path",
+                 s.message().c_str());
+        staging_opts_.threads = 0;
+        return nullptr;
+      }
+      POS_INFO("cuda backend: pageable copies of %lu bytes and more go through %u pinned slots of %lu bytes, %u threads",
+               static_cast<unsigned long>(staging_opts_.min_bytes), staging_opts_.slots,
+               static_cast<unsigned long>(staging_opts_.slot_bytes), staging_opts_.threads);
+      staging_ = std::move(st);
+    }
+    return staging_.get();
+  }
+  static Status not_found(const char* what, BackendObj id) {
+    return Status::Cuda(cuda::kErrorInvalidResourceHandle,
+                        std::string("cuda backend: unknown ") + what + " " + std::to_string(id));
+  }
+  CuStream* find_stream(BackendObj id) {
+    if (id == 0) return default_.get();
+    auto it = streams_.find(id);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
+  StatusOr<std::unique_ptr<CuStream>> make_stream(uint32_t flags, int32_t priority) {
+    auto st = std::make_unique<CuStream>();
+    st->flags = flags;
+    POS_CU(cuStreamCreateWithPriority(&st->s, CU_STREAM_NON_BLOCKING, priority), "priority " + std::to_string(priority));
+    if (CUresult r = cuEventCreate(&st->join, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
+      cuStreamDestroy(st->s);
+      return cu_status(r, "cuEventCreate", "stream join event");
+    }
+    return st;
+  }
+  static void destroy_stream(CuStream& s) {
+    if (s.join != nullptr) cuEventDestroy(s.join);
+    if (s.s != nullptr) cuStreamDestroy(s.s);
+    s.join = nullptr, s.s = nullptr;
+  }
+  // Legacy default-stream semantics, per client: work on the default stream waits for all work
+  // queued so far on the client's blocking streams, and work on a blocking stream waits for the
+  // default stream's work so far. Costs an event only when the app switches between them.
+  void order_before(CuStream& s) {
+    if (&s == default_.get()) {
+      for (CuStream* b : pending_) {
+        cuEventRecord(b->join, b->s);
+        cuStreamWaitEvent(default_->s, b->join, 0);
+        b->pending = false;
+      }
+      pending_.clear();
+      ++default_epoch_;
+      return;
+    }
+    if (!s.blocking()) return;
+    if (s.seen_default != default_epoch_) {
+      cuEventRecord(default_->join, default_->s);
+      cuStreamWaitEvent(s.s, default_->join, 0);
+      s.seen_default = default_epoch_;
+    }
+    if (!s.pending) {
+      s.pending = true;
+      pending_.push_back(&s);
+    }
+  }
+  // Addresses of module globals: the app holds the parser's address; the device's is elsewhere.
+  uint64_t xlate(uint64_t addr) const {
+    if (vars_.empty()) return addr;
+    auto it = vars_.upper_bound(addr);
+    if (it == vars_.begin()) return addr;
+    --it;
+    if (addr - it->first < it->second.size) return it->second.dev + (addr - it->first);
+    return addr;
+  }
+  void release_chunk(std::map<uint64_t, Chunk>::iterator it) {
+    cuMemUnmap(it->first, it->second.size);
+    cuMemRelease(it->second.handle);
+    chunks_.erase(it);
+  }
+  Status map_chunk(uint64_t start, uint64_t size);
+
+  CUcontext ctx_;
+  CUdevice dev_;
+  const uint64_t granule_, base_, size_;
+  bool reserved_ = false;
+  BackendObj next_id_ = 1;
+  std::unique_ptr<CuStream> default_;
+  uint64_t default_epoch_ = 0;
+  std::vector<CuStream*> pending_;  // blocking streams with work the default stream has not joined
+  std::unordered_map<BackendObj, std::unique_ptr<CuStream>> streams_;
+  std::unordered_map<BackendObj, CUevent> events_;
+  std::unordered_map<BackendObj, CUmodule> modules_;
+  std::unordered_map<BackendObj, CuFunction> functions_;
+  std::unordered_map<BackendObj, BackendObj> function_module_;
+  std::unordered_map<BackendObj, CuBlas> blas_;
+  std::map<uint64_t, Var> vars_;
+  std::map<uint64_t, Chunk> chunks_;             // start → chunk, non-overlapping
+  std::map<uint64_t, uint64_t> allocations_;     // addr → size, as the parser placed them
+  StagingOptions staging_opts_;
+  const uint64_t spin_ns_;                       // the copier threads spin this long between chunks
+  std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
+};
+
+CudaClient::~CudaClient() {
+  if (!bind().ok()) return;
+  (void)synchronize_all();
+  staging_.reset();
+  for (auto& [id, b] : blas_) cublasDestroy(b.h);
+  for (auto& [id, e] : events_) cuEventDestroy(e);
+  for (auto& [id, s] : streams_) destroy_stream(*s);
+  if (default_) destroy_stream(*default_);
+  for (auto& [id, m] : modules_) cuModuleUnload(m);
+  while (!chunks_.empty()) release_chunk(chunks_.begin());
+  if (reserved_) cuMemAddressFree(base_, size_);
+}
+
+Status CudaClient::map_chunk(uint64_t start, uint64_t size) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev_;
+  CUmemGenericAllocationHandle h = 0;
+  POS_CU(cuMemCreate(&h, size, &prop, 0), std::to_string(size) + " bytes at " + hex(start));
+  if (CUresult r = cuMemMap(start, size, 0, h, 0); r != CUDA_SUCCESS) {
+    cuMemRelease(h);
+    return cu_status(r, "cuMemMap", hex(start));
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = cuMemSetAccess(start, size, &access, 1); r != CUDA_SUCCESS) {
+    cuMemUnmap(start, size);
+    cuMemRelease(h);
+    return cu_status(r, "cuMemSetAccess", hex(start));
+  }
+  chunks_[start] = Chunk{size, h, 1};
+  return Status::Ok();
+}
+
+Status CudaClient::alloc_at(uint64_t addr, uint64_t size) {
+  POS_RETURN_IF_ERROR(bind());
+  if (size == 0 || addr < base_ || size > size_ || addr - base_ > size_ - size)
+    return Status::Internal("cuda backend: allocation outside the client's range");
+  const uint64_t lo = addr / granule_ * granule_;
+  const uint64_t hi = (addr + size + granule_ - 1) / granule_ * granule_;
+  // Walk [lo, hi): reference chunks that already back part of it, map new ones for the gaps.
+  std::vector<uint64_t> touched;
+  uint64_t pos = lo;
+  Status st;
+  while (pos < hi && st.ok()) {
+    auto it = chunks_.upper_bound(pos);
+    if (it != chunks_.begin()) {
+      auto prev = std::prev(it);
+      if (pos < prev->first + prev->second.size) {  // covered
+        ++prev->second.refs;
+        touched.push_back(prev->first);
+        pos = prev->first + prev->second.size;
+        continue;
+      }
+    }
+    const uint64_t end = (it != chunks_.end() && it->first < hi) ? it->first : hi;
+    st = map_chunk(pos, end - pos);
+    if (st.ok()) touched.push_back(pos);
+    pos = end;
+  }
+  if (!st.ok()) {  // undo: nothing of this allocation stays
+    for (uint64_t t : touched) {
+      auto it = chunks_.find(t);
+      if (--it->second.refs == 0) release_chunk(it);
+    }
+    return st;
+  }
+  allocations_[addr] = size;
+  return Status::Ok();
+}
+
+Status CudaClient::free_at(uint64_t addr, uint64_t size) {
+  POS_RETURN_IF_ERROR(bind());
+  if (auto v = vars_.find(addr); v != vars_.end()) {  // a module global: the module owns its memory
+    vars_.erase(v);
+    return Status::Ok();
+  }
+  auto a = allocations_.find(addr);
+  if (a == allocations_.end() || a->second != size)
+    return Status::Internal("cuda backend: free of an address it did not allocate");
+  // cudaFree waits for the device: queued work may still use the buffer.
+  POS_RETURN_IF_ERROR(synchronize_all());
+  allocations_.erase(a);
+  const uint64_t lo = addr / granule_ * granule_;
+  const uint64_t hi = (addr + size + granule_ - 1) / granule_ * granule_;
+  auto it = chunks_.upper_bound(lo);
+  if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second.size > lo) --it;
+  while (it != chunks_.end() && it->first < hi) {
+    auto next = std::next(it);
+    if (--it->second.refs == 0) release_chunk(it);
+    it = next;
+  }
+  return Status::Ok();
+}
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend(const StagingOptions& staging, uint64_t spin_ns) : staging_(staging), spin_ns_(spin_ns) {}
+  ~CudaBackend() override {
+    for (int d = 0; d < static_cast<int>(ctx_.size()); ++d)
+      if (ctx_[d] != nullptr) cuDevicePrimaryCtxRelease(devs_[d]);
+  }
+
+  Status init() {
+    POS_CU(cuInit(0), "driver");
+    int n = 0;
+    POS_CU(cuDeviceGetCount(&n), "");
+    if (n == 0) return Status::Cuda(cuda::kErrorNoDevice, "cuda backend: no CUDA device is visible");
+    POS_CU(cuDriverGetVersion(&driver_version_), "");
+    devs_.resize(n);
+    ctx_.assign(n, nullptr);
+    for (int d = 0; d < n; ++d) POS_CU(cuDeviceGet(&devs_[d], d), "device " + std::to_string(d));
+    // The allocation granularity is the same for every device of a kind; take device 0's.
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = devs_[0];
+    size_t g = 0;
+    POS_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "device 0");
+    granule_ = g;
+    POS_RETURN_IF_ERROR(use_device(0));
+    size_t free_b = 0, total_b = 0;
+    POS_CU(cuMemGetInfo(&free_b, &total_b), "device 0");
+    // What clients may reserve: free memory now, less room for the driver, cuBLAS workspaces and
+    // the granule rounding of small buffers.
+    const uint64_t margin = std::min<uint64_t>(free_b / 16, 2ull << 30);
+    // Clients open on device 0 (one device per job for now), so its memory is what they share.
+    set_memory_capacity(free_b > margin ? free_b - margin : 0);
+    return Status::Ok();
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  std::string device_name(int device) const override {
+    DeviceProps p{};
+    if (!properties(device, &p).ok()) return "unknown";
+    return p.name;
+  }
+  int device_count() const override { return static_cast<int>(devs_.size()); }
+  // cudaMalloc's alignment; the physical backing is shared per granule (CudaClient::alloc_at).
+  uint64_t granularity() const override { return 512; }
+  Status properties(int device, DeviceProps* p) const override {
+    if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
+    CUdevice dev = devs_[device];
+    *p = DeviceProps{};
+    POS_CU(cuDeviceGetName(p->name, sizeof(p->name) - 1, dev), "device " + std::to_string(device));
+    size_t total = 0;
+    POS_CU(cuDeviceTotalMem(&total, dev), "");
+    p->total_global_mem = total;
+    auto attr = [&](CUdevice_attribute a) {
+      int v = 0;
+      cuDeviceGetAttribute(&v, a, dev);
+      return v;
+    };
+    p->shared_mem_per_block = static_cast<uint64_t>(attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
+    p->regs_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+    p->warp_size = attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+    p->max_threads_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    p->max_threads_dim[0] = attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+    p->max_threads_dim[1] = attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+    p->max_threads_dim[2] = attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+    p->max_grid_size[0] = attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+    p->max_grid_size[1] = attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+    p->max_grid_size[2] = attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+    p->major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    p->minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    p->multi_processor_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    p->max_threads_per_multi_processor = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+    p->l2_cache_size = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+    p->memory_bus_width = attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+    p->total_const_mem = static_cast<uint64_t>(attr(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY));
+    p->unified_addressing = attr(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+    p->pci_bus_id = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    p->pci_device_id = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+    return Status::Ok();
+  }
+  Status attribute(int32_t attr, int device, int32_t* out) const override {
+    if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
+    int v = 0;
+    // cudaDeviceAttr values equal CUdevice_attribute's.
+    POS_CU(cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(attr), devs_[device]),
+           "attribute " + std::to_string(attr));
+    *out = v;
+    return Status::Ok();
+  }
+  int32_t driver_version() const override { return driver_version_; }
+  Status mem_info(int device, MemInfo* out) const override {
+    if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
+    POS_RETURN_IF_ERROR(use_device(device));
+    size_t f = 0, t = 0;
+    POS_CU(cuMemGetInfo(&f, &t), "device " + std::to_string(device));
+    out->free = f, out->total = t;
+    return Status::Ok();
+  }
+  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device) override {
+    if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
+    auto ctx = context(device);
+    if (!ctx.ok()) return ctx.status();
+    if (base % granule_ != 0 || size % granule_ != 0)
+      return Status::InvalidArgument("cuda backend: client range " + hex(base) + " + " + hex(size) +
+                                     " is not aligned to the device's " + std::to_string(granule_) + "-byte granule");
+    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size, staging_, spin_ns_);
+    POS_RETURN_IF_ERROR(c->open());
+    return std::unique_ptr<BackendClient>(std::move(c));
+  }
+
+  StatusOr<void*> host_alloc(uint64_t bytes) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    void* p = nullptr;
+    // Portable: every context of the process may DMA from it (clients share the primary one).
+    POS_CU(cuMemHostAlloc(&p, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE), std::to_string(bytes) + " bytes");
+    return p;
+  }
+  Status host_free(void* p) override {
+    if (p == nullptr) return Status::Ok();
+    POS_RETURN_IF_ERROR(use_device(0));
+    POS_CU(cuMemFreeHost(p), "pinned host memory");
+    return Status::Ok();
+  }
+  Status host_register(void* p, uint64_t bytes) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    POS_CU(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE), "registering " + std::to_string(bytes) + " bytes of host memory");
+    return Status::Ok();
+  }
+  Status host_unregister(void* p) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    POS_CU(cuMemHostUnregister(p), "unregistering host memory");
+    return Status::Ok();
+  }
+
+ private:
+  // The device's primary context, current on the calling thread (control-thread queries).
+  Status use_device(int device) const {
+    auto ctx = context(device);
+    if (!ctx.ok()) return ctx.status();
+    return make_current(*ctx);
+  }
+  StatusOr<CUcontext> context(int device) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (ctx_[device] == nullptr) POS_CU(cuDevicePrimaryCtxRetain(&ctx_[device], devs_[device]), "device " + std::to_string(device));
+    return ctx_[device];
+  }
+
+  const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
+  const uint64_t spin_ns_;
+  int driver_version_ = 0;
+  uint64_t granule_ = 2u << 20;
+  std::vector<CUdevice> devs_;
+  mutable std::mutex mu_;  // guards ctx_
+  mutable std::vector<CUcontext> ctx_;
+};
+
+}  // namespace
+}  // namespace pos::cudabk
+
+// The entry point libpos looks up after loading this library (pos/backend.cc).
+extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_backend_create(const pos::Config* config,
+                                                                                              pos::Status* status) {
+  pos::StagingOptions staging;
+  auto threads = pos::copy_threads_from_env(std::getenv("POS_COPY_THREADS"), std::thread::hardware_concurrency());
+  if (!threads.ok()) {
+    *status = threads.status();
+    return nullptr;
+  }
+  staging.threads = *threads;
+  const uint64_t spin_ns = config != nullptr ? config->spin_ns : pos::Config{}.spin_ns;
+  auto b = std::make_unique<pos::cudabk::CudaBackend>(staging, spin_ns);
+  *status = b->init();
+  if (!status->ok()) return nullptr;
+  return b.release();
+}

@@ -1,0 +1,314 @@
+// checkpoint.cc — the drainer and copy-on-write of a checkpoint job.
+// The drainer copies chunk by chunk under each region's lock; the worker, before a call writes a
+// region not yet drained, takes the same lock (so no copy of the old bytes is in flight) and
+// moves the undrained rest to a device shadow. The pool of shadows is bounded.
+#include "pos/checkpoint/checkpoint.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "pos/api_context.h"
+#include "pos/handle.h"
+#include "pos/base/hex.h"
+#include "pos/base/log.h"
+#include "pos/base/sync.h"
+
+namespace pos {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+ckpt::HostAllocator pinned_allocator(DeviceBackend* device) {
+  return ckpt::HostAllocator{[device](uint64_t n) -> void* {
+                               auto p = device->host_alloc(n);
+                               return p.ok() ? *p : nullptr;
+                             },
+                             [device](void* p) { (void)device->host_free(p); }};
+}
+
+StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s) {
+  if (s == "sync") return CheckpointMode::kSync;
+  if (s == "async") return CheckpointMode::kAsync;
+  return Status::InvalidArgument("checkpoint mode must be sync or async, not '" + s + "'");
+}
+
+CheckpointJob::~CheckpointJob() {
+  if (drainer_.joinable()) drainer_.join();
+  std::lock_guard<std::mutex> lk(pool_mu_);
+  for (auto& r : regions_)
+    if (r->shadow != 0 && shadow_copier_) shadow_copier_->shadow_free(r->shadow);
+}
+
+Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
+  t0_ = seconds_now();
+  shadow_limit_ = req_.shadow_pool_bytes != 0 ? req_.shadow_pool_bytes : default_shadow_pool;
+  device_index_ = device;
+  if (req_.dir.empty() == (req_.memory == nullptr))
+    return Status::InvalidArgument("a checkpoint needs exactly one target: a directory or a memory image");
+  if (req_.stop && req_.mode != CheckpointMode::kSync)
+    return Status::InvalidArgument("a stop checkpoint is sync: the client never runs past its cut, so there is "
+                                   "nothing for copy-on-write to protect");
+  if (!req_.parent_dir.empty()) {
+    if (req_.memory != nullptr) return Status::InvalidArgument("incremental checkpoints go to a directory");
+    auto p = ckpt::ImageReader::open_dir(req_.parent_dir);
+    if (!p.ok()) return p.status().with_context("parent image " + req_.parent_dir);
+    parent_ = std::move(*p);
+  }
+  if (req_.memory != nullptr) {
+    auto w = ckpt::open_memory_writer(req_.memory);
+    if (!w.ok()) return w.status();
+    writer_ = std::move(*w);
+  } else {
+    ckpt::DirWriterOptions o;
+    o.replace = req_.replace;
+    o.alloc = pinned_allocator(device_);
+    auto w = ckpt::open_dir_writer(req_.dir, o);
+    if (!w.ok()) return w.status();
+    writer_ = std::move(*w);
+  }
+  return Status::Ok();
+}
+
+void CheckpointJob::add_region(uint64_t key, uint64_t addr, uint64_t size, bool is_var, int record) {
+  auto r = std::make_unique<DrainRegion>();
+  r->key = key, r->addr = addr, r->size = size, r->is_var = is_var, r->record = record;
+  if (!is_var) by_addr_[addr] = r.get();
+  total_bytes_ += size;
+  regions_.push_back(std::move(r));
+}
+
+Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s) {
+  // Variables can be written by any kernel of their module (no edge names them): they are
+  // captured now, while the client is stopped. They are small.
+  for (auto& r : regions_) {
+    if (!r->is_var) continue;
+    r->host_copy.resize(r->size);
+    POS_RETURN_IF_ERROR(backend->memcpy_d2h(r->host_copy.data(), r->addr, r->size));
+  }
+  auto dc = backend->make_copier();
+  if (!dc.ok()) return dc.status();
+  drain_copier_ = std::move(*dc);
+  if (req_.mode == CheckpointMode::kAsync) {
+    auto sc = backend->make_copier();
+    if (!sc.ok()) return sc.status();
+    shadow_copier_ = std::move(*sc);
+    if (shadow_limit_ == 0) {
+      // Auto: room to shadow every buffer once (then the job never waits for the drainer), but
+      // never more than half of what is free, so the job's own allocations keep their headroom.
+      uint64_t buffers = 0;
+      for (auto& r : regions_)
+        if (!r->is_var) buffers += r->size;
+      MemInfo mi{};
+      const uint64_t half_free = device_->mem_info(device_index_, &mi).ok() ? mi.free / 2 : 0;
+      shadow_limit_ = std::min(buffers, half_free);
+    }
+  }
+  stall_start_s_ = stall_start_s;
+  result_.drain_start_s = seconds_now();
+  drainer_ = std::thread([this] {
+    name_this_thread("pos-ckpt-drain");
+    drain_main();
+  });
+  if (req_.on_cut) req_.on_cut(inventory_.cut_pc());
+  // A stop checkpoint's worker does not wait here: it goes back to holding (never running) the
+  // calls after the cut, which the parser keeps handing it until the seal.
+  if (req_.mode == CheckpointMode::kSync && !req_.stop) {
+    std::unique_lock<std::mutex> lk(done_mu_);
+    done_cv_.wait(lk, [&] { return done_; });
+  }
+  result_.stall_s = seconds_now() - stall_start_s;
+  return Status::Ok();
+}
+
+void CheckpointJob::protect(const APIContext& c) {
+  for (size_t i = 0; i < c.edges.size(); ++i) {
+    const Edge& e = c.edges[i];
+    if (e.kind == EdgeKind::kIn || e.kind == EdgeKind::kCreate) continue;
+    if (e.handle->type != ResourceType::kMemory) continue;
+    auto it = by_addr_.find(e.handle->client_addr);
+    if (it != by_addr_.end()) protect_region(*it->second);
+  }
+}
+
+void CheckpointJob::protect_region(DrainRegion& r) {
+  std::unique_lock<std::mutex> lk(r.mu);  // waits out a chunk the drainer has in flight
+  while (!r.done && r.shadow == 0) {
+    const uint64_t need = r.size - r.drained;
+    {
+      std::lock_guard<std::mutex> pl(pool_mu_);
+      if (shadow_in_use_ + need <= shadow_limit_) {
+        auto s = shadow_copier_->shadow_alloc(need);
+        if (s.ok()) {
+          shadow_in_use_ += need;
+          shadow_total_ += need;
+          Status c = shadow_copier_->device_copy_async(*s, r.addr + r.drained, need, 0);
+          if (c.ok()) c = shadow_copier_->wait(0);
+          if (c.ok()) {
+            r.shadow = *s;
+            r.shadow_from = r.drained;
+            return;
+          }
+          POS_ERROR("checkpoint: shadow copy of %s failed: %s", hex(r.addr).c_str(), c.to_string().c_str());
+          shadow_copier_->shadow_free(*s);
+          shadow_in_use_ -= need;
+        }
+      }
+    }
+    // No room (or no memory) for a shadow: the drainer takes this region next; wait for it.
+    r.urgent.store(true, std::memory_order_release);
+    lk.unlock();
+    if (req_.on_pool_full) req_.on_pool_full();
+    {
+      std::unique_lock<std::mutex> pl(pool_mu_);
+      ++shadow_waits_;
+      pool_cv_.wait_for(pl, std::chrono::milliseconds(1));
+    }
+    lk.lock();
+  }
+}
+
+void CheckpointJob::drain_main() {
+  Status s = drain_all();
+  if (s.ok()) s = writer_->finish_blobs();
+  if (s.ok()) {
+    for (auto& r : regions_) {
+      ckpt::pb::HandleRecord* h = image_.mutable_handles(r->record);
+      *h->mutable_memory() = writer_->ref(r->blob);
+    }
+    inventory_.set_blob_bytes(total_bytes_);
+    if (req_.stop) s = wait_for_seal();
+  }
+  if (s.ok()) s = writer_->commit(inventory_, image_);
+  if (!s.ok()) writer_->abort();
+  finish(s);
+}
+
+// Drainer, stop checkpoints: the device state is in the image; the parser now stops accepting
+// calls and hands over the ones after the cut. The parser runs until the client's shutdown, and
+// shutdown waits for a stop checkpoint in flight, so the seal always comes.
+Status CheckpointJob::wait_for_seal() {
+  seal_requested_.store(true, std::memory_order_release);
+  if (wake_) wake_();
+  std::unique_lock<std::mutex> lk(seal_mu_);
+  seal_cv_.wait(lk, [&] { return sealed_; });
+  POS_RETURN_IF_ERROR(seal_status_);
+  if (sealed_async_error_ == 0) {  // the app read it after the cut: it must not see it twice
+    image_.mutable_client()->set_async_error(0);
+    image_.mutable_client()->clear_async_error_message();
+  }
+  for (ckpt::pb::PendingCall& p : pending_) *image_.add_pending() = std::move(p);
+  pending_.clear();
+  result_.pending_calls = static_cast<uint64_t>(image_.pending_size());
+  if (image_.pending_size() > 0) inventory_.add_features("pending-calls");
+  return Status::Ok();
+}
+
+void CheckpointJob::seal(std::vector<ckpt::pb::PendingCall> calls, Status status, int32_t async_error) {
+  std::lock_guard<std::mutex> lk(seal_mu_);
+  pending_ = std::move(calls);
+  seal_status_ = std::move(status);
+  sealed_async_error_ = async_error;
+  sealed_ = true;
+  seal_cv_.notify_all();
+}
+
+bool CheckpointJob::succeeded() const {
+  std::lock_guard<std::mutex> lk(done_mu_);
+  return done_ && status_.ok();
+}
+
+Status CheckpointJob::drain_all() {
+  if (req_.hold_drain != nullptr)
+    while (req_.hold_drain->load(std::memory_order_acquire)) std::this_thread::yield();
+  for (auto& r : regions_) POS_RETURN_IF_ERROR(writer_->begin_blob(r->size, &r->blob));
+  // Regions the worker waits for come first; the rest in order.
+  size_t next = 0;
+  std::vector<bool> taken(regions_.size(), false);
+  for (size_t left = regions_.size(); left > 0; --left) {
+    size_t pick = regions_.size();
+    for (size_t i = 0; i < regions_.size(); ++i)
+      if (!taken[i] && regions_[i]->urgent.load(std::memory_order_acquire)) {
+        pick = i;
+        break;
+      }
+    if (pick == regions_.size()) {
+      while (taken[next]) ++next;
+      pick = next;
+    }
+    taken[pick] = true;
+    POS_RETURN_IF_ERROR(drain_region(*regions_[pick]));
+  }
+  return Status::Ok();
+}
+
+Status CheckpointJob::drain_region(DrainRegion& r) {
+  for (uint64_t off = 0; off < r.size || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
+    const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
+    auto buf = writer_->chunk(r.blob, off, n);
+    if (!buf.ok()) return buf.status();
+    {
+      std::lock_guard<std::mutex> lk(r.mu);
+      if (r.is_var) {
+        std::memcpy(*buf, r.host_copy.data() + off, n);
+      } else if (n > 0) {
+        const uint64_t src = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;
+        POS_RETURN_IF_ERROR(drain_copier_->to_host_async(*buf, src, n, 0));
+        POS_RETURN_IF_ERROR(drain_copier_->wait(0));
+      }
+      r.drained = off + n;
+    }
+    POS_RETURN_IF_ERROR(writer_->chunk_filled(r.blob, off, n));
+    result_.bytes_stored += n;
+    if (req_.progress) req_.progress(result_.bytes_stored, total_bytes_);
+    if (r.size == 0) break;
+  }
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.done = true;
+  if (r.shadow != 0) {
+    std::lock_guard<std::mutex> pl(pool_mu_);
+    shadow_copier_->shadow_free(r.shadow);
+    shadow_in_use_ -= r.size - r.shadow_from;
+    r.shadow = 0;
+  }
+  pool_cv_.notify_all();
+  return Status::Ok();
+}
+
+void CheckpointJob::finish(Status s) {
+  result_.drain_end_s = seconds_now();
+  {
+    std::lock_guard<std::mutex> lk(done_mu_);
+    status_ = std::move(s);
+    done_ = true;
+    // Under the lock, so that whoever sees drained() also sees the outcome (succeeded()).
+    drained_flag_.store(true, std::memory_order_release);
+    done_cv_.notify_all();
+  }
+  // wait() joins this thread before it returns, so the client the hook rings is still there.
+  if (wake_) wake_();
+}
+
+StatusOr<CheckpointResult> CheckpointJob::wait() {
+  {
+    std::unique_lock<std::mutex> lk(done_mu_);
+    done_cv_.wait(lk, [&] { return done_; });
+  }
+  if (drainer_.joinable()) drainer_.join();
+  if (!status_.ok()) return status_;
+  result_.cut_pc = inventory_.cut_pc();
+  result_.handles = static_cast<uint64_t>(image_.handles_size());
+  // A stop checkpoint's client never resumes: it was stopped from the cut to the durable image.
+  if (req_.stop) result_.stall_s = result_.drain_end_s - stall_start_s_;
+  result_.image_id = inventory_.image_id();
+  {
+    std::lock_guard<std::mutex> pl(pool_mu_);
+    result_.shadow_bytes = shadow_total_;
+    result_.shadow_waits = shadow_waits_;
+    result_.shadow_limit = shadow_limit_;
+  }
+  result_.total_s = seconds_now() - t0_;
+  return result_;
+}
+
+}  // namespace pos

@@ -1,0 +1,524 @@
+// client_checkpoint.cc — a client's side of checkpoint and restore: the parser records every live
+// handle at the cut (metadata is parser-owned), and a restored client rebuilds them from an image.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "pos/client.h"
+#include "pos/base/hex.h"
+#include "pos/base/log.h"
+
+namespace pos {
+namespace {
+
+constexpr int kKeyShift = 56;
+uint64_t key_of(const Handle* h) { return (static_cast<uint64_t>(h->type) << kKeyShift) | h->id; }
+ResourceType type_of_key(uint64_t key) { return static_cast<ResourceType>(key >> kKeyShift); }
+uint64_t id_of_key(uint64_t key) { return key & ((uint64_t{1} << kKeyShift) - 1); }
+// Background loaders of a lazy restore: as many as eager restore uses, so a job that never waits
+// still gets its state at full speed.
+constexpr size_t kLazyLoaders = 8;
+
+}  // namespace
+
+// Parser thread, at the cut: it has parsed exactly the calls < cut, so the handles and their
+// parser-owned fields are the state at the cut.
+void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
+  ckpt::pb::ClientImage& img = job.image();
+  ckpt::pb::ClientRecord* cr = img.mutable_client();
+  cr->set_uuid(uuid_);
+  cr->set_job_name(job_name_);
+  cr->set_va_base(ps_.va_base);
+  cr->set_va_size(config_.va_size);
+  cr->set_next_pc(cut);
+  cr->set_current_device(ps_.current_device);
+  cr->set_device(device_);
+  cr->set_default_stream(key_of(ps_.default_stream));
+  for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
+    auto* m = cr->add_managers();
+    m->set_type(static_cast<uint32_t>(t));
+    m->set_next_id(ps_.managers[t]->next_id());
+    m->set_next_slot(ps_.managers[t]->next_slot());
+  }
+  // Buffers the parent image holds unchanged: written last before the parent's cut.
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> in_parent;  // key → (addr, size)
+  uint64_t parent_cut = 0;
+  if (const ckpt::ImageReader* p = job.parent()) {
+    parent_cut = p->inventory().cut_pc();
+    for (const auto& h : p->client().handles())
+      if (h.has_memory()) in_parent[h.id()] = {h.addr(), h.size()};
+  }
+  // Types in enum order put parents first (device < context < stream, module < function, ...).
+  for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
+    std::vector<Handle*> hs;
+    ps_.managers[t]->for_each([&](Handle* h) {
+      if (h->state == HandleState::kActive) hs.push_back(h);
+    });
+    std::sort(hs.begin(), hs.end(), [](const Handle* a, const Handle* b) { return a->id < b->id; });
+    for (Handle* h : hs) {
+      ckpt::pb::HandleRecord* r = img.add_handles();
+      r->set_id(key_of(h));
+      r->set_type(static_cast<uint32_t>(h->type));
+      r->set_addr(h->client_addr);
+      r->set_size(h->size);
+      for (Handle* p : h->parents) r->add_parents(key_of(p));
+      r->set_created_pc(h->created_pc);
+      r->set_version(h->version);
+      r->set_charged(h->charged);
+      r->set_flags(h->flags);
+      r->set_priority(h->priority);
+      r->set_math_mode(h->math_mode);
+      r->set_bound_stream(h->bound_stream);
+      r->set_name(h->name);
+      if (!h->blob.empty()) r->set_fatbin(h->blob.data(), h->blob.size());
+      r->set_recorded(h->recorded);
+      for (auto [a, v] : h->func_attrs) {
+        auto* fa = r->add_func_attrs();
+        fa->set_attr(a);
+        fa->set_value(v);
+      }
+      const bool is_var = h->type == ResourceType::kVar;
+      if (h->type != ResourceType::kMemory && !is_var) continue;
+      auto it = in_parent.find(key_of(h));
+      // Variables are always stored: kernels write them without naming them.
+      if (!is_var && it != in_parent.end() && it->second == std::make_pair(h->client_addr, h->size) &&
+          h->version < parent_cut) {
+        r->mutable_memory()->set_in_parent(true);
+        *job.referenced_bytes() += h->size;
+        continue;
+      }
+      job.add_region(key_of(h), h->client_addr, h->size, is_var, img.handles_size() - 1);
+    }
+  }
+  ckpt::pb::Inventory& inv = job.inventory();
+  inv.set_pos_version(POS_VERSION_STRING);
+  inv.set_backend(std::string(backend_->name()));
+  inv.set_device_name(backend_->device_name(device_));  // the model that held the bytes
+  inv.set_cut_pc(cut);
+  inv.set_image_id(ckpt::random_image_id());
+  inv.set_created_unix_ns(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count()));
+  inv.set_mode(job.request().mode == CheckpointMode::kSync ? "sync" : "async");
+  inv.add_features("handles");
+  inv.add_features("device-memory");
+  if (job.request().stop) inv.add_features("stopped");
+  if (const ckpt::ImageReader* p = job.parent()) {
+    inv.add_features("incremental");
+    auto* pp = inv.mutable_parent();
+    namespace fs = std::filesystem;
+    const fs::path child = fs::absolute(fs::path(job.request().dir)).lexically_normal();
+    const fs::path parent = fs::absolute(fs::path(p->dir())).lexically_normal();
+    pp->set_path(parent.lexically_relative(child).string());  // resolved against the image's own dir
+    pp->set_image_id(p->inventory().image_id());
+    pp->set_cut_pc(p->inventory().cut_pc());
+  }
+}
+
+// Before the threads start: this thread is the only one touching parser and worker state.
+Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& image_ptr,
+                                const RestoreOptions& options) {
+  const ckpt::ImageReader& image = *image_ptr;
+  const ckpt::pb::ClientImage& img = image.client();
+  const auto& cr = img.client();
+  if (cr.va_base() != ps_.va_base || cr.va_size() != config_.va_size)
+    return Status::FailedPrecondition("image client range " + hex(cr.va_base()) + " + " + hex(cr.va_size()) +
+                                      " differs from the slot's " + hex(ps_.va_base) + " + " + hex(config_.va_size));
+  std::unordered_map<uint64_t, Handle*> by_key;
+  BackendClient& bc = *backend_client_;
+  for (const auto& r : img.handles()) {
+    const ResourceType t = type_of_key(r.id());
+    if (static_cast<uint32_t>(t) != r.type() || t >= ResourceType::kCount)
+      return Status::Corrupt("handle " + std::to_string(r.id()) + ": key and type disagree");
+    std::vector<Handle*> parents;
+    for (uint64_t p : r.parents()) parents.push_back(by_key.at(p));  // validated: earlier records
+    HandleManager& m = ps_.mgr(t);
+    const bool bytes = t == ResourceType::kMemory || t == ResourceType::kVar;
+    if (bytes && (r.size() == 0 || !m.contains_range(r.addr())))
+      return Status::Corrupt("buffer " + hex(r.addr()) + " lies outside the client's range");
+    auto h = m.adopt_at(r.addr(), r.size(), std::move(parents), r.created_pc(), id_of_key(r.id()));
+    if (!h.ok()) return h.status().with_context("restoring " + std::string(resource_type_name(t)) + " " + hex(r.addr()));
+    Handle* x = *h;
+    by_key[r.id()] = x;
+    x->version = r.version();
+    x->flags = r.flags();
+    x->priority = r.priority();
+    x->math_mode = r.math_mode();
+    x->bound_stream = r.bound_stream();
+    x->name = r.name();
+    x->blob.assign(reinterpret_cast<const std::byte*>(r.fatbin().data()),
+                   reinterpret_cast<const std::byte*>(r.fatbin().data()) + r.fatbin().size());
+    x->recorded = r.recorded();
+    for (const auto& fa : r.func_attrs()) x->func_attrs.emplace_back(fa.attr(), fa.value());
+    const std::string what = std::string(resource_type_name(t)) + " " + hex(r.addr());
+    switch (t) {
+      case ResourceType::kDevice: ps_.device = x; break;
+      case ResourceType::kContext: ps_.context = x; break;
+      case ResourceType::kStream:
+        if (r.id() == cr.default_stream()) {
+          ps_.default_stream = x;
+          x->backend_obj = 0;
+        } else {
+          auto s = bc.stream_create(r.flags(), r.priority());
+          if (!s.ok()) return s.status().with_context(what);
+          x->backend_obj = *s;
+        }
+        break;
+      case ResourceType::kEvent: {
+        auto e = bc.event_create(r.flags());
+        if (!e.ok()) return e.status().with_context(what);
+        x->backend_obj = *e;
+        // A recorded event had completed by the cut (the cut synchronizes): record it again so
+        // that queries and waits see it complete.
+        if (r.recorded()) POS_RETURN_IF_ERROR(bc.event_record(*e, 0).with_context(what));
+        break;
+      }
+      case ResourceType::kMemory:
+      case ResourceType::kVar: {
+        x->charged = r.charged();
+        if (x->charged < r.size()) return Status::Corrupt(what + ": charged less than its size");
+        if (!backend_->try_reserve(x->charged))
+          return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, what + ": device memory exhausted");
+        if (t == ResourceType::kMemory) {
+          ps_.memory_in_use += x->charged;
+          POS_RETURN_IF_ERROR(bc.alloc_at(r.addr(), r.size()).with_context(what));
+        } else {
+          POS_RETURN_IF_ERROR(bc.var_bind(x->parents.at(0)->backend_obj, x->name, r.addr(), r.size()).with_context(what));
+        }
+        break;
+      }
+      case ResourceType::kModule: {
+        auto mod = bc.module_load(x->blob);
+        if (!mod.ok()) return mod.status().with_context(what);
+        x->backend_obj = *mod;
+        break;
+      }
+      case ResourceType::kFunction: {
+        if (x->parents.empty() || x->parents[0]->type != ResourceType::kModule)
+          return Status::Corrupt(what + ": a function needs its module");
+        auto info = bc.function_get(x->parents[0]->backend_obj, x->name);
+        if (!info.ok()) return info.status().with_context(what);
+        x->backend_obj = info->obj;
+        x->resolved = info->found;
+        x->layout = info->layout;
+        x->param_bytes = info->param_bytes;
+        for (auto [a, v] : x->func_attrs) POS_RETURN_IF_ERROR(bc.function_set_attribute(x->backend_obj, a, v).with_context(what));
+        break;
+      }
+      case ResourceType::kCublas: {
+        auto b = bc.blas_create();
+        if (!b.ok()) return b.status().with_context(what);
+        x->backend_obj = *b;
+        POS_RETURN_IF_ERROR(bc.blas_set_math_mode(*b, r.math_mode()).with_context(what));
+        break;
+      }
+      case ResourceType::kCount: break;
+    }
+  }
+  if (ps_.device == nullptr || ps_.context == nullptr || ps_.default_stream == nullptr)
+    return Status::Corrupt("image lacks the client's device, context or default stream");
+  // cuBLAS handles follow their streams (created above).
+  for (const auto& [key, x] : by_key) {
+    if (x->type != ResourceType::kCublas) continue;
+    x->bound_stream_handle = ps_.stream(x->bound_stream);
+    if (x->bound_stream_handle == nullptr) x->bound_stream_handle = ps_.default_stream, x->bound_stream = 0;
+    POS_RETURN_IF_ERROR(bc.blas_set_stream(x->backend_obj, x->bound_stream_handle->backend_obj));
+  }
+
+  // Device bytes: several threads each read (and verify) chunks and copy them on their own lane.
+  struct Piece {
+    const ckpt::ImageReader* img;
+    const ckpt::pb::BlobRef* ref;
+    uint64_t addr;
+    bool is_var;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& r : img.handles()) {
+    if (!r.has_memory()) continue;
+    auto src = image.resolve(r);
+    if (!src.ok()) return src.status();
+    pieces.push_back(Piece{src->first, src->second, r.addr(), type_of_key(r.id()) == ResourceType::kVar});
+  }
+  // Variables go through the worker's backend (their device address is the module's).
+  std::vector<std::byte> buf;
+  for (const Piece& p : pieces) {
+    if (!p.is_var) continue;
+    buf.resize(p.ref->length());
+    for (uint64_t off = 0; off < p.ref->length(); off += p.ref->chunk_size()) {
+      const uint64_t n = std::min<uint64_t>(p.ref->chunk_size(), p.ref->length() - off);
+      POS_RETURN_IF_ERROR(p.img->read_chunk(*p.ref, off, n, buf.data() + off));
+    }
+    POS_RETURN_IF_ERROR(bc.memcpy_h2d(p.addr, buf.data(), buf.size()));
+  }
+  if (options.lazy) {
+    // The buffers' bytes come later: on first use (the worker) and from background loaders.
+    lazy_ = std::make_shared<LazyLoader>(image_ptr, backend_,
+                                         "client " + std::to_string(uuid_) + " (" + job_name_ + ")");
+    for (const Piece& p : pieces)
+      if (!p.is_var) lazy_->add(p.addr, p.ref->length(), p.img, p.ref);
+  } else {
+    struct Task {
+      const Piece* piece;
+      uint64_t off, n;
+    };
+    std::vector<Task> tasks;
+    for (const Piece& p : pieces) {
+      if (p.is_var) continue;
+      for (uint64_t off = 0; off < p.ref->length(); off += p.ref->chunk_size())
+        tasks.push_back(Task{&p, off, std::min<uint64_t>(p.ref->chunk_size(), p.ref->length() - off)});
+    }
+    std::atomic<size_t> next{0};
+    std::mutex err_mu;
+    Status first;
+    auto loader = [&] {
+      auto copier = bc.make_copier();
+      ChunkStaging staging(backend_);
+      Status s = copier.ok() ? Status::Ok() : copier.status();
+      while (s.ok()) {
+        const size_t i = next.fetch_add(1);
+        if (i >= tasks.size()) break;
+        const Task& t = tasks[i];
+        s = load_chunk(*t.piece->img, *t.piece->ref, t.off, t.n, t.piece->addr, **copier, staging);
+      }
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (first.ok()) first = s;
+        next.store(tasks.size());
+      }
+    };
+    // Each loader verifies its chunk's checksum on the CPU before the copy: eight keep the link busy.
+    const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, 8);
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < nthreads; ++i) threads.emplace_back(loader);
+    loader();
+    for (auto& th : threads) th.join();
+    POS_RETURN_IF_ERROR(first);
+  }
+  POS_RETURN_IF_ERROR(bc.synchronize_all());
+
+  for (const auto& m : cr.managers())
+    if (m.type() < static_cast<uint32_t>(ResourceType::kCount)) ps_.managers[m.type()]->set_cursors(m.next_id(), m.next_slot());
+  ps_.current_device = cr.current_device();
+  next_pc_ = cr.next_pc();
+  last_parsed_pc_ = cr.next_pc() - 1;
+  ws_.set_async_error(cr.async_error(), cr.async_error_message());
+  memory_in_use_.store(ps_.memory_in_use);
+  update_live_handles();
+  // What the backend has loaded, for a later device move (the threads do not run yet).
+  for (ResourceType t : {ResourceType::kModule, ResourceType::kFunction, ResourceType::kVar})
+    ps_.mgr(t).for_each([&](Handle* h) {
+      if (h->state == HandleState::kActive) ws_.loaded.push_back(h);
+    });
+  if (lazy_) {
+    // Last: from here on the loaders write device memory, so nothing above may fail after them.
+    POS_RETURN_IF_ERROR(lazy_->start(bc, kLazyLoaders, options.hold_loader));
+    lazy_worker_ = lazy_.get();
+  }
+  POS_INFO("client %lu (%s): restored %d handles at cut %lu%s", (unsigned long)uuid_, job_name_.c_str(),
+           img.handles_size(), (unsigned long)cr.next_pc(), lazy_ ? " (buffers load lazily)" : "");
+  return Status::Ok();
+}
+
+// ---------------- stop checkpoints (CheckpointRequest::stop) ----------------
+
+// Parser. Holding: calls that return after parsing are parsed and handed to the worker, which
+// holds them; a call that waits for the worker stops the intake (its caller has no answer yet, and
+// the calls behind it keep their order). Frozen or stopped: every call is answered kUnavailable.
+bool POSClient::intake_while_stopping() {
+  bool progressed = false;
+  APIContext* c = nullptr;
+  for (int i = 0; i < 64 && rpc2parser_wq_.read_available() > 0; ++i) {
+    if (stop_phase_ == StopPhase::kHolding) {
+      if (rpc2parser_wq_.front()->info->mode == ReturnMode::kSync) break;
+      (void)rpc2parser_wq_.pop(c);
+      if (parse_popped(c)) pending_.push_back(c);
+    } else {  // kFrozen, kStopped
+      (void)rpc2parser_wq_.pop(c);
+      refuse_stopped(c);
+    }
+    progressed = true;
+  }
+  return progressed;
+}
+
+bool POSClient::held_at_sync_call() {
+  return stop_phase_ == StopPhase::kHolding && rpc2parser_wq_.read_available() > 0 &&
+         rpc2parser_wq_.front()->info->mode == ReturnMode::kSync;
+}
+
+bool POSClient::stop_needs_parser() {
+  return parser_stop_job_ != nullptr && ((stop_phase_ == StopPhase::kHolding && parser_stop_job_->seal_requested()) ||
+                                         parser_stop_job_->drained());
+}
+
+void POSClient::refuse_stopped(APIContext* c) {
+  c->begin_parse();
+  c->status = Status::Unavailable("client " + std::to_string(uuid_) + " stopped at checkpoint cut " +
+                                  std::to_string(stop_cut_) + ": " + std::string(c->info->name) +
+                                  " (pc " + std::to_string(c->pc) + ") was not run and is not in the image");
+  POS_DEBUG("%s", c->status.message().c_str());
+  c->skip_worker = true;
+  c->advance(kDone);
+  complete_to_rpc(c);
+}
+
+bool POSClient::update_stop_phase() {
+  if (parser_stop_job_ == nullptr) return false;
+  CheckpointJob& job = *parser_stop_job_;
+  if (stop_phase_ == StopPhase::kHolding && job.seal_requested()) {
+    // The device bytes are in the image. From now on nothing is accepted, so the calls handed to
+    // the worker since the cut are exactly the pending calls. The worker has only held them: their
+    // parameter bytes are as submitted, their answers as the parser gave them.
+    std::vector<ckpt::pb::PendingCall> calls;
+    calls.reserve(pending_.size());
+    Status st;
+    uint64_t min_pc = stop_cut_, total = 0;
+    if (pending_.size() > ckpt::kMaxPendingCalls)
+      st = Status::Internal(std::to_string(pending_.size()) + " calls after the cut, more than an image holds");
+    for (size_t i = 0; st.ok() && i < pending_.size(); ++i) {
+      const APIContext& c = *pending_[i];
+      ckpt::pb::PendingCall p;
+      p.set_pc(c.pc);
+      p.set_api_id(static_cast<uint32_t>(c.api_id));
+      for (size_t k = 0; k < c.param_count(); ++k) {
+        const auto b = c.param_bytes(k);
+        p.add_params(std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+        total += b.size();
+      }
+      if (c.ret_size > 0) p.set_ret(std::string(reinterpret_cast<const char*>(c.ret.data()), c.ret_size));
+      // The writer stores only what a reader takes.
+      st = ckpt::validate_pending_call(p, min_pc);
+      if (st.ok() && total > ckpt::kMaxPendingBytes)
+        st = Status::Internal("the calls after the cut carry more than " + std::to_string(ckpt::kMaxPendingBytes) +
+                              " parameter bytes");
+      min_pc = c.pc + 1;
+      calls.push_back(std::move(p));
+    }
+    if (!st.ok()) {
+      st = Status(Code::kOutOfRange, cuda::kErrorUnknown,
+                  "client " + std::to_string(uuid_) + ": cannot keep the calls after the cut: " + st.message());
+      calls.clear();
+    }
+    pending_.clear();
+    stop_phase_ = StopPhase::kFrozen;
+    job.seal(std::move(calls), std::move(st), ps_.async_error->load(std::memory_order_acquire));
+    return true;
+  }
+  if (!job.drained()) return false;
+  if (job.succeeded()) {
+    stop_phase_ = StopPhase::kStopped;  // for good: the worker drops the held calls
+  } else {
+    stop_phase_ = StopPhase::kNone;  // the worker runs the held calls; parsing goes on
+    pending_.clear();
+  }
+  parser_stop_job_.reset();
+  return true;
+}
+
+// Worker, past a stop checkpoint's cut.
+bool POSClient::worker_stopped_step() {
+  bool progressed = false;
+  APIContext* c = nullptr;
+  while (parser2worker_wq_.pop(c)) {
+    progressed = true;
+    if (worker_dead_) return_unexecuted(c);
+    else held_.push_back(c);
+  }
+  if (worker_stop_job_ != nullptr && worker_stop_job_->drained()) {
+    // Succeeded: the held calls are in the image, and this client never runs them. Failed: the
+    // client runs on, and they run now, in pc order, before anything the parser hands on later.
+    const bool stopped = worker_stop_job_->succeeded();
+    for (APIContext* h : held_) {
+      if (stopped) return_unexecuted(h);
+      else execute_call(h);
+    }
+    held_.clear();
+    worker_dead_ = stopped;
+    worker_stop_job_.reset();
+    progressed = true;
+  }
+  Command* cmd = nullptr;
+  if (worker_dead_ && cmd_worker_wq_.pop(cmd)) {  // refused by run_command; never expected here
+    cmd->status = Status::FailedPrecondition("client " + std::to_string(uuid_) + " was stopped by a checkpoint");
+    push_blocking(cmd_worker_cq_, cmd, parser_bell_, worker_bell_);
+    progressed = true;
+  }
+  if (progressed) {
+    flush_worker_completions();  // held calls run after a failure come back through the worker's CQ
+    parser_bell_.ring();
+  }
+  return progressed;
+}
+
+void POSClient::return_unexecuted(APIContext* c) {
+  // Its caller returned long ago (it returns after parsing); the context just goes home.
+  c->advance(kDone);
+  while (!parser2worker_cq_.push(c)) cpu_relax();
+}
+
+// Restore, once the threads run and before anyone can see the client: the image's pending calls
+// go through the parser and worker again with their own pcs. Each must parse to the answer the app
+// got; a window of them is in flight at a time (the context pool is bounded).
+Status POSClient::replay_pending(const ckpt::pb::ClientImage& img) {
+  const auto& pending = img.pending();
+  if (pending.empty()) return Status::Ok();
+  struct InFlight {
+    APIContext* c;
+    const ckpt::pb::PendingCall* p;
+  };
+  std::deque<InFlight> window;
+  Status first;
+  auto settle = [&](const InFlight& f) {
+    f.c->state.wait_at_least(f.c->state_base + kParsed, config_.spin_ns);
+    const std::string name(f.c->info->name);
+    if (first.ok() && !f.c->status.ok()) {
+      first = Status::Corrupt("replaying pending call pc " + std::to_string(f.p->pc()) + " (" + name +
+                              "): " + f.c->status.to_string());
+    } else if (first.ok() &&
+               std::string_view(reinterpret_cast<const char*>(f.c->ret.data()), f.c->ret_size) != f.p->ret()) {
+      first = Status::Corrupt("replaying pending call pc " + std::to_string(f.p->pc()) + " (" + name +
+                              ") gave another answer than the application got");
+    }
+    f.c->caller_released.store(true, std::memory_order_release);
+  };
+  const size_t max_window = std::max<size_t>(1, config_.queue_depth);
+  {
+    std::lock_guard<std::mutex> lk(submit_mu_);
+    for (const ckpt::pb::PendingCall& p : pending) {
+      const ApiInfo* api = find_api(p.api_id());  // validated when the image was opened
+      if (api == nullptr) {
+        first = Status::Corrupt("pending call pc " + std::to_string(p.pc()) + ": unknown api id");
+        break;
+      }
+      if (window.size() >= max_window) {
+        settle(window.front());
+        window.pop_front();
+      }
+      if (!first.ok()) break;
+      APIContext* c = acquire_context();
+      c->api_id = api->id;
+      c->info = api;
+      c->client_uuid = uuid_;
+      c->pc = p.pc();
+      c->replay_ret = &p.ret();
+      c->set_params(
+          static_cast<size_t>(p.params_size()), [&](size_t i) { return uint64_t{p.params(static_cast<int>(i)).size()}; },
+          [&](size_t i) { return p.params(static_cast<int>(i)).data(); });
+      c->t_submit_ns = 0;
+      submitted_.store(submitted_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      push_blocking(rpc2parser_wq_, c, parser_bell_, rpc_bell_);
+      window.push_back(InFlight{c, &p});
+      next_pc_ = p.pc() + 1;  // the client's own calls continue after the last pending one
+    }
+  }
+  for (const InFlight& f : window) settle(f);
+  if (!first.ok()) return first.with_context("restore of client " + std::to_string(uuid_));
+  POS_INFO("client %lu (%s): replayed %d pending calls, pcs %lu to %lu", (unsigned long)uuid_, job_name_.c_str(),
+           pending.size(), (unsigned long)pending.begin()->pc(), (unsigned long)pending.rbegin()->pc());
+  return Status::Ok();
+}
+
+}  // namespace pos

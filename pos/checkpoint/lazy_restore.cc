@@ -1,0 +1,206 @@
+// lazy_restore.cc — chunk loads from an image, and the lazy loader: background threads claim buffers
+// in image order; the worker claims (or waits for) the ones a call names before it runs the call.
+#include "pos/checkpoint/lazy_restore.h"
+
+#include "pos/api_context.h"
+#include "pos/base/hex.h"
+#include "pos/base/log.h"
+
+namespace pos {
+
+ChunkStaging::~ChunkStaging() {
+  if (p_ != nullptr) (void)device_->host_free(p_);
+}
+
+StatusOr<std::byte*> ChunkStaging::get() {
+  if (p_ == nullptr) {
+    auto p = device_->host_alloc(ckpt::kChunkSize);
+    if (!p.ok()) return p.status();
+    p_ = static_cast<std::byte*>(*p);
+  }
+  return p_;
+}
+
+Status load_chunk(const ckpt::ImageReader& img, const ckpt::pb::BlobRef& ref, uint64_t off, uint64_t n, uint64_t addr,
+                  DeviceCopier& copier, ChunkStaging& staging) {
+  const std::byte* src = img.direct(ref, off);
+  if (src != nullptr) {
+    POS_RETURN_IF_ERROR(img.verify_chunk(ref, off, n, src));
+  } else {
+    auto buf = staging.get();
+    if (!buf.ok()) return buf.status();
+    POS_RETURN_IF_ERROR(img.read_chunk(ref, off, n, *buf));
+    src = *buf;
+  }
+  POS_RETURN_IF_ERROR(copier.to_device_async(addr + off, src, n, 0));
+  return copier.wait(0);
+}
+
+LazyLoader::LazyLoader(std::shared_ptr<const ckpt::ImageReader> image, DeviceBackend* device, std::string who)
+    : image_(std::move(image)), device_(device), who_(std::move(who)) {}
+
+LazyLoader::~LazyLoader() { stop(); }
+
+void LazyLoader::add(uint64_t addr, uint64_t size, const ckpt::ImageReader* img, const ckpt::pb::BlobRef* ref) {
+  Region r;
+  r.addr = addr, r.size = size, r.img = img, r.ref = ref;
+  by_addr_[addr] = regions_.size();
+  regions_.push_back(std::move(r));
+  stats_.buffers++;
+  stats_.bytes += size;
+}
+
+Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<bool>* hold) {
+  auto wc = backend.make_copier();
+  if (!wc.ok()) return wc.status();
+  worker_copier_ = std::move(*wc);
+  worker_staging_ = std::make_unique<ChunkStaging>(device_);
+  threads = std::min(threads, regions_.size());
+  for (size_t i = 0; i < threads; ++i) {
+    auto c = backend.make_copier();
+    if (!c.ok()) return c.status();
+    copiers_.push_back(std::move(*c));
+  }
+  hold_ = hold;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    remaining_ = regions_.size();
+    stats_.complete = remaining_ == 0;
+    t0_ = seconds_now();
+    update_done();
+  }
+  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this, i] { loader_main(i); });
+  return Status::Ok();
+}
+
+Status LazyLoader::load(const Region& r, DeviceCopier& copier, ChunkStaging& staging) const {
+  for (uint64_t off = 0; off < r.ref->length(); off += r.ref->chunk_size()) {
+    const uint64_t n = std::min<uint64_t>(r.ref->chunk_size(), r.ref->length() - off);
+    Status s = load_chunk(*r.img, *r.ref, off, n, r.addr, copier, staging);
+    if (!s.ok())
+      return s.with_context("lazy restore of buffer " + hex(r.addr) + " (" + std::to_string(r.size) +
+                            " bytes)");
+  }
+  return Status::Ok();
+}
+
+void LazyLoader::loader_main(size_t i) {
+  DeviceCopier& copier = *copiers_[i];
+  ChunkStaging staging(device_);
+  if (hold_ != nullptr)
+    while (hold_->load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire))
+      std::this_thread::yield();
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    while (next_ < regions_.size() && regions_[next_].state != State::kPending) ++next_;
+    if (stopped_ || next_ == regions_.size()) return;
+    Region& r = regions_[next_++];
+    r.state = State::kLoading;
+    lk.unlock();
+    const Status s = load(r, copier, staging);
+    lk.lock();
+    settle(r, s, /*on_demand=*/false);
+  }
+}
+
+void LazyLoader::settle(Region& r, const Status& s, bool on_demand) {
+  if (s.ok()) {
+    r.state = State::kLoaded;
+    (on_demand ? stats_.loaded_on_demand : stats_.loaded_in_background)++;
+  } else {
+    r.state = State::kFailed;
+    r.error = s;
+    stats_.failed++;
+    failed_live_++;
+    POS_ERROR("%s: %s", who_.c_str(), s.to_string().c_str());
+  }
+  if (--remaining_ == 0) {
+    t_done_ = seconds_now();
+    stats_.complete = true;
+    image_.reset();  // nobody reads it any more: every region is settled
+  }
+  update_done();
+  cv_.notify_all();
+}
+
+void LazyLoader::update_done() {
+  worker_done_.store(remaining_ == 0 && failed_live_ == 0, std::memory_order_release);
+}
+
+Status LazyLoader::before_call(const APIContext& c) {
+  for (size_t i = 0; i < c.edges.size(); ++i) {
+    const Edge& e = c.edges[i];
+    if (e.handle->type != ResourceType::kMemory) continue;
+    auto it = by_addr_.find(e.handle->client_addr);
+    if (it == by_addr_.end()) continue;
+    Region& r = regions_[it->second];
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return r.state != State::kLoading; });  // a loader has it in flight
+    if (e.kind == EdgeKind::kDelete) {
+      if (r.state == State::kPending) {
+        stats_.dropped++;
+        if (--remaining_ == 0) {
+          t_done_ = seconds_now();
+          stats_.complete = true;
+          image_.reset();
+        }
+      }
+      if (r.state == State::kFailed) failed_live_--;
+      r.state = State::kDropped;
+      update_done();
+      cv_.notify_all();
+      lk.unlock();
+      by_addr_.erase(it);
+      continue;
+    }
+    if (r.state == State::kPending) {
+      r.state = State::kLoading;
+      lk.unlock();
+      const Status s = load(r, *worker_copier_, *worker_staging_);
+      lk.lock();
+      settle(r, s, /*on_demand=*/true);
+    }
+    if (r.state == State::kFailed) {
+      POS_ERROR("%s pc %lu %.*s: buffer %s was not restored, the call fails: %s", who_.c_str(), (unsigned long)c.pc,
+                (int)c.info->name.size(), c.info->name.data(), hex(r.addr).c_str(), r.error.message().c_str());
+      return Status(r.error.code(), c.info->is_cublas ? cuda::kCublasExecutionFailed : cuda::kErrorEccUncorrectable,
+                    r.error.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Status LazyLoader::wait() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return remaining_ == 0 || stopped_; });
+  if (remaining_ != 0) return Status::Unavailable(who_ + " shut down before its lazy restore completed");
+  for (const Region& r : regions_)
+    if (r.state == State::kFailed) return r.error;
+  return Status::Ok();
+}
+
+LazyRestoreStats LazyLoader::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  LazyRestoreStats s = stats_;
+  s.seconds = (stats_.complete ? t_done_ : seconds_now()) - t0_;
+  return s;
+}
+
+void LazyLoader::stop() {
+  stopping_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    cv_.notify_all();
+  }
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  copiers_.clear();
+  worker_copier_.reset();
+  worker_staging_.reset();
+  std::lock_guard<std::mutex> lk(mu_);
+  image_.reset();
+}
+
+}  // namespace pos

@@ -1,0 +1,71 @@
+// restore_gate.h — the in-process runtime's gate around a client that POS_CHECKPOINT stops,
+// restores and hands back to the app's threads while they keep calling (docs/inprocess_checkpoint.md).
+// Calls pass it shared; a restore holds it exclusively. A call that a stop checkpoint answered
+// kUnavailable was not run and is not in the image (docs/checkpoint.md, "Stop"): like a system call
+// interrupted by a dump, it is issued again once the stop is over, to the restored client (or to the
+// live one, if the checkpoint failed). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+
+#include "pos/base/status.h"
+#include "remoting/common/api_client.h"
+
+namespace pos {
+
+class RestoreGate {
+ public:
+  // Runs `call` (returning Status) under the gate, again after the stop if a stop refused it.
+  template <typename F>
+  Status run(F&& call) {
+    for (;;) {
+      const uint64_t stops = stops_done_.load(std::memory_order_acquire);
+      Status s;
+      {
+        std::shared_lock<std::shared_mutex> lk(mu_);
+        s = call();
+      }
+      if (s.code() != Code::kUnavailable) return s;
+      // stops_done_ moves before stopping_ clears: a refusal by a stop sees one or the other.
+      if (stops_done_.load(std::memory_order_acquire) == stops) {
+        if (!stopping_.load(std::memory_order_acquire)) return s;
+        stops_done_.wait(stops, std::memory_order_acquire);
+      }
+    }
+  }
+  // Around a stop checkpoint and the restore that follows it (or its failure).
+  void begin_stop() { stopping_.store(true, std::memory_order_release); }
+  void end_stop() {
+    stops_done_.fetch_add(1, std::memory_order_acq_rel);
+    stops_done_.notify_all();
+    stopping_.store(false, std::memory_order_release);
+  }
+  // Exclusive while the client is removed and rebuilt: the app's calls wait instead of seeing an
+  // unknown client.
+  std::shared_mutex& mutex() { return mu_; }
+
+ private:
+  std::shared_mutex mu_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> stops_done_{0};
+};
+
+// Routes every call of a transport through a RestoreGate.
+class GatedTransport final : public Transport {
+ public:
+  GatedTransport(std::unique_ptr<Transport> inner, RestoreGate* gate) : inner_(std::move(inner)), gate_(gate) {}
+  Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len, uint64_t* ret_written) override {
+    return gate_->run([&] { return inner_->call(api, params, ret, ret_len, ret_written); });
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  RestoreGate* gate_;
+};
+
+}  // namespace pos

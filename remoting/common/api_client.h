@@ -1,0 +1,113 @@
+// api_client.h — typed encoders for the API set: one method per API that packs parameters the way
+// the parser functions expect and sends them through a Transport (in-process now; shared memory next).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pos/base/param.h"
+#include "pos/base/api_id.h"
+#include "pos/base/api_types.h"
+#include "pos/base/fatbin.h"
+#include "pos/base/status.h"
+
+namespace pos {
+
+// How calls reach a POSWorkspace. Implementations decide where it lives.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len,
+                      uint64_t* ret_written) = 0;
+};
+
+struct RegisteredFunction {
+  uint64_t handle = 0;
+  bool found = false;
+  uint32_t param_bytes = 0;
+  std::vector<RegisteredParam> params;
+};
+
+// Thread-compatible: share one per thread, or guard it; the transport decides thread-safety.
+class ApiClient {
+ public:
+  explicit ApiClient(Transport* t) : t_(t) {}
+
+  // device
+  Status get_device_count(int32_t* n);
+  Status get_device(int32_t* d);
+  Status set_device(int32_t d);
+  Status get_device_properties(DeviceProps* p, int32_t d);
+  Status device_get_attribute(int32_t* v, int32_t attr, int32_t d);
+  Status device_synchronize();
+  Status mem_get_info(uint64_t* free, uint64_t* total);
+  Status driver_get_version(int32_t* v);
+  Status runtime_get_version(int32_t* v);
+  Status get_last_error();
+  Status peek_at_last_error();
+  // memory
+  Status malloc(uint64_t* ptr, uint64_t size);
+  Status free(uint64_t ptr);
+  Status memcpy(uint64_t dst, uint64_t src, uint64_t n, int32_t kind);
+  Status memcpy_async(uint64_t dst, uint64_t src, uint64_t n, int32_t kind, uint64_t stream);
+  Status memset(uint64_t dst, int32_t value, uint64_t n);
+  Status memset_async(uint64_t dst, int32_t value, uint64_t n, uint64_t stream);
+  Status pointer_get_attributes(PointerAttributes* a, uint64_t ptr);
+  Status memcpy_to_symbol(uint64_t symbol, uint64_t src, uint64_t n, uint64_t offset, int32_t kind);
+  Status memcpy_from_symbol(uint64_t dst, uint64_t symbol, uint64_t n, uint64_t offset, int32_t kind);
+  // streams and events
+  Status stream_create(uint64_t* s);
+  Status stream_create_with_flags(uint64_t* s, uint32_t flags);
+  Status stream_create_with_priority(uint64_t* s, uint32_t flags, int32_t priority);
+  Status stream_destroy(uint64_t s);
+  Status stream_synchronize(uint64_t s);
+  Status stream_query(uint64_t s);
+  Status stream_wait_event(uint64_t s, uint64_t e, uint32_t flags);
+  Status event_create(uint64_t* e);
+  Status event_create_with_flags(uint64_t* e, uint32_t flags);
+  Status event_destroy(uint64_t e);
+  Status event_record(uint64_t e, uint64_t s);
+  Status event_synchronize(uint64_t e);
+  Status event_query(uint64_t e);
+  Status event_elapsed_time(float* ms, uint64_t start, uint64_t end);
+  // modules and kernels
+  Status register_fatbin(uint64_t* module, std::span<const std::byte> fatbin);
+  Status register_function(RegisteredFunction* out, uint64_t module, const std::string& name);
+  Status register_var(uint64_t* addr, uint64_t module, const std::string& name, uint64_t size, bool constant);
+  Status unregister_fatbin(uint64_t module);
+  Status launch_kernel(uint64_t function, const LaunchDims& dims, uint64_t stream, std::span<const std::byte> params);
+  Status func_get_attributes(FuncAttributes* a, uint64_t function);
+  Status func_set_attribute(uint64_t function, int32_t attr, int32_t value);
+  Status occupancy(int32_t* blocks, uint64_t function, int32_t block_size, uint64_t dyn_smem);
+  Status occupancy_with_flags(int32_t* blocks, uint64_t function, int32_t block_size, uint64_t dyn_smem,
+                              uint32_t flags);
+  // cuBLAS
+  Status cublas_create(uint64_t* h);
+  Status cublas_destroy(uint64_t h);
+  Status cublas_set_stream(uint64_t h, uint64_t s);
+  Status cublas_get_stream(uint64_t h, uint64_t* s);
+  Status cublas_set_math_mode(uint64_t h, int32_t mode);
+  Status cublas_sgemm(uint64_t h, const GemmArgs& g);
+  Status cublas_gemm_ex(uint64_t h, const GemmArgs& g);
+  Status cublas_sgemm_strided_batched(uint64_t h, const GemmArgs& g);
+
+  // Raw access (tests of malformed input).
+  Status raw(ApiId api, std::span<const Param> params, void* ret = nullptr, uint64_t ret_len = 0,
+             uint64_t* written = nullptr) {
+    return t_->call(api, params, ret, ret_len, written);
+  }
+
+ private:
+  template <typename R>
+  Status call_ret(ApiId api, std::span<const Param> params, R* out);
+  Transport* t_;
+};
+
+// Fills a GemmArgs for cublasSgemm-style calls (float, unbatched).
+GemmArgs sgemm_args(int32_t ta, int32_t tb, int32_t m, int32_t n, int32_t k, float alpha, uint64_t a, int32_t lda,
+                    uint64_t b, int32_t ldb, float beta, uint64_t c, int32_t ldc);
+
+}  // namespace pos

@@ -1,0 +1,158 @@
+// wire.h — the posd protocol (docs/wire_format.md): the Unix-socket handshake, the shared-memory
+// session layout (request ring, reply slot, arena) and the call frame, with its strict decoder.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "pos/base/param.h"
+#include "pos/base/status.h"
+
+namespace pos::wire {
+
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: ReplySlot::async_error
+inline constexpr uint32_t kHelloMagic = 0x484f5350;    // "PSOH"
+inline constexpr uint32_t kWelcomeMagic = 0x574f5350;  // "PSOW"
+inline constexpr uint32_t kShmMagic = 0x4d534f50;      // "POSM"
+inline constexpr uint32_t kFrameMagic = 0x46534f50;    // "POSF"
+
+// ---------------- handshake (socket) ----------------
+enum class HelloKind : uint32_t { kSession = 1, kControl = 2 };
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint32_t version = kProtocolVersion;
+  uint32_t kind = static_cast<uint32_t>(HelloKind::kSession);
+  uint32_t pid = 0;           // informational; posd trusts SO_PEERCRED
+  uint64_t arena_bytes = 0;   // wanted arena size (0: posd's default); capped by posd
+  char job[64] = {};          // NUL-terminated job name
+  char command[64] = {};      // kControl: "ps"
+};
+static_assert(sizeof(Hello) == 152);
+
+struct Welcome {
+  uint32_t magic = kWelcomeMagic;
+  uint32_t version = kProtocolVersion;
+  int32_t code = 0;         // pos::Code of a refusal (0: accepted)
+  int32_t api_error = 0;    // the CUDA error a refused client reports
+  char message[256] = {};   // why, when refused
+  uint64_t client_uuid = 0;
+  uint64_t shm_bytes = 0;        // size of the session memfd (sent with the reply)
+  uint64_t ring_offset = 0, ring_bytes = 0;
+  uint64_t reply_offset = 0;
+  uint64_t arena_offset = 0, arena_bytes = 0;
+  // Where posd mapped the arena: host pointers into it travel as posd's addresses (posd checks
+  // each lies inside), so the worker's DMA reads the client's bytes with no copy.
+  uint64_t daemon_arena_addr = 0;
+  uint64_t device_base = 0;  // the client's device address range (cudaMemcpyDefault)
+  uint64_t device_size = 0;
+  // Every client's device range: a pointer in here that is not this client's is never host
+  // memory; such calls go to posd as they are, and posd refuses them.
+  uint64_t window_base = 0, window_size = 0;
+  uint64_t control_bytes = 0;  // kControl: bytes of the reply text that follow
+};
+static_assert(sizeof(Welcome) == 376);
+
+// ---------------- shared memory ----------------
+// Offsets inside the session memfd. The header's fields are each written by one side only.
+struct alignas(64) ShmHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t ring_bytes;
+  // ---- client writes ----
+  alignas(64) std::atomic<uint64_t> tail;   // bytes of frames published
+  std::atomic<uint32_t> client_sleeping;    // the client waits on done32 (futex)
+  // ---- posd writes ----
+  alignas(64) std::atomic<uint64_t> head;      // bytes of frames consumed
+  std::atomic<uint64_t> done_seq;              // every frame with seq <= done_seq has been handled
+  std::atomic<uint32_t> done32;                // futex word: low 32 bits of done_seq
+  std::atomic<uint32_t> server_sleeping;       // posd waits on its eventfd
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+inline constexpr uint64_t kMaxRet = 16384;  // the largest result: a kernel's parameter layout
+inline constexpr uint64_t kMaxMessage = 480;
+
+// The reply to the latest frame that asked for one (one such frame is in flight per session).
+struct ReplySlot {
+  uint64_t seq;
+  int32_t code, api_error;
+  int32_t deferred_code, deferred_api_error;  // first failure of a posted frame since the last reply
+  uint64_t ret_written;
+  uint32_t message_len, deferred_message_len;
+  // The worker's asynchronous error taken by posted cudaGetLastError frames since the last reply
+  // (0: none). The client keeps it for its next cudaGetLastError; it is not this call's error.
+  int32_t async_error;
+  uint32_t reserved;
+  char message[kMaxMessage];
+  char deferred_message[kMaxMessage];
+  std::byte ret[kMaxRet];
+};
+
+inline constexpr uint64_t kHeaderBytes = 4096;
+inline constexpr uint64_t kReplyBytes = 20480;
+static_assert(sizeof(ShmHeader) <= kHeaderBytes && sizeof(ReplySlot) <= kReplyBytes);
+inline constexpr uint64_t kRingBytes = 1ull << 20;
+inline constexpr uint64_t kArenaAlign = 4096;
+
+struct Layout {
+  uint64_t ring_offset, ring_bytes, reply_offset, arena_offset, arena_bytes, total;
+};
+Layout layout_for(uint64_t arena_bytes);
+
+// ---------------- frames ----------------
+enum FrameFlags : uint16_t {
+  kFlagReply = 1,  // the client waits for the reply slot
+  kFlagPad = 2,    // filler up to the ring's end; the next frame starts at offset 0
+};
+// A parameter size with this bit lives in the arena: its 8 payload bytes are the arena offset.
+inline constexpr uint64_t kIndirect = 1ull << 63;
+inline constexpr uint32_t kMaxParams = 16;
+inline constexpr uint32_t kMaxInlineParam = 64 << 10;  // bigger parameters travel through the arena
+
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t total_len;  // header + sizes + padded payload; a multiple of 8
+  uint32_t api_id;
+  uint16_t nparams;
+  uint16_t flags;
+  uint64_t seq;
+  uint64_t ret_cap;  // result bytes wanted (<= kMaxRet)
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+inline constexpr uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+
+// Frame length for these parameter sizes (indirect ones count 8 payload bytes).
+uint64_t frame_bytes(std::span<const uint64_t> sizes);
+
+// Writes a frame at `out` (frame_bytes(...) bytes). `sizes[i]` may carry kIndirect, then
+// params[i].data points at the 8-byte arena offset.
+void encode_frame(std::byte* out, uint32_t api_id, uint16_t flags, uint64_t seq, uint64_t ret_cap,
+                  std::span<const Param> params, std::span<const uint64_t> sizes);
+
+struct DecodedFrame {
+  FrameHeader h{};
+  uint32_t nparams = 0;
+  Param params[kMaxParams]{};
+};
+
+// Checks everything about a frame of at most `avail` bytes at `p` (which the peer may still be
+// changing: every header field is read once). Indirect parameters are resolved against the
+// arena [arena, arena + arena_bytes); any that does not lie wholly inside is an error.
+Status decode_frame(const std::byte* p, uint64_t avail, const std::byte* arena, uint64_t arena_bytes,
+                    DecodedFrame* out);
+
+// Futex helpers on a shared (non-private) word.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms);
+void futex_wake_all(std::atomic<uint32_t>* word);
+
+// Copies a C string into a fixed field, NUL-terminated, truncating.
+void put_cstr(char* dst, size_t cap, const std::string& s);
+// The field as a string: up to the first NUL or `cap`.
+std::string get_cstr(const char* src, size_t cap);
+
+}  // namespace pos::wire

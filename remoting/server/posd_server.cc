@@ -1,0 +1,614 @@
+// posd_server.cc — sessions: handshake (SO_PEERCRED, protocol version, sealed memfd + eventfd),
+// the serve loop (decode, pos_process, reply; spin then sleep in poll) and teardown on hang-up.
+#include "remoting/server/posd_server.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "pos/base/cuda_errors.h"
+#include "pos/base/log.h"
+#include "pos/base/sync.h"
+#include "remoting/client/shm_client.h"
+#include "remoting/common/socket_io.h"
+#include "remoting/common/wire.h"
+#include "pos/runtime.h"
+
+namespace pos {
+
+struct PosdServer::Session {
+  int fd = -1;
+  ucred cred{};
+  std::string job;
+  std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
+  uint64_t arena_bytes = 0;
+  std::atomic<uint64_t> frames{0};
+  std::atomic<bool> finished{false};
+  std::thread thread;
+};
+
+namespace {
+
+void refuse(int fd, const Status& why) {
+  wire::Welcome w;
+  w.code = static_cast<int32_t>(why.code());
+  w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
+  wire::put_cstr(w.message, sizeof(w.message), why.message());
+  (void)send_all(fd, &w, sizeof(w)).ok();
+}
+
+const char* state_of(const SessionInfo& s) {
+  if (s.ending) return "ending";
+  return s.stats.calls_executed < s.stats.calls_submitted ? "running" : "idle";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o;
+}
+
+// The session's shared memory: a sealed memfd (the client can neither shrink it under posd's
+// mapping nor grow it), mapped here, and the eventfd the client rings when posd sleeps.
+struct SessionMemory {
+  int memfd = -1, efd = -1;
+  std::byte* base = nullptr;
+  wire::Layout layout{};
+  bool registered = false;
+  DeviceBackend* backend = nullptr;
+  ~SessionMemory() {
+    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    if (base != nullptr) ::munmap(base, layout.total);
+    if (memfd >= 0) ::close(memfd);
+    if (efd >= 0) ::close(efd);
+  }
+  Status create(uint64_t arena_bytes, DeviceBackend* b) {
+    backend = b;
+    layout = wire::layout_for(arena_bytes);
+    memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0) return Status::Unavailable(std::string("memfd_create: ") + std::strerror(errno));
+    if (::ftruncate(memfd, static_cast<off_t>(layout.total)) != 0)
+      return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
+    if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
+    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
+    base = static_cast<std::byte*>(m);
+    auto* h = new (base) wire::ShmHeader();
+    h->magic = wire::kShmMagic;
+    h->version = wire::kProtocolVersion;
+    h->ring_bytes = layout.ring_bytes;
+    efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+    Status s = b->host_register(base + layout.arena_offset, layout.arena_bytes);
+    if (!s.ok()) return s.with_context("page-locking the session arena");
+    registered = true;
+    return Status::Ok();
+  }
+};
+
+// The peer's credentials; its supplementary groups where the kernel tells them (Linux >= 4.13).
+bool peer_credentials(int fd, ucred* cred, PeerCredentials* out) {
+  socklen_t len = sizeof(*cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) return false;
+  out->uid = cred->uid, out->gid = cred->gid;
+  std::vector<gid_t> g(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t glen = static_cast<socklen_t>(g.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g.data(), &glen) == 0) {
+      out->groups.assign(g.begin(), g.begin() + glen / sizeof(gid_t));
+      break;
+    }
+    if (errno != ERANGE) break;  // an older kernel: the primary group only
+    g.resize(glen / sizeof(gid_t) + 16);
+  }
+  return true;
+}
+
+}  // namespace
+
+Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid) {
+  if (peer.uid == server_uid) return Status::Ok();
+  if (group_gid >= 0) {
+    const auto g = static_cast<uint32_t>(group_gid);
+    if (peer.gid == g || std::find(peer.groups.begin(), peer.groups.end(), g) != peer.groups.end())
+      return Status::Ok();
+  }
+  const std::string who = "uid " + std::to_string(peer.uid) + " (gid " + std::to_string(peer.gid) + ")";
+  const std::string rule = group_gid >= 0 ? "uid " + std::to_string(server_uid) + " (its owner) and members of group " +
+                                                std::to_string(group_gid) + " (posd.group)"
+                                          : "only uid " + std::to_string(server_uid) +
+                                                " (its owner; posd.group admits a group too)";
+  return Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+                who + " may not use this posd: it admits " + rule);
+}
+
+StatusOr<int64_t> resolve_group(const std::string& group) {
+  if (group.empty()) return int64_t{-1};
+  if (group.size() <= 10 && std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const uint64_t gid = std::stoull(group);
+    if (gid >= (1ull << 31)) return Status::InvalidArgument("posd.group: gid " + group + " is out of range");
+    return static_cast<int64_t>(gid);
+  }
+  std::vector<char> buf(16384);
+  struct group gr{};
+  struct group* found = nullptr;
+  int e = 0;
+  while ((e = ::getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &found)) == ERANGE && buf.size() < (1u << 22))
+    buf.resize(buf.size() * 2);
+  if (found == nullptr)
+    return Status::InvalidArgument("posd.group: no group named '" + group + "'" +
+                                   (e != 0 ? std::string(" (") + std::strerror(e) + ")" : std::string()) +
+                                   ": name an existing group or give its gid");
+  return static_cast<int64_t>(found->gr_gid);
+}
+
+StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
+  std::unique_ptr<PosdServer> srv(new PosdServer());
+  srv->config_ = config;
+  set_log_level(config.log_level);
+  if (!config.host_kernel_libraries.empty() && config.backend != "host")
+    return Status::InvalidArgument("posd.host_kernel_libraries apply to the host backend only");
+  for (const auto& lib : config.host_kernel_libraries) {
+    void* h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) return Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
+    srv->kernel_libs_.push_back(h);
+  }
+  auto gid = resolve_group(config.posd_group);
+  if (!gid.ok()) return gid.status();
+  srv->group_gid_ = *gid;
+  srv->owner_uid_.store(::geteuid());
+  auto ws = create_workspace(config);
+  if (!ws.ok()) return ws.status();
+  srv->ws_ = std::move(ws.value());
+  // The YAML parser refuses negative and repeated indices already; an embedder's Config may not.
+  const int count = srv->ws_->backend().device_count();
+  const auto& devices = config.posd_devices;
+  for (auto it = devices.begin(); it != devices.end(); ++it) {
+    if (*it < 0 || *it >= count)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + ", but the " +
+                                     std::string(srv->ws_->backend().name()) + " backend has " + std::to_string(count) +
+                                     " device(s) (0.." + std::to_string(count - 1) + ")");
+    if (std::find(devices.begin(), it, *it) != it)
+      return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
+  }
+
+  srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
+  sockaddr_un addr{};
+  if (srv->socket_path_.size() >= sizeof(addr.sun_path))
+    return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
+  // A leftover socket file is replaced, a live daemon is not.
+  if (::access(srv->socket_path_.c_str(), F_OK) == 0) {
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) return Status::Busy("another posd is listening on " + srv->socket_path_);
+    ::unlink(srv->socket_path_.c_str());
+  }
+  srv->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  // Owner only (or owner + the configured group): the socket's mode is the first gate, the
+  // SO_PEERCRED check the second.
+  const int64_t group = srv->group_gid_;
+  const mode_t old = ::umask(group >= 0 ? 0117 : 0177);
+  const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old);
+  if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
+  if (group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
+    const int e = errno;
+    ::unlink(srv->socket_path_.c_str());
+    return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(group) + ": " +
+                               std::strerror(e) + " (posd's user must be a member of posd.group)");
+  }
+  if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
+  srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  srv->acceptor_ = std::thread([p = srv.get()] {
+    name_this_thread("posd-accept");
+    p->accept_main();
+  });
+  POS_INFO("posd: listening on %s (%s backend)", srv->socket_path_.c_str(), std::string(srv->ws_->backend().name()).c_str());
+  return srv;
+}
+
+PosdServer::~PosdServer() {
+  stop();
+  ws_.reset();
+  for (void* h : kernel_libs_) ::dlclose(h);
+}
+
+void PosdServer::stop() {
+  if (stopping_.exchange(true)) {
+    if (acceptor_.joinable()) acceptor_.join();
+    return;
+  }
+  if (stop_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof(one));  // never read: stays readable for every poll
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  std::list<std::unique_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    all.swap(sessions_);
+  }
+  for (auto& s : all) {
+    ::shutdown(s->fd, SHUT_RDWR);  // wakes a handshake still waiting for its hello
+    if (s->thread.joinable()) s->thread.join();
+    ::close(s->fd);
+  }
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(socket_path_.c_str());
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_), stop_fd_ = -1;
+}
+
+void PosdServer::reap_finished() {
+  std::list<std::unique_ptr<Session>> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if ((*it)->finished.load()) done.splice(done.end(), sessions_, it++);
+      else ++it;
+    }
+  }
+  for (auto& s : done) {
+    s->thread.join();
+    ::close(s->fd);
+  }
+}
+
+void PosdServer::accept_main() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (::poll(p, 2, 1000) < 0 && errno != EINTR) break;
+    if (p[1].revents != 0 || stopping_.load()) break;
+    reap_finished();
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    auto s = std::make_unique<Session>();
+    s->fd = fd;
+    Session* raw = s.get();
+    std::lock_guard<std::mutex> lk(mu_);
+    sessions_.push_back(std::move(s));
+    raw->thread = std::thread([this, raw] {
+      name_this_thread("posd-session");
+      connection_main(raw);
+    });
+  }
+}
+
+void PosdServer::connection_main(Session* s) {
+  const int fd = s->fd;
+  timeval tv{5, 0};  // a peer that connects and says nothing is dropped
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  wire::Hello hello;
+  PeerCredentials peer;
+  Status admitted;
+  if (!peer_credentials(fd, &s->cred, &peer)) {
+    POS_WARN("posd: connection without peer credentials refused");
+  } else if (!(admitted = admit(peer, owner_uid_.load(), group_gid_)).ok()) {
+    POS_WARN("posd: refused pid %d: %s", s->cred.pid, admitted.message().c_str());
+    refuse(fd, admitted);
+  } else if (!recv_all(fd, &hello, sizeof(hello)).ok() || hello.magic != wire::kHelloMagic) {
+    POS_WARN("posd: pid %d sent no valid hello; dropped", s->cred.pid);
+  } else if (hello.version != wire::kProtocolVersion) {
+    POS_WARN("posd: pid %d speaks protocol %u, posd %u; refused", s->cred.pid, hello.version, wire::kProtocolVersion);
+    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+                      "protocol version " + std::to_string(hello.version) + " is not posd's " +
+                          std::to_string(wire::kProtocolVersion) + ": use the libpos_client of the running posd's build"));
+  } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kControl)) {
+    control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
+  } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
+    s->job = wire::get_cstr(hello.job, sizeof(hello.job));
+    s->arena_bytes = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
+    if (s->arena_bytes < (1u << 20) || s->arena_bytes > config_.posd_arena_max) {
+      refuse(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
+                        "arena of " + std::to_string(s->arena_bytes) + " bytes asked; posd allows 1 MiB to " +
+                            std::to_string(config_.posd_arena_max)));
+    } else {
+      tv = timeval{0, 0};
+      (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      serve(s);
+    }
+  } else {
+    refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
+  }
+  s->finished.store(true);  // the fd is closed by whoever joins this thread
+}
+
+void PosdServer::control(int fd, const std::string& command) {
+  std::string text;
+  if (command == "ps") {
+    text = sessions_json();
+  } else if (command == "ps-table") {
+    text = sessions_table();
+  } else {
+    refuse(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table)"));
+    return;
+  }
+  wire::Welcome w;
+  w.control_bytes = text.size();
+  if (send_all(fd, &w, sizeof(w)).ok()) (void)send_all(fd, text.data(), text.size()).ok();
+}
+
+void PosdServer::serve(Session* s) {
+  const int fd = s->fd;
+  SessionMemory mem;
+  Status st = mem.create(s->arena_bytes, &ws_->backend());
+  std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
+  StatusOr<ClientUuid> uuid =
+      st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena), mem.layout.arena_bytes,
+                                                         config_.posd_devices})
+              : StatusOr<ClientUuid>(st);
+  if (!uuid.ok()) {
+    POS_WARN("posd: session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(), uuid.status().to_string().c_str());
+    refuse(fd, uuid.status());
+    return;
+  }
+  s->uuid.store(*uuid, std::memory_order_release);
+  const Config& cfg = ws_->config();
+  wire::Welcome w;
+  w.client_uuid = *uuid;
+  w.shm_bytes = mem.layout.total;
+  w.ring_offset = mem.layout.ring_offset, w.ring_bytes = mem.layout.ring_bytes;
+  w.reply_offset = mem.layout.reply_offset;
+  w.arena_offset = mem.layout.arena_offset, w.arena_bytes = mem.layout.arena_bytes;
+  w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
+  w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
+  w.device_size = cfg.va_size;
+  w.window_base = cfg.va_base;
+  w.window_size = cfg.va_size * cfg.max_clients;
+  msghdr msg{};
+  iovec iov{&w, sizeof(w)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {mem.memfd, mem.efd};
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
+    POS_WARN("posd: pid %d left during the handshake", s->cred.pid);
+    (void)ws_->remove_client(*uuid);
+    return;
+  }
+  POS_INFO("posd: session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, s->cred.pid,
+           s->cred.uid, s->job.c_str(), (unsigned long)mem.layout.arena_bytes);
+
+  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
+  std::byte* const ring = mem.base + mem.layout.ring_offset;
+  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem.base + mem.layout.reply_offset);
+  const uint64_t ring_bytes = mem.layout.ring_bytes;
+  const uint64_t spin_ns = cfg.sync_spin_ns;
+  uint64_t head = 0, last_seq = 0;
+  // Posted cudaGetLastError frames are answered here from the client's atomic (what its parser
+  // function would read), not through pos_process: a training loop posts one after every launch,
+  // and a parser round trip each would make this thread the session's bottleneck.
+  std::shared_ptr<POSClient> client = ws_->find_client(*uuid);
+  Status deferred;  // first failure of a posted frame since the last reply
+  int32_t taken_async_error = 0;  // taken by a posted cudaGetLastError since the last reply
+  std::string end_reason = "client disconnected";
+  alignas(16) std::byte ret[wire::kMaxRet];
+  wire::DecodedFrame f;
+
+  // A frame's ring space is free again; then its completion is visible to the client.
+  auto consumed = [&](uint64_t total_len, uint64_t seq) {
+    head += total_len;
+    hdr->head.store(head, std::memory_order_release);
+    last_seq = seq;
+    s->frames.fetch_add(1, std::memory_order_relaxed);
+  };
+  auto published = [&](uint64_t seq) {
+    hdr->done_seq.store(seq, std::memory_order_release);
+    // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
+    // store-sleeping-then-load-done32, at least one side sees the other.
+    hdr->done32.store(static_cast<uint32_t>(seq), std::memory_order_seq_cst);
+    if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
+  };
+  auto fail = [&](const Status& why) {
+    POS_ERROR("posd: session %lu (pid %d): %s; closing it", (unsigned long)*uuid, s->cred.pid, why.message().c_str());
+    end_reason = "malformed frame";
+  };
+  for (;;) {
+    const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
+    if (tail != head) {
+      if (tail < head || tail - head > ring_bytes) {
+        fail(Status::Corrupt("ring tail " + std::to_string(tail) + " is impossible (head " + std::to_string(head) + ")"));
+        break;
+      }
+      const uint64_t pos = head % ring_bytes, rem = ring_bytes - pos;
+      if (rem < sizeof(wire::FrameHeader)) {  // too little room for a header: implicit pad
+        head += rem;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem.layout.arena_bytes, &f);
+      if (d.ok() && (f.h.flags & wire::kFlagPad) && f.h.total_len != rem) d = Status::Corrupt("pad frame does not end at the ring's end");
+      if (d.ok() && !(f.h.flags & wire::kFlagPad) && f.h.seq != last_seq + 1)
+        d = Status::Corrupt("frame sequence " + std::to_string(f.h.seq) + " after " + std::to_string(last_seq));
+      if (!d.ok()) {
+        fail(d);
+        break;
+      }
+      if (f.h.flags & wire::kFlagPad) {
+        head += f.h.total_len;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError) && !(f.h.flags & wire::kFlagReply) &&
+          f.nparams == 0 && client) {
+        if (const int32_t e = client->take_async_error(); e != 0) taken_async_error = e;
+        consumed(f.h.total_len, f.h.seq);
+        published(f.h.seq);
+        continue;
+      }
+      uint64_t written = 0;
+      Status r = ws_->pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
+                                  &written);
+      if (!r.ok())
+        POS_DEBUG("posd: session %lu: %s failed: %s", (unsigned long)*uuid, std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
+                  r.to_string().c_str());
+      // pos_process copied the parameters: the ring space may be reused.
+      consumed(f.h.total_len, f.h.seq);
+      if (f.h.flags & wire::kFlagReply) {
+        reply->seq = f.h.seq;
+        reply->code = static_cast<int32_t>(r.code());
+        reply->api_error = r.ok() ? 0 : r.api_error();
+        const std::string& m = r.message();
+        reply->message_len = static_cast<uint32_t>(std::min<uint64_t>(m.size(), wire::kMaxMessage));
+        std::memcpy(reply->message, m.data(), reply->message_len);
+        reply->deferred_code = static_cast<int32_t>(deferred.code());
+        reply->deferred_api_error = deferred.ok() ? 0 : deferred.api_error();
+        const std::string& dm = deferred.message();
+        reply->deferred_message_len = static_cast<uint32_t>(std::min<uint64_t>(dm.size(), wire::kMaxMessage));
+        std::memcpy(reply->deferred_message, dm.data(), reply->deferred_message_len);
+        reply->ret_written = std::min<uint64_t>(written, wire::kMaxRet);
+        std::memcpy(reply->ret, ret, reply->ret_written);
+        reply->async_error = taken_async_error;
+        reply->reserved = 0;
+        deferred = Status::Ok();
+        taken_async_error = 0;
+      } else if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError)) {
+        // A posted cudaGetLastError: what it took is the app's next last error, not a failure.
+        if (!r.ok()) taken_async_error = r.api_error();
+      } else if (!r.ok() && deferred.ok()) {
+        deferred = r;
+      }
+      published(f.h.seq);
+      continue;
+    }
+    // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
+    // client rings, hangs up, or posd stops.
+    const uint64_t deadline = now_ns() + spin_ns;
+    bool work = false;
+    for (uint32_t i = 0; !work; ++i) {
+      cpu_relax();  // see the parser's idle loop (pos/client.cc); before the load, so work found exits at once
+      work = hdr->tail.load(std::memory_order_acquire) != head;
+      if ((i & 63) == 63) {
+        if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
+        // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
+        if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
+      }
+    }
+    if (work) continue;
+    hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
+    if (hdr->tail.load(std::memory_order_seq_cst) != head) {
+      hdr->server_sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem.efd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    const int n = ::poll(p, 3, -1);
+    hdr->server_sleeping.store(0, std::memory_order_relaxed);
+    if (n < 0 && errno != EINTR) break;
+    if (p[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(mem.efd, &v, sizeof(v));
+    }
+    if (p[2].revents != 0) {
+      end_reason = "posd stopping";
+      break;
+    }
+    if (p[0].revents != 0) {
+      // The client never writes to the socket after the hello: readable means hang-up (or
+      // garbage, which ends the session too).
+      if (hdr->tail.load(std::memory_order_acquire) != head) continue;  // run what it left first
+      break;
+    }
+  }
+  ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
+  const ClientStats st2 = client ? client->stats() : ClientStats{};
+  client.reset();  // the workspace alone owns it while it is removed
+  Status rm = ws_->remove_client(*uuid);
+  const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
+  POS_INFO("posd: session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
+           (unsigned long)*uuid, s->cred.pid, s->job.c_str(), end_reason.c_str(), (unsigned long)s->frames.load(),
+           (unsigned long)st2.memory_in_use, rm_note.c_str());
+}
+
+std::vector<SessionInfo> PosdServer::sessions() const {
+  std::vector<SessionInfo> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& s : sessions_) {
+    const uint64_t uuid = s->uuid.load(std::memory_order_acquire);
+    if (uuid == 0 || s->finished.load()) continue;
+    // Listed until its teardown (device memory freed) is complete.
+    auto c = ws_->find_client(uuid);
+    SessionInfo i;
+    i.ending = !c;
+    i.uuid = uuid;
+    i.pid = static_cast<uint32_t>(s->cred.pid), i.uid = s->cred.uid;
+    if (c) i.device = c->device();
+    i.job = s->job;
+    i.arena_bytes = s->arena_bytes;
+    i.frames = s->frames.load();
+    if (c) i.stats = c->stats();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::string PosdServer::sessions_json() const {
+  std::string o = "{\"backend\":\"" + std::string(ws_->backend().name()) + "\",\"socket\":\"" + json_escape(socket_path_) +
+                  "\",\"sessions\":[";
+  bool first = true;
+  for (const auto& s : sessions()) {
+    if (!first) o += ",";
+    first = false;
+    o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
+         ",\"job\":\"" + json_escape(s.job) + "\",\"device\":" + std::to_string(s.device) +
+         ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
+         ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
+         ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
+         ",\"state\":\"" + state_of(s) + "\"}";
+  }
+  return o + "]}\n";
+}
+
+}  // namespace pos
+
+namespace pos {
+std::string PosdServer::sessions_table() const {
+  const auto all = sessions();
+  std::string o;
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-8s %-8s %-24s %6s %14s %8s %12s %12s %-8s\n", "PID", "UID", "JOB", "DEVICE",
+                "MEMORY", "HANDLES", "CALLS", "EXECUTED", "STATE");
+  o += line;
+  for (const auto& s : all) {
+    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %6d %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid,
+                  s.job.c_str(), s.device, (unsigned long long)s.stats.memory_in_use,
+                  (unsigned long long)s.stats.live_handles,
+                  (unsigned long long)s.stats.calls_submitted, (unsigned long long)s.stats.calls_executed,
+                  state_of(s));
+    o += line;
+  }
+  o += std::to_string(all.size()) + " session(s) on " + socket_path_ + " (" + std::string(ws_->backend().name()) +
+       " backend)\n";
+  return o;
+}
+}  // namespace pos

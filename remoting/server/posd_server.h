@@ -1,0 +1,96 @@
+// posd_server.h — the daemon's core: owns the workspace (and so the GPU), accepts sessions on a
+// Unix socket, and runs one thread per session that feeds its ring's frames to pos_process.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pos/config.h"
+#include "pos/base/status.h"
+#include "pos/workspace.h"
+
+namespace pos {
+
+struct SessionInfo {
+  uint64_t uuid = 0;
+  uint32_t pid = 0, uid = 0;
+  int32_t device = 0;  // the backend device that holds the session's memory, streams and kernels
+  std::string job;
+  uint64_t arena_bytes = 0;
+  uint64_t frames = 0;  // frames handled
+  bool ending = false;  // its client is being torn down
+  ClientStats stats;
+};
+
+// A connecting process, as the kernel reports it (SO_PEERCRED, SO_PEERGROUPS).
+struct PeerCredentials {
+  uint32_t uid = 0, gid = 0;
+  std::vector<uint32_t> groups;  // supplementary groups
+};
+
+// Who may open a session or ask posd anything: posd's own uid, or, with posd.group (`group_gid`
+// >= 0), a process whose primary or supplementary group it is. A refusal says who and why; its
+// api_error is cudaErrorInitializationError (what the app's calls return). Pure, so it is tested
+// without a second user.
+Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid);
+
+// posd.group → the gid to admit: "" → -1 (none), digits → that gid, else a group name looked up
+// in the group database; an unknown name is an error naming it.
+StatusOr<int64_t> resolve_group(const std::string& group);
+
+// Thread-safe. Embeddable (tests run it in-process); tools/posd.cc is a thin main around it.
+class PosdServer {
+ public:
+  // Creates the workspace, loads host kernel libraries (host backend), binds the socket (an
+  // existing socket file is replaced only if no daemon answers on it) and starts accepting.
+  static StatusOr<std::unique_ptr<PosdServer>> start(const Config& config);
+  ~PosdServer();
+  PosdServer(const PosdServer&) = delete;
+  PosdServer& operator=(const PosdServer&) = delete;
+
+  // Stops accepting, ends every session (their clients' memory is freed), removes the socket.
+  void stop();
+
+  const std::string& socket_path() const { return socket_path_; }
+  // posd.group resolved at start (-1: none).
+  int64_t group_gid() const { return group_gid_; }
+  // Test hook: admission compares peers with this uid instead of posd's own (a test cannot
+  // connect as another user without root, but it can make its own uid look foreign).
+  void set_owner_uid_for_test(uint32_t uid) { owner_uid_.store(uid); }
+  POSWorkspace& workspace() { return *ws_; }
+  std::vector<SessionInfo> sessions() const;
+  // `pos-cli ps --json`'s text.
+  std::string sessions_json() const;
+  // `pos-cli ps`'s table.
+  std::string sessions_table() const;
+
+ private:
+  struct Session;
+  PosdServer() = default;
+  void accept_main();
+  void connection_main(Session* s);
+  void serve(Session* s);
+  void control(int fd, const std::string& command);
+  void reap_finished();
+
+  Config config_;
+  std::unique_ptr<POSWorkspace> ws_;
+  std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
+  std::string socket_path_;
+  int64_t group_gid_ = -1;
+  std::atomic<uint32_t> owner_uid_{0};  // posd's effective uid (see set_owner_uid_for_test)
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // eventfd: readable once stop() began
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  mutable std::mutex mu_;
+  std::list<std::unique_ptr<Session>> sessions_;  // guarded by mu_
+};
+
+}  // namespace pos
