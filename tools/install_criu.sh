@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install_criu.sh: provides CRIU >= 4, which POS uses to checkpoint/restore the CPU side of processes.
-# Run by tools/setup.sh; it records the chosen criu in criu.path, which tools/criu and the runtime read.
+# Run by tools/setup.sh; it records the chosen criu in criu.path, which tools/criu reads. (No POS code
+# runs CRIU yet: `pos-cli dump` / `restore` will, through tools/criu; docs/setup.md.)
 #
 # Debian 12's criu 3.17 dies in `criu check` on current kernels ("Unexpected rt vDSO area bounds"),
 # so unless the system already has a working criu >= 4 we unpack trixie's criu and its whole runtime
