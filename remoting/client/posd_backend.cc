@@ -13,19 +13,18 @@
 namespace pos {
 namespace {
 
-// The job name posd shows (pos-cli ps): POS_JOB_NAME, else the program's name.
+// The job name posd shows (pos-cli ps): POS_JOB_NAME, else the file name of the program (argv[0]).
+// Read from /proc/self/cmdline, not /proc/self/comm, which Linux cuts to 15 characters; the wire
+// field keeps 63.
 std::string job_name() {
-  if (const char* j = std::getenv("POS_JOB_NAME"); j != nullptr) return j;
-  std::string comm = "client";
-  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
-    char b[64] = {};
-    if (std::fgets(b, sizeof(b), f) != nullptr) {
-      comm = b;
-      while (!comm.empty() && comm.back() == '\n') comm.pop_back();
-    }
+  if (const char* j = std::getenv("POS_JOB_NAME"); j != nullptr && *j != '\0') return j;
+  std::string argv0;
+  if (FILE* f = std::fopen("/proc/self/cmdline", "r")) {
+    for (int c; (c = std::fgetc(f)) != EOF && c != '\0';) argv0.push_back(static_cast<char>(c));
     std::fclose(f);
   }
-  return comm;
+  std::string name = argv0.substr(argv0.rfind('/') + 1);  // npos + 1 == 0: no slash, the whole of it
+  return name.empty() ? "client" : name;
 }
 
 class PosdBackend final : public RuntimeBackend {
