@@ -182,6 +182,32 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
   EXPECT_EQ(out, expected({"--steps", "5"}));
 }
 
+TEST_F(PosdProcess, ASessionIsNamedAfterTheProgramsFullFileName) {
+  const std::string binary = env_or_fail("POS_MLP_NATIVE");
+  const std::string name = binary.substr(binary.rfind('/') + 1);
+  // Longer than the 15 characters Linux keeps of a process's name (/proc/self/comm).
+  ASSERT_GT(name.size(), 15u) << name;
+  const std::string cmd = preload_env() + "exec " + train_cmd("--steps 100000000") + " >/dev/null 2>&1";
+  pid_t child = -1;
+  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
+  ASSERT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGKILL);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+  } reap{child};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string ps;
+  while ((ps = sessions_json()).find("\"job\":\"") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no session: " << ps << log_text();
+    std::this_thread::yield();
+  }
+  EXPECT_NE(ps.find("\"job\":\"" + name + "\""), std::string::npos) << ps;
+}
+
 TEST_F(PosdProcess, WithoutPosdTheJobStopsAtOnceWithAMessageNamingIt) {
   int code = -1;
   std::string err;

@@ -1,5 +1,5 @@
-// cuda_shim.cc — the CUDA runtime and cuBLAS entry points an unmodified program calls, including the
-// hidden registration hooks nvcc emits. Each one packs its arguments and goes through ClientRuntime.
+// cuda_shim.cc — the CUDA runtime and cuBLAS entry points an unmodified program calls, nvcc's hidden
+// registration hooks included; each goes through ClientRuntime (in libpos_client and libpos_inproc).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -56,6 +56,9 @@ cudaError_t launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
 
 }  // namespace
 
+// The libraries are built with hidden visibility; these are what they export (with
+// cuda_entry_points.map).
+#pragma GCC visibility push(default)
 extern "C" {
 
 // ---------------- hidden registration hooks ----------------
@@ -401,3 +404,4 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
 }
 
 }  // extern "C"
+#pragma GCC visibility pop
