@@ -51,6 +51,49 @@ TEST(TrainingEndToEnd, DeeperWiderJobMatchesToo) {
                        12);
 }
 
+// The last line of a run: "pos: the job ran through POS in-process: backend B (DEVICE), N CUDA calls,
+// C checkpoint(s) written, R restore(s)". found = false when the line is missing.
+struct Summary {
+  bool found = false;
+  std::string backend;
+  unsigned long long calls = 0, checkpoints = 0, restores = 0;
+};
+
+Summary summary_of(const std::string& err) {
+  Summary s;
+  std::istringstream in(err);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("pos: the job ran through POS in-process: backend ", 0) != 0) continue;
+    char backend[64] = {};
+    const size_t open = line.find(" ("), close = line.find("), ");
+    if (open == std::string::npos || close == std::string::npos) continue;
+    const int n = std::sscanf(line.c_str(), "pos: the job ran through POS in-process: backend %63s", backend);
+    const int m = std::sscanf(line.c_str() + close, "), %llu CUDA calls, %llu checkpoint", &s.calls, &s.checkpoints);
+    const size_t comma = line.rfind(", ");
+    const int r = std::sscanf(line.c_str() + comma, ", %llu restore", &s.restores);
+    s.found = n == 1 && m == 2 && r == 1;
+    s.backend = backend;
+  }
+  return s;
+}
+
+TEST(TrainingEndToEnd, TheJobSaysItRanThroughPosWithItsBackendAndCallCount) {
+  int code = -1;
+  std::string err;
+  run_pos({}, &code, "", &err);
+  ASSERT_EQ(code, 0) << err;
+  const Summary s = summary_of(err);
+  ASSERT_TRUE(s.found) << err;
+  EXPECT_EQ(s.backend, "host");
+  // 20 steps of a 2-layer MLP: hundreds of launches, copies and syncs, none of them checkpoints.
+  EXPECT_GT(s.calls, 200u) << err;
+  EXPECT_EQ(s.checkpoints, 0u);
+  EXPECT_EQ(s.restores, 0u);
+  // POS_SUMMARY=0 silences it.
+  run_pos({}, &code, "POS_SUMMARY=0 ", &err);
+  EXPECT_FALSE(summary_of(err).found) << err;
+}
+
 TEST(TrainingEndToEnd, BadArgumentsFailCleanly) {
   int code = 0;
   run_pos({"--hidden", "zero"}, &code);
@@ -136,6 +179,15 @@ class CheckpointedTraining : public ::testing::Test {
         EXPECT_NE(err.find("pos: lazy restore from " + image(k) + " complete: "), std::string::npos) << err;
       }
     }
+    // The summary counts what happened, and a restore does not change the calls the job made.
+    const Summary s = summary_of(err);
+    EXPECT_TRUE(s.found) << err;
+    EXPECT_EQ(s.checkpoints, at.size()) << err;
+    EXPECT_EQ(s.restores, restores ? at.size() : 0) << err;
+    std::string plain_err;
+    int plain_code = -1;
+    run_pos({}, &plain_code, "", &plain_err);
+    EXPECT_EQ(s.calls, summary_of(plain_err).calls) << err;
     return lines;
   }
 

@@ -126,6 +126,8 @@ class InProcessBackend final : public RuntimeBackend {
   // Waits for a checkpoint still draining, then drains the app's outstanding work and frees its
   // device state.
   void shutdown() override;
+  // The line at exit: backend, calls, checkpoints and restores (under ckpt_mu_ or at shutdown).
+  void print_summary();
 
  private:
   // An async checkpoint with then=continue: the app runs on while its image drains.
@@ -169,6 +171,9 @@ class InProcessBackend final : public RuntimeBackend {
   std::mutex ckpt_mu_;  // one checkpoint at a time
   std::unique_ptr<PendingCheckpoint> pending_;  // guarded by ckpt_mu_
   size_t taken_ = 0;                            // guarded by ckpt_mu_; checkpoints started
+  size_t written_ = 0;                          // guarded by ckpt_mu_; images made durable
+  size_t restored_ = 0;                         // guarded by ckpt_mu_; restores that succeeded
+  uint64_t calls_before_restore_ = 0;           // guarded by ckpt_mu_; calls of clients a restore replaced
   std::string lazy_dir_;                        // guarded by ckpt_mu_; a lazy restore not yet reported
 };
 
@@ -204,9 +209,27 @@ void InProcessBackend::shutdown() {
       std::fprintf(stderr, "pos: POS_CHECKPOINT asked for a checkpoint at sync call %llu; the program made only %llu\n",
                    static_cast<unsigned long long>(at[taken_]), static_cast<unsigned long long>(sync_calls_.load()));
   }
+  print_summary();
   // Drain the app's outstanding work, then free its device state.
   (void)ws_->remove_client(uuid_);
   ws_.reset();
+}
+
+void InProcessBackend::print_summary() {
+  // One line that says the job ran through POS and what POS did for it (POS_SUMMARY=0: silent).
+  if (const char* e = std::getenv("POS_SUMMARY"); e != nullptr && std::string_view(e) == "0") return;
+  const auto client = ws_->find_client(uuid_);
+  if (!client) return;
+  (void)client->wait_restored();  // a lazy restore's loads count as the job's work
+  const ClientStats st = client->stats();
+  const uint64_t calls = calls_before_restore_ + st.calls_submitted;
+  std::string device = ws_->backend().device_name(client->device());
+  std::fprintf(stderr,
+               "pos: the job ran through POS in-process: backend %.*s (%s), %llu CUDA calls, %zu checkpoint%s written, "
+               "%zu restore%s\n",
+               static_cast<int>(ws_->backend().name().size()), ws_->backend().name().data(), device.c_str(),
+               static_cast<unsigned long long>(calls), written_, written_ == 1 ? "" : "s", restored_,
+               restored_ == 1 ? "" : "s");
 }
 
 Status InProcessBackend::after_sync() {
@@ -297,6 +320,7 @@ Status InProcessBackend::take_checkpoint(size_t k, uint64_t n) {
   auto r = ws_->checkpoint(uuid_, std::move(req));
   if (!r.ok()) return checkpoint_failed(r.status().with_context("checkpoint " + std::to_string(k) + " -> " + image_dir(k)));
   report(k, n, *r, image_dir(k));
+  ++written_;
   if (plan_->restore) return restore_from(image_dir(k));
   return Status::Ok();
 }
@@ -313,6 +337,7 @@ Status InProcessBackend::reap(bool wait) {
   if (!p->status.ok())
     return checkpoint_failed(p->status.with_context("checkpoint " + std::to_string(p->k) + " -> " + p->dir));
   report(p->k, p->n, p->result, p->dir);
+  ++written_;
   // The job ran on while this image drained: when, so its steps can be matched with the drain.
   std::fprintf(stderr,
                "pos: drain of checkpoint %zu ran from %.6f to %.6f s (monotonic clock), %.3f ms; shadows %llu bytes "
@@ -334,6 +359,7 @@ Status InProcessBackend::restore_from(const std::string& dir) {
   std::unique_lock<std::shared_mutex> gate(gate_.mutex());
   // As a crashed daemon would: every buffer and handle of the client is freed. The workspace
   // (with its backend, which owns the app's cudaMallocHost memory) stays.
+  if (const auto live = ws_->find_client(uuid_)) calls_before_restore_ += live->stats().calls_submitted;
   Status s = ws_->remove_client(uuid_);
   if (!s.ok()) return checkpoint_failed(s.with_context("dropping the client before restore"));
   RestoreOptions options;
@@ -343,6 +369,7 @@ Status InProcessBackend::restore_from(const std::string& dir) {
   if (*u != uuid_)
     return checkpoint_failed(Status::Internal("restored client has uuid " + std::to_string(*u) + ", expected " +
                                               std::to_string(uuid_)));
+  ++restored_;
   if (!plan_->lazy) {
     std::fprintf(stderr, "pos: restored from %s\n", dir.c_str());
     return Status::Ok();
