@@ -1,12 +1,15 @@
-// api_table.h — dispatch from ApiId to the API's parser function and worker function.
-// The core knows no API semantics; pos/cuda_impl fills the table (one parser + one worker per API).
+// api_table.h — dispatch from ApiId to the API's parser function and worker function, and the
+// resource types' hooks (resource_ops.h). The core knows no API semantics; pos/cuda_impl fills both.
 #pragma once
 
 #include <array>
+#include <string>
+#include <vector>
 
 #include "pos/api_context.h"
 #include "pos/base/api_id.h"
 #include "pos/base/status.h"
+#include "pos/resource_ops.h"
 
 namespace pos {
 
@@ -26,9 +29,17 @@ class ApiTable {
   static constexpr size_t kMaxId = kApiIdLimit;
   void set(ApiId id, ApiFunctions f) { fns_[static_cast<size_t>(id)] = f; }
   const ApiFunctions& get(ApiId id) const { return fns_[static_cast<size_t>(id)]; }
+  // The hooks of the resources the APIs create travel with them (the workspace and its clients
+  // take one table).
+  ResourceTable& resources() { return resources_; }
+  const ResourceTable& resources() const { return resources_; }
+  // One line per gap: an API of POS_API_LIST without its parser or worker function (by its CUDA
+  // name), a resource type without a required hook (ResourceTable::gaps). Empty when complete.
+  std::vector<std::string> gaps() const;
 
  private:
   std::array<ApiFunctions, kMaxId> fns_{};
+  ResourceTable resources_;
 };
 
 }  // namespace pos
