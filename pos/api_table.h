@@ -4,6 +4,7 @@
 
 #include <array>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pos/api_context.h"
@@ -35,7 +36,18 @@ class ApiTable {
   const ResourceTable& resources() const { return resources_; }
   // One line per gap: an API of POS_API_LIST without its parser or worker function (by its CUDA
   // name), a resource type without a required hook (ResourceTable::gaps). Empty when complete.
-  std::vector<std::string> gaps() const;
+  std::vector<std::string> gaps() const {
+    std::vector<std::string> out;
+    size_t n = 0;
+    const ApiInfo* apis = all_apis(&n);
+    for (size_t i = 0; i < n; ++i) {
+      const ApiFunctions& f = get(apis[i].id);
+      if (f.parse == nullptr) out.push_back(std::string(apis[i].name) + " has no parser function");
+      if (f.work == nullptr) out.push_back(std::string(apis[i].name) + " has no worker function");
+    }
+    for (std::string& g : resources_.gaps()) out.push_back(std::move(g));
+    return out;
+  }
 
  private:
   std::array<ApiFunctions, kMaxId> fns_{};
