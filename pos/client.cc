@@ -168,6 +168,7 @@ Status POSClient::init_state() {
   backend_client_ = std::move(bc.value());
 
   ps_.client = this;
+  ps_.resources = &table_->resources();
   ps_.device_backend = backend_;
   ps_.va_base = base;
   ps_.va_size = mem_size;
@@ -637,17 +638,14 @@ void POSClient::finish_call(APIContext* c) {
 }
 
 bool ParserScope::holds_device_state() {
-  if (mgr(ResourceType::kMemory).active_count() > 0 || mgr(ResourceType::kEvent).active_count() > 0 ||
-      mgr(ResourceType::kCublas).active_count() > 0 || mgr(ResourceType::kStream).active_count() > 1)
-    return true;  // (the default stream is always there; a move makes a new one)
-  bool state = false;
-  mgr(ResourceType::kVar).for_each([&](Handle* h) {
-    state |= h->state == HandleState::kActive && h->version != h->created_pc;
-  });
-  mgr(ResourceType::kFunction).for_each([&](Handle* h) {
-    state |= h->state == HandleState::kActive && !h->func_attrs.empty();
-  });
-  return state;
+  // Each type's pins hook decides (pos/cuda_impl/resource_hooks.cc): memory, events, cuBLAS
+  // handles and streams besides the default one always pin; a variable once written, a function
+  // with an attribute set.
+  for (size_t t = 0; t < kResourceTypeCount; ++t) {
+    const PinsFn pins = resources->get(static_cast<ResourceType>(t)).pins;
+    if (managers[t]->any_active([&](const Handle& h) { return pins(*this, h); })) return true;
+  }
+  return false;
 }
 
 Status POSClient::move_device(int to) {
@@ -657,42 +655,21 @@ Status POSClient::move_device(int to) {
     return Status(Code::kBusy, cuda::kErrorNotPermitted,
                   "cannot move to device " + std::to_string(to) + " while a checkpoint or lazy restore runs");
   POS_RETURN_IF_ERROR(backend_client_->synchronize_all());
-  // A backend client reserves the client's address range, so the old one goes first. Modules
-  // before their functions and variables (ws_.loaded is in registration order).
+  // A backend client reserves the client's address range, so the old one goes first. Types in
+  // enum order move parents first (modules before their functions and variables); each handle the
+  // worker has loaded is made again by its type's move hook (pos/cuda_impl/resource_hooks.cc).
+  const ResourceTable& types = table_->resources();
   auto open_on = [&](int device, std::unique_ptr<BackendClient>* out) -> Status {
     auto bc = backend_->open_client(va_base_, va_mem_size_, device);
     if (!bc.ok()) return bc.status();
-    std::unordered_map<const Handle*, uint64_t> obj;
-    for (ResourceType t : {ResourceType::kModule, ResourceType::kFunction, ResourceType::kVar}) {
-      for (Handle* h : ws_.loaded) {
-        if (h->type != t) continue;
-        const std::string what = std::string(resource_type_name(t)) + " '" + h->name + "'";
-        if (t == ResourceType::kModule) {
-          auto m = (*bc)->module_load(h->blob);
-          if (!m.ok()) return m.status().with_context("module " + std::to_string(h->id));
-          obj[h] = *m;
-          continue;
-        }
-        auto parent = h->parents.empty() ? obj.end() : obj.find(h->parents[0]);
-        if (parent == obj.end()) return Status::Internal(what + ": its module was not loaded");
-        const uint64_t module = parent->second;
-        if (t == ResourceType::kFunction) {
-          auto info = (*bc)->function_get(module, h->name);
-          if (!info.ok()) return info.status().with_context(what);
-          // The parser has told the app whether the kernel exists: a device that disagrees
-          // (another architecture) cannot take the job.
-          if (info->found != h->resolved || info->param_bytes != h->param_bytes)
-            return Status::Cuda(cuda::kErrorInvalidDeviceFunction,
-                                what + (h->resolved ? " has no kernel on" : " differs on") + " device " +
-                                    std::to_string(device));
-          obj[h] = info->obj;
-        } else {
-          POS_RETURN_IF_ERROR((*bc)->var_bind(module, h->name, h->client_addr, h->size).with_context(what));
-        }
-      }
+    MoveScope scope{**bc, device, {}};
+    for (size_t t = 0; t < kResourceTypeCount; ++t) {
+      const MoveFn move = types.get(static_cast<ResourceType>(t)).move;
+      for (Handle* h : ws_.loaded)
+        if (static_cast<size_t>(h->type) == t) POS_RETURN_IF_ERROR(move(scope, h));
     }
     for (Handle* h : ws_.loaded)
-      if (auto it = obj.find(h); it != obj.end()) h->backend_obj = it->second;
+      if (auto it = scope.objs.find(h); it != scope.objs.end()) h->backend_obj = it->second;
     *out = std::move(bc.value());
     return Status::Ok();
   };

@@ -95,6 +95,7 @@ struct ClientOptions {
 // Parser-thread state handed to parser functions (confined to the parser thread).
 struct ParserScope {
   POSClient* client = nullptr;
+  const ResourceTable* resources = nullptr;  // the resource types' hooks (holds_device_state)
   std::array<std::unique_ptr<HandleManager>, static_cast<size_t>(ResourceType::kCount)> managers;
   Handle* device = nullptr;
   Handle* context = nullptr;
@@ -108,9 +109,10 @@ struct ParserScope {
   uint64_t va_base = 0, va_size = 0;
 
   HandleManager& mgr(ResourceType t) { return *managers[static_cast<size_t>(t)]; }
-  // The client holds state a move to another device would lose: memory, streams besides the
-  // default one, events, cuBLAS handles, a variable written since it was registered, or a
-  // function attribute set. Modules, functions and untouched variables are reloaded by a move.
+  // The client holds state a move to another device would lose: a live handle its type's pins
+  // hook (resource_ops.h) names, such as memory, streams besides the default one, events, cuBLAS
+  // handles, a variable written since it was registered, or a function attribute set. Modules,
+  // functions and untouched variables are reloaded by a move (their types' move hooks).
   bool holds_device_state();
   // A cudaStream_t from the app: 0 / legacy / per-thread map to the default stream.
   Handle* stream(uint64_t value);

@@ -111,6 +111,14 @@ class HandleManager {
   void for_each(F&& f) {
     for (auto& [id, h] : handles_) f(h.get());
   }
+  // Whether f holds for some active handle; stops at the first (a client may hold many buffers).
+  template <typename F>
+  bool any_active(F&& f) const {
+    if (active_ == 0) return false;
+    for (const auto& [id, h] : handles_)
+      if (h->state == HandleState::kActive && f(static_cast<const Handle&>(*h))) return true;
+    return false;
+  }
 
  private:
   StatusOr<uint64_t> reserve_range(uint64_t bytes);

@@ -258,6 +258,27 @@ TEST_F(ApiTest, SymbolsCanBeWrittenAndReadWithOffsets) {
   EXPECT_EQ(pa.type, cuda::kMemoryTypeDevice);
 }
 
+// What a new API's shim entry point uses (docs/adding_an_api.md): no typed method in ApiClient.
+TEST_F(ApiTest, GenericCallsByApiIdPackValuesAndNamesAsTheParsersReadThem) {
+  uint64_t d = 0;
+  ASSERT_TRUE(api().call_ret(ApiId::kMalloc, &d, uint64_t{256}).ok());
+  ASSERT_NE(d, 0u);
+  ASSERT_TRUE(api().call(ApiId::kMemset, d, int32_t{0x3C}, uint64_t{256}).ok());
+  for (uint8_t b : download<uint8_t>(d, 256)) ASSERT_EQ(b, 0x3C);
+  int32_t warp = 0;
+  ASSERT_TRUE(api().call_ret(ApiId::kDeviceGetAttribute, &warp, int32_t{10}, int32_t{0}).ok());
+  EXPECT_EQ(warp, 32);
+  // A name goes as its characters, as register_var sends it.
+  uint64_t var = 0;
+  const std::string name = "coeffs";
+  ASSERT_TRUE(api().call_ret(ApiId::kRegisterVar, &var, client().module, name, uint64_t{64}, int32_t{0}).ok());
+  PointerAttributes pa{};
+  ASSERT_TRUE(api().pointer_get_attributes(&pa, var).ok());
+  EXPECT_EQ(pa.type, cuda::kMemoryTypeDevice);
+  // A value of another width than the parser reads is refused, not misread.
+  EXPECT_EQ(api().call(ApiId::kMemset, d, int64_t{0x3C}, uint64_t{256}).api_error(), cuda::kErrorInvalidValue);
+}
+
 TEST_F(ApiTest, PointerAttributesDistinguishDeviceAndHostMemory) {
   const uint64_t d = alloc(256);
   PointerAttributes a{};

@@ -282,6 +282,30 @@ TEST_F(MultiDeviceRestoreTest, AModuleUnregisteredBeforeAMoveStaysGoneAndTheOthe
   EXPECT_EQ(download<unsigned>(buf, 64), want);
 }
 
+// The restore hooks hand the worker its loaded modules, functions and variables, as registration
+// does, so a restored job that holds nothing else still moves with them.
+TEST_F(MultiDeviceRestoreTest, ARestoredJobHoldingOnlyItsKernelsStillFollowsCudaSetDevice) {
+  uint64_t var = 0;
+  ASSERT_TRUE(api().register_var(&var, client().module, "coeffs", 64, false).ok());
+  ASSERT_TRUE(dump(image("kernels")).ok());
+  ASSERT_TRUE(kill_and_restore(image("kernels"), on_device(-1)).ok());
+  ASSERT_EQ(settled_device(ws_, api(), client().uuid), 0);
+  ASSERT_TRUE(api().set_device(1).ok());
+  EXPECT_EQ(settled_device(ws_, api(), client().uuid), 1);
+  EXPECT_TRUE(api().get_last_error().ok());
+  const uint64_t buf = alloc(256);
+  auto args = ApiTest::args(client().fill, buf, 11u, 64);
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 64), 0, args).ok());
+  std::vector<unsigned> want(64);
+  for (unsigned i = 0; i < 64; ++i) want[i] = 11u + i;
+  EXPECT_EQ(download<unsigned>(buf, 64), want);
+  std::vector<float> in(16, 1.5f), out(16, 0.0f);
+  const auto host = [](auto& v) { return reinterpret_cast<uint64_t>(v.data()); };
+  ASSERT_TRUE(api().memcpy_to_symbol(var, host(in), 64, 0, cuda::kMemcpyHostToDevice).ok());
+  ASSERT_TRUE(api().memcpy_from_symbol(host(out), var, 64, 0, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(out, in) << "the variable was bound again on device 1";
+}
+
 TEST_F(MultiDeviceRestoreTest, AnImageOfAMovedJobRecordsTheDeviceItMovedTo) {
   ASSERT_TRUE(api().set_device(1).ok());
   build_state();

@@ -52,7 +52,9 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
       if (h.has_memory()) in_parent[h.id()] = {h.addr(), h.size()};
   }
   // Types in enum order put parents first (device < context < stream, module < function, ...).
+  const ResourceTable& types = table_->resources();
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
+    const ResourceOps& ops = types.get(static_cast<ResourceType>(t));
     std::vector<Handle*> hs;
     ps_.managers[t]->for_each([&](Handle* h) {
       if (h->state == HandleState::kActive) hs.push_back(h);
@@ -67,21 +69,10 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
       for (Handle* p : h->parents) r->add_parents(key_of(p));
       r->set_created_pc(h->created_pc);
       r->set_version(h->version);
+      if (ops.record != nullptr) ops.record(*h, r);  // the type's own fields
+      if (ops.bytes == DeviceBytes::kNone) continue;
       r->set_charged(h->charged);
-      r->set_flags(h->flags);
-      r->set_priority(h->priority);
-      r->set_math_mode(h->math_mode);
-      r->set_bound_stream(h->bound_stream);
-      r->set_name(h->name);
-      if (!h->blob.empty()) r->set_fatbin(h->blob.data(), h->blob.size());
-      r->set_recorded(h->recorded);
-      for (auto [a, v] : h->func_attrs) {
-        auto* fa = r->add_func_attrs();
-        fa->set_attr(a);
-        fa->set_value(v);
-      }
-      const bool is_var = h->type == ResourceType::kVar;
-      if (h->type != ResourceType::kMemory && !is_var) continue;
+      const bool is_var = ops.bytes == DeviceBytes::kVariable;
       auto it = in_parent.find(key_of(h));
       // Variables are always stored: kernels write them without naming them.
       if (!is_var && it != in_parent.end() && it->second == std::make_pair(h->client_addr, h->size) &&
@@ -129,14 +120,17 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
                                       " differs from the slot's " + hex(ps_.va_base) + " + " + hex(config_.va_size));
   std::unordered_map<uint64_t, Handle*> by_key;
   BackendClient& bc = *backend_client_;
+  const ResourceTable& types = table_->resources();
+  RestoreScope scope{ps_, ws_, cr};
   for (const auto& r : img.handles()) {
     const ResourceType t = type_of_key(r.id());
     if (static_cast<uint32_t>(t) != r.type() || t >= ResourceType::kCount)
       return Status::Corrupt("handle " + std::to_string(r.id()) + ": key and type disagree");
+    const ResourceOps& ops = types.get(t);
     std::vector<Handle*> parents;
     for (uint64_t p : r.parents()) parents.push_back(by_key.at(p));  // validated: earlier records
     HandleManager& m = ps_.mgr(t);
-    const bool bytes = t == ResourceType::kMemory || t == ResourceType::kVar;
+    const bool bytes = ops.bytes != DeviceBytes::kNone;
     if (bytes && (r.size() == 0 || !m.contains_range(r.addr())))
       return Status::Corrupt("buffer " + hex(r.addr()) + " lies outside the client's range");
     auto h = m.adopt_at(r.addr(), r.size(), std::move(parents), r.created_pc(), id_of_key(r.id()));
@@ -144,88 +138,25 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     Handle* x = *h;
     by_key[r.id()] = x;
     x->version = r.version();
-    x->flags = r.flags();
-    x->priority = r.priority();
-    x->math_mode = r.math_mode();
-    x->bound_stream = r.bound_stream();
-    x->name = r.name();
-    x->blob.assign(reinterpret_cast<const std::byte*>(r.fatbin().data()),
-                   reinterpret_cast<const std::byte*>(r.fatbin().data()) + r.fatbin().size());
-    x->recorded = r.recorded();
-    for (const auto& fa : r.func_attrs()) x->func_attrs.emplace_back(fa.attr(), fa.value());
     const std::string what = std::string(resource_type_name(t)) + " " + hex(r.addr());
-    switch (t) {
-      case ResourceType::kDevice: ps_.device = x; break;
-      case ResourceType::kContext: ps_.context = x; break;
-      case ResourceType::kStream:
-        if (r.id() == cr.default_stream()) {
-          ps_.default_stream = x;
-          x->backend_obj = 0;
-        } else {
-          auto s = bc.stream_create(r.flags(), r.priority());
-          if (!s.ok()) return s.status().with_context(what);
-          x->backend_obj = *s;
-        }
-        break;
-      case ResourceType::kEvent: {
-        auto e = bc.event_create(r.flags());
-        if (!e.ok()) return e.status().with_context(what);
-        x->backend_obj = *e;
-        // A recorded event had completed by the cut (the cut synchronizes): record it again so
-        // that queries and waits see it complete.
-        if (r.recorded()) POS_RETURN_IF_ERROR(bc.event_record(*e, 0).with_context(what));
-        break;
-      }
-      case ResourceType::kMemory:
-      case ResourceType::kVar: {
-        x->charged = r.charged();
-        if (x->charged < r.size()) return Status::Corrupt(what + ": charged less than its size");
-        if (!backend_->try_reserve(x->charged))
-          return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, what + ": device memory exhausted");
-        if (t == ResourceType::kMemory) {
-          ps_.memory_in_use += x->charged;
-          POS_RETURN_IF_ERROR(bc.alloc_at(r.addr(), r.size()).with_context(what));
-        } else {
-          POS_RETURN_IF_ERROR(bc.var_bind(x->parents.at(0)->backend_obj, x->name, r.addr(), r.size()).with_context(what));
-        }
-        break;
-      }
-      case ResourceType::kModule: {
-        auto mod = bc.module_load(x->blob);
-        if (!mod.ok()) return mod.status().with_context(what);
-        x->backend_obj = *mod;
-        break;
-      }
-      case ResourceType::kFunction: {
-        if (x->parents.empty() || x->parents[0]->type != ResourceType::kModule)
-          return Status::Corrupt(what + ": a function needs its module");
-        auto info = bc.function_get(x->parents[0]->backend_obj, x->name);
-        if (!info.ok()) return info.status().with_context(what);
-        x->backend_obj = info->obj;
-        x->resolved = info->found;
-        x->layout = info->layout;
-        x->param_bytes = info->param_bytes;
-        for (auto [a, v] : x->func_attrs) POS_RETURN_IF_ERROR(bc.function_set_attribute(x->backend_obj, a, v).with_context(what));
-        break;
-      }
-      case ResourceType::kCublas: {
-        auto b = bc.blas_create();
-        if (!b.ok()) return b.status().with_context(what);
-        x->backend_obj = *b;
-        POS_RETURN_IF_ERROR(bc.blas_set_math_mode(*b, r.math_mode()).with_context(what));
-        break;
-      }
-      case ResourceType::kCount: break;
+    if (bytes) {
+      // Charged only once reserved: a failed restore gives back exactly what was reserved.
+      if (r.charged() < r.size()) return Status::Corrupt(what + ": charged less than its size");
+      if (!backend_->try_reserve(r.charged()))
+        return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, what + ": device memory exhausted");
+      x->charged = r.charged();
     }
+    // The type's own fields and its backend object (pos/cuda_impl/resource_hooks.cc).
+    POS_RETURN_IF_ERROR(ops.restore(scope, r, x).with_context(what));
   }
   if (ps_.device == nullptr || ps_.context == nullptr || ps_.default_stream == nullptr)
     return Status::Corrupt("image lacks the client's device, context or default stream");
-  // cuBLAS handles follow their streams (created above).
-  for (const auto& [key, x] : by_key) {
-    if (x->type != ResourceType::kCublas) continue;
-    x->bound_stream_handle = ps_.stream(x->bound_stream);
-    if (x->bound_stream_handle == nullptr) x->bound_stream_handle = ps_.default_stream, x->bound_stream = 0;
-    POS_RETURN_IF_ERROR(bc.blas_set_stream(x->backend_obj, x->bound_stream_handle->backend_obj));
+  // Links to handles that may come later in the record order (cuBLAS handles follow their streams).
+  for (const auto& r : img.handles()) {
+    Handle* x = by_key.at(r.id());
+    const LinkFn link = types.get(x->type).link;
+    if (link == nullptr) continue;
+    POS_RETURN_IF_ERROR(link(scope, x).with_context(std::string(resource_type_name(x->type)) + " " + hex(r.addr())));
   }
 
   // Device bytes: several threads each read (and verify) chunks and copy them on their own lane.
@@ -240,7 +171,8 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     if (!r.has_memory()) continue;
     auto src = image.resolve(r);
     if (!src.ok()) return src.status();
-    pieces.push_back(Piece{src->first, src->second, r.addr(), type_of_key(r.id()) == ResourceType::kVar});
+    pieces.push_back(Piece{src->first, src->second, r.addr(),
+                           types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable});
   }
   // Variables go through the worker's backend (their device address is the module's).
   std::vector<std::byte> buf;
@@ -306,12 +238,7 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   last_parsed_pc_ = cr.next_pc() - 1;
   ws_.set_async_error(cr.async_error(), cr.async_error_message());
   memory_in_use_.store(ps_.memory_in_use);
-  update_live_handles();
-  // What the backend has loaded, for a later device move (the threads do not run yet).
-  for (ResourceType t : {ResourceType::kModule, ResourceType::kFunction, ResourceType::kVar})
-    ps_.mgr(t).for_each([&](Handle* h) {
-      if (h->state == HandleState::kActive) ws_.loaded.push_back(h);
-    });
+  update_live_handles();  // (the restore hooks have filled ws_.loaded, for a later device move)
   if (lazy_) {
     // Last: from here on the loaders write device memory, so nothing above may fail after them.
     POS_RETURN_IF_ERROR(lazy_->start(bc, kLazyLoaders, options.hold_loader));

@@ -1,5 +1,6 @@
-// api_functions.h — the CUDA API set's parser and worker functions, by family, and the table fill.
-// Parser functions validate, allocate mocked handles and record DAG edges; worker functions call the backend.
+// api_functions.h — the CUDA API set's parser and worker functions, by family, the resource types'
+// hooks, and the table fill. Parser functions validate, allocate mocked handles and record DAG
+// edges; worker functions call the backend; resource hooks record, restore and move handles.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +12,17 @@
 
 namespace pos::cuda_impl {
 
+// Every API's functions and every resource type's hooks (checked by the runtime: ApiTable::gaps).
 void fill_api_table(ApiTable* table);
 
-// Per-family registration (one .cc per family).
+// Per-family registration (one .cc per family): one `t->set(ApiId::k..., {parse, work})` per API.
 void register_device_apis(ApiTable* t);
 void register_memory_apis(ApiTable* t);
 void register_stream_apis(ApiTable* t);
 void register_module_apis(ApiTable* t);
 void register_cublas_apis(ApiTable* t);
+// One ResourceOps per resource type (resource_hooks.cc).
+void register_resource_hooks(ResourceTable* t);
 
 // Shared parsing helpers.
 using ::pos::hex;

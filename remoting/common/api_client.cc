@@ -8,14 +8,6 @@
 
 namespace pos {
 
-template <typename R>
-Status ApiClient::call_ret(ApiId api, std::span<const Param> params, R* out) {
-  uint64_t written = 0;
-  Status s = t_->call(api, params, out, sizeof(R), &written);
-  if (s.ok() && written != sizeof(R)) return Status::Internal("short result");
-  return s;
-}
-
 namespace {
 template <typename... T>
 std::array<Param, sizeof...(T)> pack(const T&... v) {
@@ -23,32 +15,32 @@ std::array<Param, sizeof...(T)> pack(const T&... v) {
 }
 }  // namespace
 
-Status ApiClient::get_device_count(int32_t* n) { return call_ret(ApiId::kGetDeviceCount, {}, n); }
-Status ApiClient::get_device(int32_t* d) { return call_ret(ApiId::kGetDevice, {}, d); }
+Status ApiClient::get_device_count(int32_t* n) { return call_packed(ApiId::kGetDeviceCount, {}, n); }
+Status ApiClient::get_device(int32_t* d) { return call_packed(ApiId::kGetDevice, {}, d); }
 Status ApiClient::set_device(int32_t d) { auto p = pack(d); return t_->call(ApiId::kSetDevice, p, nullptr, 0, nullptr); }
 Status ApiClient::get_device_properties(DeviceProps* out, int32_t d) {
   auto p = pack(d);
-  return call_ret(ApiId::kGetDeviceProperties, p, out);
+  return call_packed(ApiId::kGetDeviceProperties, p, out);
 }
 Status ApiClient::device_get_attribute(int32_t* v, int32_t attr, int32_t d) {
   auto p = pack(attr, d);
-  return call_ret(ApiId::kDeviceGetAttribute, p, v);
+  return call_packed(ApiId::kDeviceGetAttribute, p, v);
 }
 Status ApiClient::device_synchronize() { return t_->call(ApiId::kDeviceSynchronize, {}, nullptr, 0, nullptr); }
 Status ApiClient::mem_get_info(uint64_t* free, uint64_t* total) {
   MemInfo m{};
-  Status s = call_ret(ApiId::kMemGetInfo, {}, &m);
+  Status s = call_packed(ApiId::kMemGetInfo, {}, &m);
   *free = m.free, *total = m.total;
   return s;
 }
-Status ApiClient::driver_get_version(int32_t* v) { return call_ret(ApiId::kDriverGetVersion, {}, v); }
-Status ApiClient::runtime_get_version(int32_t* v) { return call_ret(ApiId::kRuntimeGetVersion, {}, v); }
+Status ApiClient::driver_get_version(int32_t* v) { return call_packed(ApiId::kDriverGetVersion, {}, v); }
+Status ApiClient::runtime_get_version(int32_t* v) { return call_packed(ApiId::kRuntimeGetVersion, {}, v); }
 Status ApiClient::get_last_error() { return t_->call(ApiId::kGetLastError, {}, nullptr, 0, nullptr); }
 Status ApiClient::peek_at_last_error() { return t_->call(ApiId::kPeekAtLastError, {}, nullptr, 0, nullptr); }
 
 Status ApiClient::malloc(uint64_t* ptr, uint64_t size) {
   auto p = pack(size);
-  return call_ret(ApiId::kMalloc, p, ptr);
+  return call_packed(ApiId::kMalloc, p, ptr);
 }
 Status ApiClient::free(uint64_t ptr) { auto p = pack(ptr); return t_->call(ApiId::kFree, p, nullptr, 0, nullptr); }
 Status ApiClient::memcpy(uint64_t dst, uint64_t src, uint64_t n, int32_t kind) {
@@ -72,7 +64,7 @@ Status ApiClient::memset_async(uint64_t dst, int32_t value, uint64_t n, uint64_t
 }
 Status ApiClient::pointer_get_attributes(PointerAttributes* a, uint64_t ptr) {
   auto p = pack(ptr);
-  return call_ret(ApiId::kPointerGetAttributes, p, a);
+  return call_packed(ApiId::kPointerGetAttributes, p, a);
 }
 Status ApiClient::memcpy_to_symbol(uint64_t symbol, uint64_t src, uint64_t n, uint64_t offset, int32_t kind) {
   auto p = pack(symbol, src, n, offset, kind);
@@ -83,14 +75,14 @@ Status ApiClient::memcpy_from_symbol(uint64_t dst, uint64_t symbol, uint64_t n, 
   return t_->call(ApiId::kMemcpyFromSymbol, p, nullptr, 0, nullptr);
 }
 
-Status ApiClient::stream_create(uint64_t* s) { return call_ret(ApiId::kStreamCreate, {}, s); }
+Status ApiClient::stream_create(uint64_t* s) { return call_packed(ApiId::kStreamCreate, {}, s); }
 Status ApiClient::stream_create_with_flags(uint64_t* s, uint32_t flags) {
   auto p = pack(flags);
-  return call_ret(ApiId::kStreamCreateWithFlags, p, s);
+  return call_packed(ApiId::kStreamCreateWithFlags, p, s);
 }
 Status ApiClient::stream_create_with_priority(uint64_t* s, uint32_t flags, int32_t priority) {
   auto p = pack(flags, priority);
-  return call_ret(ApiId::kStreamCreateWithPriority, p, s);
+  return call_packed(ApiId::kStreamCreateWithPriority, p, s);
 }
 Status ApiClient::stream_destroy(uint64_t s) { auto p = pack(s); return t_->call(ApiId::kStreamDestroy, p, nullptr, 0, nullptr); }
 Status ApiClient::stream_synchronize(uint64_t s) { auto p = pack(s); return t_->call(ApiId::kStreamSynchronize, p, nullptr, 0, nullptr); }
@@ -99,10 +91,10 @@ Status ApiClient::stream_wait_event(uint64_t s, uint64_t e, uint32_t flags) {
   auto p = pack(s, e, flags);
   return t_->call(ApiId::kStreamWaitEvent, p, nullptr, 0, nullptr);
 }
-Status ApiClient::event_create(uint64_t* e) { return call_ret(ApiId::kEventCreate, {}, e); }
+Status ApiClient::event_create(uint64_t* e) { return call_packed(ApiId::kEventCreate, {}, e); }
 Status ApiClient::event_create_with_flags(uint64_t* e, uint32_t flags) {
   auto p = pack(flags);
-  return call_ret(ApiId::kEventCreateWithFlags, p, e);
+  return call_packed(ApiId::kEventCreateWithFlags, p, e);
 }
 Status ApiClient::event_destroy(uint64_t e) { auto p = pack(e); return t_->call(ApiId::kEventDestroy, p, nullptr, 0, nullptr); }
 Status ApiClient::event_record(uint64_t e, uint64_t s) { auto p = pack(e, s); return t_->call(ApiId::kEventRecord, p, nullptr, 0, nullptr); }
@@ -110,12 +102,12 @@ Status ApiClient::event_synchronize(uint64_t e) { auto p = pack(e); return t_->c
 Status ApiClient::event_query(uint64_t e) { auto p = pack(e); return t_->call(ApiId::kEventQuery, p, nullptr, 0, nullptr); }
 Status ApiClient::event_elapsed_time(float* ms, uint64_t start, uint64_t end) {
   auto p = pack(start, end);
-  return call_ret(ApiId::kEventElapsedTime, p, ms);
+  return call_packed(ApiId::kEventElapsedTime, p, ms);
 }
 
 Status ApiClient::register_fatbin(uint64_t* module, std::span<const std::byte> fatbin) {
   Param p{fatbin.data(), fatbin.size()};
-  return call_ret(ApiId::kRegisterFatBinary, std::span<const Param>(&p, 1), module);
+  return call_packed(ApiId::kRegisterFatBinary, std::span<const Param>(&p, 1), module);
 }
 Status ApiClient::register_function(RegisteredFunction* out, uint64_t module, const std::string& name) {
   std::array<Param, 2> p{Param{&module, 8}, Param{name.data(), name.size()}};
@@ -137,7 +129,7 @@ Status ApiClient::register_function(RegisteredFunction* out, uint64_t module, co
 Status ApiClient::register_var(uint64_t* addr, uint64_t module, const std::string& name, uint64_t size, bool constant) {
   const int32_t c = constant ? 1 : 0;
   std::array<Param, 4> p{Param{&module, 8}, Param{name.data(), name.size()}, Param{&size, 8}, Param{&c, 4}};
-  return call_ret(ApiId::kRegisterVar, p, addr);
+  return call_packed(ApiId::kRegisterVar, p, addr);
 }
 Status ApiClient::unregister_fatbin(uint64_t module) {
   auto p = pack(module);
@@ -151,7 +143,7 @@ Status ApiClient::launch_kernel(uint64_t function, const LaunchDims& dims, uint6
 }
 Status ApiClient::func_get_attributes(FuncAttributes* a, uint64_t function) {
   auto p = pack(function);
-  return call_ret(ApiId::kFuncGetAttributes, p, a);
+  return call_packed(ApiId::kFuncGetAttributes, p, a);
 }
 Status ApiClient::func_set_attribute(uint64_t function, int32_t attr, int32_t value) {
   auto p = pack(function, attr, value);
@@ -159,15 +151,15 @@ Status ApiClient::func_set_attribute(uint64_t function, int32_t attr, int32_t va
 }
 Status ApiClient::occupancy(int32_t* blocks, uint64_t function, int32_t block_size, uint64_t dyn_smem) {
   auto p = pack(function, block_size, dyn_smem);
-  return call_ret(ApiId::kOccupancyMaxActiveBlocks, p, blocks);
+  return call_packed(ApiId::kOccupancyMaxActiveBlocks, p, blocks);
 }
 Status ApiClient::occupancy_with_flags(int32_t* blocks, uint64_t function, int32_t block_size, uint64_t dyn_smem,
                                        uint32_t flags) {
   auto p = pack(function, block_size, dyn_smem, flags);
-  return call_ret(ApiId::kOccupancyMaxActiveBlocksWithFlags, p, blocks);
+  return call_packed(ApiId::kOccupancyMaxActiveBlocksWithFlags, p, blocks);
 }
 
-Status ApiClient::cublas_create(uint64_t* h) { return call_ret(ApiId::kCublasCreate, {}, h); }
+Status ApiClient::cublas_create(uint64_t* h) { return call_packed(ApiId::kCublasCreate, {}, h); }
 Status ApiClient::cublas_destroy(uint64_t h) { auto p = pack(h); return t_->call(ApiId::kCublasDestroy, p, nullptr, 0, nullptr); }
 Status ApiClient::cublas_set_stream(uint64_t h, uint64_t s) {
   auto p = pack(h, s);
@@ -175,7 +167,7 @@ Status ApiClient::cublas_set_stream(uint64_t h, uint64_t s) {
 }
 Status ApiClient::cublas_get_stream(uint64_t h, uint64_t* s) {
   auto p = pack(h);
-  return call_ret(ApiId::kCublasGetStream, p, s);
+  return call_packed(ApiId::kCublasGetStream, p, s);
 }
 Status ApiClient::cublas_set_math_mode(uint64_t h, int32_t mode) {
   auto p = pack(h, mode);

@@ -1,11 +1,15 @@
 // api_client.h — typed encoders for the API set: one method per API that packs parameters the way
-// the parser functions expect and sends them through a Transport (in-process now; shared memory next).
+// the parser functions expect and sends them through a Transport (in-process or a posd session),
+// and a generic call by ApiId, so that a new API's entry point needs no method of its own here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "pos/base/param.h"
@@ -23,6 +27,28 @@ class Transport {
   virtual Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len,
                       uint64_t* ret_written) = 0;
 };
+
+namespace api_client_detail {
+template <typename T>
+inline constexpr bool kIsSpan = false;
+template <typename T, size_t N>
+inline constexpr bool kIsSpan<std::span<T, N>> = true;
+}  // namespace api_client_detail
+
+// One argument of ApiClient::call as the parameter the parser reads: a value as its bytes (the
+// parser's POS_PARAM type must match it exactly: int32_t, not int64_t), or a byte string (a name,
+// a blob) as its contents. Device pointers, streams and handles go as uint64_t values.
+template <typename T>
+  requires(std::is_trivially_copyable_v<T> && !std::is_convertible_v<const T&, std::span<const std::byte>> &&
+           !std::is_convertible_v<const T&, std::string_view>)
+Param call_param(const T& v) {
+  // Either would send the pointer's own bytes, not what it points to.
+  static_assert(!std::is_pointer_v<T> && !api_client_detail::kIsSpan<T>,
+                "pass a device pointer or handle as uint64_t, host bytes as std::span<const std::byte>");
+  return Param{&v, sizeof(T)};
+}
+inline Param call_param(std::span<const std::byte> b) { return Param{b.data(), b.size()}; }
+inline Param call_param(std::string_view s) { return Param{s.data(), s.size()}; }
 
 struct RegisteredFunction {
   uint64_t handle = 0;
@@ -94,6 +120,20 @@ class ApiClient {
   Status cublas_gemm_ex(uint64_t h, const GemmArgs& g);
   Status cublas_sgemm_strided_batched(uint64_t h, const GemmArgs& g);
 
+  // Any API by id, each argument one parameter (call_param), in the order its parser reads them:
+  // what a new API's entry point uses (docs/adding_an_api.md). call_ret also takes the result,
+  // which must fill *out exactly.
+  template <typename... Args>
+  Status call(ApiId api, const Args&... args) {
+    const std::array<Param, sizeof...(Args)> p{call_param(args)...};
+    return t_->call(api, p, nullptr, 0, nullptr);
+  }
+  template <typename R, typename... Args>
+  Status call_ret(ApiId api, R* out, const Args&... args) {
+    const std::array<Param, sizeof...(Args)> p{call_param(args)...};
+    return call_packed(api, p, out);
+  }
+
   // Raw access (tests of malformed input).
   Status raw(ApiId api, std::span<const Param> params, void* ret = nullptr, uint64_t ret_len = 0,
              uint64_t* written = nullptr) {
@@ -102,7 +142,12 @@ class ApiClient {
 
  private:
   template <typename R>
-  Status call_ret(ApiId api, std::span<const Param> params, R* out);
+  Status call_packed(ApiId api, std::span<const Param> params, R* out) {
+    uint64_t written = 0;
+    Status s = t_->call(api, params, out, sizeof(R), &written);
+    if (s.ok() && written != sizeof(R)) return Status::Internal("short result");
+    return s;
+  }
   Transport* t_;
 };
 
