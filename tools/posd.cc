@@ -15,7 +15,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: posd [--config FILE] [--socket PATH] [--backend host|cuda]\n"
                "  Serves CUDA programs run with LD_PRELOAD=libpos_client.so. Stops cleanly on SIGTERM or SIGINT.\n"
-               "  Config: YAML (docs/configuration.md); POS_CONFIG / POS_BACKEND / POS_LOG_LEVEL also apply.\n");
+               "  Config: YAML (docs/configuration.md): --config FILE, else $POS_CONFIG, else defaults.\n"
+               "  POS_BACKEND / POS_LOG_LEVEL override the file; --socket / --backend override both.\n");
   return 2;
 }
 }  // namespace
@@ -30,7 +31,12 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
+  // The environment overrides the file on both paths: config_from_environment applies it to
+  // $POS_CONFIG's file, and here it is applied to --config's.
   auto cfg = config_path.empty() ? pos::config_from_environment() : pos::load_config_file(config_path);
+  if (cfg.ok() && !config_path.empty()) {
+    if (pos::Status s = pos::apply_environment_overrides(&cfg.value()); !s.ok()) cfg = s;
+  }
   if (!cfg.ok()) {
     std::fprintf(stderr, "posd: %s\n", cfg.status().to_string().c_str());
     return 1;
