@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "pos/base/log.h"
 #include "pos/config.h"
 #include "remoting/server/posd_server.h"
 
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
     if (pos::Status s = pos::apply_environment_overrides(&cfg.value()); !s.ok()) cfg = s;
   }
   if (!cfg.ok()) {
-    std::fprintf(stderr, "posd: %s\n", cfg.status().to_string().c_str());
+    pos::log_line(pos::LogLevel::kError, "posd", "%s", cfg.status().to_string().c_str());
     return 1;
   }
   if (!socket.empty()) cfg->posd_socket = socket;
@@ -54,15 +55,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto srv = pos::PosdServer::start(*cfg);
   if (!srv.ok()) {
-    std::fprintf(stderr, "posd: %s\n", srv.status().to_string().c_str());
+    pos::log_line(pos::LogLevel::kError, "posd", "%s", srv.status().to_string().c_str());
     return 1;
   }
-  std::fprintf(stderr, "posd: listening on %s (%s backend)\n", (*srv)->socket_path().c_str(), cfg->backend.c_str());
+  // Where it listens and that it stopped are printed at every log level (an operator always needs
+  // them), so these lines skip POS_INFO's level check; PosdServer itself does not print them.
+  pos::log_line(pos::LogLevel::kInfo, "posd", "listening on %s (%s backend)", (*srv)->socket_path().c_str(),
+                cfg->backend.c_str());
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "posd: %s: ending %zu session(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (*srv)->sessions().size());
+  pos::log_line(pos::LogLevel::kInfo, "posd", "%s: ending %zu session(s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                (*srv)->sessions().size());
   (*srv)->stop();
   srv->reset();
-  std::fprintf(stderr, "posd: stopped\n");
+  pos::log_line(pos::LogLevel::kInfo, "posd", "stopped");
   return 0;
 }
