@@ -108,6 +108,7 @@ POSClient::POSClient(uint64_t uuid, uint32_t slot, std::string job_name, const C
     : uuid_(uuid),
       slot_(slot),
       job_name_(std::move(job_name)),
+      log_name_(client_component(uuid, job_name_)),
       device_(device),
       config_(config),
       verdict_delay_on_(config.spin_ns > 0 && (config.delayed_verdict == VerdictLook::kDelayed ||
@@ -214,8 +215,8 @@ void POSClient::start_threads() {
     worker_main();
   });
   started_ = true;
-  POS_INFO("client %lu (%s): started on device %d, device range 0x%lx + 0x%lx", (unsigned long)uuid_,
-           job_name_.c_str(), device_.load(), (unsigned long)base, (unsigned long)mem_size);
+  POS_INFO(log_name_, "started on device %d, device range 0x%lx + 0x%lx", device_.load(), (unsigned long)base,
+           (unsigned long)mem_size);
 }
 
 void POSClient::shutdown() {
@@ -241,7 +242,7 @@ void POSClient::shutdown() {
   if (lazy_) lazy_->stop();  // its copiers belong to the backend client
   if (backend_client_) {
     Status s = backend_client_->synchronize_all();
-    if (!s.ok()) POS_WARN("client %lu: final synchronize: %s", (unsigned long)uuid_, s.to_string().c_str());
+    if (!s.ok()) POS_WARN(log_name_, "final synchronize: %s", s.to_string().c_str());
     backend_client_.reset();  // frees all device memory and objects of this client
   }
   // Give back the device-wide reservations of every buffer still held (threads are stopped).
@@ -254,8 +255,7 @@ void POSClient::shutdown() {
     const std::string t = "client " + std::to_string(uuid_) + " (" + job_name_ + ")";
     std::fputs(profile_->report(t).c_str(), stderr);
   }
-  POS_INFO("client %lu (%s): stopped after %lu calls", (unsigned long)uuid_, job_name_.c_str(),
-           (unsigned long)executed_.load());
+  POS_INFO(log_name_, "stopped after %lu calls", (unsigned long)executed_.load());
 }
 
 ClientStats POSClient::stats() const {
@@ -450,11 +450,10 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   StatusOr<CheckpointResult> r = job->wait();
   if (stop) {
     if (r.ok()) {
-      POS_INFO("client %lu (%s): stopped at cut %lu; %lu pending calls are in the image", (unsigned long)uuid_,
-               job_name_.c_str(), (unsigned long)r->cut_pc, (unsigned long)r->pending_calls);
+      POS_INFO(log_name_, "stopped at cut %lu; %lu pending calls are in the image", (unsigned long)r->cut_pc,
+               (unsigned long)r->pending_calls);
     } else {
-      POS_WARN("client %lu (%s): stop checkpoint failed (%s); the client runs on", (unsigned long)uuid_,
-               job_name_.c_str(), r.status().to_string().c_str());
+      POS_WARN(log_name_, "stop checkpoint failed (%s); the client runs on", r.status().to_string().c_str());
     }
     stop_state_.store(r.ok() ? kStopped : kRunning, std::memory_order_release);
     rpc_bell_.ring();  // shutdown may be waiting for the outcome
@@ -584,8 +583,8 @@ bool POSClient::parse_call(APIContext* c) {
                                 : Status::Unsupported(std::string(c->info->name) + " has no parser function");
   if (profile_) profile_->add_parse(static_cast<uint32_t>(c->api_id), now_ns() - t_profile);
   if (!s.ok()) {
-    POS_DEBUG("client %lu pc %lu %.*s: %s", (unsigned long)uuid_, (unsigned long)c->pc,
-              (int)c->info->name.size(), c->info->name.data(), s.to_string().c_str());
+    POS_DEBUG(log_name_, "pc %lu %.*s: %s", (unsigned long)c->pc, (int)c->info->name.size(), c->info->name.data(),
+              s.to_string().c_str());
     c->status = s.with_context(c->info->name);
     c->skip_worker = true;
     c->advance(kDone);
@@ -681,8 +680,7 @@ Status POSClient::move_device(int to) {
     backend_client_ = std::move(moved);
     ws_.backend = backend_client_.get();
     device_.store(to, std::memory_order_release);
-    POS_INFO("client %lu (%s): moved to device %d (cudaSetDevice before any device state)", (unsigned long)uuid_,
-             job_name_.c_str(), to);
+    POS_INFO(log_name_, "moved to device %d (cudaSetDevice before any device state)", to);
     return Status::Ok();
   }
   moved.reset();
@@ -706,9 +704,10 @@ Status POSClient::lost_device() const {
 void POSClient::note_device_stays(int to) {
   if (told_device_stays_) return;
   told_device_stays_ = true;
-  POS_INFO("client %lu (%s): cudaSetDevice to device %d after the job holds device state: its memory, streams "
+  POS_INFO(log_name_,
+           "cudaSetDevice to device %d after the job holds device state: its memory, streams "
            "and kernels stay on device %d (POS keeps a job on one device; select it before allocating)",
-           (unsigned long)uuid_, job_name_.c_str(), to, device());
+           to, device());
 }
 
 void POSClient::update_live_handles() {
@@ -846,7 +845,7 @@ void POSClient::execute_call(APIContext* c) {
   } else if (!s.ok()) {
     // The app already got success for this call: the error surfaces through cudaGetLastError.
     ws_.set_async_error(s.api_error(), s.message());
-    POS_WARN("client %lu pc %lu %.*s failed asynchronously%s: %s", (unsigned long)uuid_, (unsigned long)c->pc,
+    POS_WARN(log_name_, "pc %lu %.*s failed asynchronously%s: %s", (unsigned long)c->pc,
              (int)c->info->name.size(), c->info->name.data(),
              c->replay_ret != nullptr ? " (replayed from the image)" : "", s.to_string().c_str());
   }

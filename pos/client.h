@@ -281,6 +281,7 @@ class POSClient {
   const uint64_t uuid_;
   const uint32_t slot_;
   const std::string job_name_;
+  const std::string log_name_;  // "client 3 (job mlp_train)": the component of its log lines
   std::atomic<int> device_;  // written by the worker (move_device) only
   const Config config_;
   // Delayed first look at a parse verdict (submit): only where every pipeline thread has a core

@@ -1,188 +1,438 @@
-// config.cc — YAML → Config with validation; the only place yaml-cpp is used.
-// Parsing never throws out of this file: yaml-cpp exceptions become Status.
+// config.cc — YAML → Config with strict validation; the only place yaml-cpp is used.
+// Parsing never throws out of this file: yaml-cpp exceptions become Status. Every error names the
+// key path and the line, so a bad file is fixed from the message alone.
 #include "pos/config.h"
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <set>
+#include <functional>
+#include <map>
 #include <sstream>
+#include <utility>
 
 namespace pos {
 
 namespace {
 
-StatusOr<LogLevel> parse_level(const std::string& s) {
+constexpr uint64_t kMiB = 1ull << 20;
+
+// yaml-cpp's marks are 0-based; people count lines from 1. 0: no position known.
+int line_of(const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  return m.line >= 0 ? m.line + 1 : 0;
+}
+
+Status error_at(int line, const std::string& what) {
+  return Status::InvalidArgument(line > 0 ? "line " + std::to_string(line) + ": " + what : what);
+}
+
+// "1 GiB", or "1000 bytes": a size as a user would write it.
+std::string bytes_text(uint64_t b) {
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}};
+  for (const auto& [name, unit] : kUnits)
+    if (b >= unit && b % unit == 0) return std::to_string(b / unit) + " " + name;
+  return std::to_string(b) + " bytes";
+}
+
+// One key of the file: its path ("client.max_clients"), its value and the line to blame.
+struct Entry {
+  std::string path;
+  YAML::Node value;
+  int line = 0;  // the value's, else the key's
+  // `what` continues the path: ": 'x' is not ..." or " must be ...".
+  Status error(const std::string& what) const { return error_at(line, path + what); }
+};
+
+StatusOr<std::string> text_of(const Entry& e) {
+  if (e.value.IsScalar()) return e.value.Scalar();
+  if (!e.value.IsDefined() || e.value.IsNull()) return e.error(" has no value");
+  return e.error(e.value.IsSequence() ? " must be a single value, not a list" : " must be a single value, not a mapping");
+}
+
+StatusOr<uint64_t> read_uint(const Entry& e, uint64_t lo, uint64_t hi) {
+  auto t = text_of(e);
+  if (!t.ok()) return t.status();
+  auto v = parse_uint(*t);
+  if (!v.ok()) return e.error(": " + v.status().message());
+  if (*v < lo || *v > hi)
+    return e.error(": " + *t + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return *v;
+}
+
+StatusOr<uint64_t> read_size(const Entry& e, uint64_t lo, uint64_t hi = UINT64_MAX) {
+  auto t = text_of(e);
+  if (!t.ok()) return t.status();
+  auto v = parse_size(*t);
+  if (!v.ok()) return e.error(": " + v.status().message());
+  if (*v < lo) return e.error(": " + *t + " is less than the minimum, " + bytes_text(lo));
+  if (*v > hi) return e.error(": " + *t + " is more than the maximum, " + bytes_text(hi));
+  return *v;
+}
+
+StatusOr<bool> read_bool(const Entry& e) {
+  auto t = text_of(e);
+  if (!t.ok()) return t.status();
+  if (*t == "true") return true;
+  if (*t == "false") return false;
+  return e.error(": '" + *t + "' is not true or false");
+}
+
+// One of the listed words, e.g. {"host", "cuda"}.
+StatusOr<std::string> read_word(const Entry& e, std::initializer_list<const char*> words) {
+  auto t = text_of(e);
+  if (!t.ok()) return t.status();
+  std::string list;
+  for (const char* w : words) {
+    if (*t == w) return *t;
+    list += (list.empty() ? "" : "|") + std::string(w);
+  }
+  return e.error(" must be " + list + ", not '" + *t + "'");
+}
+
+StatusOr<LogLevel> level_of(const std::string& s) {
   if (s == "error") return LogLevel::kError;
-  if (s == "warn" || s == "warning") return LogLevel::kWarn;
+  if (s == "warn") return LogLevel::kWarn;
   if (s == "info") return LogLevel::kInfo;
   if (s == "debug") return LogLevel::kDebug;
-  return Status::InvalidArgument("log_level must be error|warn|info|debug, got '" + s + "'");
+  return Status::InvalidArgument("must be error|warn|info|debug, not '" + s + "'");
 }
 
-Status check_keys(const YAML::Node& node, const std::string& where, const std::set<std::string>& allowed) {
-  if (!node.IsMap()) return Status::InvalidArgument(where + " must be a mapping");
-  for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
-    if (allowed.count(key) == 0) return Status::InvalidArgument("unknown config key '" + where + key + "'");
-  }
-  return Status::Ok();
+// Keys that existed once: a file that still gives one learns where its meaning went.
+const std::map<std::string, std::string>& retired_keys() {
+  static const std::map<std::string, std::string> k = {
+      {"checkpoint.mode",
+       "checkpoints are requested per job, each request naming its mode (sync or async; "
+       "docs/checkpoint.md): there is no default mode to configure, remove the key"},
+  };
+  return k;
 }
 
-Status read_size(const YAML::Node& n, const std::string& key, uint64_t* out) {
-  if (!n[key]) return Status::Ok();
-  auto v = parse_size(n[key].as<std::string>());
-  if (!v.ok()) return v.status().with_context(key);
-  *out = *v;
-  return Status::Ok();
-}
+// Walks a file's mappings once, key by key: each key is checked against its section's list, a
+// repeated key is refused (yaml-cpp's lookups would silently take the first), and each value goes
+// to its setter.
+class Reader {
+ public:
+  explicit Reader(Config* c) : c_(c) {}
 
-template <typename T>
-Status read_uint(const YAML::Node& n, const std::string& key, T* out, uint64_t lo, uint64_t hi) {
-  if (!n[key]) return Status::Ok();
-  auto v = parse_size(n[key].as<std::string>());
-  if (!v.ok()) return v.status().with_context(key);
-  if (*v < lo || *v > hi)
-    return Status::InvalidArgument(key + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  *out = static_cast<T>(*v);
-  return Status::Ok();
-}
+  Status document(const YAML::Node& root) {
+    if (!root.IsDefined() || root.IsNull()) return Status::Ok();
+    if (!root.IsMap())
+      return error_at(line_of(root), "a config is a mapping of keys (e.g. `backend: host`), not " +
+                                         std::string(root.IsSequence() ? "a list" : "a single value"));
+    POS_RETURN_IF_ERROR(walk(Entry{"", root, line_of(root)}, top_keys()));
+    return check_across_keys();
+  }
 
-// posd.devices: a non-empty list of distinct, non-negative device indices.
-StatusOr<std::vector<int32_t>> parse_device_list(const YAML::Node& n) {
-  if (!n.IsSequence())
-    return Status::InvalidArgument("posd.devices must be a list of device indices, e.g. [0, 2]");
-  if (n.size() == 0)
-    return Status::InvalidArgument("posd.devices is empty: list at least one device, or leave the key out for all");
-  std::vector<int32_t> out;
-  for (const auto& e : n) {
-    const std::string text = e.IsScalar() ? e.as<std::string>() : std::string("(not a number)");
-    size_t i = text.size() > 1 && text[0] == '-' ? 1 : 0;
-    bool digits = i < text.size() && text.size() - i <= 9;
-    for (; digits && i < text.size(); ++i) digits = std::isdigit(static_cast<unsigned char>(text[i])) != 0;
-    if (!digits) return Status::InvalidArgument("posd.devices: '" + text + "' is not a device index");
-    const int32_t d = static_cast<int32_t>(std::stol(text));
-    if (d < 0) return Status::InvalidArgument("posd.devices: device " + text + " is negative");
-    if (std::find(out.begin(), out.end(), d) != out.end())
-      return Status::InvalidArgument("posd.devices lists device " + text + " twice");
-    out.push_back(d);
-  }
-  return out;
-}
+ private:
+  using Setter = std::function<Status(const Entry&)>;
+  struct Key {
+    const char* name;
+    Setter set;
+  };
 
-Status apply(const YAML::Node& root, Config* c) {
-  if (!root || root.IsNull()) return Status::Ok();
-  POS_RETURN_IF_ERROR(check_keys(root, "", {"backend", "log_level", "client", "queues", "host_backend", "checkpoint", "posd"}));
-  if (root["backend"]) {
-    c->backend = root["backend"].as<std::string>();
-    if (c->backend != "host" && c->backend != "cuda")
-      return Status::InvalidArgument("backend must be host|cuda, got '" + c->backend + "'");
-  }
-  if (root["log_level"]) {
-    auto l = parse_level(root["log_level"].as<std::string>());
-    if (!l.ok()) return l.status();
-    c->log_level = *l;
-  }
-  if (const auto n = root["client"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "client.", {"max_clients", "memory_quota", "va_base", "va_size"}));
-    POS_RETURN_IF_ERROR(read_uint(n, "max_clients", &c->max_clients, 1, 4096));
-    POS_RETURN_IF_ERROR(read_size(n, "memory_quota", &c->memory_quota));
-    if (n["va_base"]) c->va_base = std::strtoull(n["va_base"].as<std::string>().c_str(), nullptr, 0);
-    POS_RETURN_IF_ERROR(read_size(n, "va_size", &c->va_size));
-  }
-  if (const auto n = root["queues"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "queues.", {"depth", "spin_us", "sync_spin_us", "record_latency", "delayed_verdict"}));
-    POS_RETURN_IF_ERROR(read_uint(n, "depth", &c->queue_depth, 16, 1u << 20));
-    uint64_t us = c->spin_ns / 1000;
-    POS_RETURN_IF_ERROR(read_uint(n, "spin_us", &us, 0, 10'000'000));
-    c->spin_ns = us * 1000;
-    uint64_t sync_us = c->sync_spin_ns / 1000;
-    POS_RETURN_IF_ERROR(read_uint(n, "sync_spin_us", &sync_us, 0, 10'000'000));
-    c->sync_spin_ns = sync_us * 1000;
-    if (n["record_latency"]) c->record_latency = n["record_latency"].as<bool>();
-    if (n["delayed_verdict"]) {
-      const std::string v = n["delayed_verdict"].as<std::string>();
-      if (v == "auto") c->delayed_verdict = VerdictLook::kAuto;
-      else if (v == "on" || v == "true") c->delayed_verdict = VerdictLook::kDelayed;
-      else if (v == "off" || v == "false") c->delayed_verdict = VerdictLook::kImmediate;
-      else return Status::InvalidArgument("queues.delayed_verdict must be auto|on|off, not '" + v + "'");
+  Status walk(const Entry& section, const std::vector<Key>& keys) {
+    if (section.value.IsNull()) return Status::Ok();  // "client:" with every key commented out
+    if (!section.value.IsMap()) return section.error(" must be a mapping of keys");
+    const std::string prefix = section.path.empty() ? "" : section.path + ".";
+    std::map<std::string, int> seen;
+    for (const auto& kv : section.value) {
+      const int key_line = line_of(kv.first);
+      if (!kv.first.IsScalar())
+        return error_at(key_line, (prefix.empty() ? std::string("a key") : "a key of " + section.path) +
+                                      " is not a plain word");
+      const std::string name = kv.first.Scalar();
+      const std::string path = prefix + name;
+      if (const auto [it, fresh] = seen.emplace(name, key_line); !fresh)
+        return error_at(key_line, path + " is given twice (first on line " + std::to_string(it->second) +
+                                      "); a key appears once per mapping");
+      const auto k = std::find_if(keys.begin(), keys.end(), [&](const Key& x) { return name == x.name; });
+      if (k == keys.end()) {
+        if (const auto r = retired_keys().find(path); r != retired_keys().end())
+          return error_at(key_line, "unknown config key '" + path + "': " + r->second);
+        std::string known;
+        for (const Key& x : keys) known += (known.empty() ? "" : ", ") + std::string(x.name);
+        return error_at(key_line, "unknown config key '" + path + "' (" +
+                                      (prefix.empty() ? std::string("top-level keys") : "keys of " + section.path) +
+                                      ": " + known + ")");
+      }
+      // A missing value's mark is wherever the parser stood next (often a later line): blame the key.
+      const int value_line = kv.second.IsNull() ? 0 : line_of(kv.second);
+      Entry e{path, kv.second, value_line > 0 ? value_line : key_line};
+      lines_[path] = key_line;
+      POS_RETURN_IF_ERROR(k->set(e));
     }
+    return Status::Ok();
   }
-  if (const auto n = root["host_backend"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "host_backend.", {"device_count", "device_memory", "device_name"}));
-    POS_RETURN_IF_ERROR(read_uint(n, "device_count", &c->host_device_count, 1, 64));
-    POS_RETURN_IF_ERROR(read_size(n, "device_memory", &c->host_device_memory));
-    if (n["device_name"]) c->host_device_name = n["device_name"].as<std::string>();
+
+  // Assigns a read value (StatusOr<U>) to a field, converting to the field's type.
+  template <typename T, typename U>
+  static Status store(StatusOr<U> v, T* out) {
+    if (!v.ok()) return v.status();
+    *out = static_cast<T>(*v);
+    return Status::Ok();
   }
-  if (const auto n = root["posd"]) {
-    POS_RETURN_IF_ERROR(
-        check_keys(n, "posd.", {"socket", "group", "devices", "arena", "arena_max", "host_kernel_libraries"}));
-    if (n["socket"]) c->posd_socket = n["socket"].as<std::string>();
-    if (n["group"]) {
-      // -1 (the old way of saying "none") and "" mean no group.
-      c->posd_group = n["group"].IsNull() ? "" : n["group"].as<std::string>();
-      if (c->posd_group == "-1") c->posd_group.clear();
-    }
-    if (const auto d = n["devices"]) {
-      auto v = parse_device_list(d);
-      if (!v.ok()) return v.status();
-      c->posd_devices = std::move(v.value());
-    }
-    POS_RETURN_IF_ERROR(read_size(n, "arena", &c->posd_arena_bytes));
-    POS_RETURN_IF_ERROR(read_size(n, "arena_max", &c->posd_arena_max));
-    if (c->posd_arena_bytes < (1u << 20) || c->posd_arena_bytes > c->posd_arena_max)
-      return Status::InvalidArgument("posd.arena must be at least 1 MiB and at most posd.arena_max");
-    if (const auto l = n["host_kernel_libraries"]) {
-      if (!l.IsSequence()) return Status::InvalidArgument("posd.host_kernel_libraries must be a list of paths");
-      for (const auto& e : l) c->host_kernel_libraries.push_back(e.as<std::string>());
-    }
+
+  std::vector<Key> top_keys() {
+    return {
+        {"backend", [this](const Entry& e) { return store(read_word(e, {"host", "cuda"}), &c_->backend); }},
+        {"log_level",
+         [this](const Entry& e) -> Status {
+           auto t = text_of(e);
+           if (!t.ok()) return t.status();
+           auto l = level_of(*t);
+           if (!l.ok()) return e.error(" " + l.status().message());
+           c_->log_level = *l;
+           return Status::Ok();
+         }},
+        {"client", [this](const Entry& e) { return walk(e, client_keys()); }},
+        {"queues", [this](const Entry& e) { return walk(e, queue_keys()); }},
+        {"host_backend", [this](const Entry& e) { return walk(e, host_backend_keys()); }},
+        {"checkpoint", [this](const Entry& e) { return walk(e, checkpoint_keys()); }},
+        {"posd", [this](const Entry& e) { return walk(e, posd_keys()); }},
+    };
   }
-  if (const auto n = root["checkpoint"]) {
-    POS_RETURN_IF_ERROR(check_keys(n, "checkpoint.", {"mode", "shadow_pool"}));
-    if (n["shadow_pool"] && n["shadow_pool"].as<std::string>() == "auto") {
-      c->shadow_pool_bytes = 0;
-    } else {
-      POS_RETURN_IF_ERROR(read_size(n, "shadow_pool", &c->shadow_pool_bytes));
-      if (n["shadow_pool"] && c->shadow_pool_bytes == 0)
-        return Status::InvalidArgument("checkpoint.shadow_pool must be auto or a size above 0");
-    }
-    if (n["mode"]) {
-      c->checkpoint_mode = n["mode"].as<std::string>();
-      if (c->checkpoint_mode != "off" && c->checkpoint_mode != "sync" && c->checkpoint_mode != "async")
-        return Status::InvalidArgument("checkpoint.mode must be off|sync|async");
-    }
+
+  std::vector<Key> client_keys() {
+    return {
+        {"max_clients", [this](const Entry& e) { return store(read_uint(e, 1, 4096), &c_->max_clients); }},
+        {"memory_quota", [this](const Entry& e) { return store(read_size(e, 0), &c_->memory_quota); }},
+        // An address, so an integer (hex welcome), not a size.
+        {"va_base",
+         [this](const Entry& e) -> Status {
+           auto v = read_uint(e, 1, UINT64_MAX);
+           if (!v.ok()) return v.status();
+           if (*v % 4096 != 0) return e.error(": " + hex_text(*v) + " is not 4 KiB aligned");
+           c_->va_base = *v;
+           return Status::Ok();
+         }},
+        {"va_size",
+         [this](const Entry& e) -> Status {
+           auto v = read_size(e, 64 * kMiB);
+           if (!v.ok()) return v.status();
+           if (*v % (2 * kMiB) != 0) return e.error(": " + e.value.Scalar() + " is not a multiple of 2 MiB");
+           c_->va_size = *v;
+           return Status::Ok();
+         }},
+    };
   }
-  // Ranges: each client's range must be page aligned and the whole set must fit in user space.
-  if (c->va_base % 4096 != 0 || c->va_size % (2ull << 20) != 0 || c->va_size < (64ull << 20))
-    return Status::InvalidArgument("client.va_base must be 4 KiB aligned and client.va_size a multiple of 2 MiB, >= 64 MiB");
-  if (c->va_base + static_cast<unsigned __int128>(c->va_size) * c->max_clients > (1ull << 47))
-    return Status::InvalidArgument("client.va_base + max_clients * va_size exceeds the 128 TiB user address space");
-  return Status::Ok();
-}
+
+  std::vector<Key> queue_keys() {
+    return {
+        {"depth", [this](const Entry& e) { return store(read_uint(e, 16, 1u << 20), &c_->queue_depth); }},
+        {"spin_us",
+         [this](const Entry& e) -> Status {
+           auto v = read_uint(e, 0, 10'000'000);
+           if (!v.ok()) return v.status();
+           c_->spin_ns = *v * 1000;
+           return Status::Ok();
+         }},
+        {"sync_spin_us",
+         [this](const Entry& e) -> Status {
+           auto v = read_uint(e, 0, 10'000'000);
+           if (!v.ok()) return v.status();
+           c_->sync_spin_ns = *v * 1000;
+           return Status::Ok();
+         }},
+        {"record_latency", [this](const Entry& e) { return store(read_bool(e), &c_->record_latency); }},
+        {"delayed_verdict",
+         [this](const Entry& e) -> Status {
+           auto w = read_word(e, {"auto", "on", "off"});
+           if (!w.ok()) return w.status();
+           c_->delayed_verdict = *w == "auto" ? VerdictLook::kAuto
+                                 : *w == "on"   ? VerdictLook::kDelayed
+                                                : VerdictLook::kImmediate;
+           return Status::Ok();
+         }},
+    };
+  }
+
+  std::vector<Key> host_backend_keys() {
+    return {
+        {"device_count", [this](const Entry& e) { return store(read_uint(e, 1, 64), &c_->host_device_count); }},
+        // 0 would be a device on which every allocation fails; 1 MiB is the least worth presenting.
+        {"device_memory", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->host_device_memory); }},
+        {"device_name",
+         [this](const Entry& e) -> Status {
+           auto t = text_of(e);
+           if (!t.ok()) return t.status();
+           if (t->empty()) return e.error(" must not be empty");
+           c_->host_device_name = *t;
+           return Status::Ok();
+         }},
+    };
+  }
+
+  std::vector<Key> checkpoint_keys() {
+    return {
+        {"shadow_pool",
+         [this](const Entry& e) -> Status {
+           if (e.value.IsScalar() && e.value.Scalar() == "auto") {
+             c_->shadow_pool_bytes = 0;
+             return Status::Ok();
+           }
+           auto v = read_size(e, 0);
+           if (!v.ok()) return v.status();
+           if (*v == 0) return e.error(" must be auto or a size above 0");
+           c_->shadow_pool_bytes = *v;
+           return Status::Ok();
+         }},
+    };
+  }
+
+  std::vector<Key> posd_keys() {
+    return {
+        {"socket",
+         [this](const Entry& e) -> Status {
+           if (e.value.IsNull()) {  // like "": the default
+             c_->posd_socket.clear();
+             return Status::Ok();
+           }
+           return store(text_of(e), &c_->posd_socket);
+         }},
+        {"group",
+         [this](const Entry& e) -> Status {
+           // Empty, null and -1 (the old way of saying "none") mean no group.
+           if (e.value.IsNull()) {
+             c_->posd_group.clear();
+             return Status::Ok();
+           }
+           POS_RETURN_IF_ERROR(store(text_of(e), &c_->posd_group));
+           if (c_->posd_group == "-1") c_->posd_group.clear();
+           return Status::Ok();
+         }},
+        {"devices", [this](const Entry& e) { return devices(e); }},
+        {"arena", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_bytes); }},
+        {"arena_max", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_max); }},
+        {"host_kernel_libraries",
+         [this](const Entry& e) -> Status {
+           if (!e.value.IsSequence()) return e.error(" must be a list of paths, e.g. [/opt/kernels.so]");
+           c_->host_kernel_libraries.clear();
+           for (size_t i = 0; i < e.value.size(); ++i) {
+             const YAML::Node item = e.value[i];
+             const int line = !item.IsNull() && line_of(item) > 0 ? line_of(item) : e.line;
+             const Entry one{e.path + "[" + std::to_string(i) + "]", item, line};
+             auto t = text_of(one);
+             if (!t.ok()) return t.status();
+             if (t->empty()) return one.error(" is an empty path");
+             c_->host_kernel_libraries.push_back(*t);
+           }
+           return Status::Ok();
+         }},
+    };
+  }
+
+  // posd.devices: a non-empty list of distinct, non-negative device indices.
+  Status devices(const Entry& e) {
+    if (!e.value.IsSequence()) return e.error(" must be a list of device indices, e.g. [0, 2]");
+    if (e.value.size() == 0) return e.error(" is empty: list at least one device, or leave the key out for all");
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < e.value.size(); ++i) {
+      const YAML::Node item = e.value[i];
+      const Entry one{e.path, item, !item.IsNull() && line_of(item) > 0 ? line_of(item) : e.line};
+      const std::string text = item.IsScalar() ? item.Scalar() : std::string("(not a number)");
+      if (!text.empty() && text[0] == '-' && parse_uint(text.substr(1)).ok())
+        return one.error(": device " + text + " is negative");
+      auto v = parse_uint(text);
+      if (!v.ok() || *v > INT32_MAX) return one.error(": '" + text + "' is not a device index");
+      const auto d = static_cast<int32_t>(*v);
+      if (std::find(out.begin(), out.end(), d) != out.end()) return one.error(" lists device " + text + " twice");
+      out.push_back(d);
+    }
+    c_->posd_devices = std::move(out);
+    return Status::Ok();
+  }
+
+  // Checks that involve several keys blame the first of them the file gives (defaults alone pass).
+  int first_line(std::initializer_list<const char*> paths) const {
+    int best = 0;
+    for (const char* p : paths)
+      if (const auto it = lines_.find(p); it != lines_.end() && (best == 0 || it->second < best)) best = it->second;
+    return best;
+  }
+
+  Status check_across_keys() const {
+    if (c_->posd_arena_bytes > c_->posd_arena_max)
+      return error_at(first_line({"posd.arena", "posd.arena_max"}),
+                      "posd.arena, " + bytes_text(c_->posd_arena_bytes) + ", is more than posd.arena_max, " +
+                          bytes_text(c_->posd_arena_max));
+    const unsigned __int128 end = c_->va_base + static_cast<unsigned __int128>(c_->va_size) * c_->max_clients;
+    if (end > (1ull << 47))
+      return error_at(first_line({"client.va_base", "client.va_size", "client.max_clients"}),
+                      "client.va_base + client.max_clients * client.va_size ends at about " +
+                          std::to_string(static_cast<uint64_t>(end >> 40)) +
+                          " TiB, past the 128 TiB user address space");
+    return Status::Ok();
+  }
+
+  static std::string hex_text(uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof(b), "0x%llx", static_cast<unsigned long long>(v));
+    return b;
+  }
+
+  Config* c_;
+  std::map<std::string, int> lines_;  // key path → its line, for check_across_keys
+};
 
 }  // namespace
 
 StatusOr<Config> parse_config(const std::string& yaml_text) {
   Config c;
   try {
-    POS_RETURN_IF_ERROR(apply(YAML::Load(yaml_text), &c));
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1)
+      return error_at(line_of(docs[1]), "a config is one YAML document; this text holds " + std::to_string(docs.size()) +
+                                            " (remove the '---' separator)");
+    POS_RETURN_IF_ERROR(Reader(&c).document(docs.empty() ? YAML::Node() : docs[0]));
   } catch (const YAML::Exception& e) {
+    const std::string where = e.mark.line >= 0 ? "line " + std::to_string(e.mark.line + 1) + ", column " +
+                                                     std::to_string(e.mark.column + 1) + ": "
+                                               : std::string();
+    return Status::InvalidArgument(where + "not valid YAML: " + e.msg);
+  } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("config: ") + e.what());
   }
   return c;
 }
 
 StatusOr<Config> load_config_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return Status::InvalidArgument("cannot read config file '" + path + "': " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return Status::InvalidArgument("config file '" + path +
+                                   "' is a directory; name a YAML file (docs/configuration.md)");
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument("config file '" + path + "' is not a regular file");
   std::ifstream in(path);
   if (!in) return Status::InvalidArgument("cannot read config file '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return Status::InvalidArgument("cannot read config file '" + path + "'");
   auto c = parse_config(ss.str());
   if (!c.ok()) return c.status().with_context(path);
   return c;
+}
+
+Status apply_environment_overrides(Config* c) {
+  if (const char* b = std::getenv("POS_BACKEND"); b != nullptr && *b != '\0') {
+    const std::string s(b);
+    if (s != "host" && s != "cuda") return Status::InvalidArgument("POS_BACKEND must be host|cuda, not '" + s + "'");
+    c->backend = s;
+  }
+  if (const char* l = std::getenv("POS_LOG_LEVEL"); l != nullptr && *l != '\0') {
+    auto lv = level_of(l);
+    if (!lv.ok()) return Status::InvalidArgument("POS_LOG_LEVEL " + lv.status().message());
+    c->log_level = *lv;
+  }
+  return Status::Ok();
 }
 
 StatusOr<Config> config_from_environment() {
@@ -192,16 +442,7 @@ StatusOr<Config> config_from_environment() {
     if (!r.ok()) return r.status();
     c = *r;
   }
-  if (const char* b = std::getenv("POS_BACKEND"); b != nullptr && *b != '\0') {
-    std::string s(b);
-    if (s != "host" && s != "cuda") return Status::InvalidArgument("POS_BACKEND must be host|cuda");
-    c.backend = s;
-  }
-  if (const char* l = std::getenv("POS_LOG_LEVEL"); l != nullptr && *l != '\0') {
-    auto lv = parse_level(l);
-    if (!lv.ok()) return lv.status();
-    c.log_level = *lv;
-  }
+  POS_RETURN_IF_ERROR(apply_environment_overrides(&c));
   return c;
 }
 

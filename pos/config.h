@@ -1,5 +1,5 @@
 // config.h — POS configuration: backend, per-client limits, queues, logging. YAML (yaml-cpp).
-// Every field has a default that works with no file; a bad file is refused with the field named.
+// Every field has a default that works with no file; a bad file is refused with the key and line named.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +47,8 @@ struct Config {
   uint64_t host_device_memory = 16ull << 30;
   std::string host_device_name = "POS Host Device";
 
-  // Checkpointing: the mode a request gets when it names none (off: checkpoints only on request,
-  // in sync mode), and the bound on device memory for async copy-on-write shadows per checkpoint.
-  std::string checkpoint_mode = "off";  // off | sync | async
-  // 0 = auto: as many bytes as the checkpoint's buffers, at most half the device memory free at
-  // the cut. A pool smaller than what the job rewrites during the drain makes it wait for the
-  // drainer (at disk speed when the image goes to files).
+  // Checkpointing: the bound on device memory for async copy-on-write shadows per checkpoint. (Each
+  // checkpoint request names its own mode, docs/checkpoint.md: there is no default mode to set.)
   uint64_t shadow_pool_bytes = 0;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
@@ -70,11 +66,18 @@ struct Config {
   std::vector<std::string> host_kernel_libraries;
 };
 
-// Parse a YAML document. Unknown keys and bad values are errors naming the key.
+// Parse a YAML document strictly: unknown or repeated keys, values of the wrong type, malformed or
+// out-of-range numbers and sizes are errors that name the key path (e.g. `posd.arena`) and the
+// line (1-based). Never throws.
 StatusOr<Config> parse_config(const std::string& yaml_text);
+// The file's text through parse_config; errors start with the path. A directory, a missing or an
+// unreadable file is an error.
 StatusOr<Config> load_config_file(const std::string& path);
-// POS_CONFIG names a file if set; otherwise defaults. POS_BACKEND / POS_LOG_LEVEL override.
+// The environment's word over a loaded config: POS_BACKEND (host|cuda) and POS_LOG_LEVEL
+// (error|warn|info|debug), when set and not empty. Every path that loads a config applies it (this
+// function, config_from_environment, posd --config), so the environment always overrides the file.
+Status apply_environment_overrides(Config* c);
+// POS_CONFIG names a file if set; otherwise defaults. Then apply_environment_overrides.
 StatusOr<Config> config_from_environment();
-
 
 }  // namespace pos

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 
+#include "pos/base/log.h"
 #include "pos/config.h"
 #include "remoting/server/posd_server.h"
 
@@ -15,7 +16,8 @@ int usage() {
   std::fprintf(stderr,
                "usage: posd [--config FILE] [--socket PATH] [--backend host|cuda]\n"
                "  Serves CUDA programs run with LD_PRELOAD=libpos_client.so. Stops cleanly on SIGTERM or SIGINT.\n"
-               "  Config: YAML (docs/configuration.md); POS_CONFIG / POS_BACKEND / POS_LOG_LEVEL also apply.\n");
+               "  Config: YAML (docs/configuration.md): --config FILE, else $POS_CONFIG, else defaults.\n"
+               "  POS_BACKEND / POS_LOG_LEVEL override the file; --socket / --backend override both.\n");
   return 2;
 }
 }  // namespace
@@ -30,9 +32,14 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
+  // The environment overrides the file on both paths: config_from_environment applies it to
+  // $POS_CONFIG's file, and here it is applied to --config's.
   auto cfg = config_path.empty() ? pos::config_from_environment() : pos::load_config_file(config_path);
+  if (cfg.ok() && !config_path.empty()) {
+    if (pos::Status s = pos::apply_environment_overrides(&cfg.value()); !s.ok()) cfg = s;
+  }
   if (!cfg.ok()) {
-    std::fprintf(stderr, "posd: %s\n", cfg.status().to_string().c_str());
+    pos::log_line(pos::LogLevel::kError, "posd", "%s", cfg.status().to_string().c_str());
     return 1;
   }
   if (!socket.empty()) cfg->posd_socket = socket;
@@ -48,15 +55,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   auto srv = pos::PosdServer::start(*cfg);
   if (!srv.ok()) {
-    std::fprintf(stderr, "posd: %s\n", srv.status().to_string().c_str());
+    pos::log_line(pos::LogLevel::kError, "posd", "%s", srv.status().to_string().c_str());
     return 1;
   }
-  std::fprintf(stderr, "posd: listening on %s (%s backend)\n", (*srv)->socket_path().c_str(), cfg->backend.c_str());
+  // Where it listens and that it stopped are printed at every log level (an operator always needs
+  // them), so these lines skip POS_INFO's level check; PosdServer itself does not print them.
+  pos::log_line(pos::LogLevel::kInfo, "posd", "listening on %s (%s backend)", (*srv)->socket_path().c_str(),
+                cfg->backend.c_str());
   int sig = 0;
   sigwait(&set, &sig);
-  std::fprintf(stderr, "posd: %s: ending %zu session(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", (*srv)->sessions().size());
+  pos::log_line(pos::LogLevel::kInfo, "posd", "%s: ending %zu session(s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                (*srv)->sessions().size());
   (*srv)->stop();
   srv->reset();
-  std::fprintf(stderr, "posd: stopped\n");
+  pos::log_line(pos::LogLevel::kInfo, "posd", "stopped");
   return 0;
 }

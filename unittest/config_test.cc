@@ -1,8 +1,11 @@
 // config_test.cc — YAML configuration: defaults, sizes, validation with the offending key named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,7 +20,6 @@ TEST(Config, EmptyDocumentGivesWorkingDefaults) {
   EXPECT_EQ(c->backend, "host");
   EXPECT_EQ(c->memory_quota, 0u);
   EXPECT_GT(c->queue_depth, 0u);
-  EXPECT_EQ(c->checkpoint_mode, "off");
 }
 
 TEST(Config, ParsesEverySection) {
@@ -27,7 +29,8 @@ log_level: debug
 client: {max_clients: 8, memory_quota: 2GiB, va_size: 256GiB}
 queues: {depth: 1024, spin_us: 10, record_latency: true, delayed_verdict: off}
 host_backend: {device_count: 2, device_memory: 8GiB, device_name: Test}
-checkpoint: {mode: async}
+checkpoint: {shadow_pool: 1GiB}
+posd: {socket: /tmp/p.sock, arena: 64MiB, arena_max: 1GiB}
 )");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
@@ -40,7 +43,10 @@ checkpoint: {mode: async}
   EXPECT_EQ(c->delayed_verdict, VerdictLook::kImmediate);
   EXPECT_EQ(c->host_device_count, 2u);
   EXPECT_EQ(c->host_device_name, "Test");
-  EXPECT_EQ(c->checkpoint_mode, "async");
+  EXPECT_EQ(c->shadow_pool_bytes, 1ull << 30);
+  EXPECT_EQ(c->posd_socket, "/tmp/p.sock");
+  EXPECT_EQ(c->posd_arena_bytes, 64ull << 20);
+  EXPECT_EQ(c->posd_arena_max, 1ull << 30);
 }
 
 TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
@@ -128,6 +134,258 @@ TEST(Config, EnvironmentNamesTheFileAndOverridesTheBackend) {
   setenv("POS_CONFIG", "/nonexistent/pos.yaml", 1);
   EXPECT_FALSE(config_from_environment().ok());
   unsetenv("POS_CONFIG");
+}
+
+// The error message of a config that must be refused; "accepted" when it was not.
+std::string refusal(const std::string& yaml) {
+  auto r = parse_config(yaml);
+  return r.ok() ? std::string("accepted") : r.status().message();
+}
+
+// True when `text` contains every one of `parts`: the tests ask for the key path, the line and
+// the offending text in each message.
+::testing::AssertionResult names(const std::string& text, std::initializer_list<std::string> parts) {
+  for (const auto& p : parts)
+    if (text.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' not in: " << text;
+  return ::testing::AssertionSuccess();
+}
+
+TEST(Config, AFractionalMaxClientsIsRefusedWithItsKeyAndLine) {
+  EXPECT_TRUE(names(refusal("backend: host\nclient:\n  max_clients: 2.9\n"), {"line 3", "client.max_clients", "'2.9'"}));
+  EXPECT_TRUE(names(refusal("client: {max_clients: 4KiB}"), {"line 1", "client.max_clients", "'4KiB'"}));
+  EXPECT_TRUE(names(refusal("client: {max_clients: 5000}"), {"client.max_clients", "5000 is out of range [1, 4096]"}));
+  EXPECT_EQ(parse_config("client: {max_clients: 0x10}").value().max_clients, 16u);
+}
+
+TEST(Config, AVaBaseThatIsNotAnAddressIsRefusedInsteadOfPlacingTheWindowAtZero) {
+  EXPECT_TRUE(names(refusal("client:\n  va_base: banana\n"), {"line 2", "client.va_base", "'banana'"}));
+  EXPECT_TRUE(names(refusal("client: {va_base: 0}"), {"client.va_base", "out of range"}));
+  EXPECT_TRUE(names(refusal("client: {va_base: 0x110000000001}"), {"client.va_base", "not 4 KiB aligned"}));
+  EXPECT_TRUE(names(refusal("client: {va_base: 17TiB}"), {"client.va_base", "'17TiB'"}));  // an address, not a size
+  EXPECT_EQ(parse_config("client: {va_base: 0x100000000000}").value().va_base, 0x100000000000ull);
+  EXPECT_EQ(parse_config("client: {va_base: 17592186044416}").value().va_base, 0x100000000000ull);
+}
+
+TEST(Config, AMalformedSizeIsRefusedWithItsKeyAndLine) {
+  for (const char* bad : {"2.5.7GiB", "1..5G", "-1", "1.", ".5G", "5GiBs", "5 GiB x", "0x10", "1e9", "lots"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_TRUE(names(refusal(std::string("log_level: warn\nclient:\n  memory_quota: ") + bad + "\n"),
+                      {"line 3", "client.memory_quota", std::string("'") + bad + "'"}));
+  }
+  EXPECT_TRUE(names(refusal("client:\n  memory_quota:\n"), {"line 2", "client.memory_quota has no value"}));
+  EXPECT_TRUE(names(refusal("client: {memory_quota: ''}"), {"client.memory_quota", "must start with a digit"}));
+  EXPECT_EQ(parse_config("client: {memory_quota: 1.5GiB}").value().memory_quota, 3ull << 29);
+}
+
+TEST(Config, ZeroHostDeviceMemoryIsRefused) {
+  EXPECT_TRUE(names(refusal("host_backend:\n  device_memory: 0\n"), {"line 2", "host_backend.device_memory", "minimum"}));
+  EXPECT_TRUE(names(refusal("host_backend: {device_count: 0}"), {"host_backend.device_count", "out of range"}));
+  EXPECT_TRUE(names(refusal("host_backend: {device_name: ''}"), {"host_backend.device_name must not be empty"}));
+  EXPECT_EQ(parse_config("host_backend: {device_memory: 1MiB}").value().host_device_memory, 1ull << 20);
+}
+
+TEST(Config, ARepeatedKeyIsRefusedAtTopLevelAndInsideASectionNamingBothLines) {
+  EXPECT_TRUE(names(refusal("backend: host\nlog_level: info\nbackend: cuda\n"),
+                    {"line 3", "backend is given twice (first on line 1)"}));
+  EXPECT_TRUE(names(refusal("client:\n  max_clients: 4\n  va_size: 1TiB\n  max_clients: 8\n"),
+                    {"line 4", "client.max_clients is given twice (first on line 2)"}));
+  EXPECT_TRUE(names(refusal("queues: {depth: 64, depth: 128}"), {"line 1", "queues.depth is given twice"}));
+  EXPECT_TRUE(names(refusal("client: {max_clients: 4}\nclient: {va_size: 1TiB}\n"),
+                    {"line 2", "client is given twice (first on line 1)"}));
+  // The brief's own example: yaml-cpp keeps both pairs, a lookup would silently take the first.
+  EXPECT_TRUE(names(refusal("posd:\n  a: 1\n  a: 2\n"), {"line 2", "posd.a"}));
+  EXPECT_NE(refusal("a: 1\na: 2\n"), "accepted");
+}
+
+TEST(Config, NegativeAndOverflowingNumbersAreRefused) {
+  EXPECT_TRUE(names(refusal("queues: {depth: -1}"), {"queues.depth", "'-1'"}));
+  EXPECT_TRUE(names(refusal("queues: {spin_us: -5}"), {"queues.spin_us", "'-5'"}));
+  EXPECT_TRUE(names(refusal("client: {max_clients: 18446744073709551616}"), {"client.max_clients", "too large"}));
+  EXPECT_TRUE(names(refusal("client: {va_base: 0x10000000000000000}"), {"client.va_base", "too large"}));
+  EXPECT_TRUE(names(refusal("client: {memory_quota: 16777216TiB}"), {"client.memory_quota", "larger than 2^64"}));
+  EXPECT_TRUE(names(refusal("client: {memory_quota: 18446744073709551616}"), {"client.memory_quota", "larger than 2^64"}));
+  EXPECT_TRUE(names(refusal("queues: {spin_us: 10000001}"), {"queues.spin_us", "out of range"}));
+  EXPECT_TRUE(names(refusal("posd: {devices: [99999999999]}"), {"posd.devices", "'99999999999' is not a device index"}));
+}
+
+TEST(Config, AValueOfTheWrongTypeNamesItsKeyAndLine) {
+  EXPECT_TRUE(names(refusal("queues:\n  depth: [1]\n"), {"line 2", "queues.depth must be a single value, not a list"}));
+  EXPECT_TRUE(names(refusal("backend: {a: 1}"), {"line 1", "backend must be a single value, not a mapping"}));
+  EXPECT_TRUE(names(refusal("log_level: warn\nclient: 5\n"), {"line 2", "client must be a mapping"}));
+  EXPECT_TRUE(names(refusal("posd: {host_kernel_libraries: lib.so}"), {"posd.host_kernel_libraries must be a list"}));
+  EXPECT_TRUE(names(refusal("posd:\n  host_kernel_libraries:\n    - a.so\n    - [b.so]\n"),
+                    {"line 4", "posd.host_kernel_libraries[1] must be a single value"}));
+  EXPECT_TRUE(names(refusal("- backend: host\n"), {"line 1", "a config is a mapping"}));
+  EXPECT_TRUE(names(refusal("{[x]: 1}"), {"line 1", "a key", "not a plain word"}));
+}
+
+TEST(Config, BooleansAreTrueOrFalseOnly) {
+  for (const char* bad : {"yes", "on", "1", "True", "y"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_TRUE(names(refusal(std::string("queues:\n  record_latency: ") + bad + "\n"),
+                      {"line 2", "queues.record_latency", std::string("'") + bad + "' is not true or false"}));
+  }
+  EXPECT_TRUE(parse_config("queues: {record_latency: true}").value().record_latency);
+  EXPECT_FALSE(parse_config("queues: {record_latency: false}").value().record_latency);
+}
+
+TEST(Config, AWordChoiceTakesOnlyTheListedWords) {
+  EXPECT_TRUE(names(refusal("queues: {delayed_verdict: true}"), {"queues.delayed_verdict must be auto|on|off, not 'true'"}));
+  EXPECT_TRUE(names(refusal("\nlog_level: warning\n"), {"line 2", "log_level must be error|warn|info|debug, not 'warning'"}));
+  EXPECT_TRUE(names(refusal("backend: Host"), {"backend must be host|cuda, not 'Host'"}));
+  EXPECT_EQ(parse_config("queues: {delayed_verdict: on}").value().delayed_verdict, VerdictLook::kDelayed);
+}
+
+TEST(Config, CheckpointModeIsAnUnknownKeyThatSaysCheckpointsAreRequestedPerJob) {
+  EXPECT_TRUE(names(refusal("checkpoint:\n  shadow_pool: auto\n  mode: off\n"),
+                    {"line 3", "unknown config key 'checkpoint.mode'", "requested per job", "docs/checkpoint.md"}));
+  EXPECT_TRUE(names(refusal("checkpoint: {shadow_pol: 1GiB}"),
+                    {"unknown config key 'checkpoint.shadow_pol'", "keys of checkpoint: shadow_pool"}));
+}
+
+TEST(Config, AKeyGivenAcrossKeysBlamesTheFirstOfThemInTheFile) {
+  EXPECT_TRUE(names(refusal("posd:\n  arena_max: 64MiB\n  arena: 128MiB\n"),
+                    {"line 2", "posd.arena, 128 MiB, is more than posd.arena_max, 64 MiB"}));
+  EXPECT_TRUE(names(refusal("backend: host\nclient: {max_clients: 4096, va_size: 1TiB}\n"),
+                    {"line 2", "client.va_base + client.max_clients * client.va_size", "128 TiB"}));
+  EXPECT_TRUE(names(refusal("posd: {arena: 512KiB}"), {"posd.arena", "minimum, 1 MiB"}));
+}
+
+TEST(Config, SyntaxErrorsAndSecondDocumentsAreRefusedWithTheLine) {
+  EXPECT_TRUE(names(refusal("backend: host\nclient: [unclosed\n"), {"line 3", "not valid YAML"}));
+  EXPECT_TRUE(names(refusal("backend: host\n---\nbackend: cuda\n"), {"line 3", "one YAML document"}));
+}
+
+TEST(Config, AFileErrorStartsWithThePathAndGivesTheLine) {
+  const std::string path = ::testing::TempDir() + "/pos_config_lines.yaml";
+  std::ofstream(path) << "# a comment\nposd:\n  arena: 2.5.7GiB\n";
+  auto c = load_config_file(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find(path + ": line 3: posd.arena: '2.5.7GiB' is not a size"), 0u)
+      << c.status().message();
+}
+
+TEST(Config, ADirectoryGivenAsTheConfigFileIsRefused) {
+  auto c = load_config_file(::testing::TempDir());
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(names(c.status().message(), {"is a directory"}));
+  auto missing = load_config_file("/nonexistent/pos.yaml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(names(missing.status().message(), {"/nonexistent/pos.yaml", "No such file"}));
+}
+
+TEST(Config, SizesRefuseSignsSecondDotsPartBytesAndTrailingText) {
+  for (const char* bad : {"", "-1", "+1", "2.5.7GiB", "1..5G", "1.", ".5", "1.5", "1.1KiB", "64 ", " 64", "4  KiB",
+                          "4KiBx", "4 parsecs", "0x10", "18446744073709551616", "17179869184GiB"}) {
+    EXPECT_FALSE(parse_size(bad).ok()) << "'" << bad << "' was accepted as " << parse_size(bad).value();
+  }
+  EXPECT_EQ(parse_size("4 KiB").value(), 4096u);
+  EXPECT_EQ(parse_size("18446744073709551615").value(), UINT64_MAX);
+  EXPECT_EQ(parse_size("16777215TiB").value(), 16777215ull << 40);
+  EXPECT_EQ(parse_size("0.5KiB").value(), 512u);
+  EXPECT_EQ(parse_size("1.25GB").value(), 1250000000u);
+}
+
+TEST(Config, WholeNumbersAreDecimalOrHexDigitsOnly) {
+  EXPECT_EQ(parse_uint("4096").value(), 4096u);
+  EXPECT_EQ(parse_uint("0x110000000000").value(), 0x110000000000ull);
+  EXPECT_EQ(parse_uint("0XfF").value(), 255u);
+  EXPECT_EQ(parse_uint("18446744073709551615").value(), UINT64_MAX);
+  for (const char* bad : {"", "-1", "+1", "0x", "2.9", "1e3", "12 ", "0x1g", "1_000", "18446744073709551616",
+                          "0x10000000000000000"})
+    EXPECT_FALSE(parse_uint(bad).ok()) << "'" << bad << "'";
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Config, TheEnvironmentOverridesTheFilesBackendAndLogLevelOnEveryLoadingPath) {
+  const std::string path = ::testing::TempDir() + "/pos_config_env.yaml";
+  std::ofstream(path) << "backend: cuda\nlog_level: error\nclient: {memory_quota: 1MiB}\n";
+  ScopedEnv backend("POS_BACKEND", "host"), level("POS_LOG_LEVEL", "debug");
+  {
+    ScopedEnv file("POS_CONFIG", path.c_str());
+    auto c = config_from_environment();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_EQ(c->backend, "host");
+    EXPECT_EQ(c->log_level, LogLevel::kDebug);
+    EXPECT_EQ(c->memory_quota, 1u << 20);  // the rest comes from the file
+  }
+  // posd --config FILE: load_config_file, then the same overrides.
+  auto f = load_config_file(path);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->backend, "cuda");
+  ASSERT_TRUE(apply_environment_overrides(&f.value()).ok());
+  EXPECT_EQ(f->backend, "host");
+  EXPECT_EQ(f->log_level, LogLevel::kDebug);
+}
+
+TEST(Config, ABadEnvironmentValueIsRefusedNamingTheVariable) {
+  Config c;
+  {
+    ScopedEnv backend("POS_BACKEND", "tpu");
+    Status s = apply_environment_overrides(&c);
+    EXPECT_TRUE(names(s.message(), {"POS_BACKEND must be host|cuda, not 'tpu'"}));
+  }
+  {
+    ScopedEnv backend("POS_BACKEND", nullptr), level("POS_LOG_LEVEL", "loud");
+    Status s = apply_environment_overrides(&c);
+    EXPECT_TRUE(names(s.message(), {"POS_LOG_LEVEL must be error|warn|info|debug, not 'loud'"}));
+  }
+  ScopedEnv backend("POS_BACKEND", nullptr), level("POS_LOG_LEVEL", nullptr), file("POS_CONFIG", nullptr);
+  EXPECT_TRUE(apply_environment_overrides(&c).ok());
+  EXPECT_EQ(c.backend, "host");
+}
+
+// Every ```yaml block of every docs/*.md file is a whole config that parses: the docs show what a
+// user may copy. Fragments that are not configs use another fence language.
+TEST(Config, EveryYamlBlockInTheDocsIsAConfigThatParses) {
+  const char* dir = std::getenv("POS_DOCS_DIR");
+  ASSERT_NE(dir, nullptr) << "POS_DOCS_DIR is not set (unittest/meson.build sets it for config_test)";
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".md") files.push_back(e.path());
+  ASSERT_FALSE(ec) << dir << ": " << ec.message();
+  std::sort(files.begin(), files.end());
+  int blocks = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::string line, yaml;
+    int n = 0, line_no = 0, opened_at = 0;
+    bool inside = false;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (!inside && line.rfind("```yaml", 0) == 0) {
+        inside = true, yaml.clear(), opened_at = line_no, ++n, ++blocks;
+      } else if (inside && line.rfind("```", 0) == 0) {
+        inside = false;
+        auto c = parse_config(yaml);
+        EXPECT_TRUE(c.ok()) << f.string() << ", yaml block " << n << " (opened on line " << opened_at
+                            << "): " << c.status().message();
+      } else if (inside) {
+        yaml += line + "\n";
+      }
+    }
+    EXPECT_FALSE(inside) << f.string() << ": yaml block " << n << " (line " << opened_at << ") is never closed";
+  }
+  EXPECT_GT(blocks, 0) << "no ```yaml blocks in " << dir << "/*.md: the variable names the wrong folder";
 }
 
 }  // namespace

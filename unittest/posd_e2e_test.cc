@@ -9,10 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,6 +219,97 @@ TEST_F(PosdProcess, WithoutPosdTheJobStopsAtOnceWithAMessageNamingIt) {
   (void)shell(env + train_cmd(""), &code, &err);
   EXPECT_NE(code, 0);
   EXPECT_NE(err.find("cannot reach posd"), std::string::npos) << err;
+}
+
+// posd --config FILE with `extra` ("NAME=value") over this process's environment; stderr to `log`.
+pid_t spawn_posd(const std::string& cfg, const std::string& log, const std::vector<std::string>& extra) {
+  std::vector<std::string> env(extra);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const bool replaced = std::any_of(extra.begin(), extra.end(), [&](const std::string& x) {
+      return kv.compare(0, x.find('=') + 1, x, 0, x.find('=') + 1) == 0;
+    });
+    if (!replaced) env.push_back(kv);
+  }
+  std::vector<char*> envp;
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  const std::string posd = env_or_fail("POS_POSD");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv{const_cast<char*>(posd.c_str()), const_cast<char*>("--config"), const_cast<char*>(cfg.c_str()),
+                          nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, posd.c_str(), &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The file says cuda and error; the environment says host and debug, and wins. The debug level
+// shows in what a second posd's liveness probe leaves in the first one's log: a debug line, no
+// warning or error.
+TEST_F(PosdProcess, TheEnvironmentOverridesTheConfigFileAndAProbeFromASecondPosdIsNoWarning) {
+  const std::string tag = "posd-e2e-env-" + std::to_string(::getpid());
+  const std::string sock = ::testing::TempDir() + tag + ".sock", cfg = ::testing::TempDir() + tag + ".yaml",
+                    log = ::testing::TempDir() + tag + ".log";
+  std::ofstream(cfg) << "backend: cuda\nlog_level: error\nposd:\n  socket: " << sock << "\n";
+  const pid_t pid = spawn_posd(cfg, log, {"POS_BACKEND=host", "POS_LOG_LEVEL=debug"});
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool up = false;
+  while (!(up = pos::posd_control(sock, "ps").ok())) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != 0 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::yield();
+  }
+  if (!up) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(up) << "posd did not come up: " << read_file(log);
+  EXPECT_NE(pos::posd_control(sock, "ps").value().find("\"backend\":\"host\""), std::string::npos);
+
+  int code = -1;
+  std::string err;
+  (void)shell("POS_BACKEND=host " + env_or_fail("POS_POSD") + " --config " + cfg, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find(" error posd: "), std::string::npos) << err;
+  EXPECT_NE(err.find("another posd is listening on " + sock), std::string::npos) << err;
+  while (read_file(log).find("liveness probe") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  kill(pid, SIGTERM);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("debug posd: pid "), std::string::npos) << text;
+  EXPECT_NE(text.find("liveness probe"), std::string::npos) << text;
+  EXPECT_EQ(text.find(" warn "), std::string::npos) << text;
+  EXPECT_EQ(text.find(" error "), std::string::npos) << text;
+  EXPECT_NE(text.find("info posd: listening on " + sock + " (host backend)"), std::string::npos) << text;
+
+  // A bad value in the environment stops posd --config too, naming the variable.
+  (void)shell("POS_BACKEND=tpu " + env_or_fail("POS_POSD") + " --config " + cfg, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("POS_BACKEND must be host|cuda, not 'tpu'"), std::string::npos) << err;
+}
+
+TEST_F(PosdProcess, PosdSaysWhereItListensOnceAndEveryLineHasTheLogFormat) {
+  // posd prints the line after its acceptor runs, so `ps` may have answered before it is there.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (log_text().find("listening on ") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  const std::string text = log_text();
+  const size_t first = text.find("listening on ");
+  ASSERT_NE(first, std::string::npos) << text;
+  EXPECT_EQ(text.find("listening on ", first + 1), std::string::npos) << text;  // log_level is info here
+  std::istringstream in(text);
+  const std::regex format("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z pos\\[" +
+                          std::to_string(pid_) + "\\] (error|warn|info|debug) [^:]+: .*");
+  for (std::string line; std::getline(in, line);) EXPECT_TRUE(std::regex_match(line, format)) << line;
 }
 
 TEST_F(PosdProcess, SigtermStopsPosdCleanly) {

@@ -8,6 +8,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "pos/runtime.h"
 #include "remoting/inproc/inproc_transport.h"
 #include "remoting/server/control_client.h"
+#include "unittest/stderr_capture.h"
 
 namespace pos::test {
 namespace {
@@ -304,6 +307,72 @@ TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
   EXPECT_NE(w.code, 0);
   EXPECT_NE(std::string(w.message).find("protocol version 99"), std::string::npos) << w.message;
   EXPECT_TRUE(server_->sessions().empty());
+}
+
+int connect_raw(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Bounded wait (no sleep) for a condition another thread makes true.
+template <typename F>
+bool eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+TEST_F(Posd, ASecondPosdsLivenessProbeIsLoggedAtDebugAndNotAsABadClient) {
+  const int level_before = g_log_level.load();
+  Config c = test_config();
+  c.log_level = LogLevel::kDebug;  // so that the probe's line, at debug, is there to be seen
+  start(c);
+  test::StderrCapture cap("posd_probe");
+  Config second = c;
+  second.posd_socket = server_->socket_path();
+  auto refused = PosdServer::start(second);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kBusy);
+  EXPECT_NE(refused.status().message().find("another posd is listening"), std::string::npos);
+  const bool seen = eventually([&] { return server_->probes_seen() == 1; });
+  cap.stop();
+  set_log_level(static_cast<LogLevel>(level_before));
+  ASSERT_TRUE(seen) << "the running posd never saw the probe; stderr: " << cap.text();
+  EXPECT_TRUE(cap.lines_at("warn").empty()) << cap.text();
+  EXPECT_TRUE(cap.lines_at("error").empty()) << cap.text();
+  const auto debug = cap.lines_at("debug");
+  const std::string who = "posd: pid " + std::to_string(::getpid());
+  EXPECT_TRUE(std::any_of(debug.begin(), debug.end(), [&](const std::string& l) {
+    return l.find(who) != std::string::npos && l.find("liveness probe") != std::string::npos;
+  })) << cap.text();
+}
+
+// The other side of the probe rule: a peer that sends part of a hello and hangs up is still a
+// client gone wrong, and said so at warn.
+TEST_F(Posd, APeerThatHangsUpMidHelloIsStillWarnedAboutAndIsNoProbe) {
+  test::StderrCapture cap("posd_partial_hello");
+  const int fd = connect_raw(server_->socket_path());
+  ASSERT_GE(fd, 0);
+  const uint32_t part = wire::kHelloMagic;
+  ASSERT_EQ(::send(fd, &part, sizeof(part), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(part)));
+  ::close(fd);
+  const bool warned = eventually([&] { return !cap.lines_at("warn").empty(); });
+  cap.stop();
+  ASSERT_TRUE(warned) << "no warning; stderr: " << cap.text();
+  EXPECT_NE(cap.lines_at("warn")[0].find("posd: pid " + std::to_string(::getpid()) + " sent no valid hello"),
+            std::string::npos)
+      << cap.text();
+  EXPECT_EQ(server_->probes_seen(), 0u);
 }
 
 TEST_F(Posd, ManySessionsRunConcurrentlyEachOnItsOwnData) {

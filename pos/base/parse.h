@@ -9,7 +9,14 @@
 
 namespace pos {
 
-// "64", "4KiB", "16GiB", "1.5GB" → bytes.
+// "64", "4KiB", "16GiB", "1.5GB" → bytes. The number is decimal digits with at most one '.'
+// between digits; the unit (optional; a space may precede it) is B, K/KiB .. T/TiB (powers of
+// 1024) or KB .. TB (powers of 1000). Signs, a second '.', a fraction that is not a whole number of
+// bytes, anything after the unit and values past 2^64 - 1 are errors, never rounded or cut off.
 StatusOr<uint64_t> parse_size(const std::string& text);
+
+// "4096" or "0x110000000000" → the value. Decimal digits, or 0x / 0X and hex digits; nothing else
+// (no sign, no spaces, no suffix). Values past 2^64 - 1 are errors.
+StatusOr<uint64_t> parse_uint(const std::string& text);
 
 }  // namespace pos

@@ -149,7 +149,7 @@ void CheckpointJob::protect_region(DrainRegion& r) {
             r.shadow_from = r.drained;
             return;
           }
-          POS_ERROR("checkpoint: shadow copy of %s failed: %s", hex(r.addr).c_str(), c.to_string().c_str());
+          POS_ERROR("ckpt", "shadow copy of %s failed: %s", hex(r.addr).c_str(), c.to_string().c_str());
           shadow_copier_->shadow_free(*s);
           shadow_in_use_ -= need;
         }

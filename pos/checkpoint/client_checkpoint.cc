@@ -187,8 +187,7 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   }
   if (options.lazy) {
     // The buffers' bytes come later: on first use (the worker) and from background loaders.
-    lazy_ = std::make_shared<LazyLoader>(image_ptr, backend_,
-                                         "client " + std::to_string(uuid_) + " (" + job_name_ + ")");
+    lazy_ = std::make_shared<LazyLoader>(image_ptr, backend_, log_name_);
     for (const Piece& p : pieces)
       if (!p.is_var) lazy_->add(p.addr, p.ref->length(), p.img, p.ref);
   } else {
@@ -244,8 +243,8 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     POS_RETURN_IF_ERROR(lazy_->start(bc, kLazyLoaders, options.hold_loader));
     lazy_worker_ = lazy_.get();
   }
-  POS_INFO("client %lu (%s): restored %d handles at cut %lu%s", (unsigned long)uuid_, job_name_.c_str(),
-           img.handles_size(), (unsigned long)cr.next_pc(), lazy_ ? " (buffers load lazily)" : "");
+  POS_INFO(log_name_, "restored %d handles at cut %lu%s", img.handles_size(), (unsigned long)cr.next_pc(),
+           lazy_ ? " (buffers load lazily)" : "");
   return Status::Ok();
 }
 
@@ -286,7 +285,7 @@ void POSClient::refuse_stopped(APIContext* c) {
   c->status = Status::Unavailable("client " + std::to_string(uuid_) + " stopped at checkpoint cut " +
                                   std::to_string(stop_cut_) + ": " + std::string(c->info->name) +
                                   " (pc " + std::to_string(c->pc) + ") was not run and is not in the image");
-  POS_DEBUG("%s", c->status.message().c_str());
+  POS_DEBUG(log_name_, "%s", c->status.message().c_str());
   c->skip_worker = true;
   c->advance(kDone);
   complete_to_rpc(c);
@@ -443,8 +442,8 @@ Status POSClient::replay_pending(const ckpt::pb::ClientImage& img) {
   }
   for (const InFlight& f : window) settle(f);
   if (!first.ok()) return first.with_context("restore of client " + std::to_string(uuid_));
-  POS_INFO("client %lu (%s): replayed %d pending calls, pcs %lu to %lu", (unsigned long)uuid_, job_name_.c_str(),
-           pending.size(), (unsigned long)pending.begin()->pc(), (unsigned long)pending.rbegin()->pc());
+  POS_INFO(log_name_, "replayed %d pending calls, pcs %lu to %lu", static_cast<int>(pending.size()),
+           (unsigned long)pending.begin()->pc(), (unsigned long)pending.rbegin()->pc());
   return Status::Ok();
 }
 

@@ -112,7 +112,7 @@ void LazyLoader::settle(Region& r, const Status& s, bool on_demand) {
     r.error = s;
     stats_.failed++;
     failed_live_++;
-    POS_ERROR("%s: %s", who_.c_str(), s.to_string().c_str());
+    POS_ERROR(who_, "%s", s.to_string().c_str());
   }
   if (--remaining_ == 0) {
     t_done_ = seconds_now();
@@ -161,7 +161,7 @@ Status LazyLoader::before_call(const APIContext& c) {
       settle(r, s, /*on_demand=*/true);
     }
     if (r.state == State::kFailed) {
-      POS_ERROR("%s pc %lu %.*s: buffer %s was not restored, the call fails: %s", who_.c_str(), (unsigned long)c.pc,
+      POS_ERROR(who_, "pc %lu %.*s: buffer %s was not restored, the call fails: %s", (unsigned long)c.pc,
                 (int)c.info->name.size(), c.info->name.data(), hex(r.addr).c_str(), r.error.message().c_str());
       return Status(r.error.code(), c.info->is_cublas ? cuda::kCublasExecutionFailed : cuda::kErrorEccUncorrectable,
                     r.error.message());

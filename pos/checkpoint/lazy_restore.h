@@ -48,7 +48,8 @@ Status load_chunk(const ckpt::ImageReader& img, const ckpt::pb::BlobRef& ref, ui
 // lock for all of them is never contended for long.
 class LazyLoader {
  public:
-  // `who` names the client in log lines and errors ("client 65537 (train)").
+  // `who` names the client in errors and is the component of its log lines (client_component():
+  // "client 65537 (job train)").
   LazyLoader(std::shared_ptr<const ckpt::ImageReader> image, DeviceBackend* device, std::string who);
   ~LazyLoader();
   LazyLoader(const LazyLoader&) = delete;

@@ -178,6 +178,22 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   if (!gid.ok()) return gid.status();
   srv->group_gid_ = *gid;
   srv->owner_uid_.store(::geteuid());
+  srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
+  sockaddr_un addr{};
+  if (srv->socket_path_.size() >= sizeof(addr.sun_path))
+    return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
+  // A leftover socket file is replaced, a live daemon is not. Asked before the workspace: a posd
+  // that cannot serve must not take the GPU first. The probe connects and closes without a byte,
+  // which the live daemon counts as a probe (connection_main), not as a client gone wrong.
+  if (::access(srv->socket_path_.c_str(), F_OK) == 0) {
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) return Status::Busy("another posd is listening on " + srv->socket_path_);
+    ::unlink(srv->socket_path_.c_str());
+  }
   auto ws = create_workspace(config);
   if (!ws.ok()) return ws.status();
   srv->ws_ = std::move(ws.value());
@@ -193,20 +209,6 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
       return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
   }
 
-  srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
-  sockaddr_un addr{};
-  if (srv->socket_path_.size() >= sizeof(addr.sun_path))
-    return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
-  // A leftover socket file is replaced, a live daemon is not.
-  if (::access(srv->socket_path_.c_str(), F_OK) == 0) {
-    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (probe >= 0) ::close(probe);
-    if (live) return Status::Busy("another posd is listening on " + srv->socket_path_);
-    ::unlink(srv->socket_path_.c_str());
-  }
   srv->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
   // Owner only (or owner + the configured group): the socket's mode is the first gate, the
@@ -229,7 +231,7 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     name_this_thread("posd-accept");
     p->accept_main();
   });
-  POS_INFO("posd: listening on %s (%s backend)", srv->socket_path_.c_str(), std::string(srv->ws_->backend().name()).c_str());
+  // No "listening" line here: tools/posd.cc prints it, once, at every log level.
   return srv;
 }
 
@@ -310,15 +312,28 @@ void PosdServer::connection_main(Session* s) {
   wire::Hello hello;
   PeerCredentials peer;
   Status admitted;
+  // A peer that closes before its first byte is a liveness probe (PosdServer::start of a second
+  // posd asking whether this one is alive), not a client that failed its hello.
+  char first = 0;
+  ssize_t peeked;
+  do {
+    peeked = ::recv(fd, &first, 1, MSG_PEEK);
+  } while (peeked < 0 && errno == EINTR);
   if (!peer_credentials(fd, &s->cred, &peer)) {
-    POS_WARN("posd: connection without peer credentials refused");
+    POS_WARN("posd", "connection without peer credentials refused");
+  } else if (peeked == 0) {
+    if (!stopping_.load()) {  // else stop() shut the socket: nothing to say
+      POS_DEBUG("posd", "pid %d connected and closed without a byte: a liveness probe (another posd checking)",
+                s->cred.pid);
+      probes_.fetch_add(1, std::memory_order_release);  // after the line: a test that sees the count sees the line
+    }
   } else if (!(admitted = admit(peer, owner_uid_.load(), group_gid_)).ok()) {
-    POS_WARN("posd: refused pid %d: %s", s->cred.pid, admitted.message().c_str());
+    POS_WARN("posd", "refused pid %d: %s", s->cred.pid, admitted.message().c_str());
     refuse(fd, admitted);
   } else if (!recv_all(fd, &hello, sizeof(hello)).ok() || hello.magic != wire::kHelloMagic) {
-    POS_WARN("posd: pid %d sent no valid hello; dropped", s->cred.pid);
+    POS_WARN("posd", "pid %d sent no valid hello; dropped", s->cred.pid);
   } else if (hello.version != wire::kProtocolVersion) {
-    POS_WARN("posd: pid %d speaks protocol %u, posd %u; refused", s->cred.pid, hello.version, wire::kProtocolVersion);
+    POS_WARN("posd", "pid %d speaks protocol %u, posd %u; refused", s->cred.pid, hello.version, wire::kProtocolVersion);
     refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
                       "protocol version " + std::to_string(hello.version) + " is not posd's " +
                           std::to_string(wire::kProtocolVersion) + ": use the libpos_client of the running posd's build"));
@@ -367,7 +382,8 @@ void PosdServer::serve(Session* s) {
                                                          config_.posd_devices})
               : StatusOr<ClientUuid>(st);
   if (!uuid.ok()) {
-    POS_WARN("posd: session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(), uuid.status().to_string().c_str());
+    POS_WARN("posd", "session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(),
+             uuid.status().to_string().c_str());
     refuse(fd, uuid.status());
     return;
   }
@@ -393,11 +409,11 @@ void PosdServer::serve(Session* s) {
   const int fds[2] = {mem.memfd, mem.efd};
   std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
   if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
-    POS_WARN("posd: pid %d left during the handshake", s->cred.pid);
+    POS_WARN("posd", "pid %d left during the handshake", s->cred.pid);
     (void)ws_->remove_client(*uuid);
     return;
   }
-  POS_INFO("posd: session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, s->cred.pid,
+  POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, s->cred.pid,
            s->cred.uid, s->job.c_str(), (unsigned long)mem.layout.arena_bytes);
 
   auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
@@ -431,7 +447,8 @@ void PosdServer::serve(Session* s) {
     if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
   };
   auto fail = [&](const Status& why) {
-    POS_ERROR("posd: session %lu (pid %d): %s; closing it", (unsigned long)*uuid, s->cred.pid, why.message().c_str());
+    POS_ERROR("posd", "session %lu (pid %d, '%s'): %s; closing it", (unsigned long)*uuid, s->cred.pid, s->job.c_str(),
+              why.message().c_str());
     end_reason = "malformed frame";
   };
   for (;;) {
@@ -471,7 +488,8 @@ void PosdServer::serve(Session* s) {
       Status r = ws_->pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
                                   &written);
       if (!r.ok())
-        POS_DEBUG("posd: session %lu: %s failed: %s", (unsigned long)*uuid, std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
+        POS_DEBUG("posd", "session %lu ('%s'): %s failed: %s", (unsigned long)*uuid, s->job.c_str(),
+                  std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
                   r.to_string().c_str());
       // pos_process copied the parameters: the ring space may be reused.
       consumed(f.h.total_len, f.h.seq);
@@ -545,7 +563,7 @@ void PosdServer::serve(Session* s) {
   client.reset();  // the workspace alone owns it while it is removed
   Status rm = ws_->remove_client(*uuid);
   const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
-  POS_INFO("posd: session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
+  POS_INFO("posd", "session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
            (unsigned long)*uuid, s->cred.pid, s->job.c_str(), end_reason.c_str(), (unsigned long)s->frames.load(),
            (unsigned long)st2.memory_in_use, rm_note.c_str());
 }

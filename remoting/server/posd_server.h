@@ -65,6 +65,9 @@ class PosdServer {
   void set_owner_uid_for_test(uint32_t uid) { owner_uid_.store(uid); }
   POSWorkspace& workspace() { return *ws_; }
   std::vector<SessionInfo> sessions() const;
+  // Connections that closed before sending a byte: liveness probes (a second posd's start asking
+  // whether this one answers). They are logged at debug only; the count lets tests see them.
+  uint64_t probes_seen() const { return probes_.load(std::memory_order_acquire); }
   // `pos-cli ps --json`'s text.
   std::string sessions_json() const;
   // `pos-cli ps`'s table.
@@ -88,6 +91,7 @@ class PosdServer {
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once stop() began
   std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> probes_{0};
   std::thread acceptor_;
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Session>> sessions_;  // guarded by mu_

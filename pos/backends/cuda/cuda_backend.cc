@@ -54,7 +54,7 @@ Status cu_status(CUresult r, const char* call, const std::string& what) {
   std::string m = std::string(call) + (what.empty() ? "" : " (" + what + ")") + ": " + (name ? name : "?") + " — " +
                   (text ? text : "unknown driver error");
   // NOT_READY is an answer (stream/event queries), not a failure worth a log line.
-  if (r != CUDA_ERROR_NOT_READY) POS_WARN("cuda backend: %s", m.c_str());
+  if (r != CUDA_ERROR_NOT_READY) POS_WARN("cuda backend", "%s", m.c_str());
   return Status::Cuda(runtime_error(r), std::move(m));
 }
 // `what` is built only on failure: the hot paths (launches, async copies) name their handle in
@@ -68,7 +68,7 @@ Status cu_status(CUresult r, const char* call, const std::string& what) {
 Status blas_status(cublasStatus_t r, const char* call, const std::string& what) {
   if (r == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   std::string m = std::string(call) + " (" + what + "): " + cublasGetStatusName(r);
-  POS_WARN("cuda backend: %s", m.c_str());
+  POS_WARN("cuda backend", "%s", m.c_str());
   return Status::Cublas(static_cast<int32_t>(r), std::move(m));
 }
 
@@ -495,7 +495,7 @@ class CudaClient final : public BackendClient {
     CuFunction fn;
     CUresult r = cuModuleGetFunction(&fn.f, m->second, name.c_str());
     if (r == CUDA_ERROR_NOT_FOUND) {
-      POS_INFO("cuda backend: module has no kernel '%s' (launches will fail)", name.c_str());
+      POS_INFO("cuda backend", "module has no kernel '%s' (launches will fail)", name.c_str());
       info.found = false;
       return info;
     }
@@ -691,12 +691,12 @@ class CudaClient final : public BackendClient {
       auto st = std::make_unique<CuStaging>(staging_opts_, spin_ns_);
       if (Status s = st->open(); !s.ok()) {
         // Not a failure of the copy: the driver stages it, as it does natively.
-        POS_WARN("cuda backend: no pinned staging slots (%s); pageable copies take the driver's path",
+        POS_WARN("cuda backend", "no pinned staging slots (%s); pageable copies take the driver's path",
                  s.message().c_str());
         staging_opts_.threads = 0;
         return nullptr;
       }
-      POS_INFO("cuda backend: pageable copies of %lu bytes and more go through %u pinned slots of %lu bytes, %u threads",
+      POS_INFO("cuda backend", "pageable copies of %lu bytes and more go through %u pinned slots of %lu bytes, %u threads",
                static_cast<unsigned long>(staging_opts_.min_bytes), staging_opts_.slots,
                static_cast<unsigned long>(staging_opts_.slot_bytes), staging_opts_.threads);
       staging_ = std::move(st);

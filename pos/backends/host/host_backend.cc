@@ -235,7 +235,7 @@ class HostClient final : public BackendClient {
       for (const ParamInfo& p : k->layout) info.layout.push_back(KernelParam{p.offset, p.size, p.read_only_pointer});
       info.param_bytes = k->param_bytes;
     } else {
-      POS_INFO("host backend: no host kernel named '%s' (launches will fail)", name.c_str());
+      POS_INFO("host backend", "no host kernel named '%s' (launches will fail)", name.c_str());
     }
     functions_[info.obj] = HostFunction{k};
     function_module_[info.obj] = m;
