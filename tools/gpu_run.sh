@@ -2,14 +2,17 @@
 # gpu_run.sh — everything issue #3 proves on a GPU machine, in one call: build there, run the CI suites
 # and the `gpu` suite, then the GPU benches (native vs POS side by side). Results under $OUT.
 # Flags: --quick (tests only), --ckpt (tests, checkpoint benches), --multi (tests, then the `multigpu`
-# suite: needs two GPUs of one model, e.g. the nvidia-h200-x2 machine).
+# suite: needs two GPUs of one model, e.g. the nvidia-h200-x2 machine), --ab REV (no tests: builds
+# commit REV beside this tree and runs the A/B benches, REV = A, this tree = B: pipeline_ab.sh and
+# posd_step_ab.sh; POS_SKIP_TESTS is implied).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/device-out}"
 B="${POS_GPU_BUILD:-/tmp/pos-build}"
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-QUICK=0; CKPT_ONLY=0; POSD_ONLY=0; MULTI=0
+QUICK=0; CKPT_ONLY=0; POSD_ONLY=0; MULTI=0; AB_REV=""
+[[ "${1:-}" == "--ab" ]] && { AB_REV="${2:?--ab needs a commit}"; export POS_SKIP_TESTS=1; }
 [[ "${1:-}" == "--quick" ]] && QUICK=1      # tests only, no benches
 [[ "${1:-}" == "--ckpt" ]] && CKPT_ONLY=1   # tests, then only the checkpoint benches
 [[ "${1:-}" == "--posd" ]] && POSD_ONLY=1   # tests, then only the remoting (posd) benches
@@ -32,6 +35,21 @@ meson test -C "$B" --no-rebuild --suite gpu >"$OUT/tests_gpu.log" 2>&1; GPU_RC=$
 grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Timeout):" "$OUT/tests_gpu.log"
 cp "$B/meson-logs/testlog.txt" "$OUT/testlog_gpu.txt" 2>/dev/null
 [[ $GPU_RC -ne 0 ]] && grep -B2 -A12 "Failure\|FAILED\|error" "$OUT/testlog_gpu.txt" | head -80
+fi
+if [[ -n "$AB_REV" ]]; then
+  # A = REV, built from git beside this tree (same compiler, same flags), B = this tree.
+  A_SRC=/tmp/pos-ab-src A=/tmp/pos-ab-build
+  if [[ ! -f "$A/build.ninja" ]]; then
+    rm -rf "$A_SRC"; mkdir -p "$A_SRC"
+    git -C "$ROOT" archive "$AB_REV" | tar -x -C "$A_SRC" || { echo "cannot export $AB_REV"; exit 1; }
+    meson setup "$A" "$A_SRC" --buildtype=release >"$OUT/setup_a.log" 2>&1 || { tail -30 "$OUT/setup_a.log"; exit 1; }
+  fi
+  echo "== build A ($AB_REV)"; ninja -C "$A" >"$OUT/build_a.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build_a.log" | head -30; exit 1; }
+  echo "== pipeline bench, A = $AB_REV, B = this tree"
+  bash "$ROOT/bench/pipeline_ab.sh" "$A/bench/pipeline_bench" "$B/bench/pipeline_bench" --runs "${POS_AB_RUNS:-5}" | tee "$OUT/pipeline_ab.md"
+  echo "== posd step time, A = $AB_REV, B = this tree"
+  bash "$ROOT/bench/posd_step_ab.sh" "$A" "$B" --runs "${POS_AB_STEP_RUNS:-8}" | tee "$OUT/posd_step_ab.md"
+  exit 0
 fi
 if [[ $MULTI -eq 1 ]]; then
   echo "== multigpu suite (CUDA backend): checkpoint on GPU 0, restore on GPU 1"
