@@ -466,6 +466,10 @@ Status POSClient::wait_restored() { return lazy_ ? lazy_->wait() : Status::Ok();
 LazyRestoreStats POSClient::restore_stats() const { return lazy_ ? lazy_->stats() : LazyRestoreStats{}; }
 
 // ---------------- parser thread ----------------
+// The idle parser's spin (see parser_main): the clock every 1024 polls, a yield where cores are
+// scarce or every 8th time.
+constexpr SpinShape kParserIdleSpin{0, 1024, 8};
+
 void POSClient::parser_main() {
   for (;;) {
     bool progressed = false;
@@ -510,30 +514,20 @@ void POSClient::parser_main() {
              (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_needs_parser() || stop_.load();
     };
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
-    // the busy worker, and reading it on every poll would delay noticing a new call.
-    // The spin deadline is set at the first full check, not before the first poll: it reads
-    // counters the submitter and worker write (two transfers) and the clock, and the next call
-    // usually arrives within those first polls.
+    // the busy worker, and reading it on every poll would delay noticing a new call, so every
+    // queue is looked at only every 16th poll. The spin budget is read at the first round's end,
+    // not before the first poll: it reads counters the submitter and worker write (two transfers)
+    // and the clock, and the next call usually arrives before then. A call in flight makes it
+    // sync_spin_ns: the next call follows the current one's completion closely.
     uint32_t polls = 0;
-    uint64_t deadline = 0;
-    bool ready = false;
-    while (!ready) {
-      // `pause` between polls: a tight load loop takes execution resources from a hyperthread
-      // sibling and burns power; a pause costs ~50 ns of latency (measured: BENCHMARKS, posd).
-      cpu_relax();
-      if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) break;
-      if ((++polls & 15) != 0) continue;
-      ready = anything();
-      if (deadline == 0) {
-        const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed();
-        deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
-      }
-      if ((polls & 1023) == 0) {
-        if (now_ns() > deadline) break;
-        // Lets a descheduled caller or worker run where cores are scarce (spin_rounds_per_yield).
-        if (cores_are_scarce() || (polls & 0x1fff) == 0) sched_yield();
-      }
-    }
+    spin_wait<kParserIdleSpin>(
+        [&] {
+          return submitted_.load(std::memory_order_relaxed) != completed() ? config_.sync_spin_ns : config_.spin_ns;
+        },
+        [&] {
+          if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) return true;
+          return (++polls & 15) == 0 && anything();
+        });
     spin_then_block(parser_bell_, 0, anything);  // exact check, then sleep if still nothing
   }
 }

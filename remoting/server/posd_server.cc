@@ -504,18 +504,10 @@ void PosdServer::serve(Session* s) {
     }
     // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
     // client rings, hangs up, or posd stops.
-    const uint64_t deadline = now_ns() + spin_ns;
-    bool work = false;
-    for (uint32_t i = 0; !work; ++i) {
-      cpu_relax();  // see the parser's idle loop (pos/client.cc); before the load, so work found exits at once
-      work = hdr->tail.load(std::memory_order_acquire) != head;
-      if ((i & 63) == 63) {
-        if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
-        // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
-        if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
-      }
-    }
-    if (work) continue;
+    if (spin_wait<kPollSpin>(
+            spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
+            [&] { return !stopping_.load(std::memory_order_relaxed); }))
+      continue;
     hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
     if (hdr->tail.load(std::memory_order_seq_cst) != head) {
       hdr->server_sleeping.store(0, std::memory_order_relaxed);
