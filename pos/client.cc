@@ -202,7 +202,7 @@ Status POSClient::init_state() {
 
 void POSClient::start_threads() {
   const uint64_t base = ps_.va_base, mem_size = ps_.va_size;
-  accepting_.store(true, std::memory_order_release);
+  intake_.reopen();
   // Named for `top -H`, `perf` and `ps -L` (slot = the client's uuid & 0xffff).
   parser_thread_ = std::thread([this] {
     name_this_thread(("pos-parse-" + std::to_string(slot_)).c_str());
@@ -220,18 +220,17 @@ void POSClient::start_threads() {
 void POSClient::shutdown() {
   if (!started_) return;
   {
+    // Under submit_mu_: a submitter that got past the gate has counted its call in submitted_.
     std::lock_guard<std::mutex> lk(submit_mu_);
-    accepting_.store(false, std::memory_order_release);
+    intake_.close();
   }
   worker_paused_.store(false);
   worker_bell_.ring();
-  // Drain: every submitted call comes back on the rpc CQ, no command is in flight, and a stop
-  // checkpoint has its outcome (its seal needs the parser, which runs until stop_).
-  spin_then_block(rpc_bell_, config_.spin_ns, [&] {
-    return completed() == submitted_.load(std::memory_order_acquire) &&
-           !command_busy_.load(std::memory_order_acquire) &&
-           stop_state_.load(std::memory_order_acquire) != kStopping;
-  });
+  // Drain: no command is in flight and a stop checkpoint has its outcome (they hold the gate; a
+  // seal needs the parser, which runs until stop_), and every submitted call is back on the rpc CQ.
+  intake_.wait_drained(config_.spin_ns);
+  spin_then_block(rpc_bell_, config_.spin_ns,
+                  [&] { return completed() == submitted_.load(std::memory_order_acquire); });
   stop_.store(true, std::memory_order_release);
   parser_bell_.ring();
   worker_bell_.ring();
@@ -340,8 +339,7 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
   uint32_t target = 0;
   {
     std::lock_guard<std::mutex> lk(submit_mu_);
-    if (!accepting_.load(std::memory_order_relaxed))
-      return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+    if (!intake_.is_open()) return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
     c = acquire_context();
     c->api_id = api.id;
     c->info = &api;
@@ -388,15 +386,15 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
 }
 
 Status POSClient::run_command(Command& cmd) {
-  if (!accepting_.load(std::memory_order_acquire))
-    return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+  // In flight until it returns: shutdown waits for a command it let in (the parser runs it).
+  Gate::Holder in_flight(intake_);
+  if (!in_flight) return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
   if (command_busy_.exchange(true, std::memory_order_acq_rel))
     return Status::Busy("client " + std::to_string(uuid_) + " already has a command in flight");
   // A stopped client (or one being stopped) runs no call past its cut, so it takes no other cut.
   const uint8_t st = stop_state_.load(std::memory_order_acquire);
   if (st != kRunning) {
     command_busy_.store(false, std::memory_order_release);
-    rpc_bell_.ring();
     return st == kStopped ? Status::FailedPrecondition("client " + std::to_string(uuid_) +
                                                        " was stopped by a checkpoint: it runs nothing more (restore its image)")
                           : Status::Busy("client " + std::to_string(uuid_) + " is being stopped by a checkpoint");
@@ -413,7 +411,6 @@ Status POSClient::run_command(Command& cmd) {
   // A stop that failed at the cut never started: the parser has resumed already.
   if (stop && !cmd.status.ok()) stop_state_.store(kRunning, std::memory_order_release);
   command_busy_.store(false, std::memory_order_release);
-  rpc_bell_.ring();  // shutdown may be waiting for the command to finish
   return cmd.status;
 }
 
@@ -444,8 +441,12 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   Command cmd;
   cmd.type = CommandType::kCheckpoint;
   cmd.job = job;
+  // A stop is in flight until its outcome below (shutdown waits for it: the seal needs the
+  // parser). A closed gate refuses run_command too, with the same answer.
+  Gate::Holder in_flight(intake_);
   Status s = run_command(cmd);
   if (!s.ok()) return s.with_context("checkpoint of client " + std::to_string(uuid_));
+  if (!stop) in_flight.leave();  // an ordinary checkpoint's drain does not hold shutdown up
   StatusOr<CheckpointResult> r = job->wait();
   if (stop) {
     if (r.ok()) {
@@ -456,7 +457,6 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
                job_name_.c_str(), r.status().to_string().c_str());
     }
     stop_state_.store(r.ok() ? kStopped : kRunning, std::memory_order_release);
-    rpc_bell_.ring();  // shutdown may be waiting for the outcome
   }
   return r;
 }

@@ -36,6 +36,8 @@ struct PosdServer::Session {
   std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
   uint64_t arena_bytes = 0;
   std::atomic<uint64_t> frames{0};
+  // The thread has ended its work and may be joined without waiting: the acceptor reaps such
+  // sessions one by one (sessions_gate_ counts sessions, it cannot say which one ended).
   std::atomic<bool> finished{false};
   std::thread thread;
 };
@@ -240,7 +242,7 @@ PosdServer::~PosdServer() {
 }
 
 void PosdServer::stop() {
-  if (stopping_.exchange(true)) {
+  if (!sessions_gate_.close()) {  // another stop() came first
     if (acceptor_.joinable()) acceptor_.join();
     return;
   }
@@ -254,8 +256,11 @@ void PosdServer::stop() {
     std::lock_guard<std::mutex> lk(mu_);
     all.swap(sessions_);
   }
+  // Every session ends at once: stop_fd_ woke the serving ones, and this wakes a handshake still
+  // waiting for its hello. Their teardowns run side by side; the joins then only collect threads.
+  for (auto& s : all) ::shutdown(s->fd, SHUT_RDWR);
+  sessions_gate_.wait_drained(0);
   for (auto& s : all) {
-    ::shutdown(s->fd, SHUT_RDWR);  // wakes a handshake still waiting for its hello
     if (s->thread.joinable()) s->thread.join();
     ::close(s->fd);
   }
@@ -286,11 +291,15 @@ void PosdServer::accept_main() {
   for (;;) {
     pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     if (::poll(p, 2, 1000) < 0 && errno != EINTR) break;
-    if (p[1].revents != 0 || stopping_.load()) break;
+    if (p[1].revents != 0 || !sessions_gate_.is_open()) break;
     reap_finished();
     if ((p[0].revents & POLLIN) == 0) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    if (!sessions_gate_.try_enter()) {  // stop() began: its drain must not miss this session
+      ::close(fd);
+      break;
+    }
     auto s = std::make_unique<Session>();
     s->fd = fd;
     Session* raw = s.get();
@@ -339,6 +348,7 @@ void PosdServer::connection_main(Session* s) {
   } else {
     refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
   }
+  sessions_gate_.leave();  // entered for this session by accept_main
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
 
@@ -506,7 +516,7 @@ void PosdServer::serve(Session* s) {
     // client rings, hangs up, or posd stops.
     if (spin_wait<kPollSpin>(
             spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
-            [&] { return !stopping_.load(std::memory_order_relaxed); }))
+            [&] { return sessions_gate_.is_open(); }))
       continue;
     hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
     if (hdr->tail.load(std::memory_order_seq_cst) != head) {
