@@ -204,7 +204,7 @@ Status POSClient::init_state() {
 
 void POSClient::start_threads() {
   const uint64_t base = ps_.va_base, mem_size = ps_.va_size;
-  accepting_.store(true, std::memory_order_release);
+  intake_.reopen();
   // Named for `top -H`, `perf` and `ps -L` (slot = the client's uuid & 0xffff).
   parser_thread_ = std::thread([this] {
     name_this_thread(("pos-parse-" + std::to_string(slot_)).c_str());
@@ -222,18 +222,17 @@ void POSClient::start_threads() {
 void POSClient::shutdown() {
   if (!started_) return;
   {
+    // Under submit_mu_: a submitter that got past the gate has counted its call in submitted_.
     std::lock_guard<std::mutex> lk(submit_mu_);
-    accepting_.store(false, std::memory_order_release);
+    intake_.close();
   }
   worker_paused_.store(false);
   worker_bell_.ring();
-  // Drain: every submitted call comes back on the rpc CQ, no command is in flight, and a stop
-  // checkpoint has its outcome (its seal needs the parser, which runs until stop_).
-  spin_then_block(rpc_bell_, config_.spin_ns, [&] {
-    return completed() == submitted_.load(std::memory_order_acquire) &&
-           !command_busy_.load(std::memory_order_acquire) &&
-           stop_state_.load(std::memory_order_acquire) != kStopping;
-  });
+  // Drain: no command is in flight and a stop checkpoint has its outcome (they hold the gate; a
+  // seal needs the parser, which runs until stop_), and every submitted call is back on the rpc CQ.
+  intake_.wait_drained(config_.spin_ns);
+  spin_then_block(rpc_bell_, config_.spin_ns,
+                  [&] { return completed() == submitted_.load(std::memory_order_acquire); });
   stop_.store(true, std::memory_order_release);
   parser_bell_.ring();
   worker_bell_.ring();
@@ -341,8 +340,7 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
   uint32_t target = 0;
   {
     std::lock_guard<std::mutex> lk(submit_mu_);
-    if (!accepting_.load(std::memory_order_relaxed))
-      return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+    if (!intake_.is_open()) return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
     c = acquire_context();
     c->api_id = api.id;
     c->info = &api;
@@ -389,15 +387,15 @@ Status POSClient::submit(const ApiInfo& api, std::span<const Param> params, void
 }
 
 Status POSClient::run_command(Command& cmd) {
-  if (!accepting_.load(std::memory_order_acquire))
-    return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
+  // In flight until it returns: shutdown waits for a command it let in (the parser runs it).
+  Gate::Holder in_flight(intake_);
+  if (!in_flight) return Status::Unavailable("client " + std::to_string(uuid_) + " is not active");
   if (command_busy_.exchange(true, std::memory_order_acq_rel))
     return Status::Busy("client " + std::to_string(uuid_) + " already has a command in flight");
   // A stopped client (or one being stopped) runs no call past its cut, so it takes no other cut.
   const uint8_t st = stop_state_.load(std::memory_order_acquire);
   if (st != kRunning) {
     command_busy_.store(false, std::memory_order_release);
-    rpc_bell_.ring();
     return st == kStopped ? Status::FailedPrecondition("client " + std::to_string(uuid_) +
                                                        " was stopped by a checkpoint: it runs nothing more (restore its image)")
                           : Status::Busy("client " + std::to_string(uuid_) + " is being stopped by a checkpoint");
@@ -414,7 +412,6 @@ Status POSClient::run_command(Command& cmd) {
   // A stop that failed at the cut never started: the parser has resumed already.
   if (stop && !cmd.status.ok()) stop_state_.store(kRunning, std::memory_order_release);
   command_busy_.store(false, std::memory_order_release);
-  rpc_bell_.ring();  // shutdown may be waiting for the command to finish
   return cmd.status;
 }
 
@@ -445,8 +442,12 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   Command cmd;
   cmd.type = CommandType::kCheckpoint;
   cmd.job = job;
+  // A stop is in flight until its outcome below (shutdown waits for it: the seal needs the
+  // parser). A closed gate refuses run_command too, with the same answer.
+  Gate::Holder in_flight(intake_);
   Status s = run_command(cmd);
   if (!s.ok()) return s.with_context("checkpoint of client " + std::to_string(uuid_));
+  if (!stop) in_flight.leave();  // an ordinary checkpoint's drain does not hold shutdown up
   StatusOr<CheckpointResult> r = job->wait();
   if (stop) {
     if (r.ok()) {
@@ -456,7 +457,6 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
       POS_WARN(log_name_, "stop checkpoint failed (%s); the client runs on", r.status().to_string().c_str());
     }
     stop_state_.store(r.ok() ? kStopped : kRunning, std::memory_order_release);
-    rpc_bell_.ring();  // shutdown may be waiting for the outcome
   }
   return r;
 }
@@ -466,6 +466,10 @@ Status POSClient::wait_restored() { return lazy_ ? lazy_->wait() : Status::Ok();
 LazyRestoreStats POSClient::restore_stats() const { return lazy_ ? lazy_->stats() : LazyRestoreStats{}; }
 
 // ---------------- parser thread ----------------
+// The idle parser's spin (see parser_main): the clock every 1024 polls, a yield where cores are
+// scarce or every 8th time.
+constexpr SpinShape kParserIdleSpin{0, 1024, 8};
+
 void POSClient::parser_main() {
   for (;;) {
     bool progressed = false;
@@ -510,30 +514,20 @@ void POSClient::parser_main() {
              (parser_cmd_ == nullptr && cmd_parser_wq_.read_available() > 0) || stop_needs_parser() || stop_.load();
     };
     // Spin mostly on the queue a waiting caller fills: the completion queue's index is written by
-    // the busy worker, and reading it on every poll would delay noticing a new call.
-    // The spin deadline is set at the first full check, not before the first poll: it reads
-    // counters the submitter and worker write (two transfers) and the clock, and the next call
-    // usually arrives within those first polls.
+    // the busy worker, and reading it on every poll would delay noticing a new call, so every
+    // queue is looked at only every 16th poll. The spin budget is read at the first round's end,
+    // not before the first poll: it reads counters the submitter and worker write (two transfers)
+    // and the clock, and the next call usually arrives before then. A call in flight makes it
+    // sync_spin_ns: the next call follows the current one's completion closely.
     uint32_t polls = 0;
-    uint64_t deadline = 0;
-    bool ready = false;
-    while (!ready) {
-      // `pause` between polls: a tight load loop takes execution resources from a hyperthread
-      // sibling and burns power; a pause costs ~50 ns of latency (measured: BENCHMARKS, posd).
-      cpu_relax();
-      if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) break;
-      if ((++polls & 15) != 0) continue;
-      ready = anything();
-      if (deadline == 0) {
-        const bool in_flight = submitted_.load(std::memory_order_relaxed) != completed();
-        deadline = now_ns() + (in_flight ? config_.sync_spin_ns : config_.spin_ns);
-      }
-      if ((polls & 1023) == 0) {
-        if (now_ns() > deadline) break;
-        // Lets a descheduled caller or worker run where cores are scarce (spin_rounds_per_yield).
-        if (cores_are_scarce() || (polls & 0x1fff) == 0) sched_yield();
-      }
-    }
+    spin_wait<kParserIdleSpin>(
+        [&] {
+          return submitted_.load(std::memory_order_relaxed) != completed() ? config_.sync_spin_ns : config_.spin_ns;
+        },
+        [&] {
+          if (stop_phase_ == StopPhase::kNone && rpc2parser_wq_.read_available() > 0) return true;
+          return (++polls & 15) == 0 && anything();
+        });
     spin_then_block(parser_bell_, 0, anything);  // exact check, then sleep if still nothing
   }
 }

@@ -24,6 +24,7 @@
 #include "pos/config.h"
 #include "pos/handle.h"
 #include "pos/checkpoint/lazy_restore.h"
+#include "pos/base/gate.h"
 #include "pos/base/status.h"
 #include "pos/base/sync.h"
 
@@ -214,7 +215,7 @@ class POSClient {
   // Worker thread only: cudaSetDevice(to) came after the client held device state (logged once).
   void note_device_stays(int to);
   const std::string& job_name() const { return job_name_; }
-  bool active() const { return accepting_.load(std::memory_order_acquire); }
+  bool active() const { return intake_.is_open(); }
   // A stop checkpoint of this client succeeded: it executes nothing more (restore its image).
   bool stopped() const { return stop_state_.load(std::memory_order_acquire) == kStopped; }
   bool command_in_flight() const { return command_busy_.load(std::memory_order_acquire); }
@@ -311,7 +312,12 @@ class POSClient {
   std::deque<APIContext*> pool_;         // guarded by submit_mu_ (FIFO: see acquire_context)
   std::vector<APIContext*> unreleased_;  // guarded by submit_mu_: back from CQ, caller still reading
   std::vector<std::unique_ptr<APIContext>> all_contexts_;  // guarded by submit_mu_
-  std::atomic<bool> accepting_{false};
+  // Open from start_threads until shutdown closes it (under submit_mu_). submit only looks at it:
+  // a call's flight is counted by submitted_ / completed_ below, written by three threads on
+  // three lines without a locked instruction; holding the gate per call would add two RMWs on a
+  // line all of them share. Commands hold it (run_command; a stop checkpoint until its outcome),
+  // and shutdown waits them out.
+  Gate intake_{false};
   // Counters written by different threads sit on their own cache lines (no false sharing).
   alignas(64) std::atomic<uint64_t> submitted_{0};  // submitter
   alignas(64) std::atomic<uint64_t> completed_{0};  // parser: contexts handed back on rpc2parser_cq_
@@ -326,7 +332,8 @@ class POSClient {
   std::atomic<bool> worker_paused_{false};
   // Stop checkpoints, as the control side sees them: written under command_busy_ (kStopping, when
   // the stop command is admitted) and by that checkpoint's control thread (its outcome). Commands
-  // and checkpoints are refused while it is not kRunning; shutdown waits out kStopping.
+  // and checkpoints are refused while it is not kRunning; shutdown waits out kStopping (the stop
+  // checkpoint holds intake_ until its outcome).
   enum StopState : uint8_t { kRunning, kStopping, kStopped };
   std::atomic<uint8_t> stop_state_{kRunning};
 

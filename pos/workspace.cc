@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <thread>
 
 #include "pos/base/log.h"
 
@@ -47,7 +46,9 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, co
   std::unique_lock lk(mu_);
   size_t slot = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i]) {
+    // A slot whose removal is still under way is not free: its old client's calls may be inside,
+    // and its backend client still holds the slot's address range.
+    if (!slots_[i] && fast_[i].users.is_open()) {
       slot = i;
       break;
     }
@@ -84,13 +85,17 @@ Status POSWorkspace::remove_client(ClientUuid uuid) {
     const uint32_t slot = slot_of(uuid);
     if (slot >= slots_.size() || !slots_[slot] || slots_[slot]->uuid() != uuid)
       return Status::NotFound("no client " + std::to_string(uuid));
-    fast_[slot].client.store(nullptr, std::memory_order_seq_cst);
+    // From here pos_process turns calls away (the gate), and none finds the client.
+    fast_[slot].users.close();
+    fast_[slot].client.store(nullptr, std::memory_order_relaxed);
     c = std::move(slots_[slot]);
   }
   c->shutdown();  // refuses new calls, drains the ones in flight
-  // Calls that picked up the pointer before it was cleared are leaving (they see an inactive
-  // client); the client may be freed only after the last of them.
-  while (fast_[slot_of(uuid)].users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  // Calls that entered before the close are leaving (they see an inactive client); the client may
+  // be freed only after the last of them. Then the slot may take a new client.
+  FastSlot& fs = fast_[slot_of(uuid)];
+  fs.users.wait_drained(config_.spin_ns);
+  fs.users.reopen();
   return Status::Ok();
 }
 
@@ -110,14 +115,13 @@ Status POSWorkspace::pos_process(uint32_t api_id, ClientUuid uuid, std::span<con
   const uint32_t slot = slot_of(uuid);
   if (slot >= slots_.size()) return Status::NotFound("no client " + std::to_string(uuid));
   FastSlot& fs = fast_[slot];
-  // Announce, then read: removal clears the pointer, then waits for users to reach zero.
-  fs.users.fetch_add(1, std::memory_order_seq_cst);
-  POSClient* client = fs.client.load(std::memory_order_seq_cst);
-  Status s = (client == nullptr || client->uuid() != uuid)
-                 ? Status::NotFound("no client " + std::to_string(uuid))
-                 : client->submit(*api, params, ret_data, ret_data_len, ret_written);
-  fs.users.fetch_sub(1, std::memory_order_release);
-  return s;
+  // Pin the client (one RMW on the slot's line): a removal closes the gate, then waits for the
+  // calls inside to leave. A call the closed gate turns away finds no client.
+  Gate::Holder pin(fs.users);
+  POSClient* client = pin ? fs.client.load(std::memory_order_acquire) : nullptr;
+  if (client == nullptr || client->uuid() != uuid) [[unlikely]]
+    return Status::NotFound("no client " + std::to_string(uuid));
+  return client->submit(*api, params, ret_data, ret_data_len, ret_written);
 }
 
 Status POSWorkspace::run_command(ClientUuid uuid, Command& cmd) {
@@ -173,6 +177,8 @@ StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageRead
   if (slot_of(cr.uuid()) != slot) return Status::Corrupt("image's client uuid and range disagree");
   std::unique_lock lk(mu_);
   if (slots_[slot]) return Status::Busy("client slot " + std::to_string(slot) + " (the image's addresses) is in use");
+  if (!fast_[slot].users.is_open())
+    return Status::Busy("client slot " + std::to_string(slot) + " (the image's addresses) is still being freed");
   const ClientUuid uuid = cr.uuid();
   generation_ = std::max(generation_, uuid >> kSlotBits);
   auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_, device);

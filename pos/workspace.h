@@ -14,6 +14,7 @@
 #include "pos/backend.h"
 #include "pos/client.h"
 #include "pos/config.h"
+#include "pos/base/gate.h"
 #include "pos/base/status.h"
 
 namespace pos {
@@ -27,8 +28,8 @@ struct ClientInfo {
 };
 
 // Thread-safe: any thread may call pos_process / run_command. Clients are added and removed under
-// mu_; pos_process finds its client without locks (a per-slot pointer, pinned by a per-slot user
-// count that removal waits out), so clients never contend on a shared line.
+// mu_; pos_process finds its client without locks (a per-slot pointer, pinned by a per-slot Gate
+// that removal closes and waits out), so clients never contend on a shared line.
 class POSWorkspace {
  public:
   // The core knows no API semantics and no backend: both are handed in (pos/runtime.h assembles
@@ -78,7 +79,9 @@ class POSWorkspace {
   // The hot-path view of slots_: written under mu_, read lock-free by pos_process.
   struct alignas(64) FastSlot {
     std::atomic<POSClient*> client{nullptr};
-    std::atomic<uint32_t> users{0};  // pos_process calls currently holding `client`
+    // pos_process calls holding `client` are inside. A removal closes it and waits them out; it
+    // stays closed (the slot is not handed out) until that removal is complete.
+    Gate users;
   };
   std::unique_ptr<FastSlot[]> fast_;
 };

@@ -66,10 +66,10 @@ else
 fi
 
 if ((QUICK == 0)); then
-  # The queues, the pipeline, the isolation checks, the checkpoint engine (drainer, shadows, lazy
+  # The queues, the gates, the pipeline, the isolation checks, the checkpoint engine (drainer, shadows, lazy
   # loaders, restore and device moves across two devices) and posd's sessions under sanitizers
   # (meson test setups).
-  SAN_TESTS=(queue_test pipeline_test isolation_test checkpoint_test checkpoint_multi_gpu_test remoting_test)
+  SAN_TESTS=(queue_test gate_test pipeline_test isolation_test checkpoint_test checkpoint_multi_gpu_test remoting_test)
   TARGETS=("${SAN_TESTS[@]/#/unittest/}")
   for san in asan tsan; do
     if [[ $san == asan ]]; then opt=(-Db_sanitize=address,undefined); else opt=(-Db_sanitize=thread); fi

@@ -932,7 +932,7 @@ TEST_F(CheckpointTest, ACallAStopRefusedGoesThroughTheRestoreGateAgainToTheResto
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(done.load()) << "the refused call must wait for the restore";
   {
-    std::unique_lock<std::shared_mutex> lk(gate.mutex());
+    std::unique_lock<RestoreGate> lk(gate);
     ASSERT_TRUE(kill_and_restore(d).ok());
   }
   gate.end_stop();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -222,6 +223,47 @@ TEST_F(PipelineTest, RemovingAClientDrainsItsWorkAndFreesItsMemory) {
   ASSERT_TRUE(api(0).mem_get_info(&after, &total).ok());
   EXPECT_EQ(after, before_free);
   EXPECT_EQ(b.api->memset(d, 0, 1).code(), Code::kNotFound);
+}
+
+TEST_F(PipelineTest, AClientsSlotIsNotHandedOutAgainBeforeItsRemovalIsComplete) {
+  // A stop checkpoint (its drain held here) keeps its client's removal waiting for the outcome,
+  // with the client already out of its slot. Meanwhile the slot must not go to a new client: the
+  // old client's calls may still be inside, and its backend client still holds the slot's range.
+  auto& b = add_client("victim");
+  const uint64_t slot = b.uuid & 0xffff;
+  std::shared_ptr<POSClient> victim = ws_->find_client(b.uuid);
+  ASSERT_TRUE(victim);
+  std::atomic<bool> hold{true}, cut{false};
+  ckpt::MemoryImage image(ckpt::HostAllocator::plain());
+  CheckpointRequest r;
+  r.memory = &image;
+  r.stop = true;
+  r.hold_drain = &hold;
+  r.on_cut = [&](uint64_t) { cut.store(true); };
+  StatusOr<CheckpointResult> stopped = Status::Internal("not run");
+  std::thread stopper([&] { stopped = victim->checkpoint(std::move(r)); });
+  while (!cut.load()) std::this_thread::yield();
+  std::atomic<bool> removed{false};
+  std::thread remover([&] {
+    EXPECT_TRUE(ws_->remove_client(b.uuid).ok());
+    removed.store(true);
+  });
+  while (ws_->find_client(b.uuid)) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(removed.load()) << "the removal must wait for the stop checkpoint's outcome";
+  auto during = ws_->create_client("during");
+  EXPECT_TRUE(during.ok()) << during.status().to_string();  // not ASSERT: the threads must be joined
+  if (during.ok()) {
+    EXPECT_NE(*during & 0xffff, slot) << "a slot still being freed was handed to a new client";
+  }
+  hold.store(false);
+  stopper.join();
+  remover.join();
+  EXPECT_TRUE(stopped.ok()) << stopped.status().to_string();
+  EXPECT_TRUE(removed.load());
+  auto after = ws_->create_client("after");
+  ASSERT_TRUE(after.ok()) << after.status().to_string();
+  EXPECT_EQ(*after & 0xffff, slot) << "the freed slot (the lowest) must be handed out again";
 }
 
 TEST_F(PipelineTest, ContextsAreRecycledAcrossManyCalls) {

@@ -1,10 +1,11 @@
-// queue_test.cc — the concurrency primitives: SPSC queues under spin-then-block waiting, the
-// doorbell's no-lost-wakeup property, and host stream ordering. Run under the TSan/ASan setups too.
+// queue_test.cc — the concurrency primitives: SPSC queues under spin-then-block waiting, the doorbell's
+// no-lost-wakeup property, the idle spin (spin_wait), host stream ordering. Run under TSan/ASan too.
 #include <gtest/gtest.h>
 
 #include <boost/lockfree/spsc_queue.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -13,6 +14,8 @@
 
 namespace pos {
 namespace {
+
+using namespace std::chrono_literals;
 
 TEST(SpscQueue, DeliversEveryItemInOrderAcrossThreadsWithBlockingWaits) {
   boost::lockfree::spsc_queue<uint64_t> q(64);
@@ -61,6 +64,46 @@ TEST(StateWord, WaitersSeeMonotonicProgress) {
   s.wait_at_least(3, 0);
   EXPECT_EQ(s.load(), 3u);
   t.join();
+}
+
+TEST(SpinWait, ReturnsTrueOnceReadyHoldsAndFalseOnceTheBudgetIsSpent) {
+  std::atomic<bool> flag{false};
+  std::thread setter([&] {
+    std::this_thread::sleep_for(5ms);
+    flag.store(true);
+  });
+  // A budget far beyond the setter's delay: the spin must end by seeing the flag.
+  EXPECT_TRUE(spin_wait(uint64_t{10'000'000'000}, [&] { return flag.load(); }));
+  setter.join();
+
+  const uint64_t t0 = now_ns();
+  EXPECT_FALSE(spin_wait(uint64_t{2'000'000}, [] { return false; }));
+  EXPECT_GE(now_ns() - t0, uint64_t{2'000'000}) << "gave up before the budget was spent";
+}
+
+TEST(SpinWait, TakesACallableBudgetOnceAndStopsWhenOnRoundSaysSo) {
+  int budget_reads = 0;
+  int rounds = 0;
+  constexpr SpinShape kShape{0, 8, 4};
+  const bool ready = spin_wait<kShape>(
+      [&] {
+        ++budget_reads;
+        return uint64_t{10'000'000'000};
+      },
+      [] { return false; }, [&] { return ++rounds < 5; });
+  EXPECT_FALSE(ready);
+  EXPECT_EQ(rounds, 5);
+  EXPECT_EQ(budget_reads, 1);
+}
+
+TEST(SpinWait, AZeroBudgetSpinsOneRound) {
+  int looks = 0;
+  constexpr SpinShape kShape{3, 16, 1};
+  EXPECT_FALSE(spin_wait<kShape>(uint64_t{0}, [&] {
+    ++looks;
+    return false;
+  }));
+  EXPECT_EQ(looks, 3 + 16);
 }
 
 TEST(HostStream, RunsOpsInSubmissionOrderAsynchronously) {

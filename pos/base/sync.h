@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <type_traits>
 
 namespace pos {
 
@@ -55,8 +56,6 @@ inline bool cores_are_scarce() {
   }();
   return scarce;
 }
-// How many short spin rounds (about 2 µs each) pass between two yields.
-inline uint32_t spin_rounds_per_yield() { return cores_are_scarce() ? 1 : 32; }
 
 // A full memory barrier (store-load ordering) for the doorbell's Dekker handshake. ThreadSanitizer
 // cannot model fences, so its builds use a relaxed locked RMW on a private word instead: on x86 that
@@ -115,32 +114,69 @@ class Doorbell {
   std::atomic<uint32_t> sleepers_{0};
 };
 
-// Spin for up to spin_ns checking ready(), then sleep on the bell until ready().
-// The bell must be rung by whoever makes ready() true.
+// The shape of an idle spin (spin_wait): first `tight` looks with no pause; then rounds of `round`
+// looks, each after a `pause`; after every round a look at the clock (and the caller's on_round),
+// and a sched_yield every `yield_rounds` rounds, or every round where cores are scarce.
+struct SpinShape {
+  uint32_t tight = 0;
+  uint32_t round = 32;         // about 1.5-5 µs of `pause`s, depending on the CPU
+  uint32_t yield_rounds = 32;  // so about every 50-150 µs where cores are plentiful
+};
+// Idle loops that find their work with one load (posd's ring, a reply's sequence number): a look
+// per `pause`, the clock every 64 looks, a yield where cores are scarce or every ~1000 looks.
+inline constexpr SpinShape kPollSpin{0, 64, 16};
+
+// on_round for a spin that only the deadline ends.
+struct SpinToDeadline {
+  constexpr bool operator()() const { return true; }
+};
+
+namespace sync_detail {
+template <typename Budget>
+inline uint64_t spin_budget(Budget& b) {
+  if constexpr (std::is_invocable_v<Budget&>) return b();
+  else return static_cast<uint64_t>(b);
+}
+}  // namespace sync_detail
+
+// The spin phase of every idle wait: looks at ready() until it holds (true) or the budget is spent
+// (false); the caller then blocks its own way (a doorbell, a futex, poll). `budget` is the spin
+// time in ns, or a callable giving it. The deadline is taken at the end of the first round, not
+// before the first look: a wait that ends within that round (most hand-offs in a busy pipeline)
+// reads no clock, and a callable budget may read words other cores write. So the spin lasts one
+// round plus `budget`, and at least one round even for a budget of 0. on_round() runs after each
+// round; false gives up at once (posd stopping). Inline, so ready() and on_round() are too: on a
+// wait that ends at the first look this costs what a hand-written loop does.
+template <SpinShape kShape = SpinShape{}, typename Budget, typename Ready, typename OnRound = SpinToDeadline>
+inline bool spin_wait(Budget&& budget, Ready&& ready, OnRound&& on_round = {}) {
+  static_assert(kShape.round > 0 && kShape.yield_rounds > 0);
+  // A short tight poll first where asked: a hand-off between two busy pipeline threads usually
+  // lands within a few hundred nanoseconds, and `pause` (up to ~140 cycles) would add to each.
+  for (uint32_t i = 0; i < kShape.tight; ++i) {
+    if (ready()) return true;
+  }
+  uint64_t deadline = 0;
+  for (uint32_t rounds = 1;; ++rounds) {
+    // `pause` before each look: a tight load loop takes execution resources from a hyperthread
+    // sibling and burns power; a pause costs ~50 ns of latency (measured: BENCHMARKS, posd).
+    for (uint32_t i = 0; i < kShape.round; ++i) {
+      cpu_relax();
+      if (ready()) return true;
+    }
+    const uint64_t now = now_ns();
+    if (deadline == 0) deadline = now + sync_detail::spin_budget(budget);
+    if (now >= deadline || !on_round()) return false;
+    // Lets a descheduled peer run where cores are scarce (see cores_are_scarce).
+    if (cores_are_scarce() || rounds % kShape.yield_rounds == 0) sched_yield();
+  }
+}
+
+// Spin for about spin_ns checking ready() (256 tight looks, then spin_wait's rounds), then sleep on
+// the bell until ready(). The bell must be rung by whoever makes ready() true.
 template <typename Ready>
 void spin_then_block(Doorbell& bell, uint64_t spin_ns, Ready&& ready) {
   if (ready()) return;
-  if (spin_ns > 0) {
-    // A short tight poll first: a hand-off between two busy pipeline threads usually lands within
-    // a few hundred nanoseconds, and `pause` (up to ~140 cycles) would add to every one of them.
-    for (int i = 0; i < 256; ++i) {
-      if (ready()) return;
-    }
-    // Then pause-spin, yielding the core now and then (see spin_rounds_per_yield).
-    const uint64_t deadline = now_ns() + spin_ns;
-    const uint32_t per_yield = spin_rounds_per_yield();
-    uint32_t rounds = 0;
-    do {
-      for (int i = 0; i < 32; ++i) {
-        if (ready()) return;
-        cpu_relax();
-      }
-      if (++rounds == per_yield) {
-        rounds = 0;
-        sched_yield();
-      }
-    } while (now_ns() < deadline);
-  }
+  if (spin_ns > 0 && spin_wait<SpinShape{256, 32, 32}>(spin_ns, ready)) return;
   while (!ready()) bell.sleep_until(ready);
 }
 

@@ -1,6 +1,7 @@
 // restore_gate.h — the in-process runtime's gate around a client that POS_CHECKPOINT stops,
 // restores and hands back to the app's threads while they keep calling (docs/inprocess_checkpoint.md).
-// Calls pass it shared; a restore holds it exclusively. A call that a stop checkpoint answered
+// Calls hold its Gate (pos/base/gate.h); a restore closes it, waits for the calls inside, and
+// reopens it when done (std::unique_lock<RestoreGate>). A call that a stop checkpoint answered
 // kUnavailable was not run and is not in the image (docs/checkpoint.md, "Stop"): like a system call
 // interrupted by a dump, it is issued again once the stop is over, to the restored client (or to the
 // live one, if the checkpoint failed). Thread-safe.
@@ -9,12 +10,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
-#include <span>
 
+#include "pos/base/gate.h"
 #include "pos/base/status.h"
-#include "remoting/common/api_client.h"
 
 namespace pos {
 
@@ -27,7 +25,8 @@ class RestoreGate {
       const uint64_t stops = stops_done_.load(std::memory_order_acquire);
       Status s;
       {
-        std::shared_lock<std::shared_mutex> lk(mu_);
+        // Waits while a restore holds the gate (no spin: a restore takes milliseconds at least).
+        Gate::Holder in(gate_, 0);
         s = call();
       }
       if (s.code() != Code::kUnavailable) return s;
@@ -45,27 +44,19 @@ class RestoreGate {
     stops_done_.notify_all();
     stopping_.store(false, std::memory_order_release);
   }
-  // Exclusive while the client is removed and rebuilt: the app's calls wait instead of seeing an
-  // unknown client.
-  std::shared_mutex& mutex() { return mu_; }
+  // Exclusive while the client is removed and rebuilt (std::unique_lock<RestoreGate>): new calls
+  // wait instead of seeing an unknown client, and lock() returns once the calls in flight have
+  // left. Restores take turns: the one that closed the gate holds it until unlock().
+  void lock() {
+    while (!gate_.close()) gate_.wait_open(0);
+    gate_.wait_drained(0);
+  }
+  void unlock() { gate_.reopen(); }
 
  private:
-  std::shared_mutex mu_;
+  Gate gate_;  // calls hold it; a restore closes it
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> stops_done_{0};
-};
-
-// Routes every call of a transport through a RestoreGate.
-class GatedTransport final : public Transport {
- public:
-  GatedTransport(std::unique_ptr<Transport> inner, RestoreGate* gate) : inner_(std::move(inner)), gate_(gate) {}
-  Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len, uint64_t* ret_written) override {
-    return gate_->run([&] { return inner_->call(api, params, ret, ret_len, ret_written); });
-  }
-
- private:
-  std::unique_ptr<Transport> inner_;
-  RestoreGate* gate_;
 };
 
 }  // namespace pos

@@ -238,15 +238,7 @@ Status ShmSession::publish(const std::byte* raw, uint64_t len, uint32_t api_id, 
 Status ShmSession::wait_done(uint64_t seq) {
   auto done = [&] { return hdr_->done_seq.load(std::memory_order_acquire) >= seq; };
   if (done()) return Status::Ok();
-  const uint64_t deadline = now_ns() + spin_ns_;
-  for (uint32_t i = 0; !done(); ++i) {
-    cpu_relax();  // see posd's session loop
-    if ((i & 63) == 63) {
-      if (now_ns() > deadline) break;
-      // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
-      if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
-    }
-  }
+  (void)spin_wait<kPollSpin>(spin_ns_, done);  // as posd's session loop spins; then block below
   while (!done()) {
     hdr_->client_sleeping.store(1, std::memory_order_seq_cst);  // pairs with posd's done32 store
     const uint32_t v = hdr_->done32.load(std::memory_order_seq_cst);

@@ -356,7 +356,7 @@ Status InProcessBackend::restore_from(const std::string& dir) {
   if (!opened.ok()) return checkpoint_failed(opened.status().with_context("opening " + dir + " to restore"));
   // Shared: a lazy restore keeps reading it after restore() returns.
   std::shared_ptr<const ckpt::ImageReader> img = std::move(opened.value());
-  std::unique_lock<std::shared_mutex> gate(gate_.mutex());
+  std::unique_lock<RestoreGate> gate(gate_);
   // As a crashed daemon would: every buffer and handle of the client is freed. The workspace
   // (with its backend, which owns the app's cudaMallocHost memory) stays.
   if (const auto live = ws_->find_client(uuid_)) calls_before_restore_ += live->stats().calls_submitted;

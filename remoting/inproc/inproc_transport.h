@@ -1,10 +1,12 @@
-// inproc_transport.h — the Transport of the in-process runtime: calls pos_process on a workspace
-// in this process (libpos_inproc, tests, benches). posd-bound clients use ShmSession instead.
+// inproc_transport.h — the Transports of the in-process runtime: calls pos_process on a workspace in
+// this process (libpos_inproc, tests, benches), optionally through a RestoreGate (POS_CHECKPOINT).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
+#include "pos/checkpoint/restore_gate.h"
 #include "pos/workspace.h"
 #include "remoting/common/api_client.h"
 
@@ -22,6 +24,19 @@ class InProcessTransport final : public Transport {
  private:
   POSWorkspace* ws_;
   uint64_t uuid_;
+};
+
+// Routes every call of a transport through a RestoreGate.
+class GatedTransport final : public Transport {
+ public:
+  GatedTransport(std::unique_ptr<Transport> inner, RestoreGate* gate) : inner_(std::move(inner)), gate_(gate) {}
+  Status call(ApiId api, std::span<const Param> params, void* ret, uint64_t ret_len, uint64_t* ret_written) override {
+    return gate_->run([&] { return inner_->call(api, params, ret, ret_len, ret_written); });
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  RestoreGate* gate_;
 };
 
 }  // namespace pos

@@ -36,6 +36,8 @@ struct PosdServer::Session {
   std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
   uint64_t arena_bytes = 0;
   std::atomic<uint64_t> frames{0};
+  // The thread has ended its work and may be joined without waiting: the acceptor reaps such
+  // sessions one by one (sessions_gate_ counts sessions, it cannot say which one ended).
   std::atomic<bool> finished{false};
   std::thread thread;
 };
@@ -242,7 +244,7 @@ PosdServer::~PosdServer() {
 }
 
 void PosdServer::stop() {
-  if (stopping_.exchange(true)) {
+  if (!sessions_gate_.close()) {  // another stop() came first
     if (acceptor_.joinable()) acceptor_.join();
     return;
   }
@@ -256,8 +258,11 @@ void PosdServer::stop() {
     std::lock_guard<std::mutex> lk(mu_);
     all.swap(sessions_);
   }
+  // Every session ends at once: stop_fd_ woke the serving ones, and this wakes a handshake still
+  // waiting for its hello. Their teardowns run side by side; the joins then only collect threads.
+  for (auto& s : all) ::shutdown(s->fd, SHUT_RDWR);
+  sessions_gate_.wait_drained(0);
   for (auto& s : all) {
-    ::shutdown(s->fd, SHUT_RDWR);  // wakes a handshake still waiting for its hello
     if (s->thread.joinable()) s->thread.join();
     ::close(s->fd);
   }
@@ -288,11 +293,15 @@ void PosdServer::accept_main() {
   for (;;) {
     pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
     if (::poll(p, 2, 1000) < 0 && errno != EINTR) break;
-    if (p[1].revents != 0 || stopping_.load()) break;
+    if (p[1].revents != 0 || !sessions_gate_.is_open()) break;
     reap_finished();
     if ((p[0].revents & POLLIN) == 0) continue;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    if (!sessions_gate_.try_enter()) {  // stop() began: its drain must not miss this session
+      ::close(fd);
+      break;
+    }
     auto s = std::make_unique<Session>();
     s->fd = fd;
     Session* raw = s.get();
@@ -322,7 +331,7 @@ void PosdServer::connection_main(Session* s) {
   if (!peer_credentials(fd, &s->cred, &peer)) {
     POS_WARN("posd", "connection without peer credentials refused");
   } else if (peeked == 0) {
-    if (!stopping_.load()) {  // else stop() shut the socket: nothing to say
+    if (sessions_gate_.is_open()) {  // else stop() shut the socket: nothing to say
       POS_DEBUG("posd", "pid %d connected and closed without a byte: a liveness probe (another posd checking)",
                 s->cred.pid);
       probes_.fetch_add(1, std::memory_order_release);  // after the line: a test that sees the count sees the line
@@ -354,6 +363,7 @@ void PosdServer::connection_main(Session* s) {
   } else {
     refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
   }
+  sessions_gate_.leave();  // entered for this session by accept_main
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
 
@@ -522,18 +532,10 @@ void PosdServer::serve(Session* s) {
     }
     // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
     // client rings, hangs up, or posd stops.
-    const uint64_t deadline = now_ns() + spin_ns;
-    bool work = false;
-    for (uint32_t i = 0; !work; ++i) {
-      cpu_relax();  // see the parser's idle loop (pos/client.cc); before the load, so work found exits at once
-      work = hdr->tail.load(std::memory_order_acquire) != head;
-      if ((i & 63) == 63) {
-        if (now_ns() > deadline || stopping_.load(std::memory_order_relaxed)) break;
-        // A yield where cores are scarce; elsewhere rarely (pos/sync.h, spin_rounds_per_yield).
-        if (cores_are_scarce() || (i & 0x3ff) == 0x3ff) std::this_thread::yield();
-      }
-    }
-    if (work) continue;
+    if (spin_wait<kPollSpin>(
+            spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
+            [&] { return sessions_gate_.is_open(); }))
+      continue;
     hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
     if (hdr->tail.load(std::memory_order_seq_cst) != head) {
       hdr->server_sleeping.store(0, std::memory_order_relaxed);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "pos/base/gate.h"
 #include "pos/config.h"
 #include "pos/base/status.h"
 #include "pos/workspace.h"
@@ -90,8 +91,10 @@ class PosdServer {
   std::atomic<uint32_t> owner_uid_{0};  // posd's effective uid (see set_owner_uid_for_test)
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once stop() began
-  std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> probes_{0};
+  // Each session holds it from accept to the end of its teardown; stop() closes it (no new
+  // sessions; serving loops stop spinning) and waits the sessions out.
+  Gate sessions_gate_;
   std::thread acceptor_;
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Session>> sessions_;  // guarded by mu_
