@@ -76,7 +76,7 @@ TEST(MlpHostKernels, UnknownNamesAreNotFound) {
 
 struct Expect {
   uint32_t offset, size;
-  bool read_only;
+  bool read_only, pointer;
 };
 
 void expect_layout(const HostKernel& k, const std::vector<Expect>& want, uint32_t total) {
@@ -86,16 +86,23 @@ void expect_layout(const HostKernel& k, const std::vector<Expect>& want, uint32_
     EXPECT_EQ(k.layout[i].offset, want[i].offset);
     EXPECT_EQ(k.layout[i].size, want[i].size);
     EXPECT_EQ(k.layout[i].read_only_pointer, want[i].read_only);
+    EXPECT_EQ(k.layout[i].pointer, want[i].pointer);
   }
   EXPECT_EQ(k.param_bytes, total);
+  // The slots the host backend checks at a launch: exactly the pointer parameters.
+  std::vector<std::pair<uint32_t, uint32_t>> want_slots, got_slots;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (want[i].pointer) want_slots.emplace_back(want[i].offset, static_cast<uint32_t>(i));
+  for (const pos::host::PointerSlot& p : k.pointers) got_slots.emplace_back(p.offset, p.param);
+  EXPECT_EQ(got_slots, want_slots);
 }
 
 TEST(KernelLayout, MseOutputGradHasPointersThenIntsAndConstPointersAreReadOnly) {
   const HostKernel* k = KernelRegistry::global().find("_Z19mlp_mse_output_gradPfS_PKfS1_iif");
   ASSERT_NE(k, nullptr);
   // (float* grad, float* sample_loss, const float* out, const float* target, int rows, int cols, float scale)
-  expect_layout(*k, {{0, 8, false}, {8, 8, false}, {16, 8, true}, {24, 8, true}, {32, 4, false}, {36, 4, false},
-                     {40, 4, false}},
+  expect_layout(*k, {{0, 8, false, true}, {8, 8, false, true}, {16, 8, true, true}, {24, 8, true, true},
+                     {32, 4, false, false}, {36, 4, false, false}, {40, 4, false, false}},
                 44);
 }
 
@@ -104,8 +111,39 @@ void padded_kernel(int, const double*, char, long long, float, short*) {}
 TEST(KernelLayout, ParametersSitAtTheirNaturalAlignmentWithPaddingBetween) {
   const HostKernel k = pos::host::make_host_kernel<&padded_kernel>("padded");
   // int@0, pad to 8, const double*@8, char@16, pad to 24, long long@24, float@32, pad to 40, short*@40.
-  expect_layout(k, {{0, 4, false}, {8, 8, true}, {16, 1, false}, {24, 8, false}, {32, 4, false}, {40, 8, false}},
+  // The long long is as wide as a pointer but is none: only the types say which is which.
+  expect_layout(k, {{0, 4, false, false}, {8, 8, true, true}, {16, 1, false, false}, {24, 8, false, false},
+                    {32, 4, false, false}, {40, 8, false, true}},
                 48);
+}
+
+struct TwoPointers {
+  int n;
+  float* out;
+  const float* in;
+  long long count;
+};
+struct NoPointers {
+  long long a, b;
+};
+
+}  // namespace
+// Descriptions live at namespace scope, where pos::host::PointerMembers may be specialized.
+POS_HOST_POINTER_MEMBERS(TwoPointers, offsetof(TwoPointers, out), offsetof(TwoPointers, in));
+POS_HOST_NO_POINTER_MEMBERS(NoPointers);
+namespace {
+
+void struct_kernel(char, TwoPointers, NoPointers, unsigned*) {}
+
+TEST(KernelLayout, PointerMembersOfAStructParameterAreCheckedAtTheStructsOffsetPlusTheMembers) {
+  const HostKernel k = pos::host::make_host_kernel<&struct_kernel>("structs");
+  // char@0, TwoPointers@8 (32 bytes: out@+8, in@+16), NoPointers@40 (16 bytes), unsigned*@56.
+  ASSERT_EQ(k.layout.size(), 4u);
+  EXPECT_FALSE(k.layout[1].pointer);  // the struct itself is no pointer
+  std::vector<std::pair<uint32_t, uint32_t>> got;
+  for (const pos::host::PointerSlot& p : k.pointers) got.emplace_back(p.offset, p.param);
+  EXPECT_EQ(got, (std::vector<std::pair<uint32_t, uint32_t>>{{16, 1}, {24, 1}, {56, 3}}));
+  EXPECT_EQ(k.param_bytes, 64u);
 }
 
 TEST(KernelLayout, RegisteredEntryRunsTheKernelFromAPackedParameterBuffer) {

@@ -1,5 +1,6 @@
 // isolation_test.cc — bad input and cross-client access: each gets the error a real CUDA runtime
 // returns, and nothing else changes (other buffers, other clients, later calls).
+#include "pos/base/hex.h"
 #include "unittest/api_fixture.h"
 
 namespace pos::test {
@@ -56,6 +57,57 @@ TEST_F(IsolationTest, ClientCannotWriteFreeOrLaunchOnAnotherClientsBuffer) {
   EXPECT_EQ(api(0).launch_kernel(client(0).fill.handle, dims(1, 16), 0, p).api_error(), cuda::kErrorInvalidValue);
   EXPECT_EQ(api(0).memcpy(a_buf_, b_buf_, 16, cuda::kMemcpyDeviceToDevice).api_error(), cuda::kErrorInvalidValue);
   expect_unchanged();
+}
+
+// Hole 1 of "Tenant isolation and daemon hardening": a pointer argument outside the POS window
+// looks like an integer to the parser, so it reached the host kernel, which runs inside posd. The
+// host backend now checks every pointer parameter against the client's own buffers; the failure is
+// asynchronous, as a device fault is (the launch returns, the next synchronize reports it).
+TEST_F(IsolationTest, AKernelPointerAtAWildHostOrOtherClientsAddressIsRefusedAndEveryoneCarriesOn) {
+  if (backend_name() != "host")
+    GTEST_SKIP() << "the pointer check is the host backend's; isolating clients on a GPU is separate work";
+  // Host memory: this process's own in-process, posd's (the test runs it in this process) through
+  // posd. Either way no device memory of the client's, so no kernel may write it.
+  std::vector<unsigned> host(1024, 0x5C5C5C5Cu);
+  const uint64_t wild = 0x1000;
+  for (uint64_t bad : {reinterpret_cast<uint64_t>(host.data()), wild}) {
+    SCOPED_TRACE(hex(bad));
+    auto p = args(client(0).fill, bad, 7u, 1024);
+    ASSERT_TRUE(api(0).launch_kernel(client(0).fill.handle, dims(4, 256), 0, p).ok());
+    Status s = api(0).device_synchronize();
+    EXPECT_EQ(s.api_error(), cuda::kErrorIllegalAddress) << s.to_string();
+    EXPECT_NE(s.message().find(kTestFillName), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("parameter 0"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(hex(bad)), std::string::npos) << s.message();
+    (void)api(0).get_last_error();  // taken: the client goes on, as after any asynchronous error
+  }
+  EXPECT_EQ(host, std::vector<unsigned>(1024, 0x5C5C5C5Cu));
+  // The second pointer of a kernel is checked too, and a refused launch runs no thread at all:
+  // y (client 0's own buffer) keeps its bytes although x is the bad one.
+  const uint64_t y = alloc(64 * sizeof(float), 0);
+  const std::vector<float> ones(64, 1.0f);
+  upload(y, ones.data(), 64 * sizeof(float), 0);
+  auto ax = args(client(0).axpy, y, wild, 2.0f, 64);
+  ASSERT_TRUE(api(0).launch_kernel(client(0).axpy.handle, dims(1, 64), 0, ax).ok());
+  Status s = api(0).device_synchronize();
+  EXPECT_EQ(s.api_error(), cuda::kErrorIllegalAddress) << s.to_string();
+  EXPECT_NE(s.message().find("parameter 1"), std::string::npos) << s.message();
+  (void)api(0).get_last_error();
+  EXPECT_EQ(download<float>(y, 64, 0), ones);
+  // Another client's live buffer lies in the POS window: the parser refuses it at the launch.
+  auto pb = args(client(0).fill, b_buf_, 7u, 1024);
+  EXPECT_EQ(api(0).launch_kernel(client(0).fill.handle, dims(4, 256), 0, pb).api_error(), cuda::kErrorInvalidValue);
+  // Both clients carry on: B's bytes are bit-exact, and a correct kernel computes the right result
+  // in each.
+  expect_unchanged();
+  for (size_t ci : {size_t{0}, size_t{1}}) {
+    const uint64_t out = alloc(1024 * sizeof(unsigned), ci);
+    auto good = args(client(ci).fill, out, 100u, 1024);
+    ASSERT_TRUE(api(ci).launch_kernel(client(ci).fill.handle, dims(4, 256), 0, good).ok());
+    ASSERT_TRUE(api(ci).device_synchronize().ok());
+    const std::vector<unsigned> got = download<unsigned>(out, 1024, ci);
+    for (unsigned i = 0; i < 1024; ++i) ASSERT_EQ(got[i], 100u + i) << "client " << ci << " element " << i;
+  }
 }
 
 TEST_F(IsolationTest, ClientCannotUseAnotherClientsStreamOrFunction) {

@@ -1,6 +1,6 @@
 // remoting_test.cc — posd sessions end to end inside one process: handshake, the frame codec,
-// posted calls and their deferred errors, arena and pageable copies, isolation, quotas, bad frames,
-// admission (who may connect), the devices a session sees.
+// posted calls and their deferred errors, arena and pageable copies, isolation (hostile copies and
+// kernel arguments), quotas, bad frames, admission (who may connect), the devices a session sees.
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "pos/base/cuda_errors.h"
+#include "pos/base/hex.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
 #include "remoting/inproc/inproc_transport.h"
@@ -233,6 +234,77 @@ TEST_F(Posd, AClientCannotReachAnotherClientsMemoryOrTheDaemonsOwn) {
     std::array<Param, 4> q{Param{&src, 8}, Param{&host, 8}, Param{&n, 8}, Param{&kind, 4}};
     EXPECT_EQ(sessions_[1]->call_untranslated_for_test(ApiId::kMemcpy, q).api_error(), cuda::kErrorInvalidValue);
   }
+}
+
+// Hole 1 of "Tenant isolation and daemon hardening": a kernel argument outside the POS window is
+// no pointer to the parser, and the host kernel runs inside posd, where another session's pinned
+// arena is mapped. The host backend refuses every pointer parameter that is not the client's own.
+TEST_F(Posd, AKernelArgumentIntoAnotherSessionsArenaOrAtAWildAddressIsRefusedAndPosdServesOn) {
+  if (backend_name() != "host")
+    GTEST_SKIP() << "the pointer check is the host backend's; isolating clients on a GPU is separate work";
+  ShmSession& victim = connect("victim");
+  connect("hostile");
+  const std::vector<std::byte> fatbin = test_fatbin();
+  std::array<uint64_t, 2> module{};
+  std::array<RegisteredFunction, 2> fill{};
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    ASSERT_TRUE(api(i).register_fatbin(&module[i], fatbin).ok());
+    ASSERT_TRUE(api(i).register_function(&fill[i], module[i], kTestFillName).ok());
+    ASSERT_TRUE(fill[i].found);
+  }
+  auto fill_args = [&](uint64_t out, unsigned value, int n) {
+    std::vector<std::byte> p(fill[1].param_bytes);
+    std::memcpy(p.data() + fill[1].params[0].offset, &out, sizeof out);
+    std::memcpy(p.data() + fill[1].params[1].offset, &value, sizeof value);
+    std::memcpy(p.data() + fill[1].params[2].offset, &n, sizeof n);
+    return p;
+  };
+  const LaunchDims dims{{4, 1, 1}, {256, 1, 1}, 0};
+  // The victim's pinned block and its address in posd: the arena's first block after the staging
+  // slots. Proven by the victim's own untranslated copy to that address, which lands in the block.
+  void* pinned = nullptr;
+  ASSERT_TRUE(victim.host_alloc(4096, &pinned).ok());
+  const uint64_t in_posd = victim.welcome().daemon_arena_addr + ShmSession::kStageSlots * victim.stage_bytes();
+  const uint64_t d = alloc(4096, 0);
+  ASSERT_TRUE(api(0).memset(d, 0x11, 4096).ok());
+  {
+    uint64_t dst = in_posd, src = d, n = 4096;
+    int32_t kind = cuda::kMemcpyDeviceToHost;
+    std::array<Param, 4> p{Param{&dst, 8}, Param{&src, 8}, Param{&n, 8}, Param{&kind, 4}};
+    ASSERT_TRUE(victim.call_untranslated_for_test(ApiId::kMemcpy, p).ok());
+    ASSERT_EQ(static_cast<const uint8_t*>(pinned)[4095], 0x11) << "the block is not at " << hex(in_posd) << " in posd";
+  }
+  std::vector<uint8_t> secret(4096);
+  for (size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<uint8_t>(i * 13 + 5);
+  std::memcpy(pinned, secret.data(), secret.size());
+
+  // The hostile session launches its own registered kernel at the victim's block, then at a wild
+  // address: each launch is posted, each sync reports an illegal address, and nothing ran.
+  for (uint64_t bad : {in_posd, uint64_t{0x1000}}) {
+    SCOPED_TRACE(hex(bad));
+    auto p = fill_args(bad, 7u, 1024);
+    ASSERT_TRUE(api(1).launch_kernel(fill[1].handle, dims, 0, p).ok());
+    Status s = api(1).device_synchronize();
+    EXPECT_EQ(s.api_error(), cuda::kErrorIllegalAddress) << s.to_string();
+    EXPECT_NE(s.message().find(hex(bad)), std::string::npos) << s.message();
+    (void)api(1).get_last_error();
+    EXPECT_TRUE(api(1).device_synchronize().ok());
+  }
+  EXPECT_EQ(std::memcmp(pinned, secret.data(), secret.size()), 0) << "the victim's arena was written";
+
+  // posd serves both sessions on: each runs a correct kernel and gets the right result.
+  EXPECT_EQ(server_->sessions().size(), 2u);
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    const uint64_t out = alloc(1024 * sizeof(unsigned), i);
+    auto p = fill_args(out, 100u, 1024);
+    ASSERT_TRUE(api(i).launch_kernel(fill[i].handle, dims, 0, p).ok());
+    ASSERT_TRUE(api(i).device_synchronize().ok());
+    std::vector<unsigned> got(1024);
+    ASSERT_TRUE(api(i).memcpy(reinterpret_cast<uint64_t>(got.data()), out, 4096, cuda::kMemcpyDeviceToHost).ok());
+    for (unsigned k = 0; k < 1024; ++k) ASSERT_EQ(got[k], 100u + k) << "session " << i << " element " << k;
+  }
+  EXPECT_EQ(std::memcmp(pinned, secret.data(), secret.size()), 0);
+  ASSERT_TRUE(victim.host_free(pinned).ok());
 }
 
 TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {

@@ -13,6 +13,10 @@ struct ScaleArgs {
   int n;
   float factor;
 };
+#ifndef __CUDACC__
+// The host library runs the kernel inside posd: its launch check must know the member is a pointer.
+POS_HOST_POINTER_MEMBERS(ScaleArgs, offsetof(ScaleArgs, data));
+#endif
 
 // Definitions only where kernels are compiled (test_kernels.cc, or an nvcc build of them).
 #if defined(POS_TEST_KERNELS_DEFINE) || defined(__CUDACC__)

@@ -179,7 +179,10 @@ Status parse_launch(ParserScope& ps, APIContext& c) {
     return cuda_error(cuda::kErrorInvalidValue, "'" + f->name + "' takes " + std::to_string(f->param_bytes) +
                                                     " parameter bytes, got " + std::to_string(params.size()));
   // Pointer parameters: every aligned 8-byte word (also inside struct parameters) that falls in
-  // this client's device range must be inside a live buffer; those buffers get edges.
+  // the POS window must be inside a live buffer of this client; those buffers get edges. A word
+  // outside the window may be an integer and passes here; the host backend, whose kernels run
+  // inside posd, checks each real pointer parameter by its type before the kernel runs, so such a
+  // value never reaches a host kernel as a pointer (the CUDA backend cannot: it has no types).
   for (size_t i = 0; i < f->layout.size(); ++i) {
     const KernelParam& p = f->layout[i];
     if (p.offset > params.size() || p.size > params.size() - p.offset) return Status::Internal("layout out of range");

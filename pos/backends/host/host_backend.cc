@@ -8,12 +8,14 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <thread>
 #include <unordered_map>
 
 #include "pos/backends/host/cpu_blas.h"
 #include "pos/backends/host/host_kernels.h"
 #include "pos/backends/host/host_stream.h"
+#include "pos/base/hex.h"
 #include "pos/base/log.h"
 
 namespace pos::host {
@@ -259,6 +261,10 @@ class HostClient final : public BackendClient {
     };
     alignas(16) std::byte rec[sizeof(Header) + 4096];
     if (params.size() > 4096) return Status::Cuda(cuda::kErrorInvalidValue, "kernel parameters exceed 4 KiB");
+    if (params.size() < k->param_bytes)
+      return Status::Cuda(cuda::kErrorInvalidValue, "'" + k->name + "' takes " + std::to_string(k->param_bytes) +
+                                                        " parameter bytes, got " + std::to_string(params.size()));
+    POS_RETURN_IF_ERROR(check_pointers(*k, params));
     Header hdr{k->entry, LaunchGeometry{emu::Dim3{d.grid[0], d.grid[1], d.grid[2]},
                                         emu::Dim3{d.block[0], d.block[1], d.block[2]}, d.shared_mem}};
     std::memcpy(rec, &hdr, sizeof(hdr));
@@ -399,6 +405,28 @@ class HostClient final : public BackendClient {
   bool in_range(uint64_t addr, uint64_t size) const {
     return addr >= base_ && size <= size_ && addr - base_ <= size_ - size;
   }
+  // A host kernel runs in this process (posd: beside every other session's memory and pinned
+  // arena), so each pointer it will follow must be null or this client's own: inside one of its
+  // live buffers or variables, or one past the end (an end pointer, as CUDA allows). The parser
+  // cannot tell a pointer outside the POS window from an integer; the kernel's C++ types can.
+  // Anything else fails the launch as a device fault would, and no thread runs.
+  Status check_pointers(const HostKernel& k, std::span<const std::byte> params) const {
+    for (const PointerSlot& p : k.pointers) {
+      uint64_t v = 0;
+      std::memcpy(&v, params.data() + p.offset, sizeof v);
+      if (v == 0 || owns(v)) [[likely]] continue;
+      return Status::Cuda(cuda::kErrorIllegalAddress, "parameter " + std::to_string(p.param) + " of '" + k.name +
+                                                          "' (" + hex(v) +
+                                                          ") is in no buffer or variable of this client: not run");
+    }
+    return Status::Ok();
+  }
+  bool owns(uint64_t v) const {
+    auto it = allocations_.upper_bound(v);  // the first buffer that starts above v
+    if (it == allocations_.begin()) return false;
+    --it;
+    return v - it->first <= it->second;
+  }
 
   const uint64_t base_, size_, spin_ns_;
   bool reserved_ = false;
@@ -410,7 +438,9 @@ class HostClient final : public BackendClient {
   std::unordered_map<BackendObj, HostFunction> functions_;
   std::unordered_map<BackendObj, BackendObj> function_module_;
   std::unordered_map<BackendObj, HostBlas> blas_;
-  std::unordered_map<uint64_t, uint64_t> allocations_;  // addr → bytes, for the device-wide total
+  // Live buffers and variables, addr → the bytes asked for (mapped: whole pages): sorted, so a
+  // launch finds the one below a pointer in one lookup.
+  std::map<uint64_t, uint64_t> allocations_;
 };
 
 class HostBackend final : public DeviceBackend {
@@ -506,14 +536,14 @@ Status HostClient::alloc_at(uint64_t addr, uint64_t bytes) {
   if (mprotect(reinterpret_cast<void*>(addr), size, PROT_READ | PROT_WRITE) != 0) {
     return Status::Cuda(cuda::kErrorMemoryAllocation, std::string("mprotect: ") + std::strerror(errno));
   }
-  allocations_[addr] = size;
+  allocations_[addr] = bytes;
   return Status::Ok();
 }
 
 Status HostClient::free_at(uint64_t addr, uint64_t bytes) {
   const uint64_t size = (bytes + kPage - 1) / kPage * kPage;
   auto it = allocations_.find(addr);
-  if (it == allocations_.end() || it->second != size)
+  if (it == allocations_.end() || (it->second + kPage - 1) / kPage * kPage != size)
     return Status::Internal("host backend: free of an address it did not allocate");
   // Work already queued may still use the buffer (cudaFree synchronizes too).
   POS_RETURN_IF_ERROR(synchronize_all());

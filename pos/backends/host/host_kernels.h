@@ -2,6 +2,7 @@
 // Kernels are written once in CUDA C++; on the host they run through cuda_emulation.h, one thread at a time.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -39,7 +40,41 @@ struct ParamInfo {
   uint32_t offset = 0;
   uint32_t size = 0;
   bool read_only_pointer = false;  // `const T*`: the kernel never writes through it
+  bool pointer = false;            // a pointer by its C++ type, not by its value: an integer never is
 };
+
+// A pointer the kernel will follow: where it lies in the parameter buffer, and which parameter
+// holds it (the parameter itself, or a struct parameter with it as a member). The host backend
+// checks each against the launching client's own memory before the kernel runs (it runs inside
+// posd, beside every other client's memory).
+struct PointerSlot {
+  uint32_t offset = 0;
+  uint32_t param = 0;
+};
+
+// Where a struct kernel parameter keeps its pointers. A member's type cannot be read off a struct
+// in C++20, so each struct (or union) a registered kernel takes by value must be described at
+// namespace scope, next to the struct, by POS_HOST_POINTER_MEMBERS(Type, offsetof(Type, m), ...)
+// or POS_HOST_NO_POINTER_MEMBERS(Type); a kernel taking an undescribed one does not compile, so a
+// pointer can never slip past the host backend's check unannounced.
+template <typename T>
+struct PointerMembers {
+  static constexpr bool kDescribed = false;
+  static constexpr std::array<uint32_t, 0> kOffsets{};
+};
+
+#define POS_HOST_POINTER_MEMBERS(Type, ...)                                          \
+  template <>                                                                        \
+  struct pos::host::PointerMembers<Type> {                                           \
+    static constexpr bool kDescribed = true;                                         \
+    static constexpr std::array kOffsets = std::to_array<uint32_t>({__VA_ARGS__});   \
+  }
+#define POS_HOST_NO_POINTER_MEMBERS(Type)                 \
+  template <>                                             \
+  struct pos::host::PointerMembers<Type> {                \
+    static constexpr bool kDescribed = true;              \
+    static constexpr std::array<uint32_t, 0> kOffsets{};  \
+  }
 
 using KernelEntry = void (*)(const LaunchGeometry&, const std::byte* params);
 
@@ -48,6 +83,7 @@ struct HostKernel {
   std::vector<ParamInfo> layout;
   uint32_t param_bytes = 0;
   KernelEntry entry = nullptr;
+  std::vector<PointerSlot> pointers;  // every pointer parameter and pointer member, in order
 };
 
 // Process-wide kernel library. Thread-safe: registration usually happens in static initializers,
@@ -79,6 +115,14 @@ constexpr bool is_read_only_pointer() {
   return false;
 }
 
+// A described struct's pointer members lie wholly inside it, at a pointer's alignment.
+template <typename T>
+constexpr bool pointer_members_fit() {
+  for (uint32_t off : PointerMembers<T>::kOffsets)
+    if (off % alignof(void*) != 0 || off + sizeof(void*) > sizeof(T)) return false;
+  return true;
+}
+
 // CUDA's parameter buffer: each parameter at its natural alignment, in order.
 template <typename Tuple, size_t... I>
 std::vector<ParamInfo> layout_of(std::index_sequence<I...>, uint32_t* total) {
@@ -86,12 +130,34 @@ std::vector<ParamInfo> layout_of(std::index_sequence<I...>, uint32_t* total) {
   uint32_t off = 0;
   auto one = [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if constexpr (std::is_class_v<T> || std::is_union_v<T>) {
+      static_assert(PointerMembers<T>::kDescribed,
+                    "a struct kernel parameter needs POS_HOST_POINTER_MEMBERS or POS_HOST_NO_POINTER_MEMBERS");
+      static_assert(pointer_members_fit<T>(), "a pointer member offset is misaligned or outside the struct");
+    }
     off = (off + alignof(T) - 1) / alignof(T) * alignof(T);
-    out.push_back(ParamInfo{off, static_cast<uint32_t>(sizeof(T)), is_read_only_pointer<T>()});
+    out.push_back(ParamInfo{off, static_cast<uint32_t>(sizeof(T)), is_read_only_pointer<T>(), std::is_pointer_v<T>});
     off += sizeof(T);
   };
   (one(std::type_identity<std::tuple_element_t<I, Tuple>>{}), ...);
   *total = off;
+  return out;
+}
+
+// The pointers a kernel will follow, from its parameter types (see PointerSlot).
+template <typename Tuple, size_t... I>
+std::vector<PointerSlot> pointers_of(std::index_sequence<I...>, const std::vector<ParamInfo>& layout) {
+  static_assert(sizeof(void*) == 8, "pointer slots are read as 8-byte words");
+  std::vector<PointerSlot> out;
+  auto one = [&](auto tag, uint32_t i) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_pointer_v<T>) {
+      out.push_back(PointerSlot{layout[i].offset, i});
+    } else if constexpr (std::is_class_v<T> || std::is_union_v<T>) {
+      for (uint32_t m : PointerMembers<T>::kOffsets) out.push_back(PointerSlot{layout[i].offset + m, i});
+    }
+  };
+  (one(std::type_identity<std::tuple_element_t<I, Tuple>>{}, static_cast<uint32_t>(I)), ...);
   return out;
 }
 
@@ -127,6 +193,7 @@ HostKernel make_host_kernel(std::string mangled_name) {
   HostKernel k;
   k.name = std::move(mangled_name);
   k.layout = detail::layout_of<typename Traits::Args>(std::make_index_sequence<Traits::kCount>{}, &k.param_bytes);
+  k.pointers = detail::pointers_of<typename Traits::Args>(std::make_index_sequence<Traits::kCount>{}, k.layout);
   k.entry = [](const LaunchGeometry& g, const std::byte* p) {
     detail::run_grid<Fn>(g, p, std::make_index_sequence<Traits::kCount>{});
   };
