@@ -21,6 +21,7 @@
 #include "ckpt/crc32c.h"
 #include "pos/base/api_id.h"
 #include "pos/base/resource_type.h"
+#include "pos/base/text.h"
 
 namespace fs = std::filesystem;
 
@@ -193,8 +194,52 @@ int default_crc_threads() {
   return static_cast<int>(std::clamp<unsigned>(hc / 2, 1, 8));
 }
 
+// Whether messages of type `d` hold a `string` field anywhere (so the check below can skip the
+// handle records, thousands of them, which hold none).
+bool holds_text(const google::protobuf::Descriptor* d, int depth = 0) {
+  using google::protobuf::FieldDescriptor;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->type() == FieldDescriptor::TYPE_STRING) return true;
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && depth < 8 && holds_text(f->message_type(), depth + 1)) return true;
+  }
+  return false;
+}
+
+// Every `string` field of `m` (recursively) is UTF-8: protobuf writes one that is not (with a log
+// line) but refuses to decode it, which would give an image that never reads back. Walks the
+// descriptors, so a `string` field added to image.proto later is checked too.
+Status check_text(const google::protobuf::Message& m) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      for (int j = 0; j < n; ++j) {
+        const std::string v = f->is_repeated() ? r->GetRepeatedString(m, f, j) : r->GetString(m, f);
+        if (is_utf8(v)) continue;
+        const std::string field = d->name() + "." + f->name() + (f->is_repeated() ? "[" + std::to_string(j) + "]" : "");
+        return Status::InvalidArgument("cannot write the image: " + field + " is not UTF-8 text ('" + printable(v, 256) +
+                                       "'), and an image with it could not be read back");
+      }
+    } else if (f->type() == FieldDescriptor::TYPE_MESSAGE && holds_text(f->message_type())) {
+      for (int j = 0; j < n; ++j) {
+        if (!f->is_repeated() && !r->HasField(m, f)) continue;
+        POS_RETURN_IF_ERROR(check_text(f->is_repeated() ? r->GetRepeatedMessage(m, f, j) : r->GetMessage(m, f)));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The two files that carry records, written into `dir` (fsynced).
 Status write_records(const fs::path& dir, pb::Inventory inv, const pb::ClientImage& client, uint64_t memory_size) {
+  // Before anything of the records is written: a refused image leaves only its partial directory,
+  // which the caller's abort removes.
+  POS_RETURN_IF_ERROR(check_text(inv));
+  POS_RETURN_IF_ERROR(check_text(client));
   std::string cbytes;
   if (!client.SerializeToString(&cbytes)) return Status::Internal("cannot encode the client records");
   inv.set_format_version(kFormatVersion);
@@ -420,6 +465,8 @@ Status MemoryWriterImpl::begin_blob(uint64_t length, size_t* blob) {
 
 Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client) {
   pool_.wait();
+  POS_RETURN_IF_ERROR(check_text(inv));  // it would fail where it is saved to a directory
+  POS_RETURN_IF_ERROR(check_text(client));
   inv.set_format_version(kFormatVersion);
   inv.set_memory_size(img_->memory_size());
   std::string cbytes;

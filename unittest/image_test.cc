@@ -176,5 +176,107 @@ TEST(ImageRoundTripTest, TheValidatorChecksPendingCallsAgainstTheCutTheApiTableA
   EXPECT_NE(s.message().find("parameter bytes"), std::string::npos) << s.to_string();
 }
 
+// A fresh directory for one image under the system's temporary directory.
+fs::path image_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("pos-image-test-" + std::to_string(::getpid())) / name;
+  fs::create_directories(d.parent_path());
+  fs::remove_all(d);
+  return d;
+}
+
+// A one-buffer image in `dir` whose client record and handles are `client` (blob filled in).
+Status write_image(const fs::path& dir, pb::ClientImage client, pb::Inventory inv = {}) {
+  auto w = open_dir_writer(dir.string(), DirWriterOptions{});
+  if (!w.ok()) return w.status();
+  size_t blob = 0;
+  const std::vector<std::byte> data(4096, std::byte{7});
+  write_blob(**w, data, &blob);
+  POS_RETURN_IF_ERROR((*w)->finish_blobs());
+  *client.mutable_handles(0)->mutable_memory() = (*w)->ref(blob);
+  client.mutable_handles(0)->set_size(data.size());
+  inv.set_cut_pc(10);
+  return (*w)->commit(inv, client);
+}
+
+pb::ClientImage client_with_buffer() {
+  pb::BlobRef ref;
+  return one_buffer_client(ref, 4096);
+}
+
+TEST(ImageTextTest, SymbolNamesParentPathsAndErrorMessagesOfAnyBytesRoundTripExactly) {
+  // A hostile client registers kernels and variables under names of any bytes; the image must
+  // give them back byte for byte (a kernel is looked up by its exact mangled name).
+  const std::string name("_Z4k\xff\xfe\xc0\xaf\xed\xa0\x80\x1b[2J\0x", 17);
+  pb::ClientImage c = client_with_buffer();
+  auto* mod = c.add_handles();
+  mod->set_id((5ull << 56) | 1);
+  mod->set_type(5);
+  auto* fn = c.add_handles();
+  fn->set_id((6ull << 56) | 1);
+  fn->set_type(6);
+  fn->add_parents(mod->id());
+  fn->set_name(name);
+  c.mutable_client()->set_async_error(700);
+  c.mutable_client()->set_async_error_message("launch of '" + name + "' failed");
+  const fs::path d = image_dir("names");
+  Status s = write_image(d, c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  auto r = ImageReader::open_dir(d.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->client().handles(2).name(), name);
+  EXPECT_EQ((*r)->client().client().async_error_message(), "launch of '" + name + "' failed");
+  // The parent's path is a file name: bytes too (read back exactly, checked by the decoder only).
+  pb::Inventory inv;
+  inv.set_format_version(kFormatVersion);
+  inv.mutable_parent()->set_path("../p\xe9re");
+  std::string bytes = encode_inventory(inv);
+  auto back = decode_inventory(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->parent().path(), "../p\xe9re");
+  fs::remove_all(d);
+}
+
+TEST(ImageTextTest, AWriterRefusesTextThatIsNotUtf8BeforeAnImageAppearsAndNamesTheField) {
+  // Text fields (the job name, what POS itself writes) stay `string`: one that is not UTF-8 would
+  // give an image that never reads back, so the writer refuses it and leaves nothing behind.
+  pb::ClientImage c = client_with_buffer();
+  c.mutable_client()->set_job_name("caf\xe9");
+  const fs::path d = image_dir("bad-job");
+  Status s = write_image(d, c);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("ClientRecord.job_name"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("caf\\xe9"), std::string::npos) << s.to_string();  // shown escaped
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_FALSE(fs::exists(d.string() + ".partial"));
+  pb::Inventory inv;
+  inv.add_features("handles");
+  inv.add_features("bad\xff");
+  s = write_image(d, client_with_buffer(), inv);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("Inventory.features[1]"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(fs::exists(d));
+  // The memory writer refuses the same (its image is saved to a directory later).
+  MemoryImage mem(HostAllocator::plain());
+  auto w = open_memory_writer(&mem);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->finish_blobs().ok());
+  pb::ClientImage empty;
+  empty.mutable_client()->set_next_pc(10);
+  empty.mutable_client()->set_job_name("\xc0\xaf");
+  pb::Inventory minv;
+  minv.set_cut_pc(10);
+  s = (*w)->commit(minv, empty);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_FALSE(mem.valid());
+  // Valid UTF-8 in every text field is written and read back as it was.
+  c.mutable_client()->set_job_name("caf\xc3\xa9 \xe2\x82\xac");
+  s = write_image(d, c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  auto r = ImageReader::open_dir(d.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->client().client().job_name(), "caf\xc3\xa9 \xe2\x82\xac");
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace pos::ckpt
