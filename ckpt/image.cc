@@ -95,14 +95,51 @@ Status write_file(const fs::path& p, const std::string& bytes) {
   return Status::Ok();
 }
 
-StatusOr<std::string> read_file(const fs::path& p, uint64_t limit) {
-  Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+// What a file is, for messages.
+const char* kind_of(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "of an unknown kind";
+}
+Status not_regular(const fs::path& p, mode_t m) {
+  return Status::Corrupt(p.string() + " is " + kind_of(m) + ", not a regular file (an image holds regular files only)");
+}
+
+// Opens a file of an image for reading, only if it is a regular file (docs/image_format.md,
+// "Regular files only"): a FIFO blocks open() and read() forever, a device may never end or act
+// on open, a symbolic link may point anywhere. lstat first, so nothing else is ever opened; then
+// O_NOFOLLOW | O_NONBLOCK, so a swap after the lstat cannot follow a link or block; then fstat,
+// so what is read is what was checked. *st: the file's stat.
+StatusOr<Fd> open_regular(const fs::path& p, struct stat* st) {
+  if (::lstat(p.c_str(), st) != 0) {
+    if (errno == ENOENT) return Status::Corrupt(p.string() + " is missing (not a complete POS image)");
+    return errno_status("stat " + p.string());
+  }
+  if (!S_ISREG(st->st_mode)) return not_regular(p, st->st_mode);
+  Fd fd(::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) {
+    if (errno == ELOOP) return not_regular(p, S_IFLNK);
     if (errno == ENOENT) return Status::Corrupt(p.string() + " is missing (not a complete POS image)");
     return errno_status("opening " + p.string());
   }
+  if (::fstat(fd.get(), st) != 0) return errno_status("stat " + p.string());
+  if (!S_ISREG(st->st_mode)) return not_regular(p, st->st_mode);
+  // Regular files ignore O_NONBLOCK; cleared so the descriptor is an ordinary blocking one.
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) return errno_status("fcntl " + p.string());
+  return fd;
+}
+
+StatusOr<std::string> read_file(const fs::path& p, uint64_t limit) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return errno_status("stat " + p.string());
+  auto opened = open_regular(p, &st);
+  if (!opened.ok()) return opened.status();
+  const Fd fd = std::move(*opened);
   if (static_cast<uint64_t>(st.st_size) > limit)
     return Status::Corrupt(p.string() + " is too large (" + std::to_string(st.st_size) + " bytes)");
   std::string s(static_cast<size_t>(st.st_size), '\0');
@@ -714,8 +751,10 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir(const std::string& 
 StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::string& dir, int depth) {
   if (depth > kMaxParentDepth) return Status::Corrupt("parent chain longer than " + std::to_string(kMaxParentDepth));
   const fs::path d(dir);
-  std::error_code ec;
-  if (!fs::is_directory(d, ec)) return Status::NotFound(dir + " is not a directory");
+  // The directory itself may be a symbolic link (an operator's `latest`); the files in it may not.
+  struct stat dst {};
+  if (::stat(d.c_str(), &dst) != 0) return Status::NotFound(dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(dst.st_mode)) return Status::NotFound(dir + " is " + kind_of(dst.st_mode) + ", not an image directory");
   std::unique_ptr<ImageReader> r(new ImageReader());
   r->dir_ = dir;
   auto inv_bytes = read_file(d / "inventory.pb", 1 << 20);
@@ -731,10 +770,10 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::strin
     return Status::Corrupt(dir + ": client.pb checksum mismatch");
   if (!r->client_.ParseFromString(*cbytes)) return Status::Corrupt(dir + ": client.pb does not decode");
   const fs::path mem = d / "memory.bin";
-  r->memory_fd_ = ::open(mem.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->memory_fd_ < 0) return Status::Corrupt(dir + ": memory.bin is missing");
   struct stat st {};
-  if (::fstat(r->memory_fd_, &st) != 0) return errno_status("stat " + mem.string());
+  auto mfd = open_regular(mem, &st);
+  if (!mfd.ok()) return mfd.status();
+  r->memory_fd_ = mfd->release();
   r->memory_file_size_ = static_cast<uint64_t>(st.st_size);
   if (r->memory_file_size_ < r->inventory_.memory_size())
     return Status::Corrupt(dir + ": memory.bin is truncated (" + std::to_string(r->memory_file_size_) + " of " +

@@ -1,6 +1,13 @@
 // image_test.cc — the image format on its own: checksums, inventory framing, writer/reader round
 // trips through a directory and host memory, and the reader's refusal of damaged records.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <random>
@@ -8,6 +15,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt/image.h"
 #include "pos/base/api_id.h"
+#include "unittest/run_program.h"
 
 namespace pos::ckpt {
 namespace {
@@ -276,6 +284,143 @@ TEST(ImageTextTest, AWriterRefusesTextThatIsNotUtf8BeforeAnImageAppearsAndNamesT
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ((*r)->client().client().job_name(), "caf\xc3\xa9 \xe2\x82\xac");
   fs::remove_all(d);
+}
+
+// ImageReader::open_dir(dir) in a child process, so that a reader that blocks (on a FIFO) fails
+// the test after `seconds` instead of hanging it. Returns the child's verdict: "ok", the error, or
+// "hung".
+std::string open_in_child(const fs::path& dir, int seconds = 10) {
+  int p[2];
+  if (::pipe(p) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    auto r = ImageReader::open_dir(dir.string());
+    const std::string m = r.ok() ? "ok" : r.status().to_string();
+    (void)!::write(p[1], m.data(), m.size());
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  std::string out;
+  pollfd pfd{p[0], POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
+      ::kill(pid, SIGKILL);
+      out = "hung";
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(p[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(p[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
+// A copy of image `from` at `to` whose file `name` is replaced by what `make` creates there.
+void copy_with(const fs::path& from, const fs::path& to, const std::string& name, const std::function<void(const fs::path&)>& make) {
+  fs::remove_all(to);
+  fs::copy(from, to);
+  fs::remove(to / name);
+  make(to / name);
+}
+
+void make_fifo(const fs::path& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0) << p; }
+void make_socket(const fs::path& p) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  ASSERT_LT(p.string().size(), sizeof(a.sun_path));
+  std::strncpy(a.sun_path, p.c_str(), sizeof(a.sun_path) - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << p;
+  ::close(fd);  // the socket file stays
+}
+
+TEST(ImageFilesTest, AFifoSocketOrDirectoryInPlaceOfAnImagesFileIsRefusedAtOnceByName) {
+  const fs::path good = image_dir("good");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  EXPECT_EQ(open_in_child(good), "ok");  // regular files: as before
+  struct Kind {
+    const char* what;
+    std::function<void(const fs::path&)> make;
+  };
+  const Kind kinds[] = {{"a FIFO", make_fifo},
+                        {"a socket", make_socket},
+                        {"a directory", [](const fs::path& p) { fs::create_directory(p); }}};
+  for (const char* file : {"inventory.pb", "client.pb", "memory.bin"}) {
+    for (const Kind& k : kinds) {
+      const fs::path d = image_dir("odd");
+      copy_with(good, d, file, k.make);
+      const std::string m = open_in_child(d);
+      EXPECT_NE(m, "hung") << file << " as " << k.what;
+      EXPECT_NE(m.find((d / file).string() + " is " + k.what), std::string::npos) << file << ": " << m;
+      EXPECT_NE(m.find("not a regular file"), std::string::npos) << m;
+    }
+  }
+  // In place of the image directory itself.
+  const fs::path fifo = image_dir("fifo-dir");
+  make_fifo(fifo);
+  const std::string m = open_in_child(fifo);
+  EXPECT_NE(m.find(fifo.string() + " is a FIFO, not an image directory"), std::string::npos) << m;
+  fs::remove_all(good.parent_path());
+}
+
+TEST(ImageFilesTest, AFifoInAParentImageIsRefusedToo) {
+  const fs::path parent = image_dir("parent"), child = image_dir("child");
+  pb::Inventory pinv;
+  pinv.set_image_id("p1");
+  ASSERT_TRUE(write_image(parent, client_with_buffer(), pinv).ok());
+  pb::Inventory cinv;
+  cinv.set_image_id("c1");
+  cinv.mutable_parent()->set_path("../parent");
+  cinv.mutable_parent()->set_image_id("p1");
+  cinv.mutable_parent()->set_cut_pc(10);
+  ASSERT_TRUE(write_image(child, client_with_buffer(), cinv).ok());
+  EXPECT_EQ(open_in_child(child), "ok");
+  fs::remove(parent / "memory.bin");
+  make_fifo(parent / "memory.bin");
+  const std::string m = open_in_child(child);
+  EXPECT_NE(m, "hung");
+  EXPECT_NE(m.find("parent image"), std::string::npos) << m;
+  EXPECT_NE(m.find("memory.bin is a FIFO"), std::string::npos) << m;
+  fs::remove_all(parent.parent_path());
+}
+
+TEST(ImageFilesTest, ASymbolicLinkInPlaceOfAnImagesFileIsRefusedEvenToARegularFile) {
+  const fs::path good = image_dir("good-link");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  const fs::path elsewhere = image_dir("elsewhere");
+  fs::create_directories(elsewhere);
+  fs::copy_file(good / "client.pb", elsewhere / "client.pb");
+  const fs::path d = image_dir("linked");
+  copy_with(good, d, "client.pb", [&](const fs::path& p) { fs::create_symlink(elsewhere / "client.pb", p); });
+  const std::string m = open_in_child(d);
+  EXPECT_NE(m.find((d / "client.pb").string() + " is a symbolic link"), std::string::npos) << m;
+  // The image directory itself may be a link (an operator's `latest`): its files are still checked.
+  const fs::path latest = image_dir("latest");
+  fs::create_directory_symlink(good, latest);
+  EXPECT_EQ(open_in_child(latest), "ok");
+  fs::remove_all(good.parent_path());
+}
+
+TEST(ImageFilesTest, PosCliInspectOfAnImageWithAFifoExitsNonZeroWithTheReason) {
+  const fs::path good = image_dir("good-cli");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  const fs::path d = image_dir("fifo-cli");
+  copy_with(good, d, "client.pb", make_fifo);
+  int rc = 0;
+  std::string err;
+  // Under timeout(1): a regression fails with 124 instead of hanging the suite.
+  (void)pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", d.string()}, &rc, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find((d / "client.pb").string() + " is a FIFO"), std::string::npos) << err;
+  const std::string out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", good.string()}, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  fs::remove_all(good.parent_path());
 }
 
 }  // namespace
