@@ -21,6 +21,7 @@
 #include "ckpt/crc32c.h"
 #include "pos/base/api_id.h"
 #include "pos/base/resource_type.h"
+#include "pos/base/text.h"
 
 namespace fs = std::filesystem;
 
@@ -94,14 +95,51 @@ Status write_file(const fs::path& p, const std::string& bytes) {
   return Status::Ok();
 }
 
-StatusOr<std::string> read_file(const fs::path& p, uint64_t limit) {
-  Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+// What a file is, for messages.
+const char* kind_of(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "of an unknown kind";
+}
+Status not_regular(const fs::path& p, mode_t m) {
+  return Status::Corrupt(p.string() + " is " + kind_of(m) + ", not a regular file (an image holds regular files only)");
+}
+
+// Opens a file of an image for reading, only if it is a regular file (docs/image_format.md,
+// "Regular files only"): a FIFO blocks open() and read() forever, a device may never end or act
+// on open, a symbolic link may point anywhere. lstat first, so nothing else is ever opened; then
+// O_NOFOLLOW | O_NONBLOCK, so a swap after the lstat cannot follow a link or block; then fstat,
+// so what is read is what was checked. *st: the file's stat.
+StatusOr<Fd> open_regular(const fs::path& p, struct stat* st) {
+  if (::lstat(p.c_str(), st) != 0) {
+    if (errno == ENOENT) return Status::Corrupt(p.string() + " is missing (not a complete POS image)");
+    return errno_status("stat " + p.string());
+  }
+  if (!S_ISREG(st->st_mode)) return not_regular(p, st->st_mode);
+  Fd fd(::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) {
+    if (errno == ELOOP) return not_regular(p, S_IFLNK);
     if (errno == ENOENT) return Status::Corrupt(p.string() + " is missing (not a complete POS image)");
     return errno_status("opening " + p.string());
   }
+  if (::fstat(fd.get(), st) != 0) return errno_status("stat " + p.string());
+  if (!S_ISREG(st->st_mode)) return not_regular(p, st->st_mode);
+  // Regular files ignore O_NONBLOCK; cleared so the descriptor is an ordinary blocking one.
+  const int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) return errno_status("fcntl " + p.string());
+  return fd;
+}
+
+StatusOr<std::string> read_file(const fs::path& p, uint64_t limit) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return errno_status("stat " + p.string());
+  auto opened = open_regular(p, &st);
+  if (!opened.ok()) return opened.status();
+  const Fd fd = std::move(*opened);
   if (static_cast<uint64_t>(st.st_size) > limit)
     return Status::Corrupt(p.string() + " is too large (" + std::to_string(st.st_size) + " bytes)");
   std::string s(static_cast<size_t>(st.st_size), '\0');
@@ -193,8 +231,52 @@ int default_crc_threads() {
   return static_cast<int>(std::clamp<unsigned>(hc / 2, 1, 8));
 }
 
+// Whether messages of type `d` hold a `string` field anywhere (so the check below can skip the
+// handle records, thousands of them, which hold none).
+bool holds_text(const google::protobuf::Descriptor* d, int depth = 0) {
+  using google::protobuf::FieldDescriptor;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->type() == FieldDescriptor::TYPE_STRING) return true;
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && depth < 8 && holds_text(f->message_type(), depth + 1)) return true;
+  }
+  return false;
+}
+
+// Every `string` field of `m` (recursively) is UTF-8: protobuf writes one that is not (with a log
+// line) but refuses to decode it, which would give an image that never reads back. Walks the
+// descriptors, so a `string` field added to image.proto later is checked too.
+Status check_text(const google::protobuf::Message& m) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      for (int j = 0; j < n; ++j) {
+        const std::string v = f->is_repeated() ? r->GetRepeatedString(m, f, j) : r->GetString(m, f);
+        if (is_utf8(v)) continue;
+        const std::string field = d->name() + "." + f->name() + (f->is_repeated() ? "[" + std::to_string(j) + "]" : "");
+        return Status::InvalidArgument("cannot write the image: " + field + " is not UTF-8 text ('" + printable(v, 256) +
+                                       "'), and an image with it could not be read back");
+      }
+    } else if (f->type() == FieldDescriptor::TYPE_MESSAGE && holds_text(f->message_type())) {
+      for (int j = 0; j < n; ++j) {
+        if (!f->is_repeated() && !r->HasField(m, f)) continue;
+        POS_RETURN_IF_ERROR(check_text(f->is_repeated() ? r->GetRepeatedMessage(m, f, j) : r->GetMessage(m, f)));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The two files that carry records, written into `dir` (fsynced).
 Status write_records(const fs::path& dir, pb::Inventory inv, const pb::ClientImage& client, uint64_t memory_size) {
+  // Before anything of the records is written: a refused image leaves only its partial directory,
+  // which the caller's abort removes.
+  POS_RETURN_IF_ERROR(check_text(inv));
+  POS_RETURN_IF_ERROR(check_text(client));
   std::string cbytes;
   if (!client.SerializeToString(&cbytes)) return Status::Internal("cannot encode the client records");
   inv.set_format_version(kFormatVersion);
@@ -420,6 +502,8 @@ Status MemoryWriterImpl::begin_blob(uint64_t length, size_t* blob) {
 
 Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client) {
   pool_.wait();
+  POS_RETURN_IF_ERROR(check_text(inv));  // it would fail where it is saved to a directory
+  POS_RETURN_IF_ERROR(check_text(client));
   inv.set_format_version(kFormatVersion);
   inv.set_memory_size(img_->memory_size());
   std::string cbytes;
@@ -667,8 +751,10 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir(const std::string& 
 StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::string& dir, int depth) {
   if (depth > kMaxParentDepth) return Status::Corrupt("parent chain longer than " + std::to_string(kMaxParentDepth));
   const fs::path d(dir);
-  std::error_code ec;
-  if (!fs::is_directory(d, ec)) return Status::NotFound(dir + " is not a directory");
+  // The directory itself may be a symbolic link (an operator's `latest`); the files in it may not.
+  struct stat dst {};
+  if (::stat(d.c_str(), &dst) != 0) return Status::NotFound(dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(dst.st_mode)) return Status::NotFound(dir + " is " + kind_of(dst.st_mode) + ", not an image directory");
   std::unique_ptr<ImageReader> r(new ImageReader());
   r->dir_ = dir;
   auto inv_bytes = read_file(d / "inventory.pb", 1 << 20);
@@ -684,10 +770,10 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::strin
     return Status::Corrupt(dir + ": client.pb checksum mismatch");
   if (!r->client_.ParseFromString(*cbytes)) return Status::Corrupt(dir + ": client.pb does not decode");
   const fs::path mem = d / "memory.bin";
-  r->memory_fd_ = ::open(mem.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->memory_fd_ < 0) return Status::Corrupt(dir + ": memory.bin is missing");
   struct stat st {};
-  if (::fstat(r->memory_fd_, &st) != 0) return errno_status("stat " + mem.string());
+  auto mfd = open_regular(mem, &st);
+  if (!mfd.ok()) return mfd.status();
+  r->memory_fd_ = mfd->release();
   r->memory_file_size_ = static_cast<uint64_t>(st.st_size);
   if (r->memory_file_size_ < r->inventory_.memory_size())
     return Status::Corrupt(dir + ": memory.bin is truncated (" + std::to_string(r->memory_file_size_) + " of " +

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "pos/base/api_id.h"
+#include "pos/base/text.h"
 
 namespace pos::ckpt {
 namespace {
@@ -66,25 +67,28 @@ std::string describe_image(const ImageReader& image, bool json) {
     return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + ",\"pending_calls\":" + pending + "}\n";
   }
   std::string out;
-  out += fmt("POS image %s (format %u, POS %s)\n", inv.image_id().c_str(), inv.format_version(), inv.pos_version().c_str());
-  out += fmt("  backend %s, device %s, mode %s, cut %" PRIu64 "\n", inv.backend().c_str(), inv.device_name().c_str(),
-             inv.mode().c_str(), inv.cut_pc());
+  // Every string of the image goes through printable(): an image's names came from clients (and an
+  // image may be hostile), and this text lands on an operator's terminal.
+  out += fmt("POS image %s (format %u, POS %s)\n", printable(inv.image_id()).c_str(), inv.format_version(),
+             printable(inv.pos_version()).c_str());
+  out += fmt("  backend %s, device %s, mode %s, cut %" PRIu64 "\n", printable(inv.backend()).c_str(),
+             printable(inv.device_name()).c_str(), printable(inv.mode()).c_str(), inv.cut_pc());
   std::string feats;
-  for (const auto& f : inv.features()) feats += (feats.empty() ? "" : ", ") + f;
+  for (const auto& f : inv.features()) feats += (feats.empty() ? "" : ", ") + printable(f);
   out += "  features: " + feats + "\n";
   if (inv.has_parent())
-    out += fmt("  parent: %s (image %s, cut %" PRIu64 ")\n", inv.parent().path().c_str(), inv.parent().image_id().c_str(),
-               inv.parent().cut_pc());
+    out += fmt("  parent: %s (image %s, cut %" PRIu64 ")\n", printable(inv.parent().path()).c_str(),
+               printable(inv.parent().image_id()).c_str(), inv.parent().cut_pc());
   out += fmt("  device bytes stored here: %" PRIu64 " (memory.bin %" PRIu64 " bytes)\n", inv.blob_bytes(), inv.memory_size());
   const auto& cr = c.client();
   out += fmt("client %" PRIu64 " (%s) on device %d: range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n",
-             cr.uuid(), cr.job_name().c_str(), cr.device(), cr.va_base(), cr.va_size(), cr.next_pc());
+             cr.uuid(), printable(cr.job_name()).c_str(), cr.device(), cr.va_base(), cr.va_size(), cr.next_pc());
   out += fmt("%d handles:\n", c.handles_size());
   for (const auto& h : c.handles()) {
     const char* t = h.type() < 9 ? kTypeNames[h.type()] : "?";
     out += fmt("  %-8s #%-5" PRIu64 " 0x%-14" PRIx64, t, static_cast<uint64_t>(h.id() & ((uint64_t{1} << 56) - 1)), h.addr());
     if (h.size() != 0) out += fmt(" %" PRIu64 " bytes", h.size());
-    if (!h.name().empty()) out += " " + h.name();
+    if (!h.name().empty()) out += " " + printable(h.name());
     if (!h.fatbin().empty()) out += fmt(" fatbin %zu bytes", h.fatbin().size());
     out += fmt(" v%" PRIu64, h.version());
     if (h.has_memory()) {

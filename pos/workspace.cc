@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "pos/base/log.h"
+#include "pos/base/text.h"
 
 namespace pos {
 
@@ -42,6 +43,15 @@ StatusOr<std::unique_ptr<POSWorkspace>> POSWorkspace::create(const Config& confi
   return std::unique_ptr<POSWorkspace>(new POSWorkspace(config, std::move(backend), table));
 }
 
+namespace {
+// Every client passes create_client (posd's hello, the in-process POS_JOB_NAME) or restore, and
+// its name goes into logs, `pos-cli ps` and the image's `string` job_name: bytes that are not
+// UTF-8 and control characters become visible escapes, and the length is bounded
+// (docs/remoting.md, "Job names"). Idempotent, so a restored name stays as it was.
+constexpr size_t kMaxJobNameBytes = 256;
+std::string safe_job_name(std::string_view job) { return printable(job, kMaxJobNameBytes); }
+}  // namespace
+
 StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, const ClientOptions& options) {
   std::unique_lock lk(mu_);
   size_t slot = slots_.size();
@@ -68,8 +78,8 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, co
   }
   const int device = options.devices.empty() ? 0 : options.devices[0];
   const ClientUuid uuid = ((++generation_) << kSlotBits) | slot;
-  auto client = std::make_shared<POSClient>(uuid, static_cast<uint32_t>(slot), job_name, config_, backend_.get(),
-                                            &table_, device);
+  auto client = std::make_shared<POSClient>(uuid, static_cast<uint32_t>(slot), safe_job_name(job_name), config_,
+                                            backend_.get(), &table_, device);
   client->set_options(options);
   Status s = client->start();
   if (!s.ok()) return s;
@@ -181,7 +191,9 @@ StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageRead
     return Status::Busy("client slot " + std::to_string(slot) + " (the image's addresses) is still being freed");
   const ClientUuid uuid = cr.uuid();
   generation_ = std::max(generation_, uuid >> kSlotBits);
-  auto client = std::make_shared<POSClient>(uuid, slot, cr.job_name(), config_, backend_.get(), &table_, device);
+  // An image from before names were sanitized may hold control characters (UTF-8 it must be).
+  auto client = std::make_shared<POSClient>(uuid, slot, safe_job_name(cr.job_name()), config_, backend_.get(), &table_,
+                                            device);
   Status s = client->start_restored(image_ptr, options);
   if (!s.ok()) return s.with_context("restore");
   fast_[slot].client.store(client.get(), std::memory_order_release);

@@ -12,6 +12,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
+#include "pos/base/text.h"
 #include "pos/checkpoint/restore_gate.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
@@ -283,6 +284,95 @@ TEST_F(CheckpointTest, InspectDescribesEveryHandleInTextAndJson) {
   const std::string json = ckpt::describe_image(**img, true);
   EXPECT_NE(json.find("\"cut_pc\":\"" + std::to_string(r->cut_pc) + "\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"image_id\":\"" + r->image_id + "\""), std::string::npos) << json;
+}
+
+// The names a handle record holds, by type (function, var), in record order.
+std::vector<std::string> names_of(const ckpt::pb::ClientImage& c, ResourceType t) {
+  std::vector<std::string> out;
+  for (const auto& h : c.handles())
+    if (h.type() == static_cast<uint32_t>(t)) out.push_back(h.name());
+  return out;
+}
+
+TEST_F(CheckpointTest, AJobNameAndSymbolNamesThatAreNotUtf8AreCheckpointedReadBackAndRestored) {
+  // What a hostile client may send: a job name and kernel and variable names of any bytes.
+  TestClient& c = add_client("caf\xe9 \x1b[2J\a");
+  const std::string shown = "caf\\xe9 \\x1b[2J\\x07";  // the job name as POS keeps it
+  const std::string kernel = "_Z4k\xff\xfe\xc0\xaf";
+  const std::string var = "v\xed\xa0\x80\x1b]0;x";
+  RegisteredFunction f;
+  ASSERT_TRUE(c.api->register_function(&f, c.module, kernel).ok());
+  EXPECT_FALSE(f.found);  // no such kernel: launches fail, the name is still the job's
+  uint64_t v = 0;
+  ASSERT_TRUE(c.api->register_var(&v, c.module, var, 256, false).ok());
+  const std::vector<unsigned> bytes = pattern(64, 5);
+  upload(v, bytes.data(), 256, 1);
+  const std::string d = temp_dir("hostile-names");
+  auto r = ws_->checkpoint(c.uuid, to_dir(d));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto img = ckpt::ImageReader::open_dir(d);
+  ASSERT_TRUE(img.ok()) << img.status().to_string();
+  const auto& cimg = (*img)->client();
+  EXPECT_EQ(cimg.client().job_name(), shown);
+  EXPECT_EQ(names_of(cimg, ResourceType::kFunction).back(), kernel);  // byte for byte
+  EXPECT_EQ(names_of(cimg, ResourceType::kVar).back(), var);
+  // An operator's terminal sees none of those bytes raw.
+  const std::string text = ckpt::describe_image(**img, false);
+  EXPECT_TRUE(is_utf8(text)) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find("_Z4k\\xff\\xfe\\xc0\\xaf"), std::string::npos) << text;
+
+  ASSERT_TRUE(ws_->remove_client(c.uuid).ok());
+  auto u = ws_->restore(**img);
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  auto restored = ws_->find_client(*u);
+  ASSERT_TRUE(restored != nullptr);
+  EXPECT_EQ(restored->job_name(), shown);
+  InProcessTransport t(ws_, *u);
+  ApiClient a(&t);
+  std::vector<unsigned> got(64);
+  ASSERT_TRUE(a.memcpy(reinterpret_cast<uint64_t>(got.data()), v, 256, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(got, bytes);
+  EXPECT_EQ(a.launch_kernel(f.handle, dims(1, 1), 0, {}).api_error(), cuda::kErrorInvalidDeviceFunction);
+  // The restored client keeps the names exactly: its next image holds them again.
+  const std::string d2 = temp_dir("hostile-names-again");
+  auto r2 = ws_->checkpoint(*u, to_dir(d2));
+  ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+  auto img2 = ckpt::ImageReader::open_dir(d2);
+  ASSERT_TRUE(img2.ok()) << img2.status().to_string();
+  EXPECT_EQ((*img2)->client().client().job_name(), shown);
+  EXPECT_EQ(names_of((*img2)->client(), ResourceType::kFunction), names_of(cimg, ResourceType::kFunction));
+  EXPECT_EQ(names_of((*img2)->client(), ResourceType::kVar), names_of(cimg, ResourceType::kVar));
+}
+
+TEST_F(CheckpointTest, AnImageWhoseJobNameHoldsControlCharactersRestoresWithThemEscaped) {
+  // An image written before names were sanitized (valid UTF-8, so it reads): ESC and BEL in its
+  // job name must not reach logs or `pos-cli ps` through the restored client.
+  build_state();
+  const std::string d = temp_dir("old-name");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  ckpt::pb::ClientImage c;
+  {
+    std::ifstream in(d + "/client.pb", std::ios::binary);
+    ASSERT_TRUE(c.ParseFromIstream(&in));
+  }
+  c.mutable_client()->set_job_name("old\x1b[2J\a");
+  std::string cbytes;
+  ASSERT_TRUE(c.SerializeToString(&cbytes));
+  std::string ibytes;
+  {
+    std::ifstream in(d + "/inventory.pb", std::ios::binary);
+    ibytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto inv = ckpt::decode_inventory(ibytes);
+  ASSERT_TRUE(inv.ok()) << inv.status().to_string();
+  inv->set_client_size(cbytes.size());
+  inv->set_client_crc(ckpt::crc32c(cbytes.data(), cbytes.size()));
+  std::ofstream(d + "/client.pb", std::ios::binary | std::ios::trunc) << cbytes;
+  std::ofstream(d + "/inventory.pb", std::ios::binary | std::ios::trunc) << ckpt::encode_inventory(*inv);
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  EXPECT_EQ(live_client().job_name(), "old\\x1b[2J\\x07");
+  expect_state();
 }
 
 TEST_F(CheckpointTest, TheClientContinuesAfterACheckpointAndTheImageKeepsTheCut) {

@@ -1,6 +1,13 @@
 // image_test.cc — the image format on its own: checksums, inventory framing, writer/reader round
 // trips through a directory and host memory, and the reader's refusal of damaged records.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <random>
@@ -8,6 +15,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt/image.h"
 #include "pos/base/api_id.h"
+#include "unittest/run_program.h"
 
 namespace pos::ckpt {
 namespace {
@@ -174,6 +182,245 @@ TEST(ImageRoundTripTest, TheValidatorChecksPendingCallsAgainstTheCutTheApiTableA
   Status s = with({big});
   EXPECT_EQ(s.code(), Code::kCorrupt);
   EXPECT_NE(s.message().find("parameter bytes"), std::string::npos) << s.to_string();
+}
+
+// A fresh directory for one image under the system's temporary directory.
+fs::path image_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("pos-image-test-" + std::to_string(::getpid())) / name;
+  fs::create_directories(d.parent_path());
+  fs::remove_all(d);
+  return d;
+}
+
+// A one-buffer image in `dir` whose client record and handles are `client` (blob filled in).
+Status write_image(const fs::path& dir, pb::ClientImage client, pb::Inventory inv = {}) {
+  auto w = open_dir_writer(dir.string(), DirWriterOptions{});
+  if (!w.ok()) return w.status();
+  size_t blob = 0;
+  const std::vector<std::byte> data(4096, std::byte{7});
+  write_blob(**w, data, &blob);
+  POS_RETURN_IF_ERROR((*w)->finish_blobs());
+  *client.mutable_handles(0)->mutable_memory() = (*w)->ref(blob);
+  client.mutable_handles(0)->set_size(data.size());
+  inv.set_cut_pc(10);
+  return (*w)->commit(inv, client);
+}
+
+pb::ClientImage client_with_buffer() {
+  pb::BlobRef ref;
+  return one_buffer_client(ref, 4096);
+}
+
+TEST(ImageTextTest, SymbolNamesParentPathsAndErrorMessagesOfAnyBytesRoundTripExactly) {
+  // A hostile client registers kernels and variables under names of any bytes; the image must
+  // give them back byte for byte (a kernel is looked up by its exact mangled name).
+  const std::string name("_Z4k\xff\xfe\xc0\xaf\xed\xa0\x80\x1b[2J\0x", 17);
+  pb::ClientImage c = client_with_buffer();
+  auto* mod = c.add_handles();
+  mod->set_id((5ull << 56) | 1);
+  mod->set_type(5);
+  auto* fn = c.add_handles();
+  fn->set_id((6ull << 56) | 1);
+  fn->set_type(6);
+  fn->add_parents(mod->id());
+  fn->set_name(name);
+  c.mutable_client()->set_async_error(700);
+  c.mutable_client()->set_async_error_message("launch of '" + name + "' failed");
+  const fs::path d = image_dir("names");
+  Status s = write_image(d, c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  auto r = ImageReader::open_dir(d.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->client().handles(2).name(), name);
+  EXPECT_EQ((*r)->client().client().async_error_message(), "launch of '" + name + "' failed");
+  // The parent's path is a file name: bytes too (read back exactly, checked by the decoder only).
+  pb::Inventory inv;
+  inv.set_format_version(kFormatVersion);
+  inv.mutable_parent()->set_path("../p\xe9re");
+  std::string bytes = encode_inventory(inv);
+  auto back = decode_inventory(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->parent().path(), "../p\xe9re");
+  fs::remove_all(d);
+}
+
+TEST(ImageTextTest, AWriterRefusesTextThatIsNotUtf8BeforeAnImageAppearsAndNamesTheField) {
+  // Text fields (the job name, what POS itself writes) stay `string`: one that is not UTF-8 would
+  // give an image that never reads back, so the writer refuses it and leaves nothing behind.
+  pb::ClientImage c = client_with_buffer();
+  c.mutable_client()->set_job_name("caf\xe9");
+  const fs::path d = image_dir("bad-job");
+  Status s = write_image(d, c);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("ClientRecord.job_name"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("caf\\xe9"), std::string::npos) << s.to_string();  // shown escaped
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_FALSE(fs::exists(d.string() + ".partial"));
+  pb::Inventory inv;
+  inv.add_features("handles");
+  inv.add_features("bad\xff");
+  s = write_image(d, client_with_buffer(), inv);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("Inventory.features[1]"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(fs::exists(d));
+  // The memory writer refuses the same (its image is saved to a directory later).
+  MemoryImage mem(HostAllocator::plain());
+  auto w = open_memory_writer(&mem);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->finish_blobs().ok());
+  pb::ClientImage empty;
+  empty.mutable_client()->set_next_pc(10);
+  empty.mutable_client()->set_job_name("\xc0\xaf");
+  pb::Inventory minv;
+  minv.set_cut_pc(10);
+  s = (*w)->commit(minv, empty);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.to_string();
+  EXPECT_FALSE(mem.valid());
+  // Valid UTF-8 in every text field is written and read back as it was.
+  c.mutable_client()->set_job_name("caf\xc3\xa9 \xe2\x82\xac");
+  s = write_image(d, c);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  auto r = ImageReader::open_dir(d.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->client().client().job_name(), "caf\xc3\xa9 \xe2\x82\xac");
+  fs::remove_all(d);
+}
+
+// ImageReader::open_dir(dir) in a child process, so that a reader that blocks (on a FIFO) fails
+// the test after `seconds` instead of hanging it. Returns the child's verdict: "ok", the error, or
+// "hung".
+std::string open_in_child(const fs::path& dir, int seconds = 10) {
+  int p[2];
+  if (::pipe(p) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    auto r = ImageReader::open_dir(dir.string());
+    const std::string m = r.ok() ? "ok" : r.status().to_string();
+    (void)!::write(p[1], m.data(), m.size());
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  std::string out;
+  pollfd pfd{p[0], POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
+      ::kill(pid, SIGKILL);
+      out = "hung";
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(p[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(p[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
+// A copy of image `from` at `to` whose file `name` is replaced by what `make` creates there.
+void copy_with(const fs::path& from, const fs::path& to, const std::string& name, const std::function<void(const fs::path&)>& make) {
+  fs::remove_all(to);
+  fs::copy(from, to);
+  fs::remove(to / name);
+  make(to / name);
+}
+
+void make_fifo(const fs::path& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0) << p; }
+void make_socket(const fs::path& p) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  ASSERT_LT(p.string().size(), sizeof(a.sun_path));
+  std::strncpy(a.sun_path, p.c_str(), sizeof(a.sun_path) - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << p;
+  ::close(fd);  // the socket file stays
+}
+
+TEST(ImageFilesTest, AFifoSocketOrDirectoryInPlaceOfAnImagesFileIsRefusedAtOnceByName) {
+  const fs::path good = image_dir("good");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  EXPECT_EQ(open_in_child(good), "ok");  // regular files: as before
+  struct Kind {
+    const char* what;
+    std::function<void(const fs::path&)> make;
+  };
+  const Kind kinds[] = {{"a FIFO", make_fifo},
+                        {"a socket", make_socket},
+                        {"a directory", [](const fs::path& p) { fs::create_directory(p); }}};
+  for (const char* file : {"inventory.pb", "client.pb", "memory.bin"}) {
+    for (const Kind& k : kinds) {
+      const fs::path d = image_dir("odd");
+      copy_with(good, d, file, k.make);
+      const std::string m = open_in_child(d);
+      EXPECT_NE(m, "hung") << file << " as " << k.what;
+      EXPECT_NE(m.find((d / file).string() + " is " + k.what), std::string::npos) << file << ": " << m;
+      EXPECT_NE(m.find("not a regular file"), std::string::npos) << m;
+    }
+  }
+  // In place of the image directory itself.
+  const fs::path fifo = image_dir("fifo-dir");
+  make_fifo(fifo);
+  const std::string m = open_in_child(fifo);
+  EXPECT_NE(m.find(fifo.string() + " is a FIFO, not an image directory"), std::string::npos) << m;
+  fs::remove_all(good.parent_path());
+}
+
+TEST(ImageFilesTest, AFifoInAParentImageIsRefusedToo) {
+  const fs::path parent = image_dir("parent"), child = image_dir("child");
+  pb::Inventory pinv;
+  pinv.set_image_id("p1");
+  ASSERT_TRUE(write_image(parent, client_with_buffer(), pinv).ok());
+  pb::Inventory cinv;
+  cinv.set_image_id("c1");
+  cinv.mutable_parent()->set_path("../parent");
+  cinv.mutable_parent()->set_image_id("p1");
+  cinv.mutable_parent()->set_cut_pc(10);
+  ASSERT_TRUE(write_image(child, client_with_buffer(), cinv).ok());
+  EXPECT_EQ(open_in_child(child), "ok");
+  fs::remove(parent / "memory.bin");
+  make_fifo(parent / "memory.bin");
+  const std::string m = open_in_child(child);
+  EXPECT_NE(m, "hung");
+  EXPECT_NE(m.find("parent image"), std::string::npos) << m;
+  EXPECT_NE(m.find("memory.bin is a FIFO"), std::string::npos) << m;
+  fs::remove_all(parent.parent_path());
+}
+
+TEST(ImageFilesTest, ASymbolicLinkInPlaceOfAnImagesFileIsRefusedEvenToARegularFile) {
+  const fs::path good = image_dir("good-link");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  const fs::path elsewhere = image_dir("elsewhere");
+  fs::create_directories(elsewhere);
+  fs::copy_file(good / "client.pb", elsewhere / "client.pb");
+  const fs::path d = image_dir("linked");
+  copy_with(good, d, "client.pb", [&](const fs::path& p) { fs::create_symlink(elsewhere / "client.pb", p); });
+  const std::string m = open_in_child(d);
+  EXPECT_NE(m.find((d / "client.pb").string() + " is a symbolic link"), std::string::npos) << m;
+  // The image directory itself may be a link (an operator's `latest`): its files are still checked.
+  const fs::path latest = image_dir("latest");
+  fs::create_directory_symlink(good, latest);
+  EXPECT_EQ(open_in_child(latest), "ok");
+  fs::remove_all(good.parent_path());
+}
+
+TEST(ImageFilesTest, PosCliInspectOfAnImageWithAFifoExitsNonZeroWithTheReason) {
+  const fs::path good = image_dir("good-cli");
+  ASSERT_TRUE(write_image(good, client_with_buffer()).ok());
+  const fs::path d = image_dir("fifo-cli");
+  copy_with(good, d, "client.pb", make_fifo);
+  int rc = 0;
+  std::string err;
+  // Under timeout(1): a regression fails with 124 instead of hanging the suite.
+  (void)pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", d.string()}, &rc, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find((d / "client.pb").string() + " is a FIFO"), std::string::npos) << err;
+  const std::string out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", good.string()}, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  fs::remove_all(good.parent_path());
 }
 
 }  // namespace

@@ -14,8 +14,12 @@
 #include <numeric>
 #include <thread>
 
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
 #include "pos/base/cuda_errors.h"
 #include "pos/base/hex.h"
+#include "pos/base/text.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
 #include "remoting/inproc/inproc_transport.h"
@@ -362,6 +366,31 @@ TEST_F(Posd, PsListsEverySessionWithItsJobAndMemory) {
   ASSERT_TRUE(table.ok());
   EXPECT_NE(table->find("2 session(s)"), std::string::npos) << *table;
   EXPECT_EQ(posd_control(server_->socket_path(), "reboot").status().api_error(), cuda::kErrorInvalidValue);
+}
+
+TEST_F(Posd, PsShowsAJobNameOfEscapesControlsAndBadBytesEscapedInTheTableAndAsValidJson) {
+  // A tenant's job name that would clear an operator's screen, ring, break the line and is not UTF-8.
+  const std::string hostile = "evil\x1b[2J\a\nline2\xe9";
+  const std::string shown = "evil\\x1b[2J\\x07\\x0aline2\\xe9";
+  connect(hostile);
+  auto table = posd_control(server_->socket_path(), "ps-table");
+  ASSERT_TRUE(table.ok()) << table.status().to_string();
+  for (char raw : {'\x1b', '\a', '\xe9'}) EXPECT_EQ(table->find(raw), std::string::npos) << *table;
+  EXPECT_EQ(std::count(table->begin(), table->end(), '\n'), 3) << *table;  // header, the session, the summary
+  EXPECT_TRUE(is_utf8(*table)) << *table;
+  EXPECT_NE(table->find(shown.substr(0, 24) + " "), std::string::npos) << *table;  // the 24-column JOB cell
+
+  auto json = posd_control(server_->socket_path(), "ps");
+  ASSERT_TRUE(json.ok()) << json.status().to_string();
+  EXPECT_TRUE(is_utf8(*json)) << *json;
+  for (size_t i = 0; i + 1 < json->size(); ++i)
+    EXPECT_GE(static_cast<unsigned char>((*json)[i]), 0x20) << "raw control byte at " << i << ": " << *json;
+  google::protobuf::Struct ps;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(*json, &ps);
+  ASSERT_TRUE(parsed.ok()) << parsed.ToString() << ": " << *json;
+  const auto& sessions = ps.fields().at("sessions").list_value();
+  ASSERT_EQ(sessions.values_size(), 1) << *json;
+  EXPECT_EQ(sessions.values(0).struct_value().fields().at("job").string_value(), shown);
 }
 
 TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {

@@ -22,6 +22,7 @@
 #include "pos/base/cuda_errors.h"
 #include "pos/base/log.h"
 #include "pos/base/sync.h"
+#include "pos/base/text.h"
 #include "remoting/client/shm_client.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/wire.h"
@@ -55,19 +56,6 @@ void refuse(int fd, const Status& why) {
 const char* state_of(const SessionInfo& s) {
   if (s.ending) return "ending";
   return s.stats.calls_executed < s.stats.calls_submitted ? "running" : "idle";
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
-    else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof(b), "\\u%04x", c);
-      o += b;
-    } else o += static_cast<char>(c);
-  }
-  return o;
 }
 
 // The session's shared memory: a sealed memfd (the client can neither shrink it under posd's
@@ -592,15 +580,18 @@ std::vector<SessionInfo> PosdServer::sessions() const {
   return out;
 }
 
+// A session's job is what its client sent, so it is escaped here too (defence in depth: the
+// client's own name is already printable): json_string() shows it as printable() does, quoted, so
+// the answer is valid JSON (UTF-8, no raw control characters) whatever the bytes.
 std::string PosdServer::sessions_json() const {
-  std::string o = "{\"backend\":\"" + std::string(ws_->backend().name()) + "\",\"socket\":\"" + json_escape(socket_path_) +
-                  "\",\"sessions\":[";
+  std::string o = "{\"backend\":" + json_string(ws_->backend().name()) + ",\"socket\":" + json_string(socket_path_) +
+                  ",\"sessions\":[";
   bool first = true;
   for (const auto& s : sessions()) {
     if (!first) o += ",";
     first = false;
     o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
-         ",\"job\":\"" + json_escape(s.job) + "\",\"device\":" + std::to_string(s.device) +
+         ",\"job\":" + json_string(s.job) + ",\"device\":" + std::to_string(s.device) +
          ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
          ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
          ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
@@ -612,6 +603,9 @@ std::string PosdServer::sessions_json() const {
 }  // namespace pos
 
 namespace pos {
+// Read on an operator's terminal: the job is shown as printable() does (no escape sequence, bell,
+// newline or invalid byte reaches the terminal) and fitted to its column by characters, so a cut
+// never splits one.
 std::string PosdServer::sessions_table() const {
   const auto all = sessions();
   std::string o;
@@ -620,14 +614,14 @@ std::string PosdServer::sessions_table() const {
                 "MEMORY", "HANDLES", "CALLS", "EXECUTED", "STATE");
   o += line;
   for (const auto& s : all) {
-    std::snprintf(line, sizeof(line), "%-8u %-8u %-24.24s %6d %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid,
-                  s.job.c_str(), s.device, (unsigned long long)s.stats.memory_in_use,
+    std::snprintf(line, sizeof(line), "%-8u %-8u %s %6d %14llu %8llu %12llu %12llu %-8s\n", s.pid, s.uid,
+                  fit_columns(printable(s.job), 24).c_str(), s.device, (unsigned long long)s.stats.memory_in_use,
                   (unsigned long long)s.stats.live_handles,
                   (unsigned long long)s.stats.calls_submitted, (unsigned long long)s.stats.calls_executed,
                   state_of(s));
     o += line;
   }
-  o += std::to_string(all.size()) + " session(s) on " + socket_path_ + " (" + std::string(ws_->backend().name()) +
+  o += std::to_string(all.size()) + " session(s) on " + printable(socket_path_) + " (" + std::string(ws_->backend().name()) +
        " backend)\n";
   return o;
 }
