@@ -44,26 +44,26 @@ TEST(ResourceOps, TypesWithDeviceBytesAreBuffersAndVariables) {
   }
 }
 
-TEST(ResourceOps, AMissingRestoreHookIsReportedNamingItsType) {
+// The real table with one hook of `type` removed (`drop` clears it) reports exactly one gap, which
+// names the type and the hook.
+template <typename Drop>
+void expect_one_gap(ResourceType type, Drop drop, const std::string& hook) {
   ResourceTable t = cuda_api_table().resources();
-  ResourceOps o = t.get(ResourceType::kEvent);
-  o.restore = nullptr;
-  t.set(ResourceType::kEvent, o);
+  ResourceOps o = t.get(type);
+  drop(o);
+  t.set(type, o);
   const std::vector<std::string> gaps = t.gaps();
   ASSERT_EQ(gaps.size(), 1u);
-  EXPECT_NE(gaps[0].find("'event'"), std::string::npos) << gaps[0];
-  EXPECT_NE(gaps[0].find("restore"), std::string::npos) << gaps[0];
+  EXPECT_NE(gaps[0].find("'" + std::string(resource_type_name(type)) + "'"), std::string::npos) << gaps[0];
+  EXPECT_NE(gaps[0].find(hook), std::string::npos) << gaps[0];
+}
+
+TEST(ResourceOps, AMissingRestoreHookIsReportedNamingItsType) {
+  expect_one_gap(ResourceType::kEvent, [](ResourceOps& o) { o.restore = nullptr; }, "restore");
 }
 
 TEST(ResourceOps, AMissingMoveHookIsReportedNamingItsType) {
-  ResourceTable t = cuda_api_table().resources();
-  ResourceOps o = t.get(ResourceType::kModule);
-  o.move = nullptr;
-  t.set(ResourceType::kModule, o);
-  const std::vector<std::string> gaps = t.gaps();
-  ASSERT_EQ(gaps.size(), 1u);
-  EXPECT_NE(gaps[0].find("'module'"), std::string::npos) << gaps[0];
-  EXPECT_NE(gaps[0].find("move"), std::string::npos) << gaps[0];
+  expect_one_gap(ResourceType::kModule, [](ResourceOps& o) { o.move = nullptr; }, "move");
 }
 
 TEST(ResourceOps, AnEmptyTableReportsEveryTypeThreeTimes) {
