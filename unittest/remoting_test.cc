@@ -327,6 +327,32 @@ TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {
   EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
 }
 
+// Hole 6 of "Tenant isolation and daemon hardening": a session posd closed for a malformed frame
+// must not hold its slot (and the slot's device range) against the job's reconnect. Fifty times
+// the session sends junk and a new one is opened at once, while posd may still be tearing the
+// old one down: every reconnect is served, and its memory works.
+TEST_F(Posd, ASessionOpenedRightAfterAMalformedFrameEndedTheLastOneIsServedEveryTime) {
+  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+  auto s = ShmSession::connect(server_->socket_path(), "reconnect");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  int served = 0;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE((*s)->send_raw_for_test(junk, sizeof(junk)).ok());
+    auto next = ShmSession::connect(server_->socket_path(), "reconnect");
+    if (!next.ok()) {
+      ADD_FAILURE() << "reconnect " << i << " refused: " << next.status().to_string();
+      continue;  // the old session is closed either way; junk on it again changes nothing
+    }
+    ApiClient api(next->get());
+    uint64_t d = 0;
+    const Status m = api.malloc(&d, 1 << 20);
+    EXPECT_TRUE(m.ok()) << "reconnect " << i << ": " << m.to_string();
+    served += m.ok() ? 1 : 0;
+    s = std::move(next);
+  }
+  EXPECT_EQ(served, 50);
+}
+
 TEST_F(Posd, AClosedSessionIsRemovedWithAllItsDeviceMemory) {
   connect("leaver");
   (void)alloc(8 << 20);
