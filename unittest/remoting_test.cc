@@ -74,6 +74,29 @@ class Posd : public ::testing::Test {
   std::vector<std::unique_ptr<ApiClient>> apis_;
 };
 
+int connect_raw(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Bounded wait (no sleep) for a condition another thread makes true.
+template <typename F>
+bool eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 TEST(WireFormat, AFrameRoundTripsThroughTheDecoder) {
   uint64_t a = 7;
   const char text[] = "hello";
@@ -419,6 +442,43 @@ TEST_F(Posd, PsShowsAJobNameOfEscapesControlsAndBadBytesEscapedInTheTableAndAsVa
   EXPECT_EQ(sessions.values(0).struct_value().fields().at("job").string_value(), shown);
 }
 
+// posd's own log lines name the job too: the session's start and end, a malformed frame, a
+// refusal. An operator reads them on a terminal, so they carry the name as the hello made it:
+// printable text, never the tenant's escape sequence.
+TEST_F(Posd, AJobNameWithAnEscapeSequenceReachesPosdsLogOnlyAsPrintableText) {
+  const int level_before = g_log_level.load();
+  Config c = test_config();
+  c.log_level = LogLevel::kInfo;  // the session's start and end lines are at info
+  c.max_clients = 2;
+  start(c);
+  const std::string hostile = "evil\x1b[2J\a";
+  const std::string shown = "evil\\x1b[2J\\x07";
+  test::StderrCapture cap("posd_job_name");
+  ShmSession& s = connect(hostile);
+  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(s.send_raw_for_test(junk, sizeof(junk)).ok());  // posd logs the error, then the end
+  ASSERT_TRUE(wait_sessions(0));
+  // Every slot taken by in-process clients: posd refuses the session and logs why, naming the job.
+  auto a = server_->workspace().create_client("in-process-a");
+  auto b = server_->workspace().create_client("in-process-b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto refused = ShmSession::connect(server_->socket_path(), hostile);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(server_->workspace().remove_client(*a).ok());
+  EXPECT_TRUE(server_->workspace().remove_client(*b).ok());
+  // The end line comes after the client's removal: wait for it before reading.
+  const bool ended = eventually([&] { return cap.text().find(" ended: ") != std::string::npos; });
+  cap.stop();
+  set_log_level(static_cast<LogLevel>(level_before));
+  const std::string text = cap.text();
+  ASSERT_TRUE(ended) << text;
+  for (char raw : {'\x1b', '\a'}) EXPECT_EQ(text.find(raw), std::string::npos) << text;
+  EXPECT_NE(text.find("job '" + shown + "'"), std::string::npos) << text;         // the session's start
+  EXPECT_NE(text.find("'" + shown + "'): "), std::string::npos) << text;          // the malformed frame
+  EXPECT_NE(text.find("'" + shown + "') ended"), std::string::npos) << text;      // its end
+  EXPECT_NE(text.find("(" + shown + ") refused"), std::string::npos) << text;     // the refusal
+}
+
 TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -434,29 +494,6 @@ TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
   EXPECT_NE(w.code, 0);
   EXPECT_NE(std::string(w.message).find("protocol version 99"), std::string::npos) << w.message;
   EXPECT_TRUE(server_->sessions().empty());
-}
-
-int connect_raw(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Bounded wait (no sleep) for a condition another thread makes true.
-template <typename F>
-bool eventually(F done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 TEST_F(Posd, ASecondPosdsLivenessProbeIsLoggedAtDebugAndNotAsABadClient) {

@@ -45,6 +45,8 @@ struct PosdServer::Session {
 
 namespace {
 
+constexpr size_t kMaxJobNameBytes = 256;  // as POSWorkspace::create_client keeps it
+
 void refuse(int fd, const Status& why) {
   wire::Welcome w;
   w.code = static_cast<int32_t>(why.code());
@@ -337,7 +339,9 @@ void PosdServer::connection_main(Session* s) {
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kControl)) {
     control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
-    s->job = wire::get_cstr(hello.job, sizeof(hello.job));
+    // The job name is the client's bytes: made printable once, here, so that every log line and
+    // everything after the hello (the workspace, ps) sees text (docs/remoting.md, "Job names").
+    s->job = printable(wire::get_cstr(hello.job, sizeof(hello.job)), kMaxJobNameBytes);
     s->arena_bytes = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
     if (s->arena_bytes < (1u << 20) || s->arena_bytes > config_.posd_arena_max) {
       refuse(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
