@@ -52,7 +52,9 @@ struct Config {
   uint64_t shadow_pool_bytes = 0;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
-  std::string posd_socket;               // empty: $POS_SOCKET, else /tmp/posd-<uid>.sock
+  // Empty: $POS_SOCKET, else the user's private default (/run/pos/posd.sock for root; docs/remoting.md,
+  // "Where posd listens"). Its directory must be posd's uid's alone; posd makes it if missing.
+  std::string posd_socket;
   // Also admit members of this group (the socket becomes 0660): a gid, or a group name that posd
   // resolves at start (an unknown name is a start error). Empty: the owner's uid only.
   std::string posd_group;

@@ -24,7 +24,9 @@
 #include "pos/base/sync.h"
 #include "pos/base/text.h"
 #include "remoting/client/shm_client.h"
+#include "remoting/common/handshake.h"
 #include "remoting/common/socket_io.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
 #include "pos/runtime.h"
 
@@ -53,6 +55,12 @@ void refuse(int fd, const Status& why) {
   w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
   wire::put_cstr(w.message, sizeof(w.message), why.message());
   (void)send_all(fd, &w, sizeof(w)).ok();
+}
+
+std::string octal_mode(mode_t m) {
+  char b[8];
+  std::snprintf(b, sizeof(b), "%04o", static_cast<unsigned>(m & 07777));
+  return b;
 }
 
 const char* state_of(const SessionInfo& s) {
@@ -174,6 +182,7 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   sockaddr_un addr{};
   if (srv->socket_path_.size() >= sizeof(addr.sun_path))
     return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
+  POS_RETURN_IF_ERROR(srv->prepare_socket_dir());
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
   // A leftover socket file is replaced, a live daemon is not. Asked before the workspace: a posd
@@ -210,9 +219,9 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
+  srv->bound_ = true;  // from here every failed start removes the socket again (stop(), from the destructor)
   if (group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
     const int e = errno;
-    ::unlink(srv->socket_path_.c_str());
     return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(group) + ": " +
                                std::strerror(e) + " (posd's user must be a member of posd.group)");
   }
@@ -225,6 +234,52 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   });
   // No "listening" line here: tools/posd.cc prints it, once, at every log level.
   return srv;
+}
+
+// The socket's directory decides who can put a socket at posd's name: only posd's uid may write
+// it. An existing one must pass check_socket_dir for posd's uid (and let posd.group's members
+// search it); a missing one is made, 0700 or, with posd.group, 0710 and the group's: members need
+// search (x) to reach the socket, never read (listing) or write.
+Status PosdServer::prepare_socket_dir() {
+  const std::string dir = socket_dir_of(socket_path_);
+  const uint32_t me = ::geteuid();
+  const std::string whose = "uid " + std::to_string(me) + " (posd's)";
+  const bool group = group_gid_ >= 0;
+  const mode_t mode = group ? 0710 : 0700;
+  Status st = check_socket_dir(dir, {me}, whose);
+  if (st.code() == Code::kNotFound) {
+    if (::mkdir(dir.c_str(), mode) == 0) {
+      created_dir_ = true;
+    } else if (errno != EEXIST) {  // EEXIST: made meanwhile; checked below like any other
+      return Status::Unavailable("cannot create posd's socket directory " + dir + ": " + std::strerror(errno) +
+                                 " (its parent must exist)");
+    }
+    st = check_socket_dir(dir, {me}, whose);
+  }
+  if (!st.ok()) return Status(st.code(), st.api_error(), "posd's socket directory: " + st.message());
+  if (created_dir_) {
+    // mkdir's mode went through the umask; the group is the creator's: set both as meant. Through
+    // a descriptor of the directory itself, so a rename in between cannot redirect them.
+    UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!d || ::fchmod(d.get(), mode) != 0 ||
+        (group && ::fchown(d.get(), static_cast<uid_t>(-1), static_cast<gid_t>(group_gid_)) != 0))
+      return Status::Unavailable("cannot give posd's socket directory " + dir + (group ? " to posd.group " : "") +
+                                 (group ? std::to_string(group_gid_) : std::string()) + " and mode " +
+                                 (group ? "0710" : "0700") + ": " + std::strerror(errno) +
+                                 (group ? " (posd's user must be a member of posd.group)" : ""));
+    return Status::Ok();
+  }
+  if (group) {
+    struct stat sd {};
+    const auto gid = static_cast<gid_t>(group_gid_);
+    if (::stat(dir.c_str(), &sd) == 0 && !((sd.st_gid == gid && (sd.st_mode & 010)) || (sd.st_mode & 001)))
+      return Status::FailedPrecondition(
+          "posd's socket directory " + dir + " (mode " + octal_mode(sd.st_mode) + ", group " +
+          std::to_string(sd.st_gid) + ") does not let posd.group " +
+          std::to_string(group_gid_) + " search it, so its members could not reach the socket: chgrp " +
+          std::to_string(group_gid_) + " and chmod g+x it, or remove it and posd makes it");
+  }
+  return Status::Ok();
 }
 
 PosdServer::~PosdServer() {
@@ -259,7 +314,17 @@ void PosdServer::stop() {
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
+  }
+  // Only a socket this posd bound is removed: a start that failed before binding (another posd
+  // took the name meanwhile) must not take a live daemon's socket away.
+  if (bound_) {
     ::unlink(socket_path_.c_str());
+    bound_ = false;
+  }
+  // The directory goes too if this posd made it (and nothing else is in it now).
+  if (created_dir_) {
+    (void)::rmdir(socket_dir_of(socket_path_).c_str());
+    created_dir_ = false;
   }
   if (stop_fd_ >= 0) ::close(stop_fd_), stop_fd_ = -1;
 }

@@ -82,6 +82,7 @@ class PosdServer {
   void serve(Session* s);
   void control(int fd, const std::string& command);
   void reap_finished();
+  Status prepare_socket_dir();
 
   Config config_;
   std::unique_ptr<POSWorkspace> ws_;
@@ -90,6 +91,8 @@ class PosdServer {
   int64_t group_gid_ = -1;
   std::atomic<uint32_t> owner_uid_{0};  // posd's effective uid (see set_owner_uid_for_test)
   int listen_fd_ = -1;
+  bool bound_ = false;        // the socket file is this posd's: stop() removes it
+  bool created_dir_ = false;  // so is its directory: stop() removes it if empty
   int stop_fd_ = -1;  // eventfd: readable once stop() began
   std::atomic<uint64_t> probes_{0};
   // Each session holds it from accept to the end of its teardown; stop() closes it (no new
