@@ -23,9 +23,11 @@
 #include "pos/base/cuda_errors.h"
 #include "pos/base/hex.h"
 #include "pos/base/text.h"
+#include "pos/base/thread.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
 #include "remoting/common/handshake.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/inproc/inproc_transport.h"
 #include "remoting/server/control_client.h"
 #include "unittest/stderr_capture.h"
@@ -907,6 +909,157 @@ TEST_F(Posd, AClientSendsNothingToASocketWhoseOwnerItDoesNotTrust) {
   auto b = ShmSession::connect(server_->socket_path(), "x");
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("POS_DAEMON_UID"), std::string::npos) << b.status().message();
+}
+
+// ---------------- bounded resources (hole 5: connection flood) ----------------
+
+// This process's threads: posd's, and the test's own clients'.
+size_t thread_count() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+// A welcome read off a raw connection: 0 bytes if posd closed it or said nothing within 2 s.
+ssize_t read_welcome(int fd, wire::Welcome* w) {
+  timeval tv{2, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const ssize_t n = ::recv(fd, w, sizeof(*w), MSG_WAITALL);
+  return n < 0 ? 0 : n;
+}
+
+TEST_F(Posd, TwoHundredIdleConnectionsCostPosdNoThreadAndASessionStillOpensMeanwhile) {
+  Config c = test_config();
+  c.posd_max_pending = 256;  // every one of them is let wait for its hello
+  start(c);
+  connect("before");
+  const uint64_t d = alloc(4096);
+  const size_t before = thread_count();
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.emplace_back(connect_raw(server_->socket_path()));
+    ASSERT_TRUE(idle.back()) << "connection " << i;
+  }
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 200; })) << server_->handshakes_waiting();
+  EXPECT_LE(thread_count(), before + 1) << "posd made threads for idle connections";
+  // A real session opens meanwhile and costs its own threads only (posd's, its parser, its worker).
+  connect("during");
+  const uint64_t d2 = alloc(4096, 1);
+  EXPECT_TRUE(api(1).memset(d2, 2, 4096).ok());
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+  EXPECT_TRUE(api(0).memset(d, 1, 4096).ok());
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+  EXPECT_LE(thread_count(), before + 3 + 1);
+  idle.clear();
+  EXPECT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; })) << server_->handshakes_waiting();
+}
+
+TEST_F(Posd, AConnectionThatSendsNoHelloIsClosedAtTheDeadline) {
+  server_->set_hello_timeout_for_test(std::chrono::milliseconds(100));
+  test::StderrCapture cap("posd_hello_deadline");
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 3; ++i) idle.emplace_back(connect_raw(server_->socket_path()));
+  const uint32_t part = wire::kHelloMagic;  // a hello begun and never finished is held to it too
+  ASSERT_EQ(::send(idle[2].get(), &part, sizeof(part), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(part)));
+  for (auto& fd : idle) {
+    wire::Welcome w;
+    EXPECT_EQ(read_welcome(fd.get(), &w), 0) << "posd kept a silent connection open past its deadline";
+  }
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; }));
+  cap.stop();
+  const auto warns = cap.lines_at("warn");
+  EXPECT_TRUE(std::any_of(warns.begin(), warns.end(), [](const std::string& l) {
+    return l.find("sent no hello within 100 ms; closed") != std::string::npos;
+  })) << cap.text();
+  connect("after");  // posd serves on
+  EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+TEST_F(Posd, ConnectionsBeyondMaxPendingAreRefusedAtOnceWithAMessage) {
+  Config c = test_config();
+  c.posd_max_pending = 4;
+  start(c);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 4; ++i) idle.emplace_back(connect_raw(server_->socket_path()));
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 4; })) << server_->handshakes_waiting();
+  UniqueFd fifth(connect_raw(server_->socket_path()));
+  wire::Welcome w;
+  ASSERT_EQ(read_welcome(fifth.get(), &w), static_cast<ssize_t>(sizeof(w))) << "no refusal for the fifth connection";
+  EXPECT_EQ(w.code, static_cast<int32_t>(Code::kBusy));
+  EXPECT_NE(std::string(w.message).find("too many connections waiting"), std::string::npos) << w.message;
+  auto refused = ShmSession::connect(server_->socket_path(), "late");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("posd refused the session: too many connections waiting"),
+            std::string::npos)
+      << refused.status().message();
+  idle.clear();
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; }));
+  connect("after");
+  EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+TEST_F(Posd, ASessionBeyondTheMostPosdServesIsRefusedSayingSoAndOneAfterAnEndIsServed) {
+  Config c = test_config();
+  c.max_clients = 2;
+  start(c);
+  connect("one");
+  connect("two");
+  auto third = ShmSession::connect(server_->socket_path(), "three");
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(third.status().message().find("posd refused the session: posd has 2 sessions, the most it serves"),
+            std::string::npos)
+      << third.status().message();
+  apis_[0].reset();
+  sessions_[0].reset();  // "one" ends
+  ASSERT_TRUE(wait_sessions(1));
+  ShmSession& four = connect("four");
+  ApiClient api4(&four);
+  EXPECT_TRUE(api4.device_synchronize().ok());
+}
+
+TEST_F(Posd, AThreadPosdCannotStartRefusesThatSessionAndPosdServesOn) {
+  connect("before");
+  test::StderrCapture cap("posd_no_thread");
+  fail_thread_starts_for_test("posd's session thread", 1);
+  auto refused = ShmSession::connect(server_->socket_path(), "no-thread");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cannot start posd's session thread: Resource temporarily unavailable"),
+            std::string::npos)
+      << refused.status().message();
+  // The client's own threads are refused the same way: the session, not posd, fails.
+  fail_thread_starts_for_test("the client's worker thread", 1);
+  auto no_worker = ShmSession::connect(server_->socket_path(), "no-worker");
+  ASSERT_FALSE(no_worker.ok());
+  EXPECT_NE(no_worker.status().message().find("cannot start the client's worker thread"), std::string::npos)
+      << no_worker.status().message();
+  fail_thread_starts_for_test("", 0);
+  cap.stop();
+  const auto warns = cap.lines_at("warn");
+  EXPECT_TRUE(std::any_of(warns.begin(), warns.end(), [](const std::string& l) {
+    return l.find("(no-thread) refused: ") != std::string::npos && l.find("posd's session thread") != std::string::npos;
+  })) << cap.text();
+  EXPECT_EQ(server_->sessions().size(), 1u);
+  EXPECT_EQ(server_->workspace().list_clients().size(), 1u);  // nothing of the refused ones is left
+  connect("after");
+  const uint64_t d = alloc(4096, 1);
+  EXPECT_TRUE(api(1).memset(d, 0, 4096).ok());
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+}
+
+TEST_F(Posd, APosdThatCannotStartItsAcceptorFailsToStartAndLeavesNoSocketBehind) {
+  Config c = test_config();
+  const std::string dir = ::testing::TempDir() + "posd-noacceptor-" + std::to_string(::getpid());
+  c.posd_socket = dir + "/posd.sock";
+  fail_thread_starts_for_test("posd's acceptor thread", 1);
+  auto s = PosdServer::start(c);
+  fail_thread_starts_for_test("", 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("cannot start posd's acceptor thread"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0) << "a failed start left its socket behind";
+  EXPECT_NE(::access(dir.c_str(), F_OK), 0) << "a failed start left the directory it made";
 }
 
 // ---------------- admission ----------------

@@ -149,7 +149,13 @@ StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello
   timeval tv{30, 0};  // a wedged posd must not hang the app forever
   (void)setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   Status s = send_all(fd.get(), &hello, sizeof(hello));
-  if (!s.ok()) return posd_unreachable(path, s.message());
+  if (!s.ok()) {
+    // posd may have refused the connection before reading a byte (too many waiting) and closed
+    // it: its welcome, which says why, is still there to read. Then the caller reads it.
+    char b = 0;
+    if (::recv(fd.get(), &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1) return fd.release();
+    return posd_unreachable(path, s.message());
+  }
   return fd.release();
 }
 
