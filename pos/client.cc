@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "pos/base/log.h"
+#include "pos/base/thread.h"
 
 namespace pos {
 
@@ -132,13 +133,13 @@ Status POSClient::start() {
   ps_.context = ps_.mgr(ResourceType::kContext).allocate_mocked_resource(0, {ps_.device}, 0).value();
   ps_.default_stream = ps_.mgr(ResourceType::kStream).allocate_mocked_resource(0, {ps_.context}, 0).value();
   ps_.default_stream->backend_obj = 0;
-  start_threads();
-  return Status::Ok();
+  return start_threads();
 }
 
 Status POSClient::start_restored(std::shared_ptr<const ckpt::ImageReader> image, const RestoreOptions& options) {
   POS_RETURN_IF_ERROR(init_state());
   Status s = restore_state(image, options);
+  if (s.ok()) s = start_threads();  // fails only if the kernel refuses a thread
   if (!s.ok()) {
     // Nothing of the half-built client survives: its device state and reservations go.
     if (lazy_) lazy_->stop();
@@ -148,7 +149,6 @@ Status POSClient::start_restored(std::shared_ptr<const ckpt::ImageReader> image,
       ps_.mgr(t).for_each([&](Handle* h) { backend_->unreserve(h->charged); });
     return s;
   }
-  start_threads();
   s = replay_pending(image->client());
   if (!s.ok()) {
     shutdown();  // nobody has seen the client: its calls and device state go
@@ -202,21 +202,36 @@ Status POSClient::init_state() {
   return Status::Ok();
 }
 
-void POSClient::start_threads() {
+// A thread the kernel refuses (`ulimit -u`, memory) fails the client's creation, not the process:
+// posd refuses that one session. The parser, if it started, is stopped again; the client was never
+// published, and its destructor frees its device state.
+Status POSClient::start_threads() {
   const uint64_t base = ps_.va_base, mem_size = ps_.va_size;
   intake_.reopen();
   // Named for `top -H`, `perf` and `ps -L` (slot = the client's uuid & 0xffff).
-  parser_thread_ = std::thread([this] {
+  Status s = start_thread(&parser_thread_, "the client's parser thread", [this] {
     name_this_thread(("pos-parse-" + std::to_string(slot_)).c_str());
     parser_main();
   });
-  worker_thread_ = std::thread([this] {
-    name_this_thread(("pos-work-" + std::to_string(slot_)).c_str());
-    worker_main();
-  });
+  if (s.ok()) {
+    s = start_thread(&worker_thread_, "the client's worker thread", [this] {
+      name_this_thread(("pos-work-" + std::to_string(slot_)).c_str());
+      worker_main();
+    });
+    if (!s.ok()) {
+      stop_.store(true, std::memory_order_release);
+      parser_bell_.ring();
+      parser_thread_.join();
+    }
+  }
+  if (!s.ok()) {
+    intake_.close();
+    return s;
+  }
   started_ = true;
   POS_INFO(log_name_, "started on device %d, device range 0x%lx + 0x%lx", device_.load(), (unsigned long)base,
            (unsigned long)mem_size);
+  return Status::Ok();
 }
 
 void POSClient::shutdown() {

@@ -266,7 +266,7 @@ class POSClient {
   void parse_command(Command* cmd);
   void execute_command(Command* cmd);
   Status init_state();
-  void start_threads();
+  Status start_threads();
   void record_checkpoint(CheckpointJob& job, uint64_t cut);
   Status restore_state(const std::shared_ptr<const ckpt::ImageReader>& image, const RestoreOptions& options);
   void complete_to_rpc(APIContext* c, bool flush = true);

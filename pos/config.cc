@@ -309,6 +309,7 @@ class Reader {
            return Status::Ok();
          }},
         {"devices", [this](const Entry& e) { return devices(e); }},
+        {"max_pending", [this](const Entry& e) { return store(read_uint(e, 1, 4096), &c_->posd_max_pending); }},
         {"arena", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_bytes); }},
         {"arena_max", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_max); }},
         {"host_kernel_libraries",

@@ -52,7 +52,9 @@ struct Config {
   uint64_t shadow_pool_bytes = 0;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
-  std::string posd_socket;               // empty: $POS_SOCKET, else /tmp/posd-<uid>.sock
+  // Empty: $POS_SOCKET, else the user's private default (/run/pos/posd.sock for root; docs/remoting.md,
+  // "Where posd listens"). Its directory must be posd's uid's alone; posd makes it if missing.
+  std::string posd_socket;
   // Also admit members of this group (the socket becomes 0660): a gid, or a group name that posd
   // resolves at start (an unknown name is a start error). Empty: the owner's uid only.
   std::string posd_group;
@@ -60,6 +62,9 @@ struct Config {
   // starts on the first (docs/api_set.md, cudaSetDevice). Empty: all of the backend's devices. Checked against
   // the backend's device count when posd starts.
   std::vector<int32_t> posd_devices;
+  // Connections accepted whose hello has not all arrived (each must within 5 s): beyond them posd
+  // refuses a connection at once. posd reads hellos in one thread, so they cost no thread each.
+  uint32_t posd_max_pending = 32;
   uint64_t posd_arena_bytes = 256ull << 20;  // a session's arena unless the client asks
   uint64_t posd_arena_max = 4ull << 30;      // the most a client may ask for
   // Host backend only: shared libraries of host kernels (the test double's stand-in for device code).

@@ -90,7 +90,9 @@ ckpt_benches() {
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
 }
 posd_benches() {
-  local SOCK=/tmp/posd-bench-$$.sock CFG=/tmp/posd-bench-$$.yaml CUDA_LIB=/usr/local/cuda/lib64
+  # posd refuses a socket directory others can write (/tmp itself): the socket gets a private one.
+  local SOCK_DIR SOCK CFG=/tmp/posd-bench-$$.yaml CUDA_LIB=/usr/local/cuda/lib64
+  SOCK_DIR=$(mktemp -d) SOCK=$SOCK_DIR/posd.sock
   printf 'backend: cuda\nlog_level: warn\nposd:\n  socket: %s\n  arena_max: 4GiB\n' "$SOCK" >"$CFG"
   "$B/tools/posd" --config "$CFG" 2>"$OUT/posd.log" &
   local posd_pid=$!
@@ -125,6 +127,7 @@ posd_benches() {
   cmp "$OUT/train_native.txt" "$OUT/train_posd.txt" && echo "identical ($(wc -l <"$OUT/train_posd.txt") lines)"
   "$B/tools/pos-cli" ps --socket "$SOCK"
   kill -TERM $posd_pid; wait $posd_pid; echo "posd exit: $?"
+  rmdir "$SOCK_DIR" 2>/dev/null || true
 }
 if [[ $CKPT_ONLY -eq 1 ]]; then ckpt_benches; exit $GPU_RC; fi
 if [[ $POSD_ONLY -eq 1 ]]; then posd_benches; exit $GPU_RC; fi

@@ -86,7 +86,7 @@ class ApiTest : public ::testing::Test {
     server_.reset();
     own_ws_.reset();
     if (through_posd()) {
-      c.posd_socket = ::testing::TempDir() + "posd-api-" + std::to_string(::getpid()) + ".sock";
+      c.posd_socket = ::testing::TempDir() + "posd-api-" + std::to_string(::getpid()) + "/posd.sock";  // posd makes the directory
       c.posd_arena_bytes = 16ull << 20;
       auto srv = PosdServer::start(c);
       ASSERT_TRUE(srv.ok()) << srv.status().to_string();

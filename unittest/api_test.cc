@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "pos/base/text.h"
 #include "unittest/api_fixture.h"
 
 namespace pos::test {
@@ -304,6 +305,37 @@ TEST_F(ApiTest, FunctionAttributesAndOccupancyAreReported) {
   ASSERT_TRUE(api().occupancy_with_flags(&blocks, client().axpy.handle, 1024, 0, 0).ok());
   EXPECT_EQ(blocks, 2);
   EXPECT_EQ(api().occupancy(&blocks, client().axpy.handle, 0, 0).api_error(), cuda::kErrorInvalidValue);
+}
+
+// A kernel's or a symbol's name is the client's choice. An error that names it reaches the app
+// and, through posd, posd's log: it carries the name as printable() text, never its raw bytes.
+TEST_F(ApiTest, ErrorsThatNameAClientsKernelOrSymbolShowTheNameAsPrintableText) {
+  const std::string hostile = "no_such\x1b[2J\a\x9b";  // ESC[2J clears a terminal; BEL; a byte that is not UTF-8
+  const std::string shown = "no_such\\x1b[2J\\x07\\x9b";
+  auto names_it_printably = [&](const Status& s, const char* what) {
+    EXPECT_FALSE(s.ok()) << what;
+    const std::string& m = s.message();
+    EXPECT_NE(m.find(shown), std::string::npos) << what << ": " << m;
+    EXPECT_TRUE(is_utf8(m)) << what << ": " << m;
+    for (char ch : m) {
+      const auto u = static_cast<unsigned char>(ch);
+      EXPECT_TRUE(u >= 0x20 && u != 0x7f) << what << ": raw byte " << static_cast<int>(u) << " in " << m;
+    }
+  };
+  RegisteredFunction f{};
+  ASSERT_TRUE(api().register_function(&f, client().module, hostile).ok());
+  ASSERT_FALSE(f.found);
+  names_it_printably(api().launch_kernel(f.handle, dims(1, 32), 0, {}), "launch");
+  FuncAttributes fa{};
+  names_it_printably(api().func_get_attributes(&fa, f.handle), "cudaFuncGetAttributes");
+  // The host backend binds a symbol of any name (CUDA's looks it up in the module).
+  if (backend_name() == "host") {
+    uint64_t var = 0;
+    ASSERT_TRUE(api().register_var(&var, client().module, hostile, 16, false).ok());
+    const uint64_t bytes[2] = {1, 2};
+    names_it_printably(api().memcpy_to_symbol(var, reinterpret_cast<uint64_t>(bytes), 16, 8, cuda::kMemcpyHostToDevice),
+                       "cudaMemcpyToSymbol past the end");
+  }
 }
 
 // Column-major reference in double.

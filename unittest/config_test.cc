@@ -157,6 +157,16 @@ TEST(Config, AFractionalMaxClientsIsRefusedWithItsKeyAndLine) {
   EXPECT_EQ(parse_config("client: {max_clients: 0x10}").value().max_clients, 16u);
 }
 
+TEST(Config, PosdMaxPendingIsAWholeNumberOfConnectionsFrom1To4096) {
+  EXPECT_EQ(parse_config("").value().posd_max_pending, 32u);
+  EXPECT_EQ(parse_config("posd: {max_pending: 200}").value().posd_max_pending, 200u);
+  EXPECT_TRUE(names(refusal("posd:\n  max_pending: 0\n"), {"line 2", "posd.max_pending", "0 is out of range [1, 4096]"}));
+  EXPECT_TRUE(names(refusal("posd: {max_pending: 5000}"), {"posd.max_pending", "out of range"}));
+  EXPECT_TRUE(names(refusal("posd: {max_pending: -1}"), {"posd.max_pending", "'-1'"}));
+  EXPECT_TRUE(names(refusal("posd: {max_pending: 8.5}"), {"posd.max_pending", "'8.5'"}));
+  EXPECT_TRUE(names(refusal("posd: {max_pending: [8]}"), {"posd.max_pending must be a single value"}));
+}
+
 TEST(Config, AVaBaseThatIsNotAnAddressIsRefusedInsteadOfPlacingTheWindowAtZero) {
   EXPECT_TRUE(names(refusal("client:\n  va_base: banana\n"), {"line 2", "client.va_base", "'banana'"}));
   EXPECT_TRUE(names(refusal("client: {va_base: 0}"), {"client.va_base", "out of range"}));

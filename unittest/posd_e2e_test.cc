@@ -59,7 +59,7 @@ std::string shell(const std::string& cmd, int* code, std::string* err) {
 class PosdProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    socket_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".sock";
+    socket_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + "/posd.sock";  // posd makes the directory
     const std::string cfg = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".yaml";
     {
       std::ofstream y(cfg);
@@ -256,7 +256,7 @@ std::string read_file(const std::string& path) {
 // warning or error.
 TEST_F(PosdProcess, TheEnvironmentOverridesTheConfigFileAndAProbeFromASecondPosdIsNoWarning) {
   const std::string tag = "posd-e2e-env-" + std::to_string(::getpid());
-  const std::string sock = ::testing::TempDir() + tag + ".sock", cfg = ::testing::TempDir() + tag + ".yaml",
+  const std::string sock = ::testing::TempDir() + tag + "/posd.sock", cfg = ::testing::TempDir() + tag + ".yaml",
                     log = ::testing::TempDir() + tag + ".log";
   std::ofstream(cfg) << "backend: cuda\nlog_level: error\nposd:\n  socket: " << sock << "\n";
   const pid_t pid = spawn_posd(cfg, log, {"POS_BACKEND=host", "POS_LOG_LEVEL=debug"});

@@ -3,14 +3,17 @@
 // kernel arguments), quotas, bad frames, admission (who may connect), the devices a session sees.
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <thread>
@@ -18,8 +21,11 @@
 #include "pos/base/cuda_errors.h"
 #include "pos/base/hex.h"
 #include "pos/base/text.h"
+#include "pos/base/thread.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
+#include "remoting/common/handshake.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/inproc/inproc_transport.h"
 #include "remoting/server/control_client.h"
 #include "unittest/stderr_capture.h"
@@ -37,7 +43,8 @@ class Posd : public ::testing::Test {
   void start(Config c) {
     sessions_.clear();
     server_.reset();
-    c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + ".sock";
+    // A directory of its own (posd makes it, 0700, and removes it): posd refuses one others can write.
+    c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + "/posd.sock";
     c.posd_arena_bytes = 8ull << 20;  // staging slots of 512 KiB: copies below cross several chunks
     auto s = PosdServer::start(c);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
@@ -71,6 +78,29 @@ class Posd : public ::testing::Test {
   std::vector<std::unique_ptr<ShmSession>> sessions_;
   std::vector<std::unique_ptr<ApiClient>> apis_;
 };
+
+int connect_raw(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Bounded wait (no sleep) for a condition another thread makes true.
+template <typename F>
+bool eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
 
 TEST(WireFormat, AFrameRoundTripsThroughTheDecoder) {
   uint64_t a = 7;
@@ -325,6 +355,32 @@ TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {
   EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
 }
 
+// Hole 6 of "Tenant isolation and daemon hardening": a session posd closed for a malformed frame
+// must not hold its slot (and the slot's device range) against the job's reconnect. Fifty times
+// the session sends junk and a new one is opened at once, while posd may still be tearing the
+// old one down: every reconnect is served, and its memory works.
+TEST_F(Posd, ASessionOpenedRightAfterAMalformedFrameEndedTheLastOneIsServedEveryTime) {
+  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+  auto s = ShmSession::connect(server_->socket_path(), "reconnect");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  int served = 0;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE((*s)->send_raw_for_test(junk, sizeof(junk)).ok());
+    auto next = ShmSession::connect(server_->socket_path(), "reconnect");
+    if (!next.ok()) {
+      ADD_FAILURE() << "reconnect " << i << " refused: " << next.status().to_string();
+      continue;  // the old session is closed either way; junk on it again changes nothing
+    }
+    ApiClient api(next->get());
+    uint64_t d = 0;
+    const Status m = api.malloc(&d, 1 << 20);
+    EXPECT_TRUE(m.ok()) << "reconnect " << i << ": " << m.to_string();
+    served += m.ok() ? 1 : 0;
+    s = std::move(next);
+  }
+  EXPECT_EQ(served, 50);
+}
+
 TEST_F(Posd, AClosedSessionIsRemovedWithAllItsDeviceMemory) {
   connect("leaver");
   (void)alloc(8 << 20);
@@ -402,6 +458,43 @@ TEST_F(Posd, PsShowsAJobNameOfEscapesControlsAndBadBytesEscapedInTheTableAndAsVa
   EXPECT_EQ(parsed, "1\n" + shown) << *json;
 }
 
+// posd's own log lines name the job too: the session's start and end, a malformed frame, a
+// refusal. An operator reads them on a terminal, so they carry the name as the hello made it:
+// printable text, never the tenant's escape sequence.
+TEST_F(Posd, AJobNameWithAnEscapeSequenceReachesPosdsLogOnlyAsPrintableText) {
+  const int level_before = g_log_level.load();
+  Config c = test_config();
+  c.log_level = LogLevel::kInfo;  // the session's start and end lines are at info
+  c.max_clients = 2;
+  start(c);
+  const std::string hostile = "evil\x1b[2J\a";
+  const std::string shown = "evil\\x1b[2J\\x07";
+  test::StderrCapture cap("posd_job_name");
+  ShmSession& s = connect(hostile);
+  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(s.send_raw_for_test(junk, sizeof(junk)).ok());  // posd logs the error, then the end
+  ASSERT_TRUE(wait_sessions(0));
+  // Every slot taken by in-process clients: posd refuses the session and logs why, naming the job.
+  auto a = server_->workspace().create_client("in-process-a");
+  auto b = server_->workspace().create_client("in-process-b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto refused = ShmSession::connect(server_->socket_path(), hostile);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(server_->workspace().remove_client(*a).ok());
+  EXPECT_TRUE(server_->workspace().remove_client(*b).ok());
+  // The end line comes after the client's removal: wait for it before reading.
+  const bool ended = eventually([&] { return cap.text().find(" ended: ") != std::string::npos; });
+  cap.stop();
+  set_log_level(static_cast<LogLevel>(level_before));
+  const std::string text = cap.text();
+  ASSERT_TRUE(ended) << text;
+  for (char raw : {'\x1b', '\a'}) EXPECT_EQ(text.find(raw), std::string::npos) << text;
+  EXPECT_NE(text.find("job '" + shown + "'"), std::string::npos) << text;         // the session's start
+  EXPECT_NE(text.find("'" + shown + "'): "), std::string::npos) << text;          // the malformed frame
+  EXPECT_NE(text.find("'" + shown + "') ended"), std::string::npos) << text;      // its end
+  EXPECT_NE(text.find("(" + shown + ") refused"), std::string::npos) << text;     // the refusal
+}
+
 TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
@@ -417,29 +510,6 @@ TEST_F(Posd, AClientOfAnotherProtocolVersionIsRefusedWithAMessage) {
   EXPECT_NE(w.code, 0);
   EXPECT_NE(std::string(w.message).find("protocol version 99"), std::string::npos) << w.message;
   EXPECT_TRUE(server_->sessions().empty());
-}
-
-int connect_raw(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Bounded wait (no sleep) for a condition another thread makes true.
-template <typename F>
-bool eventually(F done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 TEST_F(Posd, ASecondPosdsLivenessProbeIsLoggedAtDebugAndNotAsABadClient) {
@@ -575,6 +645,432 @@ TEST_F(Posd, LargePageableCopiesAtOddSizesAndOffsetsArriveWhole) {
             cuda::kErrorInvalidValue);
 }
 
+// ---------------- where posd listens (hole 2: socket squatting) ----------------
+
+// A directory of the test's own (mkdtemp: 0700), removed with everything in it at the end.
+class TempDirectory {
+ public:
+  explicit TempDirectory(const std::string& tag) {
+    std::string t = ::testing::TempDir() + tag + "-XXXXXX";
+    if (::mkdtemp(t.data()) != nullptr) path_ = t;
+    EXPECT_FALSE(path_.empty()) << "mkdtemp " << t << ": " << std::strerror(errno);
+  }
+  ~TempDirectory() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDirectory(const TempDirectory&) = delete;
+  TempDirectory& operator=(const TempDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Sets (or, with nullptr, unsets) an environment variable for a scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) old_ = old, had_ = true;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ScopedEnv(const char* name, const std::string& value) : ScopedEnv(name, value.c_str()) {}
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// A listening socket that is not posd, as a local user who bound the path first would run it: it
+// accepts every connection and counts what it is sent (each connection until the peer hangs up or
+// is silent for 200 ms, then closed).
+class Squatter {
+ public:
+  explicit Squatter(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Squatter() {
+    stop_.store(true);
+    thread_.join();
+    ::close(fd_);
+  }
+  uint64_t connections() const { return connections_.load(); }
+  uint64_t bytes() const { return bytes_.load(); }
+
+ private:
+  void run() {
+    while (!stop_.load()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      for (;;) {
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 200) <= 0) break;
+        char buf[512];
+        const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        bytes_.fetch_add(static_cast<uint64_t>(n));
+      }
+      ::close(c);
+      connections_.fetch_add(1);  // after its bytes: whoever sees the count sees them
+    }
+  }
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> connections_{0}, bytes_{0};
+  std::thread thread_;
+};
+
+bool is_private_default(const std::string& path, uint32_t uid) {
+  const std::string u = std::to_string(uid);
+  return path == "/run/user/" + u + "/pos/posd.sock" || path == "/tmp/pos-" + u + "/posd.sock";
+}
+
+TEST(SocketPath, TheDefaultSocketLivesInADirectoryOnlyItsUserOrRootCanWrite) {
+  struct stat st {};
+  if (::stat("/run", &st) == 0 && st.st_uid == 0) {
+    EXPECT_EQ(private_socket_path(0, "/anything"), "/run/pos/posd.sock");
+  }
+  // Another user's socket is under $XDG_RUNTIME_DIR when that is a directory of theirs with mode 0700.
+  TempDirectory xdg("pos-xdg");
+  ASSERT_FALSE(xdg.path().empty());
+  uint32_t uid = ::geteuid();
+  if (uid == 0) {  // root plays another user: the directory becomes that user's
+    uid = 4242;
+    ASSERT_EQ(::chown(xdg.path().c_str(), uid, static_cast<gid_t>(-1)), 0);
+  }
+  EXPECT_EQ(private_socket_path(uid, xdg.path().c_str()), xdg.path() + "/pos/posd.sock");
+  EXPECT_EQ(private_socket_path(uid, (xdg.path() + "/").c_str()), xdg.path() + "/pos/posd.sock");
+  // Not when others may enter it, nor when it is someone else's, nor when it is no absolute path:
+  // then /run/user/<uid>/pos if the user has /run/user/<uid>, else /tmp/pos-<uid>.
+  EXPECT_TRUE(is_private_default(private_socket_path(uid, nullptr), uid)) << private_socket_path(uid, nullptr);
+  EXPECT_TRUE(is_private_default(private_socket_path(uid + 1, xdg.path().c_str()), uid + 1));
+  EXPECT_TRUE(is_private_default(private_socket_path(uid, "relative/dir"), uid));
+  ASSERT_EQ(::chmod(xdg.path().c_str(), 0755), 0);
+  EXPECT_TRUE(is_private_default(private_socket_path(uid, xdg.path().c_str()), uid));
+  // Without POS_SOCKET a process's default is its own user's private socket: never a name that
+  // anyone could take first in /tmp itself.
+  ScopedEnv no_socket("POS_SOCKET", nullptr);
+  const std::string d = default_socket_path();
+  EXPECT_EQ(d, private_socket_path(::geteuid(), std::getenv("XDG_RUNTIME_DIR")));
+  EXPECT_NE(d.substr(0, d.rfind('/')), "/tmp") << d;
+  ScopedEnv given("POS_SOCKET", "/somewhere/posd.sock");
+  EXPECT_EQ(default_socket_path(), "/somewhere/posd.sock");
+}
+
+TEST_F(Posd, PosdRefusesASocketDirectoryOthersCanWriteOrThatIsALinkOrSomeoneElses) {
+  TempDirectory base("posd-dirs");
+  Config c = test_config();
+  auto refused = [&](const std::string& dir, const std::string& why) {
+    c.posd_socket = dir + "/posd.sock";
+    auto s = PosdServer::start(c);
+    ASSERT_FALSE(s.ok()) << dir;
+    EXPECT_EQ(s.status().code(), Code::kFailedPrecondition);
+    EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status().message();
+    EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0) << "posd bound " << c.posd_socket;
+  };
+  const std::string open = base.path() + "/open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  refused(open, open + " can be written by its group or others (mode 0777)");
+  ASSERT_EQ(::chmod(open.c_str(), 0770), 0);
+  refused(open, open + " can be written by its group or others (mode 0770)");
+  const std::string good = base.path() + "/good", link = base.path() + "/link";
+  ASSERT_EQ(::mkdir(good.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(good.c_str(), link.c_str()), 0);
+  refused(link, link + " is a symbolic link");
+  const std::string me = std::to_string(::geteuid());
+  if (::geteuid() == 0) {  // only root can give a directory away
+    ASSERT_EQ(::chown(good.c_str(), 4242, static_cast<gid_t>(-1)), 0);
+    refused(good, good + " belongs to uid 4242, not to uid 0 (posd's)");
+  }
+  // The rule itself, for a user who cannot give a directory away: posd expects another owner.
+  const Status other = check_socket_dir(base.path(), {::geteuid() + 1}, "uid " + std::to_string(::geteuid() + 1));
+  EXPECT_EQ(other.code(), Code::kFailedPrecondition);
+  EXPECT_NE(other.message().find(base.path() + " belongs to uid " + me + ", not to uid " +
+                                 std::to_string(::geteuid() + 1)),
+            std::string::npos)
+      << other.message();
+  EXPECT_TRUE(check_socket_dir(base.path(), {::geteuid()}, "uid " + me).ok());
+}
+
+TEST_F(Posd, PosdCreatesItsSocketDirectoryPrivateAndRemovesItAndTheSocketOnExit) {
+  TempDirectory base("posd-mkdir");
+  const std::string dir = base.path() + "/pos";
+  Config c = test_config();
+  c.posd_socket = dir + "/posd.sock";
+  auto s = PosdServer::start(c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  struct stat st {};
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  ASSERT_EQ(::stat(c.posd_socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  (*s)->stop();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0);
+  EXPECT_NE(::access(dir.c_str(), F_OK), 0) << "posd made " << dir << " and should remove it";
+  s->reset();
+  // With posd.group its members must reach the socket: search (x) on the directory, rw on the
+  // socket. Nothing more: they need not list the directory.
+  c.posd_group = std::to_string(::getgid());
+  s = PosdServer::start(c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0710u);
+  EXPECT_EQ(st.st_gid, ::getgid());
+  ASSERT_EQ(::stat(c.posd_socket.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  s->reset();
+  // A directory that was there before posd is left there; the socket goes.
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  c.posd_group.clear();
+  s = PosdServer::start(c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  s->reset();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(dir.c_str(), F_OK), 0);
+}
+
+TEST_F(Posd, WithNoSocketConfiguredPosdAndItsClientsMeetInTheUsersPrivateDirectory) {
+  if (::geteuid() == 0)
+    GTEST_SKIP() << "root's default is /run/pos/posd.sock, a system directory; "
+                    "SocketPath.TheDefaultSocketLivesInADirectoryOnlyItsUserOrRootCanWrite covers it";
+  TempDirectory xdg("pos-xdg");
+  ScopedEnv runtime("XDG_RUNTIME_DIR", xdg.path());
+  ScopedEnv no_socket("POS_SOCKET", nullptr);
+  Config c = test_config();
+  c.posd_socket.clear();
+  auto s = PosdServer::start(c);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ((*s)->socket_path(), xdg.path() + "/pos/posd.sock");
+  auto session = ShmSession::connect(default_socket_path(), "default");
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  ApiClient api(session->get());
+  EXPECT_TRUE(api.device_synchronize().ok());
+  session->reset();
+  // A default directory another user could write is refused by the client before it connects.
+  s->reset();
+  const std::string dir = xdg.path() + "/pos";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  auto refused = ShmSession::connect(default_socket_path(), "default");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(dir + " can be written by its group or others"), std::string::npos)
+      << refused.status().message();
+}
+
+TEST_F(Posd, AClientSendsNothingToASocketWhoseOwnerItDoesNotTrust) {
+  TempDirectory dir("pos-squat");
+  const std::string path = dir.path() + "/posd.sock";
+  Squatter squatter(path);
+  const std::string me = std::to_string(::geteuid()), other = std::to_string(::geteuid() + 1);
+  {
+    // POS_DAEMON_UID names the uid posd must run as: another one makes this test's own sockets foreign.
+    ScopedEnv daemon_uid("POS_DAEMON_UID", other);
+    auto s = ShmSession::connect(path, "victim");
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().api_error(), cuda::kErrorInitializationError);
+    EXPECT_NE(s.status().message().find("posd at " + path + " runs as uid " + me + ", expected uid " + other +
+                                        " (POS_DAEMON_UID): refusing to send it this job"),
+              std::string::npos)
+        << s.status().message();
+    auto ps = posd_control(path, "ps");
+    ASSERT_FALSE(ps.ok());
+    EXPECT_NE(ps.status().message().find("refusing to send it this request"), std::string::npos)
+        << ps.status().message();
+    auto real = ShmSession::connect(server_->socket_path(), "victim");  // posd itself, as seen by it
+    ASSERT_FALSE(real.ok());
+    EXPECT_NE(real.status().message().find("runs as uid " + me), std::string::npos) << real.status().message();
+  }
+  ASSERT_TRUE(eventually([&] { return squatter.connections() == 2; })) << squatter.connections();
+  EXPECT_EQ(squatter.bytes(), 0u) << "the client sent the squatter its hello";
+  EXPECT_TRUE(server_->sessions().empty());
+  // By default a client trusts its own uid (and root): the same squatter, as this user, gets the
+  // hello. So the count above would have seen one.
+  auto trusted = ShmSession::connect(path, "victim");
+  EXPECT_FALSE(trusted.ok());  // the squatter sends no welcome
+  EXPECT_TRUE(eventually([&] { return squatter.bytes() == sizeof(wire::Hello); })) << squatter.bytes();
+  connect("owner");  // and posd, this user's, serves it
+  EXPECT_TRUE(api().device_synchronize().ok());
+  // A POS_DAEMON_UID that is no uid is an error that names it.
+  ScopedEnv bad("POS_DAEMON_UID", "pos");
+  auto b = ShmSession::connect(server_->socket_path(), "x");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("POS_DAEMON_UID"), std::string::npos) << b.status().message();
+}
+
+// ---------------- bounded resources (hole 5: connection flood) ----------------
+
+// This process's threads: posd's, and the test's own clients'.
+size_t thread_count() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+// A welcome read off a raw connection: 0 bytes if posd closed it or said nothing within 2 s.
+ssize_t read_welcome(int fd, wire::Welcome* w) {
+  timeval tv{2, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const ssize_t n = ::recv(fd, w, sizeof(*w), MSG_WAITALL);
+  return n < 0 ? 0 : n;
+}
+
+TEST_F(Posd, TwoHundredIdleConnectionsCostPosdNoThreadAndASessionStillOpensMeanwhile) {
+  Config c = test_config();
+  c.posd_max_pending = 256;  // every one of them is let wait for its hello
+  start(c);
+  connect("before");
+  const uint64_t d = alloc(4096);
+  const size_t before = thread_count();
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.emplace_back(connect_raw(server_->socket_path()));
+    ASSERT_TRUE(idle.back()) << "connection " << i;
+  }
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 200; })) << server_->handshakes_waiting();
+  EXPECT_LE(thread_count(), before + 1) << "posd made threads for idle connections";
+  // A real session opens meanwhile and costs its own threads only (posd's, its parser, its worker).
+  connect("during");
+  const uint64_t d2 = alloc(4096, 1);
+  EXPECT_TRUE(api(1).memset(d2, 2, 4096).ok());
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+  EXPECT_TRUE(api(0).memset(d, 1, 4096).ok());
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+  EXPECT_LE(thread_count(), before + 3 + 1);
+  idle.clear();
+  EXPECT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; })) << server_->handshakes_waiting();
+}
+
+TEST_F(Posd, AConnectionThatSendsNoHelloIsClosedAtTheDeadline) {
+  server_->set_hello_timeout_for_test(std::chrono::milliseconds(100));
+  test::StderrCapture cap("posd_hello_deadline");
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 3; ++i) idle.emplace_back(connect_raw(server_->socket_path()));
+  const uint32_t part = wire::kHelloMagic;  // a hello begun and never finished is held to it too
+  ASSERT_EQ(::send(idle[2].get(), &part, sizeof(part), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(part)));
+  for (auto& fd : idle) {
+    wire::Welcome w;
+    EXPECT_EQ(read_welcome(fd.get(), &w), 0) << "posd kept a silent connection open past its deadline";
+  }
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; }));
+  cap.stop();
+  const auto warns = cap.lines_at("warn");
+  EXPECT_TRUE(std::any_of(warns.begin(), warns.end(), [](const std::string& l) {
+    return l.find("sent no hello within 100 ms; closed") != std::string::npos;
+  })) << cap.text();
+  connect("after");  // posd serves on
+  EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+TEST_F(Posd, ConnectionsBeyondMaxPendingAreRefusedAtOnceWithAMessage) {
+  Config c = test_config();
+  c.posd_max_pending = 4;
+  start(c);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < 4; ++i) idle.emplace_back(connect_raw(server_->socket_path()));
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 4; })) << server_->handshakes_waiting();
+  UniqueFd fifth(connect_raw(server_->socket_path()));
+  wire::Welcome w;
+  ASSERT_EQ(read_welcome(fifth.get(), &w), static_cast<ssize_t>(sizeof(w))) << "no refusal for the fifth connection";
+  EXPECT_EQ(w.code, static_cast<int32_t>(Code::kBusy));
+  EXPECT_NE(std::string(w.message).find("too many connections waiting"), std::string::npos) << w.message;
+  auto refused = ShmSession::connect(server_->socket_path(), "late");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("posd refused the session: too many connections waiting"),
+            std::string::npos)
+      << refused.status().message();
+  idle.clear();
+  ASSERT_TRUE(eventually([&] { return server_->handshakes_waiting() == 0; }));
+  connect("after");
+  EXPECT_TRUE(api().device_synchronize().ok());
+}
+
+TEST_F(Posd, ASessionBeyondTheMostPosdServesIsRefusedSayingSoAndOneAfterAnEndIsServed) {
+  Config c = test_config();
+  c.max_clients = 2;
+  start(c);
+  connect("one");
+  connect("two");
+  auto third = ShmSession::connect(server_->socket_path(), "three");
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().api_error(), cuda::kErrorInitializationError);
+  EXPECT_NE(third.status().message().find("posd refused the session: posd has 2 sessions, the most it serves"),
+            std::string::npos)
+      << third.status().message();
+  apis_[0].reset();
+  sessions_[0].reset();  // "one" ends
+  ASSERT_TRUE(wait_sessions(1));
+  ShmSession& four = connect("four");
+  ApiClient api4(&four);
+  EXPECT_TRUE(api4.device_synchronize().ok());
+}
+
+TEST_F(Posd, AThreadPosdCannotStartRefusesThatSessionAndPosdServesOn) {
+  connect("before");
+  test::StderrCapture cap("posd_no_thread");
+  fail_thread_starts_for_test("posd's session thread", 1);
+  auto refused = ShmSession::connect(server_->socket_path(), "no-thread");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cannot start posd's session thread: Resource temporarily unavailable"),
+            std::string::npos)
+      << refused.status().message();
+  // The client's own threads are refused the same way: the session, not posd, fails.
+  fail_thread_starts_for_test("the client's worker thread", 1);
+  auto no_worker = ShmSession::connect(server_->socket_path(), "no-worker");
+  ASSERT_FALSE(no_worker.ok());
+  EXPECT_NE(no_worker.status().message().find("cannot start the client's worker thread"), std::string::npos)
+      << no_worker.status().message();
+  fail_thread_starts_for_test("", 0);
+  cap.stop();
+  const auto warns = cap.lines_at("warn");
+  EXPECT_TRUE(std::any_of(warns.begin(), warns.end(), [](const std::string& l) {
+    return l.find("(no-thread) refused: ") != std::string::npos && l.find("posd's session thread") != std::string::npos;
+  })) << cap.text();
+  EXPECT_EQ(server_->sessions().size(), 1u);
+  EXPECT_EQ(server_->workspace().list_clients().size(), 1u);  // nothing of the refused ones is left
+  connect("after");
+  const uint64_t d = alloc(4096, 1);
+  EXPECT_TRUE(api(1).memset(d, 0, 4096).ok());
+  EXPECT_TRUE(api(1).device_synchronize().ok());
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+}
+
+TEST_F(Posd, APosdThatCannotStartItsAcceptorFailsToStartAndLeavesNoSocketBehind) {
+  Config c = test_config();
+  const std::string dir = ::testing::TempDir() + "posd-noacceptor-" + std::to_string(::getpid());
+  c.posd_socket = dir + "/posd.sock";
+  fail_thread_starts_for_test("posd's acceptor thread", 1);
+  auto s = PosdServer::start(c);
+  fail_thread_starts_for_test("", 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("cannot start posd's acceptor thread"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(::access(c.posd_socket.c_str(), F_OK), 0) << "a failed start left its socket behind";
+  EXPECT_NE(::access(dir.c_str(), F_OK), 0) << "a failed start left the directory it made";
+}
+
 // ---------------- admission ----------------
 
 TEST(Admission, TheOwnerIsAlwaysAdmitted) {
@@ -628,7 +1124,7 @@ TEST_F(Posd, TheSocketIsTheOwnersAloneWithoutAGroupAndTheGroupsTooWithOne) {
 
 TEST_F(Posd, AnUnknownGroupNameIsAStartErrorThatNamesIt) {
   Config c = test_config();
-  c.posd_socket = ::testing::TempDir() + "posd-badgroup-" + std::to_string(::getpid()) + ".sock";
+  c.posd_socket = ::testing::TempDir() + "posd-badgroup-" + std::to_string(::getpid()) + "/posd.sock";
   c.posd_group = "pos-no-such-group-5f3759df";
   auto s = PosdServer::start(c);
   ASSERT_FALSE(s.ok());
@@ -741,7 +1237,7 @@ TEST_F(Posd, PosdRefusesToStartWithADeviceTheBackendDoesNotHave) {
   Config c = test_config();
   c.host_device_count = 2;
   c.posd_devices = {0, 3};
-  c.posd_socket = ::testing::TempDir() + "posd-baddev-" + std::to_string(::getpid()) + ".sock";
+  c.posd_socket = ::testing::TempDir() + "posd-baddev-" + std::to_string(::getpid()) + "/posd.sock";
   auto s = PosdServer::start(c);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("posd.devices lists device 3, but the host backend has 2 device(s) (0..1)"),

@@ -8,6 +8,7 @@
 
 #include "pos/api_table.h"
 #include "pos/base/hex.h"
+#include "pos/base/text.h"
 #include "pos/client.h"
 
 namespace pos::cuda_impl {
@@ -28,6 +29,10 @@ void register_resource_hooks(ResourceTable* t);
 using ::pos::hex;
 inline Status cuda_error(int32_t e, std::string msg) { return Status::Cuda(e, std::move(msg)); }
 inline Status cublas_error(int32_t e, std::string msg) { return Status::Cublas(e, std::move(msg)); }
+// A kernel's or symbol's name as an error message quotes it: the name is the client's bytes (any
+// but NUL, up to 4 KiB), and the message reaches the app's stderr and posd's log, so it goes in as
+// printable() text, at most 256 bytes of it (docs/remoting.md, "Job names", has the same rule).
+inline std::string quoted_name(const std::string& name) { return "'" + printable(name, 256) + "'"; }
 
 // Reads parameter i as T; a missing or wrongly sized parameter is cudaErrorInvalidValue.
 #define POS_PARAM(ctx, i, T, var) \

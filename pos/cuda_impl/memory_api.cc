@@ -252,7 +252,7 @@ Status symbol_range(ParserScope& ps, APIContext& c, uint64_t symbol, uint64_t n,
   Handle* v = ps.mgr(ResourceType::kVar).get(symbol);
   if (v == nullptr) return cuda_error(cuda::kErrorInvalidSymbol, hex(symbol) + " is not a registered symbol");
   if (offset > v->size || n > v->size - offset)
-    return invalid("symbol '" + v->name + "' has " + std::to_string(v->size) + " bytes; offset " +
+    return invalid("symbol " + quoted_name(v->name) + " has " + std::to_string(v->size) + " bytes; offset " +
                    std::to_string(offset) + " + " + std::to_string(n) + " is past its end");
   c.add_edge(v, kind, offset, n);
   *out = v;

@@ -165,18 +165,18 @@ Status parse_launch(ParserScope& ps, APIContext& c) {
   Handle* f = ps.mgr(ResourceType::kFunction).get(fv);
   if (f == nullptr) return cuda_error(cuda::kErrorInvalidDeviceFunction, hex(fv) + " is not a registered function");
   if (!f->resolved)
-    return cuda_error(cuda::kErrorInvalidDeviceFunction, "the device has no kernel '" + f->name + "'");
+    return cuda_error(cuda::kErrorInvalidDeviceFunction, "the device has no kernel " + quoted_name(f->name));
   const uint64_t threads = uint64_t{d.block[0]} * d.block[1] * d.block[2];
   if (d.grid[0] == 0 || d.grid[1] == 0 || d.grid[2] == 0 || threads == 0 || threads > 1024 || d.block[0] > 1024 ||
       d.block[1] > 1024 || d.block[2] > 64 || d.grid[0] > 0x7fffffffu || d.grid[1] > 65535 || d.grid[2] > 65535)
-    return cuda_error(cuda::kErrorInvalidConfiguration, "invalid launch configuration for '" + f->name + "'");
+    return cuda_error(cuda::kErrorInvalidConfiguration, "invalid launch configuration for " + quoted_name(f->name));
   if (d.shared_mem > kMaxSharedMem)
     return cuda_error(cuda::kErrorInvalidValue, "dynamic shared memory of " + std::to_string(d.shared_mem) + " bytes is too large");
   Handle* s = ps.stream(sv);
   if (s == nullptr) return cuda_error(cuda::kErrorInvalidResourceHandle, "unknown stream " + hex(sv));
   auto params = c.param_bytes(3);
   if (params.size() != f->param_bytes)
-    return cuda_error(cuda::kErrorInvalidValue, "'" + f->name + "' takes " + std::to_string(f->param_bytes) +
+    return cuda_error(cuda::kErrorInvalidValue, quoted_name(f->name) + " takes " + std::to_string(f->param_bytes) +
                                                     " parameter bytes, got " + std::to_string(params.size()));
   // Pointer parameters: every aligned 8-byte word (also inside struct parameters) that falls in
   // the POS window must be inside a live buffer of this client; those buffers get edges. A word
@@ -196,7 +196,7 @@ Status parse_launch(ParserScope& ps, APIContext& c) {
       // so it is never the start of another buffer.
       if (h == nullptr && (h = ps.device_range(v - 1, 1, &off)) != nullptr) ++off;
       if (h == nullptr)
-        return cuda_error(cuda::kErrorInvalidValue, "parameter " + std::to_string(i) + " of '" + f->name + "' (" +
+        return cuda_error(cuda::kErrorInvalidValue, "parameter " + std::to_string(i) + " of " + quoted_name(f->name) + " (" +
                                                         hex(v) + ") points to freed or unallocated device memory");
       c.add_edge(h, (p.read_only && p.size == 8) ? EdgeKind::kIn : EdgeKind::kInOut, off);
     }
@@ -213,7 +213,7 @@ Status work_launch(WorkerScope& ws, APIContext& c) {
 Status function_of(ParserScope& ps, APIContext& c, uint64_t fv) {
   Handle* f = ps.mgr(ResourceType::kFunction).get(fv);
   if (f == nullptr) return cuda_error(cuda::kErrorInvalidDeviceFunction, hex(fv) + " is not a registered function");
-  if (!f->resolved) return cuda_error(cuda::kErrorInvalidDeviceFunction, "the device has no kernel '" + f->name + "'");
+  if (!f->resolved) return cuda_error(cuda::kErrorInvalidDeviceFunction, "the device has no kernel " + quoted_name(f->name));
   c.h[0] = f;
   c.add_edge(f, EdgeKind::kIn);
   return Status::Ok();

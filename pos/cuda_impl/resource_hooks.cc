@@ -141,7 +141,7 @@ Status restore_function(RestoreScope& s, const ckpt::pb::HandleRecord& r, Handle
 // An attribute set on the kernel (cudaFuncSetAttribute) is device state a reload would not have.
 bool function_pins(const ParserScope&, const Handle& h) { return !h.func_attrs.empty(); }
 Status move_function(MoveScope& s, Handle* h) {
-  const std::string what = "function '" + h->name + "'";
+  const std::string what = "function " + quoted_name(h->name);
   auto module = moved_module(s, *h, what);
   if (!module.ok()) return module.status();
   auto info = s.backend.function_get(*module, h->name);
@@ -172,7 +172,7 @@ Status restore_var(RestoreScope& s, const ckpt::pb::HandleRecord& r, Handle* h) 
 // Written since registration: its bytes are the job's, not the module's initial image.
 bool var_pins(const ParserScope&, const Handle& h) { return h.version != h.created_pc; }
 Status move_var(MoveScope& s, Handle* h) {
-  const std::string what = "var '" + h->name + "'";
+  const std::string what = "var " + quoted_name(h->name);
   auto module = moved_module(s, *h, what);
   if (!module.ok()) return module.status();
   return s.backend.var_bind(*module, h->name, h->client_addr, h->size).with_context(what);

@@ -1,5 +1,6 @@
-// posd_server.cc — sessions: handshake (SO_PEERCRED, protocol version, sealed memfd + eventfd),
-// the serve loop (decode, pos_process, reply; spin then sleep in poll) and teardown on hang-up.
+// posd_server.cc — the acceptor (every hello read in one thread with poll and a deadline; bounds
+// on waiting connections and sessions), sessions (SO_PEERCRED, protocol version, sealed memfd +
+// eventfd), the serve loop (decode, pos_process, reply; spin then sleep in poll) and teardown on hang-up.
 #include "remoting/server/posd_server.h"
 
 #include <dlfcn.h>
@@ -23,17 +24,20 @@
 #include "pos/base/log.h"
 #include "pos/base/sync.h"
 #include "pos/base/text.h"
+#include "pos/base/thread.h"
 #include "remoting/client/shm_client.h"
+#include "remoting/common/handshake.h"
 #include "remoting/common/socket_io.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
 #include "pos/runtime.h"
 
 namespace pos {
 
 struct PosdServer::Session {
-  int fd = -1;
+  UniqueFd fd;
   ucred cred{};
-  std::string job;
+  std::string job;  // printable (made so at the hello)
   std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
   uint64_t arena_bytes = 0;
   std::atomic<uint64_t> frames{0};
@@ -43,14 +47,65 @@ struct PosdServer::Session {
   std::thread thread;
 };
 
+// A connection whose hello has not all arrived. The acceptor alone owns these: a connection costs
+// no thread until its hello is admitted.
+struct PosdServer::Handshake {
+  UniqueFd fd;
+  ucred cred{};
+  Status admitted;  // the peer's admission, decided at accept, told once it sends a byte
+  wire::Hello hello;
+  size_t got = 0;  // bytes of the hello so far
+  std::chrono::steady_clock::time_point deadline;
+};
+
 namespace {
 
+constexpr size_t kMaxJobNameBytes = 256;  // as POSWorkspace::create_client keeps it
+
+// A refusal is one welcome, which fits in a fresh socket's buffer: sent without waiting, so a peer
+// that never reads cannot hold the acceptor up (if it does not fit, the peer learns by the close).
 void refuse(int fd, const Status& why) {
   wire::Welcome w;
   w.code = static_cast<int32_t>(why.code());
   w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
   wire::put_cstr(w.message, sizeof(w.message), why.message());
-  (void)send_all(fd, &w, sizeof(w)).ok();
+  (void)::send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void set_blocking(int fd) {
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0 && (fl & O_NONBLOCK) != 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
+// A refusal a flood repeats (connections beyond posd.max_pending, hellos that never come) is
+// logged at most once a second; the next line says how many were not. Acceptor-only.
+class LogThrottle {
+ public:
+  // True: log now, saying `*held_back` more happened since the last line.
+  bool allow(uint64_t* held_back) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) {
+      ++held_back_;
+      return false;
+    }
+    next_ = now + std::chrono::seconds(1);
+    *held_back = std::exchange(held_back_, 0);
+    return true;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point next_{};
+  uint64_t held_back_ = 0;
+};
+
+std::string more_text(uint64_t held_back) {
+  return held_back == 0 ? std::string() : " (and " + std::to_string(held_back) + " more since the last such line)";
+}
+
+std::string octal_mode(mode_t m) {
+  char b[8];
+  std::snprintf(b, sizeof(b), "%04o", static_cast<unsigned>(m & 07777));
+  return b;
 }
 
 const char* state_of(const SessionInfo& s) {
@@ -117,6 +172,11 @@ bool peer_credentials(int fd, ucred* cred, PeerCredentials* out) {
 
 }  // namespace
 
+// The acceptor's throttles, one per kind of line.
+struct PosdServer::AcceptorLogs {
+  LogThrottle late, crowded, no_fds;
+};
+
 Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid) {
   if (peer.uid == server_uid) return Status::Ok();
   if (group_gid >= 0) {
@@ -172,11 +232,12 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   sockaddr_un addr{};
   if (srv->socket_path_.size() >= sizeof(addr.sun_path))
     return Status::InvalidArgument("socket path too long: " + srv->socket_path_);
+  POS_RETURN_IF_ERROR(srv->prepare_socket_dir());
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, srv->socket_path_.c_str(), srv->socket_path_.size() + 1);
   // A leftover socket file is replaced, a live daemon is not. Asked before the workspace: a posd
   // that cannot serve must not take the GPU first. The probe connects and closes without a byte,
-  // which the live daemon counts as a probe (connection_main), not as a client gone wrong.
+  // which the live daemon counts as a probe (read_hello), not as a client gone wrong.
   if (::access(srv->socket_path_.c_str(), F_OK) == 0) {
     const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const bool live = probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
@@ -199,7 +260,8 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
       return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
   }
 
-  srv->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: the acceptor takes every connection that is there, then goes back to poll.
+  srv->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (srv->listen_fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
   // Owner only (or owner + the configured group): the socket's mode is the first gate, the
   // SO_PEERCRED check the second.
@@ -208,21 +270,67 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   const int b = ::bind(srv->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (b != 0) return Status::Unavailable("cannot bind " + srv->socket_path_ + ": " + std::strerror(errno));
+  srv->bound_ = true;  // from here every failed start removes the socket again (stop(), from the destructor)
   if (group >= 0 && ::chown(srv->socket_path_.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(group)) != 0) {
     const int e = errno;
-    ::unlink(srv->socket_path_.c_str());
     return Status::Unavailable("cannot give " + srv->socket_path_ + " to group " + std::to_string(group) + ": " +
                                std::strerror(e) + " (posd's user must be a member of posd.group)");
   }
   if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
   srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-  srv->acceptor_ = std::thread([p = srv.get()] {
+  POS_RETURN_IF_ERROR(start_thread(&srv->acceptor_, "posd's acceptor thread", [p = srv.get()] {
     name_this_thread("posd-accept");
     p->accept_main();
-  });
+  }));
   // No "listening" line here: tools/posd.cc prints it, once, at every log level.
   return srv;
+}
+
+// The socket's directory decides who can put a socket at posd's name: only posd's uid may write
+// it. An existing one must pass check_socket_dir for posd's uid (and let posd.group's members
+// search it); a missing one is made, 0700 or, with posd.group, 0710 and the group's: members need
+// search (x) to reach the socket, never read (listing) or write.
+Status PosdServer::prepare_socket_dir() {
+  const std::string dir = socket_dir_of(socket_path_);
+  const uint32_t me = ::geteuid();
+  const std::string whose = "uid " + std::to_string(me) + " (posd's)";
+  const bool group = group_gid_ >= 0;
+  const mode_t mode = group ? 0710 : 0700;
+  Status st = check_socket_dir(dir, {me}, whose);
+  if (st.code() == Code::kNotFound) {
+    if (::mkdir(dir.c_str(), mode) == 0) {
+      created_dir_ = true;
+    } else if (errno != EEXIST) {  // EEXIST: made meanwhile; checked below like any other
+      return Status::Unavailable("cannot create posd's socket directory " + dir + ": " + std::strerror(errno) +
+                                 " (its parent must exist)");
+    }
+    st = check_socket_dir(dir, {me}, whose);
+  }
+  if (!st.ok()) return Status(st.code(), st.api_error(), "posd's socket directory: " + st.message());
+  if (created_dir_) {
+    // mkdir's mode went through the umask; the group is the creator's: set both as meant. Through
+    // a descriptor of the directory itself, so a rename in between cannot redirect them.
+    UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!d || ::fchmod(d.get(), mode) != 0 ||
+        (group && ::fchown(d.get(), static_cast<uid_t>(-1), static_cast<gid_t>(group_gid_)) != 0))
+      return Status::Unavailable("cannot give posd's socket directory " + dir + (group ? " to posd.group " : "") +
+                                 (group ? std::to_string(group_gid_) : std::string()) + " and mode " +
+                                 (group ? "0710" : "0700") + ": " + std::strerror(errno) +
+                                 (group ? " (posd's user must be a member of posd.group)" : ""));
+    return Status::Ok();
+  }
+  if (group) {
+    struct stat sd {};
+    const auto gid = static_cast<gid_t>(group_gid_);
+    if (::stat(dir.c_str(), &sd) == 0 && !((sd.st_gid == gid && (sd.st_mode & 010)) || (sd.st_mode & 001)))
+      return Status::FailedPrecondition(
+          "posd's socket directory " + dir + " (mode " + octal_mode(sd.st_mode) + ", group " +
+          std::to_string(sd.st_gid) + ") does not let posd.group " +
+          std::to_string(group_gid_) + " search it, so its members could not reach the socket: chgrp " +
+          std::to_string(group_gid_) + " and chmod g+x it, or remove it and posd makes it");
+  }
+  return Status::Ok();
 }
 
 PosdServer::~PosdServer() {
@@ -246,18 +354,29 @@ void PosdServer::stop() {
     std::lock_guard<std::mutex> lk(mu_);
     all.swap(sessions_);
   }
-  // Every session ends at once: stop_fd_ woke the serving ones, and this wakes a handshake still
-  // waiting for its hello. Their teardowns run side by side; the joins then only collect threads.
-  for (auto& s : all) ::shutdown(s->fd, SHUT_RDWR);
+  // Every session ends at once: stop_fd_ woke the serving ones (connections still waiting for
+  // their hello were the acceptor's, closed as it returned), and each client learns at once.
+  // Their teardowns run side by side; the joins then only collect threads.
+  for (auto& s : all) ::shutdown(s->fd.get(), SHUT_RDWR);
   sessions_gate_.wait_drained(0);
   for (auto& s : all) {
     if (s->thread.joinable()) s->thread.join();
-    ::close(s->fd);
   }
+  all.clear();  // closes their sockets
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
+  }
+  // Only a socket this posd bound is removed: a start that failed before binding (another posd
+  // took the name meanwhile) must not take a live daemon's socket away.
+  if (bound_) {
     ::unlink(socket_path_.c_str());
+    bound_ = false;
+  }
+  // The directory goes too if this posd made it (and nothing else is in it now).
+  if (created_dir_) {
+    (void)::rmdir(socket_dir_of(socket_path_).c_str());
+    created_dir_ = false;
   }
   if (stop_fd_ >= 0) ::close(stop_fd_), stop_fd_ = -1;
 }
@@ -271,87 +390,216 @@ void PosdServer::reap_finished() {
       else ++it;
     }
   }
-  for (auto& s : done) {
-    s->thread.join();
-    ::close(s->fd);
-  }
+  for (auto& s : done) s->thread.join();
+}  // `done` closes their sockets
+
+size_t PosdServer::live_sessions() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<size_t>(std::count_if(sessions_.begin(), sessions_.end(),
+                                           [](const auto& s) { return !s->finished.load(); }));
 }
 
+// One thread for every connection's handshake: poll() over the listening socket, stop_fd_ and the
+// connections still sending their hello, each with its deadline. A session thread starts only for
+// an admitted hello (start_session), so idle connections cost a descriptor and a few bytes each,
+// and at most posd.max_pending of them.
 void PosdServer::accept_main() {
-  for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(p, 2, 1000) < 0 && errno != EINTR) break;
-    if (p[1].revents != 0 || !sessions_gate_.is_open()) break;
+  std::vector<Handshake> waiting;
+  std::vector<pollfd> p;
+  AcceptorLogs logs;
+  while (sessions_gate_.is_open()) {
     reap_finished();
-    if ((p[0].revents & POLLIN) == 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    if (!sessions_gate_.try_enter()) {  // stop() began: its drain must not miss this session
-      ::close(fd);
-      break;
+    const auto now = std::chrono::steady_clock::now();
+    int timeout_ms = 1000;  // finished sessions are reaped at least this often
+    for (const Handshake& h : waiting) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h.deadline - now).count() + 1;
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
     }
-    auto s = std::make_unique<Session>();
-    s->fd = fd;
-    Session* raw = s.get();
-    std::lock_guard<std::mutex> lk(mu_);
-    sessions_.push_back(std::move(s));
-    raw->thread = std::thread([this, raw] {
-      name_this_thread("posd-session");
-      connection_main(raw);
+    p.assign({{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}});
+    for (const Handshake& h : waiting) p.push_back({h.fd.get(), POLLIN, 0});
+    const int n = ::poll(p.data(), p.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      POS_ERROR("posd", "the acceptor's poll failed: %s; trying again", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    if (n > 0 && p[1].revents != 0) break;  // stop()
+    // Hellos first, then deadlines, then new connections: a connection is never judged before
+    // poll has looked at it once.
+    size_t kept = 0;
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      const bool done = n > 0 && p[2 + i].revents != 0 && read_hello(waiting[i]);
+      if (!done) {
+        if (kept != i) waiting[kept] = std::move(waiting[i]);
+        ++kept;
+      }
+    }
+    waiting.resize(kept);
+    const auto after = std::chrono::steady_clock::now();
+    std::erase_if(waiting, [&](const Handshake& h) {
+      if (h.deadline > after) return false;
+      uint64_t held_back = 0;
+      if (logs.late.allow(&held_back))
+        POS_WARN("posd", "pid %d sent no hello within %lld ms; closed%s", h.cred.pid,
+                 static_cast<long long>(hello_timeout_ms_.load()), more_text(held_back).c_str());
+      return true;  // its UniqueFd closes it
     });
+    if (n > 0 && (p[0].revents & POLLIN) != 0) accept_new(&waiting, &logs);
+    waiting_.store(waiting.size(), std::memory_order_release);
+  }
+  waiting_.store(0, std::memory_order_release);
+}  // `waiting` closes every connection still in its handshake
+
+// Takes the connections that are there (a batch at most, so that hellos and deadlines get their
+// turn in a flood). Beyond posd.max_pending a connection is refused at once.
+void PosdServer::accept_new(std::vector<Handshake>* waiting, AcceptorLogs* logs) {
+  for (int i = 0; i < 64; ++i) {
+    UniqueFd fd(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) {
+      const int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        uint64_t held_back = 0;
+        if (logs->no_fds.allow(&held_back))
+          POS_WARN("posd", "cannot accept a connection: %s%s", std::strerror(e), more_text(held_back).c_str());
+        // The connection stays in the backlog and poll reports it at once: do not spin on it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return;  // EAGAIN: none left
+    }
+    Handshake h;
+    PeerCredentials peer;
+    if (!peer_credentials(fd.get(), &h.cred, &peer)) {
+      POS_WARN("posd", "connection without peer credentials refused");
+      continue;
+    }
+    if (waiting->size() >= config_.posd_max_pending) {
+      const Status why(Code::kBusy, cuda::kErrorInitializationError,
+                       "too many connections waiting for their hello (" + std::to_string(config_.posd_max_pending) +
+                           ", posd.max_pending); try again");
+      uint64_t held_back = 0;
+      if (logs->crowded.allow(&held_back))
+        POS_WARN("posd", "refused pid %d: %s%s", h.cred.pid, why.message().c_str(), more_text(held_back).c_str());
+      refuse(fd.get(), why);
+      continue;
+    }
+    h.fd = std::move(fd);
+    h.admitted = admit(peer, owner_uid_.load(), group_gid_);
+    h.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(hello_timeout_ms_.load());
+    waiting->push_back(std::move(h));
   }
 }
 
-void PosdServer::connection_main(Session* s) {
-  const int fd = s->fd;
-  timeval tv{5, 0};  // a peer that connects and says nothing is dropped
-  (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  wire::Hello hello;
-  PeerCredentials peer;
-  Status admitted;
-  // A peer that closes before its first byte is a liveness probe (PosdServer::start of a second
-  // posd asking whether this one is alive), not a client that failed its hello.
-  char first = 0;
-  ssize_t peeked;
-  do {
-    peeked = ::recv(fd, &first, 1, MSG_PEEK);
-  } while (peeked < 0 && errno == EINTR);
-  if (!peer_credentials(fd, &s->cred, &peer)) {
-    POS_WARN("posd", "connection without peer credentials refused");
-  } else if (peeked == 0) {
-    if (sessions_gate_.is_open()) {  // else stop() shut the socket: nothing to say
+// Reads what arrived of h's hello. True once h is settled: handed to a session thread, answered,
+// refused or dropped (the caller forgets it, which closes it unless a session took it).
+bool PosdServer::read_hello(Handshake& h) {
+  for (;;) {
+    auto* at = reinterpret_cast<char*>(&h.hello) + h.got;
+    const ssize_t r = ::recv(h.fd.get(), at, sizeof(h.hello) - h.got, MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    if (r == 0 && h.got == 0) {
+      // A peer that closes before its first byte is a liveness probe (PosdServer::start of a
+      // second posd asking whether this one is alive), not a client that failed its hello.
       POS_DEBUG("posd", "pid %d connected and closed without a byte: a liveness probe (another posd checking)",
-                s->cred.pid);
+                h.cred.pid);
       probes_.fetch_add(1, std::memory_order_release);  // after the line: a test that sees the count sees the line
+      return true;
     }
-  } else if (!(admitted = admit(peer, owner_uid_.load(), group_gid_)).ok()) {
-    POS_WARN("posd", "refused pid %d: %s", s->cred.pid, admitted.message().c_str());
-    refuse(fd, admitted);
-  } else if (!recv_all(fd, &hello, sizeof(hello)).ok() || hello.magic != wire::kHelloMagic) {
-    POS_WARN("posd", "pid %d sent no valid hello; dropped", s->cred.pid);
+    if (r <= 0) {
+      POS_WARN("posd", "pid %d sent no valid hello; dropped", h.cred.pid);
+      return true;
+    }
+    h.got += static_cast<size_t>(r);
+    if (!h.admitted.ok()) {  // told at its first byte, as soon as it asks for anything
+      POS_WARN("posd", "refused pid %d: %s", h.cred.pid, h.admitted.message().c_str());
+      refuse(h.fd.get(), h.admitted);
+      return true;
+    }
+    if (h.got == sizeof(h.hello)) {
+      on_hello(h);
+      return true;
+    }
+  }
+}
+
+void PosdServer::on_hello(Handshake& h) {
+  const wire::Hello& hello = h.hello;
+  const int fd = h.fd.get();
+  if (hello.magic != wire::kHelloMagic) {
+    POS_WARN("posd", "pid %d sent no valid hello; dropped", h.cred.pid);
   } else if (hello.version != wire::kProtocolVersion) {
-    POS_WARN("posd", "pid %d speaks protocol %u, posd %u; refused", s->cred.pid, hello.version, wire::kProtocolVersion);
+    POS_WARN("posd", "pid %d speaks protocol %u, posd %u; refused", h.cred.pid, hello.version, wire::kProtocolVersion);
     refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
                       "protocol version " + std::to_string(hello.version) + " is not posd's " +
                           std::to_string(wire::kProtocolVersion) + ": use the libpos_client of the running posd's build"));
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kControl)) {
+    // Answered here: a control request is short. Its reply may not fit the socket's buffer, so
+    // the send may wait, but for a bounded time (a peer that does not read loses its answer).
+    set_blocking(fd);
+    timeval tv{2, 0};
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
-    s->job = wire::get_cstr(hello.job, sizeof(hello.job));
-    s->arena_bytes = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
-    if (s->arena_bytes < (1u << 20) || s->arena_bytes > config_.posd_arena_max) {
+    // The job name is the client's bytes: made printable once, here, so that every log line and
+    // everything after the hello (the workspace, ps) sees text (docs/remoting.md, "Job names").
+    std::string job = printable(wire::get_cstr(hello.job, sizeof(hello.job)), kMaxJobNameBytes);
+    const uint64_t arena = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
+    if (arena < (1u << 20) || arena > config_.posd_arena_max) {
       refuse(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
-                        "arena of " + std::to_string(s->arena_bytes) + " bytes asked; posd allows 1 MiB to " +
+                        "arena of " + std::to_string(arena) + " bytes asked; posd allows 1 MiB to " +
                             std::to_string(config_.posd_arena_max)));
     } else {
-      tv = timeval{0, 0};
-      (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      serve(s);
+      start_session(h, std::move(job), arena);
     }
   } else {
     refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
   }
-  sessions_gate_.leave();  // entered for this session by accept_main
+}
+
+// An admitted session gets its thread here, if posd serves fewer than client.max_clients and the
+// kernel gives one; otherwise a refusal that says which.
+void PosdServer::start_session(Handshake& h, std::string job, uint64_t arena_bytes) {
+  const size_t most = config_.max_clients;
+  if (live_sessions() >= most) {
+    const Status why(Code::kBusy, cuda::kErrorInitializationError,
+                     "posd has " + std::to_string(most) + " sessions, the most it serves (client.max_clients)");
+    POS_WARN("posd", "session for pid %d (%s) refused: %s", h.cred.pid, job.c_str(), why.message().c_str());
+    refuse(h.fd.get(), why);
+    return;
+  }
+  if (!sessions_gate_.try_enter()) return;  // stop() began: its drain must not miss this session
+  // The session's thread waits in poll; its few writes (the welcome) must not fail with EAGAIN.
+  set_blocking(h.fd.get());
+  auto s = std::make_unique<Session>();
+  s->fd = std::move(h.fd);
+  s->cred = h.cred;
+  s->job = std::move(job);
+  s->arena_bytes = arena_bytes;
+  Session* raw = s.get();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sessions_.push_back(std::move(s));
+  }
+  const Status st = start_thread(&raw->thread, "posd's session thread", [this, raw] {
+    name_this_thread("posd-session");
+    session_main(raw);
+  });
+  if (st.ok()) return;
+  std::unique_ptr<Session> back;  // only the acceptor adds or removes sessions: it is the last one
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    back = std::move(sessions_.back());
+    sessions_.pop_back();
+  }
+  sessions_gate_.leave();
+  POS_WARN("posd", "session for pid %d (%s) refused: %s", back->cred.pid, back->job.c_str(), st.message().c_str());
+  refuse(back->fd.get(), st);
+}
+
+void PosdServer::session_main(Session* s) {
+  serve(s);
+  sessions_gate_.leave();  // entered for this session by start_session
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
 
@@ -371,7 +619,7 @@ void PosdServer::control(int fd, const std::string& command) {
 }
 
 void PosdServer::serve(Session* s) {
-  const int fd = s->fd;
+  const int fd = s->fd.get();
   SessionMemory mem;
   Status st = mem.create(s->arena_bytes, &ws_->backend());
   std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;

@@ -1,8 +1,9 @@
-// posd_server.h — the daemon's core: owns the workspace (and so the GPU), accepts sessions on a
-// Unix socket, and runs one thread per session that feeds its ring's frames to pos_process.
+// posd_server.h — the daemon's core: owns the workspace (and so the GPU), reads every hello on its
+// Unix socket in one acceptor thread, and runs one thread per admitted session that feeds its ring's frames to pos_process.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -46,10 +47,17 @@ Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid
 StatusOr<int64_t> resolve_group(const std::string& group);
 
 // Thread-safe. Embeddable (tests run it in-process); tools/posd.cc is a thin main around it.
+//
+// Bounded under a flood of connections: one acceptor thread reads every hello with poll() (each
+// must arrive within the hello deadline, 5 s), at most posd.max_pending connections wait for
+// theirs, and at most client.max_clients sessions run, one thread each, started only once a hello
+// is admitted. Beyond a bound, or when the kernel refuses a thread, the connection gets a welcome
+// that refuses it and says why; posd never aborts for it.
 class PosdServer {
  public:
   // Creates the workspace, loads host kernel libraries (host backend), binds the socket (an
-  // existing socket file is replaced only if no daemon answers on it) and starts accepting.
+  // existing socket file is replaced only if no daemon answers on it) and starts accepting. A
+  // start that fails after binding removes the socket again.
   static StatusOr<std::unique_ptr<PosdServer>> start(const Config& config);
   ~PosdServer();
   PosdServer(const PosdServer&) = delete;
@@ -69,6 +77,11 @@ class PosdServer {
   // Connections that closed before sending a byte: liveness probes (a second posd's start asking
   // whether this one answers). They are logged at debug only; the count lets tests see them.
   uint64_t probes_seen() const { return probes_.load(std::memory_order_acquire); }
+  // Connections accepted whose hello has not all arrived (at most posd.max_pending).
+  size_t handshakes_waiting() const { return waiting_.load(std::memory_order_acquire); }
+  // Test hook: how long a connection may take to send its hello, from connections accepted from
+  // now on (default 5 s).
+  void set_hello_timeout_for_test(std::chrono::milliseconds t) { hello_timeout_ms_.store(t.count()); }
   // `pos-cli ps --json`'s text.
   std::string sessions_json() const;
   // `pos-cli ps`'s table.
@@ -76,12 +89,20 @@ class PosdServer {
 
  private:
   struct Session;
+  struct Handshake;
+  struct AcceptorLogs;
   PosdServer() = default;
   void accept_main();
-  void connection_main(Session* s);
+  void accept_new(std::vector<Handshake>* waiting, AcceptorLogs* logs);
+  bool read_hello(Handshake& h);
+  void on_hello(Handshake& h);
+  void start_session(Handshake& h, std::string job, uint64_t arena_bytes);
+  void session_main(Session* s);
   void serve(Session* s);
   void control(int fd, const std::string& command);
   void reap_finished();
+  size_t live_sessions() const;
+  Status prepare_socket_dir();
 
   Config config_;
   std::unique_ptr<POSWorkspace> ws_;
@@ -90,10 +111,14 @@ class PosdServer {
   int64_t group_gid_ = -1;
   std::atomic<uint32_t> owner_uid_{0};  // posd's effective uid (see set_owner_uid_for_test)
   int listen_fd_ = -1;
+  bool bound_ = false;        // the socket file is this posd's: stop() removes it
+  bool created_dir_ = false;  // so is its directory: stop() removes it if empty
   int stop_fd_ = -1;  // eventfd: readable once stop() began
   std::atomic<uint64_t> probes_{0};
-  // Each session holds it from accept to the end of its teardown; stop() closes it (no new
-  // sessions; serving loops stop spinning) and waits the sessions out.
+  std::atomic<size_t> waiting_{0};               // handshakes_waiting()
+  std::atomic<int64_t> hello_timeout_ms_{5000};  // set_hello_timeout_for_test
+  // Each session holds it from the start of its thread to the end of its teardown; stop() closes
+  // it (no new sessions; serving loops stop spinning) and waits the sessions out.
   Gate sessions_gate_;
   std::thread acceptor_;
   mutable std::mutex mu_;

@@ -22,6 +22,7 @@
 #include "pos/backends/cuda/mangled_params.h"
 #include "pos/base/log.h"
 #include "pos/base/parallel_copy.h"
+#include "pos/base/text.h"
 #include "pos/backends/staged_copy.h"
 
 namespace pos::cudabk {
@@ -494,12 +495,14 @@ class CudaClient final : public BackendClient {
     FunctionInfo info;
     CuFunction fn;
     CUresult r = cuModuleGetFunction(&fn.f, m->second, name.c_str());
+    // The name is the client's bytes: logs and errors get it as printable text.
+    const std::string shown = "'" + printable(name, 256) + "'";
     if (r == CUDA_ERROR_NOT_FOUND) {
-      POS_INFO("cuda backend", "module has no kernel '%s' (launches will fail)", name.c_str());
+      POS_INFO("cuda backend", "module has no kernel %s (launches will fail)", shown.c_str());
       info.found = false;
       return info;
     }
-    POS_CU(r, name);
+    POS_CU(r, shown);
     (void)cuFuncLoad(fn.f);  // lazy loading: the layout query below needs the function resident
     // The driver gives offsets and sizes; constness comes from the mangled name where it can be read.
     const std::optional<std::vector<bool>> ro = const_pointer_params(name);
@@ -507,7 +510,7 @@ class CudaClient final : public BackendClient {
       size_t off = 0, size = 0;
       r = cuFuncGetParamInfo(fn.f, i, &off, &size);
       if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
-      POS_CU(r, name + " parameter " + std::to_string(i));
+      POS_CU(r, shown + " parameter " + std::to_string(i));
       info.layout.push_back(KernelParam{static_cast<uint32_t>(off), static_cast<uint32_t>(size), false});
       fn.offsets.push_back(static_cast<uint32_t>(off));
       fn.param_bytes = std::max<uint32_t>(fn.param_bytes, static_cast<uint32_t>(off + size));
@@ -529,9 +532,10 @@ class CudaClient final : public BackendClient {
     if (m == modules_.end()) return not_found("module", mid);
     CUdeviceptr p = 0;
     size_t bytes = 0;
-    POS_CU(cuModuleGetGlobal(&p, &bytes, m->second, name.c_str()), name);
+    const std::string shown = "'" + printable(name, 256) + "'";  // the client's bytes, as text
+    POS_CU(cuModuleGetGlobal(&p, &bytes, m->second, name.c_str()), shown);
     if (bytes < size)
-      return Status::Cuda(cuda::kErrorInvalidSymbol, "cuda backend: '" + name + "' has " + std::to_string(bytes) +
+      return Status::Cuda(cuda::kErrorInvalidSymbol, "cuda backend: " + shown + " has " + std::to_string(bytes) +
                                                          " bytes on the device, registered as " + std::to_string(size));
     // The app sees the parser's address; copies to it land in the module's global.
     vars_[addr] = Var{p, size, mid};
