@@ -304,7 +304,19 @@ TEST_F(CheckpointTest, AJobNameAndSymbolNamesThatAreNotUtf8AreCheckpointedReadBa
   ASSERT_TRUE(c.api->register_function(&f, c.module, kernel).ok());
   EXPECT_FALSE(f.found);  // no such kernel: launches fail, the name is still the job's
   uint64_t v = 0;
-  ASSERT_TRUE(c.api->register_var(&v, c.module, var, 256, false).ok());
+  const Status vs = c.api->register_var(&v, c.module, var, 256, false);
+  // The host backend binds a variable of any name (its kernels are C++); a real device binds only
+  // what the module holds, so there the registration fails, naming the symbol without its raw bytes,
+  // and the bytes below live in a buffer instead.
+  const bool host = test_config().backend == "host";
+  if (host) {
+    ASSERT_TRUE(vs.ok()) << vs.to_string();
+  } else {
+    ASSERT_FALSE(vs.ok());
+    EXPECT_EQ(vs.message().find('\x1b'), std::string::npos) << vs.message();
+    EXPECT_NE(vs.message().find("v\\xed"), std::string::npos) << vs.message();
+    ASSERT_TRUE(c.api->malloc(&v, 256).ok());
+  }
   const std::vector<unsigned> bytes = pattern(64, 5);
   upload(v, bytes.data(), 256, 1);
   const std::string d = temp_dir("hostile-names");
@@ -315,7 +327,9 @@ TEST_F(CheckpointTest, AJobNameAndSymbolNamesThatAreNotUtf8AreCheckpointedReadBa
   const auto& cimg = (*img)->client();
   EXPECT_EQ(cimg.client().job_name(), shown);
   EXPECT_EQ(names_of(cimg, ResourceType::kFunction).back(), kernel);  // byte for byte
-  EXPECT_EQ(names_of(cimg, ResourceType::kVar).back(), var);
+  if (host) {
+    EXPECT_EQ(names_of(cimg, ResourceType::kVar).back(), var);
+  }
   // An operator's terminal sees none of those bytes raw.
   const std::string text = ckpt::describe_image(**img, false);
   EXPECT_TRUE(is_utf8(text)) << text;
