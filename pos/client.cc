@@ -629,19 +629,34 @@ bool POSClient::parse_call(APIContext* c) {
   return true;
 }
 
+bool POSClient::undoes_create(const APIContext& c) {
+  if (c.status.ok() || c.info->mode != ReturnMode::kSync) return false;
+  for (size_t i = 0; i < c.edges.size(); ++i)
+    if (c.edges[i].kind == EdgeKind::kCreate) return true;
+  return false;
+}
+
 void POSClient::finish_call(APIContext* c) {
   // Deleted handles become reusable only now that the worker has really destroyed them.
   bool released = false;
+  const bool undo = undoes_create(*c);
   for (size_t i = 0; i < c->edges.size(); ++i) {
     const Edge& e = c->edges[i];
-    if (e.kind != EdgeKind::kDelete) continue;
+    if (e.kind != EdgeKind::kDelete && !(undo && e.kind == EdgeKind::kCreate)) continue;
     released = true;
     dirty_.erase(e.handle);
+    HandleManager& mgr = ps_.mgr(e.handle->type);
+    if (e.kind == EdgeKind::kCreate) mgr.mark_deleted(e.handle);  // the failed call's own handle
     if (e.handle->type == ResourceType::kMemory || e.handle->type == ResourceType::kVar)
       backend_->unreserve(e.handle->charged);
-    ps_.mgr(e.handle->type).release(e.handle);
+    if (e.handle->type == ResourceType::kMemory && e.kind == EdgeKind::kCreate) {
+      ps_.memory_in_use -= e.handle->charged;
+      memory_in_use_.store(ps_.memory_in_use, std::memory_order_relaxed);
+    }
+    mgr.release(e.handle);
   }
   if (released) update_live_handles();
+  if (undo) c->advance(kDone);  // the worker left the verdict to this point (execute_call)
   complete_to_rpc(c, false);
 }
 
@@ -865,10 +880,14 @@ void POSClient::execute_call(APIContext* c) {
   }
   bool deletes = false;
   for (size_t i = 0; i < c->edges.size(); ++i) deletes |= c->edges[i].kind == EdgeKind::kDelete;
-  c->advance(kDone);
+  // A synchronous call that failed here created nothing (a variable the module does not hold): the
+  // parser takes back the handle it made, and only then gives the caller its verdict, so that no
+  // later call or checkpoint sees a handle the device never had.
+  const bool undo = undoes_create(*c);
+  if (!undo) c->advance(kDone);
   // Both CQs hold every context that exists, so this never waits; the parser and the submitter
   // are rung once per batch (worker_main). Deleted handles are released by the parser first.
-  if (deletes) {
+  if (deletes || undo) {
     while (!parser2worker_cq_.push(c)) cpu_relax();
   } else {
     while (!worker2rpc_cq_.push(c)) cpu_relax();

@@ -262,6 +262,9 @@ class POSClient {
   void return_unexecuted(APIContext* c);
   Status replay_pending(const ckpt::pb::ClientImage& img);
   void finish_call(APIContext* c);  // parser: after the worker completed c
+  // A synchronous call that failed in the worker after its parser created a handle: the parser
+  // takes the handle back before the caller gets the verdict (finish_call).
+  static bool undoes_create(const APIContext& c);
   void execute_call(APIContext* c);
   void parse_command(Command* cmd);
   void execute_command(Command* cmd);
