@@ -91,6 +91,9 @@ struct ClientOptions {
   // device 1 is devices[1]); its state starts on devices[0] (and follows cudaSetDevice while it
   // holds none: ParserScope::holds_device_state). Empty: every device, as they are.
   std::vector<int32_t> devices;
+  // The uuid's generation (uuid = generation << 16 | slot); 0: the workspace's next. A posd session
+  // process names its one client after posd's session number, so uuids stay unique across posd.
+  uint64_t generation = 0;
 };
 
 // Parser-thread state handed to parser functions (confined to the parser thread).

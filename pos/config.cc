@@ -312,6 +312,21 @@ class Reader {
         {"max_pending", [this](const Entry& e) { return store(read_uint(e, 1, 4096), &c_->posd_max_pending); }},
         {"arena", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_bytes); }},
         {"arena_max", [this](const Entry& e) { return store(read_size(e, kMiB), &c_->posd_arena_max); }},
+        {"isolation",
+         [this](const Entry& e) -> Status {
+           auto w = read_word(e, {"process", "shared"});
+           if (!w.ok()) return w.status();
+           c_->posd_isolation = *w == "process" ? Isolation::kProcess : Isolation::kShared;
+           return Status::Ok();
+         }},
+        {"session_binary",
+         [this](const Entry& e) -> Status {
+           if (e.value.IsNull()) {
+             c_->posd_session_binary.clear();
+             return Status::Ok();
+           }
+           return store(text_of(e), &c_->posd_session_binary);
+         }},
         {"host_kernel_libraries",
          [this](const Entry& e) -> Status {
            if (!e.value.IsSequence()) return e.error(" must be a list of paths, e.g. [/opt/kernels.so]");
@@ -402,6 +417,59 @@ StatusOr<Config> parse_config(const std::string& yaml_text) {
     return Status::InvalidArgument(std::string("config: ") + e.what());
   }
   return c;
+}
+
+// Every field, by its key. A field added to Config and not here would silently take its default in
+// every session process: config_test round-trips a config with every field off its default.
+std::string config_to_yaml(const Config& c) {
+  static const char* const kLevels[] = {"error", "warn", "info", "debug"};
+  YAML::Emitter y;
+  y << YAML::BeginMap;
+  y << YAML::Key << "backend" << YAML::Value << c.backend;
+  y << YAML::Key << "log_level" << YAML::Value << kLevels[static_cast<int>(c.log_level) & 3];
+  y << YAML::Key << "client" << YAML::Value << YAML::BeginMap;
+  y << YAML::Key << "max_clients" << YAML::Value << c.max_clients;
+  y << YAML::Key << "memory_quota" << YAML::Value << c.memory_quota;
+  y << YAML::Key << "va_base" << YAML::Value << c.va_base;
+  y << YAML::Key << "va_size" << YAML::Value << c.va_size;
+  y << YAML::EndMap;
+  y << YAML::Key << "queues" << YAML::Value << YAML::BeginMap;
+  y << YAML::Key << "depth" << YAML::Value << c.queue_depth;
+  y << YAML::Key << "spin_us" << YAML::Value << c.spin_ns / 1000;
+  y << YAML::Key << "sync_spin_us" << YAML::Value << c.sync_spin_ns / 1000;
+  y << YAML::Key << "record_latency" << YAML::Value << (c.record_latency ? "true" : "false");
+  y << YAML::Key << "delayed_verdict" << YAML::Value
+    << (c.delayed_verdict == VerdictLook::kAuto ? "auto" : c.delayed_verdict == VerdictLook::kDelayed ? "on" : "off");
+  y << YAML::EndMap;
+  y << YAML::Key << "host_backend" << YAML::Value << YAML::BeginMap;
+  y << YAML::Key << "device_count" << YAML::Value << c.host_device_count;
+  y << YAML::Key << "device_memory" << YAML::Value << c.host_device_memory;
+  y << YAML::Key << "device_name" << YAML::Value << YAML::DoubleQuoted << c.host_device_name;
+  y << YAML::EndMap;
+  y << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  y << YAML::Key << "shadow_pool" << YAML::Value;
+  if (c.shadow_pool_bytes == 0) y << "auto";
+  else y << c.shadow_pool_bytes;
+  y << YAML::EndMap;
+  y << YAML::Key << "posd" << YAML::Value << YAML::BeginMap;
+  y << YAML::Key << "socket" << YAML::Value << YAML::DoubleQuoted << c.posd_socket;
+  y << YAML::Key << "group" << YAML::Value << YAML::DoubleQuoted << c.posd_group;
+  if (!c.posd_devices.empty()) {
+    y << YAML::Key << "devices" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const int32_t d : c.posd_devices) y << d;
+    y << YAML::EndSeq;
+  }
+  y << YAML::Key << "max_pending" << YAML::Value << c.posd_max_pending;
+  y << YAML::Key << "arena" << YAML::Value << c.posd_arena_bytes;
+  y << YAML::Key << "arena_max" << YAML::Value << c.posd_arena_max;
+  y << YAML::Key << "host_kernel_libraries" << YAML::Value << YAML::BeginSeq;
+  for (const auto& l : c.host_kernel_libraries) y << YAML::DoubleQuoted << l;
+  y << YAML::EndSeq;
+  y << YAML::Key << "isolation" << YAML::Value << (c.posd_isolation == Isolation::kProcess ? "process" : "shared");
+  y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
+  y << YAML::EndMap;
+  y << YAML::EndMap;
+  return std::string(y.c_str()) + "\n";
 }
 
 StatusOr<Config> load_config_file(const std::string& path) {

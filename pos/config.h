@@ -15,6 +15,12 @@ namespace pos {
 // queues.delayed_verdict: auto = delayed unless the process has fewer than 8 cores.
 enum class VerdictLook : uint8_t { kAuto = 0, kDelayed, kImmediate };
 
+// posd.isolation (docs/isolation.md): where a session's calls run. process: in a session process
+// of its own, which owns its GPU context (posd only brokers), so a client's kernels can address
+// neither another's memory nor posd's, and a fault ends that session alone. shared: in a thread of
+// posd, every client on posd's one context (faster to start, no fault containment).
+enum class Isolation : uint8_t { kProcess = 0, kShared };
+
 struct Config {
   std::string backend = "host";  // host | cuda
   LogLevel log_level = LogLevel::kWarn;
@@ -69,7 +75,15 @@ struct Config {
   uint64_t posd_arena_max = 4ull << 30;      // the most a client may ask for
   // Host backend only: shared libraries of host kernels (the test double's stand-in for device code).
   std::vector<std::string> host_kernel_libraries;
+  Isolation posd_isolation = Isolation::kProcess;
+  // The session process's program (posd-session). Empty: $POS_SESSION_BINARY, else found beside
+  // libpos_posd or posd (docs/remoting.md, "Session processes").
+  std::string posd_session_binary;
 };
+
+// The config as a YAML document parse_config reads back to the same values (spin times to the
+// microsecond, as the file gives them): how posd hands its config to a session process.
+std::string config_to_yaml(const Config& c);
 
 // Parse a YAML document strictly: unknown or repeated keys, values of the wrong type, malformed or
 // out-of-range numbers and sizes are errors that name the key path (e.g. `posd.arena`) and the

@@ -77,7 +77,9 @@ StatusOr<ClientUuid> POSWorkspace::create_client(const std::string& job_name, co
       return Status::InvalidArgument("device " + std::to_string(d) + " is listed twice");
   }
   const int device = options.devices.empty() ? 0 : options.devices[0];
-  const ClientUuid uuid = ((++generation_) << kSlotBits) | slot;
+  if (options.generation >= (1ull << (64 - kSlotBits)))
+    return Status::InvalidArgument("client generation " + std::to_string(options.generation) + " does not fit a uuid");
+  const ClientUuid uuid = ((options.generation != 0 ? options.generation : ++generation_) << kSlotBits) | slot;
   auto client = std::make_shared<POSClient>(uuid, static_cast<uint32_t>(slot), safe_job_name(job_name), config_,
                                             backend_.get(), &table_, device);
   client->set_options(options);

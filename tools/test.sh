@@ -70,7 +70,8 @@ if ((QUICK == 0)); then
   # loaders, restore and device moves across two devices) and posd's sessions under sanitizers
   # (meson test setups).
   SAN_TESTS=(queue_test gate_test pipeline_test isolation_test checkpoint_test checkpoint_multi_gpu_test remoting_test)
-  TARGETS=("${SAN_TESTS[@]/#/unittest/}")
+  # remoting_test's posd starts session processes: posd-session and the test kernels' library.
+  TARGETS=("${SAN_TESTS[@]/#/unittest/}" remoting/server/posd-session libpos_test_kernels.so)
   for san in asan tsan; do
     if [[ $san == asan ]]; then opt=(-Db_sanitize=address,undefined); else opt=(-Db_sanitize=thread); fi
     log "building the lock-free code with $san..."

@@ -88,10 +88,13 @@ class ApiTest : public ::testing::Test {
     if (through_posd()) {
       c.posd_socket = ::testing::TempDir() + "posd-api-" + std::to_string(::getpid()) + "/posd.sock";  // posd makes the directory
       c.posd_arena_bytes = 16ull << 20;
+      // These tests look into the workspace behind the session: posd's own (remoting_test covers
+      // the session processes of the default isolation).
+      c.posd_isolation = Isolation::kShared;
       auto srv = PosdServer::start(c);
       ASSERT_TRUE(srv.ok()) << srv.status().to_string();
       server_ = std::move(srv.value());
-      ws_ = &server_->workspace();
+      ws_ = server_->workspace();
     } else {
       auto ws = create_workspace(c);
       ASSERT_TRUE(ws.ok()) << ws.status().to_string();

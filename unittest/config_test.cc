@@ -400,3 +400,82 @@ TEST(Config, EveryYamlBlockInTheDocsIsAConfigThatParses) {
 
 }  // namespace
 }  // namespace pos
+
+namespace pos {
+namespace {
+
+// posd hands its config to each session process as config_to_yaml's text: every field must come
+// back as it was, including strings a YAML scalar would misread.
+TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads) {
+  Config c;
+  c.backend = "cuda";
+  c.log_level = LogLevel::kDebug;
+  c.max_clients = 7;
+  c.memory_quota = 123456789;
+  c.va_base = 0x120000000000ull;
+  c.va_size = 0x4000000000ull;
+  c.queue_depth = 77;
+  c.spin_ns = 12000;
+  c.sync_spin_ns = 34000;
+  c.record_latency = true;
+  c.delayed_verdict = VerdictLook::kImmediate;
+  c.host_device_count = 3;
+  c.host_device_memory = 5ull << 30;
+  c.host_device_name = "dev: #1 \"quoted\" - yes";
+  c.shadow_pool_bytes = 64ull << 20;
+  c.posd_socket = "/run/pos x/posd.sock";
+  c.posd_group = "123";
+  c.posd_devices = {2, 0};
+  c.posd_max_pending = 9;
+  c.posd_arena_bytes = 32ull << 20;
+  c.posd_arena_max = 1ull << 30;
+  c.host_kernel_libraries = {"/a b/k.so", "true"};
+  c.posd_isolation = Isolation::kShared;
+  c.posd_session_binary = "/opt/pos/libexec/posd-session";
+  const std::string text = config_to_yaml(c);
+  auto back = parse_config(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
+  const Config& b = *back;
+  EXPECT_EQ(b.backend, c.backend);
+  EXPECT_EQ(b.log_level, c.log_level);
+  EXPECT_EQ(b.max_clients, c.max_clients);
+  EXPECT_EQ(b.memory_quota, c.memory_quota);
+  EXPECT_EQ(b.va_base, c.va_base);
+  EXPECT_EQ(b.va_size, c.va_size);
+  EXPECT_EQ(b.queue_depth, c.queue_depth);
+  EXPECT_EQ(b.spin_ns, c.spin_ns);
+  EXPECT_EQ(b.sync_spin_ns, c.sync_spin_ns);
+  EXPECT_EQ(b.record_latency, c.record_latency);
+  EXPECT_EQ(b.delayed_verdict, c.delayed_verdict);
+  EXPECT_EQ(b.host_device_count, c.host_device_count);
+  EXPECT_EQ(b.host_device_memory, c.host_device_memory);
+  EXPECT_EQ(b.host_device_name, c.host_device_name);
+  EXPECT_EQ(b.shadow_pool_bytes, c.shadow_pool_bytes);
+  EXPECT_EQ(b.posd_socket, c.posd_socket);
+  EXPECT_EQ(b.posd_group, c.posd_group);
+  EXPECT_EQ(b.posd_devices, c.posd_devices);
+  EXPECT_EQ(b.posd_max_pending, c.posd_max_pending);
+  EXPECT_EQ(b.posd_arena_bytes, c.posd_arena_bytes);
+  EXPECT_EQ(b.posd_arena_max, c.posd_arena_max);
+  EXPECT_EQ(b.host_kernel_libraries, c.host_kernel_libraries);
+  EXPECT_EQ(b.posd_isolation, c.posd_isolation);
+  EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
+  // The defaults round-trip too (the empty device list, auto shadow pool, process isolation).
+  auto d = parse_config(config_to_yaml(Config{}));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(config_to_yaml(*d), config_to_yaml(Config{}));
+  EXPECT_EQ(d->posd_isolation, Isolation::kProcess);
+}
+
+TEST(Config, PosdIsolationIsProcessOrShared) {
+  auto p = parse_config("posd:\n  isolation: shared\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->posd_isolation, Isolation::kShared);
+  auto bad = parse_config("posd:\n  isolation: mps\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("posd.isolation must be process|shared, not 'mps'"), std::string::npos)
+      << bad.status().message();
+}
+
+}  // namespace
+}  // namespace pos

@@ -41,14 +41,24 @@ class Posd : public ::testing::Test {
     server_.reset();
   }
   void start(Config c) {
+    apis_.clear();
     sessions_.clear();
     server_.reset();
     // A directory of its own (posd makes it, 0700, and removes it): posd refuses one others can write.
     c.posd_socket = ::testing::TempDir() + "posd-test-" + std::to_string(::getpid()) + "/posd.sock";
     c.posd_arena_bytes = 8ull << 20;  // staging slots of 512 KiB: copies below cross several chunks
+    // A session process runs its client's host kernels: it loads them as a library.
+    if (c.posd_isolation == Isolation::kProcess && c.backend == "host" && c.host_kernel_libraries.empty())
+      if (const char* m = std::getenv("POS_TEST_KERNEL_MODULE"); m != nullptr && *m != '\0')
+        c.host_kernel_libraries = {m};
     auto s = PosdServer::start(c);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     server_ = std::move(s.value());
+  }
+  // posd.isolation: shared, for tests that look into posd's workspace or its session threads.
+  void start_shared(Config c = test_config()) {
+    c.posd_isolation = Isolation::kShared;
+    start(c);
   }
   ShmSession& connect(const std::string& job = "test") {
     auto s = ShmSession::connect(server_->socket_path(), job);
@@ -339,20 +349,194 @@ TEST_F(Posd, AKernelArgumentIntoAnotherSessionsArenaOrAtAWildAddressIsRefusedAnd
   ASSERT_TRUE(victim.host_free(pinned).ok());
 }
 
-TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {
-  connect("good");
-  connect("bad");
-  (void)alloc(1 << 20, 1);
-  ASSERT_EQ(server_->sessions().size(), 2u);
-  const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(sessions_[1]->send_raw_for_test(junk, sizeof(junk)).ok());
-  ASSERT_TRUE(wait_sessions(1));
-  EXPECT_EQ(server_->sessions()[0].job, "good");
-  Status s = api(1).device_synchronize();
+// ---------------- session processes (posd.isolation: process) ----------------
+
+// A kernel's parameter buffer from values in the order of its parameters.
+template <typename... A>
+std::vector<std::byte> kernel_args(const RegisteredFunction& f, A... a) {
+  EXPECT_EQ(f.params.size(), sizeof...(A));
+  std::vector<std::byte> p(f.param_bytes);
+  size_t i = 0;
+  ((std::memcpy(p.data() + f.params[i].offset, &a, sizeof a), ++i), ...);
+  return p;
+}
+
+// The test kernels of one session, by name.
+struct Kernels {
+  RegisteredFunction fill, peek, poke, fault;
+};
+Kernels register_kernels(ApiClient& api) {
+  uint64_t module = 0;
+  EXPECT_TRUE(api.register_fatbin(&module, test_fatbin()).ok());
+  Kernels k;
+  for (auto [f, name] : {std::pair{&k.fill, kTestFillName}, std::pair{&k.peek, kTestPeekName},
+                         std::pair{&k.poke, kTestPokeName}, std::pair{&k.fault, kTestFaultName}}) {
+    EXPECT_TRUE(api.register_function(f, module, name).ok());
+    EXPECT_TRUE(f->found) << name;
+  }
+  return k;
+}
+
+// fill(out, base, n) and a check of the n values it wrote: the victim's proof that it computes right.
+void expect_fill_works(ApiClient& api, const Kernels& k, unsigned base) {
+  uint64_t out = 0;
+  ASSERT_TRUE(api.malloc(&out, 1024 * sizeof(unsigned)).ok());
+  const LaunchDims dims{{4, 1, 1}, {256, 1, 1}, 0};
+  ASSERT_TRUE(api.launch_kernel(k.fill.handle, dims, 0, kernel_args(k.fill, out, base, 1024)).ok());
+  ASSERT_TRUE(api.device_synchronize().ok());
+  std::vector<unsigned> got(1024);
+  ASSERT_TRUE(api.memcpy(reinterpret_cast<uint64_t>(got.data()), out, 4096, cuda::kMemcpyDeviceToHost).ok());
+  for (unsigned i = 0; i < 1024; ++i) ASSERT_EQ(got[i], base + i) << "element " << i;
+  ASSERT_TRUE(api.free(out).ok());
+}
+
+TEST_F(Posd, EachSessionRunsInAProcessOfItsOwnThatPsNames) {
+  connect("one");
+  connect("two");
+  (void)alloc(4096, 0);
+  (void)alloc(8192, 1);
+  const auto all = server_->sessions();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_NE(all[0].server_pid, all[1].server_pid);
+  for (const auto& s : all) {
+    EXPECT_NE(s.server_pid, static_cast<uint32_t>(::getpid())) << s.job;
+    EXPECT_EQ(::kill(static_cast<pid_t>(s.server_pid), 0), 0) << s.job;
+    EXPECT_FALSE(s.ending) << s.job;
+    EXPECT_EQ(s.stats.memory_in_use, s.job == "one" ? 4096u : 8192u) << s.job;
+  }
+  EXPECT_NE(all[0].uuid, all[1].uuid);  // one posd, distinct sessions, though each process has one client
+  auto json = posd_control(server_->socket_path(), "ps");
+  ASSERT_TRUE(json.ok()) << json.status().to_string();
+  EXPECT_NE(json->find("\"isolation\":\"process\""), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"server_pid\":" + std::to_string(all[0].server_pid)), std::string::npos) << *json;
+}
+
+// Hole 1 on every backend: a hostile kernel computes an address (from an integer parameter, which
+// no parameter check can see through) into the victim's device buffer and its pinned arena, reads there, then
+// writes there. In its own session process the address is the hostile's own memory or nothing:
+// it never sees the victim's bytes, the victim's memory is unchanged, and the victim computes on.
+// With posd.isolation: shared the same read does reach the victim: the documented cost of that mode.
+TEST_F(Posd, AKernelThatComputesAnAddressReachesNoOtherSessionsMemoryWithASessionProcess) {
+  for (const Isolation mode : {Isolation::kProcess, Isolation::kShared}) {
+    SCOPED_TRACE(mode == Isolation::kProcess ? "process" : "shared");
+    Config c = test_config();
+    c.posd_isolation = mode;
+    start(c);
+    ShmSession& victim = connect("victim");
+    connect("hostile");
+    const Kernels kv = register_kernels(api(0)), kh = register_kernels(api(1));
+    std::vector<unsigned> secret(1024), pinned_secret(1024);
+    for (unsigned i = 0; i < 1024; ++i) secret[i] = 0x5ec0000u + i * 7, pinned_secret[i] = 0xa7e0000u + i * 3;
+    const uint64_t v = alloc(4096, 0);
+    ASSERT_TRUE(api(0).memcpy(v, reinterpret_cast<uint64_t>(secret.data()), 4096, cuda::kMemcpyHostToDevice).ok());
+    void* pinned = nullptr;
+    ASSERT_TRUE(victim.host_alloc(4096, &pinned).ok());
+    std::memcpy(pinned, pinned_secret.data(), 4096);
+    // Where the victim's pinned block is in the process that serves it (after the staging slots).
+    const uint64_t arena_block = victim.welcome().daemon_arena_addr + ShmSession::kStageSlots * victim.stage_bytes();
+
+    const uint64_t out = alloc(4096, 1);
+    const LaunchDims dims{{4, 1, 1}, {256, 1, 1}, 0};
+    bool hostile_alive = true;
+    for (const auto& [target, guarded] : {std::pair{v, &secret}, std::pair{arena_block, &pinned_secret}}) {
+      if (!hostile_alive) break;
+      SCOPED_TRACE(hex(target));
+      ASSERT_TRUE(api(1).memset(out, 0, 4096).ok());
+      (void)api(1).launch_kernel(kh.peek.handle, dims, 0, kernel_args(kh.peek, out, target ^ kTestHideMask, 1024));
+      std::vector<unsigned> seen(1024, 0);
+      const Status r = api(1).device_synchronize();
+      const bool read = r.ok() &&
+          api(1).memcpy(reinterpret_cast<uint64_t>(seen.data()), out, 4096, cuda::kMemcpyDeviceToHost).ok();
+      if (mode == Isolation::kShared) {
+        // One address space and one context for every client: the hostile read the victim's bytes.
+        ASSERT_TRUE(read) << r.to_string();
+        EXPECT_EQ(seen, *guarded);
+        continue;
+      }
+      // Its own memory, or a fault that ended its own session: never the victim's bytes.
+      if (read) EXPECT_NE(seen, *guarded);
+      else hostile_alive = false;
+      if (!hostile_alive) break;
+      (void)api(1).launch_kernel(kh.poke.handle, dims, 0, kernel_args(kh.poke, target ^ kTestHideMask, 0xbadu, 1024));
+      if (!api(1).device_synchronize().ok()) hostile_alive = false;
+    }
+    std::vector<unsigned> back(1024);
+    ASSERT_TRUE(api(0).memcpy(reinterpret_cast<uint64_t>(back.data()), v, 4096, cuda::kMemcpyDeviceToHost).ok());
+    EXPECT_EQ(back, secret) << "the victim's device buffer was written";
+    EXPECT_EQ(std::memcmp(pinned, pinned_secret.data(), 4096), 0) << "the victim's arena was written";
+    expect_fill_works(api(0), kv, 40u);
+    ASSERT_TRUE(victim.host_free(pinned).ok());
+  }
+}
+
+// A kernel that faults ends (or poisons) its own session only: the other session computes on,
+// posd serves a new one, and with the host backend posd says which session process died and how.
+TEST_F(Posd, AClientWhoseKernelFaultsEndsAloneAndTheOtherFinishesWithTheRightResult) {
+  test::StderrCapture cap("posd_fault");
+  connect("victim");
+  connect("faulty");
+  const Kernels kv = register_kernels(api(0)), kf = register_kernels(api(1));
+  expect_fill_works(api(0), kv, 1u);
+  const uint32_t faulty_server = [&] {
+    for (const auto& s : server_->sessions())
+      if (s.job == "faulty") return s.server_pid;
+    return 0u;
+  }();
+  ASSERT_NE(faulty_server, 0u);
+  const LaunchDims one{{1, 1, 1}, {1, 1, 1}, 0};
+  (void)api(1).launch_kernel(kf.fault.handle, one, 0, kernel_args(kf.fault, 8));
+  const Status s = api(1).device_synchronize();
   EXPECT_FALSE(s.ok());
-  // The other session runs on; the bad one's megabyte went back to the device.
-  EXPECT_TRUE(api(0).device_synchronize().ok());
-  EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
+  // Everything after fails too: a GPU context that faulted is lost, as natively; a host session
+  // process that faulted is gone.
+  uint64_t p = 0;
+  EXPECT_FALSE(api(1).malloc(&p, 4096).ok() && api(1).device_synchronize().ok());
+  expect_fill_works(api(0), kv, 2u);
+  connect("next");
+  const Kernels kn = register_kernels(api(2));
+  expect_fill_works(api(2), kn, 3u);
+  expect_fill_works(api(0), kv, 4u);
+  if (backend_name() == "host") {
+    ASSERT_TRUE(eventually([&] { return ::kill(static_cast<pid_t>(faulty_server), 0) != 0; }));
+    ASSERT_TRUE(eventually([&] { return cap.text().find("no other session is affected") != std::string::npos; }));
+    cap.stop();
+    const std::string t = cap.text();
+    EXPECT_NE(t.find("'faulty'): its session process " + std::to_string(faulty_server) + " was killed by signal 11"),
+              std::string::npos) << t;
+    const auto left = server_->sessions();
+    EXPECT_EQ(left.size(), 2u);
+    for (const auto& x : left) EXPECT_NE(x.job, "faulty");
+  }
+}
+
+TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {
+  for (const Isolation mode : {Isolation::kProcess, Isolation::kShared}) {
+    SCOPED_TRACE(mode == Isolation::kProcess ? "process" : "shared");
+    Config c = test_config();
+    c.posd_isolation = mode;
+    start(c);
+    connect("good");
+    connect("bad");
+    (void)alloc(1 << 20, 1);
+    const auto before = server_->sessions();
+    ASSERT_EQ(before.size(), 2u);
+    const uint32_t bad_server = before[0].job == "bad" ? before[0].server_pid : before[1].server_pid;
+    const uint64_t junk[8] = {0x1234, 0xffffffffffffffffull, 3, 4, 5, 6, 7, 8};
+    ASSERT_TRUE(sessions_[1]->send_raw_for_test(junk, sizeof(junk)).ok());
+    ASSERT_TRUE(wait_sessions(1));
+    EXPECT_EQ(server_->sessions()[0].job, "good");
+    Status s = api(1).device_synchronize();
+    EXPECT_FALSE(s.ok());
+    // The other session runs on; the bad one's megabyte went back to the device (with its own
+    // process, the process is gone: nothing of the session is left anywhere).
+    EXPECT_TRUE(api(0).device_synchronize().ok());
+    if (mode == Isolation::kShared) {
+      EXPECT_EQ(server_->workspace()->backend().reserved_bytes(), 0u);
+    } else {
+      EXPECT_NE(bad_server, static_cast<uint32_t>(::getpid()));
+      EXPECT_TRUE(eventually([&] { return ::kill(static_cast<pid_t>(bad_server), 0) != 0 && errno == ESRCH; }));
+    }
+  }
 }
 
 // Hole 6 of "Tenant isolation and daemon hardening": a session posd closed for a malformed frame
@@ -382,14 +566,15 @@ TEST_F(Posd, ASessionOpenedRightAfterAMalformedFrameEndedTheLastOneIsServedEvery
 }
 
 TEST_F(Posd, AClosedSessionIsRemovedWithAllItsDeviceMemory) {
+  start_shared();
   connect("leaver");
   (void)alloc(8 << 20);
-  EXPECT_GT(server_->workspace().backend().reserved_bytes(), 0u);
+  EXPECT_GT(server_->workspace()->backend().reserved_bytes(), 0u);
   apis_.clear();
   sessions_.clear();  // the process "exits": the socket closes
   ASSERT_TRUE(wait_sessions(0));
-  EXPECT_EQ(server_->workspace().backend().reserved_bytes(), 0u);
-  EXPECT_TRUE(server_->workspace().list_clients().empty());
+  EXPECT_EQ(server_->workspace()->backend().reserved_bytes(), 0u);
+  EXPECT_TRUE(server_->workspace()->list_clients().empty());
 }
 
 TEST_F(Posd, TheQuotaBoundsCudaMallocAndIsWhatCudaMemGetInfoReports) {
@@ -466,7 +651,7 @@ TEST_F(Posd, AJobNameWithAnEscapeSequenceReachesPosdsLogOnlyAsPrintableText) {
   Config c = test_config();
   c.log_level = LogLevel::kInfo;  // the session's start and end lines are at info
   c.max_clients = 2;
-  start(c);
+  start_shared(c);  // its slots are filled with in-process clients of posd's workspace below
   const std::string hostile = "evil\x1b[2J\a";
   const std::string shown = "evil\\x1b[2J\\x07";
   test::StderrCapture cap("posd_job_name");
@@ -475,13 +660,13 @@ TEST_F(Posd, AJobNameWithAnEscapeSequenceReachesPosdsLogOnlyAsPrintableText) {
   ASSERT_TRUE(s.send_raw_for_test(junk, sizeof(junk)).ok());  // posd logs the error, then the end
   ASSERT_TRUE(wait_sessions(0));
   // Every slot taken by in-process clients: posd refuses the session and logs why, naming the job.
-  auto a = server_->workspace().create_client("in-process-a");
-  auto b = server_->workspace().create_client("in-process-b");
+  auto a = server_->workspace()->create_client("in-process-a");
+  auto b = server_->workspace()->create_client("in-process-b");
   ASSERT_TRUE(a.ok() && b.ok());
   auto refused = ShmSession::connect(server_->socket_path(), hostile);
   EXPECT_FALSE(refused.ok());
-  EXPECT_TRUE(server_->workspace().remove_client(*a).ok());
-  EXPECT_TRUE(server_->workspace().remove_client(*b).ok());
+  EXPECT_TRUE(server_->workspace()->remove_client(*a).ok());
+  EXPECT_TRUE(server_->workspace()->remove_client(*b).ok());
   // The end line comes after the client's removal: wait for it before reading.
   const bool ended = eventually([&] { return cap.text().find(" ended: ") != std::string::npos; });
   cap.stop();
@@ -1028,6 +1213,7 @@ TEST_F(Posd, ASessionBeyondTheMostPosdServesIsRefusedSayingSoAndOneAfterAnEndIsS
 }
 
 TEST_F(Posd, AThreadPosdCannotStartRefusesThatSessionAndPosdServesOn) {
+  start_shared();  // session threads, and the test hook that fails them, are posd's own with shared
   connect("before");
   test::StderrCapture cap("posd_no_thread");
   fail_thread_starts_for_test("posd's session thread", 1);
@@ -1049,7 +1235,7 @@ TEST_F(Posd, AThreadPosdCannotStartRefusesThatSessionAndPosdServesOn) {
     return l.find("(no-thread) refused: ") != std::string::npos && l.find("posd's session thread") != std::string::npos;
   })) << cap.text();
   EXPECT_EQ(server_->sessions().size(), 1u);
-  EXPECT_EQ(server_->workspace().list_clients().size(), 1u);  // nothing of the refused ones is left
+  EXPECT_EQ(server_->workspace()->list_clients().size(), 1u);  // nothing of the refused ones is left
   connect("after");
   const uint64_t d = alloc(4096, 1);
   EXPECT_TRUE(api(1).memset(d, 0, 4096).ok());
@@ -1172,7 +1358,7 @@ TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
   Config c = test_config();
   c.host_device_count = 3;
   c.posd_devices = {2, 0};
-  start(c);
+  start_shared(c);  // an in-process client of posd's workspace is compared below
   connect("two-of-three");
   int32_t count = 0;
   ASSERT_TRUE(api().get_device_count(&count).ok());
@@ -1220,16 +1406,16 @@ TEST_F(Posd, ASessionSeesOnlyTheListedDevicesRenumberedFromZero) {
   EXPECT_EQ(back, bytes);
   EXPECT_EQ(server_->sessions().at(0).device, 0);
   // A client of the same workspace that is no posd session sees every device, as they are.
-  auto uuid = server_->workspace().create_client("in-process");
+  auto uuid = server_->workspace()->create_client("in-process");
   ASSERT_TRUE(uuid.ok()) << uuid.status().to_string();
-  InProcessTransport t(&server_->workspace(), *uuid);
+  InProcessTransport t(server_->workspace(), *uuid);
   ApiClient local(&t);
   ASSERT_TRUE(local.get_device_count(&count).ok());
   EXPECT_EQ(count, 3);
   ASSERT_TRUE(local.get_device_properties(&p, 1).ok());
   EXPECT_EQ(p.pci_device_id, 1);
-  EXPECT_EQ(server_->workspace().find_client(*uuid)->device(), 0);
-  EXPECT_TRUE(server_->workspace().remove_client(*uuid).ok());
+  EXPECT_EQ(server_->workspace()->find_client(*uuid)->device(), 0);
+  EXPECT_TRUE(server_->workspace()->remove_client(*uuid).ok());
 }
 
 TEST_F(Posd, PosdRefusesToStartWithADeviceTheBackendDoesNotHave) {

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +31,8 @@
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
+#include "remoting/server/session_process.h"
+#include "remoting/server/session_serve.h"
 #include "pos/runtime.h"
 
 namespace pos {
@@ -38,13 +41,18 @@ struct PosdServer::Session {
   UniqueFd fd;
   ucred cred{};
   std::string job;  // printable (made so at the hello)
-  std::atomic<uint64_t> uuid{0};  // set once the session runs (published after job, cred)
   uint64_t arena_bytes = 0;
-  std::atomic<uint64_t> frames{0};
   // The thread has ended its work and may be joined without waiting: the acceptor reaps such
   // sessions one by one (sessions_gate_ counts sessions, it cannot say which one ended).
   std::atomic<bool> finished{false};
   std::thread thread;
+  // posd.isolation: process. The session process serves the client (fd is then empty here); posd
+  // asks it for ps through the channel (io serializes the askers) and reaps it when it ends.
+  pid_t child = -1;
+  UniqueFd channel;
+  std::mutex io;
+  uint64_t generation = 0;
+  SessionProgress progress;  // posd.isolation: shared
 };
 
 // A connection whose hello has not all arrived. The acceptor alone owns these: a connection costs
@@ -61,16 +69,6 @@ struct PosdServer::Handshake {
 namespace {
 
 constexpr size_t kMaxJobNameBytes = 256;  // as POSWorkspace::create_client keeps it
-
-// A refusal is one welcome, which fits in a fresh socket's buffer: sent without waiting, so a peer
-// that never reads cannot hold the acceptor up (if it does not fit, the peer learns by the close).
-void refuse(int fd, const Status& why) {
-  wire::Welcome w;
-  w.code = static_cast<int32_t>(why.code());
-  w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
-  wire::put_cstr(w.message, sizeof(w.message), why.message());
-  (void)::send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
-}
 
 void set_blocking(int fd) {
   const int fl = ::fcntl(fd, F_GETFL);
@@ -110,47 +108,10 @@ std::string octal_mode(mode_t m) {
 
 const char* state_of(const SessionInfo& s) {
   if (s.ending) return "ending";
+  if (s.starting) return "starting";
   return s.stats.calls_executed < s.stats.calls_submitted ? "running" : "idle";
 }
 
-// The session's shared memory: a sealed memfd (the client can neither shrink it under posd's
-// mapping nor grow it), mapped here, and the eventfd the client rings when posd sleeps.
-struct SessionMemory {
-  int memfd = -1, efd = -1;
-  std::byte* base = nullptr;
-  wire::Layout layout{};
-  bool registered = false;
-  DeviceBackend* backend = nullptr;
-  ~SessionMemory() {
-    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
-    if (base != nullptr) ::munmap(base, layout.total);
-    if (memfd >= 0) ::close(memfd);
-    if (efd >= 0) ::close(efd);
-  }
-  Status create(uint64_t arena_bytes, DeviceBackend* b) {
-    backend = b;
-    layout = wire::layout_for(arena_bytes);
-    memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (memfd < 0) return Status::Unavailable(std::string("memfd_create: ") + std::strerror(errno));
-    if (::ftruncate(memfd, static_cast<off_t>(layout.total)) != 0)
-      return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
-    if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-      return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
-    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-    if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
-    base = static_cast<std::byte*>(m);
-    auto* h = new (base) wire::ShmHeader();
-    h->magic = wire::kShmMagic;
-    h->version = wire::kProtocolVersion;
-    h->ring_bytes = layout.ring_bytes;
-    efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-    Status s = b->host_register(base + layout.arena_offset, layout.arena_bytes);
-    if (!s.ok()) return s.with_context("page-locking the session arena");
-    registered = true;
-    return Status::Ok();
-  }
-};
 
 // The peer's credentials; its supplementary groups where the kernel tells them (Linux >= 4.13).
 bool peer_credentials(int fd, ucred* cred, PeerCredentials* out) {
@@ -219,7 +180,9 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   set_log_level(config.log_level);
   if (!config.host_kernel_libraries.empty() && config.backend != "host")
     return Status::InvalidArgument("posd.host_kernel_libraries apply to the host backend only");
-  for (const auto& lib : config.host_kernel_libraries) {
+  // Host kernels run where the clients' memory is: in posd (shared) or in each session process.
+  for (const auto& lib : config.posd_isolation == Isolation::kShared ? config.host_kernel_libraries
+                                                                      : std::vector<std::string>{}) {
     void* h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) return Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
     srv->kernel_libs_.push_back(h);
@@ -245,16 +208,43 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     if (live) return Status::Busy("another posd is listening on " + srv->socket_path_);
     ::unlink(srv->socket_path_.c_str());
   }
-  auto ws = create_workspace(config);
-  if (!ws.ok()) return ws.status();
-  srv->ws_ = std::move(ws.value());
+  // The devices to check posd.devices against come from the backend: posd's own (shared), or a
+  // probe session process's, which also proves before any client comes that session processes
+  // start here (the program is found, the backend comes up, host kernel libraries load).
+  int count = 0;
+  if (config.posd_isolation == Isolation::kShared) {
+    auto ws = create_workspace(config);
+    if (!ws.ok()) return ws.status();
+    srv->ws_ = std::move(ws.value());
+    count = srv->ws_->backend().device_count();
+    srv->backend_name_ = std::string(srv->ws_->backend().name());
+  } else {
+    auto bin = find_session_binary(config);
+    if (!bin.ok()) return bin.status();
+    srv->session_binary_ = *bin;
+    srv->config_yaml_ = config_to_yaml(config);
+    session_channel::Start probe;
+    probe.kind = static_cast<uint32_t>(session_channel::Kind::kProbe);
+    auto p = spawn_session_process(srv->session_binary_, -1, probe, "", srv->config_yaml_);
+    if (!p.ok()) return p.status();
+    // Generous: the first CUDA initialization on a machine can take seconds.
+    auto r = await_report(p->channel.get(), std::chrono::seconds(120));
+    const int wst = wait_or_kill(p->pid, std::chrono::seconds(r.ok() ? 30 : 1));
+    if (!r.ok())
+      return Status::Unavailable("posd's probe session process (" + srv->session_binary_ + ") " +
+                                 describe_wait_status(wst) + " without a report (" + r.status().message() +
+                                 "); its log lines above say why");
+    if (r->code != 0)
+      return Status(static_cast<Code>(r->code), r->api_error, r->message).with_context("a session process cannot start");
+    count = r->device_count;
+    srv->backend_name_ = r->backend;
+  }
   // The YAML parser refuses negative and repeated indices already; an embedder's Config may not.
-  const int count = srv->ws_->backend().device_count();
   const auto& devices = config.posd_devices;
   for (auto it = devices.begin(); it != devices.end(); ++it) {
     if (*it < 0 || *it >= count)
       return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + ", but the " +
-                                     std::string(srv->ws_->backend().name()) + " backend has " + std::to_string(count) +
+                                     srv->backend_name_ + " backend has " + std::to_string(count) +
                                      " device(s) (0.." + std::to_string(count - 1) + ")");
     if (std::find(devices.begin(), it, *it) != it)
       return Status::InvalidArgument("posd.devices lists device " + std::to_string(*it) + " twice");
@@ -357,10 +347,20 @@ void PosdServer::stop() {
   // Every session ends at once: stop_fd_ woke the serving ones (connections still waiting for
   // their hello were the acceptor's, closed as it returned), and each client learns at once.
   // Their teardowns run side by side; the joins then only collect threads.
-  for (auto& s : all) ::shutdown(s->fd.get(), SHUT_RDWR);
+  for (auto& s : all) {
+    if (s->fd) ::shutdown(s->fd.get(), SHUT_RDWR);
+    // A session process ends its session when posd closes its channel (as if posd had died).
+    if (s->channel) ::shutdown(s->channel.get(), SHUT_RDWR);
+  }
   sessions_gate_.wait_drained(0);
   for (auto& s : all) {
     if (s->thread.joinable()) s->thread.join();
+    if (s->child > 0 && !s->finished.load()) {
+      const int st = wait_or_kill(s->child, std::chrono::seconds(10));
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        POS_WARN("posd", "session process %d (pid %d, '%s') %s", static_cast<int>(s->child), s->cred.pid,
+                 s->job.c_str(), describe_wait_status(st).c_str());
+    }
   }
   all.clear();  // closes their sockets
   if (listen_fd_ >= 0) {
@@ -390,8 +390,24 @@ void PosdServer::reap_finished() {
       else ++it;
     }
   }
-  for (auto& s : done) s->thread.join();
+  for (auto& s : done)
+    if (s->thread.joinable()) s->thread.join();
 }  // `done` closes their sockets
+
+// A session process hung up its channel: it is ending or has ended. Whatever ended it, only its
+// own client lost its session; how it ended is logged (a signal means a fault in its calls or kernels).
+void PosdServer::reap_process(Session* s) {
+  const int st = wait_or_kill(s->child, std::chrono::seconds(10));
+  const uint64_t uuid = s->generation << 16;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    POS_DEBUG("posd", "session process %d (session %lu) ended", static_cast<int>(s->child), (unsigned long)uuid);
+  } else {
+    POS_WARN("posd", "session %lu (pid %d, '%s'): its session process %d %s; no other session is affected",
+             (unsigned long)uuid, s->cred.pid, s->job.c_str(), static_cast<int>(s->child),
+             describe_wait_status(st).c_str());
+  }
+  s->finished.store(true);
+}
 
 size_t PosdServer::live_sessions() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -417,6 +433,15 @@ void PosdServer::accept_main() {
     }
     p.assign({{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}});
     for (const Handshake& h : waiting) p.push_back({h.fd.get(), POLLIN, 0});
+    // Session processes' channels, for their hang-up only (events 0): their answers to ps are
+    // read by whoever asked. Only this thread removes sessions, so the pointers stay valid.
+    std::vector<Session*> children;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& s : sessions_)
+        if (s->child > 0 && !s->finished.load()) children.push_back(s.get());
+    }
+    for (Session* c : children) p.push_back({c->channel.get(), 0, 0});
     const int n = ::poll(p.data(), p.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
       POS_ERROR("posd", "the acceptor's poll failed: %s; trying again", std::strerror(errno));
@@ -424,6 +449,8 @@ void PosdServer::accept_main() {
       continue;
     }
     if (n > 0 && p[1].revents != 0) break;  // stop()
+    for (size_t i = 0; n > 0 && i < children.size(); ++i)
+      if (p[2 + waiting.size() + i].revents != 0) reap_process(children[i]);
     // Hellos first, then deadlines, then new connections: a connection is never judged before
     // poll has looked at it once.
     size_t kept = 0;
@@ -480,7 +507,7 @@ void PosdServer::accept_new(std::vector<Handshake>* waiting, AcceptorLogs* logs)
       uint64_t held_back = 0;
       if (logs->crowded.allow(&held_back))
         POS_WARN("posd", "refused pid %d: %s%s", h.cred.pid, why.message().c_str(), more_text(held_back).c_str());
-      refuse(fd.get(), why);
+      refuse_connection(fd.get(), why);
       continue;
     }
     h.fd = std::move(fd);
@@ -513,7 +540,7 @@ bool PosdServer::read_hello(Handshake& h) {
     h.got += static_cast<size_t>(r);
     if (!h.admitted.ok()) {  // told at its first byte, as soon as it asks for anything
       POS_WARN("posd", "refused pid %d: %s", h.cred.pid, h.admitted.message().c_str());
-      refuse(h.fd.get(), h.admitted);
+      refuse_connection(h.fd.get(), h.admitted);
       return true;
     }
     if (h.got == sizeof(h.hello)) {
@@ -530,7 +557,7 @@ void PosdServer::on_hello(Handshake& h) {
     POS_WARN("posd", "pid %d sent no valid hello; dropped", h.cred.pid);
   } else if (hello.version != wire::kProtocolVersion) {
     POS_WARN("posd", "pid %d speaks protocol %u, posd %u; refused", h.cred.pid, hello.version, wire::kProtocolVersion);
-    refuse(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
+    refuse_connection(fd, Status(Code::kFailedPrecondition, cuda::kErrorInitializationError,
                       "protocol version " + std::to_string(hello.version) + " is not posd's " +
                           std::to_string(wire::kProtocolVersion) + ": use the libpos_client of the running posd's build"));
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kControl)) {
@@ -546,14 +573,14 @@ void PosdServer::on_hello(Handshake& h) {
     std::string job = printable(wire::get_cstr(hello.job, sizeof(hello.job)), kMaxJobNameBytes);
     const uint64_t arena = hello.arena_bytes == 0 ? config_.posd_arena_bytes : hello.arena_bytes;
     if (arena < (1u << 20) || arena > config_.posd_arena_max) {
-      refuse(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
+      refuse_connection(fd, Status(Code::kInvalidArgument, cuda::kErrorInvalidValue,
                         "arena of " + std::to_string(arena) + " bytes asked; posd allows 1 MiB to " +
                             std::to_string(config_.posd_arena_max)));
     } else {
       start_session(h, std::move(job), arena);
     }
   } else {
-    refuse(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
+    refuse_connection(fd, Status::InvalidArgument("unknown hello kind " + std::to_string(hello.kind)));
   }
 }
 
@@ -565,7 +592,11 @@ void PosdServer::start_session(Handshake& h, std::string job, uint64_t arena_byt
     const Status why(Code::kBusy, cuda::kErrorInitializationError,
                      "posd has " + std::to_string(most) + " sessions, the most it serves (client.max_clients)");
     POS_WARN("posd", "session for pid %d (%s) refused: %s", h.cred.pid, job.c_str(), why.message().c_str());
-    refuse(h.fd.get(), why);
+    refuse_connection(h.fd.get(), why);
+    return;
+  }
+  if (config_.posd_isolation == Isolation::kProcess) {
+    start_process_session(h, std::move(job), arena_bytes);
     return;
   }
   if (!sessions_gate_.try_enter()) return;  // stop() began: its drain must not miss this session
@@ -594,11 +625,50 @@ void PosdServer::start_session(Handshake& h, std::string job, uint64_t arena_byt
   }
   sessions_gate_.leave();
   POS_WARN("posd", "session for pid %d (%s) refused: %s", back->cred.pid, back->job.c_str(), st.message().c_str());
-  refuse(back->fd.get(), st);
+  refuse_connection(back->fd.get(), st);
 }
 
+// posd.isolation: process. The connection goes to a new session process, which sends the welcome
+// (or a refusal) itself; posd keeps no copy of it, so the client sees the hang-up when that process
+// ends, however it ends.
+void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t arena_bytes) {
+  set_blocking(h.fd.get());
+  auto s = std::make_unique<Session>();
+  s->cred = h.cred;
+  s->job = std::move(job);
+  s->arena_bytes = arena_bytes;
+  s->generation = ++next_generation_;
+  session_channel::Start start;
+  start.kind = static_cast<uint32_t>(session_channel::Kind::kServe);
+  start.pid = h.cred.pid;
+  start.uid = h.cred.uid;
+  start.generation = s->generation;
+  start.arena_bytes = arena_bytes;
+  auto p = spawn_session_process(session_binary_, h.fd.get(), start, s->job, config_yaml_);
+  if (!p.ok()) {
+    POS_WARN("posd", "session for pid %d (%s) refused: %s", h.cred.pid, s->job.c_str(), p.status().message().c_str());
+    refuse_connection(h.fd.get(), Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));
+    return;
+  }
+  s->child = p->pid;
+  s->channel = std::move(p->channel);
+  POS_INFO("posd", "session %lu: pid %d uid %u job '%s' in session process %d", (unsigned long)(s->generation << 16),
+           h.cred.pid, h.cred.uid, s->job.c_str(), static_cast<int>(s->child));
+  std::lock_guard<std::mutex> lk(mu_);
+  sessions_.push_back(std::move(s));
+}  // h.fd closes posd's copy of the connection
+
 void PosdServer::session_main(Session* s) {
-  serve(s);
+  SessionSpec spec;
+  spec.fd = s->fd.get();
+  spec.pid = s->cred.pid;
+  spec.uid = s->cred.uid;
+  spec.job = s->job;
+  spec.arena_bytes = s->arena_bytes;
+  spec.devices = config_.posd_devices;
+  spec.stop_fd = stop_fd_;
+  spec.keep_spinning = [this] { return sessions_gate_.is_open(); };
+  serve_session(*ws_, spec, &s->progress);
   sessions_gate_.leave();  // entered for this session by start_session
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
@@ -610,7 +680,7 @@ void PosdServer::control(int fd, const std::string& command) {
   } else if (command == "ps-table") {
     text = sessions_table();
   } else {
-    refuse(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table)"));
+    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table)"));
     return;
   }
   wire::Welcome w;
@@ -618,210 +688,42 @@ void PosdServer::control(int fd, const std::string& command) {
   if (send_all(fd, &w, sizeof(w)).ok()) (void)send_all(fd, text.data(), text.size()).ok();
 }
 
-void PosdServer::serve(Session* s) {
-  const int fd = s->fd.get();
-  SessionMemory mem;
-  Status st = mem.create(s->arena_bytes, &ws_->backend());
-  std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
-  StatusOr<ClientUuid> uuid =
-      st.ok() ? ws_->create_client(s->job, ClientOptions{reinterpret_cast<uint64_t>(arena), mem.layout.arena_bytes,
-                                                         config_.posd_devices})
-              : StatusOr<ClientUuid>(st);
-  if (!uuid.ok()) {
-    POS_WARN("posd", "session for pid %d (%s) refused: %s", s->cred.pid, s->job.c_str(),
-             uuid.status().to_string().c_str());
-    refuse(fd, uuid.status());
-    return;
-  }
-  s->uuid.store(*uuid, std::memory_order_release);
-  const Config& cfg = ws_->config();
-  wire::Welcome w;
-  w.client_uuid = *uuid;
-  w.shm_bytes = mem.layout.total;
-  w.ring_offset = mem.layout.ring_offset, w.ring_bytes = mem.layout.ring_bytes;
-  w.reply_offset = mem.layout.reply_offset;
-  w.arena_offset = mem.layout.arena_offset, w.arena_bytes = mem.layout.arena_bytes;
-  w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
-  w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
-  w.device_size = cfg.va_size;
-  w.window_base = cfg.va_base;
-  w.window_size = cfg.va_size * cfg.max_clients;
-  msghdr msg{};
-  iovec iov{&w, sizeof(w)};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-  const int fds[2] = {mem.memfd, mem.efd};
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
-    POS_WARN("posd", "pid %d left during the handshake", s->cred.pid);
-    (void)ws_->remove_client(*uuid);
-    return;
-  }
-  POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, s->cred.pid,
-           s->cred.uid, s->job.c_str(), (unsigned long)mem.layout.arena_bytes);
-
-  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
-  std::byte* const ring = mem.base + mem.layout.ring_offset;
-  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem.base + mem.layout.reply_offset);
-  const uint64_t ring_bytes = mem.layout.ring_bytes;
-  const uint64_t spin_ns = cfg.sync_spin_ns;
-  uint64_t head = 0, last_seq = 0;
-  // Posted cudaGetLastError frames are answered here from the client's atomic (what its parser
-  // function would read), not through pos_process: a training loop posts one after every launch,
-  // and a parser round trip each would make this thread the session's bottleneck.
-  std::shared_ptr<POSClient> client = ws_->find_client(*uuid);
-  Status deferred;  // first failure of a posted frame since the last reply
-  int32_t taken_async_error = 0;  // taken by a posted cudaGetLastError since the last reply
-  std::string end_reason = "client disconnected";
-  alignas(16) std::byte ret[wire::kMaxRet];
-  wire::DecodedFrame f;
-
-  // A frame's ring space is free again; then its completion is visible to the client.
-  auto consumed = [&](uint64_t total_len, uint64_t seq) {
-    head += total_len;
-    hdr->head.store(head, std::memory_order_release);
-    last_seq = seq;
-    s->frames.fetch_add(1, std::memory_order_relaxed);
-  };
-  auto published = [&](uint64_t seq) {
-    hdr->done_seq.store(seq, std::memory_order_release);
-    // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
-    // store-sleeping-then-load-done32, at least one side sees the other.
-    hdr->done32.store(static_cast<uint32_t>(seq), std::memory_order_seq_cst);
-    if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
-  };
-  auto fail = [&](const Status& why) {
-    POS_ERROR("posd", "session %lu (pid %d, '%s'): %s; closing it", (unsigned long)*uuid, s->cred.pid, s->job.c_str(),
-              why.message().c_str());
-    end_reason = "malformed frame";
-  };
-  for (;;) {
-    const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
-    if (tail != head) {
-      if (tail < head || tail - head > ring_bytes) {
-        fail(Status::Corrupt("ring tail " + std::to_string(tail) + " is impossible (head " + std::to_string(head) + ")"));
-        break;
-      }
-      const uint64_t pos = head % ring_bytes, rem = ring_bytes - pos;
-      if (rem < sizeof(wire::FrameHeader)) {  // too little room for a header: implicit pad
-        head += rem;
-        hdr->head.store(head, std::memory_order_release);
-        continue;
-      }
-      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem.layout.arena_bytes, &f);
-      if (d.ok() && (f.h.flags & wire::kFlagPad) && f.h.total_len != rem) d = Status::Corrupt("pad frame does not end at the ring's end");
-      if (d.ok() && !(f.h.flags & wire::kFlagPad) && f.h.seq != last_seq + 1)
-        d = Status::Corrupt("frame sequence " + std::to_string(f.h.seq) + " after " + std::to_string(last_seq));
-      if (!d.ok()) {
-        fail(d);
-        break;
-      }
-      if (f.h.flags & wire::kFlagPad) {
-        head += f.h.total_len;
-        hdr->head.store(head, std::memory_order_release);
-        continue;
-      }
-      if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError) && !(f.h.flags & wire::kFlagReply) &&
-          f.nparams == 0 && client) {
-        if (const int32_t e = client->take_async_error(); e != 0) taken_async_error = e;
-        consumed(f.h.total_len, f.h.seq);
-        published(f.h.seq);
-        continue;
-      }
-      uint64_t written = 0;
-      Status r = ws_->pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
-                                  &written);
-      if (!r.ok())
-        POS_DEBUG("posd", "session %lu ('%s'): %s failed: %s", (unsigned long)*uuid, s->job.c_str(),
-                  std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
-                  r.to_string().c_str());
-      // pos_process copied the parameters: the ring space may be reused.
-      consumed(f.h.total_len, f.h.seq);
-      if (f.h.flags & wire::kFlagReply) {
-        reply->seq = f.h.seq;
-        reply->code = static_cast<int32_t>(r.code());
-        reply->api_error = r.ok() ? 0 : r.api_error();
-        const std::string& m = r.message();
-        reply->message_len = static_cast<uint32_t>(std::min<uint64_t>(m.size(), wire::kMaxMessage));
-        std::memcpy(reply->message, m.data(), reply->message_len);
-        reply->deferred_code = static_cast<int32_t>(deferred.code());
-        reply->deferred_api_error = deferred.ok() ? 0 : deferred.api_error();
-        const std::string& dm = deferred.message();
-        reply->deferred_message_len = static_cast<uint32_t>(std::min<uint64_t>(dm.size(), wire::kMaxMessage));
-        std::memcpy(reply->deferred_message, dm.data(), reply->deferred_message_len);
-        reply->ret_written = std::min<uint64_t>(written, wire::kMaxRet);
-        std::memcpy(reply->ret, ret, reply->ret_written);
-        reply->async_error = taken_async_error;
-        reply->reserved = 0;
-        deferred = Status::Ok();
-        taken_async_error = 0;
-      } else if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError)) {
-        // A posted cudaGetLastError: what it took is the app's next last error, not a failure.
-        if (!r.ok()) taken_async_error = r.api_error();
-      } else if (!r.ok() && deferred.ok()) {
-        deferred = r;
-      }
-      published(f.h.seq);
-      continue;
-    }
-    // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
-    // client rings, hangs up, or posd stops.
-    if (spin_wait<kPollSpin>(
-            spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
-            [&] { return sessions_gate_.is_open(); }))
-      continue;
-    hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
-    if (hdr->tail.load(std::memory_order_seq_cst) != head) {
-      hdr->server_sleeping.store(0, std::memory_order_relaxed);
-      continue;
-    }
-    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem.efd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    const int n = ::poll(p, 3, -1);
-    hdr->server_sleeping.store(0, std::memory_order_relaxed);
-    if (n < 0 && errno != EINTR) break;
-    if (p[1].revents & POLLIN) {
-      uint64_t v;
-      (void)!::read(mem.efd, &v, sizeof(v));
-    }
-    if (p[2].revents != 0) {
-      end_reason = "posd stopping";
-      break;
-    }
-    if (p[0].revents != 0) {
-      // The client never writes to the socket after the hello: readable means hang-up (or
-      // garbage, which ends the session too).
-      if (hdr->tail.load(std::memory_order_acquire) != head) continue;  // run what it left first
-      break;
-    }
-  }
-  ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
-  const ClientStats st2 = client ? client->stats() : ClientStats{};
-  client.reset();  // the workspace alone owns it while it is removed
-  Status rm = ws_->remove_client(*uuid);
-  const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
-  POS_INFO("posd", "session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
-           (unsigned long)*uuid, s->cred.pid, s->job.c_str(), end_reason.c_str(), (unsigned long)s->frames.load(),
-           (unsigned long)st2.memory_in_use, rm_note.c_str());
-}
 
 std::vector<SessionInfo> PosdServer::sessions() const {
   std::vector<SessionInfo> out;
   std::lock_guard<std::mutex> lk(mu_);
   for (const auto& s : sessions_) {
-    const uint64_t uuid = s->uuid.load(std::memory_order_acquire);
-    if (uuid == 0 || s->finished.load()) continue;
-    // Listed until its teardown (device memory freed) is complete.
-    auto c = ws_->find_client(uuid);
+    if (s->finished.load()) continue;
     SessionInfo i;
-    i.ending = !c;
-    i.uuid = uuid;
     i.pid = static_cast<uint32_t>(s->cred.pid), i.uid = s->cred.uid;
-    if (c) i.device = c->device();
     i.job = s->job;
     i.arena_bytes = s->arena_bytes;
-    i.frames = s->frames.load();
+    if (s->child > 0) {
+      // Asked in turn; a session process answers from a thread of its own, so a busy session
+      // answers too. One that does not (ended meanwhile, or stopped) is listed as ending.
+      std::lock_guard<std::mutex> io(s->io);
+      auto r = query_session(s->channel.get(), std::chrono::seconds(2));
+      i.server_pid = static_cast<uint32_t>(s->child);
+      i.uuid = r.ok() && r->uuid != 0 ? r->uuid : s->generation << 16;
+      i.ending = !r.ok() || r->ending != 0;
+      if (r.ok()) {
+        i.device = r->device;
+        i.frames = r->frames;
+        i.stats = r->stats;
+        if (r->uuid == 0) i.starting = true;
+      }
+      out.push_back(std::move(i));
+      continue;
+    }
+    const uint64_t uuid = s->progress.uuid.load(std::memory_order_acquire);
+    if (uuid == 0) continue;
+    // Listed until its teardown (device memory freed) is complete.
+    auto c = ws_->find_client(uuid);
+    i.ending = !c;
+    i.uuid = uuid;
+    i.server_pid = static_cast<uint32_t>(::getpid());
+    if (c) i.device = c->device();
+    i.frames = s->progress.frames.load();
     if (c) i.stats = c->stats();
     out.push_back(std::move(i));
   }
@@ -832,8 +734,9 @@ std::vector<SessionInfo> PosdServer::sessions() const {
 // client's own name is already printable): json_string() shows it as printable() does, quoted, so
 // the answer is valid JSON (UTF-8, no raw control characters) whatever the bytes.
 std::string PosdServer::sessions_json() const {
-  std::string o = "{\"backend\":" + json_string(ws_->backend().name()) + ",\"socket\":" + json_string(socket_path_) +
-                  ",\"sessions\":[";
+  std::string o = "{\"backend\":" + json_string(backend_name_) + ",\"isolation\":\"" +
+                  (config_.posd_isolation == Isolation::kProcess ? "process" : "shared") +
+                  "\",\"socket\":" + json_string(socket_path_) + ",\"sessions\":[";
   bool first = true;
   for (const auto& s : sessions()) {
     if (!first) o += ",";
@@ -842,7 +745,7 @@ std::string PosdServer::sessions_json() const {
          ",\"job\":" + json_string(s.job) + ",\"device\":" + std::to_string(s.device) +
          ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
          ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
-         ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) +
+         ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) + ",\"server_pid\":" + std::to_string(s.server_pid) +
          ",\"state\":\"" + state_of(s) + "\"}";
   }
   return o + "]}\n";
@@ -869,8 +772,8 @@ std::string PosdServer::sessions_table() const {
                   state_of(s));
     o += line;
   }
-  o += std::to_string(all.size()) + " session(s) on " + printable(socket_path_) + " (" + std::string(ws_->backend().name()) +
-       " backend)\n";
+  o += std::to_string(all.size()) + " session(s) on " + printable(socket_path_) + " (" + backend_name_ + " backend, " +
+       (config_.posd_isolation == Isolation::kProcess ? "a process per session" : "shared process") + ")\n";
   return o;
 }
 }  // namespace pos

@@ -1,5 +1,5 @@
-// posd_server.h — the daemon's core: owns the workspace (and so the GPU), reads every hello on its
-// Unix socket in one acceptor thread, and runs one thread per admitted session that feeds its ring's frames to pos_process.
+// posd_server.h — the daemon's core: reads every hello on its Unix socket in one acceptor thread and
+// hands each admitted session to a session process of its own (posd.isolation: process) or a thread on posd's workspace (shared).
 #pragma once
 
 #include <atomic>
@@ -27,6 +27,8 @@ struct SessionInfo {
   uint64_t arena_bytes = 0;
   uint64_t frames = 0;  // frames handled
   bool ending = false;  // its client is being torn down
+  bool starting = false;  // its session process is still setting up
+  uint32_t server_pid = 0;  // the process that serves it: its session process, or posd (shared)
   ClientStats stats;
 };
 
@@ -72,7 +74,8 @@ class PosdServer {
   // Test hook: admission compares peers with this uid instead of posd's own (a test cannot
   // connect as another user without root, but it can make its own uid look foreign).
   void set_owner_uid_for_test(uint32_t uid) { owner_uid_.store(uid); }
-  POSWorkspace& workspace() { return *ws_; }
+  // posd's workspace with posd.isolation: shared; nullptr with process (each session process has its own).
+  POSWorkspace* workspace() { return ws_.get(); }
   std::vector<SessionInfo> sessions() const;
   // Connections that closed before sending a byte: liveness probes (a second posd's start asking
   // whether this one answers). They are logged at debug only; the count lets tests see them.
@@ -97,15 +100,19 @@ class PosdServer {
   bool read_hello(Handshake& h);
   void on_hello(Handshake& h);
   void start_session(Handshake& h, std::string job, uint64_t arena_bytes);
+  void start_process_session(Handshake& h, std::string job, uint64_t arena_bytes);
   void session_main(Session* s);
-  void serve(Session* s);
+  void reap_process(Session* s);
   void control(int fd, const std::string& command);
   void reap_finished();
   size_t live_sessions() const;
   Status prepare_socket_dir();
 
   Config config_;
-  std::unique_ptr<POSWorkspace> ws_;
+  std::unique_ptr<POSWorkspace> ws_;  // posd.isolation: shared only
+  std::string backend_name_;
+  std::string session_binary_, config_yaml_;  // posd.isolation: process
+  uint64_t next_generation_ = 0;              // acceptor-only: the next session process's uuid generation
   std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
   std::string socket_path_;
   int64_t group_gid_ = -1;

@@ -1,0 +1,346 @@
+// session_process.cc — both ends of posd.isolation: process. posd's side starts posd-session and
+// asks it for its state; the session process's side serves one client on a workspace of its own.
+#include "remoting/server/session_process.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "pos/base/log.h"
+#include "pos/base/thread.h"
+#include "pos/runtime.h"
+#include "remoting/common/wire.h"
+#include "remoting/server/session_serve.h"
+
+extern char** environ;
+
+namespace pos {
+
+namespace sc = session_channel;
+
+namespace {
+
+std::string dir_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string("./") : path.substr(0, slash + 1);
+}
+
+bool executable_file(const std::string& p) { return ::access(p.c_str(), X_OK) == 0; }
+
+// One packet, waiting at most `timeout`. kUnavailable once the peer is gone.
+StatusOr<size_t> recv_packet(int fd, void* buf, size_t cap, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::Unavailable(std::string("poll: ") + std::strerror(errno));
+    if (n == 0) return Status(Code::kNotReady, 0, "no answer within " + std::to_string(timeout.count()) + " ms");
+    const ssize_t r = ::recv(fd, buf, cap, MSG_DONTWAIT | MSG_TRUNC);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r < 0) return Status::Unavailable(std::string("recv: ") + std::strerror(errno));
+    if (r == 0) return Status::Unavailable("the session process has ended");
+    if (static_cast<size_t>(r) > cap) return Status::Corrupt("a packet of " + std::to_string(r) + " bytes does not fit");
+    return static_cast<size_t>(r);
+  }
+}
+
+Status send_packet(int fd, const void* data, size_t n) {
+  for (;;) {
+    const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w != static_cast<ssize_t>(n)) return Status::Unavailable(std::string("send: ") + std::strerror(errno));
+    return Status::Ok();
+  }
+}
+
+// The session process's half.
+
+void report_status(int channel, const Status& s, int device_count, const std::string& backend) {
+  sc::Message m;
+  m.type = static_cast<uint32_t>(sc::Type::kReport);
+  m.code = static_cast<int32_t>(s.code());
+  m.api_error = s.api_error();
+  m.device_count = device_count;
+  wire::put_cstr(m.backend, sizeof(m.backend), backend);
+  wire::put_cstr(m.message, sizeof(m.message), s.message());
+  (void)send_packet(channel, &m, sizeof(m)).ok();
+}
+
+// Answers posd's requests until posd closes the channel (then the session is told to end) or
+// `done` fires (the session ended by itself).
+void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
+                  const SessionProgress* progress) {
+  auto end_session = [&] {
+    stopping->store(true, std::memory_order_release);
+    const uint64_t one = 1;
+    (void)!::write(stop_fd, &one, sizeof(one));
+  };
+  for (;;) {
+    pollfd p[2] = {{channel, POLLIN, 0}, {done_fd, POLLIN, 0}};
+    const int n = ::poll(p, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || p[1].revents != 0) return;
+    sc::Message req;
+    const ssize_t r = ::recv(channel, &req, sizeof(req), MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) {  // posd closed it (stopping) or died: the session ends
+      end_session();
+      return;
+    }
+    if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
+        req.type != static_cast<uint32_t>(sc::Type::kStatsRequest)) {
+      POS_ERROR("posd-session", "posd sent a request this session process does not know; ending the session");
+      end_session();
+      return;
+    }
+    sc::Message m;
+    m.type = static_cast<uint32_t>(sc::Type::kReport);
+    m.uuid = progress->uuid.load(std::memory_order_acquire);
+    m.frames = progress->frames.load(std::memory_order_relaxed);
+    if (m.uuid != 0) {
+      if (auto c = ws->find_client(m.uuid)) {
+        m.stats = c->stats();
+        m.device = c->device();
+      } else {
+        m.ending = 1;
+      }
+    }
+    wire::put_cstr(m.backend, sizeof(m.backend), std::string(ws->backend().name()));
+    if (!send_packet(channel, &m, sizeof(m)).ok()) {
+      end_session();
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<std::string> find_session_binary(const Config& config) {
+  if (!config.posd_session_binary.empty()) {
+    if (executable_file(config.posd_session_binary)) return config.posd_session_binary;
+    return Status::FailedPrecondition("posd.session_binary " + config.posd_session_binary +
+                                      " is not an executable file");
+  }
+  if (const char* e = std::getenv("POS_SESSION_BINARY"); e != nullptr && *e != '\0') {
+    if (executable_file(e)) return std::string(e);
+    return Status::FailedPrecondition(std::string("POS_SESSION_BINARY ") + e + " is not an executable file");
+  }
+  std::vector<std::string> looked;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&find_session_binary), &info) != 0 && info.dli_fname != nullptr) {
+    const std::string d = dir_of(info.dli_fname);
+    for (const char* rel : {"posd-session", "../libexec/pos/posd-session", "../../libexec/pos/posd-session"})
+      looked.push_back(d + rel);
+  }
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    const std::string d = dir_of(std::string(self, static_cast<size_t>(n)));
+    for (const char* rel : {"posd-session", "../libexec/pos/posd-session"}) looked.push_back(d + rel);
+  }
+  std::string where;
+  for (const auto& p : looked) {
+    if (executable_file(p)) return p;
+    where += (where.empty() ? "" : ", ") + p;
+  }
+  return Status::FailedPrecondition("posd-session, the session process's program, is not installed (looked for " +
+                                    where +
+                                    "): set posd.session_binary or POS_SESSION_BINARY to it, or run with "
+                                    "posd.isolation: shared (no isolation between clients)");
+}
+
+StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd, sc::Start start,
+                                               const std::string& job, const std::string& config_yaml) {
+  if (job.size() > sc::kMaxJobBytes || config_yaml.size() > sc::kMaxConfigBytes)
+    return Status::InvalidArgument("job name or config too long for a session process");
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return Status::Unavailable(std::string("socketpair: ") + std::strerror(errno));
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  // Above the descriptors the child gets, so each dup2 below really duplicates (and so clears
+  // close-on-exec on the copy).
+  UniqueFd ch(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
+  UniqueFd cl(client_fd >= 0 ? ::fcntl(client_fd, F_DUPFD_CLOEXEC, 10) : -1);
+  if (!ch || (client_fd >= 0 && !cl)) return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
+  theirs.reset();
+  // Sent before the process exists: the packet waits in the socket (a config is well under its buffer).
+  start.magic = sc::kMagic, start.version = sc::kVersion;
+  start.job_len = static_cast<uint32_t>(job.size());
+  start.config_len = static_cast<uint32_t>(config_yaml.size());
+  std::string packet(reinterpret_cast<const char*>(&start), sizeof(start));
+  packet += job;
+  packet += config_yaml;
+  POS_RETURN_IF_ERROR(send_packet(mine.get(), packet.data(), packet.size()));
+
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&at);
+  posix_spawn_file_actions_adddup2(&fa, ch.get(), sc::kChannelFd);
+  if (cl) posix_spawn_file_actions_adddup2(&fa, cl.get(), sc::kClientFd);
+  posix_spawn_file_actions_addclosefrom_np(&fa, sc::kClientFd + 1);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int s : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) sigaddset(&defaults, s);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &defaults);
+  posix_spawnattr_setpgroup(&at, 0);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  char* argv[] = {const_cast<char*>(binary.c_str()), nullptr};
+  pid_t pid = -1;
+  const int e = ::posix_spawn(&pid, binary.c_str(), &fa, &at, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (e != 0) return Status::Unavailable("cannot start the session process " + binary + ": " + std::strerror(e));
+  SessionProcess p;
+  p.pid = pid;
+  p.channel = std::move(mine);
+  return p;
+}
+
+StatusOr<sc::Message> query_session(int channel, std::chrono::milliseconds timeout) {
+  sc::Message req;
+  req.type = static_cast<uint32_t>(sc::Type::kStatsRequest);
+  POS_RETURN_IF_ERROR(send_packet(channel, &req, sizeof(req)));
+  return await_report(channel, timeout);
+}
+
+StatusOr<sc::Message> await_report(int channel, std::chrono::milliseconds timeout) {
+  sc::Message m;
+  auto n = recv_packet(channel, &m, sizeof(m), timeout);
+  if (!n.ok()) return n.status();
+  if (*n != sizeof(m) || m.magic != sc::kMagic || m.type != static_cast<uint32_t>(sc::Type::kReport))
+    return Status::Corrupt("the session process answered with a malformed report");
+  m.backend[sizeof(m.backend) - 1] = '\0';
+  m.message[sizeof(m.message) - 1] = '\0';
+  return m;
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int s = WTERMSIG(status);
+    const char* name = ::strsignal(s);
+    return "was killed by signal " + std::to_string(s) + " (" + (name != nullptr ? name : "?") + ")";
+  }
+  return "ended (wait status " + std::to_string(status) + ")";
+}
+
+int wait_or_kill(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (r < 0 && errno != EINTR) return 0;  // not ours (already reaped)
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  POS_WARN("posd", "session process %d did not end within %lld ms; killing it", static_cast<int>(pid),
+           static_cast<long long>(timeout.count()));
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return st;
+}
+
+int session_process_main() {
+  const int channel = sc::kChannelFd;
+  (void)::fcntl(channel, F_SETFD, FD_CLOEXEC);
+  std::vector<char> buf(sizeof(sc::Start) + sc::kMaxJobBytes + sc::kMaxConfigBytes);
+  auto n = recv_packet(channel, buf.data(), buf.size(), std::chrono::seconds(10));
+  sc::Start start;
+  if (!n.ok() || *n < sizeof(start)) {
+    log_line(LogLevel::kError, "posd-session", "no start message from posd (%s); this program is started by posd",
+             n.ok() ? "too short" : n.status().message().c_str());
+    return 2;
+  }
+  std::memcpy(&start, buf.data(), sizeof(start));
+  if (start.magic != sc::kMagic || start.version != sc::kVersion || start.job_len > sc::kMaxJobBytes ||
+      start.config_len > sc::kMaxConfigBytes || *n != sizeof(start) + start.job_len + start.config_len) {
+    log_line(LogLevel::kError, "posd-session", "the start message is not one this build reads (another posd's?)");
+    return 2;
+  }
+  const std::string job(buf.data() + sizeof(start), start.job_len);
+  auto cfg = parse_config(std::string(buf.data() + sizeof(start) + start.job_len, start.config_len));
+  if (!cfg.ok()) {
+    report_status(channel, cfg.status().with_context("posd's config"), 0, "");
+    return 2;
+  }
+  Config config = *cfg;
+  set_log_level(config.log_level);
+  // Host kernels run here, where the client's memory is: the libraries are loaded in this process.
+  std::vector<void*> libs;
+  Status st;
+  for (const auto& lib : config.host_kernel_libraries) {
+    void* h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      st = Status::InvalidArgument("cannot load host kernel library " + lib + ": " + ::dlerror());
+      break;
+    }
+    libs.push_back(h);
+  }
+  const bool probe = start.kind == static_cast<uint32_t>(sc::Kind::kProbe);
+  if (!probe) config.max_clients = 1;  // one client, in slot 0 of a window of its own
+  StatusOr<std::unique_ptr<POSWorkspace>> ws = st.ok() ? create_workspace(config) : StatusOr<std::unique_ptr<POSWorkspace>>(st);
+  int rc = 0;
+  if (probe) {
+    report_status(channel, ws.ok() ? Status::Ok() : ws.status(), ws.ok() ? (*ws)->backend().device_count() : 0,
+                  ws.ok() ? std::string((*ws)->backend().name()) : config.backend);
+  } else if (!ws.ok()) {
+    POS_WARN("posd-session", "session for pid %d (%s) refused: %s", start.pid, job.c_str(),
+             ws.status().to_string().c_str());
+    refuse_connection(sc::kClientFd, ws.status());
+    rc = 1;
+  } else {
+    UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
+    std::atomic<bool> stopping{false};
+    SessionProgress progress;
+    SessionSpec spec;
+    spec.fd = sc::kClientFd;
+    spec.pid = start.pid;
+    spec.uid = start.uid;
+    spec.job = job;
+    spec.arena_bytes = start.arena_bytes;
+    spec.devices = config.posd_devices;
+    spec.generation = start.generation;
+    spec.stop_fd = stop_fd.get();
+    spec.keep_spinning = [&stopping] { return !stopping.load(std::memory_order_acquire); };
+    std::thread control;
+    Status t = start_thread(&control, "the session process's control thread", [&] {
+      name_this_thread("posd-session-ctl");
+      control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, ws->get(), &progress);
+    });
+    if (!t.ok()) {
+      refuse_connection(sc::kClientFd, t);
+      rc = 1;
+    } else {
+      serve_session(**ws, spec, &progress);
+      const uint64_t one = 1;
+      (void)!::write(done_fd.get(), &one, sizeof(one));
+      control.join();
+    }
+  }
+  if (ws.ok()) ws->reset();
+  for (void* h : libs) ::dlclose(h);
+  return rc;
+}
+
+}  // namespace pos

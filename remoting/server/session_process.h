@@ -1,0 +1,93 @@
+// session_process.h — posd.isolation: process. posd brokers: it admits a connection, then starts a
+// session process (posd-session) that owns a GPU context of its own and serves that one client.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "pos/base/status.h"
+#include "pos/client.h"
+#include "pos/config.h"
+#include "remoting/common/unique_fd.h"
+
+namespace pos {
+
+// posd ↔ session process: one SOCK_SEQPACKET socketpair, the session process's descriptor 3 (its
+// client's connection is descriptor 4). posd sends one Start; the session process answers every
+// kStatsRequest with a Report. posd closing its end ends the session (so does posd dying).
+namespace session_channel {
+inline constexpr uint32_t kMagic = 0x53534f50;  // "POSS"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr int kChannelFd = 3, kClientFd = 4;
+inline constexpr uint32_t kMaxConfigBytes = 1u << 20;
+inline constexpr uint32_t kMaxJobBytes = 1024;
+
+enum class Kind : uint32_t { kServe = 1, kProbe = 2 };
+enum class Type : uint32_t { kStatsRequest = 1, kReport = 2 };
+
+// posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of
+// config_to_yaml's text, in the same packet.
+struct Start {
+  uint32_t magic = kMagic, version = kVersion;
+  uint32_t kind = 0;
+  int32_t pid = 0;  // the client's
+  uint32_t uid = 0, job_len = 0;
+  uint64_t generation = 0, arena_bytes = 0;
+  uint32_t config_len = 0, reserved = 0;
+};
+
+// Either way, fixed size.
+struct Message {
+  uint32_t magic = kMagic;
+  uint32_t type = 0;
+  // Report: the probe's result (code 0: the backend came up) or the session's state.
+  int32_t code = 0, api_error = 0;
+  int32_t device_count = 0;  // probe: the backend's devices
+  int32_t device = 0;        // session: the backend device its state is on
+  uint64_t uuid = 0;         // session: its client's uuid, 0 while it starts
+  uint64_t frames = 0;
+  uint32_t ending = 0, reserved = 0;
+  ClientStats stats{};
+  char backend[32] = {};
+  char message[512] = {};
+};
+}  // namespace session_channel
+
+// The session process's program: posd.session_binary, else $POS_SESSION_BINARY, else posd-session
+// beside libpos_posd (the build tree) or in ../libexec/pos of it or of the running program (an
+// install). Not found: an error that says where it looked and what to set.
+StatusOr<std::string> find_session_binary(const Config& config);
+
+// A started session process: its pid and posd's end of its channel.
+struct SessionProcess {
+  pid_t pid = -1;
+  UniqueFd channel;
+};
+
+// Starts `binary` with the channel as descriptor 3 and `client_fd` (may be -1: a probe) as 4, in a
+// process group of its own (a terminal's Ctrl-C reaches posd, which ends sessions in order), with
+// no signal blocked, and sends it `start` with the job and posd's config.
+StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd,
+                                               session_channel::Start start, const std::string& job,
+                                               const std::string& config_yaml);
+
+// Sends a request and waits up to `timeout` for its Report. An ended process is kUnavailable.
+StatusOr<session_channel::Message> query_session(int channel, std::chrono::milliseconds timeout);
+
+// Waits up to `timeout` for a Report the process sends unasked (a probe's result).
+StatusOr<session_channel::Message> await_report(int channel, std::chrono::milliseconds timeout);
+
+// "exited with status 3", "was killed by signal 11 (Segmentation fault)".
+std::string describe_wait_status(int status);
+
+// waitpid for up to `timeout`, then SIGKILL and wait. Returns the wait status.
+int wait_or_kill(pid_t pid, std::chrono::milliseconds timeout);
+
+// The session process's main (tools/posd_session.cc): reads the Start from descriptor 3 and serves
+// the client on descriptor 4, or answers a probe. Returns the exit status.
+int session_process_main();
+
+}  // namespace pos

@@ -1,0 +1,270 @@
+// session_serve.cc — one session's serving, shared by posd's session threads (posd.isolation:
+// shared) and session processes (process): shared memory, welcome, frame loop, teardown on hang-up.
+#include "remoting/server/session_serve.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "pos/base/cuda_errors.h"
+#include "pos/base/log.h"
+#include "pos/base/sync.h"
+#include "remoting/common/wire.h"
+
+namespace pos {
+
+namespace {
+
+// The session's shared memory: a sealed memfd (the client can neither shrink it under posd's
+// mapping nor grow it), mapped here, and the eventfd the client rings when posd sleeps.
+struct SessionMemory {
+  int memfd = -1, efd = -1;
+  std::byte* base = nullptr;
+  wire::Layout layout{};
+  bool registered = false;
+  DeviceBackend* backend = nullptr;
+  ~SessionMemory() {
+    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    if (base != nullptr) ::munmap(base, layout.total);
+    if (memfd >= 0) ::close(memfd);
+    if (efd >= 0) ::close(efd);
+  }
+  Status create(uint64_t arena_bytes, DeviceBackend* b) {
+    backend = b;
+    layout = wire::layout_for(arena_bytes);
+    memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0) return Status::Unavailable(std::string("memfd_create: ") + std::strerror(errno));
+    if (::ftruncate(memfd, static_cast<off_t>(layout.total)) != 0)
+      return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
+    if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
+    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
+    base = static_cast<std::byte*>(m);
+    auto* h = new (base) wire::ShmHeader();
+    h->magic = wire::kShmMagic;
+    h->version = wire::kProtocolVersion;
+    h->ring_bytes = layout.ring_bytes;
+    efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+    Status s = b->host_register(base + layout.arena_offset, layout.arena_bytes);
+    if (!s.ok()) return s.with_context("page-locking the session arena");
+    registered = true;
+    return Status::Ok();
+  }
+};
+
+ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_t arena_bytes) {
+  ClientOptions o;
+  o.host_base = reinterpret_cast<uint64_t>(arena);
+  o.host_size = arena_bytes;
+  o.devices = spec.devices;
+  o.generation = spec.generation;
+  return o;
+}
+
+}  // namespace
+
+void refuse_connection(int fd, const Status& why) {
+  wire::Welcome w;
+  w.code = static_cast<int32_t>(why.code());
+  w.api_error = why.api_error() != 0 ? why.api_error() : cuda::kErrorInitializationError;
+  wire::put_cstr(w.message, sizeof(w.message), why.message());
+  (void)::send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* progress) {
+  const int fd = spec.fd;
+  SessionMemory mem;
+  Status st = mem.create(spec.arena_bytes, &ws.backend());
+  std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
+  StatusOr<ClientUuid> uuid =
+      st.ok() ? ws.create_client(spec.job, session_options(spec, arena, mem.layout.arena_bytes))
+              : StatusOr<ClientUuid>(st);
+  if (!uuid.ok()) {
+    POS_WARN("posd", "session for pid %d (%s) refused: %s", spec.pid, spec.job.c_str(),
+             uuid.status().to_string().c_str());
+    refuse_connection(fd, uuid.status());
+    return;
+  }
+  progress->uuid.store(*uuid, std::memory_order_release);
+  const Config& cfg = ws.config();
+  wire::Welcome w;
+  w.client_uuid = *uuid;
+  w.shm_bytes = mem.layout.total;
+  w.ring_offset = mem.layout.ring_offset, w.ring_bytes = mem.layout.ring_bytes;
+  w.reply_offset = mem.layout.reply_offset;
+  w.arena_offset = mem.layout.arena_offset, w.arena_bytes = mem.layout.arena_bytes;
+  w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
+  w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
+  w.device_size = cfg.va_size;
+  w.window_base = cfg.va_base;
+  w.window_size = cfg.va_size * cfg.max_clients;
+  msghdr msg{};
+  iovec iov{&w, sizeof(w)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {mem.memfd, mem.efd};
+  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
+    POS_WARN("posd", "pid %d left during the handshake", spec.pid);
+    (void)ws.remove_client(*uuid);
+    return;
+  }
+  POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, spec.pid,
+           spec.uid, spec.job.c_str(), (unsigned long)mem.layout.arena_bytes);
+
+  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
+  std::byte* const ring = mem.base + mem.layout.ring_offset;
+  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem.base + mem.layout.reply_offset);
+  const uint64_t ring_bytes = mem.layout.ring_bytes;
+  const uint64_t spin_ns = cfg.sync_spin_ns;
+  uint64_t head = 0, last_seq = 0;
+  // Posted cudaGetLastError frames are answered here from the client's atomic (what its parser
+  // function would read), not through pos_process: a training loop posts one after every launch,
+  // and a parser round trip each would make this thread the session's bottleneck.
+  std::shared_ptr<POSClient> client = ws.find_client(*uuid);
+  Status deferred;  // first failure of a posted frame since the last reply
+  int32_t taken_async_error = 0;  // taken by a posted cudaGetLastError since the last reply
+  std::string end_reason = "client disconnected";
+  alignas(16) std::byte ret[wire::kMaxRet];
+  wire::DecodedFrame f;
+
+  // A frame's ring space is free again; then its completion is visible to the client.
+  auto consumed = [&](uint64_t total_len, uint64_t seq) {
+    head += total_len;
+    hdr->head.store(head, std::memory_order_release);
+    last_seq = seq;
+    progress->frames.fetch_add(1, std::memory_order_relaxed);
+  };
+  auto published = [&](uint64_t seq) {
+    hdr->done_seq.store(seq, std::memory_order_release);
+    // Store then load, both seq_cst (no fences: ThreadSanitizer models these): with the client's
+    // store-sleeping-then-load-done32, at least one side sees the other.
+    hdr->done32.store(static_cast<uint32_t>(seq), std::memory_order_seq_cst);
+    if (hdr->client_sleeping.load(std::memory_order_seq_cst) != 0) wire::futex_wake_all(&hdr->done32);
+  };
+  auto fail = [&](const Status& why) {
+    POS_ERROR("posd", "session %lu (pid %d, '%s'): %s; closing it", (unsigned long)*uuid, spec.pid, spec.job.c_str(),
+              why.message().c_str());
+    end_reason = "malformed frame";
+  };
+  for (;;) {
+    const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
+    if (tail != head) {
+      if (tail < head || tail - head > ring_bytes) {
+        fail(Status::Corrupt("ring tail " + std::to_string(tail) + " is impossible (head " + std::to_string(head) + ")"));
+        break;
+      }
+      const uint64_t pos = head % ring_bytes, rem = ring_bytes - pos;
+      if (rem < sizeof(wire::FrameHeader)) {  // too little room for a header: implicit pad
+        head += rem;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem.layout.arena_bytes, &f);
+      if (d.ok() && (f.h.flags & wire::kFlagPad) && f.h.total_len != rem) d = Status::Corrupt("pad frame does not end at the ring's end");
+      if (d.ok() && !(f.h.flags & wire::kFlagPad) && f.h.seq != last_seq + 1)
+        d = Status::Corrupt("frame sequence " + std::to_string(f.h.seq) + " after " + std::to_string(last_seq));
+      if (!d.ok()) {
+        fail(d);
+        break;
+      }
+      if (f.h.flags & wire::kFlagPad) {
+        head += f.h.total_len;
+        hdr->head.store(head, std::memory_order_release);
+        continue;
+      }
+      if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError) && !(f.h.flags & wire::kFlagReply) &&
+          f.nparams == 0 && client) {
+        if (const int32_t e = client->take_async_error(); e != 0) taken_async_error = e;
+        consumed(f.h.total_len, f.h.seq);
+        published(f.h.seq);
+        continue;
+      }
+      uint64_t written = 0;
+      Status r = ws.pos_process(f.h.api_id, *uuid, std::span<const Param>(f.params, f.nparams), ret, f.h.ret_cap,
+                                  &written);
+      if (!r.ok())
+        POS_DEBUG("posd", "session %lu ('%s'): %s failed: %s", (unsigned long)*uuid, spec.job.c_str(),
+                  std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
+                  r.to_string().c_str());
+      // pos_process copied the parameters: the ring space may be reused.
+      consumed(f.h.total_len, f.h.seq);
+      if (f.h.flags & wire::kFlagReply) {
+        reply->seq = f.h.seq;
+        reply->code = static_cast<int32_t>(r.code());
+        reply->api_error = r.ok() ? 0 : r.api_error();
+        const std::string& m = r.message();
+        reply->message_len = static_cast<uint32_t>(std::min<uint64_t>(m.size(), wire::kMaxMessage));
+        std::memcpy(reply->message, m.data(), reply->message_len);
+        reply->deferred_code = static_cast<int32_t>(deferred.code());
+        reply->deferred_api_error = deferred.ok() ? 0 : deferred.api_error();
+        const std::string& dm = deferred.message();
+        reply->deferred_message_len = static_cast<uint32_t>(std::min<uint64_t>(dm.size(), wire::kMaxMessage));
+        std::memcpy(reply->deferred_message, dm.data(), reply->deferred_message_len);
+        reply->ret_written = std::min<uint64_t>(written, wire::kMaxRet);
+        std::memcpy(reply->ret, ret, reply->ret_written);
+        reply->async_error = taken_async_error;
+        reply->reserved = 0;
+        deferred = Status::Ok();
+        taken_async_error = 0;
+      } else if (f.h.api_id == static_cast<uint32_t>(ApiId::kGetLastError)) {
+        // A posted cudaGetLastError: what it took is the app's next last error, not a failure.
+        if (!r.ok()) taken_async_error = r.api_error();
+      } else if (!r.ok() && deferred.ok()) {
+        deferred = r;
+      }
+      published(f.h.seq);
+      continue;
+    }
+    // Idle: spin a while (a training loop's next call is microseconds away), then sleep until the
+    // client rings, hangs up, or posd stops.
+    if (spin_wait<kPollSpin>(
+            spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
+            [&] { return spec.keep_spinning(); }))
+      continue;
+    hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
+    if (hdr->tail.load(std::memory_order_seq_cst) != head) {
+      hdr->server_sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem.efd, POLLIN, 0}, {spec.stop_fd, POLLIN, 0}};
+    const int n = ::poll(p, 3, -1);
+    hdr->server_sleeping.store(0, std::memory_order_relaxed);
+    if (n < 0 && errno != EINTR) break;
+    if (p[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(mem.efd, &v, sizeof(v));
+    }
+    if (p[2].revents != 0) {
+      end_reason = "posd stopping";
+      break;
+    }
+    if (p[0].revents != 0) {
+      // The client never writes to the socket after the hello: readable means hang-up (or
+      // garbage, which ends the session too).
+      if (hdr->tail.load(std::memory_order_acquire) != head) continue;  // run what it left first
+      break;
+    }
+  }
+  ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
+  const ClientStats st2 = client ? client->stats() : ClientStats{};
+  client.reset();  // the workspace alone owns it while it is removed
+  Status rm = ws.remove_client(*uuid);
+  const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
+  POS_INFO("posd", "session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
+           (unsigned long)*uuid, spec.pid, spec.job.c_str(), end_reason.c_str(), (unsigned long)progress->frames.load(),
+           (unsigned long)st2.memory_in_use, rm_note.c_str());
+}
+
+}  // namespace pos

@@ -1,0 +1,45 @@
+// session_serve.h — one posd session: its shared memory (a sealed memfd, an eventfd, the arena
+// page-locked), the welcome, and the loop that feeds ring frames to pos_process until hang-up or stop.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pos/base/status.h"
+#include "pos/workspace.h"
+
+namespace pos {
+
+// What posd knows of an admitted session when it starts serving it.
+struct SessionSpec {
+  int fd = -1;  // the client's connection, blocking; the serving side shuts it down when done
+  int32_t pid = 0;
+  uint32_t uid = 0;
+  std::string job;  // printable (made so at the hello)
+  uint64_t arena_bytes = 0;
+  std::vector<int32_t> devices;  // posd.devices
+  uint64_t generation = 0;       // the client's uuid generation; 0: the workspace's next
+  int stop_fd = -1;              // readable once the session is to end (posd stopping)
+  std::function<bool()> keep_spinning;  // false once the session is to end: an idle loop stops spinning
+};
+
+// What the serving side publishes for `pos-cli ps` (read from any thread).
+struct SessionProgress {
+  std::atomic<uint64_t> uuid{0};  // the client's, once it exists
+  std::atomic<uint64_t> frames{0};
+};
+
+// Serves one session on `ws` until the client hangs up, sends a malformed frame or stop_fd fires,
+// then removes its client (all its device memory freed). A session that cannot start is refused
+// with a welcome that says why. posd runs it in a thread of its own (posd.isolation: shared) or a
+// session process runs it (process).
+void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* progress);
+
+// A refusal is one welcome, which fits in a fresh socket's buffer: sent without waiting, so a peer
+// that never reads cannot hold posd up (if it does not fit, the peer learns by the close).
+void refuse_connection(int fd, const Status& why);
+
+}  // namespace pos
