@@ -223,9 +223,10 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     if (!bin.ok()) return bin.status();
     srv->session_binary_ = *bin;
     srv->config_yaml_ = config_to_yaml(config);
+    srv->session_env_ = environment_snapshot();
     session_channel::Start probe;
     probe.kind = static_cast<uint32_t>(session_channel::Kind::kProbe);
-    auto p = spawn_session_process(srv->session_binary_, -1, probe, "", srv->config_yaml_);
+    auto p = spawn_session_process(srv->session_binary_, -1, probe, "", srv->config_yaml_, srv->session_env_);
     if (!p.ok()) return p.status();
     // Generous: the first CUDA initialization on a machine can take seconds.
     auto r = await_report(p->channel.get(), std::chrono::seconds(120));
@@ -644,7 +645,7 @@ void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t a
   start.uid = h.cred.uid;
   start.generation = s->generation;
   start.arena_bytes = arena_bytes;
-  auto p = spawn_session_process(session_binary_, h.fd.get(), start, s->job, config_yaml_);
+  auto p = spawn_session_process(session_binary_, h.fd.get(), start, s->job, config_yaml_, session_env_);
   if (!p.ok()) {
     POS_WARN("posd", "session for pid %d (%s) refused: %s", h.cred.pid, s->job.c_str(), p.status().message().c_str());
     refuse_connection(h.fd.get(), Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));

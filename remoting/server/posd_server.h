@@ -112,6 +112,7 @@ class PosdServer {
   std::unique_ptr<POSWorkspace> ws_;  // posd.isolation: shared only
   std::string backend_name_;
   std::string session_binary_, config_yaml_;  // posd.isolation: process
+  std::vector<std::string> session_env_;      // the environment at start, for every session process
   uint64_t next_generation_ = 0;              // acceptor-only: the next session process's uuid generation
   std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
   std::string socket_path_;

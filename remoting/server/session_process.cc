@@ -165,8 +165,15 @@ StatusOr<std::string> find_session_binary(const Config& config) {
                                     "posd.isolation: shared (no isolation between clients)");
 }
 
+std::vector<std::string> environment_snapshot() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
 StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd, sc::Start start,
-                                               const std::string& job, const std::string& config_yaml) {
+                                               const std::string& job, const std::string& config_yaml,
+                                               const std::vector<std::string>& env) {
   if (job.size() > sc::kMaxJobBytes || config_yaml.size() > sc::kMaxConfigBytes)
     return Status::InvalidArgument("job name or config too long for a session process");
   int sv[2];
@@ -204,8 +211,11 @@ StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int cl
   posix_spawnattr_setpgroup(&at, 0);
   posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   char* argv[] = {const_cast<char*>(binary.c_str()), nullptr};
+  std::vector<char*> envp;
+  for (const auto& v : env) envp.push_back(const_cast<char*>(v.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  const int e = ::posix_spawn(&pid, binary.c_str(), &fa, &at, argv, environ);
+  const int e = ::posix_spawn(&pid, binary.c_str(), &fa, &at, argv, envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
   if (e != 0) return Status::Unavailable("cannot start the session process " + binary + ": " + std::strerror(e));

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pos/base/status.h"
 #include "pos/client.h"
@@ -67,12 +68,16 @@ struct SessionProcess {
   UniqueFd channel;
 };
 
+// The environment a session process gets: this process's as it is now. Taken once, when posd
+// starts, so that spawning never reads `environ` while an embedder's thread changes it.
+std::vector<std::string> environment_snapshot();
+
 // Starts `binary` with the channel as descriptor 3 and `client_fd` (may be -1: a probe) as 4, in a
 // process group of its own (a terminal's Ctrl-C reaches posd, which ends sessions in order), with
-// no signal blocked, and sends it `start` with the job and posd's config.
+// no signal blocked and environment `env`, and sends it `start` with the job and posd's config.
 StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd,
                                                session_channel::Start start, const std::string& job,
-                                               const std::string& config_yaml);
+                                               const std::string& config_yaml, const std::vector<std::string>& env);
 
 // Sends a request and waits up to `timeout` for its Report. An ended process is kUnavailable.
 StatusOr<session_channel::Message> query_session(int channel, std::chrono::milliseconds timeout);
