@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <vector>
 
 #include "pos/base/api_id.h"
 #include "pos/base/text.h"
@@ -37,21 +38,95 @@ uint64_t param_bytes(const pb::PendingCall& p) {
   return n;
 }
 
+const char* type_name(uint32_t t) { return t < 9 ? kTypeNames[t] : "unknown"; }
+
+// Handles by resource type: how many, how many bytes of device memory they cover, how many of
+// those bytes this image stores itself.
+struct TypeTotals {
+  uint64_t count = 0, bytes = 0, stored = 0;
+};
+std::vector<TypeTotals> totals_by_type(const pb::ClientImage& c) {
+  std::vector<TypeTotals> t(10);
+  for (const auto& h : c.handles()) {
+    TypeTotals& x = t[h.type() < 9 ? h.type() : 9];
+    ++x.count;
+    x.bytes += h.size();
+    if (h.has_memory() && !h.memory().in_parent()) x.stored += h.memory().length();
+  }
+  return t;
+}
+
+std::string handle_json(const pb::HandleRecord& h) {
+  std::string o = fmt("{\"id\":%" PRIu64 ",\"type\":\"%s\",\"addr\":%" PRIu64 ",\"size\":%" PRIu64
+                      ",\"version\":%" PRIu64,
+                      h.id() & ((uint64_t{1} << 56) - 1), type_name(h.type()), h.addr(), h.size(), h.version());
+  if (!h.name().empty()) o += ",\"name\":" + json_string(h.name());
+  if (!h.fatbin().empty()) o += fmt(",\"fatbin_bytes\":%zu", h.fatbin().size());
+  if (h.parents_size() > 0) {
+    o += ",\"parents\":[";
+    for (int i = 0; i < h.parents_size(); ++i)
+      o += fmt("%s%" PRIu64, i > 0 ? "," : "", h.parents(i) & ((uint64_t{1} << 56) - 1));
+    o += "]";
+  }
+  if (h.has_memory()) {
+    if (h.memory().in_parent()) o += ",\"memory\":{\"in_parent\":true}";
+    else
+      o += fmt(",\"memory\":{\"in_parent\":false,\"offset\":%" PRIu64 ",\"length\":%" PRIu64 ",\"chunks\":%d}",
+               h.memory().offset(), h.memory().length(), h.memory().chunk_crc_size());
+  }
+  return o + "}";
+}
+
 }  // namespace
 
-std::string describe_image(const ImageReader& image, bool json) {
+StatusOr<VerifyReport> verify_image(const ImageReader& image,
+                                    const std::function<void(uint64_t done, uint64_t total)>& progress) {
+  VerifyReport r;
+  uint64_t total = 0;
+  for (const ImageReader* img = &image; img != nullptr; img = img->parent())
+    for (const auto& h : img->client().handles())
+      if (h.has_memory() && !h.memory().in_parent()) total += h.memory().length();
+  std::vector<std::byte> buf;
+  for (const ImageReader* img = &image; img != nullptr; img = img->parent()) {
+    ++r.images;
+    const std::string where = img->dir().empty() ? std::string("memory image") : img->dir();
+    for (const auto& h : img->client().handles()) {
+      if (!h.has_memory() || h.memory().in_parent()) continue;
+      const pb::BlobRef& ref = h.memory();
+      ++r.blobs;
+      const uint64_t chunk = ref.chunk_size();
+      if (chunk == 0 && ref.length() > 0) return Status::Corrupt(where + ": a blob with chunk size 0");
+      for (uint64_t off = 0; off < ref.length(); off += chunk) {
+        const uint64_t n = std::min(chunk, ref.length() - off);
+        buf.resize(n);
+        Status s = img->read_chunk(ref, off, n, buf.data());
+        if (!s.ok())
+          return Status(s.code(), s.api_error(),
+                        fmt("%s: handle #%" PRIu64 " (%s at 0x%" PRIx64 ", %" PRIu64 " bytes), bytes %" PRIu64
+                            "..%" PRIu64 ": ",
+                            where.c_str(), h.id() & ((uint64_t{1} << 56) - 1), type_name(h.type()), h.addr(),
+                            h.size(), off, off + n) +
+                            s.message());
+        ++r.chunks;
+        r.bytes += n;
+        if (progress) progress(r.bytes, total);
+      }
+    }
+  }
+  return r;
+}
+
+std::string describe_image(const ImageReader& image, const DescribeOptions& options) {
   const pb::Inventory& inv = image.inventory();
   const pb::ClientImage& c = image.client();
-  if (json) {
+  if (options.json) {
     google::protobuf::util::JsonPrintOptions o;
     o.add_whitespace = false;
     o.preserve_proto_field_names = true;
     std::string inv_json, client_json;
     pb::ClientImage slim = c;
-    for (auto& h : *slim.mutable_handles()) {
-      if (!h.fatbin().empty()) h.set_fatbin("");  // bytes, not for reading; size below
-      if (h.has_memory()) h.mutable_memory()->clear_chunk_crc();
-    }
+    // Handles are written below, with their types by name.
+    slim.clear_handles();
     // Pending calls: pc, API and sizes (their parameter bytes can be whole host-to-device copies).
     slim.clear_pending();
     std::string pending = "[";
@@ -64,7 +139,25 @@ std::string describe_image(const ImageReader& image, bool json) {
     pending += "]";
     (void)google::protobuf::util::MessageToJsonString(inv, &inv_json, o);
     (void)google::protobuf::util::MessageToJsonString(slim, &client_json, o);
-    return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + ",\"pending_calls\":" + pending + "}\n";
+    std::string handles;
+    if (options.summary) {
+      handles = ",\"handle_summary\":{";
+      const auto t = totals_by_type(c);
+      bool first = true;
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (t[i].count == 0) continue;
+        handles += fmt("%s\"%s\":{\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64 "}",
+                       first ? "" : ",", i < 9 ? kTypeNames[i] : "unknown", t[i].count, t[i].bytes, t[i].stored);
+        first = false;
+      }
+      handles += "}";
+    } else {
+      handles = ",\"handles\":[";
+      for (int i = 0; i < c.handles_size(); ++i) handles += (i > 0 ? "," : "") + handle_json(c.handles(i));
+      handles += "]";
+    }
+    return "{\"inventory\":" + inv_json + ",\"client\":" + client_json + handles + ",\"pending_calls\":" + pending +
+           "}\n";
   }
   std::string out;
   // Every string of the image goes through printable(): an image's names came from clients (and an
@@ -83,6 +176,16 @@ std::string describe_image(const ImageReader& image, bool json) {
   const auto& cr = c.client();
   out += fmt("client %" PRIu64 " (%s) on device %d: range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n",
              cr.uuid(), printable(cr.job_name()).c_str(), cr.device(), cr.va_base(), cr.va_size(), cr.next_pc());
+  if (options.summary) {
+    out += fmt("%d handles:\n", c.handles_size());
+    const auto t = totals_by_type(c);
+    for (size_t i = 0; i < t.size(); ++i)
+      if (t[i].count != 0)
+        out += fmt("  %-8s %8" PRIu64 "  %16" PRIu64 " bytes  %16" PRIu64 " stored here\n", i < 9 ? kTypeNames[i] : "unknown",
+                   t[i].count, t[i].bytes, t[i].stored);
+    out += fmt("%d pending calls\n", c.pending_size());
+    return out;
+  }
   out += fmt("%d handles:\n", c.handles_size());
   for (const auto& h : c.handles()) {
     const char* t = h.type() < 9 ? kTypeNames[h.type()] : "?";

@@ -1,62 +1,148 @@
-// pos_cli.cc — `pos-cli`, the operator's tool. A thin main over tested libraries.
-// `inspect DIR [--json]` (ckpt/inspect), `ps [--json] [--socket PATH]` (posd's sessions).
+// pos_cli.cc — `pos-cli`, the operator's tool: commands and options on CLI11, each command a thin
+// call into a tested library (ckpt/inspect for images, posd's control socket for sessions).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
+#include "ckpt/image.h"
 #include "ckpt/inspect.h"
 #include "remoting/common/handshake.h"
+#include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
+
+#ifndef POS_VERSION_STRING
+#define POS_VERSION_STRING "unknown"
+#endif
 
 namespace {
 
-int usage() {
-  std::fprintf(stderr,
-               "usage: pos-cli inspect IMAGE_DIR [--json]\n"
-               "       pos-cli ps [--json] [--socket PATH]\n"
-               "  inspect   validate a checkpoint image (and its parents) and print it\n"
-               "  ps        list posd's sessions: pid, job, device memory, calls, state\n");
-  return 2;
+// A line on stderr that redraws itself, at most every 100 ms, only on a terminal.
+class Progress {
+ public:
+  explicit Progress(const char* what) : what_(what), tty_(::isatty(STDERR_FILENO) == 1) {}
+  void update(uint64_t done, uint64_t total) {
+    if (!tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double gbps = s > 0 ? static_cast<double>(done) / s / 1e9 : 0;
+    const double eta = gbps > 0 ? static_cast<double>(total - done) / (gbps * 1e9) : 0;
+    std::fprintf(stderr, "\r%s: %.2f / %.2f GB, %.2f GB/s, %.0f s left   ", what_, static_cast<double>(done) / 1e9,
+                 static_cast<double>(total) / 1e9, gbps, eta);
+    shown_ = true;
+  }
+  ~Progress() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+  }
+
+ private:
+  const char* what_;
+  bool tty_, shown_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
+};
+
+int inspect(const std::string& dir, bool json, bool summary, bool verify) {
+  auto img = pos::ckpt::ImageReader::open_dir(dir);
+  if (!img.ok()) {
+    std::fprintf(stderr, "pos-cli inspect: %s: %s\n", dir.c_str(), img.status().to_string().c_str());
+    return 1;
+  }
+  std::string verified;
+  if (verify) {
+    pos::StatusOr<pos::ckpt::VerifyReport> r = [&] {
+      Progress p("verifying");
+      return pos::ckpt::verify_image(**img, [&](uint64_t d, uint64_t t) { p.update(d, t); });
+    }();
+    if (!r.ok()) {
+      std::fprintf(stderr, "pos-cli inspect: %s\n", r.status().to_string().c_str());
+      return 1;
+    }
+    verified = "verified: " + std::to_string(r->bytes) + " bytes in " + std::to_string(r->chunks) + " chunks of " +
+               std::to_string(r->blobs) + " blobs, " + std::to_string(r->images) + " image(s), every checksum right\n";
+  }
+  std::string out = pos::ckpt::describe_image(**img, pos::ckpt::DescribeOptions{json, summary});
+  if (!json) out += verify ? verified : "not verified (--no-verify): blob checksums were not read\n";
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+int ps(const std::string& socket, bool json) {
+  // posd renders both forms: one source of truth for the fields.
+  auto text = pos::posd_control(socket, json ? "ps" : "ps-table");
+  if (!text.ok()) {
+    std::fprintf(stderr, "pos-cli ps: %s\n", text.status().message().c_str());
+    return 1;
+  }
+  std::fputs(text->c_str(), stdout);
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
-  const std::string cmd = argv[1];
-  if (cmd == "inspect") {
-    std::string dir;
-    bool json = false;
-    for (int i = 2; i < argc; ++i) {
-      if (std::strcmp(argv[i], "--json") == 0) json = true;
-      else if (dir.empty() && argv[i][0] != '-') dir = argv[i];
-      else return usage();
+  CLI::App app{"pos-cli: the operator's tool for POS (docs/cli.md)", "pos-cli"};
+  app.set_version_flag("--version",
+                       std::string("pos-cli ") + POS_VERSION_STRING + " (image format " +
+                           std::to_string(pos::ckpt::kFormatVersion) + ", posd protocol " +
+                           std::to_string(pos::wire::kProtocolVersion) + ")");
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  std::string dir;
+  bool json = false, summary = false, no_verify = false;
+  CLI::App* ins = app.add_subcommand("inspect", "validate a checkpoint image (and its parents) and print it");
+  ins->add_option("IMAGE_DIR", dir, "the image directory")->required();
+  ins->add_flag("--json", json, "one JSON object (handles with their types by name)");
+  ins->add_flag("--summary", summary, "counts and bytes per resource type instead of every handle");
+  ins->add_flag("--no-verify", no_verify, "skip reading every blob to check its checksums");
+
+  std::string socket = pos::default_socket_path();
+  bool ps_json = false;
+  CLI::App* ps_cmd = app.add_subcommand("ps", "list posd's sessions: pid, job, device memory, calls, state");
+  ps_cmd->add_flag("--json", ps_json, "one JSON object");
+  ps_cmd->add_option("--socket", socket, "posd's socket")->capture_default_str();
+
+  std::string topic;
+  CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
+  help->add_option("COMMAND", topic, "the command");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Name what was wrong, and where to look; exit 2 like every usage error.
+    std::string msg = e.what();
+    if (app.get_subcommands().empty()) {
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, help)";
+    } else {
+      msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
-    if (dir.empty()) return usage();
-    auto img = pos::ckpt::ImageReader::open_dir(dir);
-    if (!img.ok()) {
-      std::fprintf(stderr, "pos-cli: %s: %s\n", dir.c_str(), img.status().to_string().c_str());
-      return 1;
-    }
-    std::fputs(pos::ckpt::describe_image(**img, json).c_str(), stdout);
-    return 0;
+    std::fprintf(stderr, "pos-cli: %s\nRun 'pos-cli --help' for the commands, 'pos-cli help COMMAND' for one.\n",
+                 msg.c_str());
+    return 2;
   }
-  if (cmd == "ps") {
-    bool json = false;
-    std::string socket = pos::default_socket_path();
-    for (int i = 2; i < argc; ++i) {
-      if (std::strcmp(argv[i], "--json") == 0) json = true;
-      else if (std::strcmp(argv[i], "--socket") == 0 && i + 1 < argc) socket = argv[++i];
-      else return usage();
+  if (help->parsed()) {
+    if (topic.empty()) {
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
     }
-    // posd renders both forms: one source of truth for the fields.
-    auto text = pos::posd_control(socket, json ? "ps" : "ps-table");
-    if (!text.ok()) {
-      std::fprintf(stderr, "pos-cli: %s\n", text.status().message().c_str());
-      return 1;
-    }
-    std::fputs(text->c_str(), stdout);
-    return 0;
+    for (CLI::App* c : {ins, ps_cmd, help})
+      if (c->get_name() == topic) {
+        std::fputs(c->help("pos-cli").c_str(), stdout);
+        return 0;
+      }
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, help)\n", topic.c_str());
+    return 2;
   }
-  return usage();
+  if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
+  if (ps_cmd->parsed()) return ps(socket, ps_json);
+  return 2;
 }

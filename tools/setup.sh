@@ -76,7 +76,7 @@ fi
 
 PACKAGES=(
   build-essential g++ meson ninja-build pkg-config
-  libboost-dev protobuf-compiler libprotobuf-dev libyaml-cpp-dev
+  libboost-dev protobuf-compiler libprotobuf-dev libyaml-cpp-dev libcli11-dev
   googletest libgtest-dev libgmock-dev
   # for install_criu.sh: verifying trixie's Release file, and an https mirror if the host uses one
   debian-archive-keyring ca-certificates

@@ -1,6 +1,8 @@
 // image_test.cc — the image format on its own: checksums, inventory framing, writer/reader round
 // trips through a directory and host memory, and the reader's refusal of damaged records.
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -421,6 +423,86 @@ TEST(ImageFilesTest, PosCliInspectOfAnImageWithAFifoExitsNonZeroWithTheReason) {
   const std::string out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", good.string()}, &rc);
   EXPECT_EQ(rc, 0) << out;
   fs::remove_all(good.parent_path());
+}
+
+// `pos-cli inspect` checks what it says it validates: four overwritten bytes in memory.bin, which
+// open_dir's structural checks cannot see, fail it with the handle and the offset named.
+TEST(PosCliTest, InspectReadsEveryBlobAndFailsOnFourOverwrittenBytesNamingWhere) {
+  const fs::path d = image_dir("damaged-blob");
+  ASSERT_TRUE(write_image(d, client_with_buffer()).ok());
+  int rc = 0;
+  std::string err;
+  std::string out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", d.string()}, &rc, &err);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("verified: 4096 bytes in 1 chunks of 1 blobs, 1 image(s), every checksum right"), std::string::npos)
+      << out;
+  {
+    std::fstream f(d / "memory.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.write("\x01\x02\x03\x04", 4);
+  }
+  (void)pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", d.string()}, &rc, &err);
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("checksum mismatch in memory.bin"), std::string::npos) << err;
+  EXPECT_NE(err.find("handle #"), std::string::npos) << err;
+  EXPECT_NE(err.find("bytes 0..4096"), std::string::npos) << err;
+  // --no-verify says so instead of claiming it.
+  out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", "--no-verify", d.string()}, &rc, &err);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("not verified"), std::string::npos) << out;
+  fs::remove_all(d.parent_path());
+}
+
+TEST(PosCliTest, InspectJsonNamesHandleTypesAndSummaryCountsThemByType) {
+  const fs::path d = image_dir("json-names");
+  ASSERT_TRUE(write_image(d, client_with_buffer()).ok());
+  int rc = 0;
+  std::string err;
+  std::string out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", "--json", d.string()}, &rc, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("\"handles\":[{\"id\":"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"type\":\"memory\""), std::string::npos) << out;
+  EXPECT_EQ(out.find("\"type\":4"), std::string::npos) << out;
+  out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", "--summary", "--json", d.string()}, &rc, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("\"handle_summary\":{\"memory\":{\"count\":1,\"bytes\":4096,\"stored_bytes\":4096}}"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("\"handles\":["), std::string::npos) << out;
+  out = pos::test::run_program("POS_CLI", "timeout 10 ", {"inspect", "--summary", d.string()}, &rc, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("memory          1              4096 bytes"), std::string::npos) << out;
+  fs::remove_all(d.parent_path());
+}
+
+TEST(PosCliTest, HelpAndVersionExitZeroAndAnUnknownCommandOrFlagIsNamedWithExitTwo) {
+  int rc = 0;
+  std::string err;
+  std::string out = pos::test::run_program("POS_CLI", "", {"--help"}, &rc, &err);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("inspect"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps"), std::string::npos) << out;
+  out = pos::test::run_program("POS_CLI", "", {"help", "inspect"}, &rc, &err);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("Usage: pos-cli inspect"), std::string::npos) << out;
+  EXPECT_NE(out.find("--summary"), std::string::npos) << out;
+  out = pos::test::run_program("POS_CLI", "", {"--version"}, &rc, &err);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("pos-cli "), std::string::npos) << out;
+  EXPECT_NE(out.find("image format " + std::to_string(kFormatVersion)), std::string::npos) << out;
+  (void)pos::test::run_program("POS_CLI", "", {"bogus"}, &rc, &err);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("unknown command 'bogus'"), std::string::npos) << err;
+  (void)pos::test::run_program("POS_CLI", "", {"inspect", "--bogus", "x"}, &rc, &err);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("inspect: "), std::string::npos) << err;
+  EXPECT_NE(err.find("--bogus"), std::string::npos) << err;
+  (void)pos::test::run_program("POS_CLI", "", {"help", "bogus"}, &rc, &err);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("unknown command 'bogus'"), std::string::npos) << err;
+  (void)pos::test::run_program("POS_CLI", "", {}, &rc, &err);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("a command is required"), std::string::npos) << err;
 }
 
 }  // namespace
