@@ -12,6 +12,7 @@
 #include "remoting/common/handshake.h"
 #include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
+#include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
 #define POS_VERSION_STRING "unknown"
@@ -81,6 +82,43 @@ int ps(const std::string& socket, bool json) {
   return 0;
 }
 
+struct DumpArgs {
+  int pid = 0;
+  std::string dir, mode = "sync", socket;
+  bool leave_running = false, json = false;
+};
+
+int dump(const DumpArgs& a) {
+  if (!a.leave_running) {
+    std::fprintf(stderr,
+                 "pos-cli dump: a dump that ends the job saves its CPU state with CRIU too, which is not built yet; "
+                 "--leave-running saves the job's GPU state while it runs (docs/cli.md)\n");
+    return 1;
+  }
+  pos::StatusOr<pos::CheckpointReport> r = [&] {
+    Progress p("dumping GPU state");
+    return pos::posd_checkpoint(a.socket, static_cast<uint32_t>(a.pid), a.dir, a.mode == "async",
+                                [&](uint64_t d, uint64_t t) { p.update(d, t); });
+  }();
+  if (!r.ok()) {
+    std::fprintf(stderr, "pos-cli dump: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  if (a.json) {
+    std::printf("{\"pid\":%d,\"image\":%s,\"mode\":\"%s\",\"cut\":%llu,\"handles\":%llu,\"bytes_stored\":%llu,"
+                "\"bytes_referenced\":%llu,\"phases\":{\"stall_s\":%.6f,\"total_s\":%.6f}}\n",
+                a.pid, pos::json_string(r->image).c_str(), a.mode.c_str(), (unsigned long long)r->cut_pc,
+                (unsigned long long)r->handles, (unsigned long long)r->bytes_stored,
+                (unsigned long long)r->bytes_referenced, r->stall_s, r->total_s);
+  } else {
+    std::printf("dumped the GPU state of pid %d to %s (%s): cut at call %llu, %llu handles, %llu bytes; the job "
+                "was stopped %.3f s, %.3f s in all\n",
+                a.pid, r->image.c_str(), a.mode.c_str(), (unsigned long long)r->cut_pc, (unsigned long long)r->handles,
+                (unsigned long long)r->bytes_stored, r->stall_s, r->total_s);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,6 +144,21 @@ int main(int argc, char** argv) {
   ps_cmd->add_flag("--json", ps_json, "one JSON object");
   ps_cmd->add_option("--socket", socket, "posd's socket")->capture_default_str();
 
+  DumpArgs da;
+  da.socket = pos::default_socket_path();
+  CLI::App* dump_cmd = app.add_subcommand("dump", "save a running job's state (GPU state: --leave-running)");
+  dump_cmd->add_option("-t,--tree", da.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
+      CLI::PositiveNumber);
+  dump_cmd->add_option("-D,--images-dir", da.dir, "where the image goes (made if missing; DIR/gpu must not exist)")
+      ->required();
+  dump_cmd->add_flag("--leave-running", da.leave_running, "the job runs on; its GPU state is saved at one cut");
+  dump_cmd->add_option("--mode", da.mode, "sync: the job waits while its bytes are copied; async: it runs on "
+                                          "(copy-on-write)")
+      ->check(CLI::IsMember({"sync", "async"}))
+      ->capture_default_str();
+  dump_cmd->add_flag("--json", da.json, "one JSON report");
+  dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
+
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
   help->add_option("COMMAND", topic, "the command");
@@ -120,8 +173,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -134,15 +187,16 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
   if (ps_cmd->parsed()) return ps(socket, ps_json);
+  if (dump_cmd->parsed()) return dump(da);
   return 2;
 }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -183,6 +184,48 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
   const std::string out = shell(preload_env() + train_cmd("--steps 5"), &code, &err);
   ASSERT_EQ(code, 0) << err;
   EXPECT_EQ(out, expected({"--steps", "5"}));
+}
+
+// `pos-cli dump --leave-running` on the unmodified binary mid-run: the job's GPU state is saved at
+// one cut, the image passes `pos-cli inspect` (every checksum), and the job, which ran on, prints
+// exactly what an uninterrupted run prints.
+TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesTheJobsGpuStateAndTheJobFinishesAsIfUntouched) {
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const std::string out_file = ::testing::TempDir() + "posd-e2e-dump-out-" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "posd-e2e-dump-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string cmd =
+      preload_env() + "POS_JOB_NAME=dumped exec " + train_cmd(args[0] + " " + args[1]) + " >" + out_file + " 2>/dev/null";
+  pid_t child = -1;
+  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
+  ASSERT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string ps;
+  while ((ps = sessions_json()).find("\"job\":\"dumped\"") == std::string::npos ||
+         ps.find("\"memory_bytes\":0,") != std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ps << log_text();
+    std::this_thread::yield();
+  }
+  int code = -1;
+  std::string err;
+  const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
+                                       " --leave-running --mode async --json --socket " + socket_,
+                                   &code, &err);
+  EXPECT_EQ(code, 0) << err << log_text();
+  EXPECT_NE(report.find("\"image\":\"" + dir + "/gpu\""), std::string::npos) << report;
+  EXPECT_EQ(report.find("\"bytes_stored\":0,"), std::string::npos) << report;
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ifstream f(out_file);
+  const std::string out((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(out, expected(args));
+  const std::string inspected = shell(env_or_fail("POS_CLI") + " inspect " + dir + "/gpu", &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
+  EXPECT_NE(inspected.find("(dumped)"), std::string::npos) << inspected;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
 }
 
 TEST_F(PosdProcess, ASessionIsNamedAfterTheProgramsFullFileName) {

@@ -18,6 +18,8 @@
 #include <numeric>
 #include <thread>
 
+#include "ckpt/image.h"
+#include "ckpt/inspect.h"
 #include "pos/base/cuda_errors.h"
 #include "pos/base/hex.h"
 #include "pos/base/text.h"
@@ -524,6 +526,123 @@ TEST_F(Posd, AClientWhoseKernelFaultsEndsAloneAndTheOtherFinishesWithTheRightRes
     EXPECT_EQ(left.size(), 2u);
     for (const auto& x : left) EXPECT_NE(x.job, "faulty");
   }
+}
+
+// ---------------- dumps of a running job's GPU state (pos-cli dump --leave-running) ----------------
+
+// The bytes an image holds for the buffer at `addr` (empty if it holds none).
+std::vector<uint8_t> image_bytes(const std::string& dir, uint64_t addr) {
+  auto img = ckpt::ImageReader::open_dir(dir);
+  EXPECT_TRUE(img.ok()) << img.status().to_string();
+  if (!img.ok()) return {};
+  for (const auto& h : (*img)->client().handles()) {
+    if (!h.has_memory() || h.addr() != addr) continue;
+    auto where = (*img)->resolve(h);
+    EXPECT_TRUE(where.ok());
+    if (!where.ok()) return {};
+    const auto& [owner, ref] = *where;
+    std::vector<uint8_t> out(ref->length());
+    for (uint64_t off = 0; off < ref->length(); off += ref->chunk_size()) {
+      const uint64_t n = std::min<uint64_t>(ref->chunk_size(), ref->length() - off);
+      EXPECT_TRUE(owner->read_chunk(*ref, off, n, reinterpret_cast<std::byte*>(out.data() + off)).ok());
+    }
+    return out;
+  }
+  return {};
+}
+
+std::string dump_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "posd-dump-" + std::to_string(::getpid()) + "-" + name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+TEST_F(Posd, ADumpThatLeavesTheJobRunningSavesItsGpuStateAtOneCutAndTheJobRunsOn) {
+  connect("trainer");
+  const uint64_t d = alloc(1 << 20);
+  std::vector<uint8_t> pattern(1 << 20);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 31 + 7);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(pattern.data()), pattern.size(), cuda::kMemcpyHostToDevice).ok());
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = dump_dir(async ? "async" : "sync");
+    uint64_t last_done = 0, calls = 0;
+    auto r = posd_checkpoint(server_->socket_path(), static_cast<uint32_t>(::getpid()), dir, async,
+                             [&](uint64_t done, uint64_t total) {
+                               EXPECT_LE(done, total);
+                               last_done = done, ++calls;
+                             });
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->image, dir + "/gpu");
+    EXPECT_GE(r->bytes_stored, pattern.size());
+    EXPECT_GT(r->handles, 0u);
+    EXPECT_GT(r->cut_pc, 0u);
+    EXPECT_EQ(image_bytes(dir + "/gpu", d), pattern);
+    // The image passes every check pos-cli inspect makes, every checksum included.
+    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
+    ASSERT_TRUE(img.ok()) << img.status().to_string();
+    auto v = ckpt::verify_image(**img);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    EXPECT_GE(v->bytes, pattern.size());
+    // The job runs on: it writes and reads its buffer as before.
+    ASSERT_TRUE(api().memset(d, async ? 0x5a : 0x33, 4096).ok());
+    std::vector<uint8_t> back(4096);
+    ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, 4096, cuda::kMemcpyDeviceToHost).ok());
+    EXPECT_EQ(back, std::vector<uint8_t>(4096, async ? 0x5a : 0x33));
+    std::fill(pattern.begin(), pattern.begin() + 4096, async ? 0x5a : 0x33);
+    // A second dump into the same directory is refused before posd is asked: the image stays.
+    auto again = posd_checkpoint(server_->socket_path(), static_cast<uint32_t>(::getpid()), dir, async);
+    ASSERT_FALSE(again.ok());
+    EXPECT_NE(again.status().message().find("already holds an image"), std::string::npos) << again.status().message();
+    std::filesystem::remove_all(dir);
+  }
+  EXPECT_EQ(server_->sessions().size(), 1u);
+}
+
+TEST_F(Posd, ADumpOfAnotherUsersJobAnUnknownPidOrAnAmbiguousOneIsRefusedAndChangesNothing) {
+  connect("job");
+  const uint64_t d = alloc(4096);
+  ASSERT_TRUE(api().memset(d, 1, 4096).ok());
+  const auto pid = static_cast<uint32_t>(::getpid());
+  const std::string dir = dump_dir("refused");
+  // Another user (not root): refused with who and why; nothing is written.
+  server_->set_caller_uid_for_test(static_cast<int64_t>(::getuid()) + 4242);
+  auto r = posd_checkpoint(server_->socket_path(), pid, dir, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("may not dump a job of uid " + std::to_string(::getuid())), std::string::npos)
+      << r.status().message();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/gpu"));
+  server_->set_caller_uid_for_test(-1);
+  // A pid posd serves no session for.
+  r = posd_checkpoint(server_->socket_path(), 0x7ffffff0u, dir, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("has no session on this posd"), std::string::npos) << r.status().message();
+  // Two sessions of one pid: which one is meant is not guessed.
+  connect("second");
+  r = posd_checkpoint(server_->socket_path(), pid, dir, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("has 2 sessions"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/gpu"));
+  // The job is untouched.
+  EXPECT_TRUE(api(0).device_synchronize().ok());
+  EXPECT_EQ(server_->sessions().size(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(Posd, APosdWithSharedIsolationRefusesADumpSayingWhy) {
+  start_shared();
+  connect("job");
+  auto r = posd_checkpoint(server_->socket_path(), static_cast<uint32_t>(::getpid()), dump_dir("shared"), false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("posd.isolation: shared"), std::string::npos) << r.status().message();
+}
+
+TEST(Admission, OnlyRootAndTheJobsOwnUserMayDumpIt) {
+  EXPECT_TRUE(authorize_job_control(0, 1000, "dump").ok());
+  EXPECT_TRUE(authorize_job_control(1000, 1000, "dump").ok());
+  Status s = authorize_job_control(1001, 1000, "dump");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("uid 1001 may not dump a job of uid 1000"), std::string::npos) << s.message();
 }
 
 TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {

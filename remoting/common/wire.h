@@ -56,6 +56,36 @@ struct Welcome {
 };
 static_assert(sizeof(Welcome) == 376);
 
+// ---------------- checkpoint requests (pos-cli dump) ----------------
+// After a kControl hello whose command is "checkpoint", pos-cli sends one CheckpointBody, with the
+// image directory's descriptor attached (SCM_RIGHTS): the image is written through the caller's own
+// descriptor, so posd never opens a path on the caller's behalf. The answer is a Welcome (a refusal
+// ends it), then ControlEvents: progress, and one result last.
+inline constexpr uint32_t kCheckpointMagic = 0x4b435350;  // "PSCK"
+inline constexpr uint32_t kEventMagic = 0x56455350;       // "PSEV"
+enum class CheckpointKind : uint32_t { kSync = 0, kAsync = 1 };
+struct CheckpointBody {
+  uint32_t magic = kCheckpointMagic;
+  uint32_t target_pid = 0;  // the job: the pid of a session's client
+  uint32_t mode = 0;        // CheckpointKind
+  uint32_t flags = 0;       // none yet: must be 0
+};
+static_assert(sizeof(CheckpointBody) == 16);
+
+enum class EventType : uint32_t { kProgress = 1, kResult = 2 };
+struct ControlEvent {
+  uint32_t magic = kEventMagic;
+  uint32_t type = 0;                  // EventType
+  int32_t code = 0, api_error = 0;    // kResult: the outcome (pos::Code; 0 done)
+  uint64_t done = 0, total = 0;       // kProgress: device bytes stored so far, of this many
+  uint64_t cut_pc = 0, handles = 0;   // kResult:
+  uint64_t bytes_stored = 0, bytes_referenced = 0;
+  double stall_s = 0, total_s = 0;
+  char phase[32] = {};                // kProgress: "cut", "drain"
+  char message[512] = {};             // kResult: why it failed, or where the image is
+};
+static_assert(sizeof(ControlEvent) == 624);
+
 // ---------------- shared memory ----------------
 // Offsets inside the session memfd. The header's fields are each written by one side only.
 struct alignas(64) ShmHeader {

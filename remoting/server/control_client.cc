@@ -2,10 +2,17 @@
 // The reply's length is bounded before anything is allocated: posd is a peer, not trusted blindly.
 #include "remoting/server/control_client.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "remoting/common/handshake.h"
 #include "remoting/common/socket_io.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
 
 namespace pos {
@@ -29,6 +36,65 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
   ::close(*fd);
   if (!s.ok()) return s;
   return text;
+}
+
+StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
+                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress) {
+  if (dir.empty()) return Status::InvalidArgument("no image directory given");
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return Status::InvalidArgument("cannot open " + dir + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstatat(d.get(), "gpu", &st, AT_SYMLINK_NOFOLLOW) == 0)
+    return Status::InvalidArgument(dir + " already holds an image (" + dir +
+                                   "/gpu): name an empty or new directory");
+  wire::Hello hello;
+  hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
+  hello.pid = static_cast<uint32_t>(::getpid());
+  wire::put_cstr(hello.command, sizeof(hello.command), "checkpoint");
+  auto fd = open_posd_socket(socket_path, hello);
+  if (!fd.ok()) return fd.status();
+  UniqueFd sock(*fd);
+  wire::CheckpointBody body;
+  body.target_pid = pid;
+  body.mode = static_cast<uint32_t>(async ? wire::CheckpointKind::kAsync : wire::CheckpointKind::kSync);
+  msghdr msg{};
+  iovec iov{&body, sizeof(body)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+  const int dfd = d.get();
+  std::memcpy(CMSG_DATA(c), &dfd, sizeof(int));
+  // posd may have refused at the hello already (then its welcome is there to read).
+  (void)::sendmsg(sock.get(), &msg, MSG_NOSIGNAL);
+  // A checkpoint's answer comes when it is done, however long the cut and the drain take.
+  timeval none{0, 0};
+  (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  wire::Welcome w;
+  POS_RETURN_IF_ERROR(recv_all(sock.get(), &w, sizeof(w)).with_context("posd's answer"));
+  POS_RETURN_IF_ERROR(check_welcome(w));
+  for (;;) {
+    wire::ControlEvent e;
+    Status s = recv_all(sock.get(), &e, sizeof(e));
+    if (!s.ok()) return Status::Unavailable("the job's session ended before the checkpoint's result came (" + s.message() + ")");
+    if (e.magic != wire::kEventMagic) return Status::Corrupt("posd sent a malformed checkpoint event");
+    if (e.type == static_cast<uint32_t>(wire::EventType::kProgress)) {
+      if (progress && e.done <= e.total) progress(e.done, e.total);
+      continue;
+    }
+    if (e.type != static_cast<uint32_t>(wire::EventType::kResult)) return Status::Corrupt("posd sent an unknown checkpoint event");
+    if (e.code != 0)
+      return Status(static_cast<Code>(e.code > 0 && e.code <= static_cast<int32_t>(Code::kInternal) ? e.code
+                                                                                               : static_cast<int32_t>(Code::kInternal)),
+                    e.api_error, wire::get_cstr(e.message, sizeof(e.message)));
+    CheckpointReport r;
+    r.cut_pc = e.cut_pc, r.handles = e.handles, r.bytes_stored = e.bytes_stored, r.bytes_referenced = e.bytes_referenced;
+    r.stall_s = e.stall_s, r.total_s = e.total_s;
+    r.image = dir + "/gpu";
+    return r;
+  }
 }
 
 }  // namespace pos

@@ -2,6 +2,8 @@
 // restore, migrate). Never linked into the client library that runs inside applications.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "pos/base/status.h"
@@ -10,5 +12,18 @@ namespace pos {
 
 // One control request ("ps", "ps-table") to posd; returns its reply text.
 StatusOr<std::string> posd_control(const std::string& socket_path, const std::string& command);
+
+// What a checkpoint of a job's GPU state stored (docs/cli.md, `pos-cli dump`).
+struct CheckpointReport {
+  uint64_t cut_pc = 0, handles = 0, bytes_stored = 0, bytes_referenced = 0;
+  double stall_s = 0, total_s = 0;
+  std::string image;  // where: DIR/gpu
+};
+// Asks posd to checkpoint the GPU state of the job whose client has pid `pid` into `dir`/gpu while
+// it runs (made if missing; `dir` must not hold a `gpu` image yet). The image is written through
+// this process's descriptor of `dir`, so `dir` needs to be writable by the caller only. `progress`
+// gets device bytes stored so far and the total, about ten times a second.
+StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
+                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 }  // namespace pos

@@ -63,6 +63,10 @@ struct PosdServer::Handshake {
   Status admitted;  // the peer's admission, decided at accept, told once it sends a byte
   wire::Hello hello;
   size_t got = 0;  // bytes of the hello so far
+  // A checkpoint request's body after its hello, and the image directory's descriptor that came with it.
+  wire::CheckpointBody body;
+  size_t body_got = 0;
+  UniqueFd passed;
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -520,10 +524,44 @@ void PosdServer::accept_new(std::vector<Handshake>* waiting, AcceptorLogs* logs)
 
 // Reads what arrived of h's hello. True once h is settled: handed to a session thread, answered,
 // refused or dropped (the caller forgets it, which closes it unless a session took it).
+namespace {
+
+// A control hello that a CheckpointBody follows.
+bool wants_body(const wire::Hello& h) {
+  return h.magic == wire::kHelloMagic && h.kind == static_cast<uint32_t>(wire::HelloKind::kControl) &&
+         wire::get_cstr(h.command, sizeof(h.command)) == "checkpoint";
+}
+
+// recv with any descriptor that came along: the first is kept in *passed (if it is still empty),
+// every other one closed at once.
+ssize_t recv_keeping_fd(int fd, void* buf, size_t n, UniqueFd* passed) {
+  msghdr msg{};
+  iovec iov{buf, n};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (r < 0) return r;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (!*passed) passed->reset(got);
+      else ::close(got);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
 bool PosdServer::read_hello(Handshake& h) {
   for (;;) {
-    auto* at = reinterpret_cast<char*>(&h.hello) + h.got;
-    const ssize_t r = ::recv(h.fd.get(), at, sizeof(h.hello) - h.got, MSG_DONTWAIT);
+    const bool body = h.got == sizeof(h.hello);
+    auto* at = body ? reinterpret_cast<char*>(&h.body) + h.body_got : reinterpret_cast<char*>(&h.hello) + h.got;
+    const size_t want = body ? sizeof(h.body) - h.body_got : sizeof(h.hello) - h.got;
+    const ssize_t r = recv_keeping_fd(h.fd.get(), at, want, &h.passed);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (r == 0 && h.got == 0) {
@@ -535,16 +573,16 @@ bool PosdServer::read_hello(Handshake& h) {
       return true;
     }
     if (r <= 0) {
-      POS_WARN("posd", "pid %d sent no valid hello; dropped", h.cred.pid);
+      POS_WARN("posd", "pid %d sent no valid %s; dropped", h.cred.pid, body ? "checkpoint request" : "hello");
       return true;
     }
-    h.got += static_cast<size_t>(r);
+    (body ? h.body_got : h.got) += static_cast<size_t>(r);
     if (!h.admitted.ok()) {  // told at its first byte, as soon as it asks for anything
       POS_WARN("posd", "refused pid %d: %s", h.cred.pid, h.admitted.message().c_str());
       refuse_connection(h.fd.get(), h.admitted);
       return true;
     }
-    if (h.got == sizeof(h.hello)) {
+    if (h.got == sizeof(h.hello) && (!wants_body(h.hello) || h.body_got == sizeof(h.body))) {
       on_hello(h);
       return true;
     }
@@ -567,7 +605,8 @@ void PosdServer::on_hello(Handshake& h) {
     set_blocking(fd);
     timeval tv{2, 0};
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
+    if (wants_body(hello)) control_checkpoint(h);
+    else control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
     // The job name is the client's bytes: made printable once, here, so that every log line and
     // everything after the hello (the workspace, ps) sees text (docs/remoting.md, "Job names").
@@ -674,6 +713,60 @@ void PosdServer::session_main(Session* s) {
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
 
+Status authorize_job_control(uint32_t caller_uid, uint32_t job_uid, const std::string& what) {
+  if (caller_uid == 0 || caller_uid == job_uid) return Status::Ok();
+  return Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
+                "uid " + std::to_string(caller_uid) + " may not " + what + " a job of uid " + std::to_string(job_uid) +
+                    ": only root and the job's own user may");
+}
+
+// `pos-cli dump`'s GPU half: checked here (the request, the caller's right, the job), then handed,
+// with pos-cli's connection and its directory, to the job's session process, which answers pos-cli
+// itself while it checkpoints. posd keeps no copy of either descriptor and never waits for it.
+void PosdServer::control_checkpoint(Handshake& h) {
+  const int fd = h.fd.get();
+  const wire::CheckpointBody& b = h.body;
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "checkpoint request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  if (b.magic != wire::kCheckpointMagic || b.flags != 0 || b.mode > 1)
+    return refuse(Status::InvalidArgument("malformed checkpoint request"));
+  struct stat st {};
+  if (!h.passed || ::fstat(h.passed.get(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return refuse(Status::InvalidArgument("a checkpoint request must come with its image directory's descriptor"));
+  if (config_.posd_isolation != Isolation::kProcess)
+    return refuse(Status::FailedPrecondition(
+        "this posd runs with posd.isolation: shared; checkpoints of its jobs are taken with session processes only"));
+  const int64_t faked = caller_uid_for_test_.load();
+  const uint32_t caller = faked >= 0 ? static_cast<uint32_t>(faked) : h.cred.uid;
+  Session* target = nullptr;
+  size_t matches = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sessions_)
+      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid) target = s.get(), ++matches;
+  }
+  if (target == nullptr)
+    return refuse(Status(Code::kNotFound, cuda::kErrorInvalidValue,
+                         "pid " + std::to_string(b.target_pid) + " has no session on this posd (pos-cli ps lists them)"));
+  if (matches > 1)
+    return refuse(Status::InvalidArgument("pid " + std::to_string(b.target_pid) + " has " + std::to_string(matches) +
+                                          " sessions on this posd; a dump takes a job with one"));
+  if (Status a = authorize_job_control(caller, target->cred.uid, "dump"); !a.ok()) return refuse(a);
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
+  m.mode = b.mode;
+  Status sent;
+  {
+    std::lock_guard<std::mutex> io(target->io);
+    sent = send_with_fds(target->channel.get(), &m, sizeof(m), {fd, h.passed.get()});
+  }
+  if (!sent.ok()) return refuse(Status::Unavailable("the job's session process is gone: " + sent.message()));
+  POS_INFO("posd", "checkpoint of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,
+           target->job.c_str(), static_cast<int>(target->child), caller);
+}
+
 void PosdServer::control(int fd, const std::string& command) {
   std::string text;
   if (command == "ps") {
@@ -681,7 +774,7 @@ void PosdServer::control(int fd, const std::string& command) {
   } else if (command == "ps-table") {
     text = sessions_table();
   } else {
-    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table)"));
+    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table, checkpoint)"));
     return;
   }
   wire::Welcome w;

@@ -44,6 +44,10 @@ struct PeerCredentials {
 // without a second user.
 Status admit(const PeerCredentials& peer, uint32_t server_uid, int64_t group_gid);
 
+// Who may dump (and later restore, migrate) a job: root and the job's own uid. Pure, so it is
+// tested without a second user.
+Status authorize_job_control(uint32_t caller_uid, uint32_t job_uid, const std::string& what);
+
 // posd.group → the gid to admit: "" → -1 (none), digits → that gid, else a group name looked up
 // in the group database; an unknown name is an error naming it.
 StatusOr<int64_t> resolve_group(const std::string& group);
@@ -74,6 +78,8 @@ class PosdServer {
   // Test hook: admission compares peers with this uid instead of posd's own (a test cannot
   // connect as another user without root, but it can make its own uid look foreign).
   void set_owner_uid_for_test(uint32_t uid) { owner_uid_.store(uid); }
+  // Test hook: job control requests (dump) are judged as if their caller had this uid (-1: as it has).
+  void set_caller_uid_for_test(int64_t uid) { caller_uid_for_test_.store(uid); }
   // posd's workspace with posd.isolation: shared; nullptr with process (each session process has its own).
   POSWorkspace* workspace() { return ws_.get(); }
   std::vector<SessionInfo> sessions() const;
@@ -104,6 +110,7 @@ class PosdServer {
   void session_main(Session* s);
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
+  void control_checkpoint(Handshake& h);
   void reap_finished();
   size_t live_sessions() const;
   Status prepare_socket_dir();
@@ -117,7 +124,8 @@ class PosdServer {
   std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
   std::string socket_path_;
   int64_t group_gid_ = -1;
-  std::atomic<uint32_t> owner_uid_{0};  // posd's effective uid (see set_owner_uid_for_test)
+  std::atomic<uint32_t> owner_uid_{0};
+  std::atomic<int64_t> caller_uid_for_test_{-1};  // posd's effective uid (see set_owner_uid_for_test)
   int listen_fd_ = -1;
   bool bound_ = false;        // the socket file is this posd's: stop() removes it
   bool created_dir_ = false;  // so is its directory: stop() removes it if empty

@@ -22,6 +22,7 @@
 
 #include "pos/base/log.h"
 #include "pos/base/thread.h"
+#include "pos/checkpoint/checkpoint.h"
 #include "pos/runtime.h"
 #include "remoting/common/wire.h"
 #include "remoting/server/session_serve.h"
@@ -69,6 +70,28 @@ Status send_packet(int fd, const void* data, size_t n) {
   }
 }
 
+// recv with up to `max` descriptors (SCM_RIGHTS) into `fds`; any beyond are closed.
+ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {
+  msghdr msg{};
+  iovec iov{buf, n};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (r < 0) return r;
+  size_t kept = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (kept < max) fds[kept++].reset(got);
+      else ::close(got);
+    }
+  }
+  return r;
+}
+
 // The session process's half.
 
 void report_status(int channel, const Status& s, int device_count, const std::string& backend) {
@@ -82,10 +105,83 @@ void report_status(int channel, const Status& s, int device_count, const std::st
   (void)send_packet(channel, &m, sizeof(m)).ok();
 }
 
+// One checkpoint at a time, each in a thread of its own: the control thread stays free for ps.
+class CheckpointRunner {
+ public:
+  ~CheckpointRunner() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Takes both descriptors. A second request while one runs is refused on its own connection.
+  void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, uint32_t mode) {
+    if (busy_.load(std::memory_order_acquire)) {
+      refuse_connection(client.get(), Status::Busy("a dump of this job is already running"));
+      return;
+    }
+    if (thread_.joinable()) thread_.join();
+    busy_.store(true, std::memory_order_release);
+    auto body = [this, ws, uuid, c = std::move(client), d = std::move(dir), mode]() mutable {
+      name_this_thread("posd-session-ckpt");
+      run(ws, uuid, c.get(), d.get(), mode);
+      busy_.store(false, std::memory_order_release);
+    };
+    Status t = start_thread(&thread_, "the session process's checkpoint thread", std::move(body));
+    if (!t.ok()) busy_.store(false, std::memory_order_release);  // the lambda (and the descriptors) went with it
+  }
+
+ private:
+  static void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, uint32_t mode) {
+    int fl = ::fcntl(client, F_GETFL);
+    if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
+    timeval tv{10, 0};  // a pos-cli that stops reading loses its answer; the checkpoint goes on
+    (void)setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    wire::Welcome w;
+    (void)send_packet(client, &w, sizeof(w)).ok();
+    wire::ControlEvent r;
+    r.type = static_cast<uint32_t>(wire::EventType::kResult);
+    StatusOr<CheckpointResult> res = Status::Unavailable("the job's session is still starting; try again");
+    if (uuid != 0) {
+      CheckpointRequest req;
+      req.mode = mode == static_cast<uint32_t>(wire::CheckpointKind::kAsync) ? CheckpointMode::kAsync : CheckpointMode::kSync;
+      // Through the caller's own descriptor: posd's user never resolves the caller's path.
+      req.dir = "/proc/self/fd/" + std::to_string(dir) + "/gpu";
+      auto last = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+      req.progress = [&](uint64_t done, uint64_t total) {
+        const auto now = std::chrono::steady_clock::now();
+        if (done < total && now - last < std::chrono::milliseconds(100)) return;
+        last = now;
+        wire::ControlEvent p;
+        p.type = static_cast<uint32_t>(wire::EventType::kProgress);
+        p.done = done, p.total = total;
+        wire::put_cstr(p.phase, sizeof(p.phase), "drain");
+        (void)::send(client, &p, sizeof(p), MSG_NOSIGNAL | MSG_DONTWAIT);  // never holds the drainer up
+      };
+      res = ws->checkpoint(uuid, std::move(req));
+    }
+    if (res.ok()) {
+      r.cut_pc = res->cut_pc, r.handles = res->handles;
+      r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
+      r.stall_s = res->stall_s, r.total_s = res->total_s;
+      POS_INFO("posd-session", "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s", (unsigned long)uuid,
+               (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s);
+    } else {
+      r.code = static_cast<int32_t>(res.status().code());
+      r.api_error = res.status().api_error();
+      wire::put_cstr(r.message, sizeof(r.message), res.status().message());
+      POS_WARN("posd-session", "checkpoint of client %lu failed: %s", (unsigned long)uuid,
+               res.status().to_string().c_str());
+    }
+    (void)send_packet(client, &r, sizeof(r)).ok();
+  }
+
+  std::atomic<bool> busy_{false};
+  std::thread thread_;
+};
+
 // Answers posd's requests until posd closes the channel (then the session is told to end) or
 // `done` fires (the session ended by itself).
 void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
                   const SessionProgress* progress) {
+  CheckpointRunner checkpoints;  // joined as the loop returns: the session's client outlives it
   auto end_session = [&] {
     stopping->store(true, std::memory_order_release);
     const uint64_t one = 1;
@@ -97,11 +193,18 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || p[1].revents != 0) return;
     sc::Message req;
-    const ssize_t r = ::recv(channel, &req, sizeof(req), MSG_DONTWAIT);
+    UniqueFd fds[2];
+    const ssize_t r = recv_with_fds(channel, &req, sizeof(req), fds, 2);
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (r <= 0) {  // posd closed it (stopping) or died: the session ends
       end_session();
       return;
+    }
+    if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+        req.type == static_cast<uint32_t>(sc::Type::kCheckpoint) && fds[0] && fds[1]) {
+      checkpoints.start(ws, progress->uuid.load(std::memory_order_acquire), std::move(fds[0]), std::move(fds[1]),
+                        req.mode);
+      continue;
     }
     if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
         req.type != static_cast<uint32_t>(sc::Type::kStatsRequest)) {
@@ -163,6 +266,24 @@ StatusOr<std::string> find_session_binary(const Config& config) {
                                     where +
                                     "): set posd.session_binary or POS_SESSION_BINARY to it, or run with "
                                     "posd.isolation: shared (no isolation between clients)");
+}
+
+Status send_with_fds(int channel, const void* data, size_t n, std::initializer_list<int> fds) {
+  msghdr msg{};
+  iovec iov{const_cast<void*>(data), n};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))] = {};
+  if (fds.size() > 4) return Status::InvalidArgument("too many descriptors for one packet");
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  size_t i = 0;
+  for (const int f : fds) std::memcpy(CMSG_DATA(c) + (i++) * sizeof(int), &f, sizeof(int));
+  for (;;) {
+    const ssize_t w = ::sendmsg(channel, &msg, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w != static_cast<ssize_t>(n)) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
+    return Status::Ok();
+  }
 }
 
 std::vector<std::string> environment_snapshot() {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,7 +28,9 @@ inline constexpr uint32_t kMaxConfigBytes = 1u << 20;
 inline constexpr uint32_t kMaxJobBytes = 1024;
 
 enum class Kind : uint32_t { kServe = 1, kProbe = 2 };
-enum class Type : uint32_t { kStatsRequest = 1, kReport = 2 };
+// kCheckpoint carries two descriptors (SCM_RIGHTS): pos-cli's connection and the image directory;
+// the session process answers pos-cli on that connection (wire::ControlEvent), not posd.
+enum class Type : uint32_t { kStatsRequest = 1, kReport = 2, kCheckpoint = 3 };
 
 // posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of
 // config_to_yaml's text, in the same packet.
@@ -50,7 +53,8 @@ struct Message {
   int32_t device = 0;        // session: the backend device its state is on
   uint64_t uuid = 0;         // session: its client's uuid, 0 while it starts
   uint64_t frames = 0;
-  uint32_t ending = 0, reserved = 0;
+  uint32_t ending = 0;
+  uint32_t mode = 0;  // kCheckpoint: wire::CheckpointKind
   ClientStats stats{};
   char backend[32] = {};
   char message[512] = {};
@@ -84,6 +88,9 @@ StatusOr<session_channel::Message> query_session(int channel, std::chrono::milli
 
 // Waits up to `timeout` for a Report the process sends unasked (a probe's result).
 StatusOr<session_channel::Message> await_report(int channel, std::chrono::milliseconds timeout);
+
+// One packet with descriptors attached (SCM_RIGHTS); they stay open here.
+Status send_with_fds(int channel, const void* data, size_t n, std::initializer_list<int> fds);
 
 // "exited with status 3", "was killed by signal 11 (Segmentation fault)".
 std::string describe_wait_status(int status);
