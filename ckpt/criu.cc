@@ -1,0 +1,171 @@
+// criu.cc — runs CRIU as a child process (posix_spawn, no shell), reads its logs for the cause of a
+// failure. No CRIU library is linked: the program is the interface CRIU keeps stable.
+#include "ckpt/criu.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+extern char** environ;
+
+namespace pos::ckpt {
+namespace {
+
+struct Ran {
+  int status = -1;
+  std::string output;  // stdout and stderr, at most 64 KiB
+};
+
+// Runs argv[0] with argv; stdout and stderr captured (bounded).
+StatusOr<Ran> run(const std::vector<std::string>& argv) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return Status::Unavailable(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int e = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(p[1]);
+  if (e != 0) {
+    ::close(p[0]);
+    return Status::Unavailable("cannot run " + argv[0] + ": " + std::strerror(e));
+  }
+  Ran r;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(p[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (r.output.size() < (64u << 10)) r.output.append(buf, static_cast<size_t>(n));
+  }
+  ::close(p[0]);
+  while (::waitpid(pid, &r.status, 0) < 0 && errno == EINTR) {
+  }
+  return r;
+}
+
+bool exited_ok(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+
+std::string first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string l;
+  std::getline(f, l);
+  return l;
+}
+
+// "Version: 4.1.1" → 4.
+int major_version(const std::string& out) {
+  const size_t v = out.find("Version: ");
+  return v == std::string::npos ? -1 : std::atoi(out.c_str() + v + 9);
+}
+
+}  // namespace
+
+std::string criu_errors(const std::string& log_path, size_t max) {
+  std::ifstream f(log_path);
+  std::string line, out;
+  size_t n = 0;
+  while (std::getline(f, line) && n < max) {
+    const size_t at = line.find("Error (");  // "(00.012345) Error (criu/...): ..." at -v4
+    if (at == std::string::npos) continue;
+    line = line.substr(at);
+    // RLIMIT_NOFILE for itself is a warning in effect: CRIU carries on (containers forbid raising it).
+    if (line.find("RLIMIT_NOFILE") != std::string::npos) continue;
+    out += (out.empty() ? "" : "; ") + line;
+    ++n;
+  }
+  return out.empty() ? "no error line in " + log_path : out;
+}
+
+StatusOr<std::string> find_criu() {
+  std::string criu;
+  if (const char* e = std::getenv("POS_CRIU"); e != nullptr && *e != '\0') {
+    criu = e;
+  } else {
+    const char* prefix = std::getenv("POS_CRIU_PREFIX");
+    std::string path_file = "/opt/pos/criu.path";
+    if (prefix != nullptr && *prefix != '\0') {
+      std::string p = prefix;
+      while (p.size() > 1 && p.back() == '/') p.pop_back();
+      path_file = p.substr(0, p.rfind('/')) + "/criu.path";
+    }
+    criu = first_line(path_file);
+    if (criu.empty() && prefix != nullptr && *prefix != '\0') criu = std::string(prefix) + "/bin/criu";
+    if (criu.empty()) criu = "/usr/sbin/criu";
+  }
+  if (::access(criu.c_str(), X_OK) != 0)
+    return Status::FailedPrecondition("CRIU is not installed (" + criu + " is not an executable): run tools/setup.sh as root, "
+                                      "which provides CRIU >= 4 (tools/install_criu.sh), or set POS_CRIU to a criu binary");
+  auto v = run({criu, "--version"});
+  if (!v.ok()) return v.status();
+  const int major = major_version(v->output);
+  if (major < 4)
+    return Status::FailedPrecondition(criu + " is CRIU " + (major < 0 ? std::string("of an unknown version") : std::to_string(major) + ".x") +
+                                      "; POS needs CRIU >= 4 (Debian 12's 3.17 fails on these kernels): run "
+                                      "tools/install_criu.sh, or set POS_CRIU");
+  auto c = run({criu, "check"});
+  if (!c.ok()) return c.status();
+  if (!exited_ok(c->status)) {
+    std::string why = c->output;
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    return Status::FailedPrecondition(criu + " check failed (" + why +
+                                      "): CRIU needs root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE) and a kernel it supports");
+  }
+  return criu;
+}
+
+Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, const CriuDumpOptions& o) {
+  if (pid <= 0) return Status::InvalidArgument("criu dump: no process given");
+  const char* log = o.pre_dump ? "pre-dump.log" : "dump.log";
+  std::vector<std::string> argv{criu, o.pre_dump ? "pre-dump" : "dump", "-t", std::to_string(pid), "-D", dir,
+                                "-o", log, "-v4"};
+  if (o.leave_running && !o.pre_dump) argv.push_back("--leave-running");
+  if (o.shell_job) argv.push_back("--shell-job");
+  if (o.track_mem) argv.push_back("--track-mem");
+  if (!o.prev_images_dir.empty()) argv.insert(argv.end(), {"--prev-images-dir", o.prev_images_dir});
+  argv.insert(argv.end(), o.extra.begin(), o.extra.end());
+  auto r = run(argv);
+  if (!r.ok()) return r.status();
+  if (!exited_ok(r->status))
+    return Status::Unavailable(std::string("criu ") + (o.pre_dump ? "pre-dump" : "dump") + " of pid " +
+                               std::to_string(pid) + " failed: " + criu_errors(dir + "/" + log) + " (log: " + dir +
+                               "/" + log + ")");
+  return Status::Ok();
+}
+
+StatusOr<pid_t> criu_restore(const std::string& criu, const std::string& dir, const CriuRestoreOptions& o) {
+  const std::string pidfile = dir + "/restored.pid";
+  ::unlink(pidfile.c_str());
+  std::vector<std::string> argv{criu, "restore", "-D", dir, "-o", "restore.log", "-v4", "--restore-detached",
+                                "--pidfile", pidfile};
+  if (o.shell_job) argv.push_back("--shell-job");
+  argv.insert(argv.end(), o.extra.begin(), o.extra.end());
+  auto r = run(argv);
+  if (!r.ok()) return r.status();
+  if (!exited_ok(r->status)) {
+    const std::string errors = criu_errors(dir + "/restore.log");
+    const bool taken = errors.find("File exists") != std::string::npos && errors.find("fork") != std::string::npos;
+    return Status::Unavailable("criu restore from " + dir + " failed: " + errors +
+                               (taken ? " (a pid of the dumped tree is in use: is the original still running?)" : "") +
+                               " (log: " + dir + "/restore.log)");
+  }
+  const std::string p = first_line(pidfile);
+  const long pid = std::atol(p.c_str());
+  if (pid <= 0) return Status::Internal("criu restore wrote no pid to " + pidfile);
+  return static_cast<pid_t>(pid);
+}
+
+}  // namespace pos::ckpt

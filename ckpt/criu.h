@@ -1,0 +1,45 @@
+// criu.h — the CRIU driver: finds a CRIU >= 4 that passes `criu check`, dumps a process tree into a
+// directory and restores it, with errors that name the cause. pos-cli dump/restore build on it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "pos/base/status.h"
+
+namespace pos::ckpt {
+
+// The criu program to run: $POS_CRIU (a binary), else the one tools/install_criu.sh chose (the first
+// line of $(dirname $POS_CRIU_PREFIX)/criu.path, default /opt/pos/criu.path), else `criu` on PATH.
+// Not found, too old (< 4) or failing `criu check`: an error naming the fix (tools/setup.sh).
+StatusOr<std::string> find_criu();
+
+struct CriuDumpOptions {
+  bool leave_running = false;  // the tree runs on after the dump (else CRIU ends it)
+  bool shell_job = false;      // the tree shares the caller's session or terminal
+  bool track_mem = false;      // record dirty-page tracking for a later incremental dump
+  std::string prev_images_dir;  // incremental: relative to the dump's dir, as CRIU takes it
+  bool pre_dump = false;        // `criu pre-dump` (the tree keeps running; memory only)
+  std::vector<std::string> extra;  // more CRIU options, verbatim
+};
+
+// `criu dump -t PID -D DIR` (or pre-dump), logging to DIR/dump.log (pre-dump.log). DIR must exist.
+// A failure returns CRIU's own error lines from the log.
+Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, const CriuDumpOptions& options);
+
+struct CriuRestoreOptions {
+  bool shell_job = false;
+  std::vector<std::string> extra;
+};
+
+// `criu restore -D DIR --restore-detached`, logging to DIR/restore.log; returns the restored tree's
+// root pid (the dumped one's). The tree's parent becomes this process if it is a child subreaper
+// (prctl PR_SET_CHILD_SUBREAPER), else init. A pid still taken is named in the error.
+StatusOr<pid_t> criu_restore(const std::string& criu, const std::string& dir, const CriuRestoreOptions& options);
+
+// CRIU's error lines ("Error (...): ...") from a log, at most `max`, for messages.
+std::string criu_errors(const std::string& log_path, size_t max = 4);
+
+}  // namespace pos::ckpt
