@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,8 +38,19 @@ struct SessionMemory {
     if (memfd >= 0) ::close(memfd);
     if (efd >= 0) ::close(efd);
   }
-  // `at`: where to map it (a re-attach puts the arena back where the client's host window is), or
-  // anywhere (nullptr). A taken address is an error, never a clobbered mapping.
+  // Detaching: the memory goes, its addresses stay reserved (an inaccessible mapping), so that the
+  // re-attached memory gets them back whatever this process mapped meanwhile (a checkpoint does).
+  void release_keeping_addresses() {
+    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    registered = false;
+    if (base != nullptr)
+      (void)::mmap(base, layout.total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    base = nullptr;
+    if (memfd >= 0) ::close(memfd), memfd = -1;
+    if (efd >= 0) ::close(efd), efd = -1;
+  }
+  // `at`: the reservation release_keeping_addresses left (a re-attach puts the arena back where the
+  // client's host window is), mapped over; or nullptr: anywhere.
   Status create(uint64_t arena_bytes, DeviceBackend* b, void* at = nullptr) {
     backend = b;
     layout = wire::layout_for(arena_bytes);
@@ -48,13 +60,8 @@ struct SessionMemory {
       return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
     if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
       return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
-    void* m = ::mmap(at, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED_NOREPLACE : 0),
-                     memfd, 0);
+    void* m = ::mmap(at, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED : 0), memfd, 0);
     if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
-    if (at != nullptr && m != at) {  // a kernel without MAP_FIXED_NOREPLACE took it as a hint
-      ::munmap(m, layout.total);
-      return Status::Unavailable("the session memory's old address is taken");
-    }
     base = static_cast<std::byte*>(m);
     auto* h = new (base) wire::ShmHeader();
     h->magic = wire::kShmMagic;
@@ -125,18 +132,27 @@ Status SessionControl::reattach(UniqueFd& fd) {
   return Status::Ok();
 }
 
-UniqueFd SessionControl::wait_for_reattach(int stop_fd) {
+UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string* why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     fd_ = -1;
     state_.store(kDetached, std::memory_order_release);
     cv_.notify_all();
   }
+  // Readable once the job's process has ended (Linux >= 5.3; without it only posd's stop ends the wait).
+  UniqueFd job(pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1);
   for (;;) {
-    pollfd p[2] = {{wake_.get(), POLLIN, 0}, {stop_fd, POLLIN, 0}};
-    const int n = ::poll(p, 2, -1);
+    pollfd p[3] = {{wake_.get(), POLLIN, 0}, {stop_fd, POLLIN, 0}, {job.get(), POLLIN, 0}};
+    const int n = ::poll(p, job ? 3 : 2, -1);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || p[1].revents != 0) return UniqueFd();
+    if (n < 0 || p[1].revents != 0) {
+      *why = "posd stopping while the job was detached";
+      return UniqueFd();
+    }
+    if (job && p[2].revents != 0) {
+      *why = "the job ended while detached (a dump that ends it, or a kill)";
+      return UniqueFd();
+    }
     uint64_t v;
     (void)!::read(wake_.get(), &v, sizeof(v));
     std::lock_guard<std::mutex> lk(mu_);
@@ -350,6 +366,8 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // Detached: this attachment's memory and connection go; the client and its GPU state stay
     // until the job re-attaches (or posd stops).
     std::byte* const old_base = mem->base;
+    const uint64_t old_total = mem->layout.total;
+    mem->release_keeping_addresses();
     mem.reset();
     ::shutdown(fd, SHUT_RDWR);
     reattached.reset();
@@ -357,13 +375,14 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     fd = -1;
     POS_INFO("posd", "session %lu (pid %d, '%s'): detached after call %lu", (unsigned long)*uuid, spec.pid,
              spec.job.c_str(), (unsigned long)last_seq);
-    UniqueFd next = ctl->wait_for_reattach(spec.stop_fd);
+    UniqueFd next = ctl->wait_for_reattach(spec.stop_fd, spec.pid, &end_reason);
     if (!next) {
-      end_reason = "posd stopping while the job was detached";
+      ::munmap(old_base, old_total);
       break;
     }
     mem = std::make_unique<SessionMemory>();
     Status again = mem->create(spec.arena_bytes, &ws.backend(), old_base);
+    if (!again.ok() && mem->base == nullptr) ::munmap(old_base, old_total);
     if (!again.ok() || !welcome(next.get())) {
       if (!again.ok()) refuse_connection(next.get(), again.with_context("re-attaching"));
       end_reason = "the job could not re-attach: " + (again.ok() ? std::string("it left during the handshake") : again.message());

@@ -35,8 +35,9 @@ class SessionControl {
   // For the serving loop.
   void attached(int fd);
   void ended();
-  // Detached: blocks until a re-attaching connection comes (returned) or stop_fd fires (empty).
-  UniqueFd wait_for_reattach(int stop_fd);
+  // Detached: blocks until a re-attaching connection comes (returned), stop_fd fires or the job's
+  // process `pid` ends (a dump that ended it, a kill: empty, and *why says which).
+  UniqueFd wait_for_reattach(int stop_fd, int32_t pid, std::string* why);
 
  private:
   enum State : int { kStarting, kAttached, kDetaching, kDetached, kEnded };
