@@ -12,6 +12,7 @@
 #include "remoting/common/handshake.h"
 #include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
+#include "remoting/server/job_dump.h"
 #include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
@@ -89,32 +90,45 @@ struct DumpArgs {
 };
 
 int dump(const DumpArgs& a) {
-  if (!a.leave_running) {
-    std::fprintf(stderr,
-                 "pos-cli dump: a dump that ends the job saves its CPU state with CRIU too, which is not built yet; "
-                 "--leave-running saves the job's GPU state while it runs (docs/cli.md)\n");
-    return 1;
-  }
-  pos::StatusOr<pos::CheckpointReport> r = [&] {
+  pos::JobDumpOptions o;
+  o.socket = a.socket;
+  o.pid = static_cast<uint32_t>(a.pid);
+  o.dir = a.dir;
+  o.leave_running = a.leave_running;
+  o.async = a.mode == "async";
+  pos::StatusOr<pos::JobDumpReport> r = [&] {
     Progress p("dumping GPU state");
-    return pos::posd_checkpoint(a.socket, static_cast<uint32_t>(a.pid), a.dir, a.mode == "async",
-                                [&](uint64_t d, uint64_t t) { p.update(d, t); });
+    const bool tty = ::isatty(STDERR_FILENO) == 1;
+    o.progress = [&](const char* phase, uint64_t done, uint64_t total) {
+      if (std::string(phase) == "gpu" && total > 0) p.update(done, total);
+      else if (tty) std::fprintf(stderr, "\r%-60s", (std::string("dump: ") + phase + "...").c_str());
+    };
+    auto res = pos::dump_job(o);
+    if (tty) std::fputs("\r\033[K", stderr);
+    return res;
   }();
   if (!r.ok()) {
     std::fprintf(stderr, "pos-cli dump: %s\n", r.status().message().c_str());
     return 1;
   }
   if (a.json) {
-    std::printf("{\"pid\":%d,\"image\":%s,\"mode\":\"%s\",\"cut\":%llu,\"handles\":%llu,\"bytes_stored\":%llu,"
-                "\"bytes_referenced\":%llu,\"phases\":{\"stall_s\":%.6f,\"total_s\":%.6f}}\n",
-                a.pid, pos::json_string(r->image).c_str(), a.mode.c_str(), (unsigned long long)r->cut_pc,
-                (unsigned long long)r->handles, (unsigned long long)r->bytes_stored,
-                (unsigned long long)r->bytes_referenced, r->stall_s, r->total_s);
+    std::printf("{\"pid\":%d,\"dir\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,\"handles\":%llu,"
+                "\"gpu_bytes\":%llu,\"gpu_image\":%s,\"criu_images\":%s,\"manifest\":%s,"
+                "\"phases\":{\"detach_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
+                "\"total_s\":%.6f},\"pause_s\":%.6f}\n",
+                a.pid, pos::json_string(a.dir).c_str(), a.leave_running ? "true" : "false", a.mode.c_str(),
+                (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles,
+                (unsigned long long)r->gpu.bytes_stored, pos::json_string(r->gpu.image).c_str(),
+                pos::json_string(r->criu_dir).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->gpu_s,
+                r->gpu.stall_s, r->criu_s, r->resume_s, r->total_s, r->pause_s);
   } else {
-    std::printf("dumped the GPU state of pid %d to %s (%s): cut at call %llu, %llu handles, %llu bytes; the job "
-                "was stopped %.3f s, %.3f s in all\n",
-                a.pid, r->image.c_str(), a.mode.c_str(), (unsigned long long)r->cut_pc, (unsigned long long)r->handles,
-                (unsigned long long)r->bytes_stored, r->stall_s, r->total_s);
+    std::printf("dumped pid %d to %s: GPU state cut at call %llu (%llu handles, %llu bytes), CPU state by CRIU; "
+                "%s; detach %.3f s, GPU %.3f s, CRIU %.3f s, total %.3f s\n",
+                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles,
+                (unsigned long long)r->gpu.bytes_stored,
+                a.leave_running ? ("the job runs on (paused " + std::to_string(r->pause_s) + " s)").c_str()
+                                : "the job has ended",
+                r->detach_s, r->gpu_s, r->criu_s, r->total_s);
   }
   return 0;
 }
@@ -146,14 +160,13 @@ int main(int argc, char** argv) {
 
   DumpArgs da;
   da.socket = pos::default_socket_path();
-  CLI::App* dump_cmd = app.add_subcommand("dump", "save a running job's state (GPU state: --leave-running)");
+  CLI::App* dump_cmd = app.add_subcommand("dump", "save a job under posd: its GPU state and its process tree (CRIU)");
   dump_cmd->add_option("-t,--tree", da.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
       CLI::PositiveNumber);
-  dump_cmd->add_option("-D,--images-dir", da.dir, "where the image goes (made if missing; DIR/gpu must not exist)")
+  dump_cmd->add_option("-D,--images-dir", da.dir, "where the image goes (made if missing; must hold no image)")
       ->required();
-  dump_cmd->add_flag("--leave-running", da.leave_running, "the job runs on; its GPU state is saved at one cut");
-  dump_cmd->add_option("--mode", da.mode, "sync: the job waits while its bytes are copied; async: it runs on "
-                                          "(copy-on-write)")
+  dump_cmd->add_flag("--leave-running", da.leave_running, "the job runs on after the dump (else it ends, as with CRIU)");
+  dump_cmd->add_option("--mode", da.mode, "how the GPU bytes are drained: sync, or async (copy-on-write)")
       ->check(CLI::IsMember({"sync", "async"}))
       ->capture_default_str();
   dump_cmd->add_flag("--json", da.json, "one JSON report");

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -186,44 +187,89 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
   EXPECT_EQ(out, expected({"--steps", "5"}));
 }
 
-// `pos-cli dump --leave-running` on the unmodified binary mid-run: the job's GPU state is saved at
-// one cut, the image passes `pos-cli inspect` (every checksum), and the job, which ran on, prints
-// exactly what an uninterrupted run prints.
-TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesTheJobsGpuStateAndTheJobFinishesAsIfUntouched) {
+// Starts the training binary under posd in the background (stdout to `out_file`), and waits until
+// posd shows its session holding device memory. Returns its pid (the shell execs it).
+pid_t start_job(const std::string& preload, const std::string& train, const std::string& job, const std::string& out_file,
+                const std::function<std::string()>& ps, const std::function<std::string()>& log) {
+  const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null >" + out_file + " 2>/dev/null";
+  pid_t child = -1;
+  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
+  EXPECT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string text;
+  while ((text = ps()).find("\"job\":\"" + job + "\"") == std::string::npos ||
+         text.find("\"memory_bytes\":0,") != std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << text << log();
+      break;
+    }
+    std::this_thread::yield();
+  }
+  return child;
+}
+
+// `pos-cli dump --leave-running` on the unmodified binary mid-run: its calls wait while its GPU
+// state (posd) and its process tree (CRIU) are saved at one cut, then it runs on and prints exactly
+// what an uninterrupted run prints; the image passes `pos-cli inspect`.
+TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesGpuAndCpuStateAndTheJobFinishesAsIfUntouched) {
   const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
   const std::string out_file = ::testing::TempDir() + "posd-e2e-dump-out-" + std::to_string(::getpid());
   const std::string dir = ::testing::TempDir() + "posd-e2e-dump-" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
-  const std::string cmd =
-      preload_env() + "POS_JOB_NAME=dumped exec " + train_cmd(args[0] + " " + args[1]) + " >" + out_file + " 2>/dev/null";
-  pid_t child = -1;
-  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
-  ASSERT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::string ps;
-  while ((ps = sessions_json()).find("\"job\":\"dumped\"") == std::string::npos ||
-         ps.find("\"memory_bytes\":0,") != std::string::npos) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ps << log_text();
-    std::this_thread::yield();
-  }
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "dumped", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
   int code = -1;
   std::string err;
   const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
                                        " --leave-running --mode async --json --socket " + socket_,
                                    &code, &err);
   EXPECT_EQ(code, 0) << err << log_text();
-  EXPECT_NE(report.find("\"image\":\"" + dir + "/gpu\""), std::string::npos) << report;
-  EXPECT_EQ(report.find("\"bytes_stored\":0,"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"gpu_image\":\"" + dir + "/gpu\""), std::string::npos) << report;
+  EXPECT_EQ(report.find("\"gpu_bytes\":0,"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"pause_s\":"), std::string::npos) << report;
   int st = 0;
   ASSERT_EQ(waitpid(child, &st, 0), child);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   std::ifstream f(out_file);
   const std::string out((std::istreambuf_iterator<char>(f)), {});
   EXPECT_EQ(out, expected(args));
+  // The whole image: GPU part, CRIU's images of the process, the manifest, the caller's token.
+  EXPECT_TRUE(std::filesystem::exists(dir + "/criu/core-" + std::to_string(child) + ".img"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/manifest"));
+  EXPECT_EQ(std::filesystem::status(dir + "/token").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.reattach"));  // used by the job to come back
   const std::string inspected = shell(env_or_fail("POS_CLI") + " inspect " + dir + "/gpu", &code, &err);
   EXPECT_EQ(code, 0) << err;
   EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
   EXPECT_NE(inspected.find("(dumped)"), std::string::npos) << inspected;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
+}
+
+// Without --leave-running the job ends after the dump, as with `criu dump`, and posd frees its session.
+TEST_F(PosdProcess, PosCliDumpEndsTheJobAndPosdFreesItsSession) {
+  const std::string out_file = ::testing::TempDir() + "posd-e2e-dump-end-" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "posd-e2e-dump-end-" + std::to_string(::getpid()) + ".img";
+  std::filesystem::remove_all(dir);
+  const pid_t child = start_job(preload_env(), train_cmd("--steps 100000000"), "ended", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir + " --socket " + socket_,
+              &code, &err);
+  EXPECT_EQ(code, 0) << err << log_text();
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(st)) << st;  // CRIU ended it
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sessions_json().find("\"job\":\"ended\"") != std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "session not freed: " << sessions_json();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(log_text().find("the job ended while detached"), std::string::npos) << log_text();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/gpu/client.pb"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/criu/core-" + std::to_string(child) + ".img"));
   std::filesystem::remove_all(dir);
   std::filesystem::remove(out_file);
 }

@@ -27,6 +27,7 @@
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
 #include "remoting/common/handshake.h"
+#include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/inproc/inproc_transport.h"
 #include "remoting/server/control_client.h"
@@ -643,6 +644,95 @@ TEST(Admission, OnlyRootAndTheJobsOwnUserMayDumpIt) {
   Status s = authorize_job_control(1001, 1000, "dump");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("uid 1001 may not dump a job of uid 1000"), std::string::npos) << s.message();
+}
+
+// ---------------- detach and re-attach (docs/dump_restore.md) ----------------
+
+std::string maps_text() {
+  std::ifstream f("/proc/self/maps");
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+TEST_F(Posd, ADetachedJobHoldsNoSessionMemoryItsCallsWaitAndItComesBackWithEveryByte) {
+  ShmSession& s = connect("detacher");
+  const uint64_t d = alloc(1 << 20);
+  std::vector<uint8_t> pattern(1 << 20);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(pattern.data()), pattern.size(), cuda::kMemcpyHostToDevice).ok());
+  void* pinned = nullptr;
+  ASSERT_TRUE(s.host_alloc(4096, &pinned).ok());
+  for (int i = 0; i < 4096; ++i) static_cast<uint8_t*>(pinned)[i] = static_cast<uint8_t>(255 - i % 251);
+  const std::vector<uint8_t> pinned_before(static_cast<uint8_t*>(pinned), static_cast<uint8_t*>(pinned) + 4096);
+  ASSERT_NE(maps_text().find("pos-session"), std::string::npos);  // attached: the session memfd is mapped
+
+  const std::string permit = ::testing::TempDir() + "posd-permit-" + std::to_string(::getpid());
+  std::filesystem::remove(permit);
+  auto token = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
+  ASSERT_TRUE(token.ok()) << token.status().to_string();
+  EXPECT_EQ(token->size(), 32u);
+  // Detached: nothing of posd is mapped here, the pinned bytes are where they were.
+  EXPECT_EQ(maps_text().find("pos-session"), std::string::npos);
+  EXPECT_EQ(std::memcmp(pinned, pinned_before.data(), 4096), 0);
+  EXPECT_EQ(server_->sessions().size(), 1u);  // the session and its GPU state stay
+  // A call waits at its start until the job is back.
+  std::atomic<bool> done{false};
+  std::vector<uint8_t> back(pattern.size());
+  Status late;
+  std::thread caller([&] {
+    late = api().memcpy(reinterpret_cast<uint64_t>(back.data()), d, back.size(), cuda::kMemcpyDeviceToHost);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(done.load()) << "a call ran while the job was detached";
+  ASSERT_TRUE(grant_reattach(permit).ok());
+  caller.join();
+  ASSERT_TRUE(late.ok()) << late.to_string();
+  EXPECT_EQ(back, pattern);
+  EXPECT_EQ(s.detaches(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(permit));  // used once
+  // The pinned block is in the new session memory: posd reads it at the same address.
+  ASSERT_TRUE(api().memcpy(d, reinterpret_cast<uint64_t>(pinned), 4096, cuda::kMemcpyHostToDevice).ok());
+  std::vector<uint8_t> head(4096);
+  ASSERT_TRUE(api().memcpy(reinterpret_cast<uint64_t>(head.data()), d, 4096, cuda::kMemcpyDeviceToHost).ok());
+  EXPECT_EQ(head, pinned_before);
+  // Twice more, the second time without a permit: the job comes back by itself after the timeout.
+  token = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
+  ASSERT_TRUE(token.ok()) << token.status().to_string();
+  // While detached, another detach is refused: one dump at a time.
+  auto second = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("detached already"), std::string::npos) << second.status().message();
+  ASSERT_TRUE(grant_reattach(permit).ok());
+  ASSERT_TRUE(eventually([&] { return s.detaches() == 2; }));
+  token = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 200);
+  ASSERT_TRUE(token.ok()) << token.status().to_string();
+  ASSERT_TRUE(api().device_synchronize().ok());
+  EXPECT_EQ(s.detaches(), 3u);
+  ASSERT_TRUE(s.host_free(pinned).ok());
+}
+
+TEST_F(Posd, AReattachWithAnUnknownOrUsedTokenAndADetachByAnotherUserAreRefused) {
+  connect("job");
+  ASSERT_TRUE(api().device_synchronize().ok());
+  const std::string permit = ::testing::TempDir() + "posd-permit2-" + std::to_string(::getpid());
+  server_->set_caller_uid_for_test(static_cast<int64_t>(::getuid()) + 4242);
+  auto t = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("may not dump"), std::string::npos) << t.status().message();
+  server_->set_caller_uid_for_test(-1);
+  // A made-up token opens nothing.
+  wire::Hello hello;
+  hello.kind = static_cast<uint32_t>(wire::HelloKind::kReattach);
+  hello.arena_bytes = 8ull << 20;
+  wire::put_cstr(hello.command, sizeof(hello.command), "00112233445566778899aabbccddeeff");
+  auto fd = open_posd_socket(server_->socket_path(), hello);
+  ASSERT_TRUE(fd.ok());
+  wire::Welcome w;
+  ASSERT_TRUE(recv_all(*fd, &w, sizeof(w)).ok());
+  ::close(*fd);
+  EXPECT_NE(w.code, 0);
+  EXPECT_NE(std::string(w.message).find("no detached session"), std::string::npos) << w.message;
+  EXPECT_TRUE(api().device_synchronize().ok());
 }
 
 TEST_F(Posd, AMalformedFrameEndsThatSessionOnlyAndFreesItsMemory) {

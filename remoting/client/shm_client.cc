@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +22,23 @@
 
 namespace pos {
 namespace {
+
+// The welcome, with the session memfd and posd's eventfd when accepted (-1 where absent).
+ssize_t receive_welcome(int sock, wire::Welcome* w, int* memfd, int* efd) {
+  msghdr msg{};
+  iovec iov{w, sizeof(*w)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  ssize_t r;
+  do r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL); while (r < 0 && errno == EINTR);
+  int fds[2] = {-1, -1};
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(2 * sizeof(int)))
+      std::memcpy(fds, CMSG_DATA(c), sizeof(fds));
+  }
+  *memfd = fds[0], *efd = fds[1];
+  return r;
+}
 
 constexpr uint64_t kAlign = 256;
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -47,18 +65,8 @@ StatusOr<std::unique_ptr<ShmSession>> ShmSession::connect(const std::string& soc
   std::unique_ptr<ShmSession> s(new ShmSession());
   s->sock_ = *fd;
 
-  // The welcome, with the session memfd and posd's eventfd when accepted.
-  msghdr msg{};
-  iovec iov{&s->welcome_, sizeof(s->welcome_)};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  ssize_t r;
-  do r = ::recvmsg(s->sock_, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL); while (r < 0 && errno == EINTR);
   int fds[2] = {-1, -1};
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(2 * sizeof(int)))
-      std::memcpy(fds, CMSG_DATA(c), sizeof(fds));
-  }
+  const ssize_t r = receive_welcome(s->sock_, &s->welcome_, &fds[0], &fds[1]);
   s->efd_ = fds[1];
   if (r != static_cast<ssize_t>(sizeof(s->welcome_))) {
     if (fds[0] >= 0) ::close(fds[0]);
@@ -101,10 +109,27 @@ StatusOr<std::unique_ptr<ShmSession>> ShmSession::connect(const std::string& soc
     copy_threads = static_cast<unsigned>(std::clamp(std::strtoul(e, nullptr, 10), 1ul, 64ul));
   s->copier_ = std::make_unique<ParallelCopier>(copy_threads, s->spin_ns_);
   if (const char* e = std::getenv("POS_CLIENT_POST"); e != nullptr && std::string(e) == "0") s->post_async_ = false;
+  s->socket_path_ = socket_path;
+  s->job_ = job;
+  s->watch_stop_ = ::eventfd(0, EFD_CLOEXEC);
+  if (s->watch_stop_ >= 0) {
+    try {
+      ShmSession* raw = s.get();
+      s->watcher_ = std::thread([raw] { raw->watch(); });
+    } catch (const std::system_error&) {
+      // No thread: the session works, it just cannot be detached (a dump says so).
+    }
+  }
   return s;
 }
 
 ShmSession::~ShmSession() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(watch_stop_, &one, sizeof(one));
+    watcher_.join();
+  }
+  if (watch_stop_ >= 0) ::close(watch_stop_);
   if (sock_ >= 0) ::close(sock_);  // posd ends the session and frees its memory
   if (efd_ >= 0) ::close(efd_);
   if (base_ != nullptr) ::munmap(base_, map_bytes_);
@@ -499,6 +524,131 @@ Status ShmSession::call(ApiId api, std::span<const Param> params, void* ret, uin
   }
   const bool posted = posted_api(api) && ret_len == 0;
   return send(api, params, !posted, ret, ret_len, ret_written);
+}
+
+// ---------------- detach and re-attach ----------------
+void ShmSession::watch() {
+  for (;;) {
+    int sock = -1;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      sock = sock_;
+    }
+    if (sock < 0) return;
+    pollfd p[2] = {{sock, POLLIN, 0}, {watch_stop_, POLLIN, 0}};
+    const int n = ::poll(p, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) return;  // hang-up or error: the calls find out themselves
+    wire::DetachRequest req;
+    ssize_t r;
+    do r = ::recv(sock, &req, sizeof(req), MSG_WAITALL); while (r < 0 && errno == EINTR);
+    // posd writes nothing else after the welcome: end of file or garbage ends the watching.
+    if (r != static_cast<ssize_t>(sizeof(req)) || req.magic != wire::kDetachMagic) return;
+    req.token[sizeof(req.token) - 1] = '\0', req.permit[sizeof(req.permit) - 1] = '\0';
+    detach_and_return(req);
+  }
+}
+
+void ShmSession::detach_and_return(const wire::DetachRequest& req) {
+  std::lock_guard<std::mutex> lk(mu_);  // the app's threads wait at their next call from here on
+  if (!broken_.ok()) return;
+  // Every published frame handled, so the cut loses nothing and no staging block is in flight.
+  if (next_seq_ > 0 && !wait_done(next_seq_).ok()) return;
+  reap_temp();
+  // The shared mapping becomes a private one at the same addresses; the arena keeps its bytes
+  // (cudaMallocHost memory), the ring and reply slot are zeros no one reads while detached. All of
+  // it before the acknowledgement: once posd has it, a dump may freeze this process at any moment.
+  const uint64_t arena_bytes = welcome_.arena_bytes;
+  void* keep = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (keep == MAP_FAILED) return;  // not detached: the session goes on, posd's request times out
+  std::memcpy(keep, arena_, arena_bytes);
+  if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED ||
+      ::mremap(keep, arena_bytes, arena_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, arena_) == MAP_FAILED) {
+    broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, std::string("detaching: ") + std::strerror(errno));
+    return;
+  }
+  ::close(efd_), efd_ = -1;
+  wire::DetachAck ack;
+  ack.last_seq = next_seq_;
+  const bool acked = ::send(sock_, &ack, sizeof(ack), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(ack));
+  ::close(sock_), sock_ = -1;  // posd waits for this hang-up before it says the job is detached
+  if (!acked) {
+    broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "posd went away while this job detached");
+    return;
+  }
+  // Parked until the permit file appears (it may name another posd's socket), or the timeout:
+  // then back to the same posd, whatever happened to the dump.
+  std::string socket = socket_path_;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::access(req.permit, F_OK) == 0) {
+      char line[256] = {};
+      if (FILE* f = std::fopen(req.permit, "r")) {
+        if (std::fgets(line, sizeof(line), f) != nullptr) {
+          std::string l = line;
+          while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.pop_back();
+          if (!l.empty()) socket = l;
+        }
+        std::fclose(f);
+      }
+      (void)::unlink(req.permit);  // one use: a later restore of this image gets a fresh one
+      break;
+    }
+    pollfd stop{watch_stop_, POLLIN, 0};
+    if (::poll(&stop, 1, 2) > 0) {  // the session is being destroyed
+      broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "the session ended while detached");
+      return;
+    }
+  }
+  Status s = reattach(socket, req.token);
+  if (!s.ok()) {
+    broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "could not re-attach to posd after a detach: " + s.message());
+    return;
+  }
+  detaches_.fetch_add(1, std::memory_order_release);
+}
+
+Status ShmSession::reattach(const std::string& socket_path, const std::string& token) {
+  wire::Hello hello;
+  hello.kind = static_cast<uint32_t>(wire::HelloKind::kReattach);
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.arena_bytes = welcome_.arena_bytes;
+  wire::put_cstr(hello.job, sizeof(hello.job), job_);
+  wire::put_cstr(hello.command, sizeof(hello.command), token);
+  auto fd = open_posd_socket(socket_path, hello);
+  if (!fd.ok()) return fd.status();
+  wire::Welcome w;
+  int memfd = -1, efd = -1;
+  const ssize_t r = receive_welcome(*fd, &w, &memfd, &efd);
+  auto fail = [&](const Status& why) {
+    if (memfd >= 0) ::close(memfd);
+    if (efd >= 0) ::close(efd);
+    ::close(*fd);
+    return why;
+  };
+  if (r != static_cast<ssize_t>(sizeof(w))) return fail(Status::Unavailable("no welcome from posd"));
+  if (Status ws = check_welcome(w); !ws.ok()) return fail(ws);
+  if (memfd < 0 || efd < 0 || w.client_uuid != welcome_.client_uuid || w.shm_bytes != map_bytes_ ||
+      w.arena_offset != welcome_.arena_offset || w.arena_bytes != welcome_.arena_bytes ||
+      w.ring_offset != welcome_.ring_offset || w.reply_offset != welcome_.reply_offset)
+    return fail(Status::Corrupt("posd re-attached this job to a session of another shape"));
+  // The arena's bytes go into the new session memory, which then takes the old addresses.
+  void* t = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (t == MAP_FAILED) return fail(Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno)));
+  std::memcpy(static_cast<std::byte*>(t) + w.arena_offset, arena_, w.arena_bytes);
+  ::munmap(t, map_bytes_);
+  if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd, 0) != base_)
+    return fail(Status::Unavailable(std::string("mapping the session memory in place: ") + std::strerror(errno)));
+  ::close(memfd);
+  memfd = -1;
+  if (hdr_->magic != wire::kShmMagic || hdr_->ring_bytes != w.ring_bytes) return fail(Status::Corrupt("foreign session header"));
+  welcome_ = w;
+  sock_ = *fd;
+  efd_ = efd;
+  tail_ = 0;
+  next_seq_ = 0;
+  return Status::Ok();
 }
 
 }  // namespace pos

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "remoting/common/api_client.h"
 #include "pos/base/parallel_copy.h"
@@ -110,6 +111,21 @@ class ShmSession final : public Transport {
   std::mutex arena_mu_;
   std::map<uint64_t, uint64_t> free_;   // guarded by arena_mu_: offset → bytes
   std::map<uint64_t, uint64_t> used_;   // guarded by arena_mu_: offset → bytes
+
+  // Detach and re-attach (docs/dump_restore.md). A watcher thread reads the session socket, where
+  // posd writes only a detach request; it parks the app's calls (mu_), releases the session and
+  // comes back once the permit file appears (or its timeout passes).
+  void watch();
+  void detach_and_return(const wire::DetachRequest& req);
+  Status reattach(const std::string& socket_path, const std::string& token);
+  std::string socket_path_, job_;
+  std::thread watcher_;
+  int watch_stop_ = -1;  // eventfd: the destructor ends the watcher
+  std::atomic<uint64_t> detaches_{0};
+
+ public:
+  // Times this session detached and came back (tests).
+  uint64_t detaches() const { return detaches_.load(std::memory_order_acquire); }
 };
 
 }  // namespace pos

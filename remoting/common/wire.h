@@ -20,7 +20,9 @@ inline constexpr uint32_t kShmMagic = 0x4d534f50;      // "POSM"
 inline constexpr uint32_t kFrameMagic = 0x46534f50;    // "POSF"
 
 // ---------------- handshake (socket) ----------------
-enum class HelloKind : uint32_t { kSession = 1, kControl = 2 };
+// kReattach: a detached job's shim coming back (docs/dump_restore.md); its hello's `command` holds
+// the session token, job, pid and arena as its session's.
+enum class HelloKind : uint32_t { kSession = 1, kControl = 2, kReattach = 3 };
 
 struct Hello {
   uint32_t magic = kHelloMagic;
@@ -85,6 +87,33 @@ struct ControlEvent {
   char message[512] = {};             // kResult: why it failed, or where the image is
 };
 static_assert(sizeof(ControlEvent) == 624);
+
+// ---------------- detach and re-attach (docs/dump_restore.md) ----------------
+// pos-cli → posd, after a kControl hello whose command is "detach".
+inline constexpr uint32_t kDetachMagic = 0x54445350;  // "PSDT"
+struct DetachBody {
+  uint32_t magic = kDetachMagic;
+  uint32_t target_pid = 0;
+  uint32_t timeout_ms = 0;  // the job re-attaches by itself after this long without a permit
+  uint32_t reserved = 0;
+  char permit[512] = {};    // the file whose appearance lets the job re-attach (absolute path)
+};
+static_assert(sizeof(DetachBody) == 528);
+// Session → the job's shim, on its session socket: detach now.
+struct DetachRequest {
+  uint32_t magic = kDetachMagic;
+  uint32_t timeout_ms = 0;
+  char token[64] = {};    // the session token the re-attach hello carries
+  char permit[512] = {};
+};
+static_assert(sizeof(DetachRequest) == 584);
+// The shim → its session: every frame up to `last_seq` is published; it releases the session now.
+struct DetachAck {
+  uint32_t magic = kDetachMagic;
+  uint32_t reserved = 0;
+  uint64_t last_seq = 0;
+};
+static_assert(sizeof(DetachAck) == 16);
 
 // ---------------- shared memory ----------------
 // Offsets inside the session memfd. The header's fields are each written by one side only.

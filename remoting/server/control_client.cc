@@ -97,4 +97,50 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   }
 }
 
+StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
+                                  uint32_t timeout_ms) {
+  if (permit.empty() || permit[0] != '/') return Status::InvalidArgument("the permit must be an absolute path");
+  wire::Hello hello;
+  hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
+  hello.pid = static_cast<uint32_t>(::getpid());
+  wire::put_cstr(hello.command, sizeof(hello.command), "detach");
+  auto fd = open_posd_socket(socket_path, hello);
+  if (!fd.ok()) return fd.status();
+  UniqueFd sock(*fd);
+  wire::DetachBody body;
+  body.target_pid = pid;
+  body.timeout_ms = timeout_ms;
+  wire::put_cstr(body.permit, sizeof(body.permit), permit);
+  (void)send_all(sock.get(), &body, sizeof(body));  // a refusal at the hello is read below
+  timeval none{0, 0};
+  (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  wire::Welcome w;
+  POS_RETURN_IF_ERROR(recv_all(sock.get(), &w, sizeof(w)).with_context("posd's answer"));
+  POS_RETURN_IF_ERROR(check_welcome(w));
+  wire::ControlEvent e;
+  POS_RETURN_IF_ERROR(recv_all(sock.get(), &e, sizeof(e)).with_context("the detach's result"));
+  if (e.magic != wire::kEventMagic || e.type != static_cast<uint32_t>(wire::EventType::kResult))
+    return Status::Corrupt("posd sent a malformed detach result");
+  const std::string msg = wire::get_cstr(e.message, sizeof(e.message));
+  if (e.code != 0)
+    return Status(static_cast<Code>(e.code > 0 && e.code <= static_cast<int32_t>(Code::kInternal)
+                                        ? e.code
+                                        : static_cast<int32_t>(Code::kInternal)),
+                  e.api_error, msg);
+  return msg;
+}
+
+Status grant_reattach(const std::string& permit, const std::string& socket_path) {
+  const std::string tmp = permit + ".tmp";
+  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  const std::string text = socket_path + "\n";
+  if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
+    return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  f.reset();
+  if (::rename(tmp.c_str(), permit.c_str()) != 0)
+    return Status::Unavailable("cannot put " + permit + " in place: " + std::strerror(errno));
+  return Status::Ok();
+}
+
 }  // namespace pos

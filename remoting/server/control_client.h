@@ -26,4 +26,14 @@ struct CheckpointReport {
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress = {});
 
+// Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
+// shim has released its session (every call it made handled), with the session token. The job's
+// calls wait until the file `permit` (an absolute path) appears, or `timeout_ms` passes; then it
+// re-attaches by itself.
+StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
+                                  uint32_t timeout_ms);
+// Lets a detached job re-attach: writes `permit` (atomically), naming the socket of the posd to
+// come back to (empty: the one it left).
+Status grant_reattach(const std::string& permit, const std::string& socket_path = "");
+
 }  // namespace pos

@@ -8,6 +8,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -52,6 +53,7 @@ struct PosdServer::Session {
   UniqueFd channel;
   std::mutex io;
   uint64_t generation = 0;
+  std::string token;  // guarded by io: set while a detach is requested, until the job re-attaches
   SessionProgress progress;  // posd.isolation: shared
 };
 
@@ -63,8 +65,8 @@ struct PosdServer::Handshake {
   Status admitted;  // the peer's admission, decided at accept, told once it sends a byte
   wire::Hello hello;
   size_t got = 0;  // bytes of the hello so far
-  // A checkpoint request's body after its hello, and the image directory's descriptor that came with it.
-  wire::CheckpointBody body;
+  // A checkpoint or detach request's body after its hello, and a descriptor that came with it.
+  alignas(8) std::byte body[sizeof(wire::DetachBody)] = {};
   size_t body_got = 0;
   UniqueFd passed;
   std::chrono::steady_clock::time_point deadline;
@@ -526,10 +528,34 @@ void PosdServer::accept_new(std::vector<Handshake>* waiting, AcceptorLogs* logs)
 // refused or dropped (the caller forgets it, which closes it unless a session took it).
 namespace {
 
-// A control hello that a CheckpointBody follows.
-bool wants_body(const wire::Hello& h) {
-  return h.magic == wire::kHelloMagic && h.kind == static_cast<uint32_t>(wire::HelloKind::kControl) &&
-         wire::get_cstr(h.command, sizeof(h.command)) == "checkpoint";
+// 128 bits from the kernel, as hex: a session token. Empty if the kernel has none to give.
+std::string random_token() {
+  unsigned char b[16];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    const ssize_t r = ::getrandom(b + got, sizeof(b) - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return {};
+    got += static_cast<size_t>(r);
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string t;
+  for (unsigned char c : b) t += kHex[c >> 4], t += kHex[c & 15];
+  return t;
+}
+
+// Equal bytes, in a time that does not depend on where they differ.
+bool CRYPTO_memcmp_like(const char* a, const char* b, size_t n) {
+  unsigned char d = 0;
+  for (size_t i = 0; i < n; ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+// The bytes of the body that follows a control hello: a CheckpointBody, a DetachBody, or none.
+size_t body_size(const wire::Hello& h) {
+  if (h.magic != wire::kHelloMagic || h.kind != static_cast<uint32_t>(wire::HelloKind::kControl)) return 0;
+  const std::string c = wire::get_cstr(h.command, sizeof(h.command));
+  return c == "checkpoint" ? sizeof(wire::CheckpointBody) : c == "detach" ? sizeof(wire::DetachBody) : 0;
 }
 
 // recv with any descriptor that came along: the first is kept in *passed (if it is still empty),
@@ -559,8 +585,8 @@ ssize_t recv_keeping_fd(int fd, void* buf, size_t n, UniqueFd* passed) {
 bool PosdServer::read_hello(Handshake& h) {
   for (;;) {
     const bool body = h.got == sizeof(h.hello);
-    auto* at = body ? reinterpret_cast<char*>(&h.body) + h.body_got : reinterpret_cast<char*>(&h.hello) + h.got;
-    const size_t want = body ? sizeof(h.body) - h.body_got : sizeof(h.hello) - h.got;
+    auto* at = body ? reinterpret_cast<char*>(h.body) + h.body_got : reinterpret_cast<char*>(&h.hello) + h.got;
+    const size_t want = body ? body_size(h.hello) - h.body_got : sizeof(h.hello) - h.got;
     const ssize_t r = recv_keeping_fd(h.fd.get(), at, want, &h.passed);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
@@ -582,7 +608,7 @@ bool PosdServer::read_hello(Handshake& h) {
       refuse_connection(h.fd.get(), h.admitted);
       return true;
     }
-    if (h.got == sizeof(h.hello) && (!wants_body(h.hello) || h.body_got == sizeof(h.body))) {
+    if (h.got == sizeof(h.hello) && h.body_got == body_size(h.hello)) {
       on_hello(h);
       return true;
     }
@@ -605,8 +631,13 @@ void PosdServer::on_hello(Handshake& h) {
     set_blocking(fd);
     timeval tv{2, 0};
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (wants_body(hello)) control_checkpoint(h);
-    else control(fd, wire::get_cstr(hello.command, sizeof(hello.command)));
+    const std::string command = wire::get_cstr(hello.command, sizeof(hello.command));
+    if (command == "checkpoint") control_checkpoint(h);
+    else if (command == "detach") control_detach(h);
+    else control(fd, command);
+  } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kReattach)) {
+    set_blocking(fd);
+    reattach(h);
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kSession)) {
     // The job name is the client's bytes: made printable once, here, so that every log line and
     // everything after the hello (the workspace, ps) sees text (docs/remoting.md, "Job names").
@@ -725,7 +756,8 @@ Status authorize_job_control(uint32_t caller_uid, uint32_t job_uid, const std::s
 // itself while it checkpoints. posd keeps no copy of either descriptor and never waits for it.
 void PosdServer::control_checkpoint(Handshake& h) {
   const int fd = h.fd.get();
-  const wire::CheckpointBody& b = h.body;
+  wire::CheckpointBody b;
+  std::memcpy(&b, h.body, sizeof(b));
   auto refuse = [&](const Status& why) {
     POS_WARN("posd", "checkpoint request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
     refuse_connection(fd, why);
@@ -765,6 +797,93 @@ void PosdServer::control_checkpoint(Handshake& h) {
   if (!sent.ok()) return refuse(Status::Unavailable("the job's session process is gone: " + sent.message()));
   POS_INFO("posd", "checkpoint of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,
            target->job.c_str(), static_cast<int>(target->child), caller);
+}
+
+// `pos-cli dump`'s detach: the job's shim releases its session (docs/dump_restore.md) so CRIU can
+// dump it; it comes back with the token posd makes here, which only this request's caller learns.
+void PosdServer::control_detach(Handshake& h) {
+  const int fd = h.fd.get();
+  wire::DetachBody b;
+  std::memcpy(&b, h.body, sizeof(b));
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "detach request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  const std::string permit = wire::get_cstr(b.permit, sizeof(b.permit));
+  if (b.magic != wire::kDetachMagic || b.reserved != 0 || permit.empty() || permit[0] != '/' ||
+      permit.size() >= sizeof(b.permit) - 1 || b.timeout_ms == 0 || b.timeout_ms > 3600u * 1000)
+    return refuse(Status::InvalidArgument("malformed detach request (an absolute permit path and a timeout of 1 ms to 1 h)"));
+  if (config_.posd_isolation != Isolation::kProcess)
+    return refuse(Status::FailedPrecondition("this posd runs with posd.isolation: shared; jobs detach from session processes only"));
+  const int64_t faked = caller_uid_for_test_.load();
+  const uint32_t caller = faked >= 0 ? static_cast<uint32_t>(faked) : h.cred.uid;
+  Session* target = nullptr;
+  size_t matches = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sessions_)
+      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid) target = s.get(), ++matches;
+  }
+  if (target == nullptr)
+    return refuse(Status(Code::kNotFound, cuda::kErrorInvalidValue,
+                         "pid " + std::to_string(b.target_pid) + " has no session on this posd (pos-cli ps lists them)"));
+  if (matches > 1)
+    return refuse(Status::InvalidArgument("pid " + std::to_string(b.target_pid) + " has " + std::to_string(matches) +
+                                          " sessions on this posd; a dump takes a job with one"));
+  if (Status a = authorize_job_control(caller, target->cred.uid, "dump"); !a.ok()) return refuse(a);
+  std::string token = random_token();
+  if (token.empty()) return refuse(Status::Unavailable("no randomness for a session token"));
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(session_channel::Type::kDetach);
+  m.timeout_ms = b.timeout_ms;
+  wire::put_cstr(m.token, sizeof(m.token), token);
+  wire::put_cstr(m.permit, sizeof(m.permit), permit);
+  Status sent;
+  {
+    std::lock_guard<std::mutex> io(target->io);
+    if (!target->token.empty()) {
+      sent = Status::Busy("the job is detached already (another dump is under way)");
+    } else {
+      target->token = token;
+      sent = send_with_fds(target->channel.get(), &m, sizeof(m), {fd});
+      if (!sent.ok()) target->token.clear();
+    }
+  }
+  if (sent.code() == Code::kBusy) return refuse(sent);
+  if (!sent.ok()) return refuse(Status::Unavailable("the job's session process is gone: " + sent.message()));
+  POS_INFO("posd", "detach of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,
+           target->job.c_str(), static_cast<int>(target->child), caller);
+}
+
+// A detached job coming back: its token names its session (once), its uid must be the session's.
+void PosdServer::reattach(Handshake& h) {
+  const std::string token = wire::get_cstr(h.hello.command, sizeof(h.hello.command));
+  Session* target = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sessions_) {
+      if (s->finished.load()) continue;
+      std::lock_guard<std::mutex> io(s->io);
+      if (!s->token.empty() && s->token.size() == token.size() &&
+          CRYPTO_memcmp_like(s->token.data(), token.data(), token.size()) && s->cred.uid == h.cred.uid)
+        target = s.get();
+    }
+  }
+  if (target == nullptr) {
+    POS_WARN("posd", "re-attach of pid %d refused: no detached session with that token for uid %u", h.cred.pid, h.cred.uid);
+    refuse_connection(h.fd.get(), Status(Code::kNotFound, cuda::kErrorInitializationError,
+                                         "no detached session of this posd has that token"));
+    return;
+  }
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(session_channel::Type::kReattach);
+  Status sent;
+  {
+    std::lock_guard<std::mutex> io(target->io);
+    target->token.clear();  // one use
+    sent = send_with_fds(target->channel.get(), &m, sizeof(m), {h.fd.get()});
+  }
+  if (!sent.ok()) refuse_connection(h.fd.get(), Status::Unavailable("the job's session process is gone"));
 }
 
 void PosdServer::control(int fd, const std::string& command) {

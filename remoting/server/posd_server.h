@@ -111,6 +111,8 @@ class PosdServer {
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
   void control_checkpoint(Handshake& h);
+  void control_detach(Handshake& h);
+  void reattach(Handshake& h);
   void reap_finished();
   size_t live_sessions() const;
   Status prepare_socket_dir();

@@ -179,9 +179,53 @@ class CheckpointRunner {
 
 // Answers posd's requests until posd closes the channel (then the session is told to end) or
 // `done` fires (the session ended by itself).
+// A detach waits for the job's shim (up to its timeout): in a thread, one at a time.
+class DetachRunner {
+ public:
+  ~DetachRunner() {
+    if (thread_.joinable()) thread_.join();
+  }
+  void start(SessionControl* ctl, UniqueFd client, const sc::Message& m) {
+    if (busy_.load(std::memory_order_acquire)) {
+      refuse_connection(client.get(), Status::Busy("a detach of this job is already under way"));
+      return;
+    }
+    if (thread_.joinable()) thread_.join();
+    busy_.store(true, std::memory_order_release);
+    wire::DetachRequest req;
+    req.timeout_ms = m.timeout_ms;
+    std::memcpy(req.token, m.token, sizeof(req.token));
+    std::memcpy(req.permit, m.permit, sizeof(req.permit));
+    req.token[sizeof(req.token) - 1] = '\0', req.permit[sizeof(req.permit) - 1] = '\0';
+    auto body = [this, ctl, c = std::move(client), req]() mutable {
+      name_this_thread("posd-session-det");
+      int fl = ::fcntl(c.get(), F_GETFL);
+      if (fl >= 0) (void)::fcntl(c.get(), F_SETFL, fl & ~O_NONBLOCK);
+      wire::Welcome w;
+      (void)send_packet(c.get(), &w, sizeof(w)).ok();
+      // The shim answers once its running call (if any) returns: a few seconds at most, normally.
+      const Status s = ctl->detach(req, std::chrono::seconds(30));
+      wire::ControlEvent r;
+      r.type = static_cast<uint32_t>(wire::EventType::kResult);
+      r.code = static_cast<int32_t>(s.code());
+      r.api_error = s.api_error();
+      wire::put_cstr(r.message, sizeof(r.message), s.ok() ? std::string(req.token) : s.message());
+      (void)send_packet(c.get(), &r, sizeof(r)).ok();
+      busy_.store(false, std::memory_order_release);
+    };
+    if (!start_thread(&thread_, "the session process's detach thread", std::move(body)).ok())
+      busy_.store(false, std::memory_order_release);
+  }
+
+ private:
+  std::atomic<bool> busy_{false};
+  std::thread thread_;
+};
+
 void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
-                  const SessionProgress* progress) {
+                  const SessionProgress* progress, SessionControl* ctl) {
   CheckpointRunner checkpoints;  // joined as the loop returns: the session's client outlives it
+  DetachRunner detaches;
   auto end_session = [&] {
     stopping->store(true, std::memory_order_release);
     const uint64_t one = 1;
@@ -204,6 +248,16 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
         req.type == static_cast<uint32_t>(sc::Type::kCheckpoint) && fds[0] && fds[1]) {
       checkpoints.start(ws, progress->uuid.load(std::memory_order_acquire), std::move(fds[0]), std::move(fds[1]),
                         req.mode);
+      continue;
+    }
+    if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+        req.type == static_cast<uint32_t>(sc::Type::kDetach) && fds[0]) {
+      detaches.start(ctl, std::move(fds[0]), req);
+      continue;
+    }
+    if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+        req.type == static_cast<uint32_t>(sc::Type::kReattach) && fds[0]) {
+      if (Status s = ctl->reattach(fds[0]); !s.ok()) refuse_connection(fds[0].get(), s);
       continue;
     }
     if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
@@ -444,6 +498,7 @@ int session_process_main() {
     UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
     std::atomic<bool> stopping{false};
     SessionProgress progress;
+    SessionControl session_control;
     SessionSpec spec;
     spec.fd = sc::kClientFd;
     spec.pid = start.pid;
@@ -454,10 +509,11 @@ int session_process_main() {
     spec.generation = start.generation;
     spec.stop_fd = stop_fd.get();
     spec.keep_spinning = [&stopping] { return !stopping.load(std::memory_order_acquire); };
+    spec.control = &session_control;
     std::thread control;
     Status t = start_thread(&control, "the session process's control thread", [&] {
       name_this_thread("posd-session-ctl");
-      control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, ws->get(), &progress);
+      control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, ws->get(), &progress, &session_control);
     });
     if (!t.ok()) {
       refuse_connection(sc::kClientFd, t);

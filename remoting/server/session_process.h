@@ -30,7 +30,9 @@ inline constexpr uint32_t kMaxJobBytes = 1024;
 enum class Kind : uint32_t { kServe = 1, kProbe = 2 };
 // kCheckpoint carries two descriptors (SCM_RIGHTS): pos-cli's connection and the image directory;
 // the session process answers pos-cli on that connection (wire::ControlEvent), not posd.
-enum class Type : uint32_t { kStatsRequest = 1, kReport = 2, kCheckpoint = 3 };
+// kDetach carries pos-cli's connection (answered by the session process); kReattach the job's new
+// connection.
+enum class Type : uint32_t { kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5 };
 
 // posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of
 // config_to_yaml's text, in the same packet.
@@ -55,6 +57,9 @@ struct Message {
   uint64_t frames = 0;
   uint32_t ending = 0;
   uint32_t mode = 0;  // kCheckpoint: wire::CheckpointKind
+  uint32_t timeout_ms = 0, reserved = 0;  // kDetach
+  char token[64] = {};                    // kDetach: the session token
+  char permit[512] = {};                  // kDetach: the permit file's path
   ClientStats stats{};
   char backend[32] = {};
   char message[512] = {};

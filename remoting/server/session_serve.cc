@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "pos/base/cuda_errors.h"
 #include "pos/base/log.h"
 #include "pos/base/sync.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
 
 namespace pos {
@@ -36,7 +38,20 @@ struct SessionMemory {
     if (memfd >= 0) ::close(memfd);
     if (efd >= 0) ::close(efd);
   }
-  Status create(uint64_t arena_bytes, DeviceBackend* b) {
+  // Detaching: the memory goes, its addresses stay reserved (an inaccessible mapping), so that the
+  // re-attached memory gets them back whatever this process mapped meanwhile (a checkpoint does).
+  void release_keeping_addresses() {
+    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    registered = false;
+    if (base != nullptr)
+      (void)::mmap(base, layout.total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    base = nullptr;
+    if (memfd >= 0) ::close(memfd), memfd = -1;
+    if (efd >= 0) ::close(efd), efd = -1;
+  }
+  // `at`: the reservation release_keeping_addresses left (a re-attach puts the arena back where the
+  // client's host window is), mapped over; or nullptr: anywhere.
+  Status create(uint64_t arena_bytes, DeviceBackend* b, void* at = nullptr) {
     backend = b;
     layout = wire::layout_for(arena_bytes);
     memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -45,7 +60,7 @@ struct SessionMemory {
       return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
     if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
       return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
-    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    void* m = ::mmap(at, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED : 0), memfd, 0);
     if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
     base = static_cast<std::byte*>(m);
     auto* h = new (base) wire::ShmHeader();
@@ -72,6 +87,79 @@ ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_
 
 }  // namespace
 
+SessionControl::SessionControl() : wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+void SessionControl::attached(int fd) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fd_ = fd;
+  state_.store(kAttached, std::memory_order_release);
+  cv_.notify_all();
+}
+
+void SessionControl::ended() {
+  std::lock_guard<std::mutex> lk(mu_);
+  fd_ = -1;
+  state_.store(kEnded, std::memory_order_release);
+  cv_.notify_all();
+}
+
+Status SessionControl::detach(const wire::DetachRequest& request, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (state_.load() == kDetached || state_.load() == kDetaching)
+    return Status::Busy("the job is detached already (another dump is under way)");
+  if (state_.load() != kAttached) return Status::Unavailable("the job's session is not running");
+  state_.store(kDetaching, std::memory_order_release);
+  if (::send(fd_, &request, sizeof(request), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
+    state_.store(kAttached, std::memory_order_release);
+    return Status::Unavailable(std::string("cannot reach the job: ") + std::strerror(errno));
+  }
+  if (!cv_.wait_for(lk, timeout, [&] { return state_.load() != kDetaching; }))
+    // The shim acknowledges once its running call returns; it may still. Until then the session
+    // serves on (and detaches when the acknowledgement comes).
+    return Status(Code::kNotReady, 0,
+                  "the job did not detach within " + std::to_string(timeout.count()) + " ms (a call of it is still running?)");
+  if (state_.load() != kDetached) return Status::Unavailable("the job's session ended instead of detaching");
+  return Status::Ok();
+}
+
+Status SessionControl::reattach(UniqueFd& fd) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (state_.load() != kDetached) return Status::FailedPrecondition("the session is not detached");
+  if (pending_) return Status::Busy("another re-attach is under way");
+  pending_ = std::move(fd);
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+  return Status::Ok();
+}
+
+UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string* why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fd_ = -1;
+    state_.store(kDetached, std::memory_order_release);
+    cv_.notify_all();
+  }
+  // Readable once the job's process has ended (Linux >= 5.3; without it only posd's stop ends the wait).
+  UniqueFd job(pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1);
+  for (;;) {
+    pollfd p[3] = {{wake_.get(), POLLIN, 0}, {stop_fd, POLLIN, 0}, {job.get(), POLLIN, 0}};
+    const int n = ::poll(p, job ? 3 : 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || p[1].revents != 0) {
+      *why = "posd stopping while the job was detached";
+      return UniqueFd();
+    }
+    if (job && p[2].revents != 0) {
+      *why = "the job ended while detached (a dump that ends it, or a kill)";
+      return UniqueFd();
+    }
+    uint64_t v;
+    (void)!::read(wake_.get(), &v, sizeof(v));
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pending_) return std::move(pending_);
+  }
+}
+
 void refuse_connection(int fd, const Status& why) {
   wire::Welcome w;
   w.code = static_cast<int32_t>(why.code());
@@ -81,12 +169,13 @@ void refuse_connection(int fd, const Status& why) {
 }
 
 void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* progress) {
-  const int fd = spec.fd;
-  SessionMemory mem;
-  Status st = mem.create(spec.arena_bytes, &ws.backend());
-  std::byte* const arena = mem.base == nullptr ? nullptr : mem.base + mem.layout.arena_offset;
+  int fd = spec.fd;
+  UniqueFd reattached;  // the connection of a re-attachment (spec.fd is the caller's)
+  auto mem = std::make_unique<SessionMemory>();
+  Status st = mem->create(spec.arena_bytes, &ws.backend());
+  std::byte* const arena = mem->base == nullptr ? nullptr : mem->base + mem->layout.arena_offset;
   StatusOr<ClientUuid> uuid =
-      st.ok() ? ws.create_client(spec.job, session_options(spec, arena, mem.layout.arena_bytes))
+      st.ok() ? ws.create_client(spec.job, session_options(spec, arena, mem->layout.arena_bytes))
               : StatusOr<ClientUuid>(st);
   if (!uuid.ok()) {
     POS_WARN("posd", "session for pid %d (%s) refused: %s", spec.pid, spec.job.c_str(),
@@ -96,37 +185,43 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   }
   progress->uuid.store(*uuid, std::memory_order_release);
   const Config& cfg = ws.config();
-  wire::Welcome w;
-  w.client_uuid = *uuid;
-  w.shm_bytes = mem.layout.total;
-  w.ring_offset = mem.layout.ring_offset, w.ring_bytes = mem.layout.ring_bytes;
-  w.reply_offset = mem.layout.reply_offset;
-  w.arena_offset = mem.layout.arena_offset, w.arena_bytes = mem.layout.arena_bytes;
-  w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
-  w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
-  w.device_size = cfg.va_size;
-  w.window_base = cfg.va_base;
-  w.window_size = cfg.va_size * cfg.max_clients;
-  msghdr msg{};
-  iovec iov{&w, sizeof(w)};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-  const int fds[2] = {mem.memfd, mem.efd};
-  std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(w))) {
+  // The welcome of an attachment: the session memory (memfd, eventfd) and where things are.
+  auto welcome = [&](int to) {
+    wire::Welcome w;
+    w.client_uuid = *uuid;
+    w.shm_bytes = mem->layout.total;
+    w.ring_offset = mem->layout.ring_offset, w.ring_bytes = mem->layout.ring_bytes;
+    w.reply_offset = mem->layout.reply_offset;
+    w.arena_offset = mem->layout.arena_offset, w.arena_bytes = mem->layout.arena_bytes;
+    w.daemon_arena_addr = reinterpret_cast<uint64_t>(arena);
+    w.device_base = cfg.va_base + (*uuid & 0xffff) * cfg.va_size;
+    w.device_size = cfg.va_size;
+    w.window_base = cfg.va_base;
+    w.window_size = cfg.va_size * cfg.max_clients;
+    msghdr msg{};
+    iovec iov{&w, sizeof(w)};
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    const int fds[2] = {mem->memfd, mem->efd};
+    std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    return ::sendmsg(to, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(w));
+  };
+  if (!welcome(fd)) {
     POS_WARN("posd", "pid %d left during the handshake", spec.pid);
     (void)ws.remove_client(*uuid);
     return;
   }
   POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, spec.pid,
-           spec.uid, spec.job.c_str(), (unsigned long)mem.layout.arena_bytes);
+           spec.uid, spec.job.c_str(), (unsigned long)mem->layout.arena_bytes);
+  SessionControl* const ctl = spec.control;
+  if (ctl != nullptr) ctl->attached(fd);
 
-  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem.base);
-  std::byte* const ring = mem.base + mem.layout.ring_offset;
-  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem.base + mem.layout.reply_offset);
-  const uint64_t ring_bytes = mem.layout.ring_bytes;
+  auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem->base);
+  std::byte* ring = mem->base + mem->layout.ring_offset;
+  auto* reply = reinterpret_cast<wire::ReplySlot*>(mem->base + mem->layout.reply_offset);
+  const uint64_t ring_bytes = mem->layout.ring_bytes;
   const uint64_t spin_ns = cfg.sync_spin_ns;
   uint64_t head = 0, last_seq = 0;
   // Posted cudaGetLastError frames are answered here from the client's atomic (what its parser
@@ -159,6 +254,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     end_reason = "malformed frame";
   };
   for (;;) {
+   for (;;) {
     const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
     if (tail != head) {
       if (tail < head || tail - head > ring_bytes) {
@@ -171,7 +267,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
         hdr->head.store(head, std::memory_order_release);
         continue;
       }
-      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem.layout.arena_bytes, &f);
+      Status d = wire::decode_frame(ring + pos, std::min(tail - head, rem), arena, mem->layout.arena_bytes, &f);
       if (d.ok() && (f.h.flags & wire::kFlagPad) && f.h.total_len != rem) d = Status::Corrupt("pad frame does not end at the ring's end");
       if (d.ok() && !(f.h.flags & wire::kFlagPad) && f.h.seq != last_seq + 1)
         d = Status::Corrupt("frame sequence " + std::to_string(f.h.seq) + " after " + std::to_string(last_seq));
@@ -231,33 +327,79 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // client rings, hangs up, or posd stops.
     if (spin_wait<kPollSpin>(
             spin_ns, [&] { return hdr->tail.load(std::memory_order_acquire) != head; },
-            [&] { return spec.keep_spinning(); }))
+            [&] { return spec.keep_spinning() && (ctl == nullptr || !ctl->detaching()); }))
       continue;
     hdr->server_sleeping.store(1, std::memory_order_seq_cst);  // pairs with the client's tail store
     if (hdr->tail.load(std::memory_order_seq_cst) != head) {
       hdr->server_sleeping.store(0, std::memory_order_relaxed);
       continue;
     }
-    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem.efd, POLLIN, 0}, {spec.stop_fd, POLLIN, 0}};
+    pollfd p[3] = {{fd, POLLIN | POLLRDHUP, 0}, {mem->efd, POLLIN, 0}, {spec.stop_fd, POLLIN, 0}};
     const int n = ::poll(p, 3, -1);
     hdr->server_sleeping.store(0, std::memory_order_relaxed);
     if (n < 0 && errno != EINTR) break;
     if (p[1].revents & POLLIN) {
       uint64_t v;
-      (void)!::read(mem.efd, &v, sizeof(v));
+      (void)!::read(mem->efd, &v, sizeof(v));
     }
     if (p[2].revents != 0) {
       end_reason = "posd stopping";
       break;
     }
     if (p[0].revents != 0) {
-      // The client never writes to the socket after the hello: readable means hang-up (or
-      // garbage, which ends the session too).
       if (hdr->tail.load(std::memory_order_acquire) != head) continue;  // run what it left first
+      // After the hello the client writes to the socket only to acknowledge a detach; anything
+      // else readable is a hang-up (or garbage, which ends the session too).
+      wire::DetachAck ack;
+      if (ctl != nullptr && ctl->detaching() &&
+          ::recv(fd, &ack, sizeof(ack), MSG_DONTWAIT | MSG_WAITALL) == static_cast<ssize_t>(sizeof(ack)) &&
+          ack.magic == wire::kDetachMagic && ack.last_seq == last_seq) {
+        // Detached once the shim has also closed its end: then nothing of posd is left in the job.
+        pollfd h{fd, POLLRDHUP, 0};
+        char byte;
+        if (::poll(&h, 1, 5000) > 0 && ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0) end_reason = "detached";
+      }
       break;
     }
+   }
+    if (end_reason != "detached") break;
+    // Detached: this attachment's memory and connection go; the client and its GPU state stay
+    // until the job re-attaches (or posd stops).
+    std::byte* const old_base = mem->base;
+    const uint64_t old_total = mem->layout.total;
+    mem->release_keeping_addresses();
+    mem.reset();
+    ::shutdown(fd, SHUT_RDWR);
+    reattached.reset();
+    if (fd == spec.fd) ::close(spec.fd);
+    fd = -1;
+    POS_INFO("posd", "session %lu (pid %d, '%s'): detached after call %lu", (unsigned long)*uuid, spec.pid,
+             spec.job.c_str(), (unsigned long)last_seq);
+    UniqueFd next = ctl->wait_for_reattach(spec.stop_fd, spec.pid, &end_reason);
+    if (!next) {
+      ::munmap(old_base, old_total);
+      break;
+    }
+    mem = std::make_unique<SessionMemory>();
+    Status again = mem->create(spec.arena_bytes, &ws.backend(), old_base);
+    if (!again.ok() && mem->base == nullptr) ::munmap(old_base, old_total);
+    if (!again.ok() || !welcome(next.get())) {
+      if (!again.ok()) refuse_connection(next.get(), again.with_context("re-attaching"));
+      end_reason = "the job could not re-attach: " + (again.ok() ? std::string("it left during the handshake") : again.message());
+      break;
+    }
+    reattached = std::move(next);
+    fd = reattached.get();
+    hdr = reinterpret_cast<wire::ShmHeader*>(mem->base);
+    ring = mem->base + mem->layout.ring_offset;
+    reply = reinterpret_cast<wire::ReplySlot*>(mem->base + mem->layout.reply_offset);
+    head = 0, last_seq = 0;
+    end_reason = "client disconnected";
+    ctl->attached(fd);
+    POS_INFO("posd", "session %lu (pid %d, '%s'): re-attached", (unsigned long)*uuid, spec.pid, spec.job.c_str());
   }
-  ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
+  if (ctl != nullptr) ctl->ended();
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // the client learns at once that its session is over
   const ClientStats st2 = client ? client->stats() : ClientStats{};
   client.reset();  // the workspace alone owns it while it is removed
   Status rm = ws.remove_client(*uuid);

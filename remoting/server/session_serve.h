@@ -8,10 +8,46 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
 #include "pos/base/status.h"
 #include "pos/workspace.h"
+#include "remoting/common/unique_fd.h"
+#include "remoting/common/wire.h"
 
 namespace pos {
+
+// Detach and re-attach of one session (docs/dump_restore.md), between its serving loop and whoever
+// asks (a session process's control thread). Thread-safe.
+class SessionControl {
+ public:
+  SessionControl();
+  // Asks the job's shim to detach and waits up to `timeout` until it has: every frame it published
+  // handled, its shared memory and connection released. The session keeps its client meanwhile.
+  Status detach(const wire::DetachRequest& request, std::chrono::milliseconds timeout);
+  // Hands a re-attaching connection to a detached session's loop (taken only on success).
+  Status reattach(UniqueFd& fd);
+  bool detaching() const { return state_.load(std::memory_order_acquire) == kDetaching; }
+  bool detached() const { return state_.load(std::memory_order_acquire) == kDetached; }
+
+  // For the serving loop.
+  void attached(int fd);
+  void ended();
+  // Detached: blocks until a re-attaching connection comes (returned), stop_fd fires or the job's
+  // process `pid` ends (a dump that ended it, a kill: empty, and *why says which).
+  UniqueFd wait_for_reattach(int stop_fd, int32_t pid, std::string* why);
+
+ private:
+  enum State : int { kStarting, kAttached, kDetaching, kDetached, kEnded };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<int> state_{kStarting};
+  int fd_ = -1;         // the current attachment's connection (kAttached, kDetaching)
+  UniqueFd pending_;    // a re-attaching connection, for the loop
+  UniqueFd wake_;       // eventfd: the loop waits on it while detached
+};
 
 // What posd knows of an admitted session when it starts serving it.
 struct SessionSpec {
@@ -23,6 +59,7 @@ struct SessionSpec {
   std::vector<int32_t> devices;  // posd.devices
   uint64_t generation = 0;       // the client's uuid generation; 0: the workspace's next
   int stop_fd = -1;              // readable once the session is to end (posd stopping)
+  SessionControl* control = nullptr;  // detach and re-attach; none: a hang-up always ends the session
   std::function<bool()> keep_spinning;  // false once the session is to end: an idle loop stops spinning
 };
 

@@ -1,0 +1,124 @@
+// job_dump.cc — the dump's phases in order (detach, GPU cut and drain, CRIU, manifest, resume), each
+// timed, each failure undone so that the job runs on and no partial image is left behind.
+#include "remoting/server/job_dump.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "ckpt/criu.h"
+#include "pos/base/text.h"
+#include "remoting/common/unique_fd.h"
+
+namespace pos {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A small file, whole or not at all: written to a temporary name, fsynced, renamed.
+Status write_file(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
+  if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
+    return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  f.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::Unavailable("cannot write " + path + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    if (o.progress) o.progress(phase, done, total);
+  };
+  if (o.pid == 0) return Status::InvalidArgument("no job pid given");
+  if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
+  // CRIU first: a machine that cannot dump the CPU half must not have the job stopped for nothing.
+  auto criu = ckpt::find_criu();
+  if (!criu.ok()) return criu.status();
+  if (::mkdir(o.dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::InvalidArgument("cannot create " + o.dir + ": " + std::strerror(errno));
+  char real[PATH_MAX];
+  if (::realpath(o.dir.c_str(), real) == nullptr)
+    return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
+  const std::string dir = real;
+  for (const char* part : {"gpu", "criu", "manifest", "token"})
+    if (fs::exists(fs::symlink_status(dir + "/" + part)))
+      return Status::InvalidArgument(dir + " already holds an image (" + part + "): name an empty or new directory");
+  const std::string permit = dir + "/.reattach";
+  (void)::unlink(permit.c_str());
+
+  JobDumpReport r;
+  say("detach");
+  auto t = std::chrono::steady_clock::now();
+  // The job comes back by itself after 10 minutes if this process dies before it says so.
+  auto token = posd_detach(o.socket, o.pid, permit, 600'000);
+  if (!token.ok()) return token.status().with_context("detaching the job");
+  r.detach_s = seconds_since(t);
+  // From here every failure lets the job run on and removes this dump's parts.
+  auto undo = [&](const Status& why) -> Status {
+    for (const char* part : {"gpu", "gpu.partial", "criu", "manifest", "manifest.tmp", "token", "token.tmp"})
+      fs::remove_all(dir + "/" + part);
+    Status resumed = grant_reattach(permit);
+    return resumed.ok() ? why : why.with_context("the job could not be told to run on (" + resumed.message() + ")");
+  };
+
+  say("gpu");
+  t = std::chrono::steady_clock::now();
+  auto gpu = posd_checkpoint(o.socket, o.pid, dir, o.async, [&](uint64_t d, uint64_t n) { say("gpu", d, n); });
+  if (!gpu.ok()) return undo(gpu.status().with_context("saving the GPU state"));
+  r.gpu = *gpu;
+  r.gpu_s = seconds_since(t);
+
+  say("criu");
+  t = std::chrono::steady_clock::now();
+  r.criu_dir = dir + "/criu";
+  if (::mkdir(r.criu_dir.c_str(), 0700) != 0) return undo(Status::Unavailable("cannot create " + r.criu_dir));
+  ckpt::CriuDumpOptions co;
+  co.leave_running = o.leave_running;
+  // A job started from a shell shares its session: CRIU must be told so.
+  co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
+  if (Status c = ckpt::criu_dump(*criu, static_cast<pid_t>(o.pid), r.criu_dir, co); !c.ok())
+    return undo(c.with_context("saving the CPU state"));
+  r.criu_s = seconds_since(t);
+
+  // The token lets the restored job re-attach: the caller's alone.
+  if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return undo(s);
+  char m[2048];
+  std::snprintf(m, sizeof(m),
+                "{\"format\":1,\"pid\":%u,\"socket\":%s,\"leave_running\":%s,\"shell_job\":%s,\"gpu\":\"gpu\","
+                "\"criu\":\"criu\",\"cut\":%llu,\"gpu_bytes\":%llu,\"handles\":%llu}\n",
+                o.pid, json_string(o.socket).c_str(), o.leave_running ? "true" : "false", co.shell_job ? "true" : "false",
+                (unsigned long long)r.gpu.cut_pc, (unsigned long long)r.gpu.bytes_stored,
+                (unsigned long long)r.gpu.handles);
+  r.manifest = dir + "/manifest";
+  if (Status s = write_file(r.manifest, m, 0600); !s.ok()) return undo(s);
+
+  if (o.leave_running) {
+    say("resume");
+    t = std::chrono::steady_clock::now();
+    if (Status s = grant_reattach(permit); !s.ok()) return s.with_context("the image is complete, but the job was not told to run on");
+    r.resume_s = seconds_since(t);
+    r.pause_s = seconds_since(t0);  // the job re-attaches within milliseconds of the permit
+  } else {
+    (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
+  }
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+}  // namespace pos

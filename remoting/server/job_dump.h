@@ -1,0 +1,40 @@
+// job_dump.h — `pos-cli dump`: a job under posd saved whole at one cut — its GPU state (posd's
+// checkpoint engine) and its CPU process tree (CRIU) — into one directory (docs/dump_restore.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "pos/base/status.h"
+#include "remoting/server/control_client.h"
+
+namespace pos {
+
+struct JobDumpOptions {
+  std::string socket;  // posd's
+  uint32_t pid = 0;    // the job: its client's pid, the root of the tree CRIU dumps
+  std::string dir;     // made if missing; must hold no image yet
+  bool leave_running = false;
+  bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
+  // Phase names ("detach", "gpu", "criu", "resume") and, for "gpu", bytes stored of the total.
+  std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
+};
+
+struct JobDumpReport {
+  CheckpointReport gpu;
+  std::string criu_dir, manifest;
+  double detach_s = 0, gpu_s = 0, criu_s = 0, resume_s = 0, total_s = 0;
+  double pause_s = 0;  // from the detach's start to the job's calls running again (leave-running)
+};
+
+// Detaches the job (its calls wait), checkpoints its GPU state into DIR/gpu, dumps its process tree
+// with CRIU into DIR/criu (ending it, unless leave_running), writes DIR/token (for a restore; the
+// caller's alone) and DIR/manifest, then lets the job re-attach (leave_running). Any failure after
+// the detach lets the job re-attach and run on, and removes what this dump wrote. CRIU is checked
+// before anything is asked of posd.
+StatusOr<JobDumpReport> dump_job(const JobDumpOptions& options);
+
+}  // namespace pos
