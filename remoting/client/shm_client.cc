@@ -562,7 +562,12 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
   const uint64_t arena_bytes = welcome_.arena_bytes;
   void* keep = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (keep == MAP_FAILED) return;  // not detached: the session goes on, posd's request times out
-  std::memcpy(keep, arena_, arena_bytes);
+  // Only the blocks in use (cudaMallocHost memory): the rest stays unpopulated, so neither this
+  // copy nor CRIU's dump pays for an arena that is mostly free.
+  {
+    std::lock_guard<std::mutex> a(arena_mu_);
+    for (const auto& [off, len] : used_) std::memcpy(static_cast<std::byte*>(keep) + off, arena_ + off, len);
+  }
   if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED ||
       ::mremap(keep, arena_bytes, arena_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, arena_) == MAP_FAILED) {
     broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, std::string("detaching: ") + std::strerror(errno));
@@ -636,7 +641,10 @@ Status ShmSession::reattach(const std::string& socket_path, const std::string& t
   // The arena's bytes go into the new session memory, which then takes the old addresses.
   void* t = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (t == MAP_FAILED) return fail(Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno)));
-  std::memcpy(static_cast<std::byte*>(t) + w.arena_offset, arena_, w.arena_bytes);
+  {
+    std::lock_guard<std::mutex> a(arena_mu_);
+    for (const auto& [off, len] : used_) std::memcpy(static_cast<std::byte*>(t) + w.arena_offset + off, arena_ + off, len);
+  }
   ::munmap(t, map_bytes_);
   if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd, 0) != base_)
     return fail(Status::Unavailable(std::string("mapping the session memory in place: ") + std::strerror(errno)));
