@@ -367,6 +367,12 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // until the job re-attaches (or posd stops).
     std::byte* const old_base = mem->base;
     const uint64_t old_total = mem->layout.total;
+    // Calls the client posted may still read the arena (an asynchronous copy from a staging slot
+    // or a pinned block, on a stream): every one finishes on the device before the memory goes.
+    Command quiet;
+    quiet.type = CommandType::kQuiesce;
+    if (Status q = ws.run_command(*uuid, quiet); !q.ok())
+      POS_WARN("posd", "session %lu: quiescing before the detach: %s", (unsigned long)*uuid, q.to_string().c_str());
     mem->release_keeping_addresses();
     mem.reset();
     ::shutdown(fd, SHUT_RDWR);
