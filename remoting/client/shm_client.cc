@@ -556,6 +556,19 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
   // Every published frame handled, so the cut loses nothing and no staging block is in flight.
   if (next_seq_ > 0 && !wait_done(next_seq_).ok()) return;
   reap_temp();
+  wire::DetachAck ready;
+  ready.phase = 1;
+  ready.last_seq = next_seq_;
+  if (::send(sock_, &ready, sizeof(ready), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(ready))) return;
+  // The session finishes every call on the device first: an asynchronous copy into a pinned block
+  // must land before the arena is copied.
+  wire::DetachAck quiet;
+  ssize_t got;
+  do got = ::recv(sock_, &quiet, sizeof(quiet), MSG_WAITALL); while (got < 0 && errno == EINTR);
+  if (got != static_cast<ssize_t>(sizeof(quiet)) || quiet.magic != wire::kDetachMagic || quiet.phase != 1) {
+    broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "posd went away while this job detached");
+    return;
+  }
   // The shared mapping becomes a private one at the same addresses; the arena keeps its bytes
   // (cudaMallocHost memory), the ring and reply slot are zeros no one reads while detached. All of
   // it before the acknowledgement: once posd has it, a dump may freeze this process at any moment.
@@ -575,6 +588,7 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
   }
   ::close(efd_), efd_ = -1;
   wire::DetachAck ack;
+  ack.phase = 2;
   ack.last_seq = next_seq_;
   const bool acked = ::send(sock_, &ack, sizeof(ack), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(ack));
   ::close(sock_), sock_ = -1;  // posd waits for this hang-up before it says the job is detached

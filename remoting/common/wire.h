@@ -107,10 +107,13 @@ struct DetachRequest {
   char permit[512] = {};
 };
 static_assert(sizeof(DetachRequest) == 584);
-// The shim → its session: every frame up to `last_seq` is published; it releases the session now.
+// The detach's three steps on the session socket: the shim says every frame up to `last_seq` is
+// published (phase 1); the session answers once every call has finished on the device, so that no
+// asynchronous copy still writes the arena (phase 1 back); the shim copies its arena, releases the
+// session memory and says so (phase 2), then closes the socket.
 struct DetachAck {
   uint32_t magic = kDetachMagic;
-  uint32_t reserved = 0;
+  uint32_t phase = 0;
   uint64_t last_seq = 0;
 };
 static_assert(sizeof(DetachAck) == 16);

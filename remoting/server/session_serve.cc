@@ -354,10 +354,23 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
       if (ctl != nullptr && ctl->detaching() &&
           ::recv(fd, &ack, sizeof(ack), MSG_DONTWAIT | MSG_WAITALL) == static_cast<ssize_t>(sizeof(ack)) &&
           ack.magic == wire::kDetachMagic && ack.last_seq == last_seq) {
-        // Detached once the shim has also closed its end: then nothing of posd is left in the job.
-        pollfd h{fd, POLLRDHUP, 0};
-        char byte;
-        if (::poll(&h, 1, 5000) > 0 && ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0) end_reason = "detached";
+        if (ack.phase == 1) {
+          // Every call the job made finishes on the device (an asynchronous copy into a pinned
+          // block lands) before the shim copies its arena; then it is told to go on.
+          Command quiet;
+          quiet.type = CommandType::kQuiesce;
+          if (Status q = ws.run_command(*uuid, quiet); !q.ok())
+            POS_WARN("posd", "session %lu: quiescing for a detach: %s", (unsigned long)*uuid, q.to_string().c_str());
+          wire::DetachAck back;
+          back.phase = 1;
+          back.last_seq = last_seq;
+          if (::send(fd, &back, sizeof(back), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(back))) continue;
+        } else if (ack.phase == 2) {
+          // Detached once the shim has also closed its end: then nothing of posd is left in the job.
+          pollfd h{fd, POLLRDHUP, 0};
+          char byte;
+          if (::poll(&h, 1, 5000) > 0 && ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0) end_reason = "detached";
+        }
       }
       break;
     }
@@ -367,12 +380,6 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // until the job re-attaches (or posd stops).
     std::byte* const old_base = mem->base;
     const uint64_t old_total = mem->layout.total;
-    // Calls the client posted may still read the arena (an asynchronous copy from a staging slot
-    // or a pinned block, on a stream): every one finishes on the device before the memory goes.
-    Command quiet;
-    quiet.type = CommandType::kQuiesce;
-    if (Status q = ws.run_command(*uuid, quiet); !q.ok())
-      POS_WARN("posd", "session %lu: quiescing before the detach: %s", (unsigned long)*uuid, q.to_string().c_str());
     mem->release_keeping_addresses();
     mem.reset();
     ::shutdown(fd, SHUT_RDWR);
