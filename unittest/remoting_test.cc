@@ -653,7 +653,7 @@ std::string maps_text() {
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
-TEST_F(Posd, ADetachedJobHoldsNoSessionMemoryItsCallsWaitAndItComesBackWithEveryByte) {
+TEST_F(Posd, ADetachedJobsCallsWaitAndItComesBackWithEveryByteOfItsDeviceAndPinnedMemory) {
   ShmSession& s = connect("detacher");
   const uint64_t d = alloc(1 << 20);
   std::vector<uint8_t> pattern(1 << 20);
@@ -663,16 +663,17 @@ TEST_F(Posd, ADetachedJobHoldsNoSessionMemoryItsCallsWaitAndItComesBackWithEvery
   ASSERT_TRUE(s.host_alloc(4096, &pinned).ok());
   for (int i = 0; i < 4096; ++i) static_cast<uint8_t*>(pinned)[i] = static_cast<uint8_t>(255 - i % 251);
   const std::vector<uint8_t> pinned_before(static_cast<uint8_t*>(pinned), static_cast<uint8_t*>(pinned) + 4096);
-  ASSERT_NE(maps_text().find("pos-session"), std::string::npos);  // attached: the session memfd is mapped
 
   const std::string permit = ::testing::TempDir() + "posd-permit-" + std::to_string(::getpid());
   std::filesystem::remove(permit);
   auto token = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
   ASSERT_TRUE(token.ok()) << token.status().to_string();
   EXPECT_EQ(token->size(), 32u);
-  // Detached: nothing of posd is mapped here, the pinned bytes are where they were.
-  EXPECT_EQ(maps_text().find("pos-session"), std::string::npos);
+  // Detached: the session memory stays mapped (CRIU dumps it with the process), so the pinned bytes
+  // never move; no descriptor of posd is left (the socket and the eventfd are closed).
+  EXPECT_NE(maps_text().find("pos-session"), std::string::npos);
   EXPECT_EQ(std::memcmp(pinned, pinned_before.data(), 4096), 0);
+  EXPECT_EQ(s.welcome().client_uuid, s.client_uuid());
   EXPECT_EQ(server_->sessions().size(), 1u);  // the session and its GPU state stay
   // A call waits at its start until the job is back.
   std::atomic<bool> done{false};
@@ -709,6 +710,67 @@ TEST_F(Posd, ADetachedJobHoldsNoSessionMemoryItsCallsWaitAndItComesBackWithEvery
   ASSERT_TRUE(api().device_synchronize().ok());
   EXPECT_EQ(s.detaches(), 3u);
   ASSERT_TRUE(s.host_free(pinned).ok());
+}
+
+// A training step's shape (pinned input copied in, work on the device, the result copied back into
+// pinned memory, a stream sync) in a loop, while the job is detached and re-attached again and
+// again at whatever point of the step it is: every step's result is right.
+TEST_F(Posd, DetachesAtAnyPointOfAStepLoseNoCopyIntoOrOutOfPinnedMemory) {
+  ShmSession& s = connect("stepper");
+  const Kernels k = register_kernels(api());
+  constexpr int kN = 1 << 16;
+  void* in = nullptr;
+  void* out = nullptr;
+  ASSERT_TRUE(s.host_alloc(kN * sizeof(unsigned), &in).ok());
+  ASSERT_TRUE(s.host_alloc(kN * sizeof(unsigned), &out).ok());
+  const uint64_t d_in = alloc(kN * sizeof(unsigned)), d_out = alloc(kN * sizeof(unsigned));
+  uint64_t stream = 0;
+  ASSERT_TRUE(api().stream_create(&stream).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{-1}, steps{0};
+  Status failed;
+  std::thread job([&] {
+    auto* pin = static_cast<unsigned*>(in);
+    auto* pout = static_cast<unsigned*>(out);
+    const LaunchDims dims{{kN / 256, 1, 1}, {256, 1, 1}, 0};
+    for (unsigned step = 0; !stop.load() && bad.load() < 0; ++step) {
+      for (int i = 0; i < kN; ++i) pin[i] = step * 7 + static_cast<unsigned>(i);
+      Status st = api().memcpy_async(d_in, reinterpret_cast<uint64_t>(pin), kN * sizeof(unsigned), cuda::kMemcpyHostToDevice, stream);
+      if (st.ok()) st = api().memcpy_async(d_out, d_in, kN * sizeof(unsigned), cuda::kMemcpyDeviceToDevice, stream);
+      if (st.ok()) st = api().launch_kernel(k.fill.handle, dims, stream, kernel_args(k.fill, d_in, step, kN));
+      if (st.ok()) st = api().memcpy_async(reinterpret_cast<uint64_t>(pout), d_out, kN * sizeof(unsigned), cuda::kMemcpyDeviceToHost, stream);
+      if (st.ok()) st = api().stream_synchronize(stream);
+      if (!st.ok()) {
+        failed = st;
+        bad.store(static_cast<int>(step));
+        break;
+      }
+      for (int i = 0; i < kN; ++i)
+        if (pout[i] != step * 7 + static_cast<unsigned>(i)) {
+          failed = Status::Corrupt("element " + std::to_string(i) + " is " + std::to_string(pout[i]) + ", not " +
+                                   std::to_string(step * 7 + static_cast<unsigned>(i)));
+          bad.store(static_cast<int>(step));
+          break;
+        }
+      steps.fetch_add(1);
+    }
+  });
+  const std::string permit = ::testing::TempDir() + "posd-permit3-" + std::to_string(::getpid());
+  for (int round = 0; round < 20 && bad.load() < 0; ++round) {
+    const uint64_t before = s.detaches();
+    std::filesystem::remove(permit);
+    auto t = posd_detach(server_->socket_path(), static_cast<uint32_t>(::getpid()), permit, 60000);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE(grant_reattach(permit).ok());
+    ASSERT_TRUE(eventually([&] { return s.detaches() == before + 1; }));
+    const int at = steps.load();
+    ASSERT_TRUE(eventually([&] { return steps.load() > at || bad.load() >= 0; }));
+  }
+  stop.store(true);
+  job.join();
+  EXPECT_EQ(bad.load(), -1) << "step " << bad.load() << " came out wrong " << failed.to_string() << " after "
+                            << s.detaches() << " detaches";
+  EXPECT_EQ(s.detaches(), 20u);
 }
 
 TEST_F(Posd, AReattachWithAnUnknownOrUsedTokenAndADetachByAnotherUserAreRefused) {

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -86,6 +87,8 @@ StatusOr<std::unique_ptr<ShmSession>> ShmSession::connect(const std::string& soc
     return Status::Corrupt("posd's session layout does not match this libpos_client");
   }
   void* m = ::mmap(nullptr, w.shm_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  struct stat mst {};
+  if (::fstat(fds[0], &mst) == 0) s->memfd_dev_ = mst.st_dev, s->memfd_ino_ = mst.st_ino;
   ::close(fds[0]);
   if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
   s->base_ = static_cast<std::byte*>(m);
@@ -569,23 +572,8 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
     broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "posd went away while this job detached");
     return;
   }
-  // The shared mapping becomes a private one at the same addresses; the arena keeps its bytes
-  // (cudaMallocHost memory), the ring and reply slot are zeros no one reads while detached. All of
-  // it before the acknowledgement: once posd has it, a dump may freeze this process at any moment.
-  const uint64_t arena_bytes = welcome_.arena_bytes;
-  void* keep = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (keep == MAP_FAILED) return;  // not detached: the session goes on, posd's request times out
-  // Only the blocks in use (cudaMallocHost memory): the rest stays unpopulated, so neither this
-  // copy nor CRIU's dump pays for an arena that is mostly free.
-  {
-    std::lock_guard<std::mutex> a(arena_mu_);
-    for (const auto& [off, len] : used_) std::memcpy(static_cast<std::byte*>(keep) + off, arena_ + off, len);
-  }
-  if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED ||
-      ::mremap(keep, arena_bytes, arena_bytes, MREMAP_MAYMOVE | MREMAP_FIXED, arena_) == MAP_FAILED) {
-    broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, std::string("detaching: ") + std::strerror(errno));
-    return;
-  }
+  // The session memory stays mapped (the arena holds the app's pinned memory, which its threads
+  // may touch at any time): only the eventfd and the socket go, and CRIU dumps the mapping.
   ::close(efd_), efd_ = -1;
   wire::DetachAck ack;
   ack.phase = 2;
@@ -652,18 +640,28 @@ Status ShmSession::reattach(const std::string& socket_path, const std::string& t
       w.arena_offset != welcome_.arena_offset || w.arena_bytes != welcome_.arena_bytes ||
       w.ring_offset != welcome_.ring_offset || w.reply_offset != welcome_.reply_offset)
     return fail(Status::Corrupt("posd re-attached this job to a session of another shape"));
-  // The arena's bytes go into the new session memory, which then takes the old addresses.
-  void* t = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (t == MAP_FAILED) return fail(Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno)));
-  {
-    std::lock_guard<std::mutex> a(arena_mu_);
-    for (const auto& [off, len] : used_) std::memcpy(static_cast<std::byte*>(t) + w.arena_offset + off, arena_ + off, len);
+  struct stat now {};
+  if (::fstat(memfd, &now) == 0 && now.st_dev == memfd_dev_ && now.st_ino == memfd_ino_) {
+    // The session memory this process still maps (the same session, after a dump that left the
+    // job running): nothing moves.
+    ::close(memfd);
+    memfd = -1;
+  } else {
+    // Another session's memory (a restore): the arena's blocks in use are copied into it, which
+    // then takes the old addresses. The app's threads must not touch pinned memory meanwhile.
+    void* t = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (t == MAP_FAILED) return fail(Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno)));
+    {
+      std::lock_guard<std::mutex> a(arena_mu_);
+      for (const auto& [off, len] : used_)
+        std::memcpy(static_cast<std::byte*>(t) + w.arena_offset + off, arena_ + off, len);
+    }
+    ::munmap(t, map_bytes_);
+    if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd, 0) != base_)
+      return fail(Status::Unavailable(std::string("mapping the session memory in place: ") + std::strerror(errno)));
+    ::close(memfd);
+    memfd = -1;
   }
-  ::munmap(t, map_bytes_);
-  if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd, 0) != base_)
-    return fail(Status::Unavailable(std::string("mapping the session memory in place: ") + std::strerror(errno)));
-  ::close(memfd);
-  memfd = -1;
   if (hdr_->magic != wire::kShmMagic || hdr_->ring_bytes != w.ring_bytes) return fail(Status::Corrupt("foreign session header"));
   welcome_ = w;
   sock_ = *fd;

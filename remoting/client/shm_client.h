@@ -122,6 +122,7 @@ class ShmSession final : public Transport {
   std::thread watcher_;
   int watch_stop_ = -1;  // eventfd: the destructor ends the watcher
   std::atomic<uint64_t> detaches_{0};
+  uint64_t memfd_dev_ = 0, memfd_ino_ = 0;  // the session memory this process maps
 
  public:
   // Times this session detached and came back (tests).

@@ -38,20 +38,7 @@ struct SessionMemory {
     if (memfd >= 0) ::close(memfd);
     if (efd >= 0) ::close(efd);
   }
-  // Detaching: the memory goes, its addresses stay reserved (an inaccessible mapping), so that the
-  // re-attached memory gets them back whatever this process mapped meanwhile (a checkpoint does).
-  void release_keeping_addresses() {
-    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
-    registered = false;
-    if (base != nullptr)
-      (void)::mmap(base, layout.total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    base = nullptr;
-    if (memfd >= 0) ::close(memfd), memfd = -1;
-    if (efd >= 0) ::close(efd), efd = -1;
-  }
-  // `at`: the reservation release_keeping_addresses left (a re-attach puts the arena back where the
-  // client's host window is), mapped over; or nullptr: anywhere.
-  Status create(uint64_t arena_bytes, DeviceBackend* b, void* at = nullptr) {
+  Status create(uint64_t arena_bytes, DeviceBackend* b) {
     backend = b;
     layout = wire::layout_for(arena_bytes);
     memfd = ::memfd_create("pos-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -60,7 +47,7 @@ struct SessionMemory {
       return Status(Code::kOutOfMemory, cuda::kErrorMemoryAllocation, std::string("sizing the session memory: ") + std::strerror(errno));
     if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
       return Status::Unavailable(std::string("sealing the session memory: ") + std::strerror(errno));
-    void* m = ::mmap(at, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED : 0), memfd, 0);
+    void* m = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
     base = static_cast<std::byte*>(m);
     auto* h = new (base) wire::ShmHeader();
@@ -376,12 +363,9 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     }
    }
     if (end_reason != "detached") break;
-    // Detached: this attachment's memory and connection go; the client and its GPU state stay
-    // until the job re-attaches (or posd stops).
-    std::byte* const old_base = mem->base;
-    const uint64_t old_total = mem->layout.total;
-    mem->release_keeping_addresses();
-    mem.reset();
+    // Detached: the connection goes. The session memory stays, and the job keeps its mapping of it:
+    // its pinned memory (the arena) never moves while its threads may touch it. So do the client
+    // and its GPU state, until the job re-attaches (or posd stops, or the job ends).
     ::shutdown(fd, SHUT_RDWR);
     reattached.reset();
     if (fd == spec.fd) ::close(spec.fd);
@@ -389,23 +373,19 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     POS_INFO("posd", "session %lu (pid %d, '%s'): detached after call %lu", (unsigned long)*uuid, spec.pid,
              spec.job.c_str(), (unsigned long)last_seq);
     UniqueFd next = ctl->wait_for_reattach(spec.stop_fd, spec.pid, &end_reason);
-    if (!next) {
-      ::munmap(old_base, old_total);
-      break;
-    }
-    mem = std::make_unique<SessionMemory>();
-    Status again = mem->create(spec.arena_bytes, &ws.backend(), old_base);
-    if (!again.ok() && mem->base == nullptr) ::munmap(old_base, old_total);
-    if (!again.ok() || !welcome(next.get())) {
-      if (!again.ok()) refuse_connection(next.get(), again.with_context("re-attaching"));
-      end_reason = "the job could not re-attach: " + (again.ok() ? std::string("it left during the handshake") : again.message());
+    if (!next) break;
+    // The same memory, its header as new: the ring starts over.
+    auto* fresh = new (mem->base) wire::ShmHeader();
+    fresh->magic = wire::kShmMagic;
+    fresh->version = wire::kProtocolVersion;
+    fresh->ring_bytes = mem->layout.ring_bytes;
+    if (!welcome(next.get())) {
+      end_reason = "the job left during its re-attach";
       break;
     }
     reattached = std::move(next);
     fd = reattached.get();
-    hdr = reinterpret_cast<wire::ShmHeader*>(mem->base);
-    ring = mem->base + mem->layout.ring_offset;
-    reply = reinterpret_cast<wire::ReplySlot*>(mem->base + mem->layout.reply_offset);
+    hdr = fresh;
     head = 0, last_seq = 0;
     end_reason = "client disconnected";
     ctl->attached(fd);
