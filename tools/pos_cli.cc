@@ -114,12 +114,12 @@ int dump(const DumpArgs& a) {
   if (a.json) {
     std::printf("{\"pid\":%d,\"dir\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,\"handles\":%llu,"
                 "\"gpu_bytes\":%llu,\"gpu_image\":%s,\"criu_images\":%s,\"manifest\":%s,"
-                "\"phases\":{\"detach_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
+                "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"total_s\":%.6f},\"pause_s\":%.6f}\n",
                 a.pid, pos::json_string(a.dir).c_str(), a.leave_running ? "true" : "false", a.mode.c_str(),
                 (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles,
                 (unsigned long long)r->gpu.bytes_stored, pos::json_string(r->gpu.image).c_str(),
-                pos::json_string(r->criu_dir).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->gpu_s,
+                pos::json_string(r->criu_dir).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s, r->gpu_s,
                 r->gpu.stall_s, r->criu_s, r->resume_s, r->total_s, r->pause_s);
   } else {
     std::printf("dumped pid %d to %s: GPU state cut at call %llu (%llu handles, %llu bytes), CPU state by CRIU; "

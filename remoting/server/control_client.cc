@@ -39,7 +39,8 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 }
 
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
-                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress) {
+                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress,
+                                           const std::function<void(uint64_t)>& on_cut) {
   if (dir.empty()) return Status::InvalidArgument("no image directory given");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
@@ -81,7 +82,11 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
     if (!s.ok()) return Status::Unavailable("the job's session ended before the checkpoint's result came (" + s.message() + ")");
     if (e.magic != wire::kEventMagic) return Status::Corrupt("posd sent a malformed checkpoint event");
     if (e.type == static_cast<uint32_t>(wire::EventType::kProgress)) {
-      if (progress && e.done <= e.total) progress(e.done, e.total);
+      if (wire::get_cstr(e.phase, sizeof(e.phase)) == "cut") {
+        if (on_cut) on_cut(e.cut_pc);
+      } else if (progress && e.done <= e.total) {
+        progress(e.done, e.total);
+      }
       continue;
     }
     if (e.type != static_cast<uint32_t>(wire::EventType::kResult)) return Status::Corrupt("posd sent an unknown checkpoint event");

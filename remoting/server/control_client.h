@@ -23,8 +23,10 @@ struct CheckpointReport {
 // it runs (made if missing; `dir` must not hold a `gpu` image yet). The image is written through
 // this process's descriptor of `dir`, so `dir` needs to be writable by the caller only. `progress`
 // gets device bytes stored so far and the total, about ten times a second.
+// `on_cut` is called once the cut is taken (with its call number), before the drain ends.
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
-                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress = {});
+                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress = {},
+                                           const std::function<void(uint64_t)>& on_cut = {});
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's

@@ -8,6 +8,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -79,25 +82,82 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
 
   say("gpu");
   t = std::chrono::steady_clock::now();
-  auto gpu = posd_checkpoint(o.socket, o.pid, dir, o.async, [&](uint64_t d, uint64_t n) { say("gpu", d, n); });
-  if (!gpu.ok()) return undo(gpu.status().with_context("saving the GPU state"));
-  r.gpu = *gpu;
-  r.gpu_s = seconds_since(t);
+  // The GPU checkpoint runs on in its own thread: once its cut is taken, the job's image is fixed
+  // and only its bytes are still being drained (copy-on-write in async mode), so CRIU can dump the
+  // process and the job can run on meanwhile.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool cut = false, finished = false;
+  StatusOr<CheckpointReport> gpu = Status::Internal("no GPU result");
+  std::thread drain([&] {
+    auto res = posd_checkpoint(
+        o.socket, o.pid, dir, o.async, [&](uint64_t d, uint64_t n) { say("gpu", d, n); },
+        [&](uint64_t) {
+          std::lock_guard<std::mutex> lk(mu);
+          cut = true;
+          cv.notify_all();
+        });
+    std::lock_guard<std::mutex> lk(mu);
+    gpu = std::move(res);
+    finished = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return cut || finished; });
+  }
+  r.cut_s = seconds_since(t);
+  auto gpu_failed = [&]() -> bool {
+    std::lock_guard<std::mutex> lk(mu);
+    return finished && !gpu.ok();
+  };
+  if (gpu_failed()) {
+    drain.join();
+    return undo(gpu.status().with_context("saving the GPU state"));
+  }
 
   say("criu");
   t = std::chrono::steady_clock::now();
   r.criu_dir = dir + "/criu";
-  if (::mkdir(r.criu_dir.c_str(), 0700) != 0) return undo(Status::Unavailable("cannot create " + r.criu_dir));
   ckpt::CriuDumpOptions co;
   co.leave_running = o.leave_running;
   // A job started from a shell shares its session: CRIU must be told so.
   co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
-  if (Status c = ckpt::criu_dump(*criu, static_cast<pid_t>(o.pid), r.criu_dir, co); !c.ok())
-    return undo(c.with_context("saving the CPU state"));
+  Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(*criu, static_cast<pid_t>(o.pid), r.criu_dir, co)
+                                                     : Status::Unavailable("cannot create " + r.criu_dir);
   r.criu_s = seconds_since(t);
+  if (!c.ok()) {
+    drain.join();
+    return undo(c.with_context("saving the CPU state"));
+  }
+  if (o.leave_running) {
+    // Both parts are cut: the job runs on while the GPU bytes drain.
+    say("resume");
+    t = std::chrono::steady_clock::now();
+    if (Status s = grant_reattach(permit); !s.ok()) {
+      drain.join();
+      return s.with_context("the job was not told to run on");
+    }
+    r.resume_s = seconds_since(t);
+    r.pause_s = seconds_since(t0);  // the job re-attaches within milliseconds of the permit
+  } else {
+    (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
+  }
+  drain.join();
+  r.gpu_s = seconds_since(t0) - r.detach_s;
+  if (!gpu.ok()) {
+    // The job runs on (or has ended, without --leave-running); the image is not complete.
+    for (const char* part : {"gpu", "gpu.partial", "criu"}) fs::remove_all(dir + "/" + part);
+    return gpu.status().with_context("saving the GPU state");
+  }
+  r.gpu = *gpu;
 
   // The token lets the restored job re-attach: the caller's alone.
-  if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return undo(s);
+  auto drop = [&](const Status& why) {
+    for (const char* part : {"gpu", "criu", "manifest", "manifest.tmp", "token", "token.tmp"}) fs::remove_all(dir + "/" + part);
+    return why;
+  };
+  if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
   char m[2048];
   std::snprintf(m, sizeof(m),
                 "{\"format\":1,\"pid\":%u,\"socket\":%s,\"leave_running\":%s,\"shell_job\":%s,\"gpu\":\"gpu\","
@@ -106,17 +166,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
                 (unsigned long long)r.gpu.cut_pc, (unsigned long long)r.gpu.bytes_stored,
                 (unsigned long long)r.gpu.handles);
   r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, m, 0600); !s.ok()) return undo(s);
-
-  if (o.leave_running) {
-    say("resume");
-    t = std::chrono::steady_clock::now();
-    if (Status s = grant_reattach(permit); !s.ok()) return s.with_context("the image is complete, but the job was not told to run on");
-    r.resume_s = seconds_since(t);
-    r.pause_s = seconds_since(t0);  // the job re-attaches within milliseconds of the permit
-  } else {
-    (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
-  }
+  if (Status s = write_file(r.manifest, m, 0600); !s.ok()) return drop(s);
   r.total_s = seconds_since(t0);
   return r;
 }

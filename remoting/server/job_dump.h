@@ -26,13 +26,16 @@ struct JobDumpOptions {
 struct JobDumpReport {
   CheckpointReport gpu;
   std::string criu_dir, manifest;
-  double detach_s = 0, gpu_s = 0, criu_s = 0, resume_s = 0, total_s = 0;
+  double detach_s = 0;
+  double cut_s = 0;  // from the GPU request to its cut (the image's content fixed)
+  double gpu_s = 0;  // from the GPU request to its image durable (overlaps CRIU and the resume)
+  double criu_s = 0, resume_s = 0, total_s = 0;
   double pause_s = 0;  // from the detach's start to the job's calls running again (leave-running)
 };
 
-// Detaches the job (its calls wait), checkpoints its GPU state into DIR/gpu, dumps its process tree
-// with CRIU into DIR/criu (ending it, unless leave_running), writes DIR/token (for a restore; the
-// caller's alone) and DIR/manifest, then lets the job re-attach (leave_running). Any failure after
+// Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
+// CRIU into DIR/criu (ending it, unless leave_running), lets the job re-attach (leave_running) while
+// the GPU bytes drain, then writes DIR/token (for a restore; the caller's alone) and DIR/manifest. Any failure after
 // the detach lets the job re-attach and run on, and removes what this dump wrote. CRIU is checked
 // before anything is asked of posd.
 StatusOr<JobDumpReport> dump_job(const JobDumpOptions& options);

@@ -155,6 +155,15 @@ class CheckpointRunner {
         wire::put_cstr(p.phase, sizeof(p.phase), "drain");
         (void)::send(client, &p, sizeof(p), MSG_NOSIGNAL | MSG_DONTWAIT);  // never holds the drainer up
       };
+      // The cut, as soon as it is taken: a dump lets the job run on from there while the drain
+      // goes on (async), so the caller learns of it before the result.
+      req.on_cut = [client](uint64_t cut) {
+        wire::ControlEvent c;
+        c.type = static_cast<uint32_t>(wire::EventType::kProgress);
+        c.cut_pc = cut;
+        wire::put_cstr(c.phase, sizeof(c.phase), "cut");
+        (void)::send(client, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT);
+      };
       res = ws->checkpoint(uuid, std::move(req));
     }
     if (res.ok()) {
