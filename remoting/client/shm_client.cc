@@ -663,7 +663,9 @@ Status ShmSession::reattach(const std::string& socket_path, const std::string& t
     memfd = -1;
   }
   if (hdr_->magic != wire::kShmMagic || hdr_->ring_bytes != w.ring_bytes) return fail(Status::Corrupt("foreign session header"));
-  welcome_ = w;
+  // Only what may differ in another session: where its process maps the arena (read under mu_).
+  // The rest is the same by the checks above, and app threads read it without the lock.
+  if (welcome_.daemon_arena_addr != w.daemon_arena_addr) welcome_.daemon_arena_addr = w.daemon_arena_addr;
   sock_ = *fd;
   efd_ = efd;
   tail_ = 0;

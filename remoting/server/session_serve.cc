@@ -119,13 +119,14 @@ Status SessionControl::reattach(UniqueFd& fd) {
   return Status::Ok();
 }
 
+void SessionControl::mark_detached() {
+  std::lock_guard<std::mutex> lk(mu_);
+  fd_ = -1;
+  state_.store(kDetached, std::memory_order_release);
+  cv_.notify_all();
+}
+
 UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string* why) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    fd_ = -1;
-    state_.store(kDetached, std::memory_order_release);
-    cv_.notify_all();
-  }
   // Readable once the job's process has ended (Linux >= 5.3; without it only posd's stop ends the wait).
   UniqueFd job(pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1);
   for (;;) {
@@ -366,6 +367,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // Detached: the connection goes. The session memory stays, and the job keeps its mapping of it:
     // its pinned memory (the arena) never moves while its threads may touch it. So do the client
     // and its GPU state, until the job re-attaches (or posd stops, or the job ends).
+    ctl->mark_detached();  // before the close: no one sends on this connection any more
     ::shutdown(fd, SHUT_RDWR);
     reattached.reset();
     if (fd == spec.fd) ::close(spec.fd);

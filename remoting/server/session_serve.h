@@ -35,6 +35,8 @@ class SessionControl {
   // For the serving loop.
   void attached(int fd);
   void ended();
+  // The job has let go of its connection: no detach request is sent on it any more.
+  void mark_detached();
   // Detached: blocks until a re-attaching connection comes (returned), stop_fd fires or the job's
   // process `pid` ends (a dump that ended it, a kill: empty, and *why says which).
   UniqueFd wait_for_reattach(int stop_fd, int32_t pid, std::string* why);
