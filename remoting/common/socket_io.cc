@@ -2,6 +2,8 @@
 // MSG_NOSIGNAL: a peer that vanished mid-handshake must not kill the process with SIGPIPE.
 #include "remoting/common/socket_io.h"
 
+#include <unistd.h>
+
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -31,6 +33,46 @@ Status recv_all(int fd, void* p, size_t n) {
     c += r, n -= static_cast<size_t>(r);
   }
   return Status::Ok();
+}
+
+Status send_with_fds(int fd, const void* data, size_t n, std::initializer_list<int> fds) {
+  if (fds.size() > 4) return Status::InvalidArgument("too many descriptors for one message");
+  msghdr msg{};
+  iovec iov{const_cast<void*>(data), n};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))] = {};
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  size_t i = 0;
+  for (const int f : fds) std::memcpy(CMSG_DATA(c) + (i++) * sizeof(int), &f, sizeof(int));
+  for (;;) {
+    const ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w != static_cast<ssize_t>(n)) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
+    return Status::Ok();
+  }
+}
+
+ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {
+  msghdr msg{};
+  iovec iov{buf, n};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (r < 0) return r;
+  size_t next = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      while (next < max && fds[next]) ++next;
+      if (next < max) fds[next++].reset(got);
+      else ::close(got);
+    }
+  }
+  return r;
 }
 
 }  // namespace pos

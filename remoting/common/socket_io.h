@@ -2,9 +2,13 @@
 // transfers. Shared by the client library's handshake and posd's, so both treat a hang-up alike.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
+#include <initializer_list>
 
 #include "pos/base/status.h"
+#include "remoting/common/unique_fd.h"
 
 namespace pos {
 
@@ -12,5 +16,12 @@ namespace pos {
 Status send_all(int fd, const void* p, size_t n);
 // All n bytes, or kUnavailable ("the peer closed the connection" when it hung up first).
 Status recv_all(int fd, void* p, size_t n);
+
+// One message (a packet, or a stream's bytes) with descriptors attached (SCM_RIGHTS, at most 4);
+// the caller's descriptors stay open.
+Status send_with_fds(int fd, const void* data, size_t n, std::initializer_list<int> fds);
+// recv without waiting, keeping up to `max` descriptors that came along in fds[0..max) (each only if
+// that slot is empty); any others are closed at once. recv's result.
+ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max);
 
 }  // namespace pos

@@ -60,16 +60,8 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   wire::CheckpointBody body;
   body.target_pid = pid;
   body.mode = static_cast<uint32_t>(async ? wire::CheckpointKind::kAsync : wire::CheckpointKind::kSync);
-  msghdr msg{};
-  iovec iov{&body, sizeof(body)};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))] = {};
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-  const int dfd = d.get();
-  std::memcpy(CMSG_DATA(c), &dfd, sizeof(int));
   // posd may have refused at the hello already (then its welcome is there to read).
-  (void)::sendmsg(sock.get(), &msg, MSG_NOSIGNAL);
+  (void)send_with_fds(sock.get(), &body, sizeof(body), {d.get()});
   // A checkpoint's answer comes when it is done, however long the cut and the drain take.
   timeval none{0, 0};
   (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));

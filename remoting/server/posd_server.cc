@@ -558,28 +558,6 @@ size_t body_size(const wire::Hello& h) {
   return c == "checkpoint" ? sizeof(wire::CheckpointBody) : c == "detach" ? sizeof(wire::DetachBody) : 0;
 }
 
-// recv with any descriptor that came along: the first is kept in *passed (if it is still empty),
-// every other one closed at once.
-ssize_t recv_keeping_fd(int fd, void* buf, size_t n, UniqueFd* passed) {
-  msghdr msg{};
-  iovec iov{buf, n};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (r < 0) return r;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; ++i) {
-      int got = -1;
-      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (!*passed) passed->reset(got);
-      else ::close(got);
-    }
-  }
-  return r;
-}
-
 }  // namespace
 
 bool PosdServer::read_hello(Handshake& h) {
@@ -587,7 +565,7 @@ bool PosdServer::read_hello(Handshake& h) {
     const bool body = h.got == sizeof(h.hello);
     auto* at = body ? reinterpret_cast<char*>(h.body) + h.body_got : reinterpret_cast<char*>(&h.hello) + h.got;
     const size_t want = body ? body_size(h.hello) - h.body_got : sizeof(h.hello) - h.got;
-    const ssize_t r = recv_keeping_fd(h.fd.get(), at, want, &h.passed);
+    const ssize_t r = recv_with_fds(h.fd.get(), at, want, &h.passed, 1);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (r == 0 && h.got == 0) {
@@ -744,6 +722,30 @@ void PosdServer::session_main(Session* s) {
   s->finished.store(true);  // the fd is closed by whoever joins this thread
 }
 
+uint32_t PosdServer::caller_uid(const Handshake& h) const {
+  const int64_t faked = caller_uid_for_test_.load();
+  return faked >= 0 ? static_cast<uint32_t>(faked) : h.cred.uid;
+}
+
+// The one live session of the job with client pid `pid`, if `caller` may dump it.
+StatusOr<PosdServer::Session*> PosdServer::job_session(uint32_t pid, uint32_t caller) {
+  Session* target = nullptr;
+  size_t matches = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sessions_)
+      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == pid) target = s.get(), ++matches;
+  }
+  if (target == nullptr)
+    return Status(Code::kNotFound, cuda::kErrorInvalidValue,
+                  "pid " + std::to_string(pid) + " has no session on this posd (pos-cli ps lists them)");
+  if (matches > 1)
+    return Status::InvalidArgument("pid " + std::to_string(pid) + " has " + std::to_string(matches) +
+                                   " sessions on this posd; a dump takes a job with one");
+  POS_RETURN_IF_ERROR(authorize_job_control(caller, target->cred.uid, "dump"));
+  return target;
+}
+
 Status authorize_job_control(uint32_t caller_uid, uint32_t job_uid, const std::string& what) {
   if (caller_uid == 0 || caller_uid == job_uid) return Status::Ok();
   return Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
@@ -770,22 +772,10 @@ void PosdServer::control_checkpoint(Handshake& h) {
   if (config_.posd_isolation != Isolation::kProcess)
     return refuse(Status::FailedPrecondition(
         "this posd runs with posd.isolation: shared; checkpoints of its jobs are taken with session processes only"));
-  const int64_t faked = caller_uid_for_test_.load();
-  const uint32_t caller = faked >= 0 ? static_cast<uint32_t>(faked) : h.cred.uid;
-  Session* target = nullptr;
-  size_t matches = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (const auto& s : sessions_)
-      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid) target = s.get(), ++matches;
-  }
-  if (target == nullptr)
-    return refuse(Status(Code::kNotFound, cuda::kErrorInvalidValue,
-                         "pid " + std::to_string(b.target_pid) + " has no session on this posd (pos-cli ps lists them)"));
-  if (matches > 1)
-    return refuse(Status::InvalidArgument("pid " + std::to_string(b.target_pid) + " has " + std::to_string(matches) +
-                                          " sessions on this posd; a dump takes a job with one"));
-  if (Status a = authorize_job_control(caller, target->cred.uid, "dump"); !a.ok()) return refuse(a);
+  const uint32_t caller = caller_uid(h);
+  auto found = job_session(b.target_pid, caller);
+  if (!found.ok()) return refuse(found.status());
+  Session* const target = *found;
   session_channel::Message m;
   m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
   m.mode = b.mode;
@@ -815,22 +805,10 @@ void PosdServer::control_detach(Handshake& h) {
     return refuse(Status::InvalidArgument("malformed detach request (an absolute permit path and a timeout of 1 ms to 1 h)"));
   if (config_.posd_isolation != Isolation::kProcess)
     return refuse(Status::FailedPrecondition("this posd runs with posd.isolation: shared; jobs detach from session processes only"));
-  const int64_t faked = caller_uid_for_test_.load();
-  const uint32_t caller = faked >= 0 ? static_cast<uint32_t>(faked) : h.cred.uid;
-  Session* target = nullptr;
-  size_t matches = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (const auto& s : sessions_)
-      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid) target = s.get(), ++matches;
-  }
-  if (target == nullptr)
-    return refuse(Status(Code::kNotFound, cuda::kErrorInvalidValue,
-                         "pid " + std::to_string(b.target_pid) + " has no session on this posd (pos-cli ps lists them)"));
-  if (matches > 1)
-    return refuse(Status::InvalidArgument("pid " + std::to_string(b.target_pid) + " has " + std::to_string(matches) +
-                                          " sessions on this posd; a dump takes a job with one"));
-  if (Status a = authorize_job_control(caller, target->cred.uid, "dump"); !a.ok()) return refuse(a);
+  const uint32_t caller = caller_uid(h);
+  auto found = job_session(b.target_pid, caller);
+  if (!found.ok()) return refuse(found.status());
+  Session* const target = *found;
   std::string token = random_token();
   if (token.empty()) return refuse(Status::Unavailable("no randomness for a session token"));
   session_channel::Message m;

@@ -111,6 +111,8 @@ class PosdServer {
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
   void control_checkpoint(Handshake& h);
+  uint32_t caller_uid(const Handshake& h) const;
+  StatusOr<Session*> job_session(uint32_t pid, uint32_t caller);
   void control_detach(Handshake& h);
   void reattach(Handshake& h);
   void reap_finished();

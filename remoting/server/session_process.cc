@@ -24,6 +24,7 @@
 #include "pos/base/thread.h"
 #include "pos/checkpoint/checkpoint.h"
 #include "pos/runtime.h"
+#include "remoting/common/socket_io.h"
 #include "remoting/common/wire.h"
 #include "remoting/server/session_serve.h"
 
@@ -70,28 +71,6 @@ Status send_packet(int fd, const void* data, size_t n) {
   }
 }
 
-// recv with up to `max` descriptors (SCM_RIGHTS) into `fds`; any beyond are closed.
-ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {
-  msghdr msg{};
-  iovec iov{buf, n};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
-  const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (r < 0) return r;
-  size_t kept = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; ++i) {
-      int got = -1;
-      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (kept < max) fds[kept++].reset(got);
-      else ::close(got);
-    }
-  }
-  return r;
-}
-
 // The session process's half.
 
 void report_status(int channel, const Status& s, int device_count, const std::string& backend) {
@@ -105,27 +84,45 @@ void report_status(int channel, const Status& s, int device_count, const std::st
   (void)send_packet(channel, &m, sizeof(m)).ok();
 }
 
-// One checkpoint at a time, each in a thread of its own: the control thread stays free for ps.
-class CheckpointRunner {
+// One operation at a time (a checkpoint, a detach), in a thread of its own: the control thread
+// stays free for ps while it runs.
+class OneAtATime {
  public:
-  ~CheckpointRunner() {
+  ~OneAtATime() {
     if (thread_.joinable()) thread_.join();
   }
-  // Takes both descriptors. A second request while one runs is refused on its own connection.
-  void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, uint32_t mode) {
-    if (busy_.load(std::memory_order_acquire)) {
-      refuse_connection(client.get(), Status::Busy("a dump of this job is already running"));
-      return;
-    }
+  // False, and `body` not run, while the previous one runs. A thread the kernel refuses drops
+  // `body` (and what it holds) unrun.
+  template <typename F>
+  bool start(const char* what, const char* thread_name, F&& body) {
+    if (busy_.load(std::memory_order_acquire)) return false;
     if (thread_.joinable()) thread_.join();
     busy_.store(true, std::memory_order_release);
-    auto body = [this, ws, uuid, c = std::move(client), d = std::move(dir), mode]() mutable {
-      name_this_thread("posd-session-ckpt");
-      run(ws, uuid, c.get(), d.get(), mode);
+    auto run = [this, thread_name, b = std::forward<F>(body)]() mutable {
+      name_this_thread(thread_name);
+      b();
       busy_.store(false, std::memory_order_release);
     };
-    Status t = start_thread(&thread_, "the session process's checkpoint thread", std::move(body));
-    if (!t.ok()) busy_.store(false, std::memory_order_release);  // the lambda (and the descriptors) went with it
+    if (!start_thread(&thread_, what, std::move(run)).ok()) busy_.store(false, std::memory_order_release);
+    return true;
+  }
+
+ private:
+  std::atomic<bool> busy_{false};
+  std::thread thread_;
+};
+
+// Checkpoints of the session's client, one at a time; each answers pos-cli on its own connection.
+class CheckpointRunner {
+ public:
+  // Takes both descriptors. A second request while one runs is refused on its own connection.
+  void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, uint32_t mode) {
+    const int c = client.get();
+    if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt",
+                    [ws, uuid, cl = std::move(client), d = std::move(dir), mode]() mutable {
+                      run(ws, uuid, cl.get(), d.get(), mode);
+                    }))
+      refuse_connection(c, Status::Busy("a dump of this job is already running"));
   }
 
  private:
@@ -182,8 +179,7 @@ class CheckpointRunner {
     (void)send_packet(client, &r, sizeof(r)).ok();
   }
 
-  std::atomic<bool> busy_{false};
-  std::thread thread_;
+  OneAtATime one_;
 };
 
 // Answers posd's requests until posd closes the channel (then the session is told to end) or
@@ -191,44 +187,35 @@ class CheckpointRunner {
 // A detach waits for the job's shim (up to its timeout): in a thread, one at a time.
 class DetachRunner {
  public:
-  ~DetachRunner() {
-    if (thread_.joinable()) thread_.join();
-  }
   void start(SessionControl* ctl, UniqueFd client, const sc::Message& m) {
-    if (busy_.load(std::memory_order_acquire)) {
-      refuse_connection(client.get(), Status::Busy("a detach of this job is already under way"));
-      return;
-    }
-    if (thread_.joinable()) thread_.join();
-    busy_.store(true, std::memory_order_release);
     wire::DetachRequest req;
     req.timeout_ms = m.timeout_ms;
     std::memcpy(req.token, m.token, sizeof(req.token));
     std::memcpy(req.permit, m.permit, sizeof(req.permit));
     req.token[sizeof(req.token) - 1] = '\0', req.permit[sizeof(req.permit) - 1] = '\0';
-    auto body = [this, ctl, c = std::move(client), req]() mutable {
-      name_this_thread("posd-session-det");
-      int fl = ::fcntl(c.get(), F_GETFL);
-      if (fl >= 0) (void)::fcntl(c.get(), F_SETFL, fl & ~O_NONBLOCK);
-      wire::Welcome w;
-      (void)send_packet(c.get(), &w, sizeof(w)).ok();
-      // The shim answers once its running call (if any) returns: a few seconds at most, normally.
-      const Status s = ctl->detach(req, std::chrono::seconds(30));
-      wire::ControlEvent r;
-      r.type = static_cast<uint32_t>(wire::EventType::kResult);
-      r.code = static_cast<int32_t>(s.code());
-      r.api_error = s.api_error();
-      wire::put_cstr(r.message, sizeof(r.message), s.ok() ? std::string(req.token) : s.message());
-      (void)send_packet(c.get(), &r, sizeof(r)).ok();
-      busy_.store(false, std::memory_order_release);
-    };
-    if (!start_thread(&thread_, "the session process's detach thread", std::move(body)).ok())
-      busy_.store(false, std::memory_order_release);
+    const int c = client.get();
+    if (!one_.start("the session process's detach thread", "posd-session-det",
+                    [ctl, cl = std::move(client), req]() mutable { run(ctl, cl.get(), req); }))
+      refuse_connection(c, Status::Busy("a detach of this job is already under way"));
   }
 
  private:
-  std::atomic<bool> busy_{false};
-  std::thread thread_;
+  static void run(SessionControl* ctl, int client, const wire::DetachRequest& req) {
+    int fl = ::fcntl(client, F_GETFL);
+    if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
+    wire::Welcome w;
+    (void)send_packet(client, &w, sizeof(w)).ok();
+    // The shim answers once its running call (if any) returns: a few seconds at most, normally.
+    const Status s = ctl->detach(req, std::chrono::seconds(30));
+    wire::ControlEvent r;
+    r.type = static_cast<uint32_t>(wire::EventType::kResult);
+    r.code = static_cast<int32_t>(s.code());
+    r.api_error = s.api_error();
+    wire::put_cstr(r.message, sizeof(r.message), s.ok() ? std::string(req.token) : s.message());
+    (void)send_packet(client, &r, sizeof(r)).ok();
+  }
+
+  OneAtATime one_;
 };
 
 void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
@@ -329,24 +316,6 @@ StatusOr<std::string> find_session_binary(const Config& config) {
                                     where +
                                     "): set posd.session_binary or POS_SESSION_BINARY to it, or run with "
                                     "posd.isolation: shared (no isolation between clients)");
-}
-
-Status send_with_fds(int channel, const void* data, size_t n, std::initializer_list<int> fds) {
-  msghdr msg{};
-  iovec iov{const_cast<void*>(data), n};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))] = {};
-  if (fds.size() > 4) return Status::InvalidArgument("too many descriptors for one packet");
-  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-  size_t i = 0;
-  for (const int f : fds) std::memcpy(CMSG_DATA(c) + (i++) * sizeof(int), &f, sizeof(int));
-  for (;;) {
-    const ssize_t w = ::sendmsg(channel, &msg, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w != static_cast<ssize_t>(n)) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
-    return Status::Ok();
-  }
 }
 
 std::vector<std::string> environment_snapshot() {

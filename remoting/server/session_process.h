@@ -5,7 +5,6 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -93,9 +92,6 @@ StatusOr<session_channel::Message> query_session(int channel, std::chrono::milli
 
 // Waits up to `timeout` for a Report the process sends unasked (a probe's result).
 StatusOr<session_channel::Message> await_report(int channel, std::chrono::milliseconds timeout);
-
-// One packet with descriptors attached (SCM_RIGHTS); they stay open here.
-Status send_with_fds(int channel, const void* data, size_t n, std::initializer_list<int> fds);
 
 // "exited with status 3", "was killed by signal 11 (Segmentation fault)".
 std::string describe_wait_status(int status);
