@@ -17,12 +17,21 @@
 
 namespace pos {
 
-StatusOr<std::string> posd_control(const std::string& socket_path, const std::string& command) {
+namespace {
+
+// A control connection to posd: its hello sent (the caller's uid checked by posd, posd's by us).
+StatusOr<int> open_control(const std::string& socket_path, const std::string& command) {
   wire::Hello hello;
   hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
   hello.pid = static_cast<uint32_t>(::getpid());
   wire::put_cstr(hello.command, sizeof(hello.command), command);
-  auto fd = open_posd_socket(socket_path, hello);
+  return open_posd_socket(socket_path, hello);
+}
+
+}  // namespace
+
+StatusOr<std::string> posd_control(const std::string& socket_path, const std::string& command) {
+  auto fd = open_control(socket_path, command);
   if (!fd.ok()) return fd.status();
   wire::Welcome w;
   Status s = recv_all(*fd, &w, sizeof(w));
@@ -50,11 +59,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   if (::fstatat(d.get(), "gpu", &st, AT_SYMLINK_NOFOLLOW) == 0)
     return Status::InvalidArgument(dir + " already holds an image (" + dir +
                                    "/gpu): name an empty or new directory");
-  wire::Hello hello;
-  hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
-  hello.pid = static_cast<uint32_t>(::getpid());
-  wire::put_cstr(hello.command, sizeof(hello.command), "checkpoint");
-  auto fd = open_posd_socket(socket_path, hello);
+  auto fd = open_control(socket_path, "checkpoint");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
   wire::CheckpointBody body;
@@ -97,11 +102,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
 StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
                                   uint32_t timeout_ms) {
   if (permit.empty() || permit[0] != '/') return Status::InvalidArgument("the permit must be an absolute path");
-  wire::Hello hello;
-  hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
-  hello.pid = static_cast<uint32_t>(::getpid());
-  wire::put_cstr(hello.command, sizeof(hello.command), "detach");
-  auto fd = open_posd_socket(socket_path, hello);
+  auto fd = open_control(socket_path, "detach");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
   wire::DetachBody body;
