@@ -73,9 +73,13 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   if (!token.ok()) return token.status().with_context("detaching the job");
   r.detach_s = seconds_since(t);
   // From here every failure lets the job run on and removes this dump's parts.
-  auto undo = [&](const Status& why) -> Status {
+  // What this dump may have written, removed whole: a failed dump leaves no partial image.
+  auto remove_parts = [&] {
     for (const char* part : {"gpu", "gpu.partial", "criu", "manifest", "manifest.tmp", "token", "token.tmp"})
       fs::remove_all(dir + "/" + part);
+  };
+  auto undo = [&](const Status& why) -> Status {
+    remove_parts();
     Status resumed = grant_reattach(permit);
     return resumed.ok() ? why : why.with_context("the job could not be told to run on (" + resumed.message() + ")");
   };
@@ -147,14 +151,14 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   r.gpu_s = seconds_since(t0) - r.detach_s;
   if (!gpu.ok()) {
     // The job runs on (or has ended, without --leave-running); the image is not complete.
-    for (const char* part : {"gpu", "gpu.partial", "criu"}) fs::remove_all(dir + "/" + part);
+    remove_parts();
     return gpu.status().with_context("saving the GPU state");
   }
   r.gpu = *gpu;
 
   // The token lets the restored job re-attach: the caller's alone.
   auto drop = [&](const Status& why) {
-    for (const char* part : {"gpu", "criu", "manifest", "manifest.tmp", "token", "token.tmp"}) fs::remove_all(dir + "/" + part);
+    remove_parts();
     return why;
   };
   if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);

@@ -30,7 +30,6 @@ class SessionControl {
   // Hands a re-attaching connection to a detached session's loop (taken only on success).
   Status reattach(UniqueFd& fd);
   bool detaching() const { return state_.load(std::memory_order_acquire) == kDetaching; }
-  bool detached() const { return state_.load(std::memory_order_acquire) == kDetached; }
 
   // For the serving loop.
   void attached(int fd);
