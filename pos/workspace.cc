@@ -196,6 +196,10 @@ StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageRead
   // An image from before names were sanitized may hold control characters (UTF-8 it must be).
   auto client = std::make_shared<POSClient>(uuid, slot, safe_job_name(cr.job_name()), config_, backend_.get(), &table_,
                                             device);
+  ClientOptions co;
+  co.host_base = options.host_base, co.host_size = options.host_size;
+  co.devices = options.devices;
+  client->set_options(co);
   Status s = client->start_restored(image_ptr, options);
   if (!s.ok()) return s.with_context("restore");
   fast_[slot].client.store(client.get(), std::memory_order_release);

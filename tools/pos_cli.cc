@@ -13,6 +13,7 @@
 #include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
+#include "remoting/server/job_restore.h"
 #include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
@@ -133,6 +134,41 @@ int dump(const DumpArgs& a) {
   return 0;
 }
 
+struct RestoreArgs {
+  std::string dir, socket;
+  bool lazy = false, json = false;
+};
+
+int restore(const RestoreArgs& a) {
+  pos::JobRestoreOptions o;
+  o.dir = a.dir;
+  o.socket = a.socket;
+  o.lazy = a.lazy;
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  o.progress = [&](const char* phase) {
+    if (tty) std::fprintf(stderr, "\r%-60s", (std::string("restore: ") + phase + "...").c_str());
+  };
+  auto r = pos::restore_job(o);
+  if (tty) std::fputs("\r\033[K", stderr);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pos-cli restore: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  if (a.json) {
+    std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
+                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"total_s\":%.6f}}\n",
+                r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
+                (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
+                r->reattach_s, r->total_s);
+  } else {
+    std::printf("restored pid %u from %s: GPU state %s(%llu handles, %llu bytes) in %.3f s, CPU state by CRIU in %.3f s, "
+                "re-attached in %.3f s; total %.3f s\n",
+                r->pid, a.dir.c_str(), a.lazy ? "loading lazily " : "", (unsigned long long)r->handles,
+                (unsigned long long)r->gpu_bytes, r->gpu_s, r->criu_s, r->reattach_s, r->total_s);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,6 +208,15 @@ int main(int argc, char** argv) {
   dump_cmd->add_flag("--json", da.json, "one JSON report");
   dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
 
+  RestoreArgs ra;
+  ra.socket = pos::default_socket_path();
+  CLI::App* restore_cmd = app.add_subcommand("restore", "bring back a job saved by pos-cli dump: GPU state, process tree, session");
+  restore_cmd->add_option("-D,--images-dir", ra.dir, "the image (pos-cli dump's -D)")->required();
+  restore_cmd->add_option("--socket", ra.socket, "the posd to restore into (the one dumped from or another)")
+      ->capture_default_str();
+  restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
+  restore_cmd->add_flag("--json", ra.json, "one JSON report");
+
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
   help->add_option("COMMAND", topic, "the command");
@@ -186,8 +231,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, restore, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, restore, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -200,16 +245,17 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, restore_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, restore, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
   if (ps_cmd->parsed()) return ps(socket, ps_json);
   if (dump_cmd->parsed()) return dump(da);
+  if (restore_cmd->parsed()) return restore(ra);
   return 2;
 }

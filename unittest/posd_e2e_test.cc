@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,34 +59,41 @@ std::string shell(const std::string& cmd, int* code, std::string* err) {
   return out;
 }
 
+// Starts a posd (the host or CUDA backend, as the suite runs) on `socket`, its stderr into `log`,
+// and waits until it answers.
+void start_posd(const std::string& socket, const std::string& log, pid_t* pid) {
+  const std::string cfg = socket.substr(0, socket.rfind('/')) + ".yaml";  // beside posd's own directory
+  {
+    std::ofstream y(cfg);
+    y << "backend: " << (on_gpu() ? "cuda" : "host") << "\nlog_level: info\nposd:\n  socket: " << socket
+      << "\n  arena: 32MiB\n";
+    if (!on_gpu()) y << "  host_kernel_libraries: [" << env_or_fail("POS_MLP_HOST_KERNELS") << "]\n";
+  }
+  const std::string posd = env_or_fail("POS_POSD");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv{const_cast<char*>(posd.c_str()), const_cast<char*>("--config"), const_cast<char*>(cfg.c_str()),
+                          nullptr};
+  ASSERT_EQ(posix_spawn(pid, posd.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  // Ready when it answers `ps` (bounded: a posd that never comes up fails the test).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!pos::posd_control(socket, "ps").ok()) {
+    int st = 0;
+    std::ifstream f(log);
+    ASSERT_EQ(waitpid(*pid, &st, WNOHANG), 0) << "posd exited: " << std::string(std::istreambuf_iterator<char>(f), {});
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "posd did not come up";
+    std::this_thread::yield();
+  }
+}
+
 class PosdProcess : public ::testing::Test {
  protected:
   void SetUp() override {
     socket_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + "/posd.sock";  // posd makes the directory
-    const std::string cfg = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".yaml";
-    {
-      std::ofstream y(cfg);
-      y << "backend: " << (on_gpu() ? "cuda" : "host") << "\nlog_level: info\nposd:\n  socket: " << socket_
-        << "\n  arena: 32MiB\n";
-      if (!on_gpu()) y << "  host_kernel_libraries: [" << env_or_fail("POS_MLP_HOST_KERNELS") << "]\n";
-    }
     log_ = ::testing::TempDir() + "posd-e2e-" + std::to_string(::getpid()) + ".log";
-    const std::string posd = env_or_fail("POS_POSD");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<char*> argv{const_cast<char*>(posd.c_str()), const_cast<char*>("--config"),
-                            const_cast<char*>(cfg.c_str()), nullptr};
-    ASSERT_EQ(posix_spawn(&pid_, posd.c_str(), &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    // Ready when it answers `ps` (bounded: a posd that never comes up fails the test).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!pos::posd_control(socket_, "ps").ok()) {
-      int st = 0;
-      ASSERT_EQ(waitpid(pid_, &st, WNOHANG), 0) << "posd exited: " << log_text();
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "posd did not come up: " << log_text();
-      std::this_thread::yield();
-    }
+    start_posd(socket_, log_, &pid_);
   }
   void TearDown() override {
     if (pid_ > 0) {
@@ -274,6 +282,156 @@ TEST_F(PosdProcess, PosCliDumpEndsTheJobAndPosdFreesItsSession) {
   std::filesystem::remove(out_file);
 }
 
+// The restored tree's root is reparented to this process (CRIU restores it detached), which must
+// then reap it: a child subreaper, for the tests of pos-cli restore.
+void become_subreaper() { ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); }
+
+// Waits up to `timeout` for `pid` (this process's child, or reparented to it) to end; its status.
+int wait_for_exit(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      ADD_FAILURE() << "pid " << pid << " did not end within " << timeout.count() << " s";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return st;
+}
+
+// ZDTM shape: the unmodified training binary runs under posd; `pos-cli dump` saves it mid-run and
+// ends it; `pos-cli restore` brings it back (GPU state at the same addresses, the process by CRIU,
+// re-attached to a new session), and it runs on to exactly the output of an uninterrupted run.
+// Then the same image restored into a second posd, after the first run's end.
+TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStopped) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-restore-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", dir = base + ".img";
+  std::filesystem::remove_all(dir);
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "restored", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir + " --socket " + socket_, &code,
+              &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;  // CRIU ended it
+  std::string partial;
+  {
+    std::ifstream f(out_file);
+    partial.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const std::string want = expected(args);
+  ASSERT_LT(partial.size(), want.size()) << "the job had finished before the dump: make it longer";
+  // The output so far is kept, to restore the image a second time from the same file state.
+  const std::string saved = base + ".out.at-dump";
+  std::filesystem::copy_file(out_file, saved, std::filesystem::copy_options::overwrite_existing);
+
+  const std::string report = shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --json --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  EXPECT_NE(report.find("\"pid\":" + std::to_string(child) + ","), std::string::npos) << report;
+  EXPECT_EQ(report.find("\"gpu_bytes\":0,"), std::string::npos) << report;
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  {
+    std::ifstream f(out_file);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
+  }
+  EXPECT_NE(log_text().find("re-attached"), std::string::npos) << log_text();
+
+  // Into another posd: the files as they were at the dump (CRIU restores open files at their size
+  // then), the same image, a posd that never saw the job.
+  const std::string socket2 = ::testing::TempDir() + "posd-e2e-second-" + std::to_string(::getpid()) + "/posd.sock";
+  const std::string log2 = ::testing::TempDir() + "posd-e2e-second-" + std::to_string(::getpid()) + ".log";
+  pid_t posd2 = -1;
+  start_posd(socket2, log2, &posd2);
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      kill(pid, SIGTERM);
+      int s = 0;
+      waitpid(pid, &s, 0);
+    }
+  } stop{posd2};
+  std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket2, &code, &err);
+  ASSERT_EQ(code, 0) << err;
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  {
+    std::ifstream f(out_file);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
+  }
+  std::ifstream l2(log2);
+  const std::string second_log((std::istreambuf_iterator<char>(l2)), {});
+  EXPECT_NE(second_log.find("re-attached"), std::string::npos) << second_log;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
+  std::filesystem::remove(saved);
+}
+
+// A restore checks the image before it changes anything: with the dumped job still running (its
+// pid taken), with a manifest that is not one, with a GPU part that is not the manifest's. Each is
+// refused with the reason; the job runs on untouched and no session is left behind.
+TEST_F(PosdProcess, PosCliRestoreRefusesATakenPidAndABadImageAndChangesNothing) {
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-refuse-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", dir = base + ".img";
+  std::filesystem::remove_all(dir);
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "kept", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir + " --leave-running --socket " +
+                  socket_,
+              &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("pid " + std::to_string(child) + " is in use"), std::string::npos) << err;
+  // A manifest that names another GPU part (a cut it does not have).
+  std::string manifest;
+  {
+    std::ifstream f(dir + "/manifest");
+    manifest.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t cut = manifest.find("\"cut\":");
+  ASSERT_NE(cut, std::string::npos) << manifest;
+  manifest.insert(cut + 6, "9");
+  {
+    std::ofstream f(dir + "/manifest", std::ios::trunc);
+    f << manifest;
+  }
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("is not the one the manifest names"), std::string::npos) << err;
+  {
+    std::ofstream f(dir + "/manifest", std::ios::trunc);
+    f << "{\"format\":2,\"pid\":\"x\"}";
+  }
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("manifest is not valid"), std::string::npos) << err;
+  int st = wait_for_exit(child, std::chrono::seconds(300));
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  // No restore left a session behind; the job's own ends with it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string ps;
+  while ((ps = sessions_json()).find("\"sessions\":[]") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
+}
+
 TEST_F(PosdProcess, ASessionIsNamedAfterTheProgramsFullFileName) {
   const std::string binary = env_or_fail("POS_MLP_NATIVE");
   const std::string name = binary.substr(binary.rfind('/') + 1);
@@ -412,3 +570,61 @@ TEST_F(PosdProcess, SigtermStopsPosdCleanly) {
 }
 
 }  // namespace
+
+// gpu suite only (meson's CI test filters it out: its program has no host-backend build).
+using PosdGpuProcess = PosdProcess;
+
+// A program written for this test alone (workloads/pinned_pipeline.cu: two streams ordered by
+// events, cuBLAS, cudaMallocHost buffers a second host thread fills while the GPU works), dumped
+// mid-run, restored, and run on: it prints exactly what a native run prints. Then again with
+// --leave-running: the original finishes identically.
+TEST_F(PosdGpuProcess, ANewProgramWithStreamsEventsCublasAndPinnedBuffersIsDumpedAndRestoredMidRun) {
+  become_subreaper();
+  const std::string prog = env_or_fail("POS_PIPELINE_NATIVE");
+  const std::string args = "--steps 3000 --n 512";
+  int code = -1;
+  std::string err;
+  const std::string want = shell("LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") + " " + prog + " " + args, &code, &err);
+  ASSERT_EQ(code, 0) << err;
+  ASSERT_NE(want.find("final "), std::string::npos) << want;
+  const std::string base = ::testing::TempDir() + "posd-e2e-pipeline-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", dir = base + ".img", dir2 = base + ".img2";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
+  pid_t child = start_job(preload_env(), prog + " " + args, "pipeline", out_file, [&] { return sessions_json(); },
+                          [&] { return log_text(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well into its steps
+  (void)shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir + " --socket " + socket_, &code,
+              &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+  {
+    std::ifstream f(out_file);
+    const std::string partial((std::istreambuf_iterator<char>(f)), {});
+    ASSERT_LT(partial.size(), want.size()) << "it had finished before the dump";
+  }
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(120));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  {
+    std::ifstream f(out_file);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
+  }
+  // --leave-running, async: the original runs on and finishes identically.
+  child = start_job(preload_env(), prog + " " + args, "pipeline2", out_file, [&] { return sessions_json(); },
+                    [&] { return log_text(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (void)shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir2 +
+                  " --leave-running --mode async --socket " + socket_,
+              &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(120));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
+  std::filesystem::remove(out_file);
+}

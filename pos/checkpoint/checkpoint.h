@@ -83,6 +83,11 @@ struct RestoreOptions {
   // the image onto that device, which must be of the same model (the device name must match).
   // The application keeps seeing the device numbers it saw before (its cudaGetDevice value).
   int device = -1;
+  // As ClientOptions: the host memory the restored client's calls may name (size 0: its own
+  // process's), and the devices it sees (empty: all). A posd session restored for a dumped job
+  // names its session arena and posd.devices, as the session it was dumped from did.
+  uint64_t host_base = 0, host_size = 0;
+  std::vector<int32_t> devices;
   // Test hook: the background loaders wait while *hold_loader is true before their first buffer.
   std::atomic<bool>* hold_loader = nullptr;
 };

@@ -87,9 +87,7 @@ StatusOr<std::unique_ptr<ShmSession>> ShmSession::connect(const std::string& soc
     return Status::Corrupt("posd's session layout does not match this libpos_client");
   }
   void* m = ::mmap(nullptr, w.shm_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-  struct stat mst {};
-  if (::fstat(fds[0], &mst) == 0) s->memfd_dev_ = mst.st_dev, s->memfd_ino_ = mst.st_ino;
-  ::close(fds[0]);
+  s->memfd_ = fds[0];
   if (m == MAP_FAILED) return Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno));
   s->base_ = static_cast<std::byte*>(m);
   s->map_bytes_ = w.shm_bytes;
@@ -133,6 +131,7 @@ ShmSession::~ShmSession() {
     watcher_.join();
   }
   if (watch_stop_ >= 0) ::close(watch_stop_);
+  if (memfd_ >= 0) ::close(memfd_);
   if (sock_ >= 0) ::close(sock_);  // posd ends the session and frees its memory
   if (efd_ >= 0) ::close(efd_);
   if (base_ != nullptr) ::munmap(base_, map_bytes_);
@@ -586,9 +585,11 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
   }
   // Parked until the permit file appears (it may name another posd's socket), or the timeout:
   // then back to the same posd, whatever happened to the dump.
+  // A restored job runs this loop again from where CRIU froze it, possibly past its deadline (the
+  // clock went on): the permit is looked for first, so it still names the posd to come back to.
   std::string socket = socket_path_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
+  for (;;) {
     if (::access(req.permit, F_OK) == 0) {
       char line[256] = {};
       if (FILE* f = std::fopen(req.permit, "r")) {
@@ -602,6 +603,7 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
       (void)::unlink(req.permit);  // one use: a later restore of this image gets a fresh one
       break;
     }
+    if (std::chrono::steady_clock::now() >= deadline) break;
     pollfd stop{watch_stop_, POLLIN, 0};
     if (::poll(&stop, 1, 2) > 0) {  // the session is being destroyed
       broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "the session ended while detached");
@@ -623,7 +625,7 @@ Status ShmSession::reattach(const std::string& socket_path, const std::string& t
   hello.arena_bytes = welcome_.arena_bytes;
   wire::put_cstr(hello.job, sizeof(hello.job), job_);
   wire::put_cstr(hello.command, sizeof(hello.command), token);
-  auto fd = open_posd_socket(socket_path, hello);
+  auto fd = open_posd_socket(socket_path, hello, memfd_);
   if (!fd.ok()) return fd.status();
   wire::Welcome w;
   int memfd = -1, efd = -1;
@@ -640,28 +642,15 @@ Status ShmSession::reattach(const std::string& socket_path, const std::string& t
       w.arena_offset != welcome_.arena_offset || w.arena_bytes != welcome_.arena_bytes ||
       w.ring_offset != welcome_.ring_offset || w.reply_offset != welcome_.reply_offset)
     return fail(Status::Corrupt("posd re-attached this job to a session of another shape"));
-  struct stat now {};
-  if (::fstat(memfd, &now) == 0 && now.st_dev == memfd_dev_ && now.st_ino == memfd_ino_) {
-    // The session memory this process still maps (the same session, after a dump that left the
-    // job running): nothing moves.
-    ::close(memfd);
-    memfd = -1;
-  } else {
-    // Another session's memory (a restore): the arena's blocks in use are copied into it, which
-    // then takes the old addresses. The app's threads must not touch pinned memory meanwhile.
-    void* t = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-    if (t == MAP_FAILED) return fail(Status::Unavailable(std::string("mapping the session memory: ") + std::strerror(errno)));
-    {
-      std::lock_guard<std::mutex> a(arena_mu_);
-      for (const auto& [off, len] : used_)
-        std::memcpy(static_cast<std::byte*>(t) + w.arena_offset + off, arena_ + off, len);
-    }
-    ::munmap(t, map_bytes_);
-    if (::mmap(base_, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd, 0) != base_)
-      return fail(Status::Unavailable(std::string("mapping the session memory in place: ") + std::strerror(errno)));
-    ::close(memfd);
-    memfd = -1;
-  }
+  // The session serves this very memory (the one left running, or a restored session that took
+  // over the memfd this job handed it): nothing is copied or moved, so the app's threads may keep
+  // touching their pinned memory throughout.
+  struct stat now {}, mine {};
+  if (::fstat(memfd, &now) != 0 || memfd_ < 0 || ::fstat(memfd_, &mine) != 0 || now.st_dev != mine.st_dev ||
+      now.st_ino != mine.st_ino)
+    return fail(Status::Corrupt("posd re-attached this job to other session memory (its pinned memory cannot move)"));
+  ::close(memfd);
+  memfd = -1;
   if (hdr_->magic != wire::kShmMagic || hdr_->ring_bytes != w.ring_bytes) return fail(Status::Corrupt("foreign session header"));
   // Only what may differ in another session: where its process maps the arena (read under mu_).
   // The rest is the same by the checks above, and app threads read it without the lock.

@@ -122,7 +122,9 @@ class ShmSession final : public Transport {
   std::thread watcher_;
   int watch_stop_ = -1;  // eventfd: the destructor ends the watcher
   std::atomic<uint64_t> detaches_{0};
-  uint64_t memfd_dev_ = 0, memfd_ino_ = 0;  // the session memory this process maps
+  // The session memory this process maps, kept open: CRIU restores it with the mapping (one memfd),
+  // and a re-attach hands it to posd, so a restored session takes over this very memory.
+  int memfd_ = -1;
 
  public:
   // Times this session detached and came back (tests).

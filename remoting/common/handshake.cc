@@ -114,7 +114,7 @@ Status posd_unreachable(const std::string& path, const std::string& why) {
 
 // Who answers is checked before the hello goes out: the hello names the job, and what follows it
 // (the fatbins, every call's arguments) must reach only a posd this user trusts.
-StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello) {
+StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello, int pass_fd) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return Status::InvalidArgument("socket path too long: " + path);
   std::string whose;
@@ -148,7 +148,7 @@ StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello
   }
   timeval tv{30, 0};  // a wedged posd must not hang the app forever
   (void)setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  Status s = send_all(fd.get(), &hello, sizeof(hello));
+  Status s = pass_fd >= 0 ? send_with_fds(fd.get(), &hello, sizeof(hello), {pass_fd}) : send_all(fd.get(), &hello, sizeof(hello));
   if (!s.ok()) {
     // posd may have refused the connection before reading a byte (too many waiting) and closed
     // it: its welcome, which says why, is still there to read. Then the caller reads it.

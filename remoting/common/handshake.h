@@ -40,8 +40,8 @@ Status posd_unreachable(const std::string& path, const std::string& why);
 // the descriptor. Before a byte is sent it checks who answers: the peer (SO_PEERCRED) must run as
 // a trusted uid (trusted_daemon_uids), and the default socket's directory must pass
 // check_socket_dir; otherwise it hangs up and says so. Reads time out after 30 s: a wedged posd
-// must not hang the caller forever.
-StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello);
+// must not hang the caller forever. `pass_fd` (>= 0) travels with the hello (SCM_RIGHTS).
+StatusOr<int> open_posd_socket(const std::string& path, const wire::Hello& hello, int pass_fd = -1);
 // A welcome's magic and version, and posd's refusal as a Status.
 Status check_welcome(const wire::Welcome& w);
 

@@ -21,7 +21,8 @@ inline constexpr uint32_t kFrameMagic = 0x46534f50;    // "POSF"
 
 // ---------------- handshake (socket) ----------------
 // kReattach: a detached job's shim coming back (docs/dump_restore.md); its hello's `command` holds
-// the session token, job, pid and arena as its session's.
+// the session token, job, pid and arena as its session's, and the session memfd it maps comes with
+// it (SCM_RIGHTS): a restored session takes that memory over (the job's pinned memory never moves).
 enum class HelloKind : uint32_t { kSession = 1, kControl = 2, kReattach = 3 };
 
 struct Hello {
@@ -117,6 +118,33 @@ struct DetachAck {
   uint64_t last_seq = 0;
 };
 static_assert(sizeof(DetachAck) == 16);
+
+// ---------------- restore (pos-cli restore) ----------------
+// pos-cli → posd, after a kControl hello whose command is "restore", with the image directory's
+// descriptor attached. posd starts a session process that rebuilds the GPU state from DIR/gpu and
+// waits, detached, for the job's shim to re-attach with `token` (docs/dump_restore.md). The answer
+// is a Welcome (a refusal ends it), ControlEvents ("load" progress, then "restored" once the GPU
+// state is up), and, after pos-cli's RestoreGo, one result once the job has re-attached.
+inline constexpr uint32_t kRestoreMagic = 0x53525350;  // "PSRS"
+enum RestoreFlags : uint32_t { kRestoreLazy = 1 };
+struct RestoreBody {
+  uint32_t magic = kRestoreMagic;
+  uint32_t target_pid = 0;  // the dumped job's pid, which CRIU gives it back
+  uint32_t uid = 0;         // the job's uid: root may restore anyone's, others only their own
+  uint32_t flags = 0;       // RestoreFlags
+  uint64_t arena_bytes = 0; // the job's session arena, as it was
+  char token[64] = {};      // the image's session token (DIR/token)
+  char job[64] = {};
+};
+static_assert(sizeof(RestoreBody) == 152);
+// pos-cli → the restoring session, on the same connection: CRIU has restored the job as `pid`
+// (from now on the session ends with that process); or a hang-up before it: the restore is
+// abandoned and the session ends.
+struct RestoreGo {
+  uint32_t magic = kRestoreMagic;
+  uint32_t pid = 0;
+};
+static_assert(sizeof(RestoreGo) == 8);
 
 // ---------------- shared memory ----------------
 // Offsets inside the session memfd. The header's fields are each written by one side only.

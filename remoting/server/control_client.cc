@@ -100,7 +100,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
 }
 
 StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
-                                  uint32_t timeout_ms) {
+                                  uint32_t timeout_ms, uint64_t* arena_bytes) {
   if (permit.empty() || permit[0] != '/') return Status::InvalidArgument("the permit must be an absolute path");
   auto fd = open_control(socket_path, "detach");
   if (!fd.ok()) return fd.status();
@@ -125,13 +125,75 @@ StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, 
                                         ? e.code
                                         : static_cast<int32_t>(Code::kInternal)),
                   e.api_error, msg);
+  if (arena_bytes != nullptr) *arena_bytes = e.total;
   return msg;
+}
+
+namespace {
+Status event_status(const wire::ControlEvent& e) {
+  const int32_t c = e.code > 0 && e.code <= static_cast<int32_t>(Code::kInternal) ? e.code : static_cast<int32_t>(Code::kInternal);
+  return Status(static_cast<Code>(c), e.api_error, wire::get_cstr(e.message, sizeof(e.message)));
+}
+}  // namespace
+
+StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std::string& dir, const RestoreRequest& r) {
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return Status::InvalidArgument("cannot open " + dir + ": " + std::strerror(errno));
+  auto fd = open_control(socket_path, "restore");
+  if (!fd.ok()) return fd.status();
+  PendingRestore p;
+  p.sock.reset(*fd);
+  wire::RestoreBody body;
+  body.target_pid = r.pid;
+  body.uid = r.uid;
+  body.flags = r.lazy ? static_cast<uint32_t>(wire::kRestoreLazy) : 0u;
+  body.arena_bytes = r.arena_bytes;
+  wire::put_cstr(body.token, sizeof(body.token), r.token);
+  wire::put_cstr(body.job, sizeof(body.job), r.job);
+  (void)send_with_fds(p.sock.get(), &body, sizeof(body), {d.get()});  // a refusal at the hello is read below
+  // Rebuilding a large GPU state takes as long as it takes.
+  timeval none{0, 0};
+  (void)setsockopt(p.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  wire::Welcome w;
+  POS_RETURN_IF_ERROR(recv_all(p.sock.get(), &w, sizeof(w)).with_context("posd's answer"));
+  POS_RETURN_IF_ERROR(check_welcome(w));
+  for (;;) {
+    wire::ControlEvent e;
+    Status s = recv_all(p.sock.get(), &e, sizeof(e));
+    if (!s.ok()) return Status::Unavailable("the restoring session ended before the GPU state was up (" + s.message() + ")");
+    if (e.magic != wire::kEventMagic) return Status::Corrupt("posd sent a malformed restore event");
+    if (e.type == static_cast<uint32_t>(wire::EventType::kResult)) {
+      if (e.code != 0) return event_status(e);
+      return Status::Corrupt("posd ended the restore before the job was restored");
+    }
+    if (e.type == static_cast<uint32_t>(wire::EventType::kProgress) && wire::get_cstr(e.phase, sizeof(e.phase)) == "restored") {
+      p.gpu_s = e.total_s, p.bytes = e.total, p.handles = e.handles;
+      return p;
+    }
+  }
+}
+
+Status finish_restore(PendingRestore& p, uint32_t pid) {
+  wire::RestoreGo go;
+  go.pid = pid;
+  POS_RETURN_IF_ERROR(send_all(p.sock.get(), &go, sizeof(go)).with_context("telling the session the job is restored"));
+  timeval t{75, 0};  // the session answers within a minute either way
+  (void)setsockopt(p.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+  for (;;) {
+    wire::ControlEvent e;
+    Status s = recv_all(p.sock.get(), &e, sizeof(e));
+    if (!s.ok()) return Status::Unavailable("the restored job's session ended before it re-attached (" + s.message() + ")");
+    if (e.magic != wire::kEventMagic) return Status::Corrupt("posd sent a malformed restore event");
+    if (e.type == static_cast<uint32_t>(wire::EventType::kResult)) return e.code == 0 ? Status::Ok() : event_status(e);
+  }
 }
 
 Status grant_reattach(const std::string& permit, const std::string& socket_path) {
   const std::string tmp = permit + ".tmp";
-  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  // Readable by the job's user (it names a socket, no secret): a job that is not root reads it.
+  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  (void)::fchmod(f.get(), 0644);  // whatever the umask
   const std::string text = socket_path + "\n";
   if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
     return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "pos/base/status.h"
+#include "remoting/common/unique_fd.h"
 
 namespace pos {
 
@@ -32,8 +33,29 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
 // shim has released its session (every call it made handled), with the session token. The job's
 // calls wait until the file `permit` (an absolute path) appears, or `timeout_ms` passes; then it
 // re-attaches by itself.
+// *arena_bytes (if given) gets the size of the job's session arena, which a restore needs.
 StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
-                                  uint32_t timeout_ms);
+                                  uint32_t timeout_ms, uint64_t* arena_bytes = nullptr);
+// `pos-cli restore`'s GPU half (docs/dump_restore.md), in two steps on one connection.
+struct RestoreRequest {
+  uint32_t pid = 0, uid = 0;  // the dumped job's
+  uint64_t arena_bytes = 0;
+  std::string token, job;
+  bool lazy = false;
+};
+struct PendingRestore {
+  UniqueFd sock;        // open until finish_restore; closing it abandons the restore
+  double gpu_s = 0;     // posd's time to rebuild the GPU state
+  uint64_t bytes = 0, handles = 0;  // device memory and handles of the restored client
+};
+// Asks posd to rebuild the job's GPU state from `dir`/gpu (through this process's descriptor of
+// `dir`) in a new session process, which then waits for the job to re-attach with `token`. Returns
+// once the GPU state is up.
+StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std::string& dir, const RestoreRequest& r);
+// Tells the session CRIU restored the job as `pid`, and waits (up to a minute) until the job has
+// re-attached to it.
+Status finish_restore(PendingRestore& pending, uint32_t pid);
+
 // Lets a detached job re-attach: writes `permit` (atomically), naming the socket of the posd to
 // come back to (empty: the one it left).
 Status grant_reattach(const std::string& permit, const std::string& socket_path = "");

@@ -18,8 +18,10 @@
 #include <filesystem>
 
 #include "ckpt/criu.h"
+#include "ckpt/image.h"
 #include "pos/base/text.h"
 #include "remoting/common/unique_fd.h"
+#include "remoting/server/job_manifest.h"
 
 namespace pos {
 namespace {
@@ -37,6 +39,10 @@ Status write_file(const std::string& path, const std::string& text, mode_t mode)
     return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
   f.reset();
   if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::Unavailable("cannot write " + path + ": " + std::strerror(errno));
+  // The rename itself durable: a crash after the dump's report never loses the file.
+  const std::string parent = path.substr(0, path.rfind('/') + 1);
+  UniqueFd d(::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d || ::fsync(d.get()) != 0) return Status::Unavailable("cannot sync " + parent + ": " + std::strerror(errno));
   return Status::Ok();
 }
 
@@ -63,13 +69,21 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     if (fs::exists(fs::symlink_status(dir + "/" + part)))
       return Status::InvalidArgument(dir + " already holds an image (" + part + "): name an empty or new directory");
   const std::string permit = dir + "/.reattach";
+  // The manifest keeps paths as printable text: one that is not would not read back the same.
+  for (const std::string* p : {&permit, &o.socket})
+    if (printable(*p) != *p || p->size() >= 500)
+      return Status::InvalidArgument("the path " + printable(*p) + " holds control characters or is too long for an image");
+  struct stat owner {};
+  if (::stat(("/proc/" + std::to_string(o.pid)).c_str(), &owner) != 0)
+    return Status(Code::kNotFound, 0, "pid " + std::to_string(o.pid) + " does not exist");
   (void)::unlink(permit.c_str());
 
   JobDumpReport r;
   say("detach");
   auto t = std::chrono::steady_clock::now();
   // The job comes back by itself after 10 minutes if this process dies before it says so.
-  auto token = posd_detach(o.socket, o.pid, permit, 600'000);
+  uint64_t arena_bytes = 0;
+  auto token = posd_detach(o.socket, o.pid, permit, 600'000, &arena_bytes);
   if (!token.ok()) return token.status().with_context("detaching the job");
   r.detach_s = seconds_since(t);
   // From here every failure lets the job run on and removes this dump's parts.
@@ -162,15 +176,23 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     return why;
   };
   if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
-  char m[2048];
-  std::snprintf(m, sizeof(m),
-                "{\"format\":1,\"pid\":%u,\"socket\":%s,\"leave_running\":%s,\"shell_job\":%s,\"gpu\":\"gpu\","
-                "\"criu\":\"criu\",\"cut\":%llu,\"gpu_bytes\":%llu,\"handles\":%llu}\n",
-                o.pid, json_string(o.socket).c_str(), o.leave_running ? "true" : "false", co.shell_job ? "true" : "false",
-                (unsigned long long)r.gpu.cut_pc, (unsigned long long)r.gpu.bytes_stored,
-                (unsigned long long)r.gpu.handles);
+  JobManifest m;
+  m.pid = o.pid;
+  m.uid = owner.st_uid;
+  m.socket = o.socket;
+  m.permit = permit;
+  m.arena_bytes = arena_bytes;
+  m.leave_running = o.leave_running;
+  m.shell_job = co.shell_job;
+  m.cut = r.gpu.cut_pc, m.gpu_bytes = r.gpu.bytes_stored, m.handles = r.gpu.handles;
+  {
+    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
+    if (!img.ok()) return drop(img.status().with_context("reading back the GPU part"));
+    m.job = printable((*img)->client().client().job_name());
+    m.gpu_image_id = (*img)->inventory().image_id();
+  }
   r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, m, 0600); !s.ok()) return drop(s);
+  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) return drop(s);
   r.total_s = seconds_since(t0);
   return r;
 }

@@ -66,7 +66,7 @@ struct PosdServer::Handshake {
   wire::Hello hello;
   size_t got = 0;  // bytes of the hello so far
   // A checkpoint or detach request's body after its hello, and a descriptor that came with it.
-  alignas(8) std::byte body[sizeof(wire::DetachBody)] = {};
+  alignas(8) std::byte body[std::max(sizeof(wire::DetachBody), sizeof(wire::RestoreBody))] = {};
   size_t body_got = 0;
   UniqueFd passed;
   std::chrono::steady_clock::time_point deadline;
@@ -555,7 +555,10 @@ bool CRYPTO_memcmp_like(const char* a, const char* b, size_t n) {
 size_t body_size(const wire::Hello& h) {
   if (h.magic != wire::kHelloMagic || h.kind != static_cast<uint32_t>(wire::HelloKind::kControl)) return 0;
   const std::string c = wire::get_cstr(h.command, sizeof(h.command));
-  return c == "checkpoint" ? sizeof(wire::CheckpointBody) : c == "detach" ? sizeof(wire::DetachBody) : 0;
+  return c == "checkpoint" ? sizeof(wire::CheckpointBody)
+         : c == "detach"   ? sizeof(wire::DetachBody)
+         : c == "restore"  ? sizeof(wire::RestoreBody)
+                           : 0;
 }
 
 }  // namespace
@@ -612,6 +615,7 @@ void PosdServer::on_hello(Handshake& h) {
     const std::string command = wire::get_cstr(hello.command, sizeof(hello.command));
     if (command == "checkpoint") control_checkpoint(h);
     else if (command == "detach") control_detach(h);
+    else if (command == "restore") control_restore(h);
     else control(fd, command);
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kReattach)) {
     set_blocking(fd);
@@ -859,9 +863,79 @@ void PosdServer::reattach(Handshake& h) {
   {
     std::lock_guard<std::mutex> io(target->io);
     target->token.clear();  // one use
-    sent = send_with_fds(target->channel.get(), &m, sizeof(m), {h.fd.get()});
+    // With the session memfd the job maps (a restored session takes it over).
+    sent = h.passed ? send_with_fds(target->channel.get(), &m, sizeof(m), {h.fd.get(), h.passed.get()})
+                    : send_with_fds(target->channel.get(), &m, sizeof(m), {h.fd.get()});
   }
   if (!sent.ok()) refuse_connection(h.fd.get(), Status::Unavailable("the job's session process is gone"));
+}
+
+namespace {
+bool hex_token(const std::string& t) {
+  return t.size() == 32 && std::all_of(t.begin(), t.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+}  // namespace
+
+// `pos-cli restore`'s GPU half: a session process of its own rebuilds the job's GPU state from the
+// image (through pos-cli's descriptor of it) and waits, detached, for the job CRIU restores to
+// re-attach with the image's token. It answers pos-cli itself; posd routes the re-attach to it.
+void PosdServer::control_restore(Handshake& h) {
+  const int fd = h.fd.get();
+  wire::RestoreBody b;
+  std::memcpy(&b, h.body, sizeof(b));
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "restore request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  const std::string token = wire::get_cstr(b.token, sizeof(b.token));
+  if (b.magic != wire::kRestoreMagic || b.target_pid == 0 || b.target_pid > static_cast<uint32_t>(INT32_MAX) ||
+      (b.flags & ~static_cast<uint32_t>(wire::kRestoreLazy)) != 0 || !hex_token(token))
+    return refuse(Status::InvalidArgument("malformed restore request"));
+  if (b.arena_bytes < (1u << 20) || b.arena_bytes > config_.posd_arena_max)
+    return refuse(Status::InvalidArgument("the image's session arena (" + std::to_string(b.arena_bytes) +
+                                          " bytes) is outside 1 MiB .. posd.arena_max (" +
+                                          std::to_string(config_.posd_arena_max) + ")"));
+  struct stat st {};
+  if (!h.passed || ::fstat(h.passed.get(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return refuse(Status::InvalidArgument("a restore request must come with its image directory's descriptor"));
+  if (config_.posd_isolation != Isolation::kProcess)
+    return refuse(Status::FailedPrecondition("this posd runs with posd.isolation: shared; jobs are restored into session processes only"));
+  const uint32_t caller = caller_uid(h);
+  if (Status a = authorize_job_control(caller, b.uid, "restore"); !a.ok()) return refuse(a);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sessions_)
+      if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid)
+        return refuse(Status::Busy("pid " + std::to_string(b.target_pid) +
+                                   " has a session on this posd already (is the dumped job still running?)"));
+  }
+  if (live_sessions() >= config_.max_clients)
+    return refuse(Status(Code::kOutOfMemory, cuda::kErrorInitializationError,
+                         "posd serves " + std::to_string(config_.max_clients) + " sessions already (client.max_clients)"));
+  set_blocking(fd);
+  auto s = std::make_unique<Session>();
+  s->cred.pid = static_cast<pid_t>(b.target_pid);
+  s->cred.uid = b.uid;
+  s->cred.gid = static_cast<gid_t>(-1);
+  s->job = printable(wire::get_cstr(b.job, sizeof(b.job)), kMaxJobNameBytes);
+  s->arena_bytes = b.arena_bytes;
+  s->generation = ++next_generation_;
+  s->token = token;  // the restored job's re-attach comes here (once)
+  session_channel::Start start;
+  start.kind = static_cast<uint32_t>(session_channel::Kind::kRestore);
+  start.pid = static_cast<int32_t>(b.target_pid);
+  start.uid = b.uid;
+  start.generation = s->generation;
+  start.arena_bytes = b.arena_bytes;
+  start.flags = b.flags;
+  auto p = spawn_session_process(session_binary_, fd, start, s->job, config_yaml_, session_env_, h.passed.get());
+  if (!p.ok()) return refuse(Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));
+  s->child = p->pid;
+  s->channel = std::move(p->channel);
+  POS_INFO("posd", "restore of pid %u ('%s', uid %u) for uid %u in session process %d", b.target_pid, s->job.c_str(),
+           b.uid, caller, static_cast<int>(s->child));
+  std::lock_guard<std::mutex> lk(mu_);
+  sessions_.push_back(std::move(s));
 }
 
 void PosdServer::control(int fd, const std::string& command) {

@@ -115,6 +115,7 @@ class PosdServer {
   StatusOr<Session*> job_session(uint32_t pid, uint32_t caller);
   void control_detach(Handshake& h);
   void reattach(Handshake& h);
+  void control_restore(Handshake& h);
   void reap_finished();
   size_t live_sessions() const;
   Status prepare_socket_dir();

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/image.h"
 #include "pos/base/log.h"
 #include "pos/base/thread.h"
 #include "pos/checkpoint/checkpoint.h"
@@ -187,7 +189,8 @@ class CheckpointRunner {
 // A detach waits for the job's shim (up to its timeout): in a thread, one at a time.
 class DetachRunner {
  public:
-  void start(SessionControl* ctl, UniqueFd client, const sc::Message& m) {
+  // `arena_bytes`: the session's arena, told to pos-cli with the token (a restore needs it).
+  void start(SessionControl* ctl, UniqueFd client, const sc::Message& m, uint64_t arena_bytes) {
     wire::DetachRequest req;
     req.timeout_ms = m.timeout_ms;
     std::memcpy(req.token, m.token, sizeof(req.token));
@@ -195,12 +198,12 @@ class DetachRunner {
     req.token[sizeof(req.token) - 1] = '\0', req.permit[sizeof(req.permit) - 1] = '\0';
     const int c = client.get();
     if (!one_.start("the session process's detach thread", "posd-session-det",
-                    [ctl, cl = std::move(client), req]() mutable { run(ctl, cl.get(), req); }))
+                    [ctl, cl = std::move(client), req, arena_bytes]() mutable { run(ctl, cl.get(), req, arena_bytes); }))
       refuse_connection(c, Status::Busy("a detach of this job is already under way"));
   }
 
  private:
-  static void run(SessionControl* ctl, int client, const wire::DetachRequest& req) {
+  static void run(SessionControl* ctl, int client, const wire::DetachRequest& req, uint64_t arena_bytes) {
     int fl = ::fcntl(client, F_GETFL);
     if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
     wire::Welcome w;
@@ -212,6 +215,7 @@ class DetachRunner {
     r.code = static_cast<int32_t>(s.code());
     r.api_error = s.api_error();
     wire::put_cstr(r.message, sizeof(r.message), s.ok() ? std::string(req.token) : s.message());
+    r.total = arena_bytes;
     (void)send_packet(client, &r, sizeof(r)).ok();
   }
 
@@ -219,7 +223,7 @@ class DetachRunner {
 };
 
 void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
-                  const SessionProgress* progress, SessionControl* ctl) {
+                  const SessionProgress* progress, SessionControl* ctl, uint64_t arena_bytes) {
   CheckpointRunner checkpoints;  // joined as the loop returns: the session's client outlives it
   DetachRunner detaches;
   auto end_session = [&] {
@@ -248,12 +252,12 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
         req.type == static_cast<uint32_t>(sc::Type::kDetach) && fds[0]) {
-      detaches.start(ctl, std::move(fds[0]), req);
+      detaches.start(ctl, std::move(fds[0]), req, arena_bytes);
       continue;
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
         req.type == static_cast<uint32_t>(sc::Type::kReattach) && fds[0]) {
-      if (Status s = ctl->reattach(fds[0]); !s.ok()) refuse_connection(fds[0].get(), s);
+      if (Status s = ctl->reattach(fds[0], fds[1]); !s.ok()) refuse_connection(fds[0].get(), s);
       continue;
     }
     if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
@@ -280,6 +284,137 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
       return;
     }
   }
+}
+
+
+void send_event(int fd, const wire::ControlEvent& e) { (void)send_packet(fd, &e, sizeof(e)).ok(); }
+
+wire::ControlEvent result_event(const Status& s, const std::string& ok_message) {
+  wire::ControlEvent r;
+  r.type = static_cast<uint32_t>(wire::EventType::kResult);
+  r.code = static_cast<int32_t>(s.code());
+  r.api_error = s.api_error();
+  wire::put_cstr(r.message, sizeof(r.message), s.ok() ? ok_message : s.message());
+  return r;
+}
+
+// kRestore (pos-cli restore, docs/dump_restore.md): the client is rebuilt from the image at the
+// addresses it had, then the session waits, detached, for the job CRIU restores to re-attach with
+// the session memory it maps. pos-cli's connection (descriptor 4) hears "restored" once the GPU
+// state is up; pos-cli then restores the process and says so (RestoreGo), and hears the result once
+// the job has re-attached. pos-cli hanging up before its RestoreGo abandons the restore.
+int serve_restored(int channel, const sc::Start& start, const std::string& job, const Config& config,
+                   POSWorkspace& ws) {
+  const int cli = sc::kClientFd;
+  int fl = ::fcntl(cli, F_GETFL);
+  if (fl >= 0) (void)::fcntl(cli, F_SETFL, fl & ~O_NONBLOCK);
+  timeval tv{10, 0};  // a pos-cli that stops reading loses its answers; the restore goes on
+  (void)setsockopt(cli, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  wire::Welcome w;
+  (void)send_packet(cli, &w, sizeof(w)).ok();
+  auto fail = [&](const Status& why) {
+    POS_WARN("posd-session", "restore of pid %d (%s) failed: %s", start.pid, job.c_str(), why.to_string().c_str());
+    send_event(cli, result_event(why, ""));
+    return 1;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  // Through pos-cli's own descriptor: posd's user never resolves the caller's path.
+  auto opened = ckpt::ImageReader::open_dir("/proc/self/fd/" + std::to_string(sc::kDirFd) + "/gpu");
+  if (!opened.ok()) return fail(opened.status().with_context("the image's GPU part"));
+  std::shared_ptr<const ckpt::ImageReader> image(std::move(*opened));
+  const wire::Layout layout = wire::layout_for(start.arena_bytes);
+  // The session memory's range, reserved now: the client's host range must name it from its first
+  // call, and the memory itself (the job's own memfd) comes only with the re-attach.
+  void* at = ::mmap(nullptr, layout.total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (at == MAP_FAILED) return fail(Status::Unavailable(std::string("reserving the session memory: ") + std::strerror(errno)));
+  RestoreOptions ro;
+  ro.lazy = (start.flags & wire::kRestoreLazy) != 0;
+  ro.host_base = reinterpret_cast<uint64_t>(at) + layout.arena_offset;
+  ro.host_size = layout.arena_bytes;
+  ro.devices = config.posd_devices;
+  auto uuid = ws.restore(image, ro);
+  if (!uuid.ok()) {
+    ::munmap(at, layout.total);
+    return fail(uuid.status());
+  }
+  {
+    wire::ControlEvent e;
+    e.type = static_cast<uint32_t>(wire::EventType::kProgress);
+    wire::put_cstr(e.phase, sizeof(e.phase), "restored");
+    if (auto c = ws.find_client(*uuid)) {
+      const ClientStats st = c->stats();
+      e.total = st.memory_in_use, e.handles = st.live_handles;
+    }
+    e.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    send_event(cli, e);
+  }
+  POS_INFO("posd-session", "restored client %lu of pid %d (%s)%s; waiting for the job to re-attach",
+           (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "");
+
+  UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
+  std::atomic<bool> stopping{false};
+  SessionProgress progress;
+  SessionControl ctl;
+  SessionSpec spec;
+  spec.fd = -1;
+  spec.pid = start.pid;
+  spec.uid = start.uid;
+  spec.job = job;
+  spec.arena_bytes = start.arena_bytes;
+  spec.devices = config.posd_devices;
+  spec.generation = start.generation;
+  spec.stop_fd = stop_fd.get();
+  spec.keep_spinning = [&stopping] { return !stopping.load(std::memory_order_acquire); };
+  spec.control = &ctl;
+  spec.restored_uuid = *uuid;
+  spec.reserved = at;
+  std::thread control, watcher;
+  Status t = start_thread(&control, "the session process's control thread", [&] {
+    name_this_thread("posd-session-ctl");
+    control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, &ws, &progress, &ctl, start.arena_bytes);
+  });
+  if (t.ok())
+    t = start_thread(&watcher, "the restore's watcher thread", [&] {
+      name_this_thread("posd-session-rst");
+      // pos-cli's RestoreGo (CRIU restored the job), or its hang-up (abandoned), or the session's end.
+      wire::RestoreGo go;
+      size_t got = 0;
+      while (got < sizeof(go)) {
+        pollfd p[2] = {{cli, POLLIN, 0}, {done_fd.get(), POLLIN, 0}};
+        if (::poll(p, 2, -1) < 0 && errno == EINTR) continue;
+        if (p[1].revents != 0) return;
+        const ssize_t r = ::recv(cli, reinterpret_cast<char*>(&go) + got, sizeof(go) - got, MSG_DONTWAIT);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r <= 0) {
+          ctl.cancel("pos-cli abandoned the restore before the job was restored");
+          return;
+        }
+        got += static_cast<size_t>(r);
+      }
+      if (go.magic != wire::kRestoreMagic || go.pid == 0 || go.pid > static_cast<uint32_t>(INT32_MAX)) {
+        ctl.cancel("pos-cli sent a malformed restore message");
+        return;
+      }
+      ctl.watch_pid(static_cast<int32_t>(go.pid));
+      const bool attached = ctl.wait_attached(std::chrono::seconds(60));
+      send_event(cli, result_event(attached ? Status::Ok()
+                                            : Status::Unavailable("the restored job did not re-attach to its session"),
+                                   "re-attached"));
+    });
+  if (!t.ok()) {
+    ctl.cancel(t.message());
+    if (!control.joinable()) {
+      ::munmap(at, layout.total);
+      (void)ws.remove_client(*uuid);
+      return fail(t);
+    }
+  }
+  serve_session(ws, spec, &progress);
+  const uint64_t one = 1;
+  (void)!::write(done_fd.get(), &one, sizeof(one));
+  if (watcher.joinable()) watcher.join();
+  if (control.joinable()) control.join();
+  return 0;
 }
 
 }  // namespace
@@ -326,7 +461,7 @@ std::vector<std::string> environment_snapshot() {
 
 StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd, sc::Start start,
                                                const std::string& job, const std::string& config_yaml,
-                                               const std::vector<std::string>& env) {
+                                               const std::vector<std::string>& env, int dir_fd) {
   if (job.size() > sc::kMaxJobBytes || config_yaml.size() > sc::kMaxConfigBytes)
     return Status::InvalidArgument("job name or config too long for a session process");
   int sv[2];
@@ -337,7 +472,9 @@ StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int cl
   // close-on-exec on the copy).
   UniqueFd ch(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10));
   UniqueFd cl(client_fd >= 0 ? ::fcntl(client_fd, F_DUPFD_CLOEXEC, 10) : -1);
-  if (!ch || (client_fd >= 0 && !cl)) return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
+  UniqueFd dd(dir_fd >= 0 ? ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 10) : -1);
+  if (!ch || (client_fd >= 0 && !cl) || (dir_fd >= 0 && !dd))
+    return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
   theirs.reset();
   // Sent before the process exists: the packet waits in the socket (a config is well under its buffer).
   start.magic = sc::kMagic, start.version = sc::kVersion;
@@ -354,7 +491,8 @@ StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int cl
   posix_spawnattr_init(&at);
   posix_spawn_file_actions_adddup2(&fa, ch.get(), sc::kChannelFd);
   if (cl) posix_spawn_file_actions_adddup2(&fa, cl.get(), sc::kClientFd);
-  posix_spawn_file_actions_addclosefrom_np(&fa, sc::kClientFd + 1);
+  if (dd) posix_spawn_file_actions_adddup2(&fa, dd.get(), sc::kDirFd);
+  posix_spawn_file_actions_addclosefrom_np(&fa, (dd ? sc::kDirFd : sc::kClientFd) + 1);
   sigset_t none, defaults;
   sigemptyset(&none);
   sigemptyset(&defaults);
@@ -461,6 +599,7 @@ int session_process_main() {
     libs.push_back(h);
   }
   const bool probe = start.kind == static_cast<uint32_t>(sc::Kind::kProbe);
+  const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
   if (!probe) config.max_clients = 1;  // one client, in slot 0 of a window of its own
   StatusOr<std::unique_ptr<POSWorkspace>> ws = st.ok() ? create_workspace(config) : StatusOr<std::unique_ptr<POSWorkspace>>(st);
   int rc = 0;
@@ -472,6 +611,8 @@ int session_process_main() {
              ws.status().to_string().c_str());
     refuse_connection(sc::kClientFd, ws.status());
     rc = 1;
+  } else if (restore) {
+    rc = serve_restored(channel, start, job, config, **ws);
   } else {
     UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
     std::atomic<bool> stopping{false};
@@ -491,7 +632,8 @@ int session_process_main() {
     std::thread control;
     Status t = start_thread(&control, "the session process's control thread", [&] {
       name_this_thread("posd-session-ctl");
-      control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, ws->get(), &progress, &session_control);
+      control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, ws->get(), &progress, &session_control,
+                   start.arena_bytes);
     });
     if (!t.ok()) {
       refuse_connection(sc::kClientFd, t);

@@ -22,15 +22,16 @@ namespace pos {
 namespace session_channel {
 inline constexpr uint32_t kMagic = 0x53534f50;  // "POSS"
 inline constexpr uint32_t kVersion = 1;
-inline constexpr int kChannelFd = 3, kClientFd = 4;
+// kRestore: descriptor 4 is pos-cli's connection, 5 the image directory.
+inline constexpr int kChannelFd = 3, kClientFd = 4, kDirFd = 5;
 inline constexpr uint32_t kMaxConfigBytes = 1u << 20;
 inline constexpr uint32_t kMaxJobBytes = 1024;
 
-enum class Kind : uint32_t { kServe = 1, kProbe = 2 };
+enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3 };
 // kCheckpoint carries two descriptors (SCM_RIGHTS): pos-cli's connection and the image directory;
 // the session process answers pos-cli on that connection (wire::ControlEvent), not posd.
 // kDetach carries pos-cli's connection (answered by the session process); kReattach the job's new
-// connection.
+// connection and the session memfd the job maps.
 enum class Type : uint32_t { kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5 };
 
 // posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of
@@ -41,7 +42,8 @@ struct Start {
   int32_t pid = 0;  // the client's
   uint32_t uid = 0, job_len = 0;
   uint64_t generation = 0, arena_bytes = 0;
-  uint32_t config_len = 0, reserved = 0;
+  uint32_t config_len = 0;
+  uint32_t flags = 0;  // kRestore: wire::RestoreFlags
 };
 
 // Either way, fixed size.
@@ -80,12 +82,14 @@ struct SessionProcess {
 // starts, so that spawning never reads `environ` while an embedder's thread changes it.
 std::vector<std::string> environment_snapshot();
 
-// Starts `binary` with the channel as descriptor 3 and `client_fd` (may be -1: a probe) as 4, in a
+// Starts `binary` with the channel as descriptor 3, `client_fd` (may be -1: a probe) as 4 and
+// `dir_fd` (may be -1; a restore's image directory) as 5, in a
 // process group of its own (a terminal's Ctrl-C reaches posd, which ends sessions in order), with
 // no signal blocked and environment `env`, and sends it `start` with the job and posd's config.
 StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd,
                                                session_channel::Start start, const std::string& job,
-                                               const std::string& config_yaml, const std::vector<std::string>& env);
+                                               const std::string& config_yaml, const std::vector<std::string>& env,
+                                               int dir_fd = -1);
 
 // Sends a request and waits up to `timeout` for its Report. An ended process is kUnavailable.
 StatusOr<session_channel::Message> query_session(int channel, std::chrono::milliseconds timeout);

@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -61,6 +62,34 @@ struct SessionMemory {
     registered = true;
     return Status::Ok();
   }
+  // A restored session: the layout is known, its range reserved at `at` (base, owned from now on);
+  // the memory itself comes with the job's re-attach (adopt).
+  void reserve(uint64_t arena_bytes, void* at, DeviceBackend* b) {
+    backend = b;
+    layout = wire::layout_for(arena_bytes);
+    base = static_cast<std::byte*>(at);
+  }
+  bool adopted() const { return memfd >= 0; }
+  // Takes over the job's own session memfd (CRIU restored it with the job's mapping of it): it must
+  // be the layout's size and sealed against shrinking and growing (so the job cannot take pages
+  // from under this mapping), then it is mapped over the reservation and page-locked.
+  Status adopt(UniqueFd fd) {
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != layout.total)
+      return Status::InvalidArgument("the job's session memory is not a file of " + std::to_string(layout.total) + " bytes");
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+      return Status::InvalidArgument("the job's session memory is not sealed against resizing (not a posd memfd)");
+    if (::mmap(base, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0) != base)
+      return Status::Unavailable(std::string("mapping the job's session memory: ") + std::strerror(errno));
+    efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+    Status s = backend->host_register(base + layout.arena_offset, layout.arena_bytes);
+    if (!s.ok()) return s.with_context("page-locking the session arena");
+    registered = true;
+    memfd = fd.release();
+    return Status::Ok();
+  }
 };
 
 ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_t arena_bytes) {
@@ -109,14 +138,35 @@ Status SessionControl::detach(const wire::DetachRequest& request, std::chrono::m
   return Status::Ok();
 }
 
-Status SessionControl::reattach(UniqueFd& fd) {
+Status SessionControl::reattach(UniqueFd& fd, UniqueFd& memfd) {
   std::lock_guard<std::mutex> lk(mu_);
   if (state_.load() != kDetached) return Status::FailedPrecondition("the session is not detached");
   if (pending_) return Status::Busy("another re-attach is under way");
   pending_ = std::move(fd);
+  pending_memfd_ = std::move(memfd);
   const uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
   return Status::Ok();
+}
+
+void SessionControl::watch_pid(int32_t pid) {
+  std::lock_guard<std::mutex> lk(mu_);
+  watch_pid_ = pid;
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+}
+
+void SessionControl::cancel(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancelled_ = why;
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+}
+
+bool SessionControl::wait_attached(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return state_.load() == kAttached || state_.load() == kEnded; });
+  return state_.load() == kAttached;
 }
 
 void SessionControl::mark_detached() {
@@ -126,10 +176,24 @@ void SessionControl::mark_detached() {
   cv_.notify_all();
 }
 
-UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string* why) {
+UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string* why, UniqueFd* memfd) {
   // Readable once the job's process has ended (Linux >= 5.3; without it only posd's stop ends the wait).
   UniqueFd job(pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)) : -1);
   for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!cancelled_.empty()) {
+        *why = cancelled_;
+        return UniqueFd();
+      }
+      if (!job && pid <= 0 && watch_pid_ > 0) {
+        job.reset(static_cast<int>(::syscall(SYS_pidfd_open, watch_pid_, 0)));
+        if (!job && errno == ESRCH) {
+          *why = "the restored job ended before it re-attached";
+          return UniqueFd();
+        }
+      }
+    }
     pollfd p[3] = {{wake_.get(), POLLIN, 0}, {stop_fd, POLLIN, 0}, {job.get(), POLLIN, 0}};
     const int n = ::poll(p, job ? 3 : 2, -1);
     if (n < 0 && errno == EINTR) continue;
@@ -144,7 +208,10 @@ UniqueFd SessionControl::wait_for_reattach(int stop_fd, int32_t pid, std::string
     uint64_t v;
     (void)!::read(wake_.get(), &v, sizeof(v));
     std::lock_guard<std::mutex> lk(mu_);
-    if (pending_) return std::move(pending_);
+    if (pending_) {
+      *memfd = std::move(pending_memfd_);
+      return std::move(pending_);
+    }
   }
 }
 
@@ -160,11 +227,15 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   int fd = spec.fd;
   UniqueFd reattached;  // the connection of a re-attachment (spec.fd is the caller's)
   auto mem = std::make_unique<SessionMemory>();
-  Status st = mem->create(spec.arena_bytes, &ws.backend());
+  const bool restored = spec.restored_uuid != 0 && spec.control != nullptr && spec.reserved != nullptr;
+  Status st;
+  if (restored) mem->reserve(spec.arena_bytes, spec.reserved, &ws.backend());
+  else st = mem->create(spec.arena_bytes, &ws.backend());
   std::byte* const arena = mem->base == nullptr ? nullptr : mem->base + mem->layout.arena_offset;
   StatusOr<ClientUuid> uuid =
-      st.ok() ? ws.create_client(spec.job, session_options(spec, arena, mem->layout.arena_bytes))
-              : StatusOr<ClientUuid>(st);
+      restored ? StatusOr<ClientUuid>(spec.restored_uuid)
+      : st.ok() ? ws.create_client(spec.job, session_options(spec, arena, mem->layout.arena_bytes))
+                : StatusOr<ClientUuid>(st);
   if (!uuid.ok()) {
     POS_WARN("posd", "session for pid %d (%s) refused: %s", spec.pid, spec.job.c_str(),
              uuid.status().to_string().c_str());
@@ -196,15 +267,16 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     std::memcpy(CMSG_DATA(c), fds, sizeof(fds));
     return ::sendmsg(to, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(w));
   };
-  if (!welcome(fd)) {
+  if (!restored && !welcome(fd)) {
     POS_WARN("posd", "pid %d left during the handshake", spec.pid);
     (void)ws.remove_client(*uuid);
     return;
   }
-  POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes", (unsigned long)*uuid, spec.pid,
-           spec.uid, spec.job.c_str(), (unsigned long)mem->layout.arena_bytes);
+  POS_INFO("posd", "session %lu: pid %d uid %u job '%s', arena %lu bytes%s", (unsigned long)*uuid, spec.pid,
+           spec.uid, spec.job.c_str(), (unsigned long)mem->layout.arena_bytes,
+           restored ? ", restored: waiting for the job to re-attach" : "");
   SessionControl* const ctl = spec.control;
-  if (ctl != nullptr) ctl->attached(fd);
+  if (ctl != nullptr && !restored) ctl->attached(fd);
 
   auto* hdr = reinterpret_cast<wire::ShmHeader*>(mem->base);
   std::byte* ring = mem->base + mem->layout.ring_offset;
@@ -241,8 +313,14 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
               why.message().c_str());
     end_reason = "malformed frame";
   };
+  // A restored session starts where a dump left its job: detached, waiting for it to re-attach.
+  bool serving = !restored;
+  if (restored) {
+    end_reason = "detached";
+    ctl->mark_detached();
+  }
   for (;;) {
-   for (;;) {
+   for (; serving;) {
     const uint64_t tail = hdr->tail.load(std::memory_order_acquire);
     if (tail != head) {
       if (tail < head || tail - head > ring_bytes) {
@@ -367,15 +445,32 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     // Detached: the connection goes. The session memory stays, and the job keeps its mapping of it:
     // its pinned memory (the arena) never moves while its threads may touch it. So do the client
     // and its GPU state, until the job re-attaches (or posd stops, or the job ends).
-    ctl->mark_detached();  // before the close: no one sends on this connection any more
-    ::shutdown(fd, SHUT_RDWR);
-    reattached.reset();
-    if (fd == spec.fd) ::close(spec.fd);
-    fd = -1;
-    POS_INFO("posd", "session %lu (pid %d, '%s'): detached after call %lu", (unsigned long)*uuid, spec.pid,
-             spec.job.c_str(), (unsigned long)last_seq);
-    UniqueFd next = ctl->wait_for_reattach(spec.stop_fd, spec.pid, &end_reason);
+    if (serving) {
+      ctl->mark_detached();  // before the close: no one sends on this connection any more
+      ::shutdown(fd, SHUT_RDWR);
+      reattached.reset();
+      if (fd == spec.fd) ::close(spec.fd);
+      fd = -1;
+      POS_INFO("posd", "session %lu (pid %d, '%s'): detached after call %lu", (unsigned long)*uuid, spec.pid,
+               spec.job.c_str(), (unsigned long)last_seq);
+    }
+    // A restored session's job does not exist yet (CRIU restores it after this session is up):
+    // its pid is watched once pos-cli says CRIU has restored it (SessionControl::watch_pid).
+    UniqueFd job_memfd;
+    UniqueFd next = ctl->wait_for_reattach(spec.stop_fd, serving ? spec.pid : 0, &end_reason, &job_memfd);
     if (!next) break;
+    if (!mem->adopted()) {
+      // The job's own session memory, which CRIU restored with it: its pinned memory stays where
+      // it is, with what it held, and this session serves it from now on.
+      if (Status a = mem->adopt(std::move(job_memfd)); !a.ok()) {
+        POS_WARN("posd", "session %lu (pid %d, '%s'): re-attach refused: %s", (unsigned long)*uuid, spec.pid,
+                 spec.job.c_str(), a.to_string().c_str());
+        refuse_connection(next.get(), a);
+        end_reason = "the restored job's session memory was refused (" + a.message() + ")";
+        break;
+      }
+    }
+    serving = true;
     // The same memory, its header as new: the ring starts over.
     auto* fresh = new (mem->base) wire::ShmHeader();
     fresh->magic = wire::kShmMagic;

@@ -27,8 +27,17 @@ class SessionControl {
   // Asks the job's shim to detach and waits up to `timeout` until it has: every frame it published
   // handled, its shared memory and connection released. The session keeps its client meanwhile.
   Status detach(const wire::DetachRequest& request, std::chrono::milliseconds timeout);
-  // Hands a re-attaching connection to a detached session's loop (taken only on success).
-  Status reattach(UniqueFd& fd);
+  // Hands a re-attaching connection, and the session memfd its job maps, to a detached session's
+  // loop (both taken only on success).
+  Status reattach(UniqueFd& fd, UniqueFd& memfd);
+  // A restored session (pos-cli restore): from now on it ends when process `pid` (the job CRIU
+  // restored) ends; before this, only a re-attach, cancel() or posd's stop ends its wait.
+  void watch_pid(int32_t pid);
+  // Ends a detached session's wait for its job: the restore was abandoned.
+  void cancel(const std::string& why);
+  // Waits up to `timeout` for the session to be attached (a restored job's re-attach); false if it
+  // ended first or the time passed.
+  bool wait_attached(std::chrono::milliseconds timeout);
   bool detaching() const { return state_.load(std::memory_order_acquire) == kDetaching; }
 
   // For the serving loop.
@@ -36,9 +45,10 @@ class SessionControl {
   void ended();
   // The job has let go of its connection: no detach request is sent on it any more.
   void mark_detached();
-  // Detached: blocks until a re-attaching connection comes (returned), stop_fd fires or the job's
-  // process `pid` ends (a dump that ended it, a kill: empty, and *why says which).
-  UniqueFd wait_for_reattach(int stop_fd, int32_t pid, std::string* why);
+  // Detached: blocks until a re-attaching connection comes (returned, with the memfd that came with
+  // it in *memfd), stop_fd fires, cancel() is called or the job's process `pid` (0: the one
+  // watch_pid names) ends (a dump that ended it, a kill: empty, and *why says which).
+  UniqueFd wait_for_reattach(int stop_fd, int32_t pid, std::string* why, UniqueFd* memfd);
 
  private:
   enum State : int { kStarting, kAttached, kDetaching, kDetached, kEnded };
@@ -46,8 +56,10 @@ class SessionControl {
   std::condition_variable cv_;
   std::atomic<int> state_{kStarting};
   int fd_ = -1;         // the current attachment's connection (kAttached, kDetaching)
-  UniqueFd pending_;    // a re-attaching connection, for the loop
+  UniqueFd pending_, pending_memfd_;  // a re-attaching connection and its memfd, for the loop
   UniqueFd wake_;       // eventfd: the loop waits on it while detached
+  int32_t watch_pid_ = 0;   // guarded by mu_
+  std::string cancelled_;   // guarded by mu_: why the wait was abandoned
 };
 
 // What posd knows of an admitted session when it starts serving it.
@@ -61,6 +73,12 @@ struct SessionSpec {
   uint64_t generation = 0;       // the client's uuid generation; 0: the workspace's next
   int stop_fd = -1;              // readable once the session is to end (posd stopping)
   SessionControl* control = nullptr;  // detach and re-attach; none: a hang-up always ends the session
+  // A restored session (pos-cli restore): its client exists already (restored from the image) and
+  // the session starts detached, waiting for the job to re-attach with the memfd it maps, which
+  // then goes at `reserved` (an address range of the layout for arena_bytes, reserved by the caller,
+  // where the client's host range already points). Needs `control`.
+  uint64_t restored_uuid = 0;
+  void* reserved = nullptr;
   std::function<bool()> keep_spinning;  // false once the session is to end: an idle loop stops spinning
 };
 

@@ -1,0 +1,169 @@
+// job_manifest.cc — the manifest's writer and its strict reader: a flat JSON object (strings,
+// unsigned numbers, booleans), read by hand because a restore must reject every malformed byte.
+#include "remoting/server/job_manifest.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "pos/base/text.h"
+
+namespace pos {
+
+std::string manifest_json(const JobManifest& m) {
+  auto u = [](uint64_t v) { return std::to_string(v); };
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  return "{\"format\":" + u(m.format) + ",\"pid\":" + u(m.pid) + ",\"uid\":" + u(m.uid) + ",\"job\":" + json_string(m.job) +
+         ",\"socket\":" + json_string(m.socket) + ",\"permit\":" + json_string(m.permit) +
+         ",\"arena_bytes\":" + u(m.arena_bytes) + ",\"leave_running\":" + b(m.leave_running) +
+         ",\"shell_job\":" + b(m.shell_job) + ",\"cut\":" + u(m.cut) + ",\"gpu_bytes\":" + u(m.gpu_bytes) +
+         ",\"handles\":" + u(m.handles) + ",\"gpu_image_id\":" + json_string(m.gpu_image_id) + ",\"gpu\":" + json_string(m.gpu) + ",\"criu\":" + json_string(m.criu) + "}\n";
+}
+
+namespace {
+
+struct Value {
+  enum Kind { kString, kNumber, kBool } kind = kString;
+  std::string s;
+  uint64_t n = 0;
+  bool b = false;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& t) : t_(t) {}
+  Status object(std::map<std::string, Value>* out) {
+    skip();
+    if (!eat('{')) return bad("it does not start with '{'");
+    skip();
+    if (eat('}')) return end();
+    for (;;) {
+      std::string key;
+      POS_RETURN_IF_ERROR(string(&key));
+      skip();
+      if (!eat(':')) return bad("no ':' after \"" + key + "\"");
+      skip();
+      Value v;
+      POS_RETURN_IF_ERROR(value(&v));
+      if (!out->emplace(key, std::move(v)).second) return bad("\"" + key + "\" appears twice");
+      skip();
+      if (eat('}')) return end();
+      if (!eat(',')) return bad("no ',' or '}' after \"" + key + "\"");
+      skip();
+    }
+  }
+
+ private:
+  Status end() {
+    skip();
+    return i_ == t_.size() ? Status::Ok() : bad("bytes follow the object");
+  }
+  Status value(Value* v) {
+    if (i_ < t_.size() && t_[i_] == '"') {
+      v->kind = Value::kString;
+      return string(&v->s);
+    }
+    if (t_.compare(i_, 4, "true") == 0) return i_ += 4, v->kind = Value::kBool, v->b = true, Status::Ok();
+    if (t_.compare(i_, 5, "false") == 0) return i_ += 5, v->kind = Value::kBool, v->b = false, Status::Ok();
+    if (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9') {
+      v->kind = Value::kNumber;
+      const size_t start = i_;
+      while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9') {
+        if (i_ - start >= 19) return bad("a number is too large");
+        v->n = v->n * 10 + static_cast<uint64_t>(t_[i_++] - '0');
+      }
+      return Status::Ok();
+    }
+    return bad("a value is not a string, an unsigned number or a boolean");
+  }
+  Status string(std::string* out) {
+    if (!eat('"')) return bad("a string was expected");
+    for (;;) {
+      if (i_ >= t_.size()) return bad("a string does not end");
+      const char c = t_[i_++];
+      if (c == '"') break;
+      if (static_cast<unsigned char>(c) < 0x20) return bad("a string holds a control character");
+      if (c != '\\') {
+        *out += c;
+        continue;
+      }
+      if (i_ >= t_.size()) return bad("a string does not end");
+      const char e = t_[i_++];
+      if (e == '"' || e == '\\' || e == '/') *out += e;
+      else if (e == 'u') {
+        // json_string writes \u00XX for control characters only: those are refused.
+        return bad("a string holds an escaped character");
+      } else return bad("a string holds an unknown escape");
+    }
+    if (!is_utf8(*out)) return bad("a string is not UTF-8");
+    return Status::Ok();
+  }
+  void skip() {
+    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\n' || t_[i_] == '\t' || t_[i_] == '\r')) ++i_;
+  }
+  bool eat(char c) {
+    if (i_ < t_.size() && t_[i_] == c) return ++i_, true;
+    return false;
+  }
+  Status bad(const std::string& why) const {
+    return Status::Corrupt("the manifest is not valid: " + why + " (at byte " + std::to_string(i_) + ")");
+  }
+  const std::string& t_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+StatusOr<JobManifest> parse_manifest(const std::string& text) {
+  if (text.size() > 64 * 1024) return Status::Corrupt("the manifest is not valid: it is larger than 64 KiB");
+  std::map<std::string, Value> v;
+  POS_RETURN_IF_ERROR(Reader(text).object(&v));
+  JobManifest m;
+  auto want = [&](const char* key, Value::Kind kind) -> const Value* {
+    auto it = v.find(key);
+    if (it == v.end() || it->second.kind != kind) return nullptr;
+    return &it->second;
+  };
+  auto missing = [](const char* key, const char* type) {
+    return Status::Corrupt(std::string("the manifest is not valid: \"") + key + "\" (" + type + ") is missing or of another type");
+  };
+  const Value* f = want("format", Value::kNumber);
+  if (f == nullptr) return missing("format", "a number");
+  if (f->n != JobManifest::kFormat)
+    return Status::Corrupt("the manifest is format " + std::to_string(f->n) + "; this pos-cli reads format " +
+                           std::to_string(JobManifest::kFormat));
+  struct NumberField { const char* key; uint64_t* out; };
+  uint64_t pid = 0, uid = 0;
+  for (const NumberField& n : {NumberField{"pid", &pid}, NumberField{"uid", &uid}, NumberField{"arena_bytes", &m.arena_bytes},
+                               NumberField{"cut", &m.cut}, NumberField{"gpu_bytes", &m.gpu_bytes},
+                               NumberField{"handles", &m.handles}}) {
+    const Value* x = want(n.key, Value::kNumber);
+    if (x == nullptr) return missing(n.key, "a number");
+    *n.out = x->n;
+  }
+  if (pid == 0 || pid > 0x7fffffff) return Status::Corrupt("the manifest names no valid pid");
+  if (uid > 0xfffffffe) return Status::Corrupt("the manifest names no valid uid");
+  if (m.arena_bytes == 0) return Status::Corrupt("the manifest names no session arena");
+  m.pid = static_cast<uint32_t>(pid), m.uid = static_cast<uint32_t>(uid);
+  struct StringField { const char* key; std::string* out; };
+  for (const StringField& s : {StringField{"job", &m.job}, StringField{"socket", &m.socket}, StringField{"permit", &m.permit},
+                               StringField{"gpu_image_id", &m.gpu_image_id},
+                               StringField{"gpu", &m.gpu}, StringField{"criu", &m.criu}}) {
+    const Value* x = want(s.key, Value::kString);
+    if (x == nullptr) return missing(s.key, "a string");
+    *s.out = x->s;
+  }
+  for (const std::string* part : {&m.gpu, &m.criu})
+    if (part->empty() || part->find('/') != std::string::npos || *part == "." || *part == "..")
+      return Status::Corrupt("the manifest names a part outside its directory (\"" + *part + "\")");
+  if (m.permit.empty() || m.permit[0] != '/') return Status::Corrupt("the manifest's permit is not an absolute path");
+  struct BoolField { const char* key; bool* out; };
+  for (const BoolField& b : {BoolField{"leave_running", &m.leave_running}, BoolField{"shell_job", &m.shell_job}}) {
+    const Value* x = want(b.key, Value::kBool);
+    if (x == nullptr) return missing(b.key, "a boolean");
+    *b.out = x->b;
+  }
+  return m;
+}
+
+}  // namespace pos

@@ -1,0 +1,149 @@
+// job_restore.cc — the restore's phases in order (check everything, GPU state, CRIU, re-attach),
+// each timed; a failure before CRIU changes nothing, one after it ends the half-restored job.
+#include "remoting/server/job_restore.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/criu.h"
+#include "ckpt/image.h"
+#include "remoting/server/control_client.h"
+#include "remoting/server/job_manifest.h"
+
+namespace pos {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A small file of the image, bounded: the image is input like any other.
+StatusOr<std::string> read_small(const std::string& path, size_t max) {
+  UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!f) return Status::Corrupt("the image has no " + path + " (" + std::strerror(errno) + ")");
+  std::string text(max + 1, '\0');
+  size_t got = 0;
+  for (;;) {
+    const ssize_t r = ::read(f.get(), text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::Unavailable("cannot read " + path + ": " + std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+    if (got > max) return Status::Corrupt(path + " is larger than " + std::to_string(max) + " bytes");
+  }
+  text.resize(got);
+  return text;
+}
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase) {
+    if (o.progress) o.progress(phase);
+  };
+  if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
+  say("check");
+  // Everything is checked before anything changes.
+  auto criu = ckpt::find_criu();
+  if (!criu.ok()) return criu.status();
+  char real[PATH_MAX];
+  if (::realpath(o.dir.c_str(), real) == nullptr)
+    return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
+  const std::string dir = real;
+  auto text = read_small(dir + "/manifest", 64 * 1024);
+  if (!text.ok()) return text.status().with_context(dir + " is not a pos-cli dump image");
+  auto m = parse_manifest(*text);
+  if (!m.ok()) return m.status().with_context(dir + "/manifest");
+  auto token = read_small(dir + "/token", 64);
+  if (!token.ok()) return token.status();
+  std::string tok = *token;
+  while (!tok.empty() && tok.back() == '\n') tok.pop_back();
+  if (tok.size() != 32 || tok.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return Status::Corrupt(dir + "/token is not a session token (32 hex digits)");
+  struct stat ts {};
+  if (::stat((dir + "/token").c_str(), &ts) == 0 && (ts.st_mode & 077) != 0)
+    return Status::FailedPrecondition(dir + "/token is readable by others (mode " + std::to_string(ts.st_mode & 0777) +
+                                      "): whoever reads it could take the job's session; chmod 600 it");
+  const std::string gpu_dir = dir + "/" + m->gpu, criu_dir = dir + "/" + m->criu;
+  auto image = ckpt::ImageReader::open_dir(gpu_dir);
+  if (!image.ok()) return image.status().with_context("the image's GPU part " + gpu_dir);
+  if ((*image)->inventory().cut_pc() != m->cut || (*image)->inventory().image_id() != m->gpu_image_id)
+    return Status::Corrupt("the GPU part " + gpu_dir + " is not the one the manifest names (cut " +
+                           std::to_string((*image)->inventory().cut_pc()) + ", image " + (*image)->inventory().image_id() +
+                           "; the manifest: cut " + std::to_string(m->cut) + ", image " + m->gpu_image_id + ")");
+  for (const std::string& f : {std::string("inventory.img"), std::string("pstree.img"), "core-" + std::to_string(m->pid) + ".img"})
+    if (!exists(criu_dir + "/" + f))
+      return Status::Corrupt("the image's CPU part " + criu_dir + " has no " + f + " (not CRIU's dump of pid " +
+                             std::to_string(m->pid) + ")");
+  if (::kill(static_cast<pid_t>(m->pid), 0) == 0 || errno == EPERM)
+    return Status::FailedPrecondition("pid " + std::to_string(m->pid) +
+                                      " is in use (is the dumped job still running?): CRIU restores the job under its own pid");
+  const std::string permit_dir = m->permit.substr(0, m->permit.rfind('/'));
+  struct stat pd {};
+  if (::stat(permit_dir.empty() ? "/" : permit_dir.c_str(), &pd) != 0 || !S_ISDIR(pd.st_mode))
+    return Status::FailedPrecondition("the image was dumped to " + permit_dir +
+                                      ", where the restored job looks for its permit to re-attach: restore it from there");
+  char sock_real[PATH_MAX];
+  if (::realpath(o.socket.c_str(), sock_real) == nullptr)
+    return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
+  JobRestoreReport r;
+  r.pid = m->pid;
+  r.check_s = seconds_since(t0);
+
+  say("gpu");
+  auto t = std::chrono::steady_clock::now();
+  RestoreRequest req;
+  req.pid = m->pid, req.uid = m->uid;
+  req.arena_bytes = m->arena_bytes;
+  req.token = tok;
+  req.job = m->job;
+  req.lazy = o.lazy;
+  auto pending = begin_restore(sock_real, dir, req);
+  if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
+  r.gpu_s = seconds_since(t);
+  r.gpu_bytes = pending->bytes, r.handles = pending->handles;
+
+  say("criu");
+  t = std::chrono::steady_clock::now();
+  // The job looks for its permit first thing once CRIU lets it run: it is there already, naming
+  // the posd that holds its GPU state now.
+  if (Status s = grant_reattach(m->permit, sock_real); !s.ok()) return s.with_context("letting the job re-attach");
+  ckpt::CriuRestoreOptions co;
+  co.shell_job = m->shell_job;
+  auto pid = ckpt::criu_restore(*criu, criu_dir, co);
+  r.criu_s = seconds_since(t);
+  if (!pid.ok()) {
+    (void)::unlink(m->permit.c_str());
+    return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
+  }
+
+  say("reattach");
+  t = std::chrono::steady_clock::now();
+  if (Status s = finish_restore(*pending, static_cast<uint32_t>(*pid)); !s.ok()) {
+    // Half a job is no job: the restored tree goes; the image is unchanged, so a later restore can work.
+    ::kill(*pid, SIGKILL);
+    (void)::unlink(m->permit.c_str());
+    return s.with_context("the restored job did not re-attach, so it was ended");
+  }
+  r.reattach_s = seconds_since(t);
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+}  // namespace pos

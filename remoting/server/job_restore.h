@@ -1,0 +1,34 @@
+// job_restore.h — `pos-cli restore`: a job saved by `pos-cli dump` brought back whole — its GPU state
+// rebuilt by posd at the same addresses, its process tree by CRIU, re-attached (docs/dump_restore.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "pos/base/status.h"
+
+namespace pos {
+
+struct JobRestoreOptions {
+  std::string dir;     // the image (pos-cli dump's -D)
+  std::string socket;  // the posd to restore into (any posd of this host: the one dumped from or another)
+  bool lazy = false;   // the job runs on while its device bytes load (each buffer before first use)
+  // Phase names: "check", "gpu", "criu", "reattach".
+  std::function<void(const char* phase)> progress;
+};
+
+struct JobRestoreReport {
+  uint32_t pid = 0;
+  uint64_t gpu_bytes = 0, handles = 0;
+  double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0;
+};
+
+// Checks the whole image first (manifest, token, the GPU part's structure and its tie to the
+// manifest, CRIU's images, the job's pid free, CRIU usable) and changes nothing if any check fails.
+// Then posd rebuilds the GPU state in a new session, CRIU restores the process tree, and the job
+// re-attaches to that session with the image's token and runs on from its cut. A failure after
+// CRIU restored the tree ends the restored tree (the image stays as it was: restore it again).
+StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& options);
+
+}  // namespace pos
