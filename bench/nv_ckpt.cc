@@ -26,11 +26,14 @@ int g_pid = 0;
 
 void usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s PID [--repeat N] [--bytes N]\n"
+               "usage: %s PID [--repeat N] [--bytes N] [--only checkpoint|restore]\n"
                "  PID        a running CUDA process (same user, or run as root)\n"
                "  --repeat N lock/checkpoint/restore/unlock cycles, N >= 1 (default 1)\n"
                "  --bytes N  device memory the target holds, as its launcher knows it; adds bytes= and\n"
-               "             GB/s (1e9 bytes/s) to the output (the driver does not report it)\n",
+               "             GB/s (1e9 bytes/s) to the output (the driver does not report it)\n"
+               "  --only checkpoint  lock and checkpoint once, and leave the target CHECKPOINTED (its device\n"
+               "             state in host memory: then CRIU can dump it, as cuda-checkpoint + CRIU do)\n"
+               "  --only restore     restore and unlock a CHECKPOINTED target (after CRIU restored it)\n",
                argv0);
 }
 
@@ -113,6 +116,7 @@ bool parse_num(std::string_view s, T& out) {
 
 int main(int argc, char** argv) {
   int repeat = 1;
+  std::string_view only;  // "", "checkpoint", "restore"
   uint64_t bytes = 0;
   bool have_bytes = false;
   bool have_pid = false;
@@ -121,6 +125,15 @@ int main(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       usage(argv[0]);
       return 0;
+    }
+    if (a == "--only") {
+      if (i + 1 >= argc || (std::string_view(argv[i + 1]) != "checkpoint" && std::string_view(argv[i + 1]) != "restore")) {
+        std::fprintf(stderr, "nv_ckpt: --only needs checkpoint or restore\n");
+        usage(argv[0]);
+        return 2;
+      }
+      only = argv[++i];
+      continue;
     }
     if (a == "--repeat" || a == "--bytes") {
       if (i + 1 >= argc) {
@@ -164,6 +177,27 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (only == "restore") {
+    // The second half of cuda-checkpoint + CRIU: CRIU has restored the process, its device state
+    // is still in host memory; put it back and let it run.
+    expect_state(CU_PROCESS_STATE_CHECKPOINTED, "CRIU's restore");
+    CUcheckpointRestoreArgs ra{};
+    auto t0 = std::chrono::steady_clock::now();
+    if (const CUresult r = cuCheckpointProcessRestore(g_pid, &ra); r != CUDA_SUCCESS) {
+      report("cuCheckpointProcessRestore", r);
+      return 1;
+    }
+    const double restore_ms = ms_since(t0);
+    CUcheckpointUnlockArgs ua{};
+    t0 = std::chrono::steady_clock::now();
+    if (const CUresult r = cuCheckpointProcessUnlock(g_pid, &ua); r != CUDA_SUCCESS) {
+      report("cuCheckpointProcessUnlock", r);
+      return 1;
+    }
+    std::printf("nv_ckpt pid=%d restore_ms=%.3f unlock_ms=%.3f\n", g_pid, restore_ms, ms_since(t0));
+    return 0;
+  }
+  if (only == "checkpoint") repeat = 1;
   for (int rep = 0; rep < repeat; ++rep) {
     // Only a RUNNING target can be locked; anything else means a previous run left it frozen.
     CUprocessState s{};
@@ -196,6 +230,10 @@ int main(int argc, char** argv) {
     }
     const double ckpt_ms = ms_since(t0);
     expect_state(CU_PROCESS_STATE_CHECKPOINTED, "checkpoint");
+    if (only == "checkpoint") {
+      std::printf("nv_ckpt pid=%d lock_ms=%.3f checkpoint_ms=%.3f\n", g_pid, lock_ms, ckpt_ms);
+      return 0;  // left CHECKPOINTED on purpose
+    }
 
     // No GPU remapping: the target comes back on the GPUs it left.
     CUcheckpointRestoreArgs ra{};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_run.sh — everything issue #3 proves on a GPU machine, in one call: build there, run the CI suites
 # and the `gpu` suite, then the GPU benches (native vs POS side by side). Results under $OUT.
-# Flags: --quick (tests only), --ckpt (tests, checkpoint benches), --multi (tests, then the `multigpu`
+# Flags: --quick (tests only), --ckpt (tests, checkpoint benches), --restore (tests, pos-cli dump/restore vs NVIDIA + CRIU), --multi (tests, then the `multigpu`
 # suite: needs two GPUs of one model, e.g. the nvidia-h200-x2 machine), --ab REV (no tests: builds
 # commit REV beside this tree and runs the A/B benches, REV = A, this tree = B: pipeline_ab.sh and
 # posd_step_ab.sh; POS_SKIP_TESTS is implied).
@@ -11,11 +11,12 @@ OUT="${OUT:-$ROOT/device-out}"
 B="${POS_GPU_BUILD:-/tmp/pos-build}"
 mkdir -p "$OUT"
 export PATH="/usr/local/cuda/bin:$PATH"
-QUICK=0; CKPT_ONLY=0; POSD_ONLY=0; MULTI=0; AB_REV=""
+QUICK=0; CKPT_ONLY=0; POSD_ONLY=0; MULTI=0; RESTORE=0; AB_REV=""
 [[ "${1:-}" == "--ab" ]] && { AB_REV="${2:?--ab needs a commit}"; export POS_SKIP_TESTS=1; }
 [[ "${1:-}" == "--quick" ]] && QUICK=1      # tests only, no benches
 [[ "${1:-}" == "--ckpt" ]] && CKPT_ONLY=1   # tests, then only the checkpoint benches
 [[ "${1:-}" == "--posd" ]] && POSD_ONLY=1   # tests, then only the remoting (posd) benches
+[[ "${1:-}" == "--restore" ]] && RESTORE=1  # tests, then bench/job_restore_bench.sh (pos-cli dump/restore vs NVIDIA + CRIU)
 [[ "${1:-}" == "--multi" ]] && MULTI=1      # tests, then the multigpu suite (two GPUs of one model), no benches
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${POS_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -129,6 +130,11 @@ posd_benches() {
   kill -TERM $posd_pid; wait $posd_pid; echo "posd exit: $?"
   rmdir "$SOCK_DIR" 2>/dev/null || true
 }
+if [[ $RESTORE -eq 1 ]]; then
+  echo "== pos-cli dump / restore of the 8 GiB MLP job vs NVIDIA's checkpoint API + CRIU"
+  bash "$ROOT/bench/job_restore_bench.sh" "$B" 2>&1 | tee "$OUT/job_restore_bench.txt"
+  exit $GPU_RC
+fi
 if [[ $CKPT_ONLY -eq 1 ]]; then ckpt_benches; exit $GPU_RC; fi
 if [[ $POSD_ONLY -eq 1 ]]; then posd_benches; exit $GPU_RC; fi
 

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# job_restore_bench.sh — issue #19's bench in one run: the MLP job under posd dumped with
+# --leave-running (its pause), dumped and restored (eager and --lazy: back to its next step), and the
+# same program run natively through NVIDIA's driver checkpoint + CRIU (stop to dump, back to its next step).
+#
+# Usage: bench/job_restore_bench.sh BUILD [--dir DIR] [--backend cuda|host] [-- job args...]
+# (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
+# Images go under DIR (default: a temporary directory on local disk), removed after. Prints a table.
+set -uo pipefail
+usage() { echo "usage: $0 BUILD [--dir DIR] [-- job args...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="" BACKEND=cuda
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dir) DIR="${2:?}"; shift 2 ;;
+    --backend) BACKEND="${2:?}"; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --steps 100000000)
+# Restored trees are reparented to the nearest child subreaper: this shell, so that it reaps them
+# (a zombie would keep its pid, and the next restore needs that pid).
+if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
+  export POS_BENCH_SUBREAPER=1
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" ${DIR:+--dir "$DIR"} --backend "$BACKEND" -- "${ARGS[@]}"
+fi
+CRIU="$ROOT/tools/criu"
+TMP=$(mktemp -d)
+[[ -n "$DIR" ]] || DIR="$TMP"
+mkdir -p "$DIR"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP" "$DIR"/img-*; }
+trap cleanup EXIT
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
+lines() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
+# Seconds until file $1 has more than $2 step lines (its next step after a restore), at most 120 s.
+until_next_step() {
+  local f=$1 n=$2 t0=$3
+  for i in $(seq 1 24000); do [[ $(lines "$f") -gt $n ]] && break; sleep 0.005; done
+  sub "$(now)" "$t0"
+}
+gone() { for i in $(seq 1 2000); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.005; done; return 1; }
+json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1"; }
+
+sock="$TMP/posd/posd.sock"
+printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n' "$BACKEND" "$sock" >"$TMP/posd.yaml"
+[[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
+"$B/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
+PIDS+=($!)
+for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+start_job() {  # $1: output file; the rest: env prefix ("" for native)
+  local out=$1; shift
+  env "$@" "$B/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >"$out" 2>"$out.err" &
+  JOB=$!
+  PIDS+=($JOB)
+  for i in $(seq 1 1200); do grep -q "^step 2 " "$out" && return 0; sleep 0.1; done
+  echo "the job did not reach step 2: $(tail -3 "$out.err")" >&2; return 1
+}
+POSENV=(POS_SOCKET="$sock" POS_JOB_NAME=bench LD_LIBRARY_PATH=/usr/local/cuda/lib64 LD_PRELOAD="$B/remoting/client/libpos_client.so")
+
+echo "== POS: pos-cli dump --leave-running --mode async"
+start_job "$TMP/job.out" "${POSENV[@]}" || exit 1
+"$B/tools/pos-cli" ps --socket "$sock"
+LR=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-lr" --leave-running --mode async --json --socket "$sock")
+echo "$LR"
+du -sh "$DIR/img-lr/gpu" "$DIR/img-lr/criu" 2>/dev/null
+GPU_BYTES=$(json "$LR" gpu_bytes)
+
+echo "== POS: pos-cli dump (the job ends), then restore, eager and --lazy"
+T0=$(now)
+D=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-stop" --mode async --json --socket "$sock")
+DUMP_S=$(sub "$(now)" "$T0")
+echo "$D"
+gone "$JOB"; wait "$JOB" 2>/dev/null
+SIZE=$(stat -c %s "$TMP/job.out"); N=$(lines "$TMP/job.out")
+declare -A BACK RS
+for how in eager lazy; do
+  truncate -s "$SIZE" "$TMP/job.out"  # CRIU restores open files at their size at the dump
+  flag=""; [[ $how == lazy ]] && flag="--lazy"
+  T0=$(now)
+  RS[$how]=$("$B/tools/pos-cli" restore -D "$DIR/img-stop" $flag --json --socket "$sock") || { echo "restore ($how) failed"; continue; }
+  BACK[$how]=$(until_next_step "$TMP/job.out" "$N" "$T0")
+  echo "${RS[$how]}"
+  echo "$how: back to its next step in ${BACK[$how]} s"
+  kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; sleep 0.5
+done
+tail -3 "$TMP/posd.log"
+
+echo "== NVIDIA: cuda checkpoint API + CRIU on the same program run natively"
+NV_STOP="" NV_BACK="" NV_CKPT="" NV_CRIU_D="" NV_CRIU_R="" NV_RESTORE=""
+if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/cuda/lib64; then
+  NJ=$JOB
+  mkdir -p "$DIR/img-nv"
+  T0=$(now)
+  C=$("$B/bench/nv_ckpt" "$NJ" --only checkpoint) && echo "$C" &&
+  T1=$(now) && "$CRIU" dump -t "$NJ" -D "$DIR/img-nv" -o dump.log --shell-job -v4 && NV_STOP=$(sub "$(now)" "$T0") &&
+    NV_CKPT=$(sub "$T1" "$T0") && NV_CRIU_D=$(sub "$(now)" "$T1")
+  if [[ -n "$NV_STOP" ]]; then
+    gone "$NJ"; wait "$NJ" 2>/dev/null
+    N2=$(lines "$TMP/nv.out")
+    du -sh "$DIR/img-nv"
+    T0=$(now)
+    "$CRIU" restore -D "$DIR/img-nv" -o restore.log --shell-job --restore-detached -v4 && T1=$(now) &&
+      R=$("$B/bench/nv_ckpt" "$NJ" --only restore) && echo "$R" && NV_CRIU_R=$(sub "$T1" "$T0") &&
+      NV_RESTORE=$(sub "$(now)" "$T1") && NV_BACK=$(until_next_step "$TMP/nv.out" "$N2" "$T0")
+    [[ -n "$NV_BACK" ]] || grep -h "Error" "$DIR/img-nv/restore.log" | head -5
+    kill -KILL "$NJ" 2>/dev/null
+  else
+    grep -h "Error" "$DIR/img-nv/dump.log" 2>/dev/null | head -5
+  fi
+fi
+
+echo
+echo "| | POS | NVIDIA API + CRIU |"
+echo "|---|---|---|"
+echo "| device state | $GPU_BYTES bytes (job's buffers) | whole process |"
+echo "| job paused by a dump that leaves it running | $(json "$LR" pause_s) s | — (not offered) |"
+echo "| stop and dump (the job ends) | $DUMP_S s | ${NV_STOP:-failed} s (checkpoint ${NV_CKPT:-?} + CRIU ${NV_CRIU_D:-?}) |"
+echo "| restore, back to the next step (eager) | ${BACK[eager]:-failed} s | ${NV_BACK:-failed} s (CRIU ${NV_CRIU_R:-?} + restore ${NV_RESTORE:-?}) |"
+echo "| restore, back to the next step (--lazy) | ${BACK[lazy]:-failed} s | — |"
