@@ -68,6 +68,7 @@ start_job "$TMP/job.out" "${POSENV[@]}" || exit 1
 LR=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-lr" --leave-running --mode async --json --socket "$sock")
 echo "$LR"
 du -sh "$DIR/img-lr/gpu" "$DIR/img-lr/criu" 2>/dev/null
+rm -rf "$DIR/img-lr"  # disk room for the next images
 GPU_BYTES=$(json "$LR" gpu_bytes)
 
 echo "== POS: pos-cli dump (the job ends), then restore, eager and --lazy"
