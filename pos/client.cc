@@ -253,6 +253,9 @@ void POSClient::shutdown() {
   worker_bell_.ring();
   parser_thread_.join();
   worker_thread_.join();
+  // A checkpoint still draining reads this client's device memory (a dump whose job ended right
+  // after its cut: CRIU ends it while the bytes drain): its image is finished before the memory goes.
+  while (checkpointing_.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (lazy_) lazy_->stop();  // its copiers belong to the backend client
   if (backend_client_) {
     Status s = backend_client_->synchronize_all();

@@ -447,6 +447,36 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   expect_state();
 }
 
+// `pos-cli dump` without --leave-running: CRIU ends the job right after the cut while its bytes
+// still drain, and its session removes the client. The removal waits for the drain: the image is
+// whole and restores, instead of the drain reading device memory already freed.
+TEST_F(CheckpointTest, RemovingAClientWhileItsCheckpointDrainsFinishesTheImageFirst) {
+  build_state();
+  const std::string d = temp_dir("removed-while-draining");
+  std::atomic<bool> hold{true}, cut{false};
+  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
+  req.hold_drain = &hold;
+  req.on_cut = [&](uint64_t) { cut.store(true); };
+  StatusOr<CheckpointResult> result = Status::Internal("not run");
+  std::thread t([&] { result = dump(std::move(req)); });
+  while (!cut.load()) std::this_thread::yield();
+  std::atomic<bool> removed{false};
+  Status rm;
+  std::thread remover([&] {
+    rm = ws_->remove_client(client().uuid);
+    removed.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(removed.load()) << "the client went while its checkpoint still had every byte to drain";
+  hold.store(false);
+  t.join();
+  remover.join();
+  ASSERT_TRUE(rm.ok()) << rm.to_string();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  ASSERT_TRUE(restore_from(d).ok());
+  expect_state();
+}
+
 TEST_F(CheckpointTest, AnAutoSizedShadowPoolLetsTheJobRewriteEverythingWithoutWaiting) {
   build_state();
   const std::string d = temp_dir("auto-pool");
