@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "ckpt/criu.h"
 #include "ckpt/image.h"
@@ -114,7 +115,13 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   req.token = tok;
   req.job = m->job;
   req.lazy = o.lazy;
+  // The dumped job's own session may still be ending (freeing its device memory, which waits for
+  // the dump's drain): posd answers busy until it has; that takes seconds, not longer.
   auto pending = begin_restore(sock_real, dir, req);
+  for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pending = begin_restore(sock_real, dir, req);
+  }
   if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
   r.gpu_s = seconds_since(t);
   r.gpu_bytes = pending->bytes, r.handles = pending->handles;
