@@ -1,0 +1,93 @@
+// job_manifest_test.cc — DIR/manifest of a pos-cli dump image: what dump writes, restore reads back
+// the same; every malformed manifest is refused with what is wrong (restore changes nothing then).
+#include "remoting/server/job_manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace pos {
+namespace {
+
+JobManifest sample() {
+  JobManifest m;
+  m.pid = 4242, m.uid = 1000;
+  m.job = "train \"quoted\" \\ job";
+  m.socket = "/run/pos/posd.sock";
+  m.permit = "/data/img/.reattach";
+  m.arena_bytes = 256ull << 20;
+  m.leave_running = true, m.shell_job = false;
+  m.cut = 123456789012ull, m.gpu_bytes = 8843757572ull, m.handles = 51;
+  m.gpu_image_id = "0123456789abcdef0123456789abcdef";
+  return m;
+}
+
+void expect_refused(const std::string& text, const std::string& why) {
+  auto m = parse_manifest(text);
+  ASSERT_FALSE(m.ok()) << text;
+  EXPECT_EQ(m.status().code(), Code::kCorrupt) << m.status().to_string();
+  EXPECT_NE(m.status().message().find(why), std::string::npos) << m.status().message();
+}
+
+TEST(JobManifest, WhatADumpWritesARestoreReadsBackTheSame) {
+  const JobManifest m = sample();
+  auto back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->pid, m.pid);
+  EXPECT_EQ(back->uid, m.uid);
+  EXPECT_EQ(back->job, m.job);
+  EXPECT_EQ(back->socket, m.socket);
+  EXPECT_EQ(back->permit, m.permit);
+  EXPECT_EQ(back->arena_bytes, m.arena_bytes);
+  EXPECT_EQ(back->leave_running, true);
+  EXPECT_EQ(back->shell_job, false);
+  EXPECT_EQ(back->cut, m.cut);
+  EXPECT_EQ(back->gpu_bytes, m.gpu_bytes);
+  EXPECT_EQ(back->handles, m.handles);
+  EXPECT_EQ(back->gpu_image_id, m.gpu_image_id);
+  EXPECT_EQ(back->gpu, "gpu");
+  EXPECT_EQ(back->criu, "criu");
+}
+
+TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {
+  const std::string good = manifest_json(sample());
+  expect_refused("", "does not start with '{'");
+  expect_refused(good + "x", "bytes follow the object");
+  expect_refused(good.substr(0, good.size() / 2), "");
+  std::string dup = good;
+  dup.insert(1, "\"pid\":1,");
+  expect_refused(dup, "\"pid\" appears twice");
+  std::string wrong_type = good;
+  wrong_type.replace(wrong_type.find("\"pid\":4242"), 10, "\"pid\":\"4242\"");
+  expect_refused(wrong_type, "\"pid\" (a number) is missing or of another type");
+  std::string escape = good;
+  escape.replace(escape.find("posd.sock"), 9, "posd\\u0041");
+  expect_refused(escape, "escaped character");
+  std::string huge = good;
+  huge.replace(huge.find("\"handles\":51"), 12, "\"handles\":123456789012345678901");
+  expect_refused(huge, "too large");
+  expect_refused(std::string(70 * 1024, ' '), "larger than 64 KiB");
+}
+
+TEST(JobManifest, AManifestThatNamesNoJobOrPartsOutsideItsDirectoryIsRefused) {
+  JobManifest m = sample();
+  m.format = 1;
+  expect_refused(manifest_json(m), "format 1");
+  m = sample();
+  m.pid = 0;
+  expect_refused(manifest_json(m), "no valid pid");
+  m = sample();
+  m.arena_bytes = 0;
+  expect_refused(manifest_json(m), "no session arena");
+  for (const char* part : {"..", "../etc", "", "."}) {
+    m = sample();
+    m.criu = part;
+    expect_refused(manifest_json(m), "outside its directory");
+  }
+  m = sample();
+  m.permit = "relative/.reattach";
+  expect_refused(manifest_json(m), "not an absolute path");
+}
+
+}  // namespace
+}  // namespace pos
