@@ -298,6 +298,23 @@ wire::ControlEvent result_event(const Status& s, const std::string& ok_message) 
   return r;
 }
 
+// The session's spec from posd's Start: the parts both kinds of serving session share.
+SessionSpec spec_from_start(const sc::Start& start, const std::string& job, const Config& config, int fd, int stop_fd,
+                            std::atomic<bool>* stopping, SessionControl* control) {
+  SessionSpec spec;
+  spec.fd = fd;
+  spec.pid = start.pid;
+  spec.uid = start.uid;
+  spec.job = job;
+  spec.arena_bytes = start.arena_bytes;
+  spec.devices = config.posd_devices;
+  spec.generation = start.generation;
+  spec.stop_fd = stop_fd;
+  spec.keep_spinning = [stopping] { return !stopping->load(std::memory_order_acquire); };
+  spec.control = control;
+  return spec;
+}
+
 // kRestore (pos-cli restore, docs/dump_restore.md): the client is rebuilt from the image at the
 // addresses it had, then the session waits, detached, for the job CRIU restores to re-attach with
 // the session memory it maps. pos-cli's connection (descriptor 4) hears "restored" once the GPU
@@ -355,17 +372,7 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   std::atomic<bool> stopping{false};
   SessionProgress progress;
   SessionControl ctl;
-  SessionSpec spec;
-  spec.fd = -1;
-  spec.pid = start.pid;
-  spec.uid = start.uid;
-  spec.job = job;
-  spec.arena_bytes = start.arena_bytes;
-  spec.devices = config.posd_devices;
-  spec.generation = start.generation;
-  spec.stop_fd = stop_fd.get();
-  spec.keep_spinning = [&stopping] { return !stopping.load(std::memory_order_acquire); };
-  spec.control = &ctl;
+  SessionSpec spec = spec_from_start(start, job, config, -1, stop_fd.get(), &stopping, &ctl);
   spec.restored_uuid = *uuid;
   spec.reserved = at;
   std::thread control, watcher;
@@ -618,17 +625,7 @@ int session_process_main() {
     std::atomic<bool> stopping{false};
     SessionProgress progress;
     SessionControl session_control;
-    SessionSpec spec;
-    spec.fd = sc::kClientFd;
-    spec.pid = start.pid;
-    spec.uid = start.uid;
-    spec.job = job;
-    spec.arena_bytes = start.arena_bytes;
-    spec.devices = config.posd_devices;
-    spec.generation = start.generation;
-    spec.stop_fd = stop_fd.get();
-    spec.keep_spinning = [&stopping] { return !stopping.load(std::memory_order_acquire); };
-    spec.control = &session_control;
+    SessionSpec spec = spec_from_start(start, job, config, sc::kClientFd, stop_fd.get(), &stopping, &session_control);
     std::thread control;
     Status t = start_thread(&control, "the session process's control thread", [&] {
       name_this_thread("posd-session-ctl");
