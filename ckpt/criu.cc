@@ -127,6 +127,11 @@ StatusOr<std::string> find_criu() {
   return criu;
 }
 
+bool criu_tracks_memory(const std::string& criu) {
+  auto c = run({criu, "check", "--feature", "mem_dirty_track"});
+  return c.ok() && exited_ok(c->status);
+}
+
 Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, const CriuDumpOptions& o) {
   if (pid <= 0) return Status::InvalidArgument("criu dump: no process given");
   const char* log = o.pre_dump ? "pre-dump.log" : "dump.log";

@@ -16,6 +16,11 @@ namespace pos::ckpt {
 // Not found, too old (< 4) or failing `criu check`: an error naming the fix (tools/setup.sh).
 StatusOr<std::string> find_criu();
 
+// Whether this kernel lets CRIU track dirty memory (`criu check --feature mem_dirty_track`: the
+// soft-dirty bits), which pre-dump and incremental dumps need. Some kernels (VM kernels built
+// without CONFIG_MEM_SOFT_DIRTY) have none; then every dump saves all of the tree's memory.
+bool criu_tracks_memory(const std::string& criu);
+
 struct CriuDumpOptions {
   bool leave_running = false;  // the tree runs on after the dump (else CRIU ends it)
   bool shell_job = false;      // the tree shares the caller's session or terminal

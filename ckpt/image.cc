@@ -804,8 +804,10 @@ Status ImageReader::validate(int depth) {
   if (!s.ok()) return s.with_context(where);
   if (inventory_.has_parent()) {
     if (dir_.empty()) return Status::Unsupported("incremental memory images are not supported");
+    // Resolved by the kernel, not lexically: ".." after a symbolic link (an operator's `latest`,
+    // or /proc/self/fd/N, the directory a posd session was handed) is the link target's parent.
     const fs::path pp = fs::path(dir_) / inventory_.parent().path();
-    auto p = open_dir_at(pp.lexically_normal().string(), depth + 1);
+    auto p = open_dir_at(pp.string(), depth + 1);
     if (!p.ok()) return p.status().with_context(where + ": parent image");
     if ((*p)->inventory().image_id() != inventory_.parent().image_id())
       return Status::Corrupt(where + ": parent " + pp.string() + " is image " + (*p)->inventory().image_id() +

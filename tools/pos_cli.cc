@@ -86,51 +86,72 @@ int ps(const std::string& socket, bool json) {
 
 struct DumpArgs {
   int pid = 0;
-  std::string dir, mode = "sync", socket;
+  std::string dir, mode = "sync", socket, prev;
   bool leave_running = false, json = false;
 };
 
-int dump(const DumpArgs& a) {
+// dump and pre-dump: the same options, reports and progress.
+int dump(const DumpArgs& a, bool pre) {
+  const char* cmd = pre ? "pre-dump" : "dump";
   pos::JobDumpOptions o;
   o.socket = a.socket;
   o.pid = static_cast<uint32_t>(a.pid);
   o.dir = a.dir;
-  o.leave_running = a.leave_running;
-  o.async = a.mode == "async";
+  o.prev = a.prev;
+  o.leave_running = pre || a.leave_running;
+  o.async = pre || a.mode == "async";
   pos::StatusOr<pos::JobDumpReport> r = [&] {
-    Progress p("dumping GPU state");
+    Progress p("saving GPU state");
     const bool tty = ::isatty(STDERR_FILENO) == 1;
     o.progress = [&](const char* phase, uint64_t done, uint64_t total) {
       if (std::string(phase) == "gpu" && total > 0) p.update(done, total);
-      else if (tty) std::fprintf(stderr, "\r%-60s", (std::string("dump: ") + phase + "...").c_str());
+      else if (tty) std::fprintf(stderr, "\r%-60s", (std::string(cmd) + ": " + phase + "...").c_str());
     };
-    auto res = pos::dump_job(o);
+    auto res = pre ? pos::pre_dump_job(o) : pos::dump_job(o);
     if (tty) std::fputs("\r\033[K", stderr);
     return res;
   }();
   if (!r.ok()) {
-    std::fprintf(stderr, "pos-cli dump: %s\n", r.status().message().c_str());
+    std::fprintf(stderr, "pos-cli %s: %s\n", cmd, r.status().message().c_str());
     return 1;
   }
   if (a.json) {
-    std::printf("{\"pid\":%d,\"dir\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,\"handles\":%llu,"
-                "\"gpu_bytes\":%llu,\"gpu_image\":%s,\"criu_images\":%s,\"manifest\":%s,"
+    std::printf("{\"command\":\"%s\",\"pid\":%d,\"dir\":%s,\"prev\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,"
+                "\"handles\":%llu,\"gpu_bytes\":%llu,\"gpu_bytes_referenced\":%llu,\"gpu_image\":%s,"
+                "\"criu_images\":%s,\"criu_bytes\":%llu,\"criu_track_mem\":%s,\"criu_incremental\":%s,\"criu_note\":%s,"
+                "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"total_s\":%.6f},\"pause_s\":%.6f}\n",
-                a.pid, pos::json_string(a.dir).c_str(), a.leave_running ? "true" : "false", a.mode.c_str(),
-                (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles,
-                (unsigned long long)r->gpu.bytes_stored, pos::json_string(r->gpu.image).c_str(),
-                pos::json_string(r->criu_dir).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s, r->gpu_s,
-                r->gpu.stall_s, r->criu_s, r->resume_s, r->total_s, r->pause_s);
+                cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
+                o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
+                (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
+                (unsigned long long)r->gpu.bytes_referenced, pos::json_string(r->gpu.image).c_str(),
+                pos::json_string(r->criu_dir).c_str(), (unsigned long long)r->criu_bytes,
+                r->criu_track_mem ? "true" : "false", r->criu_incremental ? "true" : "false",
+                pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
+                r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->total_s, r->pause_s);
+    return 0;
+  }
+  const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
+                          (a.prev.empty() ? "" : ", " + std::to_string(r->gpu.bytes_referenced) + " unchanged in --prev");
+  const std::string cpu = r->criu_dir.empty() ? std::string("CPU state not pre-dumped")
+                          : std::string("CPU state by CRIU (") + std::to_string(r->criu_bytes) + " bytes" +
+                                (r->criu_incremental ? ", pages changed since --prev only" : "") + ")";
+  if (pre) {
+    std::printf("pre-dumped pid %d to %s: GPU state at call %llu (%llu handles, %s), %s; the job runs on; "
+                "GPU %.3f s, CRIU %.3f s, total %.3f s\n",
+                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles, gpu.c_str(),
+                cpu.c_str(), r->gpu_s, r->criu_s, r->total_s);
   } else {
-    std::printf("dumped pid %d to %s: GPU state cut at call %llu (%llu handles, %llu bytes), CPU state by CRIU; "
+    std::printf("dumped pid %d to %s: GPU state cut at call %llu (%llu handles, %s), %s; "
                 "%s; detach %.3f s, GPU %.3f s, CRIU %.3f s, total %.3f s\n",
-                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles,
-                (unsigned long long)r->gpu.bytes_stored,
+                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles, gpu.c_str(),
+                cpu.c_str(),
                 a.leave_running ? ("the job runs on (paused " + std::to_string(r->pause_s) + " s)").c_str()
                                 : "the job has ended",
                 r->detach_s, r->gpu_s, r->criu_s, r->total_s);
   }
+  if (!r->criu_note.empty()) std::printf("note: %s\n", r->criu_note.c_str());
   return 0;
 }
 
@@ -205,8 +226,22 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--mode", da.mode, "how the GPU bytes are drained: sync, or async (copy-on-write)")
       ->check(CLI::IsMember({"sync", "async"}))
       ->capture_default_str();
+  dump_cmd->add_option("--prev", da.prev,
+                       "an earlier dump or pre-dump of this job: save only what changed since (the image then needs it)");
   dump_cmd->add_flag("--json", da.json, "one JSON report");
   dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
+
+  DumpArgs pa;
+  pa.socket = pos::default_socket_path();
+  CLI::App* pre_cmd = app.add_subcommand(
+      "pre-dump", "save a running job's GPU state and memory without stopping it, as --prev of a later dump");
+  pre_cmd->add_option("-t,--tree", pa.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
+      CLI::PositiveNumber);
+  pre_cmd->add_option("-D,--images-dir", pa.dir, "where the pre-dump goes (made if missing; must hold no image)")
+      ->required();
+  pre_cmd->add_option("--prev", pa.prev, "an earlier pre-dump or dump of this job: save only what changed since");
+  pre_cmd->add_flag("--json", pa.json, "one JSON report");
+  pre_cmd->add_option("--socket", pa.socket, "posd's socket")->capture_default_str();
 
   RestoreArgs ra;
   ra.socket = pos::default_socket_path();
@@ -231,8 +266,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, restore, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, restore, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -245,17 +280,18 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, restore_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, restore, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
   if (ps_cmd->parsed()) return ps(socket, ps_json);
-  if (dump_cmd->parsed()) return dump(da);
+  if (dump_cmd->parsed()) return dump(da, false);
+  if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
   return 2;
 }

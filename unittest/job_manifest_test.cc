@@ -19,6 +19,9 @@ JobManifest sample() {
   m.leave_running = true, m.shell_job = false;
   m.cut = 123456789012ull, m.gpu_bytes = 8843757572ull, m.handles = 51;
   m.gpu_image_id = "0123456789abcdef0123456789abcdef";
+  m.prev = "../pre";
+  m.gpu_bytes_referenced = 77;
+  m.criu_track_mem = true, m.criu_parent = true;
   return m;
 }
 
@@ -47,6 +50,30 @@ TEST(JobManifest, WhatADumpWritesARestoreReadsBackTheSame) {
   EXPECT_EQ(back->gpu_image_id, m.gpu_image_id);
   EXPECT_EQ(back->gpu, "gpu");
   EXPECT_EQ(back->criu, "criu");
+  EXPECT_EQ(back->kind, "dump");
+  EXPECT_EQ(back->prev, "../pre");
+  EXPECT_EQ(back->gpu_bytes_referenced, 77u);
+  EXPECT_TRUE(back->criu_track_mem);
+  EXPECT_TRUE(back->criu_parent);
+}
+
+TEST(JobManifest, APreDumpNeedsNoArenaPermitOrCriuPartButADumpDoes) {
+  JobManifest m = sample();
+  m.kind = "pre-dump";
+  m.arena_bytes = 0, m.permit.clear(), m.criu.clear();
+  auto back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->kind, "pre-dump");
+  EXPECT_EQ(back->criu, "");
+  m.kind = "dump";
+  m.arena_bytes = 1;
+  m.permit = "/x/.reattach";
+  expect_refused(manifest_json(m), "outside its directory");
+  m.kind = "snapshot";
+  expect_refused(manifest_json(m), "neither \"dump\" nor \"pre-dump\"");
+  m = sample();
+  m.prev = "/abs/prev";
+  expect_refused(manifest_json(m), "not a relative, printable path");
 }
 
 TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {

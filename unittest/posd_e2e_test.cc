@@ -375,6 +375,91 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
   std::filesystem::remove(saved);
 }
 
+// The unsigned number after "key": in a one-line JSON report, or -1.
+long long json_number(const std::string& report, const std::string& key) {
+  const size_t at = report.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::atoll(report.c_str() + at + key.size() + 3);
+}
+
+// ZDTM shape, incremental: a job whose first layers are frozen is pre-dumped while it runs, then
+// dumped with --prev (it ends), and restored from the chain; it finishes as if never stopped. The
+// dump stores only the tensors written since the pre-dump (the frozen ones are left in it), and CRIU
+// only the pages changed since its pre-dump where this kernel tracks dirty memory (else the report
+// says why not). A pre-dump is refused as a restore point, and --prev of another job is refused.
+TEST_F(PosdProcess, APreDumpAndADumpWithPrevSaveOnlyWhatChangedAndTheChainRestores) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000", "--frozen", "2"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-chain-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", pre = base + ".pre", dir = base + ".img";
+  for (const std::string& d : {pre, dir}) std::filesystem::remove_all(d);
+  std::string a;
+  for (const auto& x : args) a += x + " ";
+  const pid_t child = start_job(preload_env(), train_cmd(a), "chained", out_file, [&] { return sessions_json(); },
+                                [&] { return log_text(); });
+  const std::string cli = env_or_fail("POS_CLI");
+  int code = -1;
+  std::string err;
+  const std::string pre_report =
+      shell(cli + " pre-dump -t " + std::to_string(child) + " -D " + pre + " --json --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  EXPECT_NE(pre_report.find("\"command\":\"pre-dump\""), std::string::npos) << pre_report;
+  EXPECT_GT(json_number(pre_report, "gpu_bytes"), 0) << pre_report;
+  ASSERT_EQ(kill(child, 0), 0) << "a pre-dump must leave the job running";
+  const bool tracked = pre_report.find("\"criu_track_mem\":true") != std::string::npos;
+  EXPECT_EQ(std::filesystem::exists(pre + "/criu"), tracked) << pre_report;
+  if (!tracked) {
+    EXPECT_NE(pre_report.find("tracks no dirty memory"), std::string::npos) << pre_report;
+  }
+
+  // A pre-dump is no restore point (and its job runs anyway).
+  (void)shell(cli + " restore -D " + pre + " --socket " + socket_, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("is a pre-dump"), std::string::npos) << err;
+
+  const std::string report = shell(cli + " dump -t " + std::to_string(child) + " -D " + dir + " --prev " + pre +
+                                        " --json --socket " + socket_,
+                                    &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  // The frozen layers' tensors are in the pre-dump, unchanged; the rest is stored again.
+  EXPECT_GT(json_number(report, "gpu_bytes_referenced"), 0) << report;
+  EXPECT_GT(json_number(report, "gpu_bytes"), 0) << report;
+  if (tracked) {
+    EXPECT_NE(report.find("\"criu_incremental\":true"), std::string::npos) << report;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/criu/parent")) << report;
+  } else {
+    EXPECT_NE(report.find("tracks no dirty memory"), std::string::npos) << report;
+  }
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;  // CRIU ended it
+  const std::string inspected = shell(cli + " inspect " + dir + "/gpu", &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
+
+  (void)shell(cli + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  {
+    std::ifstream f(out_file);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  }
+
+  // --prev must be this job's: another job's image is refused before anything happens to the job.
+  const pid_t other = start_job(preload_env(), train_cmd(a), "other", out_file, [&] { return sessions_json(); },
+                                [&] { return log_text(); });
+  std::filesystem::remove_all(base + ".other");
+  (void)shell(cli + " dump -t " + std::to_string(other) + " -D " + base + ".other --prev " + dir + " --socket " + socket_,
+              &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("not of this job"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(base + ".other/gpu"));
+  st = wait_for_exit(other, std::chrono::seconds(300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  for (const std::string& d : {pre, dir, base + ".other"}) std::filesystem::remove_all(d);
+  std::filesystem::remove(out_file);
+}
+
 // A restore checks the image before it changes anything: with the dumped job still running (its
 // pid taken), with a manifest that is not one, with a GPU part that is not the manifest's. Each is
 // refused with the reason; the job runs on untouched and no session is left behind.
@@ -412,7 +497,7 @@ TEST_F(PosdProcess, PosCliRestoreRefusesATakenPidAndABadImageAndChangesNothing) 
   EXPECT_NE(err.find("is not the one the manifest names"), std::string::npos) << err;
   {
     std::ofstream f(dir + "/manifest", std::ios::trunc);
-    f << "{\"format\":2,\"pid\":\"x\"}";
+    f << "{\"format\":3,\"pid\":\"x\"}";
   }
   (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket_, &code, &err);
   EXPECT_EQ(code, 1);

@@ -29,6 +29,9 @@ struct MlpConfig {
   int steps = 20;
   float lr = -1.0f;  // negative: pick from the width, see learning_rate()
   uint64_t seed = 1;
+  // The first `frozen` layers (of layers + 1) keep their initial parameters, as in fine-tuning with a
+  // frozen backbone: their tensors are only read after init (what incremental dumps leave out).
+  int frozen = 0;
   // Not part of the computation: the CUDA program prints each step's wall time to stderr
   // (bench/async_step_bench.sh reads it); the reference accepts the flag and ignores it.
   bool step_times = false;
@@ -223,6 +226,7 @@ inline const char* usage_text() {
          "  --lr F          learning rate             (default min(2, 1024/(hidden*layers)))\n"
          "  --seed N        seed for data and init    (default 1)\n"
          "  --param-mib N   pick --hidden so the parameters take about N MiB (needs --layers >= 1)\n"
+         "  --frozen N      the first N layers are not trained (default 0; at most layers + 1)\n"
          "  --step-times    print each step's wall time to stderr (CUDA program only; stdout unchanged)\n"
          "  --help          print this and exit\n";
 }
@@ -321,6 +325,9 @@ inline ParseResult parse_args(int argc, const char* const* argv, MlpConfig* cfg)
       const unsigned long long s = std::strtoull(v, &end, 10);
       if (*end != '\0' || errno != 0) return bad("an unsigned 64-bit integer");
       c.seed = s;
+    } else if (a == "--frozen") {
+      if (!detail::parse_int(v, 0, 1000001, &n)) return bad("an integer in [0, 1000001]");
+      c.frozen = static_cast<int>(n);
     } else if (a == "--param-mib") {
       if (!detail::parse_int(v, 1, 1ll << 30, &n)) return bad("an integer in [1, 1073741824]");
       param_mib = n;
@@ -328,6 +335,10 @@ inline ParseResult parse_args(int argc, const char* const* argv, MlpConfig* cfg)
       r.error = "unknown option '" + a + "'";
       return r;
     }
+  }
+  if (c.frozen > c.layers + 1) {
+    r.error = "--frozen " + std::to_string(c.frozen) + " exceeds the " + std::to_string(c.layers + 1) + " layers";
+    return r;
   }
   if (param_mib > 0) {
     if (hidden_given) {

@@ -89,10 +89,13 @@ int run_mlp_reference(const mlp::MlpConfig& cfg, std::FILE* out) {
     for (int l = nl - 1; l >= 0; --l) {
       const int rows = d[l + 1], cols = d[l];
       const long long nw = mlp::weight_count(d, l);
-      sgemm(BlasOp::kN, BlasOp::kT, rows, cols, batch, delta[cur].data(), rows, act[l].data(), cols, grad_w.data(),
-            rows);
-      launch<&mlp_bias_grad>(mlp::launch_for(rows), grad_b.data(), static_cast<const float*>(delta[cur].data()), rows,
-                             batch);
+      const bool trained = l >= cfg.frozen;
+      if (trained) {
+        sgemm(BlasOp::kN, BlasOp::kT, rows, cols, batch, delta[cur].data(), rows, act[l].data(), cols, grad_w.data(),
+              rows);
+        launch<&mlp_bias_grad>(mlp::launch_for(rows), grad_b.data(), static_cast<const float*>(delta[cur].data()), rows,
+                               batch);
+      }
       if (l > 0) {
         sgemm(BlasOp::kT, BlasOp::kN, cols, batch, rows, W[l].data(), rows, delta[cur].data(), rows,
               delta[1 - cur].data(), cols);
@@ -100,9 +103,11 @@ int run_mlp_reference(const mlp::MlpConfig& cfg, std::FILE* out) {
         launch<&mlp_relu_backward>(mlp::launch_for(n), delta[1 - cur].data(), static_cast<const float*>(act[l].data()),
                                    n);
       }
-      launch<&mlp_sgd_update>(mlp::launch_for(nw), W[l].data(), static_cast<const float*>(grad_w.data()), nw, lr);
-      launch<&mlp_sgd_update>(mlp::launch_for(rows), B[l].data(), static_cast<const float*>(grad_b.data()),
-                              static_cast<long long>(rows), lr);
+      if (trained) {
+        launch<&mlp_sgd_update>(mlp::launch_for(nw), W[l].data(), static_cast<const float*>(grad_w.data()), nw, lr);
+        launch<&mlp_sgd_update>(mlp::launch_for(rows), B[l].data(), static_cast<const float*>(grad_b.data()),
+                                static_cast<long long>(rows), lr);
+      }
       cur = 1 - cur;
     }
 

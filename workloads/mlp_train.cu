@@ -168,19 +168,24 @@ int main(int argc, char** argv) {
     for (int l = nl - 1; l >= 0; --l) {
       const int rows = d[l + 1], cols = d[l];
       const long long nw = mlp::weight_count(d, l);
-      sgemm(CUBLAS_OP_N, CUBLAS_OP_T, rows, cols, batch, delta[cur], rows, act[l], cols, grad_w, rows);
-      launch<&mlp_bias_grad>("mlp_bias_grad", mlp::launch_for(rows), grad_b, static_cast<const float*>(delta[cur]), rows,
-                             batch);
+      const bool trained = l >= cfg.frozen;
+      if (trained) {
+        sgemm(CUBLAS_OP_N, CUBLAS_OP_T, rows, cols, batch, delta[cur], rows, act[l], cols, grad_w, rows);
+        launch<&mlp_bias_grad>("mlp_bias_grad", mlp::launch_for(rows), grad_b, static_cast<const float*>(delta[cur]),
+                               rows, batch);
+      }
       if (l > 0) {
         sgemm(CUBLAS_OP_T, CUBLAS_OP_N, cols, batch, rows, W[l], rows, delta[cur], rows, delta[1 - cur], cols);
         const long long n = static_cast<long long>(cols) * batch;
         launch<&mlp_relu_backward>("mlp_relu_backward", mlp::launch_for(n), delta[1 - cur],
                                    static_cast<const float*>(act[l]), n);
       }
-      launch<&mlp_sgd_update>("mlp_sgd_update", mlp::launch_for(nw), W[l], static_cast<const float*>(grad_w), nw,
-                              lr);
-      launch<&mlp_sgd_update>("mlp_sgd_update", mlp::launch_for(rows), B[l], static_cast<const float*>(grad_b),
-                              static_cast<long long>(rows), lr);
+      if (trained) {
+        launch<&mlp_sgd_update>("mlp_sgd_update", mlp::launch_for(nw), W[l], static_cast<const float*>(grad_w), nw,
+                                lr);
+        launch<&mlp_sgd_update>("mlp_sgd_update", mlp::launch_for(rows), B[l], static_cast<const float*>(grad_b),
+                                static_cast<long long>(rows), lr);
+      }
       cur = 1 - cur;
     }
 

@@ -35,6 +35,10 @@ struct CheckpointRequest {
   bool replace = false;  // an existing directory image is replaced atomically
   // Incremental: store only buffers written since this (directory) image; the rest is referenced.
   std::string parent_dir;
+  // How the image records its parent, relative to its own directory; empty: derived from dir and
+  // parent_dir. Set when those are paths only this process can resolve (a posd session writes
+  // through descriptors, /proc/self/fd/N, that mean nothing to a later reader).
+  std::string parent_path;
   uint64_t shadow_pool_bytes = 0;  // async: bound on shadow memory (0: the config's, whose 0 is auto)
   // Stop (a dump that ends the client, as `criu dump` ends a process): the worker runs no call
   // at or after the cut, ever. The parser goes on accepting calls that return after parsing until

@@ -103,7 +103,9 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
     namespace fs = std::filesystem;
     const fs::path child = fs::absolute(fs::path(job.request().dir)).lexically_normal();
     const fs::path parent = fs::absolute(fs::path(p->dir())).lexically_normal();
-    pp->set_path(parent.lexically_relative(child).string());  // resolved against the image's own dir
+    // Resolved against the image's own dir.
+    pp->set_path(!job.request().parent_path.empty() ? job.request().parent_path
+                                                   : parent.lexically_relative(child).string());
     pp->set_image_id(p->inventory().image_id());
     pp->set_cut_pc(p->inventory().cut_pc());
   }

@@ -71,9 +71,16 @@ struct CheckpointBody {
   uint32_t magic = kCheckpointMagic;
   uint32_t target_pid = 0;  // the job: the pid of a session's client
   uint32_t mode = 0;        // CheckpointKind
-  uint32_t flags = 0;       // none yet: must be 0
+  uint32_t flags = 0;       // kCheckpointIncremental or 0
+  // Incremental: the previous image's GPU part as the new image records its parent, relative to the
+  // new image's GPU part ("../../prev/gpu"); printable, NUL-terminated. Empty otherwise.
+  char parent_path[496] = {};
 };
-static_assert(sizeof(CheckpointBody) == 16);
+static_assert(sizeof(CheckpointBody) == 512);
+// An incremental checkpoint (pos-cli dump --prev, pre-dump --prev): a second descriptor comes with
+// the body, the previous image's directory, whose "gpu" part is the parent. Only buffers written
+// since the parent's cut are stored; the parent must be an image posd took of this same job.
+inline constexpr uint32_t kCheckpointIncremental = 1;
 
 enum class EventType : uint32_t { kProgress = 1, kResult = 2 };
 struct ControlEvent {

@@ -9,7 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <climits>
+#include <filesystem>
 
+#include "pos/base/text.h"
 #include "remoting/common/handshake.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
@@ -49,7 +52,8 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress,
-                                           const std::function<void(uint64_t)>& on_cut) {
+                                           const std::function<void(uint64_t)>& on_cut,
+                                           const std::string& prev_dir) {
   if (dir.empty()) return Status::InvalidArgument("no image directory given");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
@@ -59,14 +63,29 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   if (::fstatat(d.get(), "gpu", &st, AT_SYMLINK_NOFOLLOW) == 0)
     return Status::InvalidArgument(dir + " already holds an image (" + dir +
                                    "/gpu): name an empty or new directory");
-  auto fd = open_control(socket_path, "checkpoint");
-  if (!fd.ok()) return fd.status();
-  UniqueFd sock(*fd);
   wire::CheckpointBody body;
   body.target_pid = pid;
   body.mode = static_cast<uint32_t>(async ? wire::CheckpointKind::kAsync : wire::CheckpointKind::kSync);
+  UniqueFd prev;
+  if (!prev_dir.empty()) {
+    // The new image names its parent relative to itself, so that the two may move together.
+    char a[PATH_MAX], b[PATH_MAX];
+    if (::realpath(dir.c_str(), a) == nullptr || ::realpath(prev_dir.c_str(), b) == nullptr)
+      return Status::InvalidArgument("cannot resolve " + prev_dir + ": " + std::strerror(errno));
+    const std::string rel = (std::filesystem::path(b) / "gpu").lexically_relative(std::filesystem::path(a) / "gpu").string();
+    if (rel.empty() || rel.size() >= sizeof(body.parent_path) - 1 || printable(rel) != rel)
+      return Status::InvalidArgument("the previous image's path " + printable(rel) + " cannot be recorded in an image");
+    prev.reset(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
+    body.flags = wire::kCheckpointIncremental;
+    wire::put_cstr(body.parent_path, sizeof(body.parent_path), rel);
+  }
+  auto fd = open_control(socket_path, "checkpoint");
+  if (!fd.ok()) return fd.status();
+  UniqueFd sock(*fd);
   // posd may have refused at the hello already (then its welcome is there to read).
-  (void)send_with_fds(sock.get(), &body, sizeof(body), {d.get()});
+  (void)(prev ? send_with_fds(sock.get(), &body, sizeof(body), {d.get(), prev.get()})
+              : send_with_fds(sock.get(), &body, sizeof(body), {d.get()}));
   // A checkpoint's answer comes when it is done, however long the cut and the drain take.
   timeval none{0, 0};
   (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));

@@ -27,7 +27,8 @@ struct CheckpointReport {
 // `on_cut` is called once the cut is taken (with its call number), before the drain ends.
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress = {},
-                                           const std::function<void(uint64_t)>& on_cut = {});
+                                           const std::function<void(uint64_t)>& on_cut = {},
+                                           const std::string& prev_dir = {});
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's

@@ -46,6 +46,73 @@ Status write_file(const std::string& path, const std::string& text, mode_t mode)
   return Status::Ok();
 }
 
+// Bytes of the files under `dir` (CRIU's images), for the report.
+uint64_t bytes_under(const std::string& dir) {
+  std::error_code ec;
+  uint64_t n = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
+// What dump and pre-dump check before anything is asked of posd or CRIU.
+struct Prepared {
+  std::string criu;      // the program
+  bool tracks_memory = false;
+  std::string dir;       // resolved
+  uid_t owner = 0;       // the job's user
+  std::string prev_dir;  // resolved, or empty
+  JobManifest prev;      // its manifest
+};
+
+StatusOr<Prepared> prepare(const JobDumpOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.pid == 0) return Status::InvalidArgument("no job pid given");
+  if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
+  Prepared p;
+  // CRIU first: a machine that cannot dump the CPU half must not have the job stopped for nothing.
+  auto criu = ckpt::find_criu();
+  if (!criu.ok()) return criu.status();
+  p.criu = *criu;
+  p.tracks_memory = ckpt::criu_tracks_memory(p.criu);
+  struct stat owner {};
+  if (::stat(("/proc/" + std::to_string(o.pid)).c_str(), &owner) != 0)
+    return Status(Code::kNotFound, 0, "pid " + std::to_string(o.pid) + " does not exist");
+  p.owner = owner.st_uid;
+  char real[PATH_MAX];
+  if (!o.prev.empty()) {
+    if (::realpath(o.prev.c_str(), real) == nullptr)
+      return Status::InvalidArgument("cannot resolve the previous image " + o.prev + ": " + std::strerror(errno));
+    p.prev_dir = real;
+    auto m = read_manifest(p.prev_dir);
+    if (!m.ok()) return m.status().with_context("the previous image");
+    if (m->pid != o.pid || m->uid != p.owner)
+      return Status::InvalidArgument("the previous image " + p.prev_dir + " is of pid " + std::to_string(m->pid) +
+                                     " (uid " + std::to_string(m->uid) + "), not of this job");
+    p.prev = *m;
+  }
+  if (::mkdir(o.dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::InvalidArgument("cannot create " + o.dir + ": " + std::strerror(errno));
+  if (::realpath(o.dir.c_str(), real) == nullptr)
+    return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
+  p.dir = real;
+  if (p.dir == p.prev_dir) return Status::InvalidArgument("the image and the previous image are one directory");
+  for (const char* part : {"gpu", "criu", "manifest", "token"})
+    if (fs::exists(fs::symlink_status(p.dir + "/" + part)))
+      return Status::InvalidArgument(p.dir + " already holds an image (" + part + "): name an empty or new directory");
+  // The manifest keeps paths as printable text: one that is not would not read back the same.
+  for (const std::string* s : std::initializer_list<const std::string*>{&p.dir, &o.socket, &p.prev_dir})
+    if (printable(*s) != *s || s->size() >= 480)
+      return Status::InvalidArgument("the path " + printable(*s) + " holds control characters or is too long for an image");
+  return p;
+}
+
+// `to` relative to the directory `from` ("../pre/criu").
+std::string relative_to(const std::string& to, const std::string& from) {
+  return std::filesystem::path(to).lexically_relative(std::filesystem::path(from)).string();
+}
+
 }  // namespace
 
 StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
@@ -54,28 +121,11 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
     if (o.progress) o.progress(phase, done, total);
   };
-  if (o.pid == 0) return Status::InvalidArgument("no job pid given");
-  if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
-  // CRIU first: a machine that cannot dump the CPU half must not have the job stopped for nothing.
-  auto criu = ckpt::find_criu();
-  if (!criu.ok()) return criu.status();
-  if (::mkdir(o.dir.c_str(), 0700) != 0 && errno != EEXIST)
-    return Status::InvalidArgument("cannot create " + o.dir + ": " + std::strerror(errno));
-  char real[PATH_MAX];
-  if (::realpath(o.dir.c_str(), real) == nullptr)
-    return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
-  const std::string dir = real;
-  for (const char* part : {"gpu", "criu", "manifest", "token"})
-    if (fs::exists(fs::symlink_status(dir + "/" + part)))
-      return Status::InvalidArgument(dir + " already holds an image (" + part + "): name an empty or new directory");
+  auto prepared = prepare(o);
+  if (!prepared.ok()) return prepared.status();
+  const Prepared& pp = *prepared;
+  const std::string& dir = pp.dir;
   const std::string permit = dir + "/.reattach";
-  // The manifest keeps paths as printable text: one that is not would not read back the same.
-  for (const std::string* p : {&permit, &o.socket})
-    if (printable(*p) != *p || p->size() >= 500)
-      return Status::InvalidArgument("the path " + printable(*p) + " holds control characters or is too long for an image");
-  struct stat owner {};
-  if (::stat(("/proc/" + std::to_string(o.pid)).c_str(), &owner) != 0)
-    return Status(Code::kNotFound, 0, "pid " + std::to_string(o.pid) + " does not exist");
   (void)::unlink(permit.c_str());
 
   JobDumpReport r;
@@ -114,7 +164,8 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
           std::lock_guard<std::mutex> lk(mu);
           cut = true;
           cv.notify_all();
-        });
+        },
+        pp.prev_dir);
     std::lock_guard<std::mutex> lk(mu);
     gpu = std::move(res);
     finished = true;
@@ -141,7 +192,23 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   co.leave_running = o.leave_running;
   // A job started from a shell shares its session: CRIU must be told so.
   co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
-  Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(*criu, static_cast<pid_t>(o.pid), r.criu_dir, co)
+  // A job left running may be dumped again with this image as --prev: tracking makes that one
+  // incremental. The previous CPU part is the parent only if it was tracked too.
+  co.track_mem = pp.tracks_memory && o.leave_running;
+  if (!pp.prev_dir.empty()) {
+    if (pp.tracks_memory && pp.prev.criu_track_mem && !pp.prev.criu.empty()) {
+      co.prev_images_dir = relative_to(pp.prev_dir + "/" + pp.prev.criu, r.criu_dir);
+      co.track_mem = true;
+      r.criu_incremental = true;
+    } else {
+      r.criu_note = !pp.tracks_memory ? "this kernel tracks no dirty memory (criu check --feature mem_dirty_track), "
+                                        "so CRIU saved all of the job's memory"
+                                      : "the previous image's CPU part was not tracked, so CRIU saved all of the "
+                                        "job's memory";
+    }
+  }
+  r.criu_track_mem = co.track_mem;
+  Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, static_cast<pid_t>(o.pid), r.criu_dir, co)
                                                      : Status::Unavailable("cannot create " + r.criu_dir);
   r.criu_s = seconds_since(t);
   if (!c.ok()) {
@@ -176,9 +243,14 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     return why;
   };
   if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
+  r.criu_bytes = bytes_under(r.criu_dir);
   JobManifest m;
   m.pid = o.pid;
-  m.uid = owner.st_uid;
+  m.uid = pp.owner;
+  m.prev = pp.prev_dir.empty() ? "" : relative_to(pp.prev_dir, dir);
+  m.gpu_bytes_referenced = r.gpu.bytes_referenced;
+  m.criu_track_mem = r.criu_track_mem;
+  m.criu_parent = r.criu_incremental;
   m.socket = o.socket;
   m.permit = permit;
   m.arena_bytes = arena_bytes;
@@ -193,6 +265,93 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   }
   r.manifest = dir + "/manifest";
   if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) return drop(s);
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    if (o.progress) o.progress(phase, done, total);
+  };
+  auto prepared = prepare(o);
+  if (!prepared.ok()) return prepared.status();
+  const Prepared& pp = *prepared;
+  const std::string& dir = pp.dir;
+  auto remove_parts = [&] {
+    for (const char* part : {"gpu", "gpu.partial", "criu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
+  };
+  JobDumpReport r;
+  // The GPU state first, copy-on-write: the job's worker stops only for the cut. No detach: a
+  // pre-dump is no restore point, so its GPU and CPU parts need not be one cut.
+  say("gpu");
+  auto t = std::chrono::steady_clock::now();
+  auto gpu = posd_checkpoint(
+      o.socket, o.pid, dir, /*async=*/true, [&](uint64_t d, uint64_t n) { say("gpu", d, n); },
+      [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir);
+  r.gpu_s = seconds_since(t);
+  if (!gpu.ok()) {
+    remove_parts();
+    return gpu.status().with_context("saving the GPU state");
+  }
+  r.gpu = *gpu;
+  // CRIU's pre-dump freezes the tree only while it collects the pages, and turns tracking on.
+  say("criu");
+  t = std::chrono::steady_clock::now();
+  const bool shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
+  if (pp.tracks_memory) {
+    r.criu_dir = dir + "/criu";
+    ckpt::CriuDumpOptions co;
+    co.pre_dump = true;
+    co.track_mem = true;
+    co.shell_job = shell_job;
+    if (!pp.prev_dir.empty() && pp.prev.criu_track_mem && !pp.prev.criu.empty()) {
+      co.prev_images_dir = relative_to(pp.prev_dir + "/" + pp.prev.criu, r.criu_dir);
+      r.criu_incremental = true;
+    }
+    Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, static_cast<pid_t>(o.pid), r.criu_dir, co)
+                                                       : Status::Unavailable("cannot create " + r.criu_dir);
+    if (!c.ok()) {
+      remove_parts();
+      return c.with_context("pre-dumping the CPU state");
+    }
+    r.criu_track_mem = true;
+    r.criu_bytes = bytes_under(r.criu_dir);
+  } else {
+    r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is not "
+                  "pre-dumped, and a dump --prev of this image saves all of the job's memory";
+  }
+  r.criu_s = seconds_since(t);
+  JobManifest m;
+  m.kind = "pre-dump";
+  m.pid = o.pid;
+  m.uid = pp.owner;
+  m.socket = o.socket;
+  m.permit.clear();
+  m.arena_bytes = 0;
+  m.leave_running = true;
+  m.shell_job = shell_job;
+  m.prev = pp.prev_dir.empty() ? "" : relative_to(pp.prev_dir, dir);
+  m.cut = r.gpu.cut_pc, m.gpu_bytes = r.gpu.bytes_stored, m.handles = r.gpu.handles;
+  m.gpu_bytes_referenced = r.gpu.bytes_referenced;
+  m.criu_track_mem = r.criu_track_mem;
+  m.criu_parent = r.criu_incremental;
+  m.criu = r.criu_track_mem ? "criu" : "";
+  {
+    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
+    if (!img.ok()) {
+      remove_parts();
+      return img.status().with_context("reading back the GPU part");
+    }
+    m.job = printable((*img)->client().client().job_name());
+    m.gpu_image_id = (*img)->inventory().image_id();
+  }
+  r.manifest = dir + "/manifest";
+  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+    remove_parts();
+    return s;
+  }
   r.total_s = seconds_since(t0);
   return r;
 }

@@ -19,6 +19,9 @@ struct JobDumpOptions {
   std::string dir;     // made if missing; must hold no image yet
   bool leave_running = false;
   bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
+  // An earlier dump or pre-dump of this job (dump --prev): the GPU part stores only buffers written
+  // since its cut, CRIU's only pages changed since its (where the kernel tracks dirty memory).
+  std::string prev;
   // Phase names ("detach", "gpu", "criu", "resume") and, for "gpu", bytes stored of the total.
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
 };
@@ -31,6 +34,10 @@ struct JobDumpReport {
   double gpu_s = 0;  // from the GPU request to its image durable (overlaps CRIU and the resume)
   double criu_s = 0, resume_s = 0, total_s = 0;
   double pause_s = 0;  // from the detach's start to the job's calls running again (leave-running)
+  bool criu_track_mem = false;  // CRIU recorded dirty-memory tracking (a later --prev is incremental)
+  bool criu_incremental = false;  // CRIU saved only pages changed since prev's part
+  std::string criu_note;         // why the CPU part is whole although asked otherwise, or empty
+  uint64_t criu_bytes = 0;       // bytes of CRIU's images
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
@@ -39,5 +46,11 @@ struct JobDumpReport {
 // the detach lets the job re-attach and run on, and removes what this dump wrote. CRIU is checked
 // before anything is asked of posd.
 StatusOr<JobDumpReport> dump_job(const JobDumpOptions& options);
+
+// `pos-cli pre-dump`: the job runs on throughout. Its GPU state is checkpointed (copy-on-write) to
+// DIR/gpu and, where the kernel tracks dirty memory, CRIU pre-dumps its memory to DIR/criu with
+// tracking on; DIR/manifest says which. Not restorable by itself: a later dump --prev DIR then
+// saves only what changed. `leave_running` and `async` are ignored (always true).
+StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& options);
 
 }  // namespace pos

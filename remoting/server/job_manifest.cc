@@ -2,22 +2,31 @@
 // unsigned numbers, booleans), read by hand because a restore must reject every malformed byte.
 #include "remoting/server/job_manifest.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 
 #include "pos/base/text.h"
+#include "remoting/common/unique_fd.h"
 
 namespace pos {
 
 std::string manifest_json(const JobManifest& m) {
   auto u = [](uint64_t v) { return std::to_string(v); };
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  return "{\"format\":" + u(m.format) + ",\"pid\":" + u(m.pid) + ",\"uid\":" + u(m.uid) + ",\"job\":" + json_string(m.job) +
+  return "{\"format\":" + u(m.format) + ",\"kind\":" + json_string(m.kind) + ",\"prev\":" + json_string(m.prev) + ",\"pid\":" + u(m.pid) + ",\"uid\":" + u(m.uid) + ",\"job\":" + json_string(m.job) +
          ",\"socket\":" + json_string(m.socket) + ",\"permit\":" + json_string(m.permit) +
          ",\"arena_bytes\":" + u(m.arena_bytes) + ",\"leave_running\":" + b(m.leave_running) +
          ",\"shell_job\":" + b(m.shell_job) + ",\"cut\":" + u(m.cut) + ",\"gpu_bytes\":" + u(m.gpu_bytes) +
-         ",\"handles\":" + u(m.handles) + ",\"gpu_image_id\":" + json_string(m.gpu_image_id) + ",\"gpu\":" + json_string(m.gpu) + ",\"criu\":" + json_string(m.criu) + "}\n";
+         ",\"handles\":" + u(m.handles) + ",\"gpu_bytes_referenced\":" + u(m.gpu_bytes_referenced) +
+         ",\"gpu_image_id\":" + json_string(m.gpu_image_id) + ",\"criu_track_mem\":" + b(m.criu_track_mem) +
+         ",\"criu_parent\":" + b(m.criu_parent) + ",\"gpu\":" + json_string(m.gpu) + ",\"criu\":" + json_string(m.criu) +
+         "}\n";
 }
 
 namespace {
@@ -136,33 +145,68 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
   uint64_t pid = 0, uid = 0;
   for (const NumberField& n : {NumberField{"pid", &pid}, NumberField{"uid", &uid}, NumberField{"arena_bytes", &m.arena_bytes},
                                NumberField{"cut", &m.cut}, NumberField{"gpu_bytes", &m.gpu_bytes},
-                               NumberField{"handles", &m.handles}}) {
+                               NumberField{"handles", &m.handles}, NumberField{"gpu_bytes_referenced", &m.gpu_bytes_referenced}}) {
     const Value* x = want(n.key, Value::kNumber);
     if (x == nullptr) return missing(n.key, "a number");
     *n.out = x->n;
   }
   if (pid == 0 || pid > 0x7fffffff) return Status::Corrupt("the manifest names no valid pid");
   if (uid > 0xfffffffe) return Status::Corrupt("the manifest names no valid uid");
-  if (m.arena_bytes == 0) return Status::Corrupt("the manifest names no session arena");
   m.pid = static_cast<uint32_t>(pid), m.uid = static_cast<uint32_t>(uid);
   struct StringField { const char* key; std::string* out; };
-  for (const StringField& s : {StringField{"job", &m.job}, StringField{"socket", &m.socket}, StringField{"permit", &m.permit},
+  for (const StringField& s : {StringField{"kind", &m.kind}, StringField{"prev", &m.prev},
+                               StringField{"job", &m.job}, StringField{"socket", &m.socket}, StringField{"permit", &m.permit},
                                StringField{"gpu_image_id", &m.gpu_image_id},
                                StringField{"gpu", &m.gpu}, StringField{"criu", &m.criu}}) {
     const Value* x = want(s.key, Value::kString);
     if (x == nullptr) return missing(s.key, "a string");
     *s.out = x->s;
   }
-  for (const std::string* part : {&m.gpu, &m.criu})
+  if (m.kind != "dump" && m.kind != "pre-dump")
+    return Status::Corrupt("the manifest's kind \"" + printable(m.kind) + "\" is neither \"dump\" nor \"pre-dump\"");
+  const bool dump = m.kind == "dump";
+  for (const std::string* part : {&m.gpu, &m.criu}) {
+    if (part->empty() && part == &m.criu && !dump) continue;  // a pre-dump without CRIU's part
     if (part->empty() || part->find('/') != std::string::npos || *part == "." || *part == "..")
       return Status::Corrupt("the manifest names a part outside its directory (\"" + *part + "\")");
-  if (m.permit.empty() || m.permit[0] != '/') return Status::Corrupt("the manifest's permit is not an absolute path");
+  }
+  if (!m.prev.empty() && (m.prev[0] == '/' || printable(m.prev) != m.prev))
+    return Status::Corrupt("the manifest's previous image is not a relative, printable path");
+  if (dump && m.arena_bytes == 0) return Status::Corrupt("the manifest names no session arena");
+  if (dump && (m.permit.empty() || m.permit[0] != '/'))
+    return Status::Corrupt("the manifest's permit is not an absolute path");
   struct BoolField { const char* key; bool* out; };
-  for (const BoolField& b : {BoolField{"leave_running", &m.leave_running}, BoolField{"shell_job", &m.shell_job}}) {
+  for (const BoolField& b : {BoolField{"leave_running", &m.leave_running}, BoolField{"shell_job", &m.shell_job},
+                             BoolField{"criu_track_mem", &m.criu_track_mem}, BoolField{"criu_parent", &m.criu_parent}}) {
     const Value* x = want(b.key, Value::kBool);
     if (x == nullptr) return missing(b.key, "a boolean");
     *b.out = x->b;
   }
+  return m;
+}
+
+StatusOr<std::string> read_small_file(const std::string& path, size_t max) {
+  UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!f) return Status::Corrupt("the image has no " + path + " (" + std::strerror(errno) + ")");
+  std::string text(max + 1, '\0');
+  size_t got = 0;
+  for (;;) {
+    const ssize_t r = ::read(f.get(), text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::Unavailable("cannot read " + path + ": " + std::strerror(errno));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+    if (got > max) return Status::Corrupt(path + " is larger than " + std::to_string(max) + " bytes");
+  }
+  text.resize(got);
+  return text;
+}
+
+StatusOr<JobManifest> read_manifest(const std::string& dir) {
+  auto text = read_small_file(dir + "/manifest", 64 * 1024);
+  if (!text.ok()) return text.status().with_context(dir + " is not a pos-cli dump image");
+  auto m = parse_manifest(*text);
+  if (!m.ok()) return m.status().with_context(dir + "/manifest");
   return m;
 }
 

@@ -10,8 +10,13 @@
 namespace pos {
 
 struct JobManifest {
-  static constexpr uint32_t kFormat = 2;
+  static constexpr uint32_t kFormat = 3;
   uint32_t format = kFormat;
+  // "dump" (restorable) or "pre-dump" (pos-cli pre-dump: only a parent for a later dump --prev; it
+  // has no permit, arena or token, and its CRIU part is absent where the kernel tracks no dirty
+  // memory).
+  std::string kind = "dump";
+  std::string prev;  // the previous image (dump --prev), relative to DIR; empty: none
   uint32_t pid = 0, uid = 0;  // the job's root process and its user
   std::string job;            // its session's name (printable)
   std::string socket;         // the posd it was dumped from
@@ -19,7 +24,10 @@ struct JobManifest {
   uint64_t arena_bytes = 0;   // its session arena
   bool leave_running = false, shell_job = false;
   uint64_t cut = 0, gpu_bytes = 0, handles = 0;  // the GPU part's cut and size
+  uint64_t gpu_bytes_referenced = 0;             // device bytes left in the previous images
   std::string gpu_image_id;                      // the GPU part's inventory image_id
+  bool criu_track_mem = false;  // CRIU tracked dirty memory: a later dump --prev saves only what changed
+  bool criu_parent = false;     // the CRIU part holds only pages changed since prev's
   std::string gpu = "gpu", criu = "criu";        // the parts' directories, relative to DIR
 };
 
@@ -28,8 +36,13 @@ struct JobManifest {
 std::string manifest_json(const JobManifest& m);
 
 // The manifest's text, checked: a JSON object of known keys with values of their types, the
-// format this build reads, a pid, an arena and relative part names without "..". Anything else is
+// format this build reads, a pid, an arena (a dump's) and relative part names without "..". Anything else is
 // kCorrupt, naming what is wrong.
 StatusOr<JobManifest> parse_manifest(const std::string& text);
+
+// A small file of an image, at most `max` bytes (more is kCorrupt): images are input like any other.
+StatusOr<std::string> read_small_file(const std::string& path, size_t max);
+// DIR/manifest, read and parsed; errors name DIR.
+StatusOr<JobManifest> read_manifest(const std::string& dir);
 
 }  // namespace pos

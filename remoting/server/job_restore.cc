@@ -28,24 +28,6 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// A small file of the image, bounded: the image is input like any other.
-StatusOr<std::string> read_small(const std::string& path, size_t max) {
-  UniqueFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!f) return Status::Corrupt("the image has no " + path + " (" + std::strerror(errno) + ")");
-  std::string text(max + 1, '\0');
-  size_t got = 0;
-  for (;;) {
-    const ssize_t r = ::read(f.get(), text.data() + got, text.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::Unavailable("cannot read " + path + ": " + std::strerror(errno));
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-    if (got > max) return Status::Corrupt(path + " is larger than " + std::to_string(max) + " bytes");
-  }
-  text.resize(got);
-  return text;
-}
-
 bool exists(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0;
@@ -67,11 +49,12 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   if (::realpath(o.dir.c_str(), real) == nullptr)
     return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
   const std::string dir = real;
-  auto text = read_small(dir + "/manifest", 64 * 1024);
-  if (!text.ok()) return text.status().with_context(dir + " is not a pos-cli dump image");
-  auto m = parse_manifest(*text);
-  if (!m.ok()) return m.status().with_context(dir + "/manifest");
-  auto token = read_small(dir + "/token", 64);
+  auto m = read_manifest(dir);
+  if (!m.ok()) return m.status();
+  if (m->kind != "dump")
+    return Status::FailedPrecondition(dir + " is a pre-dump: it only serves as --prev of a later pos-cli dump, "
+                                      "which is what a restore takes");
+  auto token = read_small_file(dir + "/token", 64);
   if (!token.ok()) return token.status();
   std::string tok = *token;
   while (!tok.empty() && tok.back() == '\n') tok.pop_back();
@@ -92,6 +75,14 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     if (!exists(criu_dir + "/" + f))
       return Status::Corrupt("the image's CPU part " + criu_dir + " has no " + f + " (not CRIU's dump of pid " +
                              std::to_string(m->pid) + ")");
+  // An incremental image needs its previous ones: their GPU parts were opened with this one's; CRIU's
+  // pages of unchanged memory are in the previous CPU part, through its `parent` link.
+  if (m->criu_parent) {
+    struct stat ps {};
+    if (::stat((criu_dir + "/parent").c_str(), &ps) != 0 || !S_ISDIR(ps.st_mode))
+      return Status::Corrupt("the image's CPU part " + criu_dir + " is incremental, but its previous part (" + criu_dir +
+                             "/parent, the image " + m->prev + ") is gone");
+  }
   if (::kill(static_cast<pid_t>(m->pid), 0) == 0 || errno == EPERM)
     return Status::FailedPrecondition("pid " + std::to_string(m->pid) +
                                       " is in use (is the dumped job still running?): CRIU restores the job under its own pid");

@@ -66,9 +66,9 @@ struct PosdServer::Handshake {
   wire::Hello hello;
   size_t got = 0;  // bytes of the hello so far
   // A checkpoint or detach request's body after its hello, and a descriptor that came with it.
-  alignas(8) std::byte body[std::max(sizeof(wire::DetachBody), sizeof(wire::RestoreBody))] = {};
+  alignas(8) std::byte body[std::max({sizeof(wire::DetachBody), sizeof(wire::RestoreBody), sizeof(wire::CheckpointBody)})] = {};
   size_t body_got = 0;
-  UniqueFd passed;
+  UniqueFd passed, passed2;  // an incremental checkpoint's previous image comes second
   std::chrono::steady_clock::time_point deadline;
 };
 
@@ -568,7 +568,10 @@ bool PosdServer::read_hello(Handshake& h) {
     const bool body = h.got == sizeof(h.hello);
     auto* at = body ? reinterpret_cast<char*>(h.body) + h.body_got : reinterpret_cast<char*>(&h.hello) + h.got;
     const size_t want = body ? body_size(h.hello) - h.body_got : sizeof(h.hello) - h.got;
-    const ssize_t r = recv_with_fds(h.fd.get(), at, want, &h.passed, 1);
+    UniqueFd got[2];
+    const ssize_t r = recv_with_fds(h.fd.get(), at, want, got, 2);
+    for (UniqueFd& g : got)
+      if (g) (!h.passed ? h.passed : !h.passed2 ? h.passed2 : g) = std::move(g);  // a third is closed
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (r == 0 && h.got == 0) {
@@ -768,11 +771,20 @@ void PosdServer::control_checkpoint(Handshake& h) {
     POS_WARN("posd", "checkpoint request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
     refuse_connection(fd, why);
   };
-  if (b.magic != wire::kCheckpointMagic || b.flags != 0 || b.mode > 1)
+  const bool incremental = (b.flags & wire::kCheckpointIncremental) != 0;
+  const std::string parent = wire::get_cstr(b.parent_path, sizeof(b.parent_path));
+  if (b.magic != wire::kCheckpointMagic || (b.flags & ~wire::kCheckpointIncremental) != 0 || b.mode > 1 ||
+      parent.size() >= sizeof(b.parent_path) - 1 || incremental != !parent.empty() || printable(parent) != parent ||
+      (!parent.empty() && parent[0] == '/'))
     return refuse(Status::InvalidArgument("malformed checkpoint request"));
   struct stat st {};
   if (!h.passed || ::fstat(h.passed.get(), &st) != 0 || !S_ISDIR(st.st_mode))
     return refuse(Status::InvalidArgument("a checkpoint request must come with its image directory's descriptor"));
+  if (incremental != static_cast<bool>(h.passed2) ||
+      (incremental && (::fstat(h.passed2.get(), &st) != 0 || !S_ISDIR(st.st_mode))))
+    return refuse(Status::InvalidArgument(incremental ? "an incremental checkpoint request must come with its previous "
+                                                        "image's directory descriptor"
+                                                      : "a checkpoint request came with a descriptor too many"));
   if (config_.posd_isolation != Isolation::kProcess)
     return refuse(Status::FailedPrecondition(
         "this posd runs with posd.isolation: shared; checkpoints of its jobs are taken with session processes only"));
@@ -783,10 +795,12 @@ void PosdServer::control_checkpoint(Handshake& h) {
   session_channel::Message m;
   m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
   m.mode = b.mode;
+  wire::put_cstr(m.parent, sizeof(m.parent), parent);
   Status sent;
   {
     std::lock_guard<std::mutex> io(target->io);
-    sent = send_with_fds(target->channel.get(), &m, sizeof(m), {fd, h.passed.get()});
+    sent = incremental ? send_with_fds(target->channel.get(), &m, sizeof(m), {fd, h.passed.get(), h.passed2.get()})
+                       : send_with_fds(target->channel.get(), &m, sizeof(m), {fd, h.passed.get()});
   }
   if (!sent.ok()) return refuse(Status::Unavailable("the job's session process is gone: " + sent.message()));
   POS_INFO("posd", "checkpoint of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -117,18 +118,41 @@ class OneAtATime {
 // Checkpoints of the session's client, one at a time; each answers pos-cli on its own connection.
 class CheckpointRunner {
  public:
-  // Takes both descriptors. A second request while one runs is refused on its own connection.
-  void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, uint32_t mode) {
+  // An image this session's client was rebuilt from (a restored session): its state at that
+  // image's cut is the image's, so the image may be the parent of an incremental checkpoint.
+  void adopt(const std::string& image_id) {
+    std::lock_guard<std::mutex> lk(ids_mu_);
+    ids_.insert(image_id);
+  }
+  // Takes the descriptors (`prev`: an incremental one's previous image directory, else empty). A
+  // second request while one runs is refused on its own connection.
+  void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, UniqueFd prev, uint32_t mode,
+             std::string parent_path) {
     const int c = client.get();
     if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt",
-                    [ws, uuid, cl = std::move(client), d = std::move(dir), mode]() mutable {
-                      run(ws, uuid, cl.get(), d.get(), mode);
-                    }))
+                    [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode,
+                     pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, pp); }))
       refuse_connection(c, Status::Busy("a dump of this job is already running"));
   }
 
  private:
-  static void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, uint32_t mode) {
+  // An incremental checkpoint stores only buffers written since its parent's cut, which is right
+  // only if the parent is an image of this very client: one this session took, or the one it was
+  // restored from. Anything else (another job's image, one taken before a restore from another)
+  // is refused before the checkpoint starts.
+  Status check_parent(const std::string& parent_dir) {
+    auto img = ckpt::ImageReader::open_dir(parent_dir);
+    if (!img.ok()) return img.status().with_context("the previous image");
+    const std::string id = (*img)->inventory().image_id();
+    std::lock_guard<std::mutex> lk(ids_mu_);
+    if (ids_.count(id) == 0)
+      return Status::FailedPrecondition("the previous image (GPU image " + id +
+                                        ") was not taken from this job's current session: --prev must name an "
+                                        "earlier dump or pre-dump of this same job, since its last restore");
+    return Status::Ok();
+  }
+
+  void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, int prev, uint32_t mode, const std::string& parent_path) {
     int fl = ::fcntl(client, F_GETFL);
     if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
     timeval tv{10, 0};  // a pos-cli that stops reading loses its answer; the checkpoint goes on
@@ -143,6 +167,10 @@ class CheckpointRunner {
       req.mode = mode == static_cast<uint32_t>(wire::CheckpointKind::kAsync) ? CheckpointMode::kAsync : CheckpointMode::kSync;
       // Through the caller's own descriptor: posd's user never resolves the caller's path.
       req.dir = "/proc/self/fd/" + std::to_string(dir) + "/gpu";
+      if (prev >= 0) {
+        req.parent_dir = "/proc/self/fd/" + std::to_string(prev) + "/gpu";
+        req.parent_path = parent_path;  // as the caller sees the two directories
+      }
       auto last = std::chrono::steady_clock::now() - std::chrono::seconds(1);
       req.progress = [&](uint64_t done, uint64_t total) {
         const auto now = std::chrono::steady_clock::now();
@@ -163,9 +191,11 @@ class CheckpointRunner {
         wire::put_cstr(c.phase, sizeof(c.phase), "cut");
         (void)::send(client, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT);
       };
-      res = ws->checkpoint(uuid, std::move(req));
+      Status parent_ok = prev >= 0 ? check_parent(req.parent_dir) : Status::Ok();
+      res = parent_ok.ok() ? ws->checkpoint(uuid, std::move(req)) : StatusOr<CheckpointResult>(parent_ok);
     }
     if (res.ok()) {
+      adopt(res->image_id);
       r.cut_pc = res->cut_pc, r.handles = res->handles;
       r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
       r.stall_s = res->stall_s, r.total_s = res->total_s;
@@ -181,7 +211,9 @@ class CheckpointRunner {
     (void)send_packet(client, &r, sizeof(r)).ok();
   }
 
-  OneAtATime one_;
+  std::mutex ids_mu_;
+  std::set<std::string> ids_;  // guarded by ids_mu_: GPU images of this client (see check_parent)
+  OneAtATime one_;  // last: joined first, while the rest is alive
 };
 
 // Answers posd's requests until posd closes the channel (then the session is told to end) or
@@ -223,8 +255,10 @@ class DetachRunner {
 };
 
 void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stopping, POSWorkspace* ws,
-                  const SessionProgress* progress, SessionControl* ctl, uint64_t arena_bytes) {
+                  const SessionProgress* progress, SessionControl* ctl, uint64_t arena_bytes,
+                  const std::string& restored_image_id = {}) {
   CheckpointRunner checkpoints;  // joined as the loop returns: the session's client outlives it
+  if (!restored_image_id.empty()) checkpoints.adopt(restored_image_id);
   DetachRunner detaches;
   auto end_session = [&] {
     stopping->store(true, std::memory_order_release);
@@ -237,8 +271,8 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || p[1].revents != 0) return;
     sc::Message req;
-    UniqueFd fds[2];
-    const ssize_t r = recv_with_fds(channel, &req, sizeof(req), fds, 2);
+    UniqueFd fds[3];
+    const ssize_t r = recv_with_fds(channel, &req, sizeof(req), fds, 3);
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (r <= 0) {  // posd closed it (stopping) or died: the session ends
       end_session();
@@ -246,8 +280,14 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
         req.type == static_cast<uint32_t>(sc::Type::kCheckpoint) && fds[0] && fds[1]) {
+      req.parent[sizeof(req.parent) - 1] = '\0';
+      std::string parent = req.parent;
+      if (!parent.empty() != static_cast<bool>(fds[2])) {
+        refuse_connection(fds[0].get(), Status::InvalidArgument("malformed incremental checkpoint request"));
+        continue;
+      }
       checkpoints.start(ws, progress->uuid.load(std::memory_order_acquire), std::move(fds[0]), std::move(fds[1]),
-                        req.mode);
+                        std::move(fds[2]), req.mode, std::move(parent));
       continue;
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
@@ -378,7 +418,8 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   std::thread control, watcher;
   Status t = start_thread(&control, "the session process's control thread", [&] {
     name_this_thread("posd-session-ctl");
-    control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, &ws, &progress, &ctl, start.arena_bytes);
+    control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, &ws, &progress, &ctl, start.arena_bytes,
+                 image->inventory().image_id());
   });
   if (t.ok())
     t = start_thread(&watcher, "the restore's watcher thread", [&] {

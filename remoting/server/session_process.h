@@ -61,6 +61,7 @@ struct Message {
   uint32_t timeout_ms = 0, reserved = 0;  // kDetach
   char token[64] = {};                    // kDetach: the session token
   char permit[512] = {};                  // kDetach: the permit file's path
+  char parent[512] = {};  // kCheckpoint, incremental: the parent's path as the image records it
   ClientStats stats{};
   char backend[32] = {};
   char message[512] = {};
