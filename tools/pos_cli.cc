@@ -13,6 +13,7 @@
 #include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
+#include "remoting/server/job_inspect.h"
 #include "remoting/server/job_restore.h"
 #include "pos/base/text.h"
 
@@ -49,6 +50,21 @@ class Progress {
 };
 
 int inspect(const std::string& dir, bool json, bool summary, bool verify) {
+  if (pos::is_job_image(dir)) {  // pos-cli dump's: both parts
+    pos::StatusOr<std::string> r = [&] {
+      Progress p("verifying");
+      pos::JobInspectOptions o;
+      o.json = json, o.summary = summary, o.verify = verify;
+      o.progress = [&](uint64_t d, uint64_t t) { p.update(d, t); };
+      return pos::describe_job_image(dir, o);
+    }();
+    if (!r.ok()) {
+      std::fprintf(stderr, "pos-cli inspect: %s\n", r.status().to_string().c_str());
+      return 1;
+    }
+    std::fputs(r->c_str(), stdout);
+    return 0;
+  }
   auto img = pos::ckpt::ImageReader::open_dir(dir);
   if (!img.ok()) {
     std::fprintf(stderr, "pos-cli inspect: %s: %s\n", dir.c_str(), img.status().to_string().c_str());
@@ -203,8 +219,9 @@ int main(int argc, char** argv) {
 
   std::string dir;
   bool json = false, summary = false, no_verify = false;
-  CLI::App* ins = app.add_subcommand("inspect", "validate a checkpoint image (and its parents) and print it");
-  ins->add_option("IMAGE_DIR", dir, "the image directory")->required();
+  CLI::App* ins = app.add_subcommand(
+      "inspect", "validate an image and print it: a job image (pos-cli dump: GPU and CPU parts) or a GPU image");
+  ins->add_option("IMAGE_DIR", dir, "the image directory (pos-cli dump's -D, or a GPU image such as DIR/gpu)")->required();
   ins->add_flag("--json", json, "one JSON object (handles with their types by name)");
   ins->add_flag("--summary", summary, "counts and bytes per resource type instead of every handle");
   ins->add_flag("--no-verify", no_verify, "skip reading every blob to check its checksums");

@@ -251,6 +251,19 @@ TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesGpuAndCpuStateAndTheJobFinishesAs
   EXPECT_EQ(code, 0) << err;
   EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
   EXPECT_NE(inspected.find("(dumped)"), std::string::npos) << inspected;
+  const std::string whole = shell(env_or_fail("POS_CLI") + " inspect " + dir, &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(whole.find("GPU part (gpu)"), std::string::npos) << whole;
+  EXPECT_NE(whole.find("process tree:\n    " + std::to_string(child) + " '"), std::string::npos) << whole;
+  // CRIU's pages truncated: inspect names the file, exit 1.
+  std::string pages;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/criu"))
+    if (e.path().filename().string().rfind("pages-", 0) == 0 && e.file_size() > 0) pages = e.path().string();
+  ASSERT_FALSE(pages.empty());
+  std::filesystem::resize_file(pages, std::filesystem::file_size(pages) - 4096);
+  (void)shell(env_or_fail("POS_CLI") + " inspect " + dir, &code, &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find(std::filesystem::path(pages).filename().string()), std::string::npos) << err;
   std::filesystem::remove_all(dir);
   std::filesystem::remove(out_file);
 }
@@ -432,9 +445,22 @@ TEST_F(PosdProcess, APreDumpAndADumpWithPrevSaveOnlyWhatChangedAndTheChainRestor
   }
   int st = wait_for_exit(child, std::chrono::seconds(30));
   ASSERT_TRUE(WIFSIGNALED(st)) << st;  // CRIU ended it
-  const std::string inspected = shell(cli + " inspect " + dir + "/gpu", &code, &err);
+  // inspect shows both parts of the chain's last image: the GPU part verified with its parent, the
+  // process tree CRIU saved, rooted at the job.
+  const std::string inspected = shell(cli + " inspect " + dir, &code, &err);
   EXPECT_EQ(code, 0) << err;
   EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
+  EXPECT_NE(inspected.find("2 image(s)"), std::string::npos) << inspected;  // this one and the pre-dump
+  EXPECT_NE(inspected.find("process tree:\n    " + std::to_string(child) + " '"), std::string::npos) << inspected;
+  EXPECT_NE(inspected.find("previous image: "), std::string::npos) << inspected;
+  const std::string inspected_json = shell(cli + " inspect --json " + dir, &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(inspected_json.find("\"processes\":[{\"pid\":" + std::to_string(child) + ","), std::string::npos)
+      << inspected_json;
+  EXPECT_GT(json_number(inspected_json, "pages_stored"), 0) << inspected_json;
+  const std::string pre_inspected = shell(cli + " inspect " + pre, &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(pre_inspected.find("a pre-dump"), std::string::npos) << pre_inspected;
 
   (void)shell(cli + " restore -D " + dir + " --socket " + socket_, &code, &err);
   ASSERT_EQ(code, 0) << err << log_text();

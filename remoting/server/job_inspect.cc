@@ -1,0 +1,146 @@
+// job_inspect.cc — a job image's parts read, checked against its manifest and described; the GPU
+// part through ckpt/inspect, the CPU part through ckpt/criu_image.
+#include "remoting/server/job_inspect.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "ckpt/criu_image.h"
+#include "ckpt/image.h"
+#include "ckpt/inspect.h"
+#include "pos/base/text.h"
+#include "remoting/server/job_manifest.h"
+
+namespace pos {
+namespace {
+
+std::string mib(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return b;
+}
+
+std::string indent(const std::string& text, const std::string& by) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t e = text.find('\n', i);
+    const size_t end = e == std::string::npos ? text.size() : e + 1;
+    out += by + text.substr(i, end - i);
+    i = end;
+  }
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  return out;
+}
+
+// The tree, children under their parents, from pstree.img's flat list.
+void tree_lines(const ckpt::CriuImageSummary& s, uint32_t pid, int depth, std::string* out, int guard = 0) {
+  if (guard > 64) return;
+  for (const auto& p : s.processes) {
+    if (p.pid != pid) continue;
+    *out += std::string(4 + 2 * depth, ' ') + std::to_string(p.pid) + " '" + p.comm + "' (" + std::to_string(p.threads) +
+            (p.threads == 1 ? " thread)\n" : " threads)\n");
+  }
+  for (const auto& c : s.processes)
+    if (c.ppid == pid && c.pid != pid) tree_lines(s, c.pid, depth + 1, out, guard + 1);
+}
+
+}  // namespace
+
+bool is_job_image(const std::string& dir) {
+  struct stat st {};
+  return ::stat((dir + "/manifest").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspectOptions& o) {
+  auto m = read_manifest(dir);
+  if (!m.ok()) return m.status();
+  const std::string gpu_dir = dir + "/" + m->gpu;
+  auto img = ckpt::ImageReader::open_dir(gpu_dir);
+  if (!img.ok()) return img.status().with_context("the GPU part " + gpu_dir);
+  if ((*img)->inventory().image_id() != m->gpu_image_id || (*img)->inventory().cut_pc() != m->cut)
+    return Status::Corrupt("the GPU part " + gpu_dir + " is not the one the manifest names (image " +
+                           (*img)->inventory().image_id() + " at cut " + std::to_string((*img)->inventory().cut_pc()) +
+                           "; the manifest: image " + m->gpu_image_id + " at cut " + std::to_string(m->cut) + ")");
+  std::string verified_text = "not verified (--no-verify): blob checksums were not read\n", verified_json = "null";
+  if (o.verify) {
+    auto v = ckpt::verify_image(**img, o.progress);
+    if (!v.ok()) return v.status();
+    verified_text = "verified: " + std::to_string(v->bytes) + " bytes in " + std::to_string(v->chunks) + " chunks of " +
+                    std::to_string(v->blobs) + " blobs, " + std::to_string(v->images) + " image(s), every checksum right\n";
+    verified_json = "{\"bytes\":" + std::to_string(v->bytes) + ",\"chunks\":" + std::to_string(v->chunks) +
+                    ",\"blobs\":" + std::to_string(v->blobs) + ",\"images\":" + std::to_string(v->images) + "}";
+  }
+  const std::string gpu = ckpt::describe_image(**img, ckpt::DescribeOptions{o.json, o.summary});
+
+  // The CPU part: a pre-dump on a kernel without dirty-memory tracking has none.
+  StatusOr<ckpt::CriuImageSummary> criu = Status::NotFound("none");
+  if (!m->criu.empty()) {
+    criu = ckpt::read_criu_image(dir + "/" + m->criu);
+    if (!criu.ok()) return criu.status().with_context("the CPU part " + dir + "/" + m->criu);
+    if (m->kind == "dump" && (criu->processes.empty() || criu->processes.front().pid != m->pid))
+      return Status::Corrupt("the CPU part " + dir + "/" + m->criu + " is not CRIU's dump of pid " +
+                             std::to_string(m->pid) + ", as the manifest says");
+    if (m->criu_parent && !criu->has_parent)
+      return Status::Corrupt("the CPU part " + dir + "/" + m->criu + " is incremental, but its parent link is gone");
+  }
+
+  if (o.json) {
+    std::string j = "{\"image\":" + json_string(dir) + ",\"manifest\":" + manifest_json(*m);
+    while (!j.empty() && j.back() == '\n') j.pop_back();
+    j += ",\"gpu\":" + gpu;
+    while (!j.empty() && j.back() == '\n') j.pop_back();
+    j += ",\"gpu_verified\":" + verified_json + ",\"criu\":";
+    if (!criu.ok()) {
+      j += "null";
+    } else {
+      j += "{\"processes\":[";
+      for (size_t i = 0; i < criu->processes.size(); ++i) {
+        const auto& p = criu->processes[i];
+        j += std::string(i ? "," : "") + "{\"pid\":" + std::to_string(p.pid) + ",\"ppid\":" + std::to_string(p.ppid) +
+             ",\"pgid\":" + std::to_string(p.pgid) + ",\"sid\":" + std::to_string(p.sid) +
+             ",\"threads\":" + std::to_string(p.threads) + ",\"comm\":" + json_string(p.comm) + "}";
+      }
+      j += "],\"pagemaps\":" + std::to_string(criu->pagemaps) + ",\"pages_stored\":" + std::to_string(criu->pages_stored) +
+           ",\"pages_in_parent\":" + std::to_string(criu->pages_in_parent) +
+           ",\"pages_lazy\":" + std::to_string(criu->pages_lazy) + ",\"bytes\":" + std::to_string(criu->bytes) +
+           ",\"incremental\":" + (criu->has_parent ? "true" : "false") + "}";
+    }
+    return j + "}\n";
+  }
+  std::ostringstream t;
+  t << "job image " << dir << ": " << (m->kind == "dump" ? "a dump" : "a pre-dump (no restore point: --prev of a later dump)")
+    << " of pid " << m->pid << " (uid " << m->uid << "), job '" << m->job << "', from posd " << m->socket << "\n";
+  if (m->kind == "dump") t << "  the job " << (m->leave_running ? "ran on after the dump" : "ended with the dump") << "\n";
+  if (!m->prev.empty()) t << "  previous image: " << m->prev << " (this one holds only what changed since)\n";
+  t << "GPU part (" << m->gpu << "): cut at call " << m->cut << ", " << m->handles << " handles, " << mib(m->gpu_bytes)
+    << " stored" << (m->prev.empty() ? std::string() : ", " + mib(m->gpu_bytes_referenced) + " in previous images")
+    << "\n";
+  t << indent(gpu, "  ") << "  " << verified_text;
+  if (!criu.ok()) {
+    t << "CPU part: none (this kernel tracks no dirty memory, so CRIU pre-dumped nothing; the dump --prev of this "
+         "image saves all of the job's memory)\n";
+    return t.str();
+  }
+  t << "CPU part (" << m->criu << "): CRIU images, " << mib(criu->bytes)
+    << (criu->has_parent ? ", incremental (pages unchanged since the previous image are left there)" : "")
+    << (m->criu_track_mem ? "; dirty memory tracked for a later --prev" : "") << "\n";
+  if (criu->processes.empty()) {
+    t << "  no process tree (a pre-dump holds memory pages only)\n";
+  } else {
+    t << "  process tree:\n";
+    std::string lines;
+    tree_lines(*criu, criu->processes.front().pid, 0, &lines);
+    t << lines;
+  }
+  t << "  pages: " << criu->pages_stored << " stored (" << mib(criu->pages_stored * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))) << "), "
+    << criu->pages_in_parent << " in the previous image; " << criu->pagemaps << " pagemaps\n";
+  t << "  checked: every pages file holds exactly the pages its pagemaps name\n";
+  return t.str();
+}
+
+}  // namespace pos

@@ -1,0 +1,28 @@
+// job_inspect.h — `pos-cli inspect DIR` of a job image (pos-cli dump / pre-dump): the manifest, the
+// GPU part (handles, bytes, checksums verified) and the CPU part (CRIU's process tree, page counts).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "pos/base/status.h"
+
+namespace pos {
+
+struct JobInspectOptions {
+  bool json = false;
+  bool summary = false;  // the GPU part's handles as counts per type
+  bool verify = true;    // read every GPU blob and check its checksums
+  std::function<void(uint64_t done, uint64_t total)> progress;  // verification, in bytes
+};
+
+// True if DIR holds a job image's manifest (else it may be a bare GPU image).
+bool is_job_image(const std::string& dir);
+
+// The report, text or one JSON object. Each part is checked against the manifest (the GPU part's
+// image id and cut, CRIU's root pid): a mismatch, a bad checksum or a malformed CRIU file is an
+// error naming it.
+StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspectOptions& options);
+
+}  // namespace pos
