@@ -1,9 +1,10 @@
-// criu.cc — runs CRIU as a child process (posix_spawn, no shell), reads its logs for the cause of a
+// criu.cc — runs CRIU as a child process (fork + exec, no shell), reads its logs for the cause of a
 // failure. No CRIU library is linked: the program is the interface CRIU keeps stable.
 #include "ckpt/criu.h"
 
 #include <fcntl.h>
-#include <spawn.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "ckpt/image.h"  // fault_point
 
 extern char** environ;
 
@@ -23,25 +26,37 @@ struct Ran {
   std::string output;  // stdout and stderr, at most 64 KiB
 };
 
-// Runs argv[0] with argv; stdout and stderr captured (bounded).
-StatusOr<Ran> run(const std::vector<std::string>& argv) {
+// Runs argv[0] with argv; stdout and stderr captured (bounded). CRIU dies with this thread (a
+// parent-death signal): a pos-cli killed mid-dump must not leave a CRIU behind that goes on to end
+// the job it was dumping. `fault_stage`: a fault point (fault_point) 50 ms after CRIU started.
+StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage = nullptr) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Status::Unavailable(std::string("pipe: ") + std::strerror(errno));
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = -1;
-  const int e = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // async-signal-safe calls only: the parent may have other threads
+    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent is gone already
+    const int nul = ::open("/dev/null", O_RDONLY);
+    if (nul < 0 || ::dup2(nul, 0) < 0 || ::dup2(p[1], 1) < 0 || ::dup2(p[1], 2) < 0) ::_exit(127);
+    ::execve(args[0], args.data(), environ);
+    ::_exit(127);
+  }
+  const int e = errno;
   ::close(p[1]);
-  if (e != 0) {
+  if (pid < 0) {
     ::close(p[0]);
     return Status::Unavailable("cannot run " + argv[0] + ": " + std::strerror(e));
+  }
+  if (fault_stage != nullptr) {
+    const char* want = std::getenv("POS_FAULT_POINT");
+    if (want != nullptr && std::strcmp(want, fault_stage) == 0) {
+      ::usleep(50'000);
+      fault_point(fault_stage);
+    }
   }
   Ran r;
   char buf[4096];
@@ -142,8 +157,9 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
   if (o.track_mem) argv.push_back("--track-mem");
   if (!o.prev_images_dir.empty()) argv.insert(argv.end(), {"--prev-images-dir", o.prev_images_dir});
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());
-  auto r = run(argv);
+  auto r = run(argv, "criu-dump-running");
   if (!r.ok()) return r.status();
+  if (r->status == 127 << 8 && r->output.empty()) return Status::Unavailable("cannot run " + criu);
   if (!exited_ok(r->status))
     return Status::Unavailable(std::string("criu ") + (o.pre_dump ? "pre-dump" : "dump") + " of pid " +
                                std::to_string(pid) + " failed: " + criu_errors(dir + "/" + log) + " (log: " + dir +

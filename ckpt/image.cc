@@ -524,9 +524,17 @@ HostAllocator HostAllocator::plain() {
 
 void fault_point(const char* stage) {
   const char* want = std::getenv("POS_FAULT_POINT");  // read each time: tests set it in a child
-  if (want != nullptr && std::strcmp(want, stage) == 0) {
+  if (want == nullptr) return;
+  const size_t n = std::strlen(stage);
+  if (std::strcmp(want, stage) == 0) {
     std::fprintf(stderr, "pos: fault point %s: killing the process\n", stage);
     std::raise(SIGKILL);
+  }
+  // "STAGE:stop": stopped there instead (SIGSTOP), so that a test can break something else at
+  // exactly that moment (kill posd mid-dump) and then let the process go on (SIGCONT).
+  if (std::strncmp(want, stage, n) == 0 && std::strcmp(want + n, ":stop") == 0) {
+    std::fprintf(stderr, "pos: fault point %s: stopping the process\n", stage);
+    std::raise(SIGSTOP);
   }
 }
 

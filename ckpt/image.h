@@ -176,6 +176,7 @@ Status validate_pending_call(const pb::PendingCall& p, uint64_t min_pc);
 
 // A fault point (docs/image_format.md): when POS_FAULT_POINT names `stage`, the process is
 // killed there (SIGKILL) — how the tests prove a crash mid-dump leaves the last image intact.
+// "STAGE:stop" stops it there instead (SIGSTOP), for a test to break something else meanwhile.
 void fault_point(const char* stage);
 
 std::string random_image_id();

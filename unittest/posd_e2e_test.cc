@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,12 +62,12 @@ std::string shell(const std::string& cmd, int* code, std::string* err) {
 
 // Starts a posd (the host or CUDA backend, as the suite runs) on `socket`, its stderr into `log`,
 // and waits until it answers.
-void start_posd(const std::string& socket, const std::string& log, pid_t* pid) {
+void start_posd(const std::string& socket, const std::string& log, pid_t* pid, const std::string& posd_extra = "") {
   const std::string cfg = socket.substr(0, socket.rfind('/')) + ".yaml";  // beside posd's own directory
   {
     std::ofstream y(cfg);
     y << "backend: " << (on_gpu() ? "cuda" : "host") << "\nlog_level: info\nposd:\n  socket: " << socket
-      << "\n  arena: 32MiB\n";
+      << "\n  arena: 32MiB\n" << posd_extra;
     if (!on_gpu()) y << "  host_kernel_libraries: [" << env_or_fail("POS_MLP_HOST_KERNELS") << "]\n";
   }
   const std::string posd = env_or_fail("POS_POSD");
@@ -540,6 +541,251 @@ TEST_F(PosdProcess, PosCliRestoreRefusesATakenPidAndABadImageAndChangesNothing) 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
+}
+
+// A dump that posd answers "busy" (the previous, killed one's GPU drain still runs in the session):
+// tried again, as a user would.
+std::string dump_when_free(const std::string& cmd, int* code, std::string* err) {
+  std::string out;
+  for (int i = 0; i < 100; ++i) {
+    out = shell(cmd, code, err);
+    if (err->find("already running") == std::string::npos && err->find("detached already") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return out;
+}
+
+// kill -9 of pos-cli at each phase of a dump, and of CRIU under it: the job is let run on at once
+// (pos-cli's guardian writes its permit; CRIU dies with pos-cli), no manifest is left (no image
+// that looks whole), and after all of it a dump works and the job finishes as if never touched.
+// Before CRIU has its image the dump is one that would end the job; after, one that leaves it
+// running (a dump that ends the job has ended it once CRIU is done).
+TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoImage) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "60000" : "8000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-fault-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", cli = env_or_fail("POS_CLI");
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "faulted", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  struct Point {
+    const char* name;
+    bool leave_running;
+  };
+  for (const Point& p : {Point{"job-dump-detached", false}, Point{"job-dump-cut", false},
+                         Point{"criu-dump-running", false}, Point{"job-dump-criu-done", true},
+                         Point{"job-dump-before-manifest", true}}) {
+    SCOPED_TRACE(p.name);
+    ASSERT_EQ(kill(child, 0), 0) << "the job ended: make it longer";
+    const std::string dir = base + "." + p.name;
+    std::filesystem::remove_all(dir);
+    int code = -1;
+    std::string err;
+    (void)dump_when_free(std::string("POS_FAULT_POINT=") + p.name + " " + cli + " dump -t " + std::to_string(child) +
+                             " -D " + dir + (p.leave_running ? " --leave-running" : "") + " --socket " + socket_,
+                         &code, &err);
+    EXPECT_NE(code, 0);
+    EXPECT_NE(err.find(std::string("fault point ") + p.name), std::string::npos) << err << log_text();
+    EXPECT_FALSE(std::filesystem::exists(dir + "/manifest"));
+  }
+  int code = -1;
+  std::string err;
+  (void)dump_when_free(cli + " dump -t " + std::to_string(child) + " -D " + base + ".whole --leave-running --socket " +
+                           socket_,
+                       &code, &err);
+  EXPECT_EQ(code, 0) << err << log_text();
+  EXPECT_TRUE(std::filesystem::exists(base + ".whole/manifest"));
+  const int st = wait_for_exit(child, std::chrono::seconds(300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  for (const char* p : {"job-dump-detached", "job-dump-cut", "criu-dump-running", "job-dump-criu-done",
+                        "job-dump-before-manifest", "whole"})
+    std::filesystem::remove_all(base + "." + p);
+  std::filesystem::remove(out_file);
+}
+
+// kill -9 of pos-cli mid-restore: once posd rebuilt the GPU state (posd abandons it), and once CRIU
+// brought the process back but before it re-attached (posd abandons the session; the process, refused,
+// ends). No session is left behind, and the image, unchanged, restores to a job that finishes right.
+TEST_F(PosdProcess, PosCliKilledMidRestoreLeavesNoSessionAndTheImageStillRestores) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-rfault-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", dir = base + ".img", saved = base + ".saved", cli = env_or_fail("POS_CLI");
+  std::filesystem::remove_all(dir);
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "rfaulted", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(cli + " dump -t " + std::to_string(child) + " -D " + dir + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+  std::filesystem::copy_file(out_file, saved, std::filesystem::copy_options::overwrite_existing);
+  auto no_sessions = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    std::string ps;
+    while ((ps = sessions_json()).find("\"sessions\":[]") == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline) return ps;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::string();
+  };
+  for (const char* point : {"job-restore-gpu", "job-restore-criu-done"}) {
+    SCOPED_TRACE(point);
+    std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
+    (void)shell(std::string("POS_FAULT_POINT=") + point + " " + cli + " restore -D " + dir + " --socket " + socket_,
+                &code, &err);
+    EXPECT_NE(code, 0);
+    EXPECT_NE(err.find(std::string("fault point ") + point), std::string::npos) << err;
+    if (std::string(point) == "job-restore-criu-done") {
+      // The process CRIU brought back either re-attached before posd saw pos-cli go (then it runs
+      // to the right end), or finds its session abandoned and ends: it never hangs.
+      st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+      if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        std::ifstream f(out_file);
+        EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+      }
+    }
+    EXPECT_EQ(no_sessions(), "") << log_text();
+  }
+  std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
+  (void)shell(cli + " restore -D " + dir + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  for (const std::string& p : {dir, saved, out_file}) std::filesystem::remove_all(p);
+}
+
+// kill -9 of posd itself in the middle of a dump (pos-cli stopped once the job is detached, posd
+// killed, pos-cli let go on): the dump fails with a message and leaves no image; the job, which can
+// no longer re-attach through posd, ends rather than hangs; the last good image restores into a new
+// posd and finishes as if never stopped.
+TEST_F(PosdProcess, PosdKilledMidDumpFailsTheDumpAndTheLastGoodImageStillRestores) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-pkill-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", good = base + ".good", bad = base + ".bad", saved = base + ".saved";
+  const std::string cli = env_or_fail("POS_CLI");
+  for (const std::string& d : {good, bad}) std::filesystem::remove_all(d);
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "pkilled", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(cli + " dump -t " + std::to_string(child) + " -D " + good + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+  std::filesystem::copy_file(out_file, saved, std::filesystem::copy_options::overwrite_existing);
+  (void)shell(cli + " restore -D " + good + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+
+  const std::string err_file = base + ".dump-err";
+  const std::string cmd = "POS_FAULT_POINT=job-dump-detached:stop exec " + cli + " dump -t " + std::to_string(child) + " -D " +
+                          bad + " --leave-running --socket " + socket_ + " 2>" + err_file;
+  pid_t dumper = -1;
+  std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
+  ASSERT_EQ(posix_spawn(&dumper, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
+  ASSERT_EQ(waitpid(dumper, &st, WUNTRACED), dumper);
+  ASSERT_TRUE(WIFSTOPPED(st)) << st;  // the job detached
+  ASSERT_EQ(kill(pid_, SIGKILL), 0);
+  waitpid(pid_, &st, 0);
+  pid_ = -1;
+  ASSERT_EQ(kill(dumper, SIGCONT), 0);
+  ASSERT_EQ(waitpid(dumper, &st, 0), dumper);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  {
+    std::ifstream f(err_file);
+    const std::string e((std::istreambuf_iterator<char>(f)), {});
+    EXPECT_NE(e.find("pos-cli dump: "), std::string::npos) << e;
+  }
+  EXPECT_FALSE(std::filesystem::exists(bad + "/manifest"));
+  st = wait_for_exit(child, std::chrono::seconds(120));
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+
+  start_posd(socket_, log_, &pid_);
+  std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
+  (void)shell(cli + " restore -D " + good + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  for (const std::string& p : {good, bad, saved, out_file, err_file}) std::filesystem::remove_all(p);
+}
+
+// Only root and the job's own user may dump or restore it: a user posd admits (its group) who asks to
+// detach, checkpoint or restore root's job is refused with the reason, and the job runs on untouched.
+TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
+  const uint32_t kUid = 65534, kGid = 65533;
+  const std::string base = ::testing::TempDir() + "posd-e2e-uid-" + std::to_string(::getpid());
+  // A posd of its own, which admits kGid's members besides root.
+  const std::string socket = base + "/posd.sock", log = base + ".log", out_file = base + ".out";
+  pid_t posd = -1;
+  start_posd(socket, log, &posd, "  group: " + std::to_string(kGid) + "\n");
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      kill(pid, SIGTERM);
+      int s = 0;
+      waitpid(pid, &s, 0);
+    }
+  } stop{posd};
+  auto ps = [&] {
+    auto j = pos::posd_control(socket, "ps");
+    return j.ok() ? *j : std::string();
+  };
+  auto logtext = [&] {
+    std::ifstream f(log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const std::string env = "POS_SOCKET=" + socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+                          " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  const pid_t job = start_job(env, env_or_fail("POS_MLP_NATIVE") + " " + args[0] + " " + args[1], "roots", out_file, ps,
+                              logtext);
+  const std::string img = base + ".img";
+  std::filesystem::create_directories(img);
+  ASSERT_EQ(chown(img.c_str(), kUid, kGid), 0);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t other = fork();
+  if (other == 0) {  // the other user: each refusal's message, one per line
+    close(p[0]);
+    if (setgroups(0, nullptr) != 0 || setresgid(kGid, kGid, kGid) != 0 || setresuid(kUid, kUid, kUid) != 0) _exit(3);
+    std::string out;
+    out += pos::posd_detach(socket, static_cast<uint32_t>(job), img + "/.reattach", 1000).status().message() + "\n";
+    out += pos::posd_checkpoint(socket, static_cast<uint32_t>(job), img, false).status().message() + "\n";
+    pos::RestoreRequest r;
+    r.pid = 4000000, r.uid = 0, r.arena_bytes = 32u << 20, r.token = std::string(32, 'a'), r.job = "roots";
+    out += pos::begin_restore(socket, img, r).status().message() + "\n";
+    (void)!write(p[1], out.data(), out.size());
+    _exit(0);
+  }
+  close(p[1]);
+  std::string said;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(p[0], buf, sizeof(buf))) > 0) said.append(buf, static_cast<size_t>(n));
+  close(p[0]);
+  int st = 0;
+  ASSERT_EQ(waitpid(other, &st, 0), other);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_NE(said.find("uid 65534 may not dump a job of uid 0"), std::string::npos) << said << logtext();
+  EXPECT_NE(said.find("uid 65534 may not restore a job of uid 0"), std::string::npos) << said << logtext();
+  size_t refusals = 0;
+  for (size_t at = 0; (at = said.find("may not", at)) != std::string::npos; ++at) ++refusals;
+  EXPECT_EQ(refusals, 3u) << said;
+  EXPECT_FALSE(std::filesystem::exists(img + "/gpu"));
+  st = 0;
+  ASSERT_EQ(waitpid(job, &st, 0), job);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  std::filesystem::remove_all(img);
   std::filesystem::remove(out_file);
 }
 

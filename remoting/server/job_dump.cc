@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -108,6 +109,66 @@ StatusOr<Prepared> prepare(const JobDumpOptions& o) {
   return p;
 }
 
+// Lets the job run on if this process dies mid-dump (kill -9 included): a child that waits on a
+// pipe from this process; at end-of-file without the word that the dump is over, it writes the
+// permit the detached job waits for. The job then re-attaches at once instead of after the
+// detach's timeout. The child touches no state of this process's other threads: async-signal-safe
+// calls on strings made before the fork.
+class JobGuardian {
+ public:
+  explicit JobGuardian(const std::string& permit) : tmp_(permit + ".tmp"), permit_(permit) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(p[1]);
+      char c = 0;
+      ssize_t r;
+      while ((r = ::read(p[0], &c, 1)) < 0 && errno == EINTR) {
+      }
+      if (r == 1) ::_exit(0);  // the dump is over, either way: nothing to do
+      // The dumping process is gone: let the job come back to the posd it left ("\n": no other).
+      const int f = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (f >= 0) {
+        (void)!::write(f, "\n", 1);
+        (void)::fsync(f);
+        ::close(f);
+        (void)::rename(tmp_.c_str(), permit_.c_str());
+      }
+      static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); the job was let run on\n";
+      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+      // The job takes its permit (removes it) within milliseconds: until then (10 s at most) this
+      // child holds pos-cli's output open, so that whoever waits for pos-cli does not remove the
+      // image directory, permit included, before the job has seen it.
+      struct stat st;
+      for (int i = 0; i < 1000 && ::stat(permit_.c_str(), &st) == 0; ++i) ::usleep(10'000);
+      ::_exit(1);
+    }
+    ::close(p[0]);
+    if (pid < 0) {
+      ::close(p[1]);
+      return;
+    }
+    pid_ = pid, fd_ = p[1];
+  }
+  ~JobGuardian() { release(); }
+  // The dump is over (done or undone by this process itself): the guardian leaves without a word.
+  void release() {
+    if (pid_ <= 0) return;
+    (void)!::write(fd_, "x", 1);
+    ::close(fd_);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+
+ private:
+  std::string tmp_, permit_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 // `to` relative to the directory `from` ("../pre/criu").
 std::string relative_to(const std::string& to, const std::string& from) {
   return std::filesystem::path(to).lexically_relative(std::filesystem::path(from)).string();
@@ -129,13 +190,16 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   (void)::unlink(permit.c_str());
 
   JobDumpReport r;
+  JobGuardian guardian(permit);
   say("detach");
   auto t = std::chrono::steady_clock::now();
+  const auto t_detach = t;
   // The job comes back by itself after 10 minutes if this process dies before it says so.
   uint64_t arena_bytes = 0;
   auto token = posd_detach(o.socket, o.pid, permit, 600'000, &arena_bytes);
   if (!token.ok()) return token.status().with_context("detaching the job");
   r.detach_s = seconds_since(t);
+  ckpt::fault_point("job-dump-detached");
   // From here every failure lets the job run on and removes this dump's parts.
   // What this dump may have written, removed whole: a failed dump leaves no partial image.
   auto remove_parts = [&] {
@@ -176,6 +240,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     cv.wait(lk, [&] { return cut || finished; });
   }
   r.cut_s = seconds_since(t);
+  ckpt::fault_point("job-dump-cut");
   auto gpu_failed = [&]() -> bool {
     std::lock_guard<std::mutex> lk(mu);
     return finished && !gpu.ok();
@@ -215,6 +280,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     drain.join();
     return undo(c.with_context("saving the CPU state"));
   }
+  ckpt::fault_point("job-dump-criu-done");
   if (o.leave_running) {
     // Both parts are cut: the job runs on while the GPU bytes drain.
     say("resume");
@@ -224,7 +290,9 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
       return s.with_context("the job was not told to run on");
     }
     r.resume_s = seconds_since(t);
-    r.pause_s = seconds_since(t0);  // the job re-attaches within milliseconds of the permit
+    // The job's calls were held from the detach to the permit (it re-attaches within milliseconds
+    // of it); the checks before the detach did not hold it.
+    r.pause_s = seconds_since(t_detach);
   } else {
     (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
   }
@@ -242,6 +310,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     remove_parts();
     return why;
   };
+  ckpt::fault_point("job-dump-before-manifest");
   if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
   r.criu_bytes = bytes_under(r.criu_dir);
   JobManifest m;

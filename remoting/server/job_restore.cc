@@ -116,6 +116,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
   r.gpu_s = seconds_since(t);
   r.gpu_bytes = pending->bytes, r.handles = pending->handles;
+  ckpt::fault_point("job-restore-gpu");
 
   say("criu");
   t = std::chrono::steady_clock::now();
@@ -131,6 +132,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
   }
 
+  ckpt::fault_point("job-restore-criu-done");
   say("reattach");
   t = std::chrono::steady_clock::now();
   if (Status s = finish_restore(*pending, static_cast<uint32_t>(*pid)); !s.ok()) {
