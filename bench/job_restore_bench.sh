@@ -20,7 +20,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 ARGS=("$@")
-[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --steps 100000000)
+# Half the layers frozen (fine-tuning): what an incremental dump leaves in its --prev. --step-times:
+# the job's own step gaps measure each dump's pause.
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4 --steps 100000000 --step-times)
 # Restored trees are reparented to the nearest child subreaper: this shell, so that it reaps them
 # (a zombie would keep its pid, and the next restore needs that pid).
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
@@ -45,6 +47,19 @@ until_next_step() {
 }
 gone() { for i in $(seq 1 2000); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.005; done; return 1; }
 json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1"; }
+# The job's longest step-to-step gap (ms, from one step's start to the next's) after step line $2
+# of file $1, and its median gap before: a dump's pause as the job sees it is the longest gap
+# minus a usual one.
+step_gap() {
+  local f=$1 from=$2 max med
+  for i in $(seq 1 400); do [[ $(steps_so_far "$f") -gt $((from + 3)) ]] && break; sleep 0.05; done
+  max=$(grep '^step .* start_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
+        awk '{ if (NR > 1 && ($6 - p) * 1000 > m) m = ($6 - p) * 1000; p = $6 } END { printf "%.1f", m }')
+  med=$(grep '^step .* start_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($6 - p) * 1000 } { p = $6 }' | sort -n |
+        awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)]; else printf "0" }')
+  echo "$max $med"
+}
+steps_so_far() { grep -c '^step .* time_ms' "$1"; }
 
 sock="$TMP/posd/posd.sock"
 printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n' "$BACKEND" "$sock" >"$TMP/posd.yaml"
@@ -65,11 +80,28 @@ POSENV=(POS_SOCKET="$sock" POS_JOB_NAME=bench LD_LIBRARY_PATH=/usr/local/cuda/li
 echo "== POS: pos-cli dump --leave-running --mode async"
 start_job "$TMP/job.out" "${POSENV[@]}" || exit 1
 "$B/tools/pos-cli" ps --socket "$sock"
+S0=$(steps_so_far "$TMP/job.out.err")
 LR=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-lr" --leave-running --mode async --json --socket "$sock")
 echo "$LR"
+read -r LR_MAX LR_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+echo "job's steps: longest around the dump $LR_MAX ms, median before $LR_MED ms"
 du -sh "$DIR/img-lr/gpu" "$DIR/img-lr/criu" 2>/dev/null
 rm -rf "$DIR/img-lr"  # disk room for the next images
 GPU_BYTES=$(json "$LR" gpu_bytes)
+
+echo "== POS: pos-cli pre-dump, then dump --leave-running --prev (CRIU dirty-memory tracking: $("$CRIU" check --feature mem_dirty_track >/dev/null 2>&1 && echo yes || echo no))"
+S0=$(steps_so_far "$TMP/job.out.err")
+PRE=$("$B/tools/pos-cli" pre-dump -t "$JOB" -D "$DIR/img-pre" --json --socket "$sock")
+echo "$PRE"
+read -r PRE_MAX PRE_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+sleep 2  # the job trains on: what the next dump saves is what these steps changed
+S0=$(steps_so_far "$TMP/job.out.err")
+INC=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-inc" --prev "$DIR/img-pre" --leave-running --mode async --json --socket "$sock")
+echo "$INC"
+read -r INC_MAX INC_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+echo "job's steps: pre-dump longest $PRE_MAX ms; dump --prev longest $INC_MAX ms (median $INC_MED ms)"
+"$B/tools/pos-cli" inspect --summary --no-verify "$DIR/img-inc" | grep -E "stored|pages|process tree" -A1 | head -12
+rm -rf "$DIR/img-pre" "$DIR/img-inc"
 
 echo "== POS: pos-cli dump (the job ends), then restore, eager and --lazy"
 T0=$(now)
@@ -77,10 +109,11 @@ D=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-stop" --mode async --json --s
 DUMP_S=$(sub "$(now)" "$T0")
 echo "$D"
 gone "$JOB"; wait "$JOB" 2>/dev/null
-SIZE=$(stat -c %s "$TMP/job.out"); N=$(lines "$TMP/job.out")
+SIZE=$(stat -c %s "$TMP/job.out"); ESIZE=$(stat -c %s "$TMP/job.out.err"); N=$(lines "$TMP/job.out")
 declare -A BACK RS
 for how in eager lazy; do
   truncate -s "$SIZE" "$TMP/job.out"  # CRIU restores open files at their size at the dump
+  truncate -s "$ESIZE" "$TMP/job.out.err"
   flag=""; [[ $how == lazy ]] && flag="--lazy"
   T0=$(now)
   RS[$how]=$("$B/tools/pos-cli" restore -D "$DIR/img-stop" $flag --json --socket "$sock") || { echo "restore ($how) failed"; continue; }
@@ -119,7 +152,9 @@ echo
 echo "| | POS | NVIDIA API + CRIU |"
 echo "|---|---|---|"
 echo "| device state | $GPU_BYTES bytes (job's buffers) | whole process |"
-echo "| job paused by a dump that leaves it running | $(json "$LR" pause_s) s | — (not offered) |"
+echo "| job paused by a dump that leaves it running (pos-cli's pause_s; the job's longest step - median step) | $(json "$LR" pause_s) s; $LR_MAX - $LR_MED ms | — (not offered) |"
+echo "| the same after a pre-dump (dump --prev; GPU bytes stored / left in the pre-dump; CRIU bytes) | $(json "$INC" pause_s) s; $INC_MAX - $INC_MED ms ($(json "$INC" gpu_bytes) / $(json "$INC" gpu_bytes_referenced); $(json "$INC" criu_bytes)) | — |"
+echo "| pre-dump itself (the job's longest step) | $PRE_MAX ms | — |"
 echo "| stop and dump (the job ends) | $DUMP_S s | ${NV_STOP:-failed} s (checkpoint ${NV_CKPT:-?} + CRIU ${NV_CRIU_D:-?}) |"
 echo "| restore, back to the next step (eager) | ${BACK[eager]:-failed} s | ${NV_BACK:-failed} s (CRIU ${NV_CRIU_R:-?} + restore ${NV_RESTORE:-?}) |"
 echo "| restore, back to the next step (--lazy) | ${BACK[lazy]:-failed} s | — |"
