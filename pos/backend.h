@@ -45,9 +45,6 @@ class DeviceCopier {
   // Device memory outside every client range (copy-on-write shadows).
   virtual StatusOr<uint64_t> shadow_alloc(uint64_t n) = 0;
   virtual void shadow_free(uint64_t addr) = 0;
-  // Gives the memory of freed shadows back to the device, on the calling thread (the drainer's),
-  // so that the job's next synchronization does not pay for it. Live shadows stay.
-  virtual void release_free_shadow_memory() {}
 };
 
 // One client's device state. Confined to that client's worker thread (not thread-safe), except

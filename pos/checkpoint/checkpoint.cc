@@ -170,11 +170,6 @@ void CheckpointJob::protect_region(DrainRegion& r) {
 
 void CheckpointJob::drain_main() {
   Status s = drain_all();
-  // Every region drained has freed its shadow: their memory goes back now, on this thread.
-  if (shadow_copier_) {
-    std::lock_guard<std::mutex> pl(pool_mu_);
-    shadow_copier_->release_free_shadow_memory();
-  }
   if (s.ok()) s = writer_->finish_blobs();
   if (s.ok()) {
     for (auto& r : regions_) {

@@ -131,7 +131,6 @@ class CudaCopier final : public DeviceCopier {
           cuStreamSynchronize(s);
           cuStreamDestroy(s);
         }
-      if (pool_ != nullptr) cuMemPoolDestroy(pool_);
     }
   }
   Status open() {
@@ -159,36 +158,18 @@ class CudaCopier final : public DeviceCopier {
     POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
     return Status::Ok();
   }
-  // Shadows come from a stream-ordered pool of this copier's own: cuMemFree would wait for the
-  // whole device (the job's kernels included), so a drainer freeing shadows would stall behind the
-  // job and the job's next writes behind a full pool. The device's default pool is not used: it
-  // gives freed memory back at the next synchronization of any stream, so the job's first
-  // synchronization after a drain paid for unmapping gigabytes of shadows (seconds, seen in posd
-  // dumps). This pool keeps freed memory until release_free_shadow_memory, which the drainer calls
-  // once it has freed them. cuMemAlloc only where pools are missing.
+  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
+  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
+  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
   StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
     POS_RETURN_IF_ERROR(make_current(ctx_));
     CUdeviceptr p = 0;
     const size_t bytes = n == 0 ? 1 : n;
-    if (!no_pool_ && pool_ == nullptr) {
-      CUdevice dev = 0;
-      POS_CU(cuCtxGetDevice(&dev), "the checkpoint's device");
-      CUmemPoolProps props{};
-      props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-      props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
-      props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      props.location.id = static_cast<int>(dev);
-      const CUresult r = cuMemPoolCreate(&pool_, &props);
-      if (r == CUDA_ERROR_NOT_SUPPORTED) {
-        no_pool_ = true;
-        pool_ = nullptr;
-      } else {
-        POS_CU(r, "shadow memory pool");
-        cuuint64_t keep = ~cuuint64_t{0};
-        POS_CU(cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep), "shadow memory pool");
-      }
+    if (!no_pool_) {
+      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
+      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
+      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
     }
-    if (!no_pool_) POS_CU(cuMemAllocFromPoolAsync(&p, bytes, pool_, lanes_[0]), "shadow of " + std::to_string(n) + " bytes");
     if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
     shadows_.insert(p);
     return static_cast<uint64_t>(p);
@@ -199,16 +180,8 @@ class CudaCopier final : public DeviceCopier {
     if (no_pool_) cuMemFree(addr);
     else cuMemFreeAsync(addr, lanes_[1]);
   }
-  void release_free_shadow_memory() override {
-    if (pool_ == nullptr || !make_current(ctx_).ok()) return;
-    // The frees are ordered on the lanes: once they have run, the pool's free memory is unused.
-    for (CUstream s : lanes_)
-      if (s != nullptr) cuStreamSynchronize(s);
-    cuMemPoolTrimTo(pool_, 0);
-  }
 
  private:
-  CUmemoryPool pool_ = nullptr;
   CUcontext ctx_;
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
