@@ -59,6 +59,14 @@ step_gap() {
         awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)]; else printf "0" }')
   echo "$max $med"
 }
+# Removes images, then waits until the file system is done with it: deleting gigabytes stalls
+# every writer on that file system for seconds, the job's own output included, and the next phase
+# must not measure that.
+settle() {
+  rm -rf "$@"; sync
+  local n; n=$(steps_so_far "$TMP/job.out.err" 2>/dev/null || echo 0)
+  for i in $(seq 1 200); do [[ $(steps_so_far "$TMP/job.out.err") -gt $((n + 3)) ]] && break; sleep 0.05; done
+}
 steps_so_far() { grep -c '^step .* time_ms' "$1"; }
 
 sock="$TMP/posd/posd.sock"
@@ -86,7 +94,7 @@ echo "$LR"
 read -r LR_MAX LR_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
 echo "job's steps: longest around the dump $LR_MAX ms, median before $LR_MED ms"
 du -sh "$DIR/img-lr/gpu" "$DIR/img-lr/criu" 2>/dev/null
-rm -rf "$DIR/img-lr"  # disk room for the next images
+settle "$DIR/img-lr"  # disk room for the next images
 GPU_BYTES=$(json "$LR" gpu_bytes)
 
 echo "== POS: pos-cli pre-dump, then dump --leave-running --prev (CRIU dirty-memory tracking: $("$CRIU" check --feature mem_dirty_track >/dev/null 2>&1 && echo yes || echo no))"
@@ -101,7 +109,7 @@ echo "$INC"
 read -r INC_MAX INC_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
 echo "job's steps: pre-dump longest $PRE_MAX ms; dump --prev longest $INC_MAX ms (median $INC_MED ms)"
 "$B/tools/pos-cli" inspect --summary --no-verify "$DIR/img-inc" | grep -E "stored|pages|process tree" -A1 | head -12
-rm -rf "$DIR/img-pre" "$DIR/img-inc"
+settle "$DIR/img-pre" "$DIR/img-inc"
 
 echo "== POS: pos-cli dump (the job ends), then restore, eager and --lazy"
 T0=$(now)
