@@ -13,7 +13,7 @@
 
 namespace pos::wire {
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: ReplySlot::async_error
+inline constexpr uint32_t kProtocolVersion = 3;  // 2: ReplySlot::async_error; 3: restore, incremental checkpoint bodies
 inline constexpr uint32_t kHelloMagic = 0x484f5350;    // "PSOH"
 inline constexpr uint32_t kWelcomeMagic = 0x574f5350;  // "PSOW"
 inline constexpr uint32_t kShmMagic = 0x4d534f50;      // "POSM"
