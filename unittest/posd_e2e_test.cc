@@ -247,7 +247,15 @@ TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesGpuAndCpuStateAndTheJobFinishesAs
   EXPECT_TRUE(std::filesystem::exists(dir + "/manifest"));
   EXPECT_EQ(std::filesystem::status(dir + "/token").permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/.reattach"));  // used by the job to come back
+  {  // the permit: outside the image, used by the job to come back, and removed by it
+    std::ifstream mf(dir + "/manifest");
+    const std::string m((std::istreambuf_iterator<char>(mf)), {});
+    const size_t at = m.find("\"permit\":\"");
+    ASSERT_NE(at, std::string::npos) << m;
+    const std::string permit = m.substr(at + 10, m.find('"', at + 10) - at - 10);
+    EXPECT_EQ(permit.rfind(dir, 0), std::string::npos) << permit;
+    EXPECT_FALSE(std::filesystem::exists(permit)) << permit;
+  }
   const std::string inspected = shell(env_or_fail("POS_CLI") + " inspect " + dir + "/gpu", &code, &err);
   EXPECT_EQ(code, 0) << err;
   EXPECT_NE(inspected.find("every checksum right"), std::string::npos) << inspected;
@@ -319,7 +327,7 @@ int wait_for_exit(pid_t pid, std::chrono::seconds timeout) {
 // ZDTM shape: the unmodified training binary runs under posd; `pos-cli dump` saves it mid-run and
 // ends it; `pos-cli restore` brings it back (GPU state at the same addresses, the process by CRIU,
 // re-attached to a new session), and it runs on to exactly the output of an uninterrupted run.
-// Then the same image restored into a second posd, after the first run's end.
+// Then the same image, moved to another directory, restored into a second posd, after the first run's end.
 TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStopped) {
   become_subreaper();
   const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
@@ -373,7 +381,11 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
     }
   } stop{posd2};
   std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
-  (void)shell(env_or_fail("POS_CLI") + " restore -D " + dir + " --socket " + socket2, &code, &err);
+  // The image moved elsewhere first: nothing in it depends on where it was dumped.
+  const std::string moved = base + ".moved";
+  std::filesystem::remove_all(moved);
+  std::filesystem::rename(dir, moved);
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + moved + " --socket " + socket2, &code, &err);
   ASSERT_EQ(code, 0) << err;
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
@@ -384,7 +396,7 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
   std::ifstream l2(log2);
   const std::string second_log((std::istreambuf_iterator<char>(l2)), {});
   EXPECT_NE(second_log.find("re-attached"), std::string::npos) << second_log;
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(moved);
   std::filesystem::remove(out_file);
   std::filesystem::remove(saved);
 }
@@ -787,6 +799,97 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
   std::filesystem::remove_all(img);
   std::filesystem::remove(out_file);
+}
+
+// A job that is not root (uid 65534, admitted through posd.group). Detached, it comes back as soon
+// as a permit appears (in /dev/shm, where it can read it; its own, so it may remove it there) and
+// not for a permit of another user; it finishes exactly as an uninterrupted run. pos-cli dump of it
+// works where pos-cli has CAP_SYS_RESOURCE (CRIU needs it for another user's process) and is refused
+// up front, saying so, where it does not (some containers, this CI's among them), the job untouched.
+TEST_F(PosdProcess, AJobOfAnotherUserComesBackOnItsOwnPermitOnlyAndIsDumpedOrRefusedUpFront) {
+  const uint32_t kUid = 65534, kGid = 65533;
+  const std::string base = ::testing::TempDir() + "posd-e2e-nonroot-" + std::to_string(::getpid());
+  const std::string socket = base + "/posd.sock", log = base + ".log", out_file = base + ".out", bin = base + ".bin";
+  const std::string cli = env_or_fail("POS_CLI");
+  pid_t posd = -1;
+  start_posd(socket, log, &posd, "  group: " + std::to_string(kGid) + "\n");
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      kill(pid, SIGTERM);
+      int s = 0;
+      waitpid(pid, &s, 0);
+    }
+  } stop{posd};
+  auto ps = [&] {
+    auto j = pos::posd_control(socket, "ps");
+    return j.ok() ? *j : std::string();
+  };
+  auto logtext = [&] {
+    std::ifstream f(log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  // The programs where the other user can read them, whatever the build directory's mode.
+  namespace fs = std::filesystem;
+  fs::remove_all(bin);
+  fs::create_directories(bin);
+  fs::permissions(bin, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                           fs::perms::others_exec);
+  fs::copy_file(env_or_fail("POS_MLP_NATIVE"), bin + "/mlp_train_native");
+  fs::copy_file(env_or_fail("POS_CLIENT_LIB"), bin + "/libpos_client.so");
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string train = "setpriv --reuid=" + std::to_string(kUid) + " --regid=" + std::to_string(kGid) +
+                            " --clear-groups env POS_SOCKET=" + socket + " LD_LIBRARY_PATH=" +
+                            env_or_fail("POS_CUDA_LIB_DIR") + " LD_PRELOAD=" + bin + "/libpos_client.so " + bin +
+                            "/mlp_train_native " + args[0] + " " + args[1];
+  const pid_t child = start_job("", train, "nonroot", out_file, ps, logtext);
+  struct stat st_proc {};
+  ASSERT_EQ(stat(("/proc/" + std::to_string(child)).c_str(), &st_proc), 0);
+  ASSERT_EQ(st_proc.st_uid, kUid) << "the job does not run as the other user";
+  auto lines = [&] {
+    std::ifstream f(out_file);
+    return std::count(std::istreambuf_iterator<char>(f), {}, '\n');
+  };
+  auto permit = pos::new_permit_path();
+  ASSERT_TRUE(permit.ok()) << permit.status().to_string();
+  auto token = pos::posd_detach(socket, static_cast<uint32_t>(child), *permit, 600'000);
+  ASSERT_TRUE(token.ok()) << token.status().to_string() << logtext();
+  // Someone else's permit (neither root's nor the job's) is not looked at.
+  ASSERT_TRUE(pos::grant_reattach(*permit, "", kUid + 1000).ok());
+  const auto held = lines();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(lines(), held) << "the job ran on a permit that is not its own";
+  EXPECT_TRUE(fs::exists(*permit));
+  ASSERT_TRUE(pos::grant_reattach(*permit, "", kUid).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (lines() <= held + 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job did not come back on its permit" << logtext();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(fs::exists(*permit)) << "the job did not remove its permit";
+
+  int code = -1;
+  std::string err;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  bool sys_resource = false;
+  while (std::getline(status, line))
+    if (line.rfind("CapEff:", 0) == 0) sys_resource = ((std::stoull(line.substr(7), nullptr, 16) >> 24) & 1) != 0;
+  (void)shell(cli + " dump -t " + std::to_string(child) + " -D " + base + ".lr --leave-running --socket " + socket, &code,
+              &err);
+  if (sys_resource) {
+    EXPECT_EQ(code, 0) << err << logtext();
+  } else {
+    EXPECT_EQ(code, 1);
+    EXPECT_NE(err.find("CRIU needs CAP_SYS_RESOURCE to dump another user's process"), std::string::npos) << err;
+    EXPECT_FALSE(fs::exists(base + ".lr/gpu"));
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << logtext();
+  std::ifstream f(out_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  for (const std::string& p : {base + ".lr", bin, out_file}) fs::remove_all(p);
 }
 
 TEST_F(PosdProcess, ASessionIsNamedAfterTheProgramsFullFileName) {

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -590,19 +591,22 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
   std::string socket = socket_path_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.timeout_ms);
   for (;;) {
-    if (::access(req.permit, F_OK) == 0) {
+    // Only a permit of root or of this job's own user counts (it sits in a directory everyone
+    // may write, and names the socket to go to): anything else is not looked at.
+    const int pf = ::open(req.permit, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat pst {};
+    if (pf >= 0 && ::fstat(pf, &pst) == 0 && S_ISREG(pst.st_mode) && (pst.st_uid == 0 || pst.st_uid == ::getuid())) {
       char line[256] = {};
-      if (FILE* f = std::fopen(req.permit, "r")) {
-        if (std::fgets(line, sizeof(line), f) != nullptr) {
-          std::string l = line;
-          while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.pop_back();
-          if (!l.empty()) socket = l;
-        }
-        std::fclose(f);
-      }
+      const ssize_t n = ::read(pf, line, sizeof(line) - 1);
+      ::close(pf);
+      std::string l(line, n > 0 ? static_cast<size_t>(n) : 0);
+      l = l.substr(0, l.find('\n'));
+      while (!l.empty() && l.back() == ' ') l.pop_back();
+      if (!l.empty()) socket = l;
       (void)::unlink(req.permit);  // one use: a later restore of this image gets a fresh one
       break;
     }
+    if (pf >= 0) ::close(pf);
     if (std::chrono::steady_clock::now() >= deadline) break;
     pollfd stop{watch_stop_, POLLIN, 0};
     if (::poll(&stop, 1, 2) > 0) {  // the session is being destroyed

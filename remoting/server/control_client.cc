@@ -207,12 +207,15 @@ Status finish_restore(PendingRestore& p, uint32_t pid) {
   }
 }
 
-Status grant_reattach(const std::string& permit, const std::string& socket_path) {
+Status grant_reattach(const std::string& permit, const std::string& socket_path, int64_t owner) {
   const std::string tmp = permit + ".tmp";
   // Readable by the job's user (it names a socket, no secret): a job that is not root reads it.
   UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
   (void)::fchmod(f.get(), 0644);  // whatever the umask
+  // The job's own: the job trusts a permit of root or of its own uid only, and removes it after use.
+  if (owner >= 0 && static_cast<uid_t>(owner) != ::geteuid() && ::fchown(f.get(), static_cast<uid_t>(owner), -1) != 0)
+    return Status::Unavailable("cannot give " + tmp + " to uid " + std::to_string(owner) + ": " + std::strerror(errno));
   const std::string text = socket_path + "\n";
   if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
     return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
@@ -220,6 +223,19 @@ Status grant_reattach(const std::string& permit, const std::string& socket_path)
   if (::rename(tmp.c_str(), permit.c_str()) != 0)
     return Status::Unavailable("cannot put " + permit + " in place: " + std::strerror(errno));
   return Status::Ok();
+}
+
+StatusOr<std::string> new_permit_path() {
+  unsigned char r[16];
+  UniqueFd u(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  if (!u || ::read(u.get(), r, sizeof(r)) != static_cast<ssize_t>(sizeof(r)))
+    return Status::Unavailable("no randomness for a permit name");
+  static const char kHex[] = "0123456789abcdef";
+  std::string name = "pos-permit-";
+  for (unsigned char c : r) name += kHex[c >> 4], name += kHex[c & 15];
+  struct stat st {};
+  const char* dir = ::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) ? "/dev/shm" : "/tmp";
+  return std::string(dir) + "/" + name;
 }
 
 }  // namespace pos

@@ -58,7 +58,13 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
 Status finish_restore(PendingRestore& pending, uint32_t pid);
 
 // Lets a detached job re-attach: writes `permit` (atomically), naming the socket of the posd to
-// come back to (empty: the one it left).
-Status grant_reattach(const std::string& permit, const std::string& socket_path = "");
+// come back to (empty: the one it left), owned by `owner` (the job's uid, so that it may remove
+// the permit from a sticky directory once it has used it; -1: this process's).
+Status grant_reattach(const std::string& permit, const std::string& socket_path = "", int64_t owner = -1);
+
+// Where a dumped job will look for its permit: a name of 128 random bits in /dev/shm (else /tmp):
+// outside the image directory, so that the image can move, and in a directory every user can
+// reach, so that a job that is not root can read it.
+StatusOr<std::string> new_permit_path();
 
 }  // namespace pos

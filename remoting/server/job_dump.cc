@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "ckpt/criu.h"
 #include "ckpt/image.h"
@@ -57,6 +58,15 @@ uint64_t bytes_under(const std::string& dir) {
   return n;
 }
 
+// Whether this process has capability `cap` in its effective set (/proc/self/status, CapEff).
+bool has_effective_capability(int cap) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("CapEff:", 0) == 0) return ((std::stoull(line.substr(7), nullptr, 16) >> cap) & 1) != 0;
+  return false;
+}
+
 // What dump and pre-dump check before anything is asked of posd or CRIU.
 struct Prepared {
   std::string criu;      // the program
@@ -81,6 +91,13 @@ StatusOr<Prepared> prepare(const JobDumpOptions& o) {
   if (::stat(("/proc/" + std::to_string(o.pid)).c_str(), &owner) != 0)
     return Status(Code::kNotFound, 0, "pid " + std::to_string(o.pid) + " does not exist");
   p.owner = owner.st_uid;
+  // CRIU reads and sets a process's resource limits: for another user's process that takes
+  // CAP_SYS_RESOURCE, which some containers drop even for root. Said now, not as CRIU's "Can't get
+  // rlimit" after the job was stopped.
+  if (p.owner != ::geteuid() && !has_effective_capability(24 /* CAP_SYS_RESOURCE */))
+    return Status::FailedPrecondition("pid " + std::to_string(o.pid) + " runs as uid " + std::to_string(p.owner) +
+                                      ", and CRIU needs CAP_SYS_RESOURCE to dump another user's process; this "
+                                      "pos-cli does not have it (a container that drops it: add it)");
   char real[PATH_MAX];
   if (!o.prev.empty()) {
     if (::realpath(o.prev.c_str(), real) == nullptr)
@@ -116,7 +133,7 @@ StatusOr<Prepared> prepare(const JobDumpOptions& o) {
 // calls on strings made before the fork.
 class JobGuardian {
  public:
-  explicit JobGuardian(const std::string& permit) : tmp_(permit + ".tmp"), permit_(permit) {
+  JobGuardian(const std::string& permit, uid_t owner) : tmp_(permit + ".tmp"), permit_(permit) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return;
     const pid_t pid = ::fork();
@@ -130,6 +147,8 @@ class JobGuardian {
       // The dumping process is gone: let the job come back to the posd it left ("\n": no other).
       const int f = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
       if (f >= 0) {
+        (void)::fchmod(f, 0644);
+        (void)::fchown(f, owner, static_cast<gid_t>(-1));  // the job's: see grant_reattach
         (void)!::write(f, "\n", 1);
         (void)::fsync(f);
         ::close(f);
@@ -186,11 +205,12 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
   const std::string& dir = pp.dir;
-  const std::string permit = dir + "/.reattach";
-  (void)::unlink(permit.c_str());
+  auto permit_path = new_permit_path();
+  if (!permit_path.ok()) return permit_path.status();
+  const std::string permit = *permit_path;
 
   JobDumpReport r;
-  JobGuardian guardian(permit);
+  JobGuardian guardian(permit, pp.owner);
   say("detach");
   auto t = std::chrono::steady_clock::now();
   const auto t_detach = t;
@@ -208,7 +228,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   };
   auto undo = [&](const Status& why) -> Status {
     remove_parts();
-    Status resumed = grant_reattach(permit);
+    Status resumed = grant_reattach(permit, "", pp.owner);
     return resumed.ok() ? why : why.with_context("the job could not be told to run on (" + resumed.message() + ")");
   };
 
@@ -285,7 +305,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     // Both parts are cut: the job runs on while the GPU bytes drain.
     say("resume");
     t = std::chrono::steady_clock::now();
-    if (Status s = grant_reattach(permit); !s.ok()) {
+    if (Status s = grant_reattach(permit, "", pp.owner); !s.ok()) {
       drain.join();
       return s.with_context("the job was not told to run on");
     }

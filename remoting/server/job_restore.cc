@@ -89,8 +89,8 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   const std::string permit_dir = m->permit.substr(0, m->permit.rfind('/'));
   struct stat pd {};
   if (::stat(permit_dir.empty() ? "/" : permit_dir.c_str(), &pd) != 0 || !S_ISDIR(pd.st_mode))
-    return Status::FailedPrecondition("the image was dumped to " + permit_dir +
-                                      ", where the restored job looks for its permit to re-attach: restore it from there");
+    return Status::FailedPrecondition("the restored job looks for its permit to re-attach in " + permit_dir +
+                                      ", which this host does not have");
   char sock_real[PATH_MAX];
   if (::realpath(o.socket.c_str(), sock_real) == nullptr)
     return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
@@ -122,7 +122,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   t = std::chrono::steady_clock::now();
   // The job looks for its permit first thing once CRIU lets it run: it is there already, naming
   // the posd that holds its GPU state now.
-  if (Status s = grant_reattach(m->permit, sock_real); !s.ok()) return s.with_context("letting the job re-attach");
+  if (Status s = grant_reattach(m->permit, sock_real, m->uid); !s.ok()) return s.with_context("letting the job re-attach");
   ckpt::CriuRestoreOptions co;
   co.shell_job = m->shell_job;
   auto pid = ckpt::criu_restore(*criu, criu_dir, co);
