@@ -193,6 +193,31 @@ std::string relative_to(const std::string& to, const std::string& from) {
   return std::filesystem::path(to).lexically_relative(std::filesystem::path(from)).string();
 }
 
+// The manifest's fields that dump and pre-dump fill alike, from the job and the parts' reports.
+JobManifest manifest_base(const JobDumpOptions& o, const Prepared& pp, const JobDumpReport& r) {
+  JobManifest m;
+  m.pid = o.pid;
+  m.uid = pp.owner;
+  m.socket = o.socket;
+  m.prev = pp.prev_dir.empty() ? "" : relative_to(pp.prev_dir, pp.dir);
+  m.cut = r.gpu.cut_pc, m.gpu_bytes = r.gpu.bytes_stored, m.handles = r.gpu.handles;
+  m.gpu_bytes_referenced = r.gpu.bytes_referenced;
+  m.criu_track_mem = r.criu_track_mem;
+  m.criu_parent = r.criu_incremental;
+  return m;
+}
+
+// The manifest, last: the GPU part's identity read back from it (the job's name, its image id),
+// then the file written whole or not at all.
+Status write_manifest(const std::string& dir, JobManifest* m, JobDumpReport* r) {
+  auto img = ckpt::ImageReader::open_dir(dir + "/" + m->gpu);
+  if (!img.ok()) return img.status().with_context("reading back the GPU part");
+  m->job = printable((*img)->client().client().job_name());
+  m->gpu_image_id = (*img)->inventory().image_id();
+  r->manifest = dir + "/manifest";
+  return write_file(r->manifest, manifest_json(*m), 0600);
+}
+
 }  // namespace
 
 StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
@@ -333,27 +358,12 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   ckpt::fault_point("job-dump-before-manifest");
   if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
   r.criu_bytes = bytes_under(r.criu_dir);
-  JobManifest m;
-  m.pid = o.pid;
-  m.uid = pp.owner;
-  m.prev = pp.prev_dir.empty() ? "" : relative_to(pp.prev_dir, dir);
-  m.gpu_bytes_referenced = r.gpu.bytes_referenced;
-  m.criu_track_mem = r.criu_track_mem;
-  m.criu_parent = r.criu_incremental;
-  m.socket = o.socket;
+  JobManifest m = manifest_base(o, pp, r);
   m.permit = permit;
   m.arena_bytes = arena_bytes;
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
-  m.cut = r.gpu.cut_pc, m.gpu_bytes = r.gpu.bytes_stored, m.handles = r.gpu.handles;
-  {
-    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
-    if (!img.ok()) return drop(img.status().with_context("reading back the GPU part"));
-    m.job = printable((*img)->client().client().job_name());
-    m.gpu_image_id = (*img)->inventory().image_id();
-  }
-  r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) return drop(s);
+  if (Status s = write_manifest(dir, &m, &r); !s.ok()) return drop(s);
   r.total_s = seconds_since(t0);
   return r;
 }
@@ -412,32 +422,14 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
                   "pre-dumped, and a dump --prev of this image saves all of the job's memory";
   }
   r.criu_s = seconds_since(t);
-  JobManifest m;
+  JobManifest m = manifest_base(o, pp, r);
   m.kind = "pre-dump";
-  m.pid = o.pid;
-  m.uid = pp.owner;
-  m.socket = o.socket;
   m.permit.clear();
   m.arena_bytes = 0;
   m.leave_running = true;
   m.shell_job = shell_job;
-  m.prev = pp.prev_dir.empty() ? "" : relative_to(pp.prev_dir, dir);
-  m.cut = r.gpu.cut_pc, m.gpu_bytes = r.gpu.bytes_stored, m.handles = r.gpu.handles;
-  m.gpu_bytes_referenced = r.gpu.bytes_referenced;
-  m.criu_track_mem = r.criu_track_mem;
-  m.criu_parent = r.criu_incremental;
   m.criu = r.criu_track_mem ? "criu" : "";
-  {
-    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
-    if (!img.ok()) {
-      remove_parts();
-      return img.status().with_context("reading back the GPU part");
-    }
-    m.job = printable((*img)->client().client().job_name());
-    m.gpu_image_id = (*img)->inventory().image_id();
-  }
-  r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+  if (Status s = write_manifest(dir, &m, &r); !s.ok()) {
     remove_parts();
     return s;
   }
