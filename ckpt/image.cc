@@ -3,6 +3,7 @@
 #include "ckpt/image.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -519,6 +520,17 @@ Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client
 // ---------------- public helpers ----------------
 HostAllocator HostAllocator::plain() {
   return HostAllocator{[](uint64_t n) -> void* { return std::aligned_alloc(4096, align_up(std::max<uint64_t>(n, 1), 4096)); },
+                       [](void* p) { std::free(p); }};
+}
+
+HostAllocator HostAllocator::pageable() {
+  constexpr uint64_t kHuge = 2ull << 20;
+  return HostAllocator{[](uint64_t n) -> void* {
+                         const uint64_t bytes = align_up(std::max<uint64_t>(n, 1), kHuge);
+                         void* p = std::aligned_alloc(kHuge, bytes);
+                         if (p != nullptr) (void)::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: no THP, no harm
+                         return p;
+                       },
                        [](void* p) { std::free(p); }};
 }
 

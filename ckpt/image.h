@@ -46,6 +46,11 @@ struct HostAllocator {
   std::function<void*(uint64_t bytes)> alloc;
   std::function<void(void* p)> free;
   static HostAllocator plain();  // page-aligned ordinary memory
+  // Ordinary memory in 2 MiB-aligned blocks the kernel is asked to back with huge pages: a first
+  // dump into it faults in 2 MiB at a time, so the copy threads that fill it are not held up by
+  // half a million 4 KiB faults per GiB. Nothing is page-locked: the device backend copies into
+  // it through bounded staging (pos/backends/staged_copy.h) at near DMA speed.
+  static HostAllocator pageable();
 };
 
 // An image kept in host memory (the fastest target; also what a directory image is loaded into).

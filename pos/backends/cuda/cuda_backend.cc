@@ -115,79 +115,6 @@ Status make_current(CUcontext ctx) {
   return Status::Ok();
 }
 
-// The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
-// so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
-class CudaCopier final : public DeviceCopier {
- public:
-  explicit CudaCopier(CUcontext ctx) : ctx_(ctx) {}
-  ~CudaCopier() override {
-    if (make_current(ctx_).ok()) {
-      for (CUdeviceptr p : shadows_) {
-        if (no_pool_ || lanes_[0] == nullptr) cuMemFree(p);
-        else cuMemFreeAsync(p, lanes_[0]);
-      }
-      for (CUstream s : lanes_)
-        if (s != nullptr) {
-          cuStreamSynchronize(s);
-          cuStreamDestroy(s);
-        }
-    }
-  }
-  Status open() {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    for (CUstream& s : lanes_) POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint copy stream");
-    return Status::Ok();
-  }
-  Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) override {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    POS_CU(cuMemcpyDtoHAsync(dst, src, n, lanes_[lane & 1]), "checkpoint copy from " + hex(src));
-    return Status::Ok();
-  }
-  Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) override {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    POS_CU(cuMemcpyHtoDAsync(dst, src, n, lanes_[lane & 1]), "restore copy to " + hex(dst));
-    return Status::Ok();
-  }
-  Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) override {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    POS_CU(cuMemcpyDtoDAsync(dst, src, n, lanes_[lane & 1]), "shadow copy of " + hex(src));
-    return Status::Ok();
-  }
-  Status wait(int lane) override {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
-    return Status::Ok();
-  }
-  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
-  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
-  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
-  StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
-    POS_RETURN_IF_ERROR(make_current(ctx_));
-    CUdeviceptr p = 0;
-    const size_t bytes = n == 0 ? 1 : n;
-    if (!no_pool_) {
-      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
-      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
-      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
-    }
-    if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
-    shadows_.insert(p);
-    return static_cast<uint64_t>(p);
-  }
-  void shadow_free(uint64_t addr) override {
-    if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
-    // The caller has waited for every copy that reads the shadow, so any stream may free it.
-    if (no_pool_) cuMemFree(addr);
-    else cuMemFreeAsync(addr, lanes_[1]);
-  }
-
- private:
-  CUcontext ctx_;
-  CUstream lanes_[kLanes] = {};
-  std::set<CUdeviceptr> shadows_;
-  bool no_pool_ = false;  // the device has no stream-ordered allocator
-};
-
 // Whether the driver knows [p, p + n) as page-locked host memory (cuMemHostAlloc, cudaMallocHost,
 // cuMemHostRegister, posd's arena): it answers CUDA_ERROR_INVALID_VALUE for pageable memory. Both
 // ends are asked, so a copy that runs off a pinned block into pageable memory is staged.
@@ -264,6 +191,111 @@ class CuStaging final : public StagingDevice {
   CUstream stream_ = nullptr;  // the stream of the copy in progress
 };
 
+// The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
+// so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
+class CudaCopier final : public DeviceCopier {
+ public:
+  // `staging`: the client's; the copier stages through slots of its own, smaller and more of them
+  // (kSlotBytes × kSlots, bounded), since its copies come one 8 MiB chunk at a time: four pieces
+  // per chunk keep the DMA of one piece under the memcpy of the last.
+  CudaCopier(CUcontext ctx, StagingOptions staging, uint64_t spin_ns) : ctx_(ctx), staging_opts_(staging), spin_ns_(spin_ns) {
+    staging_opts_.slot_bytes = kSlotBytes;
+    staging_opts_.slots = kSlots;
+    staging_opts_.min_bytes = kSlotBytes;
+  }
+  static constexpr uint64_t kSlotBytes = 2ull << 20;
+  static constexpr unsigned kSlots = 8;
+  ~CudaCopier() override {
+    if (make_current(ctx_).ok()) {
+      for (CUdeviceptr p : shadows_) {
+        if (no_pool_ || lanes_[0] == nullptr) cuMemFree(p);
+        else cuMemFreeAsync(p, lanes_[0]);
+      }
+      for (CUstream s : lanes_)
+        if (s != nullptr) {
+          cuStreamSynchronize(s);
+          cuStreamDestroy(s);
+        }
+    }
+  }
+  Status open() {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    for (CUstream& s : lanes_) POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  // Into or out of pageable host memory (an image whose memory was never page-locked) the copy
+  // goes through the copier's own bounded slots, with several threads; it has finished when the
+  // call returns. Page-locked memory is one DMA, queued on the lane.
+  Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    if (CuStaging* st = staging_for(dst, n)) return st->d2h(lanes_[lane & 1], dst, src, n);
+    POS_CU(cuMemcpyDtoHAsync(dst, src, n, lanes_[lane & 1]), "checkpoint copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    if (CuStaging* st = staging_for(src, n)) return st->h2d(lanes_[lane & 1], dst, src, n);
+    POS_CU(cuMemcpyHtoDAsync(dst, src, n, lanes_[lane & 1]), "restore copy to " + hex(dst));
+    return Status::Ok();
+  }
+  Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuMemcpyDtoDAsync(dst, src, n, lanes_[lane & 1]), "shadow copy of " + hex(src));
+    return Status::Ok();
+  }
+  Status wait(int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
+    return Status::Ok();
+  }
+  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
+  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
+  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
+  StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    CUdeviceptr p = 0;
+    const size_t bytes = n == 0 ? 1 : n;
+    if (!no_pool_) {
+      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
+      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
+      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
+    }
+    if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
+    shadows_.insert(p);
+    return static_cast<uint64_t>(p);
+  }
+  void shadow_free(uint64_t addr) override {
+    if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
+    // The caller has waited for every copy that reads the shadow, so any stream may free it.
+    if (no_pool_) cuMemFree(addr);
+    else cuMemFreeAsync(addr, lanes_[1]);
+  }
+
+ private:
+  // The slots, made on the first copy that needs them; none (the driver's own staging) if the
+  // options say so or they cannot be had.
+  CuStaging* staging_for(const void* p, uint64_t n) {
+    if (!should_stage(n, staging_opts_, [&] { return page_locked(p, n); })) return nullptr;
+    if (!staging_) {
+      auto st = std::make_unique<CuStaging>(staging_opts_, spin_ns_);
+      if (!st->open().ok()) {
+        staging_opts_.threads = 0;
+        return nullptr;
+      }
+      staging_ = std::move(st);
+    }
+    return staging_.get();
+  }
+
+  CUcontext ctx_;
+  StagingOptions staging_opts_;
+  uint64_t spin_ns_ = 0;
+  std::unique_ptr<CuStaging> staging_;  // idle whenever no call runs: a staged copy returns once done
+  CUstream lanes_[kLanes] = {};
+  std::set<CUdeviceptr> shadows_;
+  bool no_pool_ = false;  // the device has no stream-ordered allocator
+};
+
 class CudaClient final : public BackendClient {
  public:
   CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size, const StagingOptions& staging,
@@ -293,7 +325,7 @@ class CudaClient final : public BackendClient {
   Status free_at(uint64_t addr, uint64_t size) override;
 
   StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
-    auto c = std::make_unique<CudaCopier>(ctx_);
+    auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<DeviceCopier>(std::move(c));
   }
