@@ -486,6 +486,14 @@ TEST(PosCliTest, HelpAndVersionExitZeroAndAnUnknownCommandOrFlagIsNamedWithExitT
   EXPECT_EQ(rc, 0) << err;
   EXPECT_NE(out.find("Usage: pos-cli inspect"), std::string::npos) << out;
   EXPECT_NE(out.find("--summary"), std::string::npos) << out;
+  for (const char* cmd : {"dump", "pre-dump", "restore"}) {
+    out = pos::test::run_program("POS_CLI", "", {"help", cmd}, &rc, &err);
+    EXPECT_EQ(rc, 0) << cmd << err;
+    EXPECT_NE(out.find(std::string("Usage: pos-cli ") + cmd), std::string::npos) << out;
+    if (std::string(cmd) != "restore") {
+      EXPECT_NE(out.find("--prev"), std::string::npos) << out;
+    }
+  }
   out = pos::test::run_program("POS_CLI", "", {"--version"}, &rc, &err);
   EXPECT_EQ(rc, 0) << err;
   EXPECT_NE(out.find("pos-cli "), std::string::npos) << out;
