@@ -89,6 +89,29 @@ void start_posd(const std::string& socket, const std::string& log, pid_t* pid, c
   }
 }
 
+// A posd of a test's own, beside the fixture's (`posd_extra`: more `posd:` YAML), stopped with it.
+struct OwnPosd {
+  std::string socket, log;
+  pid_t pid = -1;
+  OwnPosd(const std::string& base, const std::string& posd_extra = "") : socket(base + "/posd.sock"), log(base + ".log") {
+    start_posd(socket, log, &pid, posd_extra);
+  }
+  ~OwnPosd() {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    int s = 0;
+    waitpid(pid, &s, 0);
+  }
+  std::string ps() const {
+    auto j = pos::posd_control(socket, "ps");
+    return j.ok() ? *j : std::string();
+  }
+  std::string log_text() const {
+    std::ifstream f(log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+};
+
 class PosdProcess : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -368,24 +391,13 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
 
   // Into another posd: the files as they were at the dump (CRIU restores open files at their size
   // then), the same image, a posd that never saw the job.
-  const std::string socket2 = ::testing::TempDir() + "posd-e2e-second-" + std::to_string(::getpid()) + "/posd.sock";
-  const std::string log2 = ::testing::TempDir() + "posd-e2e-second-" + std::to_string(::getpid()) + ".log";
-  pid_t posd2 = -1;
-  start_posd(socket2, log2, &posd2);
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      kill(pid, SIGTERM);
-      int s = 0;
-      waitpid(pid, &s, 0);
-    }
-  } stop{posd2};
+  const OwnPosd second(::testing::TempDir() + "posd-e2e-second-" + std::to_string(::getpid()));
   std::filesystem::copy_file(saved, out_file, std::filesystem::copy_options::overwrite_existing);
   // The image moved elsewhere first: nothing in it depends on where it was dumped.
   const std::string moved = base + ".moved";
   std::filesystem::remove_all(moved);
   std::filesystem::rename(dir, moved);
-  (void)shell(env_or_fail("POS_CLI") + " restore -D " + moved + " --socket " + socket2, &code, &err);
+  (void)shell(env_or_fail("POS_CLI") + " restore -D " + moved + " --socket " + second.socket, &code, &err);
   ASSERT_EQ(code, 0) << err;
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
@@ -393,9 +405,7 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
     std::ifstream f(out_file);
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
   }
-  std::ifstream l2(log2);
-  const std::string second_log((std::istreambuf_iterator<char>(l2)), {});
-  EXPECT_NE(second_log.find("re-attached"), std::string::npos) << second_log;
+  EXPECT_NE(second.log_text().find("re-attached"), std::string::npos) << second.log_text();
   std::filesystem::remove_all(moved);
   std::filesystem::remove(out_file);
   std::filesystem::remove(saved);
@@ -734,26 +744,11 @@ TEST_F(PosdProcess, PosdKilledMidDumpFailsTheDumpAndTheLastGoodImageStillRestore
 TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   const uint32_t kUid = 65534, kGid = 65533;
   const std::string base = ::testing::TempDir() + "posd-e2e-uid-" + std::to_string(::getpid());
-  // A posd of its own, which admits kGid's members besides root.
-  const std::string socket = base + "/posd.sock", log = base + ".log", out_file = base + ".out";
-  pid_t posd = -1;
-  start_posd(socket, log, &posd, "  group: " + std::to_string(kGid) + "\n");
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      kill(pid, SIGTERM);
-      int s = 0;
-      waitpid(pid, &s, 0);
-    }
-  } stop{posd};
-  auto ps = [&] {
-    auto j = pos::posd_control(socket, "ps");
-    return j.ok() ? *j : std::string();
-  };
-  auto logtext = [&] {
-    std::ifstream f(log);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
+  const std::string out_file = base + ".out";
+  const OwnPosd posd(base, "  group: " + std::to_string(kGid) + "\n");  // admits kGid's members too
+  const std::string& socket = posd.socket;
+  auto ps = [&] { return posd.ps(); };
+  auto logtext = [&] { return posd.log_text(); };
   const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
   const std::string env = "POS_SOCKET=" + socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
                           " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
@@ -809,26 +804,12 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
 TEST_F(PosdProcess, AJobOfAnotherUserComesBackOnItsOwnPermitOnlyAndIsDumpedOrRefusedUpFront) {
   const uint32_t kUid = 65534, kGid = 65533;
   const std::string base = ::testing::TempDir() + "posd-e2e-nonroot-" + std::to_string(::getpid());
-  const std::string socket = base + "/posd.sock", log = base + ".log", out_file = base + ".out", bin = base + ".bin";
+  const std::string out_file = base + ".out", bin = base + ".bin";
   const std::string cli = env_or_fail("POS_CLI");
-  pid_t posd = -1;
-  start_posd(socket, log, &posd, "  group: " + std::to_string(kGid) + "\n");
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      kill(pid, SIGTERM);
-      int s = 0;
-      waitpid(pid, &s, 0);
-    }
-  } stop{posd};
-  auto ps = [&] {
-    auto j = pos::posd_control(socket, "ps");
-    return j.ok() ? *j : std::string();
-  };
-  auto logtext = [&] {
-    std::ifstream f(log);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
+  const OwnPosd posd(base, "  group: " + std::to_string(kGid) + "\n");  // admits kGid's members too
+  const std::string& socket = posd.socket;
+  auto ps = [&] { return posd.ps(); };
+  auto logtext = [&] { return posd.log_text(); };
   // The programs where the other user can read them, whatever the build directory's mode.
   namespace fs = std::filesystem;
   fs::remove_all(bin);
