@@ -89,6 +89,12 @@ void start_posd(const std::string& socket, const std::string& log, pid_t* pid, c
   }
 }
 
+// A whole file as text (empty if it cannot be read).
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 // A posd of a test's own, beside the fixture's (`posd_extra`: more `posd:` YAML), stopped with it.
 struct OwnPosd {
   std::string socket, log;
@@ -106,10 +112,7 @@ struct OwnPosd {
     auto j = pos::posd_control(socket, "ps");
     return j.ok() ? *j : std::string();
   }
-  std::string log_text() const {
-    std::ifstream f(log);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
+  std::string log_text() const { return read_file(log); }
 };
 
 class PosdProcess : public ::testing::Test {
@@ -126,10 +129,7 @@ class PosdProcess : public ::testing::Test {
       waitpid(pid_, &st, 0);
     }
   }
-  std::string log_text() const {
-    std::ifstream f(log_);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
+  std::string log_text() const { return read_file(log_); }
   std::string preload_env() const {
     return "POS_SOCKET=" + socket_ + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
            " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
@@ -383,10 +383,7 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
   EXPECT_EQ(report.find("\"gpu_bytes\":0,"), std::string::npos) << report;
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  {
-    std::ifstream f(out_file);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
-  }
+  EXPECT_EQ(read_file(out_file), want);
   EXPECT_NE(log_text().find("re-attached"), std::string::npos) << log_text();
 
   // Into another posd: the files as they were at the dump (CRIU restores open files at their size
@@ -401,10 +398,7 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
   ASSERT_EQ(code, 0) << err;
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  {
-    std::ifstream f(out_file);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
-  }
+  EXPECT_EQ(read_file(out_file), want);
   EXPECT_NE(second.log_text().find("re-attached"), std::string::npos) << second.log_text();
   std::filesystem::remove_all(moved);
   std::filesystem::remove(out_file);
@@ -489,10 +483,7 @@ TEST_F(PosdProcess, APreDumpAndADumpWithPrevSaveOnlyWhatChangedAndTheChainRestor
   ASSERT_EQ(code, 0) << err << log_text();
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  {
-    std::ifstream f(out_file);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
-  }
+  EXPECT_EQ(read_file(out_file), expected(args));
 
   // --prev must be this job's: another job's image is refused before anything happens to the job.
   const pid_t other = start_job(preload_env(), train_cmd(a), "other", out_file, [&] { return sessions_json(); },
@@ -553,8 +544,7 @@ TEST_F(PosdProcess, PosCliRestoreRefusesATakenPidAndABadImageAndChangesNothing) 
   EXPECT_NE(err.find("manifest is not valid"), std::string::npos) << err;
   int st = wait_for_exit(child, std::chrono::seconds(300));
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   // No restore left a session behind; the job's own ends with it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   std::string ps;
@@ -619,8 +609,7 @@ TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoI
   EXPECT_TRUE(std::filesystem::exists(base + ".whole/manifest"));
   const int st = wait_for_exit(child, std::chrono::seconds(300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   for (const char* p : {"job-dump-detached", "job-dump-cut", "criu-dump-running", "job-dump-criu-done",
                         "job-dump-before-manifest", "whole"})
     std::filesystem::remove_all(base + "." + p);
@@ -666,8 +655,7 @@ TEST_F(PosdProcess, PosCliKilledMidRestoreLeavesNoSessionAndTheImageStillRestore
       // to the right end), or finds its session abandoned and ends: it never hangs.
       st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
       if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-        std::ifstream f(out_file);
-        EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+        EXPECT_EQ(read_file(out_file), expected(args));
       }
     }
     EXPECT_EQ(no_sessions(), "") << log_text();
@@ -677,8 +665,7 @@ TEST_F(PosdProcess, PosCliKilledMidRestoreLeavesNoSessionAndTheImageStillRestore
   ASSERT_EQ(code, 0) << err << log_text();
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   for (const std::string& p : {dir, saved, out_file}) std::filesystem::remove_all(p);
 }
 
@@ -734,8 +721,7 @@ TEST_F(PosdProcess, PosdKilledMidDumpFailsTheDumpAndTheLastGoodImageStillRestore
   ASSERT_EQ(code, 0) << err << log_text();
   st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   for (const std::string& p : {good, bad, saved, out_file, err_file}) std::filesystem::remove_all(p);
 }
 
@@ -790,8 +776,7 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   st = 0;
   ASSERT_EQ(waitpid(job, &st, 0), job);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   std::filesystem::remove_all(img);
   std::filesystem::remove(out_file);
 }
@@ -868,8 +853,7 @@ TEST_F(PosdProcess, AJobOfAnotherUserComesBackOnItsOwnPermitOnlyAndIsDumpedOrRef
   int st = 0;
   ASSERT_EQ(waitpid(child, &st, 0), child);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << logtext();
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), expected(args));
+  EXPECT_EQ(read_file(out_file), expected(args));
   for (const std::string& p : {base + ".lr", bin, out_file}) fs::remove_all(p);
 }
 
@@ -932,11 +916,6 @@ pid_t spawn_posd(const std::string& cfg, const std::string& log, const std::vect
   if (posix_spawn(&pid, posd.c_str(), &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
   posix_spawn_file_actions_destroy(&fa);
   return pid;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // The file says cuda and error; the environment says host and debug, and wins. The debug level
@@ -1049,10 +1028,7 @@ TEST_F(PosdGpuProcess, ANewProgramWithStreamsEventsCublasAndPinnedBuffersIsDumpe
   ASSERT_EQ(code, 0) << err << log_text();
   st = wait_for_exit(child, std::chrono::seconds(120));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
-  {
-    std::ifstream f(out_file);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
-  }
+  EXPECT_EQ(read_file(out_file), want);
   // --leave-running, async: the original runs on and finishes identically.
   child = start_job(preload_env(), prog + " " + args, "pipeline2", out_file, [&] { return sessions_json(); },
                     [&] { return log_text(); });
@@ -1063,8 +1039,7 @@ TEST_F(PosdGpuProcess, ANewProgramWithStreamsEventsCublasAndPinnedBuffersIsDumpe
   ASSERT_EQ(code, 0) << err << log_text();
   st = wait_for_exit(child, std::chrono::seconds(120));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  std::ifstream f(out_file);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), want);
+  EXPECT_EQ(read_file(out_file), want);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir2);
   std::filesystem::remove(out_file);
