@@ -468,6 +468,9 @@ class MemoryWriterImpl final : public ImageWriter {
   MemoryWriterImpl(MemoryImage* img, int threads) : img_(img), pool_(threads > 0 ? threads : default_crc_threads()) {}
   Status begin_blob(uint64_t length, size_t* blob) override;
   StatusOr<std::byte*> chunk(size_t blob, uint64_t off, uint64_t) override { return img_->at(refs_[blob].offset() + off); }
+  // 64 MiB: enough for every staging lane of the drainer's copier to hold a piece, and short
+  // enough that the job, wanting to write a buffer being drained, waits at most a few ms.
+  unsigned chunks_at_once() const override { return 8; }
   Status chunk_filled(size_t blob, uint64_t off, uint64_t n) override {
     pb::BlobRef* ref = &refs_[blob];
     const std::byte* p = img_->at(ref->offset() + off);

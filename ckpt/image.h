@@ -109,6 +109,9 @@ class ImageWriter {
   virtual StatusOr<std::byte*> chunk(size_t blob, uint64_t off, uint64_t n) = 0;
   // The buffer chunk() gave now holds the bytes: checksum (and write) them.
   virtual Status chunk_filled(size_t blob, uint64_t off, uint64_t n) = 0;
+  // How many chunks the caller may hold from chunk() before it calls chunk_filled() for them (a
+  // memory image lends its own memory, so several; a file writer's staging buffers are few).
+  virtual unsigned chunks_at_once() const { return 1; }
   // Waits for every checksum and write. After it, ref(i) is final.
   virtual Status finish_blobs() = 0;
   virtual const pb::BlobRef& ref(size_t blob) const = 0;

@@ -34,11 +34,25 @@ struct FunctionInfo {
 // client's buffers (not variables) or this copier's shadows. Host memory should come from
 // DeviceBackend::host_alloc (page-locked) for full speed. Used by one thread at a time; thread-safe
 // with respect to the client's worker (it touches no worker state).
+// n bytes between host memory at `host` and device address `dev` (one part of a batched copy).
+struct HostSpan {
+  std::byte* host = nullptr;
+  uint64_t dev = 0;
+  uint64_t n = 0;
+};
+
 class DeviceCopier {
  public:
   static constexpr int kLanes = 2;  // independent copy queues (lane = stream on a GPU)
   virtual ~DeviceCopier() = default;
   virtual Status to_host_async(void* dst, uint64_t src, uint64_t n, int lane) = 0;
+  // Several device ranges into host memory; returns once every byte is there. The drainer hands a
+  // few chunks at a time so that a backend can keep several copies in flight (the CUDA backend's
+  // lanes into pageable memory, pos/backends/staged_lanes.h); by default one after the other.
+  virtual Status to_host_batch(std::span<const HostSpan> parts, int lane) {
+    for (const HostSpan& p : parts) POS_RETURN_IF_ERROR(to_host_async(p.host, p.dev, p.n, lane));
+    return wait(lane);
+  }
   virtual Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) = 0;
   virtual Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) = 0;
   virtual Status wait(int lane) = 0;  // everything issued on `lane` has finished

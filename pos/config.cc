@@ -284,6 +284,16 @@ class Reader {
            c_->shadow_pool_bytes = *v;
            return Status::Ok();
          }},
+        {"copy_threads",
+         [this](const Entry& e) -> Status {
+           if (e.value.IsScalar() && e.value.Scalar() == "auto") {
+             c_->ckpt_copy_threads = 0;
+             return Status::Ok();
+           }
+           return store(read_uint(e, 1, 64), &c_->ckpt_copy_threads);
+         }},
+        // Two slots of at least 256 KiB for one lane.
+        {"staging", [this](const Entry& e) { return store(read_size(e, 512ull << 10, 1ull << 30), &c_->ckpt_staging_bytes); }},
     };
   }
 
@@ -450,6 +460,10 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::Key << "shadow_pool" << YAML::Value;
   if (c.shadow_pool_bytes == 0) y << "auto";
   else y << c.shadow_pool_bytes;
+  y << YAML::Key << "copy_threads" << YAML::Value;
+  if (c.ckpt_copy_threads == 0) y << "auto";
+  else y << c.ckpt_copy_threads;
+  y << YAML::Key << "staging" << YAML::Value << c.ckpt_staging_bytes;
   y << YAML::EndMap;
   y << YAML::Key << "posd" << YAML::Value << YAML::BeginMap;
   y << YAML::Key << "socket" << YAML::Value << YAML::DoubleQuoted << c.posd_socket;

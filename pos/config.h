@@ -56,6 +56,10 @@ struct Config {
   // Checkpointing: the bound on device memory for async copy-on-write shadows per checkpoint. (Each
   // checkpoint request names its own mode, docs/checkpoint.md: there is no default mode to set.)
   uint64_t shadow_pool_bytes = 0;
+  // Copies into images in pageable host memory go through page-locked staging, by several threads
+  // at once (docs/cuda_backend.md): the threads (0: auto, min(8, cores)) and the staging they share.
+  uint32_t ckpt_copy_threads = 0;
+  uint64_t ckpt_staging_bytes = 32ull << 20;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
   // Empty: $POS_SOCKET, else the user's private default (/run/pos/posd.sock for root; docs/remoting.md,

@@ -84,6 +84,26 @@ TEST(Config, TheShadowPoolIsAutoByDefaultOrASizeButNeverZero) {
   EXPECT_NE(z.status().message().find("shadow_pool"), std::string::npos);
 }
 
+TEST(Config, CheckpointCopyThreadsAreAutoOrOneToSixtyFourAndTheStagingIsBounded) {
+  auto d = parse_config("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->ckpt_copy_threads, 0u);  // auto
+  EXPECT_EQ(d->ckpt_staging_bytes, 32ull << 20);
+  auto c = parse_config("checkpoint: {copy_threads: 12, staging: 96MiB}");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->ckpt_copy_threads, 12u);
+  EXPECT_EQ(c->ckpt_staging_bytes, 96ull << 20);
+  EXPECT_EQ(parse_config("checkpoint: {copy_threads: auto}").value().ckpt_copy_threads, 0u);
+  for (const char* bad : {"checkpoint: {copy_threads: 0}", "checkpoint: {copy_threads: 65}",
+                          "checkpoint: {staging: 4KiB}", "checkpoint: {staging: 2GiB}"}) {
+    auto r = parse_config(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(r.status().message().find("copy_threads") != std::string::npos ||
+                r.status().message().find("staging") != std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(Config, PosdDevicesIsAListOfDistinctNonNegativeIndices) {
   EXPECT_TRUE(parse_config("").value().posd_devices.empty());  // default: all devices
   auto c = parse_config("posd: {devices: [0, 2]}");

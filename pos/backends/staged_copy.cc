@@ -20,6 +20,18 @@ StatusOr<unsigned> copy_threads_from_env(const char* value, unsigned cores) {
   return static_cast<unsigned>(v);
 }
 
+LanePlan plan_lanes(unsigned lanes_asked, uint64_t staging_bytes, unsigned cores) {
+  constexpr uint64_t kMinSlot = 256ull << 10, kMaxSlot = 8ull << 20;
+  unsigned lanes = lanes_asked != 0 ? lanes_asked : std::clamp(cores, 1u, 8u);
+  lanes = std::min(lanes, StagingOptions::kMaxThreads);
+  while (lanes > 1 && staging_bytes / (2ull * lanes) < kMinSlot) --lanes;
+  uint64_t per = staging_bytes / (2ull * lanes);
+  if (per < kMinSlot) return LanePlan{};
+  uint64_t slot = kMinSlot;
+  while (slot * 2 <= per && slot * 2 <= kMaxSlot) slot *= 2;
+  return LanePlan{lanes, slot};
+}
+
 uint64_t staged_chunk_count(uint64_t n, uint64_t slot_bytes) { return (n + slot_bytes - 1) / slot_bytes; }
 
 StagedChunk staged_chunk(uint64_t i, uint64_t n, uint64_t slot_bytes, unsigned slots) {

@@ -34,7 +34,21 @@ struct StagingOptions {
   // Threads that copy a chunk into or out of a slot, the calling (worker) thread included.
   // 0: no staging at all (every copy is the driver's).
   unsigned threads = 4;
+  // The checkpoint copier's lanes into pageable images (staged_lanes.h): threads (0: min(8, cores))
+  // and the page-locked bytes they share, two slots per lane (config checkpoint.copy_threads and
+  // checkpoint.staging).
+  unsigned ckpt_lanes = 0;
+  uint64_t ckpt_staging_bytes = 32ull << 20;
 };
+
+// How the checkpoint copier's staging is cut: `lanes` threads, each with two slots of `slot_bytes`
+// (a power of two, so that pieces split at slot boundaries never share a huge page between lanes;
+// at least 256 KiB). Fewer lanes than asked where the staging is too small for them.
+struct LanePlan {
+  unsigned lanes = 0;
+  uint64_t slot_bytes = 0;
+};
+LanePlan plan_lanes(unsigned lanes_asked, uint64_t staging_bytes, unsigned cores);
 
 // POS_COPY_THREADS (nullptr or "" when unset): a number 0..64; unset: min(4, cores).
 // Anything else is an InvalidArgument naming the variable.

@@ -4,7 +4,9 @@
 // moves the undrained rest to a device shadow. The pool of shadows is bounded.
 #include "pos/checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "pos/api_context.h"
@@ -243,24 +245,40 @@ Status CheckpointJob::drain_all() {
 }
 
 Status CheckpointJob::drain_region(DrainRegion& r) {
-  for (uint64_t off = 0; off < r.size || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
-    const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
-    auto buf = writer_->chunk(r.blob, off, n);
-    if (!buf.ok()) return buf.status();
+  // A few chunks per round (the writer says how many it can lend at once), copied as one batch so
+  // that the copier can keep them all in flight; the region's lock is held for the round, so the
+  // worker's copy-on-write sees `drained` move only past bytes that are in the image.
+  const uint64_t round = static_cast<uint64_t>(std::max(1u, writer_->chunks_at_once())) * ckpt::kChunkSize;
+  std::vector<HostSpan> parts;
+  for (uint64_t base = 0; base < r.size || (r.size == 0 && base == 0); base += round) {
+    const uint64_t end = std::min(r.size, base + round);
+    parts.clear();
+    for (uint64_t off = base; off < end || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
+      const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
+      auto buf = writer_->chunk(r.blob, off, n);
+      if (!buf.ok()) return buf.status();
+      parts.push_back(HostSpan{*buf, 0, n});
+      if (r.size == 0) break;
+    }
     {
       std::lock_guard<std::mutex> lk(r.mu);
       if (r.is_var) {
-        std::memcpy(*buf, r.host_copy.data() + off, n);
-      } else if (n > 0) {
-        const uint64_t src = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;
-        POS_RETURN_IF_ERROR(drain_copier_->to_host_async(*buf, src, n, 0));
-        POS_RETURN_IF_ERROR(drain_copier_->wait(0));
+        for (size_t i = 0; i < parts.size(); ++i) std::memcpy(parts[i].host, r.host_copy.data() + base + i * ckpt::kChunkSize, parts[i].n);
+      } else if (end > base) {
+        for (size_t i = 0; i < parts.size(); ++i) {
+          const uint64_t off = base + i * ckpt::kChunkSize;
+          parts[i].dev = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;
+        }
+        POS_RETURN_IF_ERROR(drain_copier_->to_host_batch(parts, 0));
       }
-      r.drained = off + n;
+      r.drained = end;
     }
-    POS_RETURN_IF_ERROR(writer_->chunk_filled(r.blob, off, n));
-    result_.bytes_stored += n;
-    if (req_.progress) req_.progress(result_.bytes_stored, total_bytes_);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const uint64_t off = base + i * ckpt::kChunkSize;
+      POS_RETURN_IF_ERROR(writer_->chunk_filled(r.blob, off, parts[i].n));
+      result_.bytes_stored += parts[i].n;
+      if (req_.progress) req_.progress(result_.bytes_stored, total_bytes_);
+    }
     if (r.size == 0) break;
   }
   std::lock_guard<std::mutex> lk(r.mu);

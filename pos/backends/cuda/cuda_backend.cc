@@ -24,6 +24,7 @@
 #include "pos/base/parallel_copy.h"
 #include "pos/base/text.h"
 #include "pos/backends/staged_copy.h"
+#include "pos/backends/staged_lanes.h"
 
 namespace pos::cudabk {
 namespace {
@@ -191,6 +192,69 @@ class CuStaging final : public StagingDevice {
   CUstream stream_ = nullptr;  // the stream of the copy in progress
 };
 
+// The checkpoint copier's lanes into pageable images (pos/staged_lanes.h): two page-locked slots,
+// two events and a non-blocking stream per lane, in the client's context.
+class CuLanes final : public LaneDevice {
+ public:
+  CuLanes(CUcontext ctx, LanePlan plan) : ctx_(ctx), plan_(plan) {}
+  ~CuLanes() override {
+    lanes_.reset();  // its threads first: they use the streams
+    if (!make_current(ctx_).ok()) return;
+    for (CUstream s : streams_) {
+      cuStreamSynchronize(s);
+      cuStreamDestroy(s);
+    }
+    for (CUevent e : events_) cuEventDestroy(e);
+    for (std::byte* p : slots_) cuMemFreeHost(p);
+  }
+  // On failure what was made is freed by the destructor.
+  Status open() {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    for (unsigned i = 0; i < 2 * plan_.lanes; ++i) {
+      void* p = nullptr;
+      POS_CU(cuMemHostAlloc(&p, plan_.slot_bytes, 0), "checkpoint staging slot of " + std::to_string(plan_.slot_bytes) + " bytes");
+      slots_.push_back(static_cast<std::byte*>(p));
+      CUevent e = nullptr;
+      POS_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "checkpoint staging event");
+      events_.push_back(e);
+    }
+    for (unsigned i = 0; i < plan_.lanes; ++i) {
+      CUstream s = nullptr;
+      POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint staging stream");
+      streams_.push_back(s);
+    }
+    lanes_ = std::make_unique<StagedLanes>(plan_.lanes, slots_, plan_.slot_bytes);
+    return Status::Ok();
+  }
+  Status d2h(std::span<const HostSpan> parts) { return lanes_->d2h(*this, parts); }
+
+  Status enter(unsigned) override { return make_current(ctx_); }
+  Status to_host(unsigned lane, void* slot, uint64_t src, uint64_t n) override {
+    POS_CU(cuMemcpyDtoHAsync(slot, src, n, streams_[lane]), "checkpoint copy from " + hex(src));
+    return Status::Ok();
+  }
+  Status fence(unsigned lane, unsigned slot) override {
+    POS_CU(cuEventRecord(events_[2 * lane + slot], streams_[lane]), "checkpoint staging fence");
+    return Status::Ok();
+  }
+  Status wait(unsigned lane, unsigned slot) override {
+    POS_CU(cuEventSynchronize(events_[2 * lane + slot]), "checkpoint staging fence");
+    return Status::Ok();
+  }
+  Status drain(unsigned lane) override {
+    POS_CU(cuStreamSynchronize(streams_[lane]), "checkpoint staging stream");
+    return Status::Ok();
+  }
+
+ private:
+  CUcontext ctx_;
+  const LanePlan plan_;
+  std::vector<std::byte*> slots_;
+  std::vector<CUevent> events_;
+  std::vector<CUstream> streams_;
+  std::unique_ptr<StagedLanes> lanes_;
+};
+
 // The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
 // so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
 class CudaCopier final : public DeviceCopier {
@@ -237,6 +301,14 @@ class CudaCopier final : public DeviceCopier {
     if (CuStaging* st = staging_for(src, n)) return st->h2d(lanes_[lane & 1], dst, src, n);
     POS_CU(cuMemcpyHtoDAsync(dst, src, n, lanes_[lane & 1]), "restore copy to " + hex(dst));
     return Status::Ok();
+  }
+  // A drain's few chunks at once: into pageable memory through the staging lanes, all of them in
+  // flight together; otherwise one DMA each on the lane.
+  Status to_host_batch(std::span<const HostSpan> parts, int lane) override {
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    if (CuLanes* l = lanes_for(parts)) return l->d2h(parts);
+    for (const HostSpan& p : parts) POS_RETURN_IF_ERROR(to_host_async(p.host, p.dev, p.n, lane));
+    return wait(lane);
   }
   Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) override {
     POS_RETURN_IF_ERROR(make_current(ctx_));
@@ -287,10 +359,39 @@ class CudaCopier final : public DeviceCopier {
     return staging_.get();
   }
 
+  // The lanes, made on the first batch into pageable memory; none if staging is off, the batch is
+  // small, any part is page-locked, or they cannot be had (then the warning says why, once).
+  CuLanes* lanes_for(std::span<const HostSpan> parts) {
+    if (lanes_off_ || staging_opts_.threads == 0) return nullptr;
+    uint64_t total = 0;
+    for (const HostSpan& p : parts) total += p.n;
+    if (total < 2 * kSlotBytes) return nullptr;
+    for (const HostSpan& p : parts)
+      if (p.n > 0 && page_locked(p.host, p.n)) return nullptr;
+    if (!staged_lanes_) {
+      const LanePlan plan = plan_lanes(staging_opts_.ckpt_lanes, staging_opts_.ckpt_staging_bytes,
+                                       std::thread::hardware_concurrency());
+      auto l = std::make_unique<CuLanes>(ctx_, plan);
+      Status st = plan.lanes == 0 ? Status::InvalidArgument("checkpoint.staging is too small for one lane") : l->open();
+      if (!st.ok()) {
+        POS_WARN("ckpt", "no staging lanes for checkpoints into pageable memory (%s): the driver's copies are used",
+                 st.to_string().c_str());
+        lanes_off_ = true;
+        return nullptr;
+      }
+      POS_INFO("ckpt", "checkpoint staging: %u lanes, 2 x %llu KiB page-locked each", plan.lanes,
+               static_cast<unsigned long long>(plan.slot_bytes >> 10));
+      staged_lanes_ = std::move(l);
+    }
+    return staged_lanes_.get();
+  }
+
   CUcontext ctx_;
   StagingOptions staging_opts_;
   uint64_t spin_ns_ = 0;
   std::unique_ptr<CuStaging> staging_;  // idle whenever no call runs: a staged copy returns once done
+  std::unique_ptr<CuLanes> staged_lanes_;  // likewise
+  bool lanes_off_ = false;
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
   bool no_pool_ = false;  // the device has no stream-ordered allocator
@@ -1092,6 +1193,10 @@ extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_b
     return nullptr;
   }
   staging.threads = *threads;
+  if (config != nullptr) {
+    staging.ckpt_lanes = config->ckpt_copy_threads;
+    staging.ckpt_staging_bytes = config->ckpt_staging_bytes;
+  }
   const uint64_t spin_ns = config != nullptr ? config->spin_ns : pos::Config{}.spin_ns;
   auto b = std::make_unique<pos::cudabk::CudaBackend>(staging, spin_ns);
   *status = b->init();
