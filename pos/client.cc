@@ -440,7 +440,7 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
     std::atomic<bool>* f;
     ~Clear() { f->store(false, std::memory_order_release); }
   } clear{&checkpointing_};
-  if (lazy_) {
+  if (lazy_ && !request.lazy_ok) {
     Status loaded = lazy_->wait();
     if (!loaded.ok())
       return loaded.with_context("checkpoint of client " + std::to_string(uuid_) +
@@ -912,6 +912,16 @@ void POSClient::execute_command(Command* cmd) {
   job.image().mutable_client()->set_device(device_.load(std::memory_order_relaxed));
   job.image().mutable_client()->set_async_error(ws_.async_error());
   job.image().mutable_client()->set_async_error_message(ws_.async_error_message);
+  // lazy_ok: what is not loaded yet is drained from the image it is loading from.
+  if (job.request().lazy_ok && lazy_) {
+    std::vector<LazyLoader::Unloaded> unloaded;
+    auto owner = lazy_->unloaded(&unloaded);
+    if (!owner.ok()) {
+      cmd->status = owner.status().with_context("checkpoint refused: a buffer of the lazy restore could not be loaded");
+      return;
+    }
+    for (const auto& u : unloaded) job.source_from_image(u.addr, u.img, u.ref, *owner);
+  }
   cmd->status = job.start_at_cut(backend_client_.get(), t);
   // Async: later calls that write a buffer not yet drained are protected first (execute_call).
   if (cmd->status.ok() && job.request().mode == CheckpointMode::kAsync && !job.drained()) cow_job_ = cmd->job;

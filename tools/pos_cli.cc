@@ -103,7 +103,7 @@ int ps(const std::string& socket, bool json) {
 struct DumpArgs {
   int pid = 0;
   std::string dir, mode = "sync", socket, prev;
-  bool leave_running = false, json = false;
+  bool leave_running = false, json = false, lazy_ok = false;
 };
 
 // dump and pre-dump: the same options, reports and progress.
@@ -116,6 +116,7 @@ int dump(const DumpArgs& a, bool pre) {
   o.prev = a.prev;
   o.leave_running = pre || a.leave_running;
   o.async = pre || a.mode == "async";
+  o.lazy_ok = a.lazy_ok;
   pos::StatusOr<pos::JobDumpReport> r = [&] {
     Progress p("saving GPU state");
     const bool tty = ::isatty(STDERR_FILENO) == 1;
@@ -133,7 +134,7 @@ int dump(const DumpArgs& a, bool pre) {
   }
   if (a.json) {
     std::printf("{\"command\":\"%s\",\"pid\":%d,\"dir\":%s,\"prev\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,"
-                "\"handles\":%llu,\"gpu_bytes\":%llu,\"gpu_bytes_referenced\":%llu,\"gpu_image\":%s,"
+                "\"handles\":%llu,\"gpu_bytes\":%llu,\"gpu_bytes_referenced\":%llu,\"gpu_bytes_from_image\":%llu,\"gpu_image\":%s,"
                 "\"criu_images\":%s,\"criu_bytes\":%llu,\"criu_track_mem\":%s,\"criu_incremental\":%s,\"criu_note\":%s,"
                 "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
@@ -141,7 +142,8 @@ int dump(const DumpArgs& a, bool pre) {
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
-                (unsigned long long)r->gpu.bytes_referenced, pos::json_string(r->gpu.image).c_str(),
+                (unsigned long long)r->gpu.bytes_referenced, (unsigned long long)r->gpu.bytes_from_image,
+                pos::json_string(r->gpu.image).c_str(),
                 pos::json_string(r->criu_dir).c_str(), (unsigned long long)r->criu_bytes,
                 r->criu_track_mem ? "true" : "false", r->criu_incremental ? "true" : "false",
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
@@ -149,7 +151,10 @@ int dump(const DumpArgs& a, bool pre) {
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
-                          (a.prev.empty() ? "" : ", " + std::to_string(r->gpu.bytes_referenced) + " unchanged in --prev");
+                          (a.prev.empty() ? "" : ", " + std::to_string(r->gpu.bytes_referenced) + " unchanged in --prev") +
+                          (r->gpu.bytes_from_image == 0 ? ""
+                                                        : ", " + std::to_string(r->gpu.bytes_from_image) +
+                                                              " not loaded yet, copied from the image being restored");
   const std::string cpu = r->criu_dir.empty() ? std::string("CPU state not pre-dumped")
                           : std::string("CPU state by CRIU (") + std::to_string(r->criu_bytes) + " bytes" +
                                 (r->criu_incremental ? ", pages changed since --prev only" : "") + ")";
@@ -245,6 +250,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   dump_cmd->add_option("--prev", da.prev,
                        "an earlier dump or pre-dump of this job: save only what changed since (the image then needs it)");
+  dump_cmd->add_flag("--lazy-ok", da.lazy_ok,
+                     "a job still loading a lazy restore is dumped at once (what it has not loaded is copied from "
+                     "the image it loads from); else the dump waits for the load");
   dump_cmd->add_flag("--json", da.json, "one JSON report");
   dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
 
@@ -257,6 +265,7 @@ int main(int argc, char** argv) {
   pre_cmd->add_option("-D,--images-dir", pa.dir, "where the pre-dump goes (made if missing; must hold no image)")
       ->required();
   pre_cmd->add_option("--prev", pa.prev, "an earlier pre-dump or dump of this job: save only what changed since");
+  pre_cmd->add_flag("--lazy-ok", pa.lazy_ok, "as for dump");
   pre_cmd->add_flag("--json", pa.json, "one JSON report");
   pre_cmd->add_option("--socket", pa.socket, "posd's socket")->capture_default_str();
 

@@ -762,6 +762,67 @@ TEST_F(CheckpointTest, ACheckpointOfAClientStillLoadingLazilyWaitsForEveryBuffer
   expect_state();
 }
 
+TEST_F(CheckpointTest, WithLazyOkAClientStillLoadingIsCheckpointedAtOnceTakingUnloadedBuffersFromItsImage) {
+  build_state();
+  const std::string d = temp_dir("lazyok-src");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  for (CheckpointMode mode : {CheckpointMode::kSync, CheckpointMode::kAsync}) {
+    std::atomic<bool> hold{true};  // the background loaders load nothing during this test
+    ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+    // One buffer is named by a call (loaded on demand, then written); the others stay unloaded.
+    auto a = args(client().fill, static_cast<uint64_t>(odd_), 5u, 50);
+    ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(1, 64), stream_, a).ok());
+    ASSERT_TRUE(api().stream_synchronize(stream_).ok());
+    std::vector<unsigned> odd = odd_data_;
+    for (unsigned i = 0; i < 50; ++i) odd[i] = 5u + i;
+    const std::string again = temp_dir(mode == CheckpointMode::kSync ? "lazyok-sync" : "lazyok-async");
+    CheckpointRequest r = to_dir(again, mode);
+    r.lazy_ok = true;
+    std::atomic<bool> cut{false};
+    std::atomic<bool> hold_drain{mode == CheckpointMode::kAsync};
+    r.hold_drain = &hold_drain;
+    r.on_cut = [&](uint64_t) { cut.store(true); };
+    StatusOr<CheckpointResult> res = Status::Internal("not run");
+    std::thread t([&] { res = dump(std::move(r)); });
+    if (mode == CheckpointMode::kAsync) {
+      while (!cut.load()) std::this_thread::yield();
+      // After the cut the job writes a buffer that was unloaded at the cut: it is loaded, written,
+      // and the image still gets the cut's bytes (from the image, no shadow needed).
+      ASSERT_TRUE(api().memset(big_, 0x7f, 4096).ok());
+      hold_drain.store(false);
+    }
+    t.join();
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    EXPECT_FALSE(live_client().restore_stats().complete) << "the checkpoint waited for the lazy restore";
+    EXPECT_EQ(res->bytes_from_image, (20u << 20) + 4096u);  // big_ and small_ were unloaded at the cut
+    EXPECT_EQ(res->bytes_stored, (20u << 20) + 4096u + 777u * 4);
+    EXPECT_EQ(res->shadow_bytes, 0u);
+    hold.store(false);
+    ASSERT_TRUE(kill_and_restore(again).ok());
+    EXPECT_EQ(download<unsigned>(odd_, 777), odd);
+    EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);
+    EXPECT_EQ(download<unsigned>(small_, 1024), small_data_);
+  }
+}
+
+TEST_F(CheckpointTest, WithLazyOkADamagedBufferOfTheImageBeingLoadedFailsTheCheckpointNotCopiedOn) {
+  build_state();
+  const std::string d = temp_dir("lazyok-good");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  const std::string bad = corrupt_copy(d, big_, "lazyok-bad");
+  std::atomic<bool> hold{true};
+  ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());
+  const std::string again = temp_dir("lazyok-again");
+  CheckpointRequest r = to_dir(again);
+  r.lazy_ok = true;
+  auto res = dump(std::move(r));
+  ASSERT_FALSE(res.ok());
+  EXPECT_EQ(res.status().code(), Code::kCorrupt) << res.status().to_string();
+  EXPECT_FALSE(fs::exists(again)) << "a failed checkpoint left a partial image";
+  EXPECT_EQ(download<unsigned>(small_, 1024), small_data_);  // the client runs on
+  hold.store(false);
+}
+
 TEST_F(CheckpointTest, AnImageOfAnotherDeviceModelIsRefused) {
   build_state();
   const std::string d = temp_dir("model");

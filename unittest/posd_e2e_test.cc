@@ -412,6 +412,51 @@ long long json_number(const std::string& report, const std::string& key) {
   return std::atoll(report.c_str() + at + key.size() + 3);
 }
 
+// ZDTM shape, lazy: a job restored with --lazy whose background loaders are held (fault point
+// lazy-loaders-held: they load nothing) still has a buffer it has not named since, the workload's
+// --reserve-mib buffer. `dump --lazy-ok` takes it at once, that buffer's bytes copied from the image
+// being restored; the new image alone (restored into a posd without the hold) finishes the job
+// exactly, the reserve's checksum included.
+TEST_F(PosdProcess, ADumpWithLazyOkOfAJobStillLoadingItsRestoreTakesWhatItHasNotLoadedFromTheImage) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000", "--reserve-mib", "8"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-lazyok-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", first = base + ".first", second = base + ".second";
+  const std::string cli = env_or_fail("POS_CLI");
+  for (const std::string& d : {first, second}) std::filesystem::remove_all(d);
+  const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1] + " " + args[2] + " " + args[3]),
+                                "lazyok", out_file, [&] { return sessions_json(); }, [&] { return log_text(); });
+  int code = -1;
+  std::string err;
+  (void)shell(cli + " dump -t " + std::to_string(child) + " -D " + first + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  int st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+
+  ::setenv("POS_FAULT_POINT", "lazy-loaders-held", 1);
+  const OwnPosd held(base + "-held");
+  ::unsetenv("POS_FAULT_POINT");
+  (void)shell(cli + " restore -D " + first + " --lazy --socket " + held.socket, &code, &err);
+  ASSERT_EQ(code, 0) << err << held.log_text();
+  const std::string report =
+      shell(cli + " dump -t " + std::to_string(child) + " -D " + second + " --lazy-ok --json --socket " + held.socket, &code, &err);
+  ASSERT_EQ(code, 0) << err << held.log_text();
+  EXPECT_GE(json_number(report, "gpu_bytes_from_image"), 8ll << 20) << report;
+  EXPECT_GT(json_number(report, "gpu_bytes"), json_number(report, "gpu_bytes_from_image")) << report;
+  st = wait_for_exit(child, std::chrono::seconds(30));
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+
+  std::filesystem::remove_all(first);  // the new image needs nothing of the one it was loading from
+  (void)shell(cli + " restore -D " + second + " --socket " + socket_, &code, &err);
+  ASSERT_EQ(code, 0) << err << log_text();
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << log_text();
+  const std::string out = read_file(out_file);
+  EXPECT_EQ(out, expected(args));
+  EXPECT_NE(out.find("reserve checksum"), std::string::npos);
+  for (const std::string& p : {first, second, out_file}) std::filesystem::remove_all(p);
+}
+
 // ZDTM shape, incremental: a job whose first layers are frozen is pre-dumped while it runs, then
 // dumped with --prev (it ends), and restored from the chain; it finishes as if never stopped. The
 // dump stores only the tensors written since the pre-dump (the frozen ones are left in it), and CRIU

@@ -32,6 +32,10 @@ struct MlpConfig {
   // The first `frozen` layers (of layers + 1) keep their initial parameters, as in fine-tuning with a
   // frozen backbone: their tensors are only read after init (what incremental dumps leave out).
   int frozen = 0;
+  // A device buffer of this many MiB, filled at start and read only at the end (its checksum is a
+  // line of its own): state a job keeps but rarely touches (an EMA copy, evaluation data), which a
+  // lazy restore loads last.
+  int reserve_mib = 0;
   // Not part of the computation: the CUDA program prints each step's wall time to stderr
   // (bench/async_step_bench.sh reads it); the reference accepts the flag and ignores it.
   bool step_times = false;
@@ -212,6 +216,11 @@ inline void print_step(std::FILE* out, int step, float loss) {
 inline void print_checksum(std::FILE* out, const ParamChecksum& c) {
   std::fprintf(out, "checksum %016" PRIx64 " sum %.9g\n", c.fnv, c.sum);
 }
+inline void print_reserve_checksum(std::FILE* out, const ParamChecksum& c) {
+  std::fprintf(out, "reserve checksum %016" PRIx64 " sum %.9g\n", c.fnv, c.sum);
+}
+// Seed of the --reserve-mib buffer's mlp_init_uniform (beyond every tensor's).
+inline uint64_t reserve_seed(const MlpConfig& c) { return hash3(c.seed, 0x72657365727665ull, 0); }
 
 // ---- arguments ---------------------------------------------------------------------------------
 
@@ -227,6 +236,7 @@ inline const char* usage_text() {
          "  --seed N        seed for data and init    (default 1)\n"
          "  --param-mib N   pick --hidden so the parameters take about N MiB (needs --layers >= 1)\n"
          "  --frozen N      the first N layers are not trained (default 0; at most layers + 1)\n"
+         "  --reserve-mib N a device buffer of N MiB set at start, read only at the end (default 0)\n"
          "  --step-times    print each step's wall time to stderr (CUDA program only; stdout unchanged)\n"
          "  --help          print this and exit\n";
 }
@@ -328,6 +338,9 @@ inline ParseResult parse_args(int argc, const char* const* argv, MlpConfig* cfg)
     } else if (a == "--frozen") {
       if (!detail::parse_int(v, 0, 1000001, &n)) return bad("an integer in [0, 1000001]");
       c.frozen = static_cast<int>(n);
+    } else if (a == "--reserve-mib") {
+      if (!detail::parse_int(v, 0, 1 << 20, &n)) return bad("an integer in [0, 1048576]");
+      c.reserve_mib = static_cast<int>(n);
     } else if (a == "--param-mib") {
       if (!detail::parse_int(v, 1, 1ll << 30, &n)) return bad("an integer in [1, 1073741824]");
       param_mib = n;

@@ -121,6 +121,15 @@ int run_mlp_reference(const mlp::MlpConfig& cfg, std::FILE* out) {
     sum.add(B[l].data(), B[l].size());
   }
   mlp::print_checksum(out, sum);
+  if (cfg.reserve_mib > 0) {
+    const long long count = static_cast<long long>(cfg.reserve_mib) * (1 << 20) / sizeof(float);
+    std::vector<float> reserve(static_cast<size_t>(count));
+    launch<&mlp_init_uniform>(mlp::launch_for(count), reserve.data(), count,
+                              static_cast<unsigned long long>(mlp::reserve_seed(cfg)), 1.0f);
+    mlp::ParamChecksum rs;
+    rs.add(reserve.data(), reserve.size());
+    mlp::print_reserve_checksum(out, rs);
+  }
   std::fflush(out);
   return 0;
 }

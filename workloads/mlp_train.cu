@@ -127,6 +127,14 @@ int main(int argc, char** argv) {
   float* d_sample_loss = device_floats(batch);
   float* d_loss = device_floats(1);
 
+  float* reserve = nullptr;
+  const long long reserve_count = static_cast<long long>(cfg.reserve_mib) * (1 << 20) / sizeof(float);
+  if (reserve_count > 0) {
+    reserve = device_floats(reserve_count);
+    launch<&mlp_init_uniform>("mlp_init_uniform", mlp::launch_for(reserve_count), reserve, reserve_count,
+                              static_cast<unsigned long long>(mlp::reserve_seed(cfg)), 1.0f);
+  }
+
   float* h_x = pinned_floats(static_cast<long long>(cfg.input) * batch);
   float* h_t = pinned_floats(static_cast<long long>(cfg.output) * batch);
   float* h_loss = pinned_floats(1);
@@ -228,6 +236,16 @@ int main(int argc, char** argv) {
     }
   }
   mlp::print_checksum(stdout, sum);
+  if (reserve != nullptr) {
+    mlp::ParamChecksum rs;
+    for (long long off = 0; off < reserve_count; off += stage_count) {
+      const long long n = std::min(stage_count, reserve_count - off);
+      check(cudaMemcpyAsync(stage, reserve + off, sizeof(float) * n, cudaMemcpyDeviceToHost, g_stream), "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize");
+      rs.add(stage, static_cast<size_t>(n));
+    }
+    mlp::print_reserve_checksum(stdout, rs);
+  }
   std::fflush(stdout);
 
   check(cudaEventRecord(t_stop, g_stream), "cudaEventRecord");
@@ -240,6 +258,7 @@ int main(int argc, char** argv) {
   check(cudaFreeHost(h_loss), "cudaFreeHost");
   check(cudaFreeHost(h_t), "cudaFreeHost");
   check(cudaFreeHost(h_x), "cudaFreeHost");
+  if (reserve != nullptr) check(cudaFree(reserve), "cudaFree");
   for (float* p : {d_loss, d_sample_loss, grad_b, grad_w, delta[1], delta[0], d_target}) check(cudaFree(p), "cudaFree");
   for (float* p : act) check(cudaFree(p), "cudaFree");
   for (int l = 0; l < nl; ++l) {

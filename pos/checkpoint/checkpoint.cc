@@ -80,6 +80,15 @@ void CheckpointJob::add_region(uint64_t key, uint64_t addr, uint64_t size, bool 
   regions_.push_back(std::move(r));
 }
 
+void CheckpointJob::source_from_image(uint64_t addr, const ckpt::ImageReader* img, const ckpt::pb::BlobRef* ref,
+                                      std::shared_ptr<const ckpt::ImageReader> owner) {
+  auto it = by_addr_.find(addr);
+  if (it == by_addr_.end()) return;  // not stored in this image (an incremental one references it)
+  it->second->src_img = img;
+  it->second->src_ref = ref;
+  source_image_ = std::move(owner);
+}
+
 Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s) {
   // Variables can be written by any kernel of their module (no edge names them): they are
   // captured now, while the client is stopped. They are small.
@@ -134,6 +143,7 @@ void CheckpointJob::protect(const APIContext& c) {
 }
 
 void CheckpointJob::protect_region(DrainRegion& r) {
+  if (r.src_img != nullptr) return;  // drained from the image: the device's bytes are not read
   std::unique_lock<std::mutex> lk(r.mu);  // waits out a chunk the drainer has in flight
   while (!r.done && r.shadow == 0) {
     const uint64_t need = r.size - r.drained;
@@ -264,6 +274,8 @@ Status CheckpointJob::drain_region(DrainRegion& r) {
       std::lock_guard<std::mutex> lk(r.mu);
       if (r.is_var) {
         for (size_t i = 0; i < parts.size(); ++i) std::memcpy(parts[i].host, r.host_copy.data() + base + i * ckpt::kChunkSize, parts[i].n);
+      } else if (r.src_img != nullptr) {
+        POS_RETURN_IF_ERROR(copy_from_image(r, base, parts));
       } else if (end > base) {
         for (size_t i = 0; i < parts.size(); ++i) {
           const uint64_t off = base + i * ckpt::kChunkSize;
@@ -290,6 +302,25 @@ Status CheckpointJob::drain_region(DrainRegion& r) {
     r.shadow = 0;
   }
   pool_cv_.notify_all();
+  return Status::Ok();
+}
+
+// The bytes of a buffer not loaded at the cut, from the image it was loading from: verified
+// against that image's checksums, so a damaged source fails the checkpoint rather than copying on.
+Status CheckpointJob::copy_from_image(const DrainRegion& r, uint64_t base, std::span<const HostSpan> parts) {
+  const ckpt::pb::BlobRef& ref = *r.src_ref;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const uint64_t off = base + i * ckpt::kChunkSize;
+    if (off + parts[i].n > ref.length())
+      return Status::Corrupt("buffer " + hex(r.addr) + " is longer than its blob in the image it was loading from");
+    if (const std::byte* p = r.src_img->direct(ref, off)) {
+      POS_RETURN_IF_ERROR(r.src_img->verify_chunk(ref, off, parts[i].n, p));
+      std::memcpy(parts[i].host, p, parts[i].n);
+    } else {
+      POS_RETURN_IF_ERROR(r.src_img->read_chunk(ref, off, parts[i].n, parts[i].host));
+    }
+    result_.bytes_from_image += parts[i].n;
+  }
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -49,6 +50,10 @@ struct CheckpointRequest {
   // without running the pending calls. If the checkpoint fails, the client runs on as if it had
   // never been stopped (its pending calls execute). Sync mode only (docs/checkpoint.md, "Stop").
   bool stop = false;
+  // A client still loading a lazy restore is checkpointed at once instead of after its load: the
+  // buffers not loaded at the cut are copied from the image they are loading from (their bytes
+  // are the image's until a call names them), not from the device (`pos-cli dump --lazy-ok`).
+  bool lazy_ok = false;
   // Called by the drainer after each chunk (bytes stored so far, bytes to store).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
@@ -64,6 +69,7 @@ struct CheckpointResult {
   uint64_t handles = 0;
   uint64_t bytes_stored = 0;     // device bytes written into this image
   uint64_t bytes_referenced = 0; // device bytes left in the parent chain (incremental)
+  uint64_t bytes_from_image = 0; // lazy_ok: bytes of bytes_stored copied from the lazy restore's image
   uint64_t shadow_bytes = 0;     // async: bytes copied to shadows because the job wrote them
   uint64_t shadow_limit = 0;     // async: the pool's bound for this checkpoint
   uint64_t shadow_waits = 0;     // async: times the worker found the pool full and waited
@@ -121,6 +127,10 @@ struct DrainRegion {
   uint64_t shadow_from = 0;
   bool done = false;         // guarded by mu
   std::atomic<bool> urgent{false};
+  // lazy_ok: not loaded at the cut, so its bytes are this blob of an image (set at the cut, before
+  // the drainer starts; the job's later writes need no shadow).
+  const ckpt::ImageReader* src_img = nullptr;
+  const ckpt::pb::BlobRef* src_ref = nullptr;
 };
 
 // One checkpoint of one client. Built by the parser (records, regions), started by the worker at
@@ -134,6 +144,10 @@ class CheckpointJob {
   ckpt::pb::Inventory& inventory() { return inventory_; }
   ckpt::pb::ClientImage& image() { return image_; }
   const ckpt::ImageReader* parent() const { return parent_.get(); }
+  // Worker, at the cut, before start_at_cut (lazy_ok): the buffer at `addr` is drained from blob
+  // `ref` of `img`, which `owner` keeps alive (the lazy restore's image and its ancestors).
+  void source_from_image(uint64_t addr, const ckpt::ImageReader* img, const ckpt::pb::BlobRef* ref,
+                         std::shared_ptr<const ckpt::ImageReader> owner);
   // Control thread, before the command: opens the target and the parent.
   // `device` is the client's device, whose free memory bounds an auto-sized shadow pool.
   Status prepare(uint64_t default_shadow_pool, int device);
@@ -170,6 +184,7 @@ class CheckpointJob {
   void drain_main();
   Status drain_all();
   Status drain_region(DrainRegion& r);
+  Status copy_from_image(const DrainRegion& r, uint64_t base, std::span<const HostSpan> parts);
   void finish(Status s);
   void protect_region(DrainRegion& r);
   Status wait_for_seal();
@@ -178,6 +193,7 @@ class CheckpointJob {
   DeviceBackend* device_;
   std::unique_ptr<ckpt::ImageWriter> writer_;
   std::unique_ptr<ckpt::ImageReader> parent_;
+  std::shared_ptr<const ckpt::ImageReader> source_image_;  // lazy_ok: what src_img points into
   ckpt::pb::Inventory inventory_;
   ckpt::pb::ClientImage image_;
   std::vector<std::unique_ptr<DrainRegion>> regions_;

@@ -179,6 +179,19 @@ Status LazyLoader::wait() {
   return Status::Ok();
 }
 
+StatusOr<std::shared_ptr<const ckpt::ImageReader>> LazyLoader::unloaded(std::vector<Unloaded>* out) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (image_ == nullptr) {
+    for (const Region& r : regions_)
+      if (r.state == State::kFailed) return r.error;
+    return std::shared_ptr<const ckpt::ImageReader>();
+  }
+  for (const Region& r : regions_)
+    if (r.state == State::kPending || r.state == State::kLoading || r.state == State::kFailed)
+      out->push_back(Unloaded{r.addr, r.img, r.ref});
+  return image_;
+}
+
 LazyRestoreStats LazyLoader::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   LazyRestoreStats s = stats_;

@@ -75,6 +75,17 @@ class LazyLoader {
   // loaded, if any. kUnavailable if stop() came first.
   Status wait();
   LazyRestoreStats stats() const;
+  // Worker, at a checkpoint's cut: the live buffers no call has named yet and no loader has
+  // finished (so their bytes are still exactly the image's), with the image that owns their blobs
+  // (null and none once everything is loaded). A loader may finish one meanwhile: its bytes are the
+  // same. Failed buffers are included (reading them from the image fails the checkpoint), or, once
+  // the image is released, their error is returned: their device bytes are not theirs.
+  struct Unloaded {
+    uint64_t addr = 0;
+    const ckpt::ImageReader* img = nullptr;
+    const ckpt::pb::BlobRef* ref = nullptr;
+  };
+  StatusOr<std::shared_ptr<const ckpt::ImageReader>> unloaded(std::vector<Unloaded>* out) const;
   // The client is shutting down (its worker has stopped): loaders finish the buffer in hand and
   // exit; copiers and the image are released. Idempotent.
   void stop();

@@ -13,7 +13,7 @@
 
 namespace pos::wire {
 
-inline constexpr uint32_t kProtocolVersion = 3;  // 2: ReplySlot::async_error; 3: restore, incremental checkpoint bodies
+inline constexpr uint32_t kProtocolVersion = 4;  // 2: ReplySlot::async_error; 3: restore, incremental checkpoint bodies; 4: lazy-ok
 inline constexpr uint32_t kHelloMagic = 0x484f5350;    // "PSOH"
 inline constexpr uint32_t kWelcomeMagic = 0x574f5350;  // "PSOW"
 inline constexpr uint32_t kShmMagic = 0x4d534f50;      // "POSM"
@@ -71,7 +71,7 @@ struct CheckpointBody {
   uint32_t magic = kCheckpointMagic;
   uint32_t target_pid = 0;  // the job: the pid of a session's client
   uint32_t mode = 0;        // CheckpointKind
-  uint32_t flags = 0;       // kCheckpointIncremental or 0
+  uint32_t flags = 0;       // kCheckpointIncremental, kCheckpointLazyOk
   // Incremental: the previous image's GPU part as the new image records its parent, relative to the
   // new image's GPU part ("../../prev/gpu"); printable, NUL-terminated. Empty otherwise.
   char parent_path[496] = {};
@@ -81,6 +81,10 @@ static_assert(sizeof(CheckpointBody) == 512);
 // the body, the previous image's directory, whose "gpu" part is the parent. Only buffers written
 // since the parent's cut are stored; the parent must be an image posd took of this same job.
 inline constexpr uint32_t kCheckpointIncremental = 1;
+// `pos-cli dump --lazy-ok`: a job still loading a lazy restore is dumped at once, the buffers it has
+// not loaded yet copied from the image they are loading from (else the dump waits for the load).
+inline constexpr uint32_t kCheckpointLazyOk = 2;
+inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk;
 
 enum class EventType : uint32_t { kProgress = 1, kResult = 2 };
 struct ControlEvent {
@@ -90,11 +94,12 @@ struct ControlEvent {
   uint64_t done = 0, total = 0;       // kProgress: device bytes stored so far, of this many
   uint64_t cut_pc = 0, handles = 0;   // kResult:
   uint64_t bytes_stored = 0, bytes_referenced = 0;
+  uint64_t bytes_from_image = 0;       // kResult, lazy-ok: of bytes_stored, copied from the loading image
   double stall_s = 0, total_s = 0;
   char phase[32] = {};                // kProgress: "cut", "drain"
   char message[512] = {};             // kResult: why it failed, or where the image is
 };
-static_assert(sizeof(ControlEvent) == 624);
+static_assert(sizeof(ControlEvent) == 632);
 
 // ---------------- detach and re-attach (docs/dump_restore.md) ----------------
 // pos-cli → posd, after a kControl hello whose command is "detach".

@@ -53,7 +53,7 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress,
                                            const std::function<void(uint64_t)>& on_cut,
-                                           const std::string& prev_dir) {
+                                           const std::string& prev_dir, bool lazy_ok) {
   if (dir.empty()) return Status::InvalidArgument("no image directory given");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
@@ -77,9 +77,10 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
       return Status::InvalidArgument("the previous image's path " + printable(rel) + " cannot be recorded in an image");
     prev.reset(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
-    body.flags = wire::kCheckpointIncremental;
+    body.flags |= wire::kCheckpointIncremental;
     wire::put_cstr(body.parent_path, sizeof(body.parent_path), rel);
   }
+  if (lazy_ok) body.flags |= wire::kCheckpointLazyOk;
   auto fd = open_control(socket_path, "checkpoint");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
@@ -112,6 +113,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
                     e.api_error, wire::get_cstr(e.message, sizeof(e.message)));
     CheckpointReport r;
     r.cut_pc = e.cut_pc, r.handles = e.handles, r.bytes_stored = e.bytes_stored, r.bytes_referenced = e.bytes_referenced;
+    r.bytes_from_image = e.bytes_from_image;
     r.stall_s = e.stall_s, r.total_s = e.total_s;
     r.image = dir + "/gpu";
     return r;

@@ -17,6 +17,7 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 // What a checkpoint of a job's GPU state stored (docs/cli.md, `pos-cli dump`).
 struct CheckpointReport {
   uint64_t cut_pc = 0, handles = 0, bytes_stored = 0, bytes_referenced = 0;
+  uint64_t bytes_from_image = 0;  // lazy_ok: of bytes_stored, copied from the image a lazy restore loads
   double stall_s = 0, total_s = 0;
   std::string image;  // where: DIR/gpu
 };
@@ -25,10 +26,11 @@ struct CheckpointReport {
 // this process's descriptor of `dir`, so `dir` needs to be writable by the caller only. `progress`
 // gets device bytes stored so far and the total, about ten times a second.
 // `on_cut` is called once the cut is taken (with its call number), before the drain ends.
+// `lazy_ok`: a job still loading a lazy restore is checkpointed at once (docs/cli.md, --lazy-ok).
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress = {},
                                            const std::function<void(uint64_t)>& on_cut = {},
-                                           const std::string& prev_dir = {});
+                                           const std::string& prev_dir = {}, bool lazy_ok = false);
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's

@@ -274,7 +274,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
           cut = true;
           cv.notify_all();
         },
-        pp.prev_dir);
+        pp.prev_dir, o.lazy_ok);
     std::lock_guard<std::mutex> lk(mu);
     gpu = std::move(res);
     finished = true;
@@ -388,7 +388,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
   auto t = std::chrono::steady_clock::now();
   auto gpu = posd_checkpoint(
       o.socket, o.pid, dir, /*async=*/true, [&](uint64_t d, uint64_t n) { say("gpu", d, n); },
-      [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir);
+      [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir, o.lazy_ok);
   r.gpu_s = seconds_since(t);
   if (!gpu.ok()) {
     remove_parts();

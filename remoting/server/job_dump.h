@@ -19,6 +19,9 @@ struct JobDumpOptions {
   std::string dir;     // made if missing; must hold no image yet
   bool leave_running = false;
   bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
+  // A job still loading a lazy restore is dumped at once: what it has not loaded yet is copied from
+  // the image it loads from. Else the dump waits until the load is done.
+  bool lazy_ok = false;
   // An earlier dump or pre-dump of this job (dump --prev): the GPU part stores only buffers written
   // since its cut, CRIU's only pages changed since its (where the kernel tracks dirty memory).
   std::string prev;

@@ -773,7 +773,7 @@ void PosdServer::control_checkpoint(Handshake& h) {
   };
   const bool incremental = (b.flags & wire::kCheckpointIncremental) != 0;
   const std::string parent = wire::get_cstr(b.parent_path, sizeof(b.parent_path));
-  if (b.magic != wire::kCheckpointMagic || (b.flags & ~wire::kCheckpointIncremental) != 0 || b.mode > 1 ||
+  if (b.magic != wire::kCheckpointMagic || (b.flags & ~wire::kCheckpointFlags) != 0 || b.mode > 1 ||
       parent.size() >= sizeof(b.parent_path) - 1 || incremental != !parent.empty() || printable(parent) != parent ||
       (!parent.empty() && parent[0] == '/'))
     return refuse(Status::InvalidArgument("malformed checkpoint request"));
@@ -795,6 +795,7 @@ void PosdServer::control_checkpoint(Handshake& h) {
   session_channel::Message m;
   m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
   m.mode = b.mode;
+  m.flags = b.flags;
   wire::put_cstr(m.parent, sizeof(m.parent), parent);
   Status sent;
   {

@@ -127,11 +127,11 @@ class CheckpointRunner {
   // Takes the descriptors (`prev`: an incremental one's previous image directory, else empty). A
   // second request while one runs is refused on its own connection.
   void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, UniqueFd prev, uint32_t mode,
-             std::string parent_path) {
+             uint32_t flags, std::string parent_path) {
     const int c = client.get();
     if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt",
-                    [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode,
-                     pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, pp); }))
+                    [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode, flags,
+                     pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, flags, pp); }))
       refuse_connection(c, Status::Busy("a dump of this job is already running"));
   }
 
@@ -152,7 +152,8 @@ class CheckpointRunner {
     return Status::Ok();
   }
 
-  void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, int prev, uint32_t mode, const std::string& parent_path) {
+  void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, int prev, uint32_t mode, uint32_t flags,
+           const std::string& parent_path) {
     int fl = ::fcntl(client, F_GETFL);
     if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
     timeval tv{10, 0};  // a pos-cli that stops reading loses its answer; the checkpoint goes on
@@ -165,6 +166,7 @@ class CheckpointRunner {
     if (uuid != 0) {
       CheckpointRequest req;
       req.mode = mode == static_cast<uint32_t>(wire::CheckpointKind::kAsync) ? CheckpointMode::kAsync : CheckpointMode::kSync;
+      req.lazy_ok = (flags & wire::kCheckpointLazyOk) != 0;
       // Through the caller's own descriptor: posd's user never resolves the caller's path.
       req.dir = "/proc/self/fd/" + std::to_string(dir) + "/gpu";
       if (prev >= 0) {
@@ -198,6 +200,7 @@ class CheckpointRunner {
       adopt(res->image_id);
       r.cut_pc = res->cut_pc, r.handles = res->handles;
       r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
+      r.bytes_from_image = res->bytes_from_image;
       r.stall_s = res->stall_s, r.total_s = res->total_s;
       POS_INFO("posd-session", "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s", (unsigned long)uuid,
                (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s);
@@ -287,7 +290,7 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
         continue;
       }
       checkpoints.start(ws, progress->uuid.load(std::memory_order_acquire), std::move(fds[0]), std::move(fds[1]),
-                        std::move(fds[2]), req.mode, std::move(parent));
+                        std::move(fds[2]), req.mode, req.flags, std::move(parent));
       continue;
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
@@ -386,6 +389,11 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   if (at == MAP_FAILED) return fail(Status::Unavailable(std::string("reserving the session memory: ") + std::strerror(errno)));
   RestoreOptions ro;
   ro.lazy = (start.flags & wire::kRestoreLazy) != 0;
+  // Test hook (docs/dump_restore.md, "Fault points"): POS_FAULT_POINT=lazy-loaders-held keeps a lazy
+  // restore's background loaders from loading anything, so that a test meets a job still loading.
+  static std::atomic<bool> loaders_held{true};
+  if (const char* fp = std::getenv("POS_FAULT_POINT"); fp != nullptr && std::strcmp(fp, "lazy-loaders-held") == 0)
+    ro.hold_loader = &loaders_held;
   ro.host_base = reinterpret_cast<uint64_t>(at) + layout.arena_offset;
   ro.host_size = layout.arena_bytes;
   ro.devices = config.posd_devices;

@@ -58,7 +58,8 @@ struct Message {
   uint64_t frames = 0;
   uint32_t ending = 0;
   uint32_t mode = 0;  // kCheckpoint: wire::CheckpointKind
-  uint32_t timeout_ms = 0, reserved = 0;  // kDetach
+  uint32_t timeout_ms = 0;  // kDetach
+  uint32_t flags = 0;       // kCheckpoint: wire::kCheckpoint* flags
   char token[64] = {};                    // kDetach: the session token
   char permit[512] = {};                  // kDetach: the permit file's path
   char parent[512] = {};  // kCheckpoint, incremental: the parent's path as the image records it
