@@ -2,17 +2,23 @@
 // failure. No CRIU library is linked: the program is the interface CRIU keeps stable.
 #include "ckpt/criu.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "ckpt/image.h"  // fault_point
 
@@ -29,7 +35,9 @@ struct Ran {
 // Runs argv[0] with argv; stdout and stderr captured (bounded). CRIU dies with this thread (a
 // parent-death signal): a pos-cli killed mid-dump must not leave a CRIU behind that goes on to end
 // the job it was dumping. `fault_stage`: a fault point (fault_point) 50 ms after CRIU started.
-StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage = nullptr) {
+// `tick`: called about every 100 ms while the program runs.
+StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage = nullptr,
+                  const std::function<void()>& tick = {}) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Status::Unavailable(std::string("pipe: ") + std::strerror(errno));
   std::vector<char*> args;
@@ -61,6 +69,14 @@ StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage 
   Ran r;
   char buf[4096];
   for (;;) {
+    if (tick) {
+      pollfd pf{p[0], POLLIN, 0};
+      const int ready = ::poll(&pf, 1, 100);
+      if (ready == 0 || (ready < 0 && errno == EINTR)) {
+        tick();
+        continue;
+      }
+    }
     const ssize_t n = ::read(p[0], buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -147,6 +163,68 @@ bool criu_tracks_memory(const std::string& criu) {
   return c.ok() && exited_ok(c->status);
 }
 
+namespace {
+
+// "Anonymous:   123 kB" → bytes, from a smaps_rollup text; 0 if absent.
+uint64_t rollup_field(const std::string& text, const char* key) {
+  const size_t at = text.find(std::string("\n") + key + ":");
+  if (at == std::string::npos) return 0;
+  return std::strtoull(text.c_str() + at + std::strlen(key) + 2, nullptr, 10) * 1024;
+}
+
+void tree_pids(pid_t pid, std::vector<pid_t>* out, int depth) {
+  if (depth > 64 || out->size() > 4096) return;  // bounded: an estimate, not an inventory
+  out->push_back(pid);
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(task.c_str());
+  if (d == nullptr) return;
+  std::vector<pid_t> children;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(task + "/" + e->d_name + "/children");
+    long c = 0;
+    while (f >> c)
+      if (c > 0) children.push_back(static_cast<pid_t>(c));
+  }
+  ::closedir(d);
+  for (pid_t c : children) tree_pids(c, out, depth + 1);
+}
+
+}  // namespace
+
+uint64_t tree_memory_bytes(pid_t pid) {
+  std::vector<pid_t> pids;
+  tree_pids(pid, &pids, 0);
+  uint64_t total = 0;
+  for (pid_t p : pids) {
+    std::ifstream f("/proc/" + std::to_string(p) + "/smaps_rollup");
+    std::stringstream text;
+    text << "\n" << f.rdbuf();
+    const std::string t = text.str();
+    if (t.size() > 1) {
+      total += rollup_field(t, "Anonymous") + rollup_field(t, "Pss_Shmem");
+      continue;
+    }
+    std::ifstream statm("/proc/" + std::to_string(p) + "/statm");
+    uint64_t size = 0, resident = 0;
+    if (statm >> size >> resident) total += resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  }
+  return total;
+}
+
+uint64_t dir_file_bytes(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  uint64_t total = 0;
+  while (dirent* e = ::readdir(d)) {
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+      total += static_cast<uint64_t>(st.st_size);
+  }
+  ::closedir(d);
+  return total;
+}
+
 Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, const CriuDumpOptions& o) {
   if (pid <= 0) return Status::InvalidArgument("criu dump: no process given");
   const char* log = o.pre_dump ? "pre-dump.log" : "dump.log";
@@ -157,8 +235,19 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
   if (o.track_mem) argv.push_back("--track-mem");
   if (!o.prev_images_dir.empty()) argv.insert(argv.end(), {"--prev-images-dir", o.prev_images_dir});
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());
-  auto r = run(argv, "criu-dump-running");
+  std::function<void()> tick;
+  uint64_t expected = 0;
+  if (o.progress) {
+    expected = tree_memory_bytes(pid);
+    tick = [&] {
+      const uint64_t done = dir_file_bytes(dir);
+      expected = std::max(expected, done);
+      o.progress(done, expected);
+    };
+  }
+  auto r = run(argv, "criu-dump-running", tick);
   if (!r.ok()) return r.status();
+  if (tick && exited_ok(r->status)) tick();  // the last word: what was written, as the total
   if (r->status == 127 << 8 && r->output.empty()) return Status::Unavailable("cannot run " + criu);
   if (!exited_ok(r->status))
     return Status::Unavailable(std::string("criu ") + (o.pre_dump ? "pre-dump" : "dump") + " of pid " +

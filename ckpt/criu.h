@@ -4,6 +4,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <functional>
+
 #include <string>
 #include <vector>
 
@@ -28,7 +31,18 @@ struct CriuDumpOptions {
   std::string prev_images_dir;  // incremental: relative to the dump's dir, as CRIU takes it
   bool pre_dump = false;        // `criu pre-dump` (the tree keeps running; memory only)
   std::vector<std::string> extra;  // more CRIU options, verbatim
+  // About ten times a second while CRIU runs: bytes of images written so far, and what the tree's
+  // memory suggests they will come to (tree_memory_bytes; never below `done`). Once more at the end
+  // of a dump that succeeded.
+  std::function<void(uint64_t done, uint64_t expected)> progress;
 };
+
+// The memory CRIU will save of the tree rooted at `pid`: each process's anonymous and shared-memory
+// pages (from /proc/P/smaps_rollup; its resident set where that file is missing). An estimate, for
+// progress; 0 if the process is gone.
+uint64_t tree_memory_bytes(pid_t pid);
+// The bytes of the regular files directly in `dir` (CRIU's images as they are written).
+uint64_t dir_file_bytes(const std::string& dir);
 
 // `criu dump -t PID -D DIR` (or pre-dump), logging to DIR/dump.log (pre-dump.log). DIR must exist.
 // A failure returns CRIU's own error lines from the log.

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include "ckpt/image.h"
@@ -118,10 +119,16 @@ int dump(const DumpArgs& a, bool pre) {
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
   pos::StatusOr<pos::JobDumpReport> r = [&] {
-    Progress p("saving GPU state");
+    // The GPU drain reports from its own thread while CRIU runs (with --leave-running): one line,
+    // whichever phase spoke last.
+    Progress gpu("saving GPU state"), cpu("saving CPU state (CRIU)");
+    std::mutex mu;
     const bool tty = ::isatty(STDERR_FILENO) == 1;
     o.progress = [&](const char* phase, uint64_t done, uint64_t total) {
-      if (std::string(phase) == "gpu" && total > 0) p.update(done, total);
+      std::lock_guard<std::mutex> lk(mu);
+      const std::string ph = phase;
+      if (ph == "gpu" && total > 0) gpu.update(done, total);
+      else if (ph == "criu" && total > 0) cpu.update(done, total);
       else if (tty) std::fprintf(stderr, "\r%-60s", (std::string(cmd) + ": " + phase + "...").c_str());
     };
     auto res = pre ? pos::pre_dump_job(o) : pos::dump_job(o);

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ckpt/criu.h"
 
@@ -136,7 +138,15 @@ TEST_F(Criu, ALeaveRunningDumpLetsTheOriginalFinishAndItsImageRestoresAfterwards
   const std::string img = (root_ / "img").string();
   CriuDumpOptions o;
   o.leave_running = true;
+  std::vector<std::pair<uint64_t, uint64_t>> seen;  // progress: (written, expected)
+  o.progress = [&](uint64_t d, uint64_t e) { seen.emplace_back(d, e); };
+  const uint64_t estimate = tree_memory_bytes(pid_);
+  EXPECT_GE(estimate, 4u << 20) << "zdtm_cpu and its child hold several MiB of memory";
   ASSERT_TRUE(criu_dump(criu_, pid_, img, o).ok());
+  ASSERT_FALSE(seen.empty());
+  for (const auto& [d, e] : seen) EXPECT_LE(d, e);
+  EXPECT_EQ(seen.back().first, dir_file_bytes(img));  // the last report is what was written
+  EXPECT_GT(seen.back().first, 1u << 20);
   const pid_t original = pid_;
   check(pid_);  // the original runs on and passes
   pid_ = -1;

@@ -299,6 +299,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   t = std::chrono::steady_clock::now();
   r.criu_dir = dir + "/criu";
   ckpt::CriuDumpOptions co;
+  co.progress = [&](uint64_t d, uint64_t n) { say("criu", d, n); };
   co.leave_running = o.leave_running;
   // A job started from a shell shares its session: CRIU must be told so.
   co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
@@ -402,6 +403,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
   if (pp.tracks_memory) {
     r.criu_dir = dir + "/criu";
     ckpt::CriuDumpOptions co;
+    co.progress = [&](uint64_t d, uint64_t n) { say("criu", d, n); };
     co.pre_dump = true;
     co.track_mem = true;
     co.shell_job = shell_job;
