@@ -447,6 +447,32 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   expect_state();
 }
 
+// Into memory that was never page-locked (on a GPU: the copier's staging lanes, several chunks in
+// flight at once) while the job writes its largest buffer during the drain: the image is the cut's.
+TEST_F(CheckpointTest, AnAsyncCheckpointIntoPageableMemoryHoldsTheCutWhileTheJobWritesDuringTheDrain) {
+  build_state();
+  ckpt::MemoryImage mem(ckpt::HostAllocator::pageable());
+  CheckpointRequest req;
+  req.memory = &mem;
+  req.mode = CheckpointMode::kAsync;
+  std::atomic<bool> cut{false};
+  req.on_cut = [&](uint64_t) { cut.store(true); };
+  StatusOr<CheckpointResult> result = Status::Internal("not run");
+  std::thread t([&] { result = dump(std::move(req)); });
+  while (!cut.load()) std::this_thread::yield();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(api().memset(big_ + (i % 5) * (4u << 20), 0x30 + i, 4u << 20).ok());
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_EQ(result->bytes_stored, (20u << 20) + 4096u + 777u * 4);
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  auto img = ckpt::ImageReader::open_memory(&mem);
+  ASSERT_TRUE(img.ok()) << img.status().to_string();
+  auto u = ws_->restore(**img);
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  reattach(*u);
+  expect_state();
+}
+
 // `pos-cli dump` without --leave-running: CRIU ends the job right after the cut while its bytes
 // still drain, and its session removes the client. The removal waits for the drain: the image is
 // whole and restores, instead of the drain reading device memory already freed.
