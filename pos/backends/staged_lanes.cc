@@ -4,44 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "pos/base/sync.h"
 #include "pos/base/thread.h"
 
 namespace pos {
-namespace {
-
-// memcpy out of a slot with non-temporal stores: the destination (a whole image, far larger than
-// any cache) is not read first for ownership nor kept in cache, which saves a third of the memory
-// traffic of the copy; the slot, just written by the DMA, is read from cache where the platform
-// puts DMA writes there.
-void copy_out(std::byte* dst, const std::byte* src, uint64_t n) {
-#if defined(__SSE2__)
-  const uint64_t head = std::min<uint64_t>(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  uint64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-  _mm_sfence();  // the streamed bytes are visible before the batch is reported done
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
-
-}  // namespace
 
 StagedLanes::StagedLanes(unsigned lanes, std::vector<std::byte*> slots, uint64_t slot_bytes)
     : lanes_(std::max(1u, lanes)), slots_(std::move(slots)), slot_bytes_(slot_bytes) {}
@@ -117,13 +84,13 @@ Status StagedLanes::run_lane(unsigned lane) {
     if (st.ok()) st = dev.fence(lane, k);
     if (st.ok() && prev < pieces_.size()) {
       st = dev.wait(lane, prev_slot);
-      if (st.ok()) copy_out(pieces_[prev].host, slot[prev_slot], pieces_[prev].n);
+      if (st.ok()) std::memcpy(pieces_[prev].host, slot[prev_slot], pieces_[prev].n);
     }
     prev = i, prev_slot = k, k ^= 1;
   }
   if (st.ok() && prev < pieces_.size() && !failed_.load(std::memory_order_acquire)) {
     st = dev.wait(lane, prev_slot);
-    if (st.ok()) copy_out(pieces_[prev].host, slot[prev_slot], pieces_[prev].n);
+    if (st.ok()) std::memcpy(pieces_[prev].host, slot[prev_slot], pieces_[prev].n);
     if (st.ok()) queued = false;
   }
   if (!st.ok()) failed_.store(true, std::memory_order_release);
