@@ -150,6 +150,11 @@ class DeviceBackend {
   // it run at DMA speed. The host backend needs nothing. Thread-safe.
   virtual Status host_register(void* p, uint64_t bytes) { (void)p, (void)bytes; return Status::Ok(); }
   virtual Status host_unregister(void* p) { (void)p; return Status::Ok(); }
+  // The same, piece by piece as copies first name it (the CUDA backend page-locks a few MiB at a
+  // time): memory nobody copies to or from is never page-locked, so never made resident either,
+  // and a CPU checkpoint of the process that maps it (CRIU) does not save it. By default at once.
+  virtual Status host_register_on_use(void* p, uint64_t bytes) { return host_register(p, bytes); }
+  virtual Status host_unregister_on_use(void* p) { return host_unregister(p); }
 
  protected:
   // What parsers may reserve in all; set by the backend before it opens clients.

@@ -34,7 +34,7 @@ struct SessionMemory {
   bool registered = false;
   DeviceBackend* backend = nullptr;
   ~SessionMemory() {
-    if (registered) (void)backend->host_unregister(base + layout.arena_offset);
+    if (registered) (void)backend->host_unregister_on_use(base + layout.arena_offset);
     if (base != nullptr) ::munmap(base, layout.total);
     if (memfd >= 0) ::close(memfd);
     if (efd >= 0) ::close(efd);
@@ -57,7 +57,9 @@ struct SessionMemory {
     h->ring_bytes = layout.ring_bytes;
     efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-    Status s = b->host_register(base + layout.arena_offset, layout.arena_bytes);
+    // Page-locked a few MiB at a time as copies name it: what the job never uses stays unresident
+    // (and out of CRIU's images at a dump).
+    Status s = b->host_register_on_use(base + layout.arena_offset, layout.arena_bytes);
     if (!s.ok()) return s.with_context("page-locking the session arena");
     registered = true;
     return Status::Ok();
@@ -84,7 +86,7 @@ struct SessionMemory {
       return Status::Unavailable(std::string("mapping the job's session memory: ") + std::strerror(errno));
     efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (efd < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-    Status s = backend->host_register(base + layout.arena_offset, layout.arena_bytes);
+    Status s = backend->host_register_on_use(base + layout.arena_offset, layout.arena_bytes);
     if (!s.ok()) return s.with_context("page-locking the session arena");
     registered = true;
     memfd = fd.release();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <shared_mutex>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -128,6 +129,91 @@ bool page_locked(const void* p, uint64_t n) {
   };
   return ask(p) && ask(static_cast<const std::byte*>(p) + n - 1);
 }
+
+// Host memory page-locked on first use (DeviceBackend::host_register_on_use): a posd session's
+// arena, most of which a job never touches. Only a prefix of it is page-locked, grown (doubled, in
+// 4 MiB steps at least) when a copy names memory past it: the shim hands out arena blocks first-fit
+// from the bottom, so the prefix covers what the job uses, and the rest stays unresident, out of
+// CRIU's images at a dump (docs/dump_restore.md). One registration, not one per piece: the driver
+// refuses a copy whose host range spans two registrations. Growing re-registers the prefix, so it
+// first waits for the calling thread's context (no DMA may use the old registration); posd's
+// session processes serve one client each, whose worker is the only thread copying to or from it.
+// Thread-safe; the fast path (inside the prefix) is one atomic load and takes no lock.
+class OnUsePins {
+ public:
+  static constexpr uint64_t kStep = 4ull << 20;
+  void add(std::byte* base, uint64_t bytes) {
+    auto w = std::make_shared<Window>();
+    w->base = base, w->bytes = bytes;
+    std::unique_lock lk(mu_);
+    windows_.push_back(std::move(w));
+  }
+  // Unlocks what was locked; false if `base` is no window.
+  bool remove(std::byte* base) {
+    std::shared_ptr<Window> w;
+    {
+      std::unique_lock lk(mu_);
+      for (auto it = windows_.begin(); it != windows_.end(); ++it)
+        if ((*it)->base == base) {
+          w = *it;
+          windows_.erase(it);
+          break;
+        }
+    }
+    if (!w) return false;
+    std::lock_guard<std::mutex> g(w->grow_mu);
+    if (w->locked.load(std::memory_order_acquire) > 0) cuMemHostUnregister(w->base);
+    return true;
+  }
+  // Before a copy of [p, p+n) on the calling thread's (current) context: if it lies in a window,
+  // that window's page-locked prefix covers it. A failure to lock only means the copy takes the
+  // pageable path, as natively; it is logged once per window.
+  void ensure(const void* p, uint64_t n) {
+    if (n == 0) return;
+    std::shared_ptr<Window> w;
+    {
+      std::shared_lock lk(mu_);
+      if (windows_.empty()) return;
+      const auto* b = static_cast<const std::byte*>(p);
+      for (const auto& x : windows_)
+        if (b >= x->base && b < x->base + x->bytes) w = x;
+    }
+    if (!w) return;
+    const uint64_t end = std::min(static_cast<uint64_t>(static_cast<const std::byte*>(p) - w->base) + n, w->bytes);
+    if (end <= w->locked.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> g(w->grow_mu);
+    const uint64_t had = w->locked.load(std::memory_order_relaxed);
+    if (end <= had || w->failed) return;
+    const uint64_t want = std::min(w->bytes, std::max((end + kStep - 1) / kStep * kStep, 2 * had));
+    if (had > 0) {
+      (void)cuCtxSynchronize();  // no DMA in flight reads or writes through the old registration
+      cuMemHostUnregister(w->base);
+      w->locked.store(0, std::memory_order_release);
+    }
+    CUresult r = cuMemHostRegister(w->base, want, CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS) {
+      w->locked.store(want, std::memory_order_release);
+      return;
+    }
+    w->failed = true;
+    POS_WARN("cuda backend", "page-locking %llu bytes of a session arena failed (CUresult %d): copies past its first "
+             "%llu bytes take the pageable path", static_cast<unsigned long long>(want), static_cast<int>(r),
+             static_cast<unsigned long long>(had));
+    if (had > 0 && cuMemHostRegister(w->base, had, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS)
+      w->locked.store(had, std::memory_order_release);
+  }
+
+ private:
+  struct Window {
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+    std::atomic<uint64_t> locked{0};  // the page-locked prefix's length (written under grow_mu)
+    std::mutex grow_mu;               // serializes growing the prefix
+    bool failed = false;              // under grow_mu: a registration failed, stop trying
+  };
+  std::shared_mutex mu_;  // guards windows_
+  std::vector<std::shared_ptr<Window>> windows_;
+};
 
 // Pageable copies through page-locked slots (pos/staged_copy.h): the slots, an event per slot
 // (its fence) and the threads that copy into and out of them. A client makes one on its first
@@ -400,8 +486,9 @@ class CudaCopier final : public DeviceCopier {
 class CudaClient final : public BackendClient {
  public:
   CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size, const StagingOptions& staging,
-             uint64_t spin_ns)
-      : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size), staging_opts_(staging), spin_ns_(spin_ns) {}
+             uint64_t spin_ns, OnUsePins* pins)
+      : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size), staging_opts_(staging), spin_ns_(spin_ns),
+        pins_(pins) {}
   ~CudaClient() override;
 
   Status open() {
@@ -433,6 +520,7 @@ class CudaClient final : public BackendClient {
 
   Status memcpy_h2d(uint64_t dst, const void* src, uint64_t n) override {
     POS_RETURN_IF_ERROR(bind());
+    pins_->ensure(src, n);
     CuStream& s = *default_;
     order_before(s);
     if (CuStaging* st = staging_for(src, n)) POS_RETURN_IF_ERROR(st->h2d(s.s, xlate(dst), src, n));
@@ -452,6 +540,7 @@ class CudaClient final : public BackendClient {
   }
   Status memcpy_d2h(void* dst, uint64_t src, uint64_t n) override {
     POS_RETURN_IF_ERROR(bind());
+    pins_->ensure(dst, n);
     CuStream& s = *default_;
     order_before(s);
     if (CuStaging* st = staging_for(dst, n)) POS_RETURN_IF_ERROR(st->d2h(s.s, dst, xlate(src), n));
@@ -463,6 +552,7 @@ class CudaClient final : public BackendClient {
     POS_RETURN_IF_ERROR(bind());
     CuStream* s = find_stream(stream);
     if (s == nullptr) return not_found("stream", stream);
+    pins_->ensure(dst, n);
     order_before(*s);
     // To pageable memory the driver's copy returns only once the bytes are there (CUDA semantics),
     // ordered on the stream; the staged one does the same, on the same stream.
@@ -924,6 +1014,7 @@ class CudaClient final : public BackendClient {
   std::map<uint64_t, uint64_t> allocations_;     // addr → size, as the parser placed them
   StagingOptions staging_opts_;
   const uint64_t spin_ns_;                       // the copier threads spin this long between chunks
+  OnUsePins* const pins_;                        // the backend's: session arenas locked on first use
   std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
 };
 
@@ -1129,7 +1220,7 @@ class CudaBackend final : public DeviceBackend {
     if (base % granule_ != 0 || size % granule_ != 0)
       return Status::InvalidArgument("cuda backend: client range " + hex(base) + " + " + hex(size) +
                                      " is not aligned to the device's " + std::to_string(granule_) + "-byte granule");
-    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size, staging_, spin_ns_);
+    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size, staging_, spin_ns_, &pins_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
@@ -1157,6 +1248,15 @@ class CudaBackend final : public DeviceBackend {
     POS_CU(cuMemHostUnregister(p), "unregistering host memory");
     return Status::Ok();
   }
+  Status host_register_on_use(void* p, uint64_t bytes) override {
+    pins_.add(static_cast<std::byte*>(p), bytes);
+    return Status::Ok();
+  }
+  Status host_unregister_on_use(void* p) override {
+    POS_RETURN_IF_ERROR(use_device(0));
+    if (!pins_.remove(static_cast<std::byte*>(p))) return Status::NotFound("no host memory registered on use at that address");
+    return Status::Ok();
+  }
 
  private:
   // The device's primary context, current on the calling thread (control-thread queries).
@@ -1173,6 +1273,7 @@ class CudaBackend final : public DeviceBackend {
 
   const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
   const uint64_t spin_ns_;
+  OnUsePins pins_;  // session arenas, page-locked as copies name them (outlives every client)
   int driver_version_ = 0;
   uint64_t granule_ = 2u << 20;
   std::vector<CUdevice> devs_;
