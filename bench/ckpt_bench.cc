@@ -1,6 +1,7 @@
 // ckpt_bench.cc — checkpoint and restore throughput of one client's device memory through the
 // engine: to host memory (cold and warm), to files, restores, and a stepping job's slowdown
 // while an async checkpoint runs. Prints a table for docs/BENCHMARKS.md (backend: POS_BACKEND).
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@ struct Options {
   int file_max_gib = 8;
   std::string dir = "/tmp/pos-ckpt-bench";
   int steps = 20;
+  unsigned copy_threads = 8;  // the checkpoint copier's lanes (config checkpoint.copy_threads): the ceiling row's threads
 };
 
 bool check(const Status& s, const char* what) {
@@ -86,18 +88,19 @@ bool run_size(POSWorkspace* ws, const Options& o, int gib) {
     std::fflush(stdout);
   };
   // The host's own ceiling for what a staged dump into pageable memory does on the CPU side: the
-  // same bytes memcpy'd by 8 threads in 2 MiB pieces from a 64 MiB source (a stand-in for the
+  // same bytes memcpy'd by as many threads as the copier has lanes, in 2 MiB pieces from a 64 MiB source (a stand-in for the
   // slots) into fresh memory (every huge page faulted and zeroed on first write) and again into the
   // same memory. No device involved: a staged dump cannot beat these.
   {
     const uint64_t bytes = static_cast<uint64_t>(gib) * kGiB, piece = 2ull << 20, src_bytes = 64ull << 20;
-    const unsigned threads = 8;
+    const unsigned threads = o.copy_threads;
     std::vector<std::byte> src(src_bytes, std::byte{0x5a});
     ckpt::HostAllocator alloc = ckpt::HostAllocator::pageable();
     std::byte* dst = static_cast<std::byte*>(alloc.alloc(bytes));
     if (dst == nullptr) return check(Status::Unavailable("no host memory for the ceiling row"), "host ceiling");
-    for (const char* pass : {"host memcpy ceiling, 8 threads, into fresh pageable memory",
-                             "host memcpy ceiling, 8 threads, into the same memory again"}) {
+    const std::string fresh = "host memcpy ceiling, " + std::to_string(threads) + " threads, into fresh pageable memory";
+    const std::string again = "host memcpy ceiling, " + std::to_string(threads) + " threads, into the same memory again";
+    for (const std::string& pass : {fresh, again}) {
       std::atomic<uint64_t> next{0};
       const double t0 = seconds_now();
       std::vector<std::thread> ts;
@@ -107,7 +110,7 @@ bool run_size(POSWorkspace* ws, const Options& o, int gib) {
             std::memcpy(dst + i * piece, src.data() + (i * piece) % src_bytes, std::min(piece, bytes - i * piece));
         });
       for (auto& t : ts) t.join();
-      row(pass, bytes, seconds_now() - t0, "no device: the CPU side alone");
+      row(pass.c_str(), bytes, seconds_now() - t0, "no device: the CPU side alone");
     }
     alloc.free(dst);
   }
@@ -218,6 +221,8 @@ int main(int argc, char** argv) {
   auto cfg = config_from_environment();
   if (!cfg.ok()) return std::fprintf(stderr, "ckpt_bench: %s\n", cfg.status().to_string().c_str()), 1;
   cfg->host_device_memory = 40ull << 30;
+  o.copy_threads = cfg->ckpt_copy_threads != 0 ? cfg->ckpt_copy_threads
+                                               : std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
   auto ws = create_workspace(*cfg);
   if (!ws.ok()) return std::fprintf(stderr, "ckpt_bench: %s\n", ws.status().to_string().c_str()), 1;
   fs::create_directories(o.dir);
