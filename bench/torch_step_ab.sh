@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# torch_step_ab.sh — stock PyTorch natively and under `pos run`, alternating runs: the median step
+# time of each (steps after the first WARM, from torch_train.py --step-times), the ratio, and whether
+# the two print the same losses and checksum. Prints a table (docs/BENCHMARKS.md).
+#
+# Usage: bench/torch_step_ab.sh BUILD [--runs N] [--warm K] [-- torch_train.py args...]
+set -uo pipefail
+usage() { echo "usage: $0 BUILD [--runs N] [--warm K] [-- torch_train.py args...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUNS=5 WARM=5
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --runs) RUNS="${2:?}"; shift 2 ;;
+    --warm) WARM="${2:?}"; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--layers 8 --dim 1024 --heads 16 --seq 512 --batch 16 --vocab 8192 --steps 40)
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+# One run: stdout to $1.out, the median of its step-to-step gaps after WARM steps (ms) on stdout.
+one() {
+  local tag=$1; shift
+  "$@" python3 "$ROOT/workloads/torch_train.py" "${ARGS[@]}" --step-times >"$TMP/$tag.out" 2>"$TMP/$tag.err" ||
+    { echo "run $tag failed: $(tail -3 "$TMP/$tag.err")" >&2; echo nan; return; }
+  grep '^step .* start_s' "$TMP/$tag.err" | awk -v w="$WARM" 'NR > w + 1 { print ($4 - p) * 1000 } { p = $4 }' |
+    sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.3f", a[int((NR + 1) / 2)]; else print "nan" }'
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { printf "%.3f", a[int((NR + 1) / 2)] }'; }
+N="" P=""
+for i in $(seq 1 "$RUNS"); do
+  N="$N $(one native$i env)"
+  P="$P $(one pos$i "$B/tools/pos" run --census "$TMP/census$i.json" --)"
+done
+mn=$(echo "$N" | median) mp=$(echo "$P" | median)
+same=no; cmp -s "$TMP/native1.out" "$TMP/pos1.out" && same=yes
+echo "model: $(head -1 "$TMP/native1.out")"
+echo "census of the last run under pos run: $(head -c 600 "$TMP/census$RUNS.json")"
+echo
+echo "| | native | pos run | pos / native |"
+echo "|---|---|---|---|"
+echo "| step time, median of $RUNS runs' medians (ms) | $mn | $mp | $(awk -v a="$mp" -v b="$mn" 'BEGIN { printf "%.3f", a / b }') |"
+echo "| each run's median (ms) |$N |$P | |"
+echo "| losses and checksum identical | | $same | |"

@@ -1,0 +1,210 @@
+// interpose.cc — libpos_driver.so's exports: `dlsym`, the hooked driver entry points and both
+// cuGetProcAddress versions, over one process-wide Resolver and Census (driver_hooks.h).
+//
+// Preloaded (`pos run`, docs/driver_runtime.md), the library sees every way a process reaches the
+// driver: direct linking (the preload's exports come first), dlopen + dlsym (our dlsym), and
+// cuGetProcAddress (ours, asked through either). Each hook counts its call and forwards to the
+// real driver's export; what it knows (device allocations today) goes to the census. Everything
+// not hooked is the driver's own function, so it costs nothing.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "pos/base/text.h"
+#include "remoting/driver/driver_hooks.h"
+
+#define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace pos::driver {
+namespace {
+
+using DlsymFn = void* (*)(void*, const char*) noexcept;  // noexcept: else no tail call (see dlsym)
+
+// glibc's dlsym, found by version so that ours is skipped (GLIBC_2.34 where libdl moved into libc).
+DlsymFn real_dlsym() noexcept {
+  static std::atomic<DlsymFn> fn{nullptr};
+  DlsymFn f = fn.load(std::memory_order_acquire);
+  if (f != nullptr) return f;
+  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
+    f = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", v));
+    if (f != nullptr) break;
+  }
+  fn.store(f, std::memory_order_release);
+  return f;
+}
+
+struct Runtime {
+  std::string driver_path;
+  std::string error;  // why the driver could not be loaded (empty when it was)
+  void* driver = nullptr;
+  Resolver resolver;
+  Census census;
+};
+
+std::array<void*, kHookCount> hook_addresses();
+
+std::atomic<Runtime*> g_runtime{nullptr};
+std::once_flag g_once;
+thread_local bool t_starting = false;
+
+// The process's runtime, made on first use: the real driver loaded (POS_REAL_LIBCUDA, else
+// libcuda.so.1) and each hook's real function looked up in it. nullptr while it is being made on
+// this thread (the driver's own constructors may call dlsym): callers then pass through.
+Runtime* runtime() {
+  Runtime* r = g_runtime.load(std::memory_order_acquire);
+  if (r != nullptr || t_starting) return r;
+  std::call_once(g_once, [] {
+    t_starting = true;
+    auto* rt = new Runtime;  // never freed: hooks may run on other threads during exit
+    const char* path = std::getenv("POS_REAL_LIBCUDA");
+    rt->driver_path = (path != nullptr && *path != '\0') ? path : "libcuda.so.1";
+    rt->driver = dlopen(rt->driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    std::array<void*, kHookCount> real{};
+    if (rt->driver == nullptr) {
+      const char* e = dlerror();
+      rt->error = e != nullptr ? e : "dlopen failed";
+    } else {
+      for (size_t i = 0; i < kHookCount; ++i) real[i] = real_dlsym()(rt->driver, hook_info(static_cast<HookId>(i)).name);
+    }
+    rt->resolver.set_real(real, hook_addresses());
+    g_runtime.store(rt, std::memory_order_release);
+    t_starting = false;
+  });
+  return g_runtime.load(std::memory_order_acquire);
+}
+
+#define POS_EXPAND(...) __VA_ARGS__
+
+// After the driver answered a hooked call: what the hook learns from it.
+template <Role kRole, int kSizeIdx, typename... A>
+inline void learn(Census& c, CUresult rc, A... a) {
+  if (rc != kSuccess) return;
+  if constexpr (kRole == Role::kDeviceAlloc) {
+    auto t = std::make_tuple(a...);
+    if (std::get<0>(t) != nullptr) c.device_alloc(*std::get<0>(t), static_cast<uint64_t>(std::get<kSizeIdx>(t)));
+  } else if constexpr (kRole == Role::kDeviceFree) {
+    c.device_free(std::get<0>(std::make_tuple(a...)));
+  }
+}
+
+}  // namespace
+}  // namespace pos::driver
+
+using namespace pos::driver;  // NOLINT: the exports below are extern "C" and spell the driver's names
+
+// The generic hooks: count, forward to the real export, learn from the answer. A hook called before
+// a driver could be loaded fails like a driver that is not there.
+#define POS_DEFINE_HOOK(name, base, per_thread, min_version, role, R, params, args, size_idx) \
+  POS_DRIVER_EXPORT R name params {                                                          \
+    Runtime* rt = runtime();                                                                 \
+    using Fn = R(*) params;                                                                  \
+    auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::name)) : nullptr; \
+    if (real == nullptr) return kErrorNotInitialized;                                        \
+    rt->census.count(HookId::name);                                                          \
+    R rc = real args;                                                                        \
+    learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \
+    return rc;                                                                               \
+  }
+#define POS_DEFINE_HOOK_kCount POS_DEFINE_HOOK
+#define POS_DEFINE_HOOK_kDeviceAlloc POS_DEFINE_HOOK
+#define POS_DEFINE_HOOK_kDeviceFree POS_DEFINE_HOOK
+#define POS_DEFINE_HOOK_kLaunch POS_DEFINE_HOOK
+#define POS_DEFINE_HOOK_kProcAddress(...)  // written out below
+#define POS_DEFINE_BY_ROLE(name, base, per_thread, min_version, role, ...) \
+  POS_DEFINE_HOOK_##role(name, base, per_thread, min_version, role, __VA_ARGS__)
+POS_DRIVER_HOOKS(POS_DEFINE_BY_ROLE)
+
+namespace {
+// cuGetProcAddress, both versions: the driver's answer, with a hook put in place of what it stands for.
+CUresult substitute_answer(Runtime* rt, CUresult rc, const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  if (rc != kSuccess || pfn == nullptr || symbol == nullptr) return rc;
+  const Resolver::Answer a = rt->resolver.substitute(symbol, version, flags, *pfn);
+  *pfn = a.fn;
+  rt->census.resolved(symbol, "proc", a);
+  return rc;
+}
+}  // namespace
+
+POS_DRIVER_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  Runtime* rt = runtime();
+  using Fn = CUresult (*)(const char*, void**, int, cuuint64_t);
+  auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::cuGetProcAddress)) : nullptr;
+  if (real == nullptr) return kErrorNotInitialized;
+  rt->census.count(HookId::cuGetProcAddress);
+  return substitute_answer(rt, real(symbol, pfn, version, flags), symbol, pfn, version, flags);
+}
+
+POS_DRIVER_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                               CUdriverProcAddressQueryResult* status) {
+  Runtime* rt = runtime();
+  using Fn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::cuGetProcAddress_v2)) : nullptr;
+  if (real == nullptr) return kErrorNotInitialized;
+  rt->census.count(HookId::cuGetProcAddress_v2);
+  return substitute_answer(rt, real(symbol, pfn, version, flags, status), symbol, pfn, version, flags);
+}
+
+namespace pos::driver {
+namespace {
+std::array<void*, kHookCount> hook_addresses() {
+  return {
+#define POS_HOOK_ADDRESS(name, ...) reinterpret_cast<void*>(&::name),
+      POS_DRIVER_HOOKS(POS_HOOK_ADDRESS)
+#undef POS_HOOK_ADDRESS
+  };
+}
+}  // namespace
+}  // namespace pos::driver
+
+namespace {
+// dlsym of a driver symbol: the hook when one stands for what glibc found, else glibc's answer.
+// Out of line, so that dlsym itself stays two tail calls.
+__attribute__((noinline)) void* cu_dlsym(void* handle, const char* name) noexcept {
+  Runtime* rt = runtime();
+  if (rt == nullptr || rt->driver == nullptr) return real_dlsym()(handle, name);
+  void* p = real_dlsym()(handle, name);
+  const Resolver::Answer a = rt->resolver.for_dlsym(name, p);
+  if (p != nullptr) rt->census.resolved(name, "dlsym", a);
+  return a.fn;
+}
+}  // namespace
+
+// Every dlsym of the process. Anything that is no driver symbol is glibc's answer through a tail
+// call, so that glibc sees our caller's return address, which RTLD_NEXT is relative to (tested by
+// driver_hooks_test; it needs the optimizer's sibling calls, on in every build type but plain).
+// glibc declares `name` nonnull, but a caller's NULL must reach glibc's dlsym, not crash here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnonnull-compare"
+POS_DRIVER_EXPORT void* dlsym(void* handle, const char* name) noexcept {
+  if (name != nullptr && name[0] == 'c' && name[1] == 'u') return cu_dlsym(handle, name);
+  return real_dlsym()(handle, name);
+}
+#pragma GCC diagnostic pop
+
+namespace {
+// POS_DRIVER_CENSUS=FILE (or "-" for stderr): the census as one JSON line when the process exits.
+__attribute__((destructor)) void write_census() {
+  const char* where = std::getenv("POS_DRIVER_CENSUS");
+  Runtime* rt = g_runtime.load(std::memory_order_acquire);
+  if (where == nullptr || *where == '\0') return;
+  std::string text = rt != nullptr ? rt->census.json(rt->driver_path) : std::string("{\"driver\":null}");
+  if (rt != nullptr && !rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
+  text += "\n";
+  if (std::strcmp(where, "-") == 0) {
+    (void)!::write(2, text.data(), text.size());
+    return;
+  }
+  if (FILE* f = std::fopen(where, "w")) {
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+}
+}  // namespace

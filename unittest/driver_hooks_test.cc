@@ -1,0 +1,274 @@
+// driver_hooks_test.cc — the in-process driver interception layer (remoting/driver) without a GPU:
+// the hook table and cuGetProcAddress's rules, the resolver and the census on their own, then
+// libpos_driver.so preloaded into a probe program whose "driver" is a fake (fake_cuda.cc), reached
+// by direct linking, dlopen + dlsym and cuGetProcAddress, and `pos run` starting it.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "remoting/driver/driver_hooks.h"
+#include "unittest/run_program.h"
+
+namespace pos::driver {
+namespace {
+
+TEST(DriverHookTable, EveryExportNameFindsItsOwnHookAndOtherNamesFindNone) {
+  for (size_t i = 0; i < kHookCount; ++i) {
+    const auto id = static_cast<HookId>(i);
+    ASSERT_EQ(hook_by_export(hook_info(id).name), id) << hook_info(id).name;
+  }
+  EXPECT_FALSE(hook_by_export("cuCtxGetDevice"));
+  EXPECT_FALSE(hook_by_export("cuMemAlloc"));  // the base name is no export of the v2 ABI
+  EXPECT_FALSE(hook_by_export(""));
+  EXPECT_TRUE(hooked_base("cuMemAlloc"));
+  EXPECT_FALSE(hooked_base("cuDevicePrimaryCtxGetState"));
+}
+
+TEST(DriverHookTable, CuGetProcAddressRulesPickTheVariantTheDriverWouldReturn) {
+  EXPECT_EQ(hook_by_rule("cuMemAlloc", 13000, 0), HookId::cuMemAlloc_v2);
+  EXPECT_FALSE(hook_by_rule("cuMemAlloc", 3000, 0));  // the old 32-bit ABI: no hook, passes through
+  EXPECT_EQ(hook_by_rule("cuMemAlloc", 13000, kProcAddressPerThread), HookId::cuMemAlloc_v2);  // no per-thread one
+  EXPECT_EQ(hook_by_rule("cuLaunchKernel", 13000, 0), HookId::cuLaunchKernel);
+  EXPECT_EQ(hook_by_rule("cuLaunchKernel", 13000, kProcAddressPerThread), HookId::cuLaunchKernel_ptsz);
+  EXPECT_EQ(hook_by_rule("cuMemcpyHtoDAsync", 12080, kProcAddressPerThread), HookId::cuMemcpyHtoDAsync_v2_ptsz);
+  EXPECT_EQ(hook_by_rule("cuGetProcAddress", 11080, 0), HookId::cuGetProcAddress);
+  EXPECT_EQ(hook_by_rule("cuGetProcAddress", 12000, 0), HookId::cuGetProcAddress_v2);
+  EXPECT_EQ(hook_by_rule("cuStreamDestroy", 13000, 0), HookId::cuStreamDestroy_v2);
+  EXPECT_FALSE(hook_by_rule("cuCtxGetDevice", 13000, 0));
+}
+
+int a_real, b_real, a_hook, b_hook, internal;
+std::array<void*, kHookCount> table(void* alloc, void* launch) {
+  std::array<void*, kHookCount> t{};
+  t[static_cast<size_t>(HookId::cuMemAlloc_v2)] = alloc;
+  t[static_cast<size_t>(HookId::cuLaunchKernel)] = launch;
+  return t;
+}
+
+TEST(DriverResolver, ADriverAnswerBecomesTheHookOfTheSameExportByAddressOrElseByRule) {
+  Resolver r;
+  r.set_real(table(&a_real, &b_real), table(&a_hook, &b_hook));
+  auto a = r.substitute("cuMemAlloc", 13000, 0, &a_real);
+  EXPECT_EQ(a.fn, &a_hook);
+  EXPECT_FALSE(a.by_rule);
+  // The hook's own address (a driver that takes its exports' addresses through its GOT gets the
+  // preload's): the hook, by address.
+  a = r.substitute("cuMemAlloc", 13000, 0, &a_hook);
+  EXPECT_EQ(a.fn, &a_hook);
+  EXPECT_FALSE(a.by_rule);
+  // An internal address the driver hands out for a hooked name: matched by name and version.
+  a = r.substitute("cuLaunchKernel", 13000, 0, &internal);
+  EXPECT_EQ(a.fn, &b_hook);
+  EXPECT_TRUE(a.by_rule);
+  // The rule names a variant with no hook here (no real export was found for it): passes through.
+  EXPECT_EQ(r.substitute("cuLaunchKernel", 13000, kProcAddressPerThread, &internal).fn, &internal);
+  // Names no hook stands for, and old ABIs, pass through untouched.
+  EXPECT_EQ(r.substitute("cuCtxGetDevice", 13000, 0, &internal).fn, &internal);
+  EXPECT_EQ(r.substitute("cuMemAlloc", 3000, 0, &internal).fn, &internal);
+  EXPECT_EQ(r.substitute("cuMemAlloc", 13000, 0, nullptr).fn, nullptr);
+}
+
+TEST(DriverResolver, DlsymGetsTheHookOnlyForTheDriversOwnExport) {
+  Resolver r;
+  r.set_real(table(&a_real, &b_real), table(&a_hook, &b_hook));
+  EXPECT_EQ(r.for_dlsym("cuMemAlloc_v2", &a_real).fn, &a_hook);
+  EXPECT_EQ(r.for_dlsym("cuMemAlloc_v2", &a_hook).fn, &a_hook);      // the preload's own export, found first
+  EXPECT_EQ(r.for_dlsym("cuMemAlloc_v2", &internal).fn, &internal);  // some other library's function of that name
+  EXPECT_EQ(r.for_dlsym("cuCtxGetDevice", &internal).fn, &internal);
+  EXPECT_EQ(r.for_dlsym("cuMemAlloc_v2", nullptr).fn, nullptr);
+}
+
+TEST(DriverCensus, DeviceMemoryIsCountedLiveAndPeakAndUnknownFreesAreNamed) {
+  Census c;
+  c.device_alloc(0x1000, 100);
+  c.device_alloc(0x2000, 300);
+  c.device_free(0x1000);
+  c.device_free(0x9000);  // allocated before the hooks saw it
+  c.device_alloc(0x3000, 50);
+  const Census::Memory m = c.memory();
+  EXPECT_EQ(m.allocations, 3u);
+  EXPECT_EQ(m.frees, 2u);
+  EXPECT_EQ(m.unknown_frees, 1u);
+  EXPECT_EQ(m.live, 2u);
+  EXPECT_EQ(m.live_bytes, 350u);
+  EXPECT_EQ(m.peak_bytes, 400u);
+  EXPECT_EQ(c.allocation_at(0x2000), 300u);
+  EXPECT_EQ(c.allocation_at(0x1000), 0u);
+  c.count(HookId::cuLaunchKernel);
+  c.count(HookId::cuLaunchKernel);
+  c.resolved("cuLaunchKernel", "proc", {nullptr, HookId::cuLaunchKernel, true});
+  c.resolved("odd\"name\x01", "dlsym", {nullptr, std::nullopt, false});
+  const std::string j = c.json("/x/libcuda.so.1");
+  EXPECT_NE(j.find("\"cuLaunchKernel\":2"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"cuLaunchKernel\":{\"n\":1,\"via\":\"proc\",\"hooked\":true,\"by_rule\":true}"), std::string::npos)
+      << j;
+  EXPECT_NE(j.find("\"odd\\\"name\\\\x01\""), std::string::npos) << j;  // escaped, never raw
+  EXPECT_NE(j.find("\"live_bytes\":350,\"peak_bytes\":400"), std::string::npos) << j;
+}
+
+// ---- libpos_driver.so preloaded into the probe ----
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
+  return v != nullptr ? v : "";
+}
+
+std::map<std::string, std::string> parse(const std::string& out) {
+  std::map<std::string, std::string> m;
+  size_t at = 0;
+  while (at < out.size()) {
+    const size_t nl = out.find('\n', at);
+    const std::string line = out.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    if (const size_t eq = line.find('='); eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return m;
+}
+
+class Preloaded : public ::testing::Test {
+ protected:
+  std::string census_file() const {
+    return ::testing::TempDir() + "driver_census_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+  // The probe with libpos_driver preloaded (unless `preload` is false), its census in census_file().
+  std::map<std::string, std::string> probe(const std::string& what, bool preload = true, const std::string& extra = "") {
+    std::filesystem::remove(census_file());
+    std::string prefix = "FAKE_CUDA=" + env("POS_FAKE_CUDA") + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
+                         " POS_DRIVER_CENSUS=" + census_file() + " " + extra + " ";
+    if (preload) prefix += "LD_PRELOAD=" + env("POS_DRIVER_LIB") + " ";
+    int code = -1;
+    const std::string out = test::run_program("POS_DRIVER_PROBE", prefix, {what}, &code);
+    EXPECT_EQ(code, 0) << out;
+    return parse(out);
+  }
+  std::string census() const {
+    std::ifstream f(census_file());
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+};
+
+TEST_F(Preloaded, WithoutThePreloadEveryFunctionIsTheFakeDriversOwn) {
+  auto m = probe("dlsym", false);
+  EXPECT_EQ(m["alloc"], "fake");
+  EXPECT_EQ(m["ctx"], "fake");
+  EXPECT_EQ(census(), "");
+}
+
+TEST_F(Preloaded, ADirectlyLinkedCallGoesThroughTheHookToTheDriverAndIsCounted) {
+  auto m = probe("direct");
+  EXPECT_EQ(m["rc"], "0");
+  EXPECT_EQ(m["where"], "pos_driver");
+  EXPECT_EQ(m["fake_alloc"], "3");
+  EXPECT_EQ(m["fake_free"], "1");
+  const std::string c = census();
+  EXPECT_NE(c.find("\"cuMemAlloc_v2\":3"), std::string::npos) << c;
+  EXPECT_NE(c.find("\"cuMemFree_v2\":1"), std::string::npos) << c;
+  // 1000, 3 MiB and 5 bytes handed out, the 3 MiB freed.
+  EXPECT_NE(c.find("\"allocations\":3,\"frees\":1,\"unknown_frees\":0,\"live\":2,\"live_bytes\":1005,"
+                   "\"peak_bytes\":3146733"),
+            std::string::npos)
+      << c;
+}
+
+TEST_F(Preloaded, DlsymOfAHookedSymbolGivesTheHookAndOfAnyOtherTheDriversOwn) {
+  auto m = probe("dlsym");
+  EXPECT_EQ(m["rc"], "0");
+  EXPECT_EQ(m["alloc"], "pos_driver");
+  EXPECT_EQ(m["ctx"], "fake");  // not hooked: the driver's own function, no cost
+  EXPECT_EQ(m["missing"], "null");
+  EXPECT_EQ(m["fake_alloc"], "1");
+  EXPECT_EQ(m["fake_ctx"], "1");
+  const std::string c = census();
+  EXPECT_NE(c.find("\"cuMemAlloc_v2\":{\"n\":1,\"via\":\"dlsym\",\"hooked\":true"), std::string::npos) << c;
+  EXPECT_NE(c.find("\"cuCtxGetDevice\":{\"n\":1,\"via\":\"dlsym\",\"hooked\":false"), std::string::npos) << c;
+}
+
+TEST_F(Preloaded, CuGetProcAddressAnswersWithHooksForHookedNamesAndPassesTheRestThrough) {
+  for (const char* indirect : {"FAKE_CUDA_INDIRECT=0", "FAKE_CUDA_INDIRECT=1"}) {
+    SCOPED_TRACE(indirect);
+    auto m = probe("proc", true, indirect);
+    EXPECT_EQ(m["rc"], "0");
+    EXPECT_EQ(m["gpa"], "pos_driver");
+    EXPECT_EQ(m["alloc"], "pos_driver");
+    EXPECT_EQ(m["free"], "pos_driver");
+    EXPECT_EQ(m["launch"], "pos_driver");
+    EXPECT_EQ(m["launch_pt"], "pos_driver");
+    EXPECT_EQ(m["self"], "pos_driver");  // asking cuGetProcAddress for itself gives the hook again
+    EXPECT_EQ(m["ctx"], "fake");
+    EXPECT_EQ(m["missing_rc"], "500");  // the driver's own error, untouched
+    EXPECT_EQ(m["missing_status"], "1");
+    // The calls reached the right variants of the driver.
+    EXPECT_EQ(m["fake_alloc"], "1");
+    EXPECT_EQ(m["fake_launch"], "1");
+    EXPECT_EQ(m["fake_launch_pt"], "1");
+    const std::string c = census();
+    EXPECT_NE(c.find("\"cuLaunchKernel\":1"), std::string::npos) << c;
+    EXPECT_NE(c.find("\"cuLaunchKernel_ptsz\":1"), std::string::npos) << c;
+    EXPECT_NE(c.find("\"allocations\":1,\"frees\":1"), std::string::npos) << c;
+    const bool by_rule = std::string(indirect).back() == '1';
+    EXPECT_NE(c.find(std::string("\"cuLaunchKernel\":{\"n\":2,\"via\":\"proc\",\"hooked\":true,\"by_rule\":") +
+                     (by_rule ? "true" : "false")),
+              std::string::npos)
+        << c;
+  }
+}
+
+TEST_F(Preloaded, DlsymWithRtldNextStillSearchesAfterTheCaller) {
+  // The fake preloaded ahead of libpos_driver: RTLD_NEXT from the probe finds the fake's
+  // probe_symbol; resolved relative to libpos_driver instead, it would find none.
+  const std::string both = "LD_PRELOAD=" + env("POS_FAKE_CUDA") + ":" + env("POS_DRIVER_LIB");
+  EXPECT_EQ(probe("next", false, both)["next"], "2");
+  EXPECT_EQ(probe("next", false, "LD_PRELOAD=" + env("POS_FAKE_CUDA"))["next"], "2");
+}
+
+TEST_F(Preloaded, WithNoDriverToLoadHookedCallsFailAsWithoutADriverAndTheCensusSaysWhy) {
+  auto m = probe("direct", true, "POS_REAL_LIBCUDA=/nonexistent/libcuda.so.1");
+  EXPECT_EQ(m["rc"], "3");  // CUDA_ERROR_NOT_INITIALIZED
+  EXPECT_EQ(m["fake_alloc"], "0");
+  EXPECT_NE(census().find("\"error\":"), std::string::npos) << census();
+}
+
+// ---- pos run ----
+
+TEST(PosRun, StartsACommandWithTheDriverLayerPreloadedAndItsCensusWhereAsked) {
+  const std::string file = ::testing::TempDir() + "pos_run_census";
+  std::filesystem::remove(file);
+  int code = -1;
+  const std::string out = test::run_program(
+      "POS_RUN", "FAKE_CUDA=" + env("POS_FAKE_CUDA") + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " ",
+      {"run", "--census", file, "--", env("POS_DRIVER_PROBE"), "direct"}, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("where=pos_driver"), std::string::npos) << out;
+  std::ifstream f(file);
+  const std::string c((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(c.find("\"cuMemAlloc_v2\":3"), std::string::npos) << c;
+}
+
+TEST(PosRun, HelpSucceedsAndAMissingCommandOrAnUnknownOneIsNamed) {
+  int code = -1;
+  std::string err;
+  std::string out = test::run_program("POS_RUN", "", {"--help"}, &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(out.find("run"), std::string::npos) << out;
+  (void)test::run_program("POS_RUN", "", {"run"}, &code, &err);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(err.find("command"), std::string::npos) << err;
+  (void)test::run_program("POS_RUN", "", {"bogus"}, &code, &err);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(err.find("bogus"), std::string::npos) << err;
+  (void)test::run_program("POS_RUN", "", {"run", "--bogus-option", "true"}, &code, &err);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(err.find("--bogus-option"), std::string::npos) << err;
+  (void)test::run_program("POS_RUN", "", {"run", "--", "/nonexistent/program"}, &code, &err);
+  EXPECT_EQ(code, 127);
+  EXPECT_NE(err.find("/nonexistent/program"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace pos::driver

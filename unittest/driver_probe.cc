@@ -1,0 +1,104 @@
+// driver_probe.cc — a program that reaches "the driver" (unittest/fake_cuda.cc) every way a real
+// process does, for driver_hooks_test: linked directly, dlopen + dlsym, cuGetProcAddress. It
+// prints `key=value` lines: which library each function it was given lives in, and how many times
+// the fake's own functions ran, so the test sees what libpos_driver intercepted.
+//
+//   driver_probe direct|dlsym|proc|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+extern "C" int fake_calls(const char* name);
+extern "C" int cuMemAlloc_v2(unsigned long long* p, size_t n);
+extern "C" int cuMemFree_v2(unsigned long long p);
+extern "C" int probe_symbol() { return 1; }
+
+namespace {
+
+using AllocFn = int (*)(unsigned long long*, size_t);
+using FreeFn = int (*)(unsigned long long);
+using CtxFn = int (*)(int*);
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                         void**);
+using ProcFn = int (*)(const char*, void**, int, uint64_t, int*);
+
+// Which library holds `p`: pos_driver, fake, or the file's name.
+std::string where(const void* p) {
+  if (p == nullptr) return "null";
+  Dl_info info{};
+  if (dladdr(p, &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  const std::string f = info.dli_fname;
+  if (f.find("libpos_driver") != std::string::npos) return "pos_driver";
+  if (f.find("fake_cuda") != std::string::npos) return "fake";
+  return f;
+}
+
+void* open_driver() {
+  const char* path = std::getenv("FAKE_CUDA");
+  void* h = path != nullptr ? dlopen(path, RTLD_NOW) : nullptr;
+  if (h == nullptr) std::printf("error=cannot open FAKE_CUDA\n");
+  return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "direct") {
+    unsigned long long a = 0, b = 0, c = 0;
+    const int rc = cuMemAlloc_v2(&a, 1000) | cuMemAlloc_v2(&b, 3 << 20) | cuMemAlloc_v2(&c, 5) | cuMemFree_v2(b);
+    std::printf("rc=%d\nwhere=%s\nfake_alloc=%d\nfake_free=%d\n", rc, where(reinterpret_cast<void*>(&cuMemAlloc_v2)).c_str(),
+                fake_calls("cuMemAlloc_v2"), fake_calls("cuMemFree_v2"));
+    return 0;
+  }
+  if (what == "dlsym") {
+    void* h = open_driver();
+    if (h == nullptr) return 1;
+    auto alloc = reinterpret_cast<AllocFn>(dlsym(h, "cuMemAlloc_v2"));
+    auto ctx = reinterpret_cast<CtxFn>(dlsym(h, "cuCtxGetDevice"));
+    unsigned long long a = 0;
+    int d = -1;
+    const int rc = (alloc != nullptr ? alloc(&a, 4096) : -1) | (ctx != nullptr ? ctx(&d) : -1);
+    std::printf("rc=%d\nalloc=%s\nctx=%s\nmissing=%s\nfake_alloc=%d\nfake_ctx=%d\n", rc,
+                where(reinterpret_cast<void*>(alloc)).c_str(), where(reinterpret_cast<void*>(ctx)).c_str(),
+                where(dlsym(h, "cuNoSuchFunction")).c_str(), fake_calls("cuMemAlloc_v2"), fake_calls("cuCtxGetDevice"));
+    return 0;
+  }
+  if (what == "proc") {
+    void* h = open_driver();
+    if (h == nullptr) return 1;
+    auto gpa = reinterpret_cast<ProcFn>(dlsym(h, "cuGetProcAddress_v2"));
+    if (gpa == nullptr) return std::printf("error=no cuGetProcAddress_v2\n"), 1;
+    void *alloc = nullptr, *freef = nullptr, *launch = nullptr, *launch_pt = nullptr, *ctx = nullptr, *self = nullptr,
+         *none = nullptr;
+    int st = -1;
+    int rc = gpa("cuMemAlloc", &alloc, 13000, 0, &st) | gpa("cuMemFree", &freef, 13000, 0, &st) |
+             gpa("cuLaunchKernel", &launch, 13000, 0, &st) | gpa("cuLaunchKernel", &launch_pt, 13000, 2, &st) |
+             gpa("cuCtxGetDevice", &ctx, 13000, 0, &st) | gpa("cuGetProcAddress", &self, 13000, 0, &st);
+    const int missing_rc = gpa("cuNoSuchFunction", &none, 13000, 0, &st);
+    unsigned long long a = 0;
+    rc |= reinterpret_cast<AllocFn>(alloc)(&a, 2 << 20) | reinterpret_cast<FreeFn>(freef)(a);
+    rc |= reinterpret_cast<LaunchFn>(launch)(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+    rc |= reinterpret_cast<LaunchFn>(launch_pt)(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+    std::printf("rc=%d\nmissing_rc=%d\nmissing_status=%d\ngpa=%s\nalloc=%s\nfree=%s\nlaunch=%s\nlaunch_pt=%s\nctx=%s\n"
+                "self=%s\nfake_alloc=%d\nfake_launch=%d\nfake_launch_pt=%d\n",
+                rc, missing_rc, st, where(reinterpret_cast<void*>(gpa)).c_str(), where(alloc).c_str(),
+                where(freef).c_str(), where(launch).c_str(), where(launch_pt).c_str(), where(ctx).c_str(),
+                where(self).c_str(), fake_calls("cuMemAlloc_v2"), fake_calls("cuLaunchKernel"),
+                fake_calls("cuLaunchKernel_ptsz"));
+    return 0;
+  }
+  if (what == "next") {
+    // The next definition after this program in the search order: with the fake preloaded ahead
+    // of libpos_driver, the fake's (2), whatever libpos_driver does to dlsym.
+    auto f = reinterpret_cast<int (*)()>(dlsym(RTLD_NEXT, "probe_symbol"));
+    std::printf("next=%d\n", f != nullptr ? f() : 0);
+    return 0;
+  }
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|next\n");
+  return 2;
+}

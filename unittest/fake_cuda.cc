@@ -1,0 +1,101 @@
+// fake_cuda.cc — a stand-in for libcuda.so.1 with a handful of entry points, for driver_hooks_test:
+// libpos_driver loads it as "the real driver" (POS_REAL_LIBCUDA) and the test's probe program links it.
+//
+// Each function counts its runs (fake_calls), so a test can tell a call that reached the driver
+// from one that did not. cuGetProcAddress answers as the real driver does (base name + version +
+// per-thread flag → versioned function); with FAKE_CUDA_INDIRECT=1 it hands out internal copies
+// instead of the exported functions, as a driver may, to exercise the hooks' name-based matching.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+std::mutex mu;
+std::map<std::string, int>& counts() {
+  static std::map<std::string, int> m;
+  return m;
+}
+void bump(const char* name) {
+  std::lock_guard<std::mutex> lk(mu);
+  ++counts()[name];
+}
+unsigned long long next_address = 0x7f0000000000ull;
+}  // namespace
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+FAKE_EXPORT int fake_calls(const char* name) {
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = counts().find(name);
+  return it == counts().end() ? 0 : it->second;
+}
+
+FAKE_EXPORT int cuMemAlloc_v2(unsigned long long* p, size_t n) {
+  bump("cuMemAlloc_v2");
+  std::lock_guard<std::mutex> lk(mu);
+  *p = next_address;
+  next_address += (n + 0xfffff) & ~0xfffffull;
+  return 0;
+}
+FAKE_EXPORT int cuMemFree_v2(unsigned long long) {
+  bump("cuMemFree_v2");
+  return 0;
+}
+FAKE_EXPORT int cuLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**) {
+  bump("cuLaunchKernel");
+  return 0;
+}
+FAKE_EXPORT int cuLaunchKernel_ptsz(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                                    void**, void**) {
+  bump("cuLaunchKernel_ptsz");
+  return 0;
+}
+FAKE_EXPORT int cuCtxGetDevice(int* d) {
+  bump("cuCtxGetDevice");
+  *d = 0;
+  return 0;
+}
+// Not a driver function: the RTLD_NEXT check of driver_hooks_test looks it up from the probe.
+FAKE_EXPORT int probe_symbol() { return 2; }
+
+namespace {
+// The internal copies a driver may hand out through cuGetProcAddress instead of its exports.
+int alloc_internal(unsigned long long* p, size_t n) { return cuMemAlloc_v2(p, n); }
+int free_internal(unsigned long long p) { return cuMemFree_v2(p); }
+int launch_internal(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h, void* s,
+                    void** k, void** x) {
+  return cuLaunchKernel(f, a, b, c, d, e, g, h, s, k, x);
+}
+int launch_ptsz_internal(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h,
+                         void* s, void** k, void** x) {
+  return cuLaunchKernel_ptsz(f, a, b, c, d, e, g, h, s, k, x);
+}
+}  // namespace
+
+FAKE_EXPORT int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status);
+FAKE_EXPORT int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}
+FAKE_EXPORT int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, int* status) {
+  bump("cuGetProcAddress_v2");
+  const char* ind = std::getenv("FAKE_CUDA_INDIRECT");
+  const bool indirect = ind != nullptr && std::strcmp(ind, "1") == 0;
+  const bool pt = (flags & 2) != 0;
+  const std::string s = symbol != nullptr ? symbol : "";
+  void* f = nullptr;
+  if (s == "cuMemAlloc" && version >= 3020) f = indirect ? (void*)&alloc_internal : (void*)&cuMemAlloc_v2;
+  else if (s == "cuMemFree" && version >= 3020) f = indirect ? (void*)&free_internal : (void*)&cuMemFree_v2;
+  else if (s == "cuLaunchKernel" && pt) f = indirect ? (void*)&launch_ptsz_internal : (void*)&cuLaunchKernel_ptsz;
+  else if (s == "cuLaunchKernel") f = indirect ? (void*)&launch_internal : (void*)&cuLaunchKernel;
+  else if (s == "cuCtxGetDevice") f = (void*)&cuCtxGetDevice;
+  else if (s == "cuGetProcAddress") f = version >= 12000 ? (void*)&cuGetProcAddress_v2 : (void*)&cuGetProcAddress;
+  if (status != nullptr) *status = f != nullptr ? 0 : 1;
+  if (f == nullptr) return 500;  // CUDA_ERROR_NOT_FOUND
+  *pfn = f;
+  return 0;
+}

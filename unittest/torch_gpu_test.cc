@@ -1,0 +1,88 @@
+// torch_gpu_test.cc — stock PyTorch under `pos run` (gpu suite: PyTorch and a GPU exist only on the
+// GPU machine): workloads/torch_train.py prints exactly what it prints natively, and the driver
+// layer's census shows that its allocations, kernel launches and driver look-ups went through POS.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
+  return v != nullptr ? v : "";
+}
+
+// python3 (PATH's: the GPU machine's has PyTorch) running torch_train.py with `args`, after
+// `prefix`; its stdout, with its stderr appended when it fails.
+std::string train(const std::string& prefix, const std::string& args, int* code) {
+  const std::string err = ::testing::TempDir() + "torch_train_stderr.txt";
+  FILE* p = popen((prefix + "python3 " + env("POS_TORCH_TRAIN") + " " + args + " 2>" + err).c_str(), "r");
+  std::string out;
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (*code != 0) {
+    std::ifstream f(err);
+    out += std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  return out;
+}
+
+uint64_t json_number(const std::string& j, const std::string& key) {
+  const size_t at = j.find("\"" + key + "\":");
+  if (at == std::string::npos) return 0;
+  return std::strtoull(j.c_str() + at + key.size() + 3, nullptr, 10);
+}
+
+TEST(TorchUnderPos, TrainingUnderPosRunPrintsExactlyWhatItPrintsNativelyAndEveryLaunchIsSeen) {
+  const std::string args = "--steps 12 --layers 2 --dim 256";
+  int code = -1;
+  const std::string native = train("", args, &code);
+  ASSERT_EQ(code, 0) << native;
+  ASSERT_NE(native.find("checksum "), std::string::npos) << native;
+  const std::string census = ::testing::TempDir() + "torch_census.json";
+  std::filesystem::remove(census);
+  const std::string under = train(env("POS_RUN") + " run --census " + census + " -- ", args, &code);
+  ASSERT_EQ(code, 0) << under;
+  EXPECT_EQ(under, native);
+  std::ifstream f(census);
+  const std::string c((std::istreambuf_iterator<char>(f)), {});
+  // PyTorch's own kernels (through cudart) and cuBLASLt's (cuLaunchKernelEx) both reach the hooks.
+  EXPECT_GT(json_number(c, "cuLaunchKernel") + json_number(c, "cuLaunchKernel_ptsz"), 100u) << c;
+  EXPECT_GT(json_number(c, "cuLaunchKernelEx") + json_number(c, "cuLaunchKernelEx_ptsz"), 0u) << c;
+  EXPECT_GT(json_number(c, "peak_bytes"), 1u << 20) << c;
+  EXPECT_NE(c.find("\"cuGetProcAddress\":{"), std::string::npos) << c;  // looked up, hooked
+  EXPECT_EQ(c.find("\"error\":"), std::string::npos) << c;
+}
+
+TEST(TorchUnderPos, ATorchCompileRunWorksUnderPosRunAndItsTritonKernelsAreSeen) {
+  int code = -1;
+  const std::string census = ::testing::TempDir() + "torch_compile_census.json";
+  std::filesystem::remove(census);
+  const std::string out =
+      train(env("POS_RUN") + " run --census " + census + " -- ", "--steps 6 --layers 2 --dim 128 --compile", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("step 5 loss "), std::string::npos) << out;
+  EXPECT_NE(out.find("checksum "), std::string::npos) << out;
+  std::ifstream f(census);
+  const std::string c((std::istreambuf_iterator<char>(f)), {});
+  // Inductor's kernels are loaded as modules (from memory or from the cubin files it writes) and
+  // launched through the driver by Triton's and PyTorch's own launchers: the hooks see both.
+  EXPECT_GT(json_number(c, "cuModuleLoad") + json_number(c, "cuModuleLoadData") + json_number(c, "cuModuleLoadDataEx") +
+                json_number(c, "cuLibraryLoadFromFile"),
+            0u)
+      << c;
+  EXPECT_GT(json_number(c, "cuLaunchKernel") + json_number(c, "cuLaunchKernelEx"), 0u) << c;
+}
+
+}  // namespace
