@@ -219,6 +219,22 @@ TEST_F(Preloaded, CuGetProcAddressAnswersWithHooksForHookedNamesAndPassesTheRest
   }
 }
 
+TEST_F(Preloaded, WhatPosCannotCheckpointYetIsNamedInTheCensus) {
+  auto m = probe("features");
+  EXPECT_EQ(m["rc"], "0");  // the 64-byte IPC handle went through the hook by value, whole
+  EXPECT_EQ(m["opened"], "7e0000000000");
+  EXPECT_EQ(m["where"], "pos_driver");
+  const std::string c = census();
+  EXPECT_NE(c.find("\"devices\":[0,1]"), std::string::npos) << c;
+  EXPECT_NE(c.find("\"not_checkpointable\":[\"CUDA graphs (1 captures, 1 graph launches)\",\"CUDA IPC memory handles "
+                   "(2 calls)\",\"several GPUs (0, 1)\"]"),
+            std::string::npos)
+      << c;
+  // A job that used none of it has nothing to name.
+  probe("direct");
+  EXPECT_NE(census().find("\"devices\":[],\"not_checkpointable\":[]"), std::string::npos) << census();
+}
+
 TEST_F(Preloaded, DlsymWithRtldNextStillSearchesAfterTheCaller) {
   // The fake preloaded ahead of libpos_driver: RTLD_NEXT from the probe finds the fake's
   // probe_symbol; resolved relative to libpos_driver instead, it would find none.

@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|next   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -92,6 +92,26 @@ int main(int argc, char** argv) {
                 fake_calls("cuLaunchKernel_ptsz"));
     return 0;
   }
+  if (what == "features") {
+    // What POS cannot checkpoint yet, each used once through the driver: two GPUs, a graph
+    // capture and launch, an IPC handle made and opened (64 bytes passed by value).
+    void* h = open_driver();
+    if (h == nullptr) return 1;
+    struct Ipc {
+      unsigned char b[64];
+    } ipc{};
+    void *c0 = nullptr, *c1 = nullptr;
+    unsigned long long opened = 0;
+    const int rc =
+        reinterpret_cast<int (*)(void**, int)>(dlsym(h, "cuDevicePrimaryCtxRetain"))(&c0, 0) |
+        reinterpret_cast<int (*)(void**, int)>(dlsym(h, "cuDevicePrimaryCtxRetain"))(&c1, 1) |
+        reinterpret_cast<int (*)(void*, int)>(dlsym(h, "cuStreamBeginCapture_v2"))(nullptr, 0) |
+        reinterpret_cast<int (*)(void*, void*)>(dlsym(h, "cuGraphLaunch"))(nullptr, nullptr) |
+        reinterpret_cast<int (*)(Ipc*, unsigned long long)>(dlsym(h, "cuIpcGetMemHandle"))(&ipc, 0x7f0000000000ull) |
+        reinterpret_cast<int (*)(unsigned long long*, Ipc, unsigned)>(dlsym(h, "cuIpcOpenMemHandle_v2"))(&opened, ipc, 1);
+    std::printf("rc=%d\nopened=%llx\nwhere=%s\n", rc, opened, where(dlsym(h, "cuIpcOpenMemHandle_v2")).c_str());
+    return 0;
+  }
   if (what == "next") {
     // The next definition after this program in the search order: with the fake preloaded ahead
     // of libpos_driver, the fake's (2), whatever libpos_driver does to dlsym.
@@ -99,6 +119,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|next\n");
   return 2;
 }

@@ -60,6 +60,36 @@ FAKE_EXPORT int cuCtxGetDevice(int* d) {
   *d = 0;
   return 0;
 }
+FAKE_EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+  bump("cuDevicePrimaryCtxRetain");
+  *ctx = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + dev));
+  return 0;
+}
+FAKE_EXPORT int cuStreamBeginCapture_v2(void*, int) {
+  bump("cuStreamBeginCapture_v2");
+  return 0;
+}
+FAKE_EXPORT int cuGraphLaunch(void*, void*) {
+  bump("cuGraphLaunch");
+  return 0;
+}
+// An IPC handle is 64 bytes passed by value: the fake fills one with a pattern and checks it
+// arrives whole, so a hook that forwarded it with the wrong ABI fails the call.
+struct IpcHandle {
+  unsigned char bytes[64];
+};
+FAKE_EXPORT int cuIpcGetMemHandle(IpcHandle* h, unsigned long long) {
+  bump("cuIpcGetMemHandle");
+  for (int i = 0; i < 64; ++i) h->bytes[i] = static_cast<unsigned char>(i * 3 + 1);
+  return 0;
+}
+FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* p, IpcHandle h, unsigned int) {
+  bump("cuIpcOpenMemHandle_v2");
+  for (int i = 0; i < 64; ++i)
+    if (h.bytes[i] != static_cast<unsigned char>(i * 3 + 1)) return 1;  // CUDA_ERROR_INVALID_VALUE
+  *p = 0x7e0000000000ull;
+  return 0;
+}
 // Not a driver function: the RTLD_NEXT check of driver_hooks_test looks it up from the probe.
 FAKE_EXPORT int probe_symbol() { return 2; }
 

@@ -63,6 +63,8 @@ TEST(TorchUnderPos, TrainingUnderPosRunPrintsExactlyWhatItPrintsNativelyAndEvery
   EXPECT_GT(json_number(c, "peak_bytes"), 1u << 20) << c;
   EXPECT_NE(c.find("\"cuGetProcAddress\":{"), std::string::npos) << c;  // looked up, hooked
   EXPECT_EQ(c.find("\"error\":"), std::string::npos) << c;
+  // One GPU, no graphs, no IPC: nothing a dump would have to refuse.
+  EXPECT_NE(c.find("\"devices\":[0],\"not_checkpointable\":[]"), std::string::npos) << c;
 }
 
 TEST(TorchUnderPos, ATorchCompileRunWorksUnderPosRunAndItsTritonKernelsAreSeen) {

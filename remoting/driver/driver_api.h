@@ -22,6 +22,12 @@ using CUmodule = void*;
 using CUlibrary = void*;
 using CUevent = void*;
 using CUgraphExec = void*;
+using CUcontext = void*;
+using CUdevice = int;
+using CUstreamCaptureMode = int;
+struct CUipcMemHandle {  // passed by value: the layout must be the driver's (CU_IPC_HANDLE_SIZE bytes)
+  char reserved[64];
+};
 using CUmemoryPool = void*;
 using CUmemGenericAllocationHandle = unsigned long long;
 using CUjit_option = int;
@@ -42,6 +48,7 @@ enum class Role : uint8_t {
   kDeviceFree,   // frees the device allocation named by its first parameter
   kLaunch,       // a kernel launch
   kProcAddress,  // cuGetProcAddress: its result is itself substituted
+  kDeviceUse,    // uses the device named by its second parameter (a context for it)
 };
 
 // X(export name, base name, per-thread variant, lowest cudaVersion that resolves to it, role,
@@ -119,6 +126,16 @@ enum class Role : uint8_t {
     (CUlibrary * lib, const char* path, CUjit_option* jit_opts, void** jit_vals, unsigned int n_jit,               \
      CUlibraryOption* lib_opts, void** lib_vals, unsigned int n_lib),                                              \
     (lib, path, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib), -1)                                         \
+  X(cuStreamBeginCapture_v2, cuStreamBeginCapture, false, 10010, kCount, CUresult,                               \
+    (CUstream s, CUstreamCaptureMode mode), (s, mode), -1)                                                         \
+  X(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture, true, 10010, kCount, CUresult,                           \
+    (CUstream s, CUstreamCaptureMode mode), (s, mode), -1)                                                         \
+  X(cuIpcGetMemHandle, cuIpcGetMemHandle, false, 4010, kCount, CUresult, (CUipcMemHandle * h, CUdeviceptr p),     \
+    (h, p), -1)                                                                                                    \
+  X(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle, false, 11000, kCount, CUresult,                                     \
+    (CUdeviceptr * p, CUipcMemHandle h, unsigned int flags), (p, h, flags), -1)                                    \
+  X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, false, 7000, kDeviceUse, CUresult,                        \
+    (CUcontext * ctx, CUdevice dev), (ctx, dev), -1)                                                               \
   X(cuGraphLaunch, cuGraphLaunch, false, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)        \
   X(cuGraphLaunch_ptsz, cuGraphLaunch, true, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)    \
   X(cuLibraryLoadData, cuLibraryLoadData, false, 12000, kCount, CUresult,                                          \

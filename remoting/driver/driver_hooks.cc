@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "pos/base/text.h"
 
@@ -128,6 +129,37 @@ uint64_t Census::allocation_at(uint64_t addr) const {
   return it == live_.end() ? 0 : it->second;
 }
 
+void Census::device_used(int dev) {
+  if (dev >= 0 && dev < 64) devices_.fetch_or(1ull << dev, std::memory_order_relaxed);
+}
+
+std::vector<int> Census::devices() const {
+  std::vector<int> out;
+  const uint64_t m = devices_.load(std::memory_order_relaxed);
+  for (int d = 0; d < 64; ++d)
+    if (m & (1ull << d)) out.push_back(d);
+  return out;
+}
+
+std::vector<std::string> Census::not_checkpointable() const {
+  std::vector<std::string> out;
+  const uint64_t captures = calls(HookId::cuStreamBeginCapture_v2) + calls(HookId::cuStreamBeginCapture_v2_ptsz);
+  const uint64_t graphs = calls(HookId::cuGraphLaunch) + calls(HookId::cuGraphLaunch_ptsz);
+  if (captures + graphs > 0)
+    out.push_back("CUDA graphs (" + std::to_string(captures) + " captures, " + std::to_string(graphs) +
+                  " graph launches)");
+  const uint64_t ipc = calls(HookId::cuIpcGetMemHandle) + calls(HookId::cuIpcOpenMemHandle_v2);
+  if (ipc > 0) out.push_back("CUDA IPC memory handles (" + std::to_string(ipc) + " calls)");
+  if (const uint64_t n = calls(HookId::cuMemAllocManaged); n > 0)
+    out.push_back("managed memory (" + std::to_string(n) + " allocations)");
+  if (const std::vector<int> d = devices(); d.size() > 1) {
+    std::string list;
+    for (int x : d) list += (list.empty() ? "" : ", ") + std::to_string(x);
+    out.push_back("several GPUs (" + list + ")");
+  }
+  return out;
+}
+
 std::string Census::json(std::string_view driver_path) const {
   std::string o = "{\"driver\":" + json_string(driver_path) + ",\"calls\":{";
   bool first = true;
@@ -148,8 +180,13 @@ std::string Census::json(std::string_view driver_path) const {
   o += "},\"device_memory\":{\"allocations\":" + std::to_string(mem_.allocations) +
        ",\"frees\":" + std::to_string(mem_.frees) + ",\"unknown_frees\":" + std::to_string(mem_.unknown_frees) +
        ",\"live\":" + std::to_string(mem_.live) + ",\"live_bytes\":" + std::to_string(mem_.live_bytes) +
-       ",\"peak_bytes\":" + std::to_string(mem_.peak_bytes) + "}}";
-  return o;
+       ",\"peak_bytes\":" + std::to_string(mem_.peak_bytes) + "},\"devices\":[";
+  first = true;
+  for (int d : devices()) o += (std::exchange(first, false) ? "" : ",") + std::to_string(d);
+  o += "],\"not_checkpointable\":[";
+  first = true;
+  for (const std::string& w : not_checkpointable()) o += (std::exchange(first, false) ? "" : ",") + json_string(w);
+  return o + "]}";
 }
 
 }  // namespace pos::driver

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "remoting/driver/driver_api.h"
 
@@ -90,7 +91,16 @@ class Census {
   // The size of the live allocation at `addr`, or 0.
   uint64_t allocation_at(uint64_t addr) const;
 
-  // One JSON object: hooks called (non-zero counts), symbols resolved, device memory.
+  // A context of device `dev` was taken (cuDevicePrimaryCtxRetain).
+  void device_used(int dev);
+  // The devices the job used (0..63), ascending.
+  std::vector<int> devices() const;
+  // What the job did that POS cannot checkpoint yet, each named for an operator ("CUDA graphs
+  // (2 captures, 5 graph launches)", "several GPUs (0, 1)", ...): a dump refuses these by name.
+  std::vector<std::string> not_checkpointable() const;
+
+  // One JSON object: hooks called (non-zero counts), symbols resolved, device memory, devices and
+  // what cannot be checkpointed.
   std::string json(std::string_view driver_path) const;
 
  private:
@@ -98,6 +108,7 @@ class Census {
     std::atomic<uint64_t> n{0};
   };
   std::array<Counter, kHookCount> calls_{};
+  std::atomic<uint64_t> devices_{0};  // bit d: device d used
   struct Resolution {
     uint64_t n = 0;
     std::string via;

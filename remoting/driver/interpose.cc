@@ -92,6 +92,8 @@ inline void learn(Census& c, CUresult rc, A... a) {
     if (std::get<0>(t) != nullptr) c.device_alloc(*std::get<0>(t), static_cast<uint64_t>(std::get<kSizeIdx>(t)));
   } else if constexpr (kRole == Role::kDeviceFree) {
     c.device_free(std::get<0>(std::make_tuple(a...)));
+  } else if constexpr (kRole == Role::kDeviceUse) {
+    c.device_used(std::get<1>(std::make_tuple(a...)));
   }
 }
 
@@ -117,6 +119,7 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
 #define POS_DEFINE_HOOK_kDeviceAlloc POS_DEFINE_HOOK
 #define POS_DEFINE_HOOK_kDeviceFree POS_DEFINE_HOOK
 #define POS_DEFINE_HOOK_kLaunch POS_DEFINE_HOOK
+#define POS_DEFINE_HOOK_kDeviceUse POS_DEFINE_HOOK
 #define POS_DEFINE_HOOK_kProcAddress(...)  // written out below
 #define POS_DEFINE_BY_ROLE(name, base, per_thread, min_version, role, ...) \
   POS_DEFINE_HOOK_##role(name, base, per_thread, min_version, role, __VA_ARGS__)
