@@ -11,6 +11,7 @@
 #include "ckpt/image.h"
 #include "ckpt/inspect.h"
 #include "remoting/common/handshake.h"
+#include "remoting/common/job_control.h"
 #include "remoting/common/wire.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
@@ -90,14 +91,45 @@ int inspect(const std::string& dir, bool json, bool summary, bool verify) {
   return 0;
 }
 
-int ps(const std::string& socket, bool json) {
-  // posd renders both forms: one source of truth for the fields.
+// posd's sessions and the in-process jobs (`pos run`) in `jobs_dir`. posd renders its part and each
+// job renders its own row or object: one source of truth for the fields. Fails only when neither
+// posd nor any job answered.
+int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   auto text = pos::posd_control(socket, json ? "ps" : "ps-table");
-  if (!text.ok()) {
+  std::vector<std::string> skipped;
+  const std::vector<pos::JobAnswer> jobs = pos::ask_jobs(jobs_dir, json ? "ps" : "ps-row", &skipped);
+  for (const std::string& s : skipped) std::fprintf(stderr, "pos-cli ps: not asked: %s\n", s.c_str());
+  if (!text.ok() && jobs.empty()) {
     std::fprintf(stderr, "pos-cli ps: %s\n", text.status().message().c_str());
     return 1;
   }
-  std::fputs(text->c_str(), stdout);
+  if (json) {
+    std::string arr = "[";
+    for (const pos::JobAnswer& j : jobs) arr += (arr.size() > 1 ? "," : "") + j.text;
+    arr += "]";
+    std::string out;
+    if (text.ok()) {
+      out = *text;
+      while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+      if (out.empty() || out.back() != '}') {
+        std::fprintf(stderr, "pos-cli ps: posd's answer is no JSON object\n");
+        return 1;
+      }
+      out.insert(out.size() - 1, ",\"inproc_jobs\":" + arr);
+    } else {
+      out = "{\"posd_error\":" + pos::json_string(text.status().message()) + ",\"inproc_jobs\":" + arr + "}";
+    }
+    std::printf("%s\n", out.c_str());
+    return 0;
+  }
+  if (text.ok()) std::fputs(text->c_str(), stdout);
+  else std::fprintf(stderr, "pos-cli ps: posd: %s\n", text.status().message().c_str());
+  if (!jobs.empty()) {
+    std::printf("\n%-8s %-8s %-24s %-8s %14s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
+                "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
+    for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
+    std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
+  }
   return 0;
 }
 
@@ -240,9 +272,12 @@ int main(int argc, char** argv) {
 
   std::string socket = pos::default_socket_path();
   bool ps_json = false;
-  CLI::App* ps_cmd = app.add_subcommand("ps", "list posd's sessions: pid, job, device memory, calls, state");
+  CLI::App* ps_cmd = app.add_subcommand("ps", "list posd's sessions and in-process jobs (pos run): pid, job, device memory, calls, state");
   ps_cmd->add_flag("--json", ps_json, "one JSON object");
   ps_cmd->add_option("--socket", socket, "posd's socket")->capture_default_str();
+  std::string jobs_dir = pos::default_jobs_dir();
+  ps_cmd->add_option("--jobs-dir", jobs_dir, "where in-process jobs (pos run) put their control sockets")
+      ->capture_default_str();
 
   DumpArgs da;
   da.socket = pos::default_socket_path();
@@ -322,7 +357,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
-  if (ps_cmd->parsed()) return ps(socket, ps_json);
+  if (ps_cmd->parsed()) return ps(socket, jobs_dir, ps_json);
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);

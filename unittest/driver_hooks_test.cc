@@ -3,13 +3,18 @@
 // libpos_driver.so preloaded into a probe program whose "driver" is a fake (fake_cuda.cc), reached
 // by direct linking, dlopen + dlsym and cuGetProcAddress, and `pos run` starting it.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
+#include "remoting/common/job_control.h"
 #include "remoting/driver/driver_hooks.h"
 #include "unittest/run_program.h"
 
@@ -140,13 +145,15 @@ class Preloaded : public ::testing::Test {
   std::map<std::string, std::string> probe(const std::string& what, bool preload = true, const std::string& extra = "") {
     std::filesystem::remove(census_file());
     std::string prefix = "FAKE_CUDA=" + env("POS_FAKE_CUDA") + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
-                         " POS_DRIVER_CENSUS=" + census_file() + " " + extra + " ";
+                         " POS_DRIVER_CENSUS=" + census_file() + " POS_JOBS_DIR=" + jobs_dir() + " " + extra + " ";
     if (preload) prefix += "LD_PRELOAD=" + env("POS_DRIVER_LIB") + " ";
     int code = -1;
     const std::string out = test::run_program("POS_DRIVER_PROBE", prefix, {what}, &code);
     EXPECT_EQ(code, 0) << out;
     return parse(out);
   }
+  // Where the probes' control sockets go (never the user's own jobs directory).
+  static std::string jobs_dir() { return ::testing::TempDir() + "pos-driver-test-jobs-" + std::to_string(::getpid()); }
   std::string census() const {
     std::ifstream f(census_file());
     return std::string(std::istreambuf_iterator<char>(f), {});
@@ -250,6 +257,115 @@ TEST_F(Preloaded, WithNoDriverToLoadHookedCallsFailAsWithoutADriverAndTheCensusS
   EXPECT_NE(census().find("\"error\":"), std::string::npos) << census();
 }
 
+// A probe that stays running ("wait") with the layer preloaded, until it is stopped.
+struct RunningProbe {
+  pid_t pid = -1;
+  int in = -1;  // its stdin: closing it ends the probe
+  FILE* out = nullptr;
+  explicit RunningProbe(const std::string& jobs_dir) {
+    int to[2], from[2];
+    if (::pipe(to) != 0 || ::pipe(from) != 0) return;
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(to[0], 0);
+      ::dup2(from[1], 1);
+      ::close(to[1]);
+      ::close(from[0]);
+      ::setenv("LD_PRELOAD", env("POS_DRIVER_LIB").c_str(), 1);
+      ::setenv("POS_REAL_LIBCUDA", env("POS_FAKE_CUDA").c_str(), 1);
+      ::setenv("POS_JOBS_DIR", jobs_dir.c_str(), 1);
+      ::setenv("POS_JOB_NAME", "probe-job", 1);
+      const std::string probe = env("POS_DRIVER_PROBE");
+      ::execl(probe.c_str(), probe.c_str(), "wait", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    in = to[1];
+    out = ::fdopen(from[0], "r");
+  }
+  bool ready() {
+    char line[64];
+    while (out != nullptr && std::fgets(line, sizeof(line), out) != nullptr)
+      if (std::string(line) == "ready\n") return true;
+    return false;
+  }
+  int stop() {
+    if (in >= 0) ::close(std::exchange(in, -1));
+    int st = -1;
+    if (pid > 0) ::waitpid(std::exchange(pid, -1), &st, 0);
+    if (out != nullptr) std::fclose(std::exchange(out, nullptr));
+    return st;
+  }
+  ~RunningProbe() {
+    if (pid > 0) ::kill(pid, SIGKILL);
+    stop();
+  }
+};
+
+std::string shell(const std::string& cmd, int* code) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = p != nullptr ? ::pclose(p) : -1;
+  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+TEST_F(Preloaded, PosCliPsListsARunningJobThroughItsControlSocketAndForgetsItWhenItEnds) {
+  const std::string dir = jobs_dir() + "-ps";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir);
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  EXPECT_TRUE(std::filesystem::is_socket(sock));
+  EXPECT_EQ(std::filesystem::status(dir).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_all);
+  // The job answers for itself: its pid, name and census.
+  auto a = pos::ask_job(sock, "ps");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_NE(a->find("\"pid\":" + std::to_string(job.pid) + ","), std::string::npos) << *a;
+  EXPECT_NE(a->find("\"job\":\"probe-job\""), std::string::npos) << *a;
+  EXPECT_NE(a->find("\"cuMemAlloc_v2\":2"), std::string::npos) << *a;
+  auto bad = pos::ask_job(sock, "format-disk");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(bad->find("\"error\":\"unknown command 'format-disk'"), std::string::npos) << *bad;
+  EXPECT_FALSE(pos::ask_job(sock, "ps\nps").ok());  // one line, or nothing is sent
+  // A socket left by a job killed earlier: its pid is gone, so the scan removes it.
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  { std::ofstream(pos::job_socket_path(dir, dead)); }
+  // pos-cli ps with no posd: the in-process job alone, in both forms.
+  int code = -1;
+  const std::string cli = env("POS_CLI") + " ps --socket " + dir + "/no-posd.sock --jobs-dir " + dir;
+  std::string out = shell(cli + " --json", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("{\"posd_error\":"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"inproc_jobs\":[{\"pid\":" + std::to_string(job.pid)), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(pos::job_socket_path(dir, dead)));
+  out = shell(cli, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find(std::to_string(job.pid) + " "), std::string::npos) << out;
+  EXPECT_NE(out.find("probe-job"), std::string::npos) << out;
+  EXPECT_NE(out.find("4194304"), std::string::npos) << out;  // 1 + 3 MiB live
+  EXPECT_NE(out.find("1 in-process job(s) in " + dir), std::string::npos) << out;
+  // The job ends: its socket goes with it, and ps has nothing left to show.
+  EXPECT_EQ(job.stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists(sock));
+  (void)shell(cli, &code);
+  EXPECT_EQ(code, 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(Preloaded, WithPosControlOffTheJobMakesNoSocket) {
+  const std::string dir = jobs_dir() + "-off";
+  std::filesystem::remove_all(dir);
+  probe("direct", true, "POS_CONTROL=0 POS_JOBS_DIR=" + dir);
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 // ---- pos run ----
 
 TEST(PosRun, StartsACommandWithTheDriverLayerPreloadedAndItsCensusWhereAsked) {
@@ -257,7 +373,8 @@ TEST(PosRun, StartsACommandWithTheDriverLayerPreloadedAndItsCensusWhereAsked) {
   std::filesystem::remove(file);
   int code = -1;
   const std::string out = test::run_program(
-      "POS_RUN", "FAKE_CUDA=" + env("POS_FAKE_CUDA") + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " ",
+      "POS_RUN",
+      "FAKE_CUDA=" + env("POS_FAKE_CUDA") + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " POS_CONTROL=0 ",
       {"run", "--census", file, "--", env("POS_DRIVER_PROBE"), "direct"}, &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("where=pos_driver"), std::string::npos) << out;

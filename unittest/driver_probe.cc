@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|features|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|wait|next   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -112,6 +112,17 @@ int main(int argc, char** argv) {
     std::printf("rc=%d\nopened=%llx\nwhere=%s\n", rc, opened, where(dlsym(h, "cuIpcOpenMemHandle_v2")).c_str());
     return 0;
   }
+  if (what == "wait") {
+    // A job that stays: two allocations, then "ready", then it runs until its stdin closes.
+    unsigned long long a = 0, b = 0;
+    const int rc = cuMemAlloc_v2(&a, 1 << 20) | cuMemAlloc_v2(&b, 3 << 20);
+    std::printf("rc=%d\nready\n", rc);
+    std::fflush(stdout);
+    char buf[64];
+    while (std::fread(buf, 1, sizeof(buf), stdin) > 0) {
+    }
+    return 0;
+  }
   if (what == "next") {
     // The next definition after this program in the search order: with the fake preloaded ahead
     // of libpos_driver, the fake's (2), whatever libpos_driver does to dlsym.
@@ -119,6 +130,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|wait|next\n");
   return 2;
 }

@@ -129,6 +129,13 @@ uint64_t Census::allocation_at(uint64_t addr) const {
   return it == live_.end() ? 0 : it->second;
 }
 
+uint64_t Census::launches() const {
+  uint64_t n = 0;
+  for (size_t i = 0; i < kHookCount; ++i)
+    if (kHooks[i].role == Role::kLaunch) n += calls_[i].n.load(std::memory_order_relaxed);
+  return n;
+}
+
 void Census::device_used(int dev) {
   if (dev >= 0 && dev < 64) devices_.fetch_or(1ull << dev, std::memory_order_relaxed);
 }

@@ -91,6 +91,9 @@ class Census {
   // The size of the live allocation at `addr`, or 0.
   uint64_t allocation_at(uint64_t addr) const;
 
+  // Kernel launches of every kind (cuLaunchKernel*, cuLaunchCooperativeKernel*).
+  uint64_t launches() const;
+
   // A context of device `dev` was taken (cuDevicePrimaryCtxRetain).
   void device_used(int dev);
   // The devices the job used (0..63), ascending.

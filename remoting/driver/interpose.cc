@@ -1,5 +1,6 @@
 // interpose.cc — libpos_driver.so's exports: `dlsym`, the hooked driver entry points and both
-// cuGetProcAddress versions, over one process-wide Resolver and Census (driver_hooks.h).
+// cuGetProcAddress versions, over one process-wide Resolver and Census (driver_hooks.h), and the
+// job's control socket for pos-cli (remoting/common/job_control.h).
 //
 // Preloaded (`pos run`, docs/driver_runtime.md), the library sees every way a process reaches the
 // driver: direct linking (the preload's exports come first), dlopen + dlsym (our dlsym), and
@@ -14,11 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
 
 #include "pos/base/text.h"
+#include "remoting/common/job_control.h"
 #include "remoting/driver/driver_hooks.h"
 
 #define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -47,7 +50,45 @@ struct Runtime {
   void* driver = nullptr;
   Resolver resolver;
   Census census;
+  std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
+  std::string control_error;
+  std::string job;  // POS_JOB_NAME, else the process's name
 };
+
+// The job's name as ps shows it: POS_JOB_NAME, else /proc/self/comm.
+std::string job_name() {
+  if (const char* n = std::getenv("POS_JOB_NAME"); n != nullptr && *n != '\0') return pos::printable(n, 64);
+  char buf[64] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    if (std::fgets(buf, sizeof(buf), f) == nullptr) buf[0] = '\0';
+    std::fclose(f);
+  }
+  std::string s = buf;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return pos::printable(s, 64);
+}
+
+// pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object) and "ps-row" (one
+// line of pos-cli ps's table of in-process jobs).
+std::string answer(Runtime* rt, const std::string& cmd) {
+  const Census::Memory m = rt->census.memory();
+  if (cmd == "ps")
+    return "{\"pid\":" + std::to_string(::getpid()) + ",\"uid\":" + std::to_string(::geteuid()) +
+           ",\"job\":" + pos::json_string(rt->job) + ",\"runtime\":\"driver\",\"census\":" +
+           rt->census.json(rt->driver_path) + "}";
+  if (cmd == "ps-row") {
+    std::string devices, blocked;
+    for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
+    for (const std::string& w : rt->census.not_checkpointable()) blocked += (blocked.empty() ? "" : "; ") + w;
+    char row[256];
+    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %8llu %12llu  ", static_cast<int>(::getpid()),
+                  static_cast<unsigned>(::geteuid()), pos::fit_columns(rt->job, 24).c_str(),
+                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes),
+                  static_cast<unsigned long long>(m.live), static_cast<unsigned long long>(rt->census.launches()));
+    return row + (blocked.empty() ? std::string("-") : blocked);
+  }
+  return "{\"error\":" + pos::json_string("unknown command '" + cmd + "' (ps, ps-row)") + "}";
+}
 
 std::array<void*, kHookCount> hook_addresses();
 
@@ -75,7 +116,17 @@ Runtime* runtime() {
       for (size_t i = 0; i < kHookCount; ++i) real[i] = real_dlsym()(rt->driver, hook_info(static_cast<HookId>(i)).name);
     }
     rt->resolver.set_real(real, hook_addresses());
+    rt->job = job_name();
     g_runtime.store(rt, std::memory_order_release);
+    // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
+    // one never fails the job: the census says why.
+    const char* ctl = std::getenv("POS_CONTROL");
+    if (rt->driver != nullptr && (ctl == nullptr || std::strcmp(ctl, "0") != 0)) {
+      auto server = pos::JobControlServer::start(pos::default_jobs_dir(),
+                                                 [rt](const std::string& cmd) { return answer(rt, cmd); });
+      if (server.ok()) rt->control = std::move(*server);
+      else rt->control_error = server.status().message();
+    }
     t_starting = false;
   });
   return g_runtime.load(std::memory_order_acquire);
@@ -197,9 +248,12 @@ namespace {
 __attribute__((destructor)) void write_census() {
   const char* where = std::getenv("POS_DRIVER_CENSUS");
   Runtime* rt = g_runtime.load(std::memory_order_acquire);
+  if (rt != nullptr && rt->control) rt->control->remove_socket();  // the job is ending: pos-cli stops seeing it
   if (where == nullptr || *where == '\0') return;
   std::string text = rt != nullptr ? rt->census.json(rt->driver_path) : std::string("{\"driver\":null}");
   if (rt != nullptr && !rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
+  if (rt != nullptr && !rt->control_error.empty())
+    text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
   text += "\n";
   if (std::strcmp(where, "-") == 0) {
     (void)!::write(2, text.data(), text.size());

@@ -1,0 +1,190 @@
+// job_control.cc — in-process jobs' control sockets: the answering thread, the asker, the scan.
+#include "remoting/common/job_control.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "pos/base/sync.h"
+#include "pos/base/thread.h"
+#include "remoting/common/handshake.h"
+#include "remoting/common/socket_io.h"
+
+namespace pos {
+
+namespace {
+
+constexpr size_t kMaxCommand = 64;
+constexpr size_t kMaxAnswer = 4u << 20;  // a census of thousands of symbols is well under this
+
+Status fill_address(const std::string& path, sockaddr_un* a) {
+  std::memset(a, 0, sizeof(*a));
+  if (path.size() >= sizeof(a->sun_path)) return Status::InvalidArgument("socket path too long: " + path);
+  a->sun_family = AF_UNIX;
+  std::memcpy(a->sun_path, path.c_str(), path.size() + 1);
+  return Status::Ok();
+}
+
+bool peer_allowed(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  return cred.uid == ::geteuid() || cred.uid == 0;
+}
+
+void set_timeouts(int fd, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
+std::string default_jobs_dir() {
+  if (const char* d = std::getenv("POS_JOBS_DIR"); d != nullptr && *d != '\0') return d;
+  // Beside posd's private directory, never in it: posd decides that directory's mode and group.
+  return socket_dir_of(private_socket_path(::geteuid(), std::getenv("XDG_RUNTIME_DIR"))) + "-jobs";
+}
+
+std::string job_socket_path(const std::string& dir, pid_t pid) { return dir + "/" + std::to_string(pid) + ".sock"; }
+
+StatusOr<std::unique_ptr<JobControlServer>> JobControlServer::start(
+    const std::string& dir, std::function<std::string(const std::string&)> answer) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::Unavailable("cannot make " + dir + ": " + std::strerror(errno));
+  POS_RETURN_IF_ERROR(check_socket_dir(dir, {static_cast<uint32_t>(::geteuid())}, "this job's uid"));
+  std::unique_ptr<JobControlServer> s(new JobControlServer);
+  s->owner_ = ::getpid();
+  s->path_ = job_socket_path(dir, s->owner_);
+  s->answer_ = std::move(answer);
+  sockaddr_un a{};
+  POS_RETURN_IF_ERROR(fill_address(s->path_, &a));
+  s->listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s->listen_) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  ::unlink(s->path_.c_str());  // a stale socket of an earlier process with this pid
+  if (::bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+    return Status::Unavailable("cannot bind " + s->path_ + ": " + std::strerror(errno));
+  if (::listen(s->listen_.get(), 8) != 0) {
+    ::unlink(s->path_.c_str());
+    return Status::Unavailable("cannot listen on " + s->path_ + ": " + std::strerror(errno));
+  }
+  // The thread must not take signals meant for the job's own threads.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  Status st = start_thread(&s->thread_, "the job's control thread", [p = s.get()] {
+    name_this_thread("pos-control");
+    p->serve();
+  });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!st.ok()) {
+    ::unlink(s->path_.c_str());
+    return st;
+  }
+  return s;
+}
+
+JobControlServer::~JobControlServer() {
+  if (listen_) ::shutdown(listen_.get(), SHUT_RDWR);  // wakes accept
+  if (thread_.joinable()) thread_.join();
+  remove_socket();
+}
+
+void JobControlServer::remove_socket() {
+  if (!path_.empty() && ::getpid() == owner_) ::unlink(path_.c_str());
+}
+
+void JobControlServer::serve() {
+  for (;;) {
+    UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINVAL || errno == EBADF) return;  // shut down
+      ::usleep(10000);                                 // out of descriptors, say: do not spin
+      continue;
+    }
+    if (!peer_allowed(c.get())) continue;  // closed unanswered
+    set_timeouts(c.get(), 1000);
+    std::string cmd;
+    char ch = 0;
+    while (cmd.size() <= kMaxCommand && ::recv(c.get(), &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
+    if (ch != '\n' || cmd.size() > kMaxCommand) continue;  // no whole command: nothing to answer
+    const std::string reply = answer_(cmd) + "\n";
+    (void)send_all(c.get(), reply.data(), reply.size());
+  }
+}
+
+StatusOr<std::string> ask_job(const std::string& socket, const std::string& command, int timeout_ms) {
+  if (command.size() > kMaxCommand || command.find('\n') != std::string::npos)
+    return Status::InvalidArgument("not a control command: " + command);
+  sockaddr_un a{};
+  POS_RETURN_IF_ERROR(fill_address(socket, &a));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+    return Status::Unavailable("cannot connect to " + socket + ": " + std::strerror(errno));
+  if (!peer_allowed(fd.get()))
+    return Status::FailedPrecondition(socket + " is served by another user's process: not asked");
+  set_timeouts(fd.get(), timeout_ms);
+  const std::string line = command + "\n";
+  POS_RETURN_IF_ERROR(send_all(fd.get(), line.data(), line.size()));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Unavailable(socket + " did not answer: " + std::strerror(errno));
+    }
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > kMaxAnswer) return Status::Corrupt(socket + " answered more than " + std::to_string(kMaxAnswer) + " bytes");
+  }
+  if (out.empty() || out.back() != '\n') return Status::Unavailable(socket + " closed without a whole answer");
+  out.pop_back();
+  return out;
+}
+
+std::vector<JobAnswer> ask_jobs(const std::string& dir, const std::string& command, std::vector<std::string>* skipped) {
+  std::vector<JobAnswer> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  std::vector<pid_t> pids;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const size_t dot = name.find(".sock");
+    if (dot == std::string::npos || dot == 0 || dot + 5 != name.size()) continue;
+    const std::string digits = name.substr(0, dot);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    pids.push_back(static_cast<pid_t>(std::atoi(digits.c_str())));
+  }
+  ::closedir(d);
+  std::sort(pids.begin(), pids.end());
+  for (pid_t pid : pids) {
+    const std::string path = job_socket_path(dir, pid);
+    if (::kill(pid, 0) != 0 && errno == ESRCH) {  // the job is gone (killed: nothing removed its socket)
+      ::unlink(path.c_str());
+      continue;
+    }
+    auto a = ask_job(path, command);
+    if (!a.ok()) {
+      if (skipped != nullptr) skipped->push_back(path + ": " + a.status().message());
+      continue;
+    }
+    out.push_back(JobAnswer{pid, std::move(*a)});
+  }
+  return out;
+}
+
+}  // namespace pos

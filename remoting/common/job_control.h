@@ -1,0 +1,70 @@
+// job_control.h — the control sockets of in-process jobs (`pos run`, remoting/driver): where they
+// live, the one-line protocol, and both ends of it — the job's server (a thread answering ps) and
+// the asker (pos-cli ps). Base layer only, so the preloaded driver layer can carry it.
+//
+// A job listens on JOBS_DIR/<pid>.sock (JOBS_DIR: $POS_JOBS_DIR, else posd's private socket
+// directory + "-jobs", e.g. /run/pos-jobs for root; made 0700). A client connects, writes one command line ("ps\n",
+// "ps-row\n"; at most 64 bytes), and reads the answer until the job closes. Only the job's own uid
+// or root is answered (SO_PEERCRED), on top of the directory being private (docs/driver_runtime.md).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pos/base/status.h"
+#include "remoting/common/unique_fd.h"
+
+namespace pos {
+
+// $POS_JOBS_DIR, else the directory of private_socket_path(this uid) + "-jobs": /run/pos-jobs for
+// root, $XDG_RUNTIME_DIR/pos-jobs or /run/user/<uid>/pos-jobs for others, else /tmp/pos-<uid>-jobs.
+std::string default_jobs_dir();
+std::string job_socket_path(const std::string& dir, pid_t pid);
+
+// The job's end. Answers each command with answer(command) (the command without its newline);
+// a command the callback does not know should get a JSON error object. Thread-safe.
+class JobControlServer {
+ public:
+  // Makes `dir` (0700; its parent must exist) if missing and refuses one that is not this uid's or that others may write;
+  // binds DIR/<pid>.sock (replacing a stale one of this pid) and starts the answering thread.
+  static StatusOr<std::unique_ptr<JobControlServer>> start(const std::string& dir,
+                                                          std::function<std::string(const std::string&)> answer);
+  ~JobControlServer();
+  JobControlServer(const JobControlServer&) = delete;
+  JobControlServer& operator=(const JobControlServer&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Removes the socket file, but only in the process that made it (not in a fork's child, which
+  // inherits the object but not the thread). The thread is left to end with the process.
+  void remove_socket();
+
+ private:
+  JobControlServer() = default;
+  void serve();
+
+  std::string path_;
+  pid_t owner_ = 0;
+  UniqueFd listen_;
+  std::function<std::string(const std::string&)> answer_;
+  std::thread thread_;
+};
+
+// The asker's end: `command` to the job at `socket`, its whole answer. The peer must run as this
+// process's uid or root; a job that does not answer within `timeout_ms` is kUnavailable.
+StatusOr<std::string> ask_job(const std::string& socket, const std::string& command, int timeout_ms = 2000);
+
+struct JobAnswer {
+  pid_t pid = 0;
+  std::string text;
+};
+// Every job in `dir` asked `command`, by pid. A socket whose process is gone is removed; a job
+// that cannot be asked is left out and named in `skipped`. No directory: no jobs.
+std::vector<JobAnswer> ask_jobs(const std::string& dir, const std::string& command, std::vector<std::string>* skipped);
+
+}  // namespace pos
