@@ -2,7 +2,9 @@
 // GPU machine): workloads/torch_train.py prints exactly what it prints natively, and the driver
 // layer's census shows that its allocations, kernel launches and driver look-ups went through POS.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +87,51 @@ TEST(TorchUnderPos, ATorchCompileRunWorksUnderPosRunAndItsTritonKernelsAreSeen) 
             0u)
       << c;
   EXPECT_GT(json_number(c, "cuLaunchKernel") + json_number(c, "cuLaunchKernelEx"), 0u) << c;
+}
+
+// While it trains, pos-cli ps lists the job through its control socket with what the driver
+// layer has seen so far; the job finishes as it would have.
+TEST(TorchUnderPos, PosCliPsShowsATrainingJobWhileItRuns) {
+  const std::string dir = ::testing::TempDir() + "torch-jobs-" + std::to_string(::getpid());
+  const std::string out_file = dir + ".out";
+  std::filesystem::remove_all(dir);
+  const std::string args = "--steps 400 --layers 2 --dim 256";
+  const std::string cmd = "POS_JOBS_DIR=" + dir + " POS_JOB_NAME=torch-train " + env("POS_RUN") + " run -- python3 " +
+                          env("POS_TORCH_TRAIN") + " " + args + " >" + out_file + " 2>&1 & echo $!";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char pid_text[32] = {};
+  ASSERT_NE(std::fgets(pid_text, sizeof(pid_text), p), nullptr);
+  pclose(p);
+  const int pid = std::atoi(pid_text);
+  ASSERT_GT(pid, 0);
+  // Until the job has trained a few steps (bounded).
+  std::string seen;
+  for (int i = 0; i < 1200 && seen.find("step 5 loss") == std::string::npos; ++i) {
+    std::ifstream f(out_file);
+    seen.assign(std::istreambuf_iterator<char>(f), {});
+    usleep(50000);
+  }
+  ASSERT_NE(seen.find("step 5 loss"), std::string::npos) << seen;
+  FILE* q = popen((env("POS_CLI") + " ps --json --socket " + dir + "/none.sock --jobs-dir " + dir + " 2>&1").c_str(), "r");
+  ASSERT_NE(q, nullptr);
+  std::string ps;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), q)) > 0) ps.append(buf, n);
+  EXPECT_EQ(pclose(q), 0) << ps;
+  EXPECT_NE(ps.find("\"inproc_jobs\":[{\"pid\":" + std::to_string(pid) + ","), std::string::npos) << ps;
+  EXPECT_NE(ps.find("\"job\":\"torch-train\""), std::string::npos) << ps;
+  EXPECT_GT(json_number(ps, "cuLaunchKernel"), 0u) << ps;
+  EXPECT_GT(json_number(ps, "live_bytes"), 1u << 20) << ps;
+  // The job runs to its end; its socket goes with it.
+  for (int i = 0; i < 2400 && ::kill(pid, 0) == 0; ++i) usleep(50000);
+  std::ifstream f(out_file);
+  const std::string out((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(out.find("checksum "), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + std::to_string(pid) + ".sock"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
 }
 
 }  // namespace
