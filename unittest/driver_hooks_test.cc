@@ -257,6 +257,38 @@ TEST_F(Preloaded, WithNoDriverToLoadHookedCallsFailAsWithoutADriverAndTheCensusS
   EXPECT_NE(census().find("\"error\":"), std::string::npos) << census();
 }
 
+TEST_F(Preloaded, WithPlacementOnDeviceMemoryLivesAtPosChosenAddressesAndFreedRangesAreReused) {
+  auto m = probe("place", true, "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=300000000000");
+  EXPECT_EQ(m["rc"], "0");
+  // First fit from the range's base at the 2 MiB granularity: the same addresses in every run.
+  EXPECT_EQ(m["a"], "300000000000");
+  EXPECT_EQ(m["b"], "300000200000");
+  EXPECT_EQ(m["c"], "300000600000");
+  EXPECT_EQ(m["d"], "300000200000");       // the freed 4 MiB range's start
+  EXPECT_EQ(m["mapped_mib"], "10");        // 2 + 6 + 2 MiB mapped in the driver
+  EXPECT_EQ(m["mapped_after"], "0");       // every free unmapped
+  EXPECT_EQ(m["fake_alloc"], "0");         // the driver's own allocator never asked
+  EXPECT_EQ(m["fake_free"], "0");
+  EXPECT_EQ(m["fake_sync"], "4");          // each free waits for the device, as cuMemFree does
+  const std::string c = census();
+  EXPECT_NE(c.find("\"placement\":{\"base\":52776558133248,\"span\":1099511627776,\"devices\":[0],\"placed\":4,"
+                   "\"freed\":4,\"live\":0,\"live_bytes\":0,\"peak_bytes\":12582912,\"error\":\"\"}"),
+            std::string::npos)
+      << c;
+  EXPECT_NE(c.find("\"allocations\":4,\"frees\":4,\"unknown_frees\":0"), std::string::npos) << c;
+}
+
+TEST_F(Preloaded, WhenItsRangeIsTakenPlacementStandsAsideAndTheDriverAllocatesAsUsual) {
+  auto m = probe("place", true, "POS_DRIVER_PLACE=1 FAKE_CUDA_VA_MOVE=1");
+  EXPECT_EQ(m["rc"], "0");
+  EXPECT_EQ(m["fake_alloc"], "4");
+  EXPECT_EQ(m["fake_free"], "4");
+  EXPECT_EQ(m["mapped_mib"], "0");
+  const std::string c = census();
+  EXPECT_NE(c.find("\"placed\":0,"), std::string::npos) << c;
+  EXPECT_NE(c.find("its range was reserved elsewhere than asked"), std::string::npos) << c;
+}
+
 // A probe that stays running ("wait") with the layer preloaded, until it is stopped.
 struct RunningProbe {
   pid_t pid = -1;

@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|features|wait|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|place|wait|next   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -112,6 +112,20 @@ int main(int argc, char** argv) {
     std::printf("rc=%d\nopened=%llx\nwhere=%s\n", rc, opened, where(dlsym(h, "cuIpcOpenMemHandle_v2")).c_str());
     return 0;
   }
+  if (what == "place") {
+    // Allocations of 1000 B, 3 MiB and 5 MiB; the 3 MiB one freed and 2 MiB asked for; then all freed.
+    unsigned long long a = 0, b = 0, c = 0, d = 0;
+    int rc = cuMemAlloc_v2(&a, 1000) | cuMemAlloc_v2(&b, 3 << 20) | cuMemAlloc_v2(&c, 5 << 20);
+    rc |= cuMemFree_v2(b);
+    rc |= cuMemAlloc_v2(&d, 2 << 20);
+    std::printf("a=%llx\nb=%llx\nc=%llx\nd=%llx\nmapped_mib=%d\n", a, b, c, d,
+                reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "fake_mapped_bytes"))());
+    rc |= cuMemFree_v2(a) | cuMemFree_v2(c) | cuMemFree_v2(d);
+    std::printf("rc=%d\nmapped_after=%d\nfake_alloc=%d\nfake_free=%d\nfake_sync=%d\n", rc,
+                reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "fake_mapped_bytes"))(), fake_calls("cuMemAlloc_v2"),
+                fake_calls("cuMemFree_v2"), fake_calls("cuCtxSynchronize"));
+    return 0;
+  }
   if (what == "wait") {
     // A job that stays: two allocations, then "ready", then it runs until its stdin closes.
     unsigned long long a = 0, b = 0;
@@ -130,6 +144,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|wait|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|next\n");
   return 2;
 }

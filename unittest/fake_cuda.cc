@@ -90,6 +90,77 @@ FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* p, IpcHandle h, unsign
   *p = 0x7e0000000000ull;
   return 0;
 }
+// Virtual memory management, checked as the driver would: a mapping must lie inside a reserved
+// range, at the granularity, over nothing mapped; an unmap must name a whole mapping. With
+// FAKE_CUDA_VA_MOVE=1 a reservation ignores the address asked for (someone else holds it).
+namespace {
+constexpr unsigned long long kGranule = 2ull << 20;
+std::map<unsigned long long, unsigned long long> reserved, mapped;  // start → size, under mu
+unsigned long long next_handle = 1;
+}  // namespace
+FAKE_EXPORT int cuCtxSynchronize() {
+  bump("cuCtxSynchronize");
+  return 0;
+}
+FAKE_EXPORT int cuMemGetAllocationGranularity(size_t* g, const void*, int) {
+  *g = kGranule;
+  return 0;
+}
+FAKE_EXPORT int cuMemAddressReserve(unsigned long long* p, size_t size, size_t, unsigned long long addr,
+                                    unsigned long long) {
+  bump("cuMemAddressReserve");
+  const char* move = std::getenv("FAKE_CUDA_VA_MOVE");
+  std::lock_guard<std::mutex> lk(mu);
+  *p = (move != nullptr && std::strcmp(move, "1") == 0) || addr == 0 ? 0x7a0000000000ull : addr;
+  reserved[*p] = size;
+  return 0;
+}
+FAKE_EXPORT int cuMemAddressFree(unsigned long long p, size_t) {
+  bump("cuMemAddressFree");
+  std::lock_guard<std::mutex> lk(mu);
+  return reserved.erase(p) == 1 ? 0 : 1;
+}
+FAKE_EXPORT int cuMemCreate(unsigned long long* h, size_t size, const void*, unsigned long long) {
+  bump("cuMemCreate");
+  if (size % kGranule != 0) return 1;
+  std::lock_guard<std::mutex> lk(mu);
+  *h = next_handle++;
+  return 0;
+}
+FAKE_EXPORT int cuMemRelease(unsigned long long) {
+  bump("cuMemRelease");
+  return 0;
+}
+FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned long long, unsigned long long) {
+  bump("cuMemMap");
+  std::lock_guard<std::mutex> lk(mu);
+  if (p % kGranule != 0 || size % kGranule != 0) return 1;
+  bool inside = false;
+  for (const auto& [at, n] : reserved) inside = inside || (p >= at && p + size <= at + n);
+  for (const auto& [at, n] : mapped)
+    if (p < at + n && at < p + size) return 1;  // overlaps a mapping
+  if (!inside) return 1;
+  mapped[p] = size;
+  return 0;
+}
+FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
+  bump("cuMemUnmap");
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = mapped.find(p);
+  if (it == mapped.end() || it->second != size) return 1;
+  mapped.erase(it);
+  return 0;
+}
+FAKE_EXPORT int cuMemSetAccess(unsigned long long, size_t, const void*, size_t count) {
+  bump("cuMemSetAccess");
+  return count == 1 ? 0 : 1;
+}
+FAKE_EXPORT int fake_mapped_bytes() {
+  std::lock_guard<std::mutex> lk(mu);
+  unsigned long long n = 0;
+  for (const auto& m : mapped) n += m.second;
+  return static_cast<int>(n >> 20);  // MiB
+}
 // Not a driver function: the RTLD_NEXT check of driver_hooks_test looks it up from the probe.
 FAKE_EXPORT int probe_symbol() { return 2; }
 

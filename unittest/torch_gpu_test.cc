@@ -69,6 +69,30 @@ TEST(TorchUnderPos, TrainingUnderPosRunPrintsExactlyWhatItPrintsNativelyAndEvery
   EXPECT_NE(c.find("\"devices\":[0],\"not_checkpointable\":[]"), std::string::npos) << c;
 }
 
+// With placement on, every cuMemAlloc of the job (PyTorch's caching allocator, cuBLAS's workspace,
+// cudart's own) is mapped by POS in its fixed range, and the job cannot tell.
+TEST(TorchUnderPos, WithPlacementOnDeviceMemoryAtPosAddressesTrainingPrintsExactlyWhatItPrintsNatively) {
+  const std::string args = "--steps 12 --layers 2 --dim 256";
+  int code = -1;
+  const std::string native = train("", args, &code);
+  ASSERT_EQ(code, 0) << native;
+  const std::string census = ::testing::TempDir() + "torch_place_census.json";
+  std::filesystem::remove(census);
+  const std::string under =
+      train("POS_DRIVER_PLACE=1 " + env("POS_RUN") + " run --census " + census + " -- ", args, &code);
+  ASSERT_EQ(code, 0) << under;
+  EXPECT_EQ(under, native);
+  std::ifstream f(census);
+  const std::string c((std::istreambuf_iterator<char>(f)), {});
+  const size_t at = c.find("\"placement\":");
+  ASSERT_NE(at, std::string::npos) << c;
+  const std::string placement = c.substr(at);
+  EXPECT_NE(placement.find("\"devices\":[0]"), std::string::npos) << c;
+  EXPECT_NE(placement.find("\"error\":\"\""), std::string::npos) << c;
+  EXPECT_EQ(json_number(placement, "placed"), json_number(c, "cuMemAlloc_v2")) << c;  // every one of them
+  EXPECT_GT(json_number(placement, "placed"), 0u) << c;
+}
+
 TEST(TorchUnderPos, ATorchCompileRunWorksUnderPosRunAndItsTritonKernelsAreSeen) {
   int code = -1;
   const std::string census = ::testing::TempDir() + "torch_compile_census.json";

@@ -19,10 +19,12 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/driver/driver_hooks.h"
+#include "remoting/driver/placement.h"
 
 #define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -50,6 +52,7 @@ struct Runtime {
   void* driver = nullptr;
   Resolver resolver;
   Census census;
+  std::unique_ptr<Placement> placement;             // device memory at POS's addresses (null: off)
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
   std::string job;  // POS_JOB_NAME, else the process's name
@@ -68,14 +71,23 @@ std::string job_name() {
   return pos::printable(s, 64);
 }
 
+// The census with what only the runtime knows: why the driver or the control socket is missing,
+// and where device memory was placed.
+std::string census_json(Runtime* rt) {
+  std::string text = rt->census.json(rt->driver_path);
+  if (!rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
+  if (rt->placement) text.insert(text.size() - 1, ",\"placement\":" + rt->placement->json());
+  if (!rt->control_error.empty()) text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
+  return text;
+}
+
 // pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object) and "ps-row" (one
 // line of pos-cli ps's table of in-process jobs).
 std::string answer(Runtime* rt, const std::string& cmd) {
   const Census::Memory m = rt->census.memory();
   if (cmd == "ps")
     return "{\"pid\":" + std::to_string(::getpid()) + ",\"uid\":" + std::to_string(::geteuid()) +
-           ",\"job\":" + pos::json_string(rt->job) + ",\"runtime\":\"driver\",\"census\":" +
-           rt->census.json(rt->driver_path) + "}";
+           ",\"job\":" + pos::json_string(rt->job) + ",\"runtime\":\"driver\",\"census\":" + census_json(rt) + "}";
   if (cmd == "ps-row") {
     std::string devices, blocked;
     for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
@@ -91,6 +103,32 @@ std::string answer(Runtime* rt, const std::string& cmd) {
 }
 
 std::array<void*, kHookCount> hook_addresses();
+
+// POS_DRIVER_PLACE=1: device allocations (cuMemAlloc) at POS's addresses, from POS_DRIVER_VA_BASE
+// (hex; default 0x200000000000), 1 TiB of address space per device. Off by default while it is new.
+std::unique_ptr<Placement> make_placement(void* driver) {
+  const char* on = std::getenv("POS_DRIVER_PLACE");
+  if (on == nullptr || std::strcmp(on, "1") != 0) return nullptr;
+  uint64_t base = 0x200000000000ull;
+  if (const char* b = std::getenv("POS_DRIVER_VA_BASE"); b != nullptr && *b != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(b, &end, 16);
+    if (end != nullptr && *end == '\0' && v != 0 && v % (1ull << 30) == 0) base = v;
+  }
+  VmmCalls c;
+  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  get(&c.ctx_get_device, "cuCtxGetDevice");
+  get(&c.reserve, "cuMemAddressReserve");
+  get(&c.address_free, "cuMemAddressFree");
+  get(&c.create, "cuMemCreate");
+  get(&c.release, "cuMemRelease");
+  get(&c.map, "cuMemMap");
+  get(&c.unmap, "cuMemUnmap");
+  get(&c.set_access, "cuMemSetAccess");
+  get(&c.granularity, "cuMemGetAllocationGranularity");
+  get(&c.synchronize, "cuCtxSynchronize");
+  return std::make_unique<Placement>(c, base, 1ull << 40);
+}
 
 std::atomic<Runtime*> g_runtime{nullptr};
 std::once_flag g_once;
@@ -117,6 +155,7 @@ Runtime* runtime() {
     }
     rt->resolver.set_real(real, hook_addresses());
     rt->job = job_name();
+    if (rt->driver != nullptr) rt->placement = make_placement(rt->driver);
     g_runtime.store(rt, std::memory_order_release);
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
     // one never fails the job: the census says why.
@@ -133,6 +172,25 @@ Runtime* runtime() {
 }
 
 #define POS_EXPAND(...) __VA_ARGS__
+
+// Before the driver: a hook that answers the call itself (device memory placed by POS) says so.
+template <HookId kId, typename... A>
+inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
+  if constexpr (kId == HookId::cuMemAlloc_v2) {
+    if (!rt->placement) return false;
+    auto t = std::make_tuple(a...);
+    bool placed = false;
+    *rc = rt->placement->alloc(std::get<0>(t), std::get<1>(t), &placed);
+    return placed;
+  } else if constexpr (kId == HookId::cuMemFree_v2) {
+    if (!rt->placement) return false;
+    bool ours = false;
+    *rc = rt->placement->free(std::get<0>(std::make_tuple(a...)), &ours);
+    return ours;
+  } else {
+    return false;
+  }
+}
 
 // After the driver answered a hooked call: what the hook learns from it.
 template <Role kRole, int kSizeIdx, typename... A>
@@ -162,7 +220,8 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::name)) : nullptr; \
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
-    R rc = real args;                                                                        \
+    R rc{};                                                                                  \
+    if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \
     learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \
     return rc;                                                                               \
   }
@@ -250,10 +309,7 @@ __attribute__((destructor)) void write_census() {
   Runtime* rt = g_runtime.load(std::memory_order_acquire);
   if (rt != nullptr && rt->control) rt->control->remove_socket();  // the job is ending: pos-cli stops seeing it
   if (where == nullptr || *where == '\0') return;
-  std::string text = rt != nullptr ? rt->census.json(rt->driver_path) : std::string("{\"driver\":null}");
-  if (rt != nullptr && !rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
-  if (rt != nullptr && !rt->control_error.empty())
-    text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
+  std::string text = rt != nullptr ? census_json(rt) : std::string("{\"driver\":null}");
   text += "\n";
   if (std::strcmp(where, "-") == 0) {
     (void)!::write(2, text.data(), text.size());

@@ -1,0 +1,168 @@
+// placement.cc — fixed device ranges, first-fit within them, VMM mappings per allocation.
+#include "remoting/driver/placement.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "pos/base/text.h"
+
+namespace pos::driver {
+
+namespace {
+constexpr CUresult kErrorOutOfMemory = 2;
+constexpr CUresult kErrorInvalidValue = 1;
+
+CUmemAllocationProp device_prop(int dev) {
+  CUmemAllocationProp p{};
+  p.type = 1;  // pinned device memory
+  p.location.type = 1;
+  p.location.id = dev;
+  return p;
+}
+}  // namespace
+
+Placement::Placement(const VmmCalls& calls, uint64_t base, uint64_t span) : calls_(calls), base_(base), span_(span) {}
+
+bool Placement::ready(int dev) {
+  Range& r = ranges_[dev];
+  if (r.tried) return r.ok;
+  r.tried = true;
+  const auto off = [&](const std::string& why) {
+    if (stats_.error.empty()) stats_.error = "device " + std::to_string(dev) + ": " + why;
+    return false;
+  };
+  if (!calls_.complete()) return off("the driver lacks a virtual memory call");
+  const CUmemAllocationProp prop = device_prop(dev);
+  size_t g = 0;
+  if (calls_.granularity(&g, &prop, 0) != kSuccess || g == 0 || span_ % g != 0)
+    return off("no allocation granularity");
+  const uint64_t want = base_ + static_cast<uint64_t>(dev) * span_;
+  CUdeviceptr got = 0;
+  if (calls_.reserve(&got, span_, g, want, 0) != kSuccess) return off("cannot reserve its range");
+  if (got != want) {
+    (void)calls_.address_free(got, span_);
+    return off("its range was reserved elsewhere than asked (the address is taken)");
+  }
+  r.ok = true;
+  r.base = want;
+  r.granule = g;
+  r.free.emplace(want, span_);
+  stats_.devices.push_back(dev);
+  return true;
+}
+
+uint64_t Placement::take(Range& r, uint64_t size) {
+  for (auto it = r.free.begin(); it != r.free.end(); ++it) {
+    if (it->second < size) continue;
+    const uint64_t at = it->first, left = it->second - size;
+    r.free.erase(it);
+    if (left > 0) r.free.emplace(at + size, left);
+    return at;
+  }
+  return 0;
+}
+
+void Placement::give(Range& r, uint64_t addr, uint64_t size) {
+  auto next = r.free.lower_bound(addr);
+  if (next != r.free.end() && addr + size == next->first) {  // joins the range after it
+    size += next->second;
+    next = r.free.erase(next);
+  }
+  if (next != r.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == addr) {  // joins the range before it
+      prev->second += size;
+      return;
+    }
+  }
+  r.free.emplace(addr, size);
+}
+
+CUresult Placement::alloc(CUdeviceptr* out, size_t bytes, bool* placed) {
+  *placed = false;
+  if (out == nullptr) return kErrorInvalidValue;
+  CUdevice dev = 0;
+  if (calls_.ctx_get_device == nullptr) return kSuccess;
+  if (const CUresult rc = calls_.ctx_get_device(&dev); rc != kSuccess) return rc;  // no context: as the driver says
+  if (dev < 0 || dev >= kMaxDevices) return kSuccess;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!ready(dev)) return kSuccess;
+  *placed = true;
+  Range& r = ranges_[dev];
+  if (bytes == 0) return kErrorInvalidValue;  // as cuMemAlloc answers a zero size
+  const uint64_t size = (static_cast<uint64_t>(bytes) + r.granule - 1) / r.granule * r.granule;
+  const uint64_t at = take(r, size);
+  if (at == 0) return kErrorOutOfMemory;
+  const CUmemAllocationProp prop = device_prop(dev);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult rc = calls_.create(&h, size, &prop, 0);
+  if (rc != kSuccess) {  // out of device memory, typically: the driver's answer
+    give(r, at, size);
+    return rc;
+  }
+  rc = calls_.map(at, size, 0, h, 0);
+  if (rc == kSuccess) {
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = 3;  // read-write
+    rc = calls_.set_access(at, size, &access, 1);
+    if (rc != kSuccess) (void)calls_.unmap(at, size);
+  }
+  if (rc != kSuccess) {
+    (void)calls_.release(h);
+    give(r, at, size);
+    return rc;
+  }
+  live_.emplace(at, Block{dev, size, h});
+  ++stats_.placed;
+  ++stats_.live;
+  stats_.live_bytes += size;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
+  *out = at;
+  return kSuccess;
+}
+
+CUresult Placement::free(CUdeviceptr p, bool* ours) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.find(p);
+  *ours = it != live_.end();
+  if (!*ours) return kSuccess;
+  const Block b = it->second;
+  // Like cuMemFree, which synchronizes: no work still running may use the memory once it goes.
+  CUresult rc = calls_.synchronize();
+  if (rc == kSuccess) rc = calls_.unmap(p, b.size);
+  if (rc != kSuccess) return rc;  // still mapped and ours: the caller may try again
+  (void)calls_.release(b.handle);
+  live_.erase(it);
+  give(ranges_[b.dev], p, b.size);
+  ++stats_.freed;
+  --stats_.live;
+  stats_.live_bytes -= b.size;
+  return kSuccess;
+}
+
+std::pair<uint64_t, uint64_t> Placement::find(uint64_t p) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.upper_bound(p);
+  if (it == live_.begin()) return {0, 0};
+  --it;
+  if (p >= it->first + it->second.size) return {0, 0};
+  return {it->first, it->second.size};
+}
+
+Placement::Stats Placement::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+std::string Placement::json() const {
+  const Stats s = stats();
+  std::string devices;
+  for (int d : s.devices) devices += (devices.empty() ? "" : ",") + std::to_string(d);
+  return "{\"base\":" + std::to_string(base_) + ",\"span\":" + std::to_string(span_) + ",\"devices\":[" + devices +
+         "],\"placed\":" + std::to_string(s.placed) + ",\"freed\":" + std::to_string(s.freed) +
+         ",\"live\":" + std::to_string(s.live) + ",\"live_bytes\":" + std::to_string(s.live_bytes) +
+         ",\"peak_bytes\":" + std::to_string(s.peak_bytes) + ",\"error\":" + json_string(s.error) + "}";
+}
+
+}  // namespace pos::driver

@@ -1,0 +1,109 @@
+// placement.h — device memory of an in-process job at addresses POS chooses: each device's
+// allocations live in one fixed virtual range (cuMemAddressReserve at a known base), backed by
+// cuMemCreate + cuMemMap + cuMemSetAccess, so that a restore can put every buffer back at the
+// address it had (docs/driver_runtime.md, "Placement").
+//
+// Device-neutral: the driver's VMM calls come in as function pointers, so tests drive it against a
+// fake driver. Thread-safe (one mutex: allocations are rare, PyTorch caches them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "remoting/driver/driver_api.h"
+
+namespace pos::driver {
+
+// The driver's ABI for the VMM calls (CUDA 13.0 cuda.h; checked against it in driver_abi_test).
+struct CUmemLocation {
+  int type;  // CUmemLocationType: 1 = device
+  int id;
+};
+struct CUmemAllocationProp {
+  int type;                  // CUmemAllocationType: 1 = pinned
+  int requestedHandleTypes;  // CUmemAllocationHandleType: 0 = none
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;  // CUmemAccess_flags: 3 = read-write
+};
+
+struct VmmCalls {
+  CUresult (*ctx_get_device)(CUdevice* dev) = nullptr;
+  CUresult (*reserve)(CUdeviceptr* p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) = nullptr;
+  CUresult (*address_free)(CUdeviceptr p, size_t size) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle h) = nullptr;
+  CUresult (*map)(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                  unsigned long long flags) = nullptr;
+  CUresult (*unmap)(CUdeviceptr p, size_t size) = nullptr;
+  CUresult (*set_access)(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) = nullptr;
+  CUresult (*granularity)(size_t* g, const CUmemAllocationProp* prop, int option) = nullptr;
+  CUresult (*synchronize)() = nullptr;  // cuCtxSynchronize: a free waits for the device, as cuMemFree does
+  bool complete() const {
+    return ctx_get_device && reserve && address_free && create && release && map && unmap && set_access &&
+           granularity && synchronize;
+  }
+};
+
+class Placement {
+ public:
+  // Device d's range is [base + d * span, + span); at most kMaxDevices devices.
+  static constexpr int kMaxDevices = 16;
+  Placement(const VmmCalls& calls, uint64_t base, uint64_t span);
+
+  // An allocation of `bytes` on the current context's device, at the lowest free address of its
+  // range (rounded up to the device's granularity). *placed false: placement is off for that
+  // device (its range could not be reserved where it must be, or the driver lacks a call) and the
+  // caller allocates through the driver as usual; the reason is in stats().error.
+  CUresult alloc(CUdeviceptr* out, size_t bytes, bool* placed);
+  // Frees `p` if it was placed here (*ours true; its range is reused); else leaves it to the caller.
+  CUresult free(CUdeviceptr p, bool* ours);
+  // The placed allocation containing `p`: its base and size, or {0, 0}.
+  std::pair<uint64_t, uint64_t> find(uint64_t p) const;
+
+  struct Stats {
+    uint64_t placed = 0, freed = 0, live = 0, live_bytes = 0, peak_bytes = 0;
+    std::vector<int> devices;  // devices with a reserved range
+    std::string error;         // why placement is off for a device, if it is
+  };
+  Stats stats() const;
+  // stats() as one JSON object (for the census).
+  std::string json() const;
+
+ private:
+  struct Range {
+    bool tried = false, ok = false;
+    uint64_t base = 0, granule = 0;
+    std::map<uint64_t, uint64_t> free;  // start → length, coalesced
+  };
+  struct Block {
+    int dev;
+    uint64_t size;  // rounded to the granule
+    CUmemGenericAllocationHandle handle;
+  };
+  bool ready(int dev);  // under mu_: the device's range reserved (tries once)
+  static uint64_t take(Range& r, uint64_t size);  // first fit; 0 when full
+  static void give(Range& r, uint64_t addr, uint64_t size);
+
+  const VmmCalls calls_;
+  const uint64_t base_, span_;
+  mutable std::mutex mu_;
+  Range ranges_[kMaxDevices];     // under mu_
+  std::map<uint64_t, Block> live_;  // under mu_: address → block
+  Stats stats_;                     // under mu_
+};
+
+}  // namespace pos::driver
