@@ -335,17 +335,6 @@ struct RunningProbe {
   }
 };
 
-std::string shell(const std::string& cmd, int* code) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = p != nullptr ? ::pclose(p) : -1;
-  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
 TEST_F(Preloaded, PosCliPsListsARunningJobThroughItsControlSocketAndForgetsItWhenItEnds) {
   const std::string dir = jobs_dir() + "-ps";
   std::filesystem::remove_all(dir);
@@ -372,12 +361,12 @@ TEST_F(Preloaded, PosCliPsListsARunningJobThroughItsControlSocketAndForgetsItWhe
   // pos-cli ps with no posd: the in-process job alone, in both forms.
   int code = -1;
   const std::string cli = env("POS_CLI") + " ps --socket " + dir + "/no-posd.sock --jobs-dir " + dir;
-  std::string out = shell(cli + " --json", &code);
+  std::string out = test::run_shell(cli + " --json", &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("{\"posd_error\":"), std::string::npos) << out;
   EXPECT_NE(out.find("\"inproc_jobs\":[{\"pid\":" + std::to_string(job.pid)), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(pos::job_socket_path(dir, dead)));
-  out = shell(cli, &code);
+  out = test::run_shell(cli, &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find(std::to_string(job.pid) + " "), std::string::npos) << out;
   EXPECT_NE(out.find("probe-job"), std::string::npos) << out;
@@ -386,7 +375,7 @@ TEST_F(Preloaded, PosCliPsListsARunningJobThroughItsControlSocketAndForgetsItWhe
   // The job ends: its socket goes with it, and ps has nothing left to show.
   EXPECT_EQ(job.stop(), 0);
   EXPECT_FALSE(std::filesystem::exists(sock));
-  (void)shell(cli, &code);
+  (void)test::run_shell(cli, &code);
   EXPECT_EQ(code, 1);
   std::filesystem::remove_all(dir);
 }

@@ -1,5 +1,5 @@
-// run_program.h — runs a built program through the shell for the workload tests and returns its
-// standard output; on failure its standard error is appended, so an assertion message says why.
+// run_program.h — runs a built program (or any command line) through the shell for the tests and
+// returns its standard output; on failure its standard error is appended, so an assertion says why.
 // Tests that check what the program reports on stderr get it whole through `err`.
 #pragma once
 
@@ -14,19 +14,11 @@
 
 namespace pos::test {
 
-// The program is named by environment variable `env_var` (meson sets it); `prefix` goes before it
-// on the command line (environment assignments). `err`, when given, receives all of stderr.
-inline std::string run_program(const char* env_var, const std::string& prefix, const std::vector<std::string>& args,
-                               int* exit_code, std::string* err = nullptr) {
+// Runs a shell command line; its stdout, with its stderr appended when it fails. `err`, when
+// given, receives all of stderr.
+inline std::string run_shell(std::string cmd, int* exit_code, std::string* err = nullptr) {
   *exit_code = -1;
-  const char* exe = std::getenv(env_var);
   if (err != nullptr) err->clear();
-  if (exe == nullptr) {
-    ADD_FAILURE() << env_var << " is not set (meson sets it)";
-    return {};
-  }
-  std::string cmd = prefix + exe;
-  for (const auto& a : args) cmd += " " + a;
   const std::string err_file = ::testing::TempDir() + "run_program_stderr.txt";
   cmd += " 2>" + err_file;
   FILE* p = popen(cmd.c_str(), "r");
@@ -48,6 +40,22 @@ inline std::string run_program(const char* env_var, const std::string& prefix, c
   if (*exit_code != 0) out += err_text;
   if (err != nullptr) *err = std::move(err_text);
   return out;
+}
+
+// The program is named by environment variable `env_var` (meson sets it); `prefix` goes before it
+// on the command line (environment assignments).
+inline std::string run_program(const char* env_var, const std::string& prefix, const std::vector<std::string>& args,
+                               int* exit_code, std::string* err = nullptr) {
+  *exit_code = -1;
+  if (err != nullptr) err->clear();
+  const char* exe = std::getenv(env_var);
+  if (exe == nullptr) {
+    ADD_FAILURE() << env_var << " is not set (meson sets it)";
+    return {};
+  }
+  std::string cmd = prefix + exe;
+  for (const auto& a : args) cmd += " " + a;
+  return run_shell(std::move(cmd), exit_code, err);
 }
 
 }  // namespace pos::test

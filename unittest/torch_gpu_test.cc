@@ -12,6 +12,8 @@
 #include <fstream>
 #include <string>
 
+#include "unittest/run_program.h"
+
 
 namespace {
 
@@ -24,20 +26,7 @@ std::string env(const char* name) {
 // python3 (PATH's: the GPU machine's has PyTorch) running torch_train.py with `args`, after
 // `prefix`; its stdout, with its stderr appended when it fails.
 std::string train(const std::string& prefix, const std::string& args, int* code) {
-  const std::string err = ::testing::TempDir() + "torch_train_stderr.txt";
-  FILE* p = popen((prefix + "python3 " + env("POS_TORCH_TRAIN") + " " + args + " 2>" + err).c_str(), "r");
-  std::string out;
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (*code != 0) {
-    std::ifstream f(err);
-    out += std::string(std::istreambuf_iterator<char>(f), {});
-  }
-  return out;
+  return pos::test::run_shell(prefix + "python3 " + env("POS_TORCH_TRAIN") + " " + args, code);
 }
 
 uint64_t json_number(const std::string& j, const std::string& key) {
@@ -137,13 +126,10 @@ TEST(TorchUnderPos, PosCliPsShowsATrainingJobWhileItRuns) {
     usleep(50000);
   }
   ASSERT_NE(seen.find("step 5 loss"), std::string::npos) << seen;
-  FILE* q = popen((env("POS_CLI") + " ps --json --socket " + dir + "/none.sock --jobs-dir " + dir + " 2>&1").c_str(), "r");
-  ASSERT_NE(q, nullptr);
-  std::string ps;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), q)) > 0) ps.append(buf, n);
-  EXPECT_EQ(pclose(q), 0) << ps;
+  int code = -1;
+  const std::string ps =
+      pos::test::run_shell(env("POS_CLI") + " ps --json --socket " + dir + "/none.sock --jobs-dir " + dir, &code);
+  EXPECT_EQ(code, 0) << ps;
   EXPECT_NE(ps.find("\"inproc_jobs\":[{\"pid\":" + std::to_string(pid) + ","), std::string::npos) << ps;
   EXPECT_NE(ps.find("\"job\":\"torch-train\""), std::string::npos) << ps;
   EXPECT_GT(json_number(ps, "cuLaunchKernel"), 0u) << ps;
