@@ -289,6 +289,20 @@ TEST_F(Preloaded, WhenItsRangeIsTakenPlacementStandsAsideAndTheDriverAllocatesAs
   EXPECT_NE(c.find("its range was reserved elsewhere than asked"), std::string::npos) << c;
 }
 
+TEST_F(Preloaded, AnUnusablePlacementSettingLeavesPlacementOffAndSaysWhy) {
+  for (const char* bad : {"POS_DRIVER_PLACE=yes", "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=zz",
+                          "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=300000000001",
+                          "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=900000000000"}) {
+    SCOPED_TRACE(bad);
+    auto m = probe("place", true, bad);
+    EXPECT_EQ(m["rc"], "0");
+    EXPECT_EQ(m["fake_alloc"], "4");  // the driver allocated, as without placement
+    const std::string c = census();
+    EXPECT_NE(c.find("\"placement_error\":\"POS_DRIVER_"), std::string::npos) << c;
+    EXPECT_EQ(c.find("\"placement\":{"), std::string::npos) << c;
+  }
+}
+
 // A probe that stays running ("wait") with the layer preloaded, until it is stopped.
 struct RunningProbe {
   pid_t pid = -1;

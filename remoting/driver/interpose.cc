@@ -12,6 +12,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,7 @@ struct Runtime {
   Resolver resolver;
   Census census;
   std::unique_ptr<Placement> placement;             // device memory at POS's addresses (null: off)
+  std::string placement_error;                      // why placement is off although asked for
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
   std::string job;  // POS_JOB_NAME, else the process's name
@@ -77,6 +79,8 @@ std::string census_json(Runtime* rt) {
   std::string text = rt->census.json(rt->driver_path);
   if (!rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
   if (rt->placement) text.insert(text.size() - 1, ",\"placement\":" + rt->placement->json());
+  if (!rt->placement_error.empty())
+    text.insert(text.size() - 1, ",\"placement_error\":" + pos::json_string(rt->placement_error));
   if (!rt->control_error.empty()) text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
   return text;
 }
@@ -106,14 +110,26 @@ std::array<void*, kHookCount> hook_addresses();
 
 // POS_DRIVER_PLACE=1: device allocations (cuMemAlloc) at POS's addresses, from POS_DRIVER_VA_BASE
 // (hex; default 0x200000000000), 1 TiB of address space per device. Off by default while it is new.
-std::unique_ptr<Placement> make_placement(void* driver) {
+// A value it cannot use leaves placement off and says why in *error (the job runs on).
+std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
   const char* on = std::getenv("POS_DRIVER_PLACE");
-  if (on == nullptr || std::strcmp(on, "1") != 0) return nullptr;
+  if (on == nullptr || *on == '\0' || std::strcmp(on, "0") == 0) return nullptr;
+  if (std::strcmp(on, "1") != 0) {
+    *error = "POS_DRIVER_PLACE must be 0 or 1, not '" + pos::printable(on, 32) + "': placement is off";
+    return nullptr;
+  }
   uint64_t base = 0x200000000000ull;
   if (const char* b = std::getenv("POS_DRIVER_VA_BASE"); b != nullptr && *b != '\0') {
     char* end = nullptr;
+    errno = 0;
     const unsigned long long v = std::strtoull(b, &end, 16);
-    if (end != nullptr && *end == '\0' && v != 0 && v % (1ull << 30) == 0) base = v;
+    constexpr uint64_t kUserTop = 1ull << 47;  // the x86-64 user address space
+    if (errno != 0 || end == b || *end != '\0' || v == 0 || v % (1ull << 30) != 0 || v >= kUserTop) {
+      *error = "POS_DRIVER_VA_BASE must be a hex address, a multiple of 1 GiB below 0x800000000000, not '" +
+               pos::printable(b, 32) + "': placement is off";
+      return nullptr;
+    }
+    base = v;
   }
   VmmCalls c;
   const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
@@ -155,7 +171,7 @@ Runtime* runtime() {
     }
     rt->resolver.set_real(real, hook_addresses());
     rt->job = job_name();
-    if (rt->driver != nullptr) rt->placement = make_placement(rt->driver);
+    if (rt->driver != nullptr) rt->placement = make_placement(rt->driver, &rt->placement_error);
     g_runtime.store(rt, std::memory_order_release);
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
     // one never fails the job: the census says why.
