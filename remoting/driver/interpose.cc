@@ -172,9 +172,9 @@ Runtime* runtime() {
     rt->resolver.set_real(real, hook_addresses());
     rt->job = job_name();
     if (rt->driver != nullptr) rt->placement = make_placement(rt->driver, &rt->placement_error);
-    g_runtime.store(rt, std::memory_order_release);
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
-    // one never fails the job: the census says why.
+    // one never fails the job: the census says why. Its answers read the runtime only through
+    // thread-safe parts (census, placement) and fields set before it starts.
     const char* ctl = std::getenv("POS_CONTROL");
     if (rt->driver != nullptr && (ctl == nullptr || std::strcmp(ctl, "0") != 0)) {
       auto server = pos::JobControlServer::start(pos::default_jobs_dir(),
@@ -182,6 +182,7 @@ Runtime* runtime() {
       if (server.ok()) rt->control = std::move(*server);
       else rt->control_error = server.status().message();
     }
+    g_runtime.store(rt, std::memory_order_release);  // complete before any other thread sees it
     t_starting = false;
   });
   return g_runtime.load(std::memory_order_acquire);
