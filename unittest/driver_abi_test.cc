@@ -10,8 +10,12 @@
 // rename the hook table's entries too.
 #include "remoting/driver/driver_api.h"
 #include "remoting/driver/placement.h"
-// Then the toolkit's.
+// Then the toolkit's, declaring every versioned export by its own name (cuMemAlloc_v2,
+// cuLaunchKernel_ptsz, cuGetProcAddress and cuGetProcAddress_v2), as the driver exports them.
+#define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+
+#include <type_traits>
 
 namespace d = pos::driver;
 
@@ -38,6 +42,31 @@ static_assert(d::kSuccess == CUDA_SUCCESS && d::kErrorNotInitialized == CUDA_ERR
 static_assert(d::kProcAddressPerThread == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
 static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == 1 && CU_MEM_LOCATION_TYPE_DEVICE == 1 &&
               CU_MEM_ACCESS_FLAGS_PROT_READWRITE == 3 && CU_MEM_ALLOC_GRANULARITY_MINIMUM == 0);
+
+// Every hook's signature against cuda.h's declaration of the export it stands in for: the same
+// number of parameters, and each parameter and the result passed alike (same size; pointer,
+// integer/enum or struct alike). The layer spells handles as void* and enums as int: same ABI.
+namespace pos::driver {
+template <typename A, typename B>
+constexpr bool same_arg() {
+  if constexpr (std::is_pointer_v<A> || std::is_pointer_v<B>) return std::is_pointer_v<A> && std::is_pointer_v<B>;
+  else if constexpr (std::is_class_v<A> || std::is_class_v<B>) return std::is_class_v<A> && std::is_class_v<B> && sizeof(A) == sizeof(B);
+  else return sizeof(A) == sizeof(B) && (std::is_integral_v<A> || std::is_enum_v<A>) == (std::is_integral_v<B> || std::is_enum_v<B>);
+}
+template <typename F, typename G>
+struct SameAbi;
+template <typename R1, typename... A1, typename R2, typename... A2>
+struct SameAbi<R1 (*)(A1...), R2 (*)(A2...)> {
+  static constexpr bool check() {
+    if constexpr (sizeof...(A1) != sizeof...(A2)) return false;
+    else return same_arg<R1, R2>() && (same_arg<A1, A2>() && ...);
+  }
+};
+#define POS_ABI_CHECK(name, base, per_thread, min_version, role, R, params, args, size_idx) \
+  static_assert(SameAbi<R(*) params, decltype(&::name)>::check(), #name ": the hook's signature is not cuda.h's");
+POS_DRIVER_HOOKS(POS_ABI_CHECK)
+#undef POS_ABI_CHECK
+}  // namespace pos::driver
 
 TEST(DriverAbi, TheLayersStructsAndConstantsAreTheDriversAsCudaHDeclaresThem) {
   d::CUmemAllocationProp p{};
