@@ -17,6 +17,9 @@
 #ifndef POS_DRIVER_LIB_PATH
 #define POS_DRIVER_LIB_PATH "libpos_driver.so"
 #endif
+#ifndef POS_DRIVER_LIB_INSTALLED
+#define POS_DRIVER_LIB_INSTALLED "/usr/local/lib/libpos_driver.so"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"pos: run unmodified CUDA programs under POS (docs/driver_runtime.md)", "pos"};
@@ -66,9 +69,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pos run: no command given: pos run [--census FILE] [--] CMD ARGS...\n");
     return 2;
   }
-  // The layer goes first in LD_PRELOAD, so its exports come before every other library's.
+  // The layer goes first in LD_PRELOAD, so its exports come before every other library's. Named by
+  // POS_DRIVER_LIB, it must be there; else the build's copy, else the installed one.
   const char* lib_env = std::getenv("POS_DRIVER_LIB");
-  const std::string lib = (lib_env != nullptr && *lib_env != '\0') ? lib_env : POS_DRIVER_LIB_PATH;
+  std::string lib = (lib_env != nullptr && *lib_env != '\0') ? lib_env : POS_DRIVER_LIB_PATH;
+  if (::access(lib.c_str(), R_OK) != 0 && (lib_env == nullptr || *lib_env == '\0') &&
+      ::access(POS_DRIVER_LIB_INSTALLED, R_OK) == 0)
+    lib = POS_DRIVER_LIB_INSTALLED;
   if (::access(lib.c_str(), R_OK) != 0) {
     std::fprintf(stderr, "pos run: cannot read the driver layer %s: %s (set POS_DRIVER_LIB)\n", lib.c_str(),
                  std::strerror(errno));

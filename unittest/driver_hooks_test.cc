@@ -433,6 +433,10 @@ TEST(PosRun, HelpSucceedsAndAMissingCommandOrAnUnknownOneIsNamed) {
   (void)test::run_program("POS_RUN", "", {"run", "--bogus-option", "true"}, &code, &err);
   EXPECT_EQ(code, 2);
   EXPECT_NE(err.find("--bogus-option"), std::string::npos) << err;
+  (void)test::run_program("POS_RUN", "POS_DRIVER_LIB=/nonexistent/libpos_driver.so ", {"run", "--", "true"}, &code,
+                          &err);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("/nonexistent/libpos_driver.so"), std::string::npos) << err;
   (void)test::run_program("POS_RUN", "", {"run", "--", "/nonexistent/program"}, &code, &err);
   EXPECT_EQ(code, 127);
   EXPECT_NE(err.find("/nonexistent/program"), std::string::npos) << err;
