@@ -242,6 +242,15 @@ TEST_F(Preloaded, WhatPosCannotCheckpointYetIsNamedInTheCensus) {
   EXPECT_NE(census().find("\"devices\":[],\"not_checkpointable\":[]"), std::string::npos) << census();
 }
 
+TEST_F(Preloaded, NamesThatOnlyLookLikeTheDriversNeitherLoadItNorStartTheRuntime) {
+  const std::string dir = jobs_dir() + "-other";
+  std::filesystem::remove_all(dir);
+  auto m = probe("other", true, "POS_JOBS_DIR=" + dir);
+  EXPECT_EQ(m["found"], "0");
+  EXPECT_EQ(census(), "{\"driver\":null}\n");  // no runtime was made
+  EXPECT_FALSE(std::filesystem::exists(dir));   // so no control socket either
+}
+
 TEST_F(Preloaded, DlsymWithRtldNextStillSearchesAfterTheCaller) {
   // The fake preloaded ahead of libpos_driver: RTLD_NEXT from the probe finds the fake's
   // probe_symbol; resolved relative to libpos_driver instead, it would find none.

@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|features|place|wait|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|place|wait|other|next   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -137,6 +137,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (what == "other") {
+    // A program that looks up names that only look like the driver's, and never uses it.
+    const bool found = dlsym(RTLD_DEFAULT, "curl_easy_init") != nullptr || dlsym(RTLD_DEFAULT, "cudaMalloc") != nullptr ||
+                       dlsym(RTLD_DEFAULT, "cu") != nullptr;
+    std::printf("found=%d\n", found ? 1 : 0);
+    return 0;
+  }
   if (what == "next") {
     // The next definition after this program in the search order: with the fake preloaded ahead
     // of libpos_driver, the fake's (2), whatever libpos_driver does to dlsym.
@@ -144,6 +151,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|other|next\n");
   return 2;
 }

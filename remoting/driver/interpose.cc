@@ -314,7 +314,10 @@ __attribute__((noinline)) void* cu_dlsym(void* handle, const char* name) noexcep
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
 POS_DRIVER_EXPORT void* dlsym(void* handle, const char* name) noexcept {
-  if (name != nullptr && name[0] == 'c' && name[1] == 'u') return cu_dlsym(handle, name);
+  // Driver API names are "cu" and a capital (cuInit, cuMemAlloc_v2); cuda*, cublas*, curl_* are not,
+  // and must not load the driver into a process that never asked for it.
+  if (name != nullptr && name[0] == 'c' && name[1] == 'u' && name[2] >= 'A' && name[2] <= 'Z')
+    return cu_dlsym(handle, name);
   return real_dlsym()(handle, name);
 }
 #pragma GCC diagnostic pop
