@@ -141,15 +141,6 @@ CUresult Placement::free(CUdeviceptr p, bool* ours) {
   return kSuccess;
 }
 
-std::pair<uint64_t, uint64_t> Placement::find(uint64_t p) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = live_.upper_bound(p);
-  if (it == live_.begin()) return {0, 0};
-  --it;
-  if (p >= it->first + it->second.size) return {0, 0};
-  return {it->first, it->second.size};
-}
-
 Placement::Stats Placement::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_;

@@ -71,8 +71,6 @@ class Placement {
   CUresult alloc(CUdeviceptr* out, size_t bytes, bool* placed);
   // Frees `p` if it was placed here (*ours true; its range is reused); else leaves it to the caller.
   CUresult free(CUdeviceptr p, bool* ours);
-  // The placed allocation containing `p`: its base and size, or {0, 0}.
-  std::pair<uint64_t, uint64_t> find(uint64_t p) const;
 
   struct Stats {
     uint64_t placed = 0, freed = 0, live = 0, live_bytes = 0, peak_bytes = 0;
