@@ -84,7 +84,10 @@ int main(int argc, char** argv) {
   const char* old = std::getenv("LD_PRELOAD");
   const std::string preload = (old != nullptr && *old != '\0') ? lib + ":" + old : lib;
   if (::setenv("LD_PRELOAD", preload.c_str(), 1) != 0 ||
-      (!census.empty() && ::setenv("POS_DRIVER_CENSUS", census.c_str(), 1) != 0)) {
+      (!census.empty() && ::setenv("POS_DRIVER_CENSUS", census.c_str(), 1) != 0) ||
+      // Device memory at POS's addresses, which a dump needs (docs/driver_runtime.md): on under
+      // pos run unless the environment says otherwise (POS_DRIVER_PLACE=0).
+      ::setenv("POS_DRIVER_PLACE", "1", 0) != 0) {
     std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
     return 1;
   }

@@ -3,6 +3,7 @@
 // libpos_driver.so preloaded into a probe program whose "driver" is a fake (fake_cuda.cc), reached
 // by direct linking, dlopen + dlsym and cuGetProcAddress, and `pos run` starting it.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "remoting/common/job_control.h"
+#include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
 #include "unittest/run_program.h"
 
@@ -317,7 +319,8 @@ struct RunningProbe {
   pid_t pid = -1;
   int in = -1;  // its stdin: closing it ends the probe
   FILE* out = nullptr;
-  explicit RunningProbe(const std::string& jobs_dir) {
+  explicit RunningProbe(const std::string& jobs_dir, const char* mode = "wait",
+                        std::vector<std::pair<std::string, std::string>> extra_env = {}) {
     int to[2], from[2];
     if (::pipe(to) != 0 || ::pipe(from) != 0) return;
     pid = ::fork();
@@ -330,8 +333,9 @@ struct RunningProbe {
       ::setenv("POS_REAL_LIBCUDA", env("POS_FAKE_CUDA").c_str(), 1);
       ::setenv("POS_JOBS_DIR", jobs_dir.c_str(), 1);
       ::setenv("POS_JOB_NAME", "probe-job", 1);
+      for (const auto& [k, v] : extra_env) ::setenv(k.c_str(), v.c_str(), 1);
       const std::string probe = env("POS_DRIVER_PROBE");
-      ::execl(probe.c_str(), probe.c_str(), "wait", static_cast<char*>(nullptr));
+      ::execl(probe.c_str(), probe.c_str(), mode, static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(to[0]);
@@ -345,6 +349,14 @@ struct RunningProbe {
       if (std::string(line) == "ready\n") return true;
     return false;
   }
+  // Its next output line, if one comes within `ms`; else empty.
+  std::string line_within(int ms) {
+    pollfd p{::fileno(out), POLLIN, 0};
+    if (out == nullptr || ::poll(&p, 1, ms) != 1) return "";
+    char line[256];
+    return std::fgets(line, sizeof(line), out) != nullptr ? line : "";
+  }
+  void say(const std::string& text) { (void)!::write(in, text.data(), text.size()); }
   int stop() {
     if (in >= 0) ::close(std::exchange(in, -1));
     int st = -1;
@@ -401,6 +413,123 @@ TEST_F(Preloaded, PosCliPsListsARunningJobThroughItsControlSocketAndForgetsItWhe
   (void)test::run_shell(cli, &code);
   EXPECT_EQ(code, 1);
   std::filesystem::remove_all(dir);
+}
+
+// ---- dump and resume of a job's device memory (the in-process half of pos-cli dump) ----
+
+TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSameBytesBack) {
+  const std::string dir = jobs_dir() + "-dump", img = dir + "-img";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(img);
+  std::filesystem::create_directories(img);
+  RunningProbe job(dir, "memory", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  job.say("check\n");
+  EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  auto saved = pos::ask_job(sock, "dump-save " + img, 10000);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  EXPECT_NE(saved->find("\"ok\":true,\"bytes\":10485760,\"regions\":2,"), std::string::npos) << *saved;  // 4 + 6 MiB
+  auto table = read_region_table(img);
+  ASSERT_TRUE(table.ok()) << table.status().to_string();
+  ASSERT_EQ(table->regions.size(), 2u);
+  EXPECT_EQ(table->regions[0].addr, 0x200000000000ull);
+  EXPECT_EQ(table->regions[1].addr, 0x200000400000ull);
+  EXPECT_EQ(std::filesystem::file_size(img + "/memory.bin"), 10485760u);
+  // The job's next driver call waits while the dump holds its memory; ps is still answered.
+  job.say("check\n");
+  EXPECT_EQ(job.line_within(300), "");
+  auto ps = pos::ask_job(sock, "ps");
+  EXPECT_TRUE(ps.ok()) << ps.status().to_string();
+  auto again = pos::ask_job(sock, "dump-save " + img, 10000);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->find("a dump holds this job already"), std::string::npos) << *again;
+  // A damaged image is refused by its checksum and the job stays held; the good one resumes it.
+  {
+    std::fstream f(img + "/memory.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5 << 20);
+    f.put('\x5a');
+  }
+  auto bad = pos::ask_job(sock, "dump-resume " + img, 10000);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(bad->find("fails its checksum"), std::string::npos) << *bad;
+  EXPECT_EQ(job.line_within(200), "");
+  {
+    std::fstream f(img + "/memory.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5 << 20);
+    f.put(static_cast<char>(((5 << 20) - (4 << 20)) * 13 + 5));  // the pattern's byte there (b's)
+  }
+  auto resumed = pos::ask_job(sock, "dump-resume " + img, 10000);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_NE(resumed->find("\"ok\":true,\"bytes\":10485760"), std::string::npos) << *resumed;
+  EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");  // the held call ran, on the same bytes
+  auto twice = pos::ask_job(sock, "dump-resume", 10000);
+  ASSERT_TRUE(twice.ok());
+  EXPECT_NE(twice->find("nothing to resume"), std::string::npos) << *twice;
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(img);
+}
+
+TEST_F(Preloaded, ADumpOfAJobWhoseMemoryPosDidNotPlaceIsRefusedByNameAndTheJobRunsOn) {
+  const std::string dir = jobs_dir() + "-noplace", img = dir + "-img";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(img);
+  RunningProbe job(dir, "memory", {{"POS_DRIVER_PLACE", "0"}});
+  ASSERT_TRUE(job.ready());
+  auto r = pos::ask_job(pos::job_socket_path(dir, job.pid), "dump-save " + img, 10000);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->find("\"ok\":false,\"error\":\"this job cannot be dumped: device memory is not placed by POS"),
+            std::string::npos)
+      << *r;
+  EXPECT_FALSE(std::filesystem::exists(img + "/memory.bin"));
+  auto rel = pos::ask_job(pos::job_socket_path(dir, job.pid), "dump-save relative/dir", 10000);
+  ASSERT_TRUE(rel.ok());
+  EXPECT_NE(rel->find("\"ok\":false"), std::string::npos) << *rel;
+  // Not held: its next call runs at once (the fake driver's own allocations are not backed, so
+  // only that it answers is checked here).
+  job.say("check\n");
+  EXPECT_NE(job.line_within(5000).rfind("rc=", 0), std::string::npos);
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(img);
+}
+
+TEST(DriverDeviceImage, ARegionTableReadsBackAsWrittenAndEveryDamageIsNamed) {
+  RegionTable t;
+  t.chunk = 8192;
+  t.regions.push_back(SavedRegion{0, 0x200000000000ull, 16384, 0, {0x1234abcd, 0x0}});
+  t.regions.push_back(SavedRegion{0, 0x200000200000ull, 4096, 16384, {0xffffffff}});
+  const std::string text = region_table_text(t);
+  auto back = parse_region_table(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_EQ(back->regions.size(), 2u);
+  EXPECT_EQ(back->regions[1].addr, 0x200000200000ull);
+  EXPECT_EQ(back->regions[0].crcs, (std::vector<uint32_t>{0x1234abcd, 0x0}));
+  EXPECT_EQ(back->bytes(), 20480u);
+  EXPECT_EQ(region_table_text(*back), text);
+  const auto damaged = [&](size_t at, char c) {
+    std::string d = text;
+    d[at] = c;
+    return parse_region_table(d).status();
+  };
+  for (size_t i = 0; i < text.size(); i += 7) {  // any byte changed: refused (the checksum, if nothing else)
+    if (text[i] == '\n') continue;
+    const Status st = damaged(i, text[i] == '1' ? '2' : '1');
+    EXPECT_EQ(st.code(), Code::kCorrupt) << "byte " << i;
+  }
+  EXPECT_EQ(parse_region_table("").status().code(), Code::kCorrupt);
+  EXPECT_EQ(parse_region_table(text.substr(0, text.size() - 1)).status().code(), Code::kCorrupt);
+  // Regions out of order, or bytes not where they should be, are named even with a right checksum.
+  RegionTable o = t;
+  std::swap(o.regions[0].addr, o.regions[1].addr);
+  EXPECT_NE(parse_region_table(region_table_text(o)).status().message().find("out of order"), std::string::npos);
+  RegionTable g = t;
+  g.regions[1].offset = 20000;
+  EXPECT_NE(parse_region_table(region_table_text(g)).status().message().find("not where"), std::string::npos);
+  RegionTable c = t;
+  c.regions[0].crcs.pop_back();
+  EXPECT_NE(parse_region_table(region_table_text(c)).status().message().find("one checksum per chunk"), std::string::npos);
 }
 
 TEST_F(Preloaded, WithPosControlOffTheJobMakesNoSocket) {

@@ -137,6 +137,30 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (what == "memory") {
+    // A job whose device memory a dump saves and a resume loads: two placed allocations filled
+    // with a pattern, "ready"; then per stdin line, the bytes read back (a hooked copy, which waits
+    // at the gate while a dump holds the memory) and "same=1" if they are the pattern. EOF ends it.
+    unsigned long long a = 0, b = 0;
+    const size_t na = 3 << 20, nb = 5 << 20;
+    int rc = cuMemAlloc_v2(&a, na) | cuMemAlloc_v2(&b, nb);
+    auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(dlsym(RTLD_DEFAULT, "cuMemcpyHtoD_v2"));
+    auto dtoh = reinterpret_cast<int (*)(void*, unsigned long long, size_t)>(dlsym(RTLD_DEFAULT, "cuMemcpyDtoH_v2"));
+    std::string pa(na, '\0'), pb(nb, '\0'), back;
+    for (size_t i = 0; i < na; ++i) pa[i] = static_cast<char>(i * 7 + 1);
+    for (size_t i = 0; i < nb; ++i) pb[i] = static_cast<char>(i * 13 + 5);
+    rc |= htod(a, pa.data(), na) | htod(b, pb.data(), nb);
+    std::printf("rc=%d\nready\n", rc);
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      std::string ra(na, '\0'), rb(nb, '\0');
+      const int r = dtoh(ra.data(), a, na) | dtoh(rb.data(), b, nb);
+      std::printf("rc=%d same=%d\n", r, ra == pa && rb == pb ? 1 : 0);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   if (what == "other") {
     // A program that looks up names that only look like the driver's, and never uses it.
     const bool found = dlsym(RTLD_DEFAULT, "curl_easy_init") != nullptr || dlsym(RTLD_DEFAULT, "cudaMalloc") != nullptr ||
@@ -151,6 +175,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|other|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|memory|other|next\n");
   return 2;
 }

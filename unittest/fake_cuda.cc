@@ -5,6 +5,8 @@
 // from one that did not. cuGetProcAddress answers as the real driver does (base name + version +
 // per-thread flag → versioned function); with FAKE_CUDA_INDIRECT=1 it hands out internal copies
 // instead of the exported functions, as a driver may, to exercise the hooks' name-based matching.
+#include <sys/mman.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -140,6 +142,14 @@ FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned lon
   for (const auto& [at, n] : mapped)
     if (p < at + n && at < p + size) return 1;  // overlaps a mapping
   if (!inside) return 1;
+  // Backed by host memory at the very address, so that copies through it are plain memcpy and a
+  // test can see bytes survive an unmap and a remap (new memory: zeros until loaded).
+  void* at = ::mmap(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (at != reinterpret_cast<void*>(p)) {
+    if (at != MAP_FAILED) ::munmap(at, size);
+    return 2;  // out of memory, as the driver would say
+  }
   mapped[p] = size;
   return 0;
 }
@@ -148,9 +158,52 @@ FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
   std::lock_guard<std::mutex> lk(mu);
   auto it = mapped.find(p);
   if (it == mapped.end() || it->second != size) return 1;
+  ::munmap(reinterpret_cast<void*>(p), size);
   mapped.erase(it);
   return 0;
 }
+namespace {
+// A copy touching device memory must lie inside one mapping (else CUDA_ERROR_INVALID_VALUE, as a
+// copy to memory that was unmapped would fail on a GPU).
+bool in_mapping(unsigned long long p, size_t n) {
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = mapped.upper_bound(p);
+  if (it == mapped.begin()) return false;
+  --it;
+  return p + n <= it->first + it->second;
+}
+}  // namespace
+FAKE_EXPORT int cuCtxSetCurrent(void*) { return 0; }
+FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+FAKE_EXPORT int cuStreamCreate(void** s, unsigned) {
+  *s = reinterpret_cast<void*>(0x5);
+  return 0;
+}
+FAKE_EXPORT int cuStreamDestroy_v2(void*) { return 0; }
+FAKE_EXPORT int cuStreamSynchronize(void*) { return 0; }
+FAKE_EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned) {
+  bump("cuMemHostAlloc");
+  *p = std::malloc(n);
+  return *p != nullptr ? 0 : 2;
+}
+FAKE_EXPORT int cuMemFreeHost(void* p) {
+  std::free(p);
+  return 0;
+}
+FAKE_EXPORT int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t n, void*) {
+  bump("cuMemcpyDtoHAsync_v2");
+  if (!in_mapping(src, n)) return 1;
+  std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+  return 0;
+}
+FAKE_EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t n, void*) {
+  bump("cuMemcpyHtoDAsync_v2");
+  if (!in_mapping(dst, n)) return 1;
+  std::memcpy(reinterpret_cast<void*>(dst), src, n);
+  return 0;
+}
+FAKE_EXPORT int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t n) { return cuMemcpyDtoHAsync_v2(dst, src, n, nullptr); }
+FAKE_EXPORT int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t n) { return cuMemcpyHtoDAsync_v2(dst, src, n, nullptr); }
 FAKE_EXPORT int cuMemSetAccess(unsigned long long, size_t, const void*, size_t count) {
   bump("cuMemSetAccess");
   return count == 1 ? 0 : 1;

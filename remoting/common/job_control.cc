@@ -25,7 +25,7 @@ namespace pos {
 
 namespace {
 
-constexpr size_t kMaxCommand = 64;
+constexpr size_t kMaxCommand = 4200;  // "dump-save " and a path (PATH_MAX)
 constexpr size_t kMaxAnswer = 4u << 20;  // a census of thousands of symbols is well under this
 
 Status fill_address(const std::string& path, sockaddr_un* a) {

@@ -4,7 +4,7 @@
 //
 // A job listens on JOBS_DIR/<pid>.sock (JOBS_DIR: $POS_JOBS_DIR, else posd's private socket
 // directory + "-jobs", e.g. /run/pos-jobs for root; made 0700). A client connects, writes one command line ("ps\n",
-// "ps-row\n"; at most 64 bytes), and reads the answer until the job closes. Only the job's own uid
+// "ps-row\n", "dump-save DIR\n"; at most 4200 bytes), and reads the answer until the job closes. Only the job's own uid
 // or root is answered (SO_PEERCRED), on top of the directory being private (docs/driver_runtime.md).
 #pragma once
 

@@ -8,10 +8,12 @@
 // real driver's export; what it knows (device allocations today) goes to the census. Everything
 // not hooked is the driver's own function, so it costs nothing.
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -22,8 +24,10 @@
 #include <tuple>
 #include <type_traits>
 
+#include "pos/base/gate.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
 #include "remoting/driver/placement.h"
 
@@ -58,6 +62,35 @@ struct Runtime {
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
   std::string job;  // POS_JOB_NAME, else the process's name
+  // The job's driver work passes this gate (every hook but cuGetProcAddress); a dump closes it so
+  // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
+  pos::Gate gate;
+  CopyCalls copy;  // the real driver's, for saving and loading device memory
+  std::mutex dump_mu;
+  bool saved = false;     // under dump_mu: memory saved and unmapped, the gate closed
+  std::string saved_dir;  // under dump_mu
+  int saved_dev = 0;      // under dump_mu
+};
+
+// The hook depth of this thread: a driver that calls its own exports (through the preload's
+// symbols) re-enters the hooks, and an inner call must not wait at a gate its outer call holds.
+thread_local int t_hook_depth = 0;
+
+// A hook's passage through the gate: waits while a dump holds the job's device memory.
+class GatePass {
+ public:
+  explicit GatePass(pos::Gate& g) : gate_(t_hook_depth++ == 0 ? &g : nullptr) {
+    if (gate_ != nullptr) gate_->enter(0);
+  }
+  ~GatePass() {
+    --t_hook_depth;
+    if (gate_ != nullptr) gate_->leave();
+  }
+  GatePass(const GatePass&) = delete;
+  GatePass& operator=(const GatePass&) = delete;
+
+ private:
+  pos::Gate* gate_;
 };
 
 // The job's name as ps shows it: POS_JOB_NAME, else /proc/self/comm.
@@ -85,9 +118,141 @@ std::string census_json(Runtime* rt) {
   return text;
 }
 
-// pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object) and "ps-row" (one
-// line of pos-cli ps's table of in-process jobs).
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string dump_error(const std::string& why) { return "{\"ok\":false,\"error\":" + pos::json_string(why) + "}"; }
+
+std::vector<SavedRegion> placed_regions(const Placement& p) {
+  std::vector<SavedRegion> out;
+  for (const Placement::Region& r : p.regions()) out.push_back(SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  return out;
+}
+
+// Why this job cannot be dumped now, or empty: what the census names, device memory that POS did
+// not place (so cannot unmap and put back), memory the job maps itself, several devices.
+std::string dump_blockers(Runtime* rt) {
+  std::string why;
+  const auto add = [&](const std::string& w) { why += (why.empty() ? "" : "; ") + w; };
+  for (const std::string& w : rt->census.not_checkpointable()) add(w);
+  if (!rt->placement) {
+    add(rt->placement_error.empty() ? "device memory is not placed by POS (POS_DRIVER_PLACE=0)" : rt->placement_error);
+  } else {
+    const Placement::Stats ps = rt->placement->stats();
+    if (!ps.error.empty()) add("placement is off: " + ps.error);
+    const Census::Memory m = rt->census.memory();
+    if (m.live > ps.live)
+      add(std::to_string(m.live - ps.live) + " device allocation(s) outside POS's range (cuMemAllocAsync, memory pools " +
+          "or cuMemAllocManaged)");
+  }
+  const uint64_t created = rt->census.calls(HookId::cuMemCreate), released = rt->census.calls(HookId::cuMemRelease);
+  if (created > released)
+    add("device memory the job maps itself (cuMemCreate: PyTorch's expandable_segments)");
+  if (!rt->copy.complete()) add("the driver lacks a call POS copies device memory with");
+  return why;
+}
+
+// A directory the job may write its device memory to: absolute, printable, an existing directory.
+std::string check_dir(const std::string& dir) {
+  if (dir.empty() || dir[0] != '/' || pos::printable(dir) != dir) return "the image directory must be an absolute, printable path";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir + " is no directory";
+  return "";
+}
+
+// `dump-save DIR`: the job's driver work stopped at the gate, the device idle, every placed
+// allocation saved to DIR (device_image.h) and unmapped, its addresses kept reserved. The gate stays
+// closed until dump-resume: pos-cli then runs the driver's checkpoint and CRIU.
+std::string dump_save(Runtime* rt, const std::string& dir) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (rt->saved) return dump_error("a dump holds this job already (saved to " + rt->saved_dir + "): dump-resume first");
+  if (std::string why = dump_blockers(rt); !why.empty()) return dump_error("this job cannot be dumped: " + why);
+  if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
+  const std::vector<int> devices = rt->census.devices();
+  const int dev = devices.empty() ? 0 : devices.front();
+  const auto t0 = std::chrono::steady_clock::now();
+  rt->gate.close();
+  // Calls already inside the driver finish (a copy waits for its kernels); one that does not within
+  // the bound fails the dump rather than hanging it.
+  for (int i = 0; !rt->gate.drained(); ++i) {
+    if (i == 100000) {
+      rt->gate.reopen();
+      return dump_error("a driver call of the job did not return within 10 s: not dumped");
+    }
+    ::usleep(100);
+  }
+  const auto fail = [&](const std::string& why) {
+    rt->gate.reopen();
+    return dump_error(why);
+  };
+  CUcontext ctx = nullptr;
+  if (rt->copy.primary_ctx_retain(&ctx, dev) != kSuccess || rt->copy.ctx_set_current(ctx) != kSuccess ||
+      rt->copy.ctx_synchronize() != kSuccess) {
+    (void)rt->copy.ctx_set_current(nullptr);
+    (void)rt->copy.primary_ctx_release(dev);
+    return fail("the device did not finish the job's work (cuCtxSynchronize failed): not dumped");
+  }
+  (void)rt->copy.ctx_set_current(nullptr);
+  (void)rt->copy.primary_ctx_release(dev);
+  const double quiesce_s = seconds_since(t0);
+  const std::vector<SavedRegion> regions = placed_regions(*rt->placement);
+  auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{8, 16ull << 20, nullptr});
+  if (!saved.ok()) return fail("saving device memory failed: " + saved.status().message());
+  const auto t1 = std::chrono::steady_clock::now();
+  if (const CUresult rc = rt->placement->unmap(); rc != kSuccess) {
+    (void)rt->placement->remap();
+    // The bytes are still on the device where the unmap failed; elsewhere they must come back.
+    auto back = load_regions(rt->copy, dev, regions, dir, CopyOptions{8, 16ull << 20, nullptr});
+    ::unlink((dir + "/memory.bin").c_str());
+    ::unlink((dir + "/regions").c_str());
+    if (!back.ok()) return dump_error("unmapping failed (" + std::to_string(rc) + ") and reloading failed: " +
+                                      back.status().message() + "; the job stays stopped");
+    return fail("unmapping device memory failed: CUDA driver error " + std::to_string(rc) + "; not dumped");
+  }
+  rt->saved = true;
+  rt->saved_dir = dir;
+  rt->saved_dev = dev;
+  char out[256];
+  std::snprintf(out, sizeof(out),
+                "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"device\":%d,\"quiesce_s\":%.6f,\"save_s\":%.6f,"
+                "\"unmap_s\":%.6f}",
+                static_cast<unsigned long long>(saved->bytes), static_cast<unsigned long long>(saved->regions), dev,
+                quiesce_s, saved->seconds, seconds_since(t1));
+  return out;
+}
+
+// `dump-resume [DIR]`: physical memory mapped again at every allocation's address, the bytes
+// loaded from DIR (default: where dump-save put them), the gate opened. After a restore the
+// driver's own state is back first (pos-cli: cuCheckpointProcessRestore + Unlock).
+std::string dump_resume(Runtime* rt, std::string dir) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (!rt->saved) return dump_error("no dump holds this job: nothing to resume");
+  if (dir.empty()) dir = rt->saved_dir;
+  if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const CUresult rc = rt->placement->remap(); rc != kSuccess)
+    return dump_error("mapping device memory again failed: CUDA driver error " + std::to_string(rc) +
+                      " (the job stays stopped; dump-resume again)");
+  const double remap_s = seconds_since(t0);
+  auto loaded = load_regions(rt->copy, rt->saved_dev, placed_regions(*rt->placement), dir, CopyOptions{8, 16ull << 20, nullptr});
+  if (!loaded.ok())
+    return dump_error("loading device memory failed: " + loaded.status().message() + " (the job stays stopped)");
+  rt->saved = false;
+  rt->gate.reopen();
+  char out[192];
+  std::snprintf(out, sizeof(out), "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"remap_s\":%.6f,\"load_s\":%.6f}",
+                static_cast<unsigned long long>(loaded->bytes), static_cast<unsigned long long>(loaded->regions), remap_s,
+                loaded->seconds);
+  return out;
+}
+
+// pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object), "ps-row" (one
+// line of pos-cli ps's table of in-process jobs), "dump-save DIR" and "dump-resume [DIR]".
 std::string answer(Runtime* rt, const std::string& cmd) {
+  if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
+  if (cmd == "dump-resume") return dump_resume(rt, "");
+  if (cmd.rfind("dump-resume ", 0) == 0) return dump_resume(rt, cmd.substr(12));
   const Census::Memory m = rt->census.memory();
   if (cmd == "ps")
     return "{\"pid\":" + std::to_string(::getpid()) + ",\"uid\":" + std::to_string(::geteuid()) +
@@ -103,7 +268,8 @@ std::string answer(Runtime* rt, const std::string& cmd) {
                   static_cast<unsigned long long>(m.live), static_cast<unsigned long long>(rt->census.launches()));
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
-  return "{\"error\":" + pos::json_string("unknown command '" + cmd + "' (ps, ps-row)") + "}";
+  return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
+                                         "' (ps, ps-row, dump-save DIR, dump-resume [DIR])") + "}";
 }
 
 std::array<void*, kHookCount> hook_addresses();
@@ -146,6 +312,24 @@ std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
   return std::make_unique<Placement>(c, base, 1ull << 40);
 }
 
+// The real driver's copy calls (device_image.h), looked up once.
+CopyCalls copy_calls(void* driver) {
+  CopyCalls c;
+  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  get(&c.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  get(&c.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
+  get(&c.ctx_set_current, "cuCtxSetCurrent");
+  get(&c.ctx_synchronize, "cuCtxSynchronize");
+  get(&c.stream_create, "cuStreamCreate");
+  get(&c.stream_destroy, "cuStreamDestroy_v2");
+  get(&c.stream_synchronize, "cuStreamSynchronize");
+  get(&c.host_alloc, "cuMemHostAlloc");
+  get(&c.free_host, "cuMemFreeHost");
+  get(&c.dtoh_async, "cuMemcpyDtoHAsync_v2");
+  get(&c.htod_async, "cuMemcpyHtoDAsync_v2");
+  return c;
+}
+
 std::atomic<Runtime*> g_runtime{nullptr};
 std::once_flag g_once;
 thread_local bool t_starting = false;
@@ -171,7 +355,10 @@ Runtime* runtime() {
     }
     rt->resolver.set_real(real, hook_addresses());
     rt->job = job_name();
-    if (rt->driver != nullptr) rt->placement = make_placement(rt->driver, &rt->placement_error);
+    if (rt->driver != nullptr) {
+      rt->placement = make_placement(rt->driver, &rt->placement_error);
+      rt->copy = copy_calls(rt->driver);
+    }
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
     // one never fails the job: the census says why. Its answers read the runtime only through
     // thread-safe parts (census, placement) and fields set before it starts.
@@ -237,6 +424,7 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::name)) : nullptr; \
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
+    GatePass pass(rt->gate);                                                                 \
     R rc{};                                                                                  \
     if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \
     learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \

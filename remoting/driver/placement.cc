@@ -11,6 +11,7 @@ namespace pos::driver {
 namespace {
 constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorInvalidValue = 1;
+constexpr CUresult kErrorNotPermitted = 800;
 
 CUmemAllocationProp device_prop(int dev) {
   CUmemAllocationProp p{};
@@ -83,6 +84,10 @@ CUresult Placement::alloc(CUdeviceptr* out, size_t bytes, bool* placed) {
   if (out == nullptr) return kErrorInvalidValue;
   CUdevice dev = 0;
   if (calls_.ctx_get_device == nullptr) return kSuccess;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (unmapped_) return kErrorNotPermitted;  // a dump holds the job's memory: its calls wait at the gate first
+  }
   if (const CUresult rc = calls_.ctx_get_device(&dev); rc != kSuccess) return rc;  // no context: as the driver says
   if (dev < 0 || dev >= kMaxDevices) return kSuccess;
   std::lock_guard<std::mutex> lk(mu_);
@@ -93,27 +98,12 @@ CUresult Placement::alloc(CUdeviceptr* out, size_t bytes, bool* placed) {
   const uint64_t size = (static_cast<uint64_t>(bytes) + r.granule - 1) / r.granule * r.granule;
   const uint64_t at = take(r, size);
   if (at == 0) return kErrorOutOfMemory;
-  const CUmemAllocationProp prop = device_prop(dev);
-  CUmemGenericAllocationHandle h = 0;
-  CUresult rc = calls_.create(&h, size, &prop, 0);
-  if (rc != kSuccess) {  // out of device memory, typically: the driver's answer
+  Block b{dev, size, 0};
+  if (const CUresult rc = map_block(at, &b); rc != kSuccess) {  // out of device memory, typically
     give(r, at, size);
     return rc;
   }
-  rc = calls_.map(at, size, 0, h, 0);
-  if (rc == kSuccess) {
-    CUmemAccessDesc access{};
-    access.location = prop.location;
-    access.flags = 3;  // read-write
-    rc = calls_.set_access(at, size, &access, 1);
-    if (rc != kSuccess) (void)calls_.unmap(at, size);
-  }
-  if (rc != kSuccess) {
-    (void)calls_.release(h);
-    give(r, at, size);
-    return rc;
-  }
-  live_.emplace(at, Block{dev, size, h});
+  live_.emplace(at, b);
   ++stats_.placed;
   ++stats_.live;
   stats_.live_bytes += size;
@@ -127,6 +117,7 @@ CUresult Placement::free(CUdeviceptr p, bool* ours) {
   auto it = live_.find(p);
   *ours = it != live_.end();
   if (!*ours) return kSuccess;
+  if (unmapped_) return kErrorNotPermitted;
   const Block b = it->second;
   // Like cuMemFree, which synchronizes: no work still running may use the memory once it goes.
   CUresult rc = calls_.synchronize();
@@ -139,6 +130,62 @@ CUresult Placement::free(CUdeviceptr p, bool* ours) {
   --stats_.live;
   stats_.live_bytes -= b.size;
   return kSuccess;
+}
+
+CUresult Placement::map_block(uint64_t at, Block* b) {
+  const CUmemAllocationProp prop = device_prop(b->dev);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult rc = calls_.create(&h, b->size, &prop, 0);
+  if (rc != kSuccess) return rc;
+  rc = calls_.map(at, b->size, 0, h, 0);
+  if (rc == kSuccess) {
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = 3;  // read-write
+    rc = calls_.set_access(at, b->size, &access, 1);
+    if (rc != kSuccess) (void)calls_.unmap(at, b->size);
+  }
+  if (rc != kSuccess) {
+    (void)calls_.release(h);
+    return rc;
+  }
+  b->handle = h;
+  return kSuccess;
+}
+
+std::vector<Placement::Region> Placement::regions() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<Region> out;
+  out.reserve(live_.size());
+  for (const auto& [at, b] : live_) out.push_back(Region{b.dev, at, b.size});
+  return out;
+}
+
+CUresult Placement::unmap() {
+  std::lock_guard<std::mutex> lk(mu_);
+  unmapped_ = true;
+  for (auto& [at, b] : live_) {
+    if (b.handle == 0) continue;
+    if (const CUresult rc = calls_.unmap(at, b.size); rc != kSuccess) return rc;
+    (void)calls_.release(b.handle);
+    b.handle = 0;
+  }
+  return kSuccess;
+}
+
+CUresult Placement::remap() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [at, b] : live_) {
+    if (b.handle != 0) continue;
+    if (const CUresult rc = map_block(at, &b); rc != kSuccess) return rc;
+  }
+  unmapped_ = false;
+  return kSuccess;
+}
+
+bool Placement::unmapped() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return unmapped_;
 }
 
 Placement::Stats Placement::stats() const {

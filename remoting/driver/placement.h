@@ -72,6 +72,25 @@ class Placement {
   // Frees `p` if it was placed here (*ours true; its range is reused); else leaves it to the caller.
   CUresult free(CUdeviceptr p, bool* ours);
 
+  // A live placed allocation: its device, address and (granule-rounded) size.
+  struct Region {
+    int dev;
+    uint64_t addr, size;
+  };
+  // Every live allocation, by address.
+  std::vector<Region> regions() const;
+
+  // For a full dump (docs/driver_runtime.md, "Dump"): the physical memory behind every live
+  // allocation unmapped and released, its address range kept reserved, so that the driver's own
+  // checkpoint has no device memory left to copy. The caller has stopped the job's work and saved
+  // the bytes. Allocation and free fail with an error while unmapped. A failure part way leaves
+  // what was unmapped unmapped: remap() maps all of it again.
+  CUresult unmap();
+  // New physical memory mapped at every live allocation's address (contents undefined: the caller
+  // loads them). Idempotent per allocation; a failure part way can be retried.
+  CUresult remap();
+  bool unmapped() const;
+
   struct Stats {
     uint64_t placed = 0, freed = 0, live = 0, live_bytes = 0, peak_bytes = 0;
     std::vector<int> devices;  // devices with a reserved range
@@ -90,8 +109,9 @@ class Placement {
   struct Block {
     int dev;
     uint64_t size;  // rounded to the granule
-    CUmemGenericAllocationHandle handle;
+    CUmemGenericAllocationHandle handle;  // 0 while unmapped
   };
+  CUresult map_block(uint64_t at, Block* b);  // under mu_: create, map, set access
   bool ready(int dev);  // under mu_: the device's range reserved (tries once)
   static uint64_t take(Range& r, uint64_t size);  // first fit; 0 when full
   static void give(Range& r, uint64_t addr, uint64_t size);
@@ -102,6 +122,7 @@ class Placement {
   Range ranges_[kMaxDevices];     // under mu_
   std::map<uint64_t, Block> live_;  // under mu_: address → block
   Stats stats_;                     // under mu_
+  bool unmapped_ = false;           // under mu_: unmap() ran and remap() has not finished
 };
 
 }  // namespace pos::driver

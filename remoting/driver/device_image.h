@@ -1,0 +1,87 @@
+// device_image.h — the device memory of an in-process job on disk: POS's placed allocations saved
+// to DIR/memory.bin with a checked region table (DIR/regions), and loaded back at their addresses.
+// The GPU part of a `pos-cli dump` of a `pos run` job (docs/image_format.md, "Driver memory image").
+//
+// Device-neutral: the driver's copy calls come in as function pointers, so CI tests it against a
+// fake driver whose "device memory" is host memory. Copies go through page-locked staging buffers,
+// several threads each with its own stream, and are checksummed per chunk (CRC-32C).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pos/base/status.h"
+#include "remoting/driver/driver_api.h"
+
+namespace pos::driver {
+
+struct CopyCalls {
+  CUresult (*primary_ctx_retain)(CUcontext* ctx, CUdevice dev) = nullptr;
+  CUresult (*primary_ctx_release)(CUdevice dev) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext ctx) = nullptr;
+  CUresult (*ctx_synchronize)() = nullptr;
+  CUresult (*stream_create)(CUstream* s, unsigned int flags) = nullptr;
+  CUresult (*stream_destroy)(CUstream s) = nullptr;
+  CUresult (*stream_synchronize)(CUstream s) = nullptr;
+  CUresult (*host_alloc)(void** p, size_t bytes, unsigned int flags) = nullptr;
+  CUresult (*free_host)(void* p) = nullptr;
+  CUresult (*dtoh_async)(void* dst, CUdeviceptr src, size_t n, CUstream s) = nullptr;
+  CUresult (*htod_async)(CUdeviceptr dst, const void* src, size_t n, CUstream s) = nullptr;
+  bool complete() const {
+    return primary_ctx_retain && primary_ctx_release && ctx_set_current && ctx_synchronize && stream_create &&
+           stream_destroy && stream_synchronize && host_alloc && free_host && dtoh_async && htod_async;
+  }
+};
+
+// One saved allocation: where it lives and where its bytes are in memory.bin.
+struct SavedRegion {
+  int dev = 0;
+  uint64_t addr = 0, size = 0, offset = 0;
+  std::vector<uint32_t> crcs;  // CRC-32C of each chunk of `chunk` bytes (the last one shorter)
+};
+
+struct RegionTable {
+  static constexpr uint32_t kFormat = 1;
+  uint64_t chunk = 0;
+  std::vector<SavedRegion> regions;  // ascending addresses, no overlap
+  uint64_t bytes() const;            // the sum of the sizes
+};
+
+// DIR/regions as text (docs/image_format.md); parse checks every field, the bounds, the order, the
+// chunk counts and the table's own checksum, and names what is wrong (kCorrupt).
+std::string region_table_text(const RegionTable& t);
+StatusOr<RegionTable> parse_region_table(const std::string& text);
+StatusOr<RegionTable> read_region_table(const std::string& dir);
+
+struct CopyOptions {
+  int threads = 4;                 // copy threads, each with a stream and two staging buffers
+  uint64_t chunk = 16ull << 20;    // copy and checksum unit
+  // Bytes done so far of the total, from the copy threads (serialized), at most every chunk.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct CopyReport {
+  uint64_t bytes = 0, regions = 0;
+  double seconds = 0;
+};
+
+// Saves the bytes of `regions` (device `dev`'s, whose primary context is made current on the copy
+// threads) into DIR/memory.bin and then DIR/regions (written last, atomically: a table names only
+// bytes that are on disk in the page cache). DIR must exist and hold neither. The device must be idle
+// (the caller stopped and synchronized the job's work). Not fsynced: the caller makes the files
+// durable once the job runs again (sync_image).
+StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& regions,
+                                  const std::string& dir, const CopyOptions& options);
+
+// Loads DIR's bytes back to the addresses its table names, every chunk's checksum verified before
+// it is copied. `expected` (the allocations the job has now) must match the table exactly: same
+// addresses and sizes.
+StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
+                                  const std::string& dir, const CopyOptions& options);
+
+// fsync of DIR/memory.bin, DIR/regions and DIR.
+Status sync_image(const std::string& dir);
+
+}  // namespace pos::driver
