@@ -30,8 +30,9 @@ LAYERS = [
 EXCEPTIONS = {
     # POSClient's checkpoint members (record, restore, stop): the engine's half of the client class.
     ("pos/checkpoint/client_checkpoint.cc", "core"),
-    # The in-process job's device image checksums its chunks with the image format's CRC-32C
-    # (ckpt/crc32c.h alone: no Protobuf enters a process that may carry its own).
+    # The in-process job's device image: its region table and CRC-32C are ckpt's (region_table.h,
+    # crc32c.h: no Protobuf, which must not enter a process that may carry its own).
+    ("remoting/driver/device_image.h", "ckpt"),
     ("remoting/driver/device_image.cc", "ckpt"),
 }
 # Not layered: programs and tests over the libraries.

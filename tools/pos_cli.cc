@@ -1,5 +1,6 @@
 // pos_cli.cc — `pos-cli`, the operator's tool: commands and options on CLI11, each command a thin
 // call into a tested library (ckpt/inspect for images, posd's control socket for sessions).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -135,7 +136,7 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
 
 struct DumpArgs {
   int pid = 0;
-  std::string dir, mode = "sync", socket, prev;
+  std::string dir, mode = "sync", socket, prev, jobs_dir = pos::default_jobs_dir();
   bool leave_running = false, json = false, lazy_ok = false;
 };
 
@@ -150,6 +151,15 @@ int dump(const DumpArgs& a, bool pre) {
   o.leave_running = pre || a.leave_running;
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
+  // An in-process job (pos run) answers on its own control socket; a job under posd has none.
+  const std::string job_socket = pos::job_socket_path(a.jobs_dir, a.pid);
+  struct stat st {};
+  const bool inproc = ::stat(job_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  if (inproc) o.job_socket = job_socket;
+  if (inproc && pre) {
+    std::fprintf(stderr, "pos-cli pre-dump: pid %d is an in-process job (pos run): pre-dump is not built for those yet\n", a.pid);
+    return 1;
+  }
   pos::StatusOr<pos::JobDumpReport> r = [&] {
     // The GPU drain reports from its own thread while CRIU runs (with --leave-running): one line,
     // whichever phase spoke last.
@@ -163,7 +173,7 @@ int dump(const DumpArgs& a, bool pre) {
       else if (ph == "criu" && total > 0) cpu.update(done, total);
       else if (tty) std::fprintf(stderr, "\r%-60s", (std::string(cmd) + ": " + phase + "...").c_str());
     };
-    auto res = pre ? pos::pre_dump_job(o) : pos::dump_job(o);
+    auto res = pre ? pos::pre_dump_job(o) : inproc ? pos::dump_driver_job(o) : pos::dump_job(o);
     if (tty) std::fputs("\r\033[K", stderr);
     return res;
   }();
@@ -177,7 +187,8 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"criu_images\":%s,\"criu_bytes\":%llu,\"criu_track_mem\":%s,\"criu_incremental\":%s,\"criu_note\":%s,"
                 "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
-                "\"total_s\":%.6f},\"pause_s\":%.6f}\n",
+                "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,"
+                "\"inproc\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -186,7 +197,8 @@ int dump(const DumpArgs& a, bool pre) {
                 pos::json_string(r->criu_dir).c_str(), (unsigned long long)r->criu_bytes,
                 r->criu_track_mem ? "true" : "false", r->criu_incremental ? "true" : "false",
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
-                r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->total_s, r->pause_s);
+                r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s, r->total_s,
+                r->pause_s, inproc ? "true" : "false");
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -202,6 +214,14 @@ int dump(const DumpArgs& a, bool pre) {
                 "GPU %.3f s, CRIU %.3f s, total %.3f s\n",
                 a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles, gpu.c_str(),
                 cpu.c_str(), r->gpu_s, r->criu_s, r->total_s);
+  } else if (inproc) {
+    std::printf("dumped in-process job %d to %s: device memory %llu bytes in %llu allocations (%.3f s), driver state by "
+                "NVIDIA's checkpoint (%.3f s), CPU state by CRIU (%llu bytes, %.3f s); %s; total %.3f s\n",
+                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles, r->gpu_s,
+                r->driver_s, (unsigned long long)r->criu_bytes, r->criu_s,
+                a.leave_running ? ("the job runs on (paused " + std::to_string(r->pause_s) + " s)").c_str()
+                                : "the job has ended",
+                r->total_s);
   } else {
     std::printf("dumped pid %d to %s: GPU state cut at call %llu (%llu handles, %s), %s; "
                 "%s; detach %.3f s, GPU %.3f s, CRIU %.3f s, total %.3f s\n",
@@ -237,16 +257,18 @@ int restore(const RestoreArgs& a) {
   }
   if (a.json) {
     std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
-                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"total_s\":%.6f}}\n",
+                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"total_s\":%.6f},"
+                "\"note\":%s}\n",
                 r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
                 (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
-                r->reattach_s, r->total_s);
+                r->reattach_s, r->total_s, pos::json_string(r->note).c_str());
   } else {
     std::printf("restored pid %u from %s: GPU state %s(%llu handles, %llu bytes) in %.3f s, CPU state by CRIU in %.3f s, "
                 "re-attached in %.3f s; total %.3f s\n",
-                r->pid, a.dir.c_str(), a.lazy ? "loading lazily " : "", (unsigned long long)r->handles,
+                r->pid, a.dir.c_str(), a.lazy && r->note.empty() ? "loading lazily " : "", (unsigned long long)r->handles,
                 (unsigned long long)r->gpu_bytes, r->gpu_s, r->criu_s, r->reattach_s, r->total_s);
   }
+  if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   return 0;
 }
 
@@ -281,7 +303,7 @@ int main(int argc, char** argv) {
 
   DumpArgs da;
   da.socket = pos::default_socket_path();
-  CLI::App* dump_cmd = app.add_subcommand("dump", "save a job under posd: its GPU state and its process tree (CRIU)");
+  CLI::App* dump_cmd = app.add_subcommand("dump", "save a job (under posd, or in-process under pos run): its GPU state and its process tree (CRIU)");
   dump_cmd->add_option("-t,--tree", da.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
       CLI::PositiveNumber);
   dump_cmd->add_option("-D,--images-dir", da.dir, "where the image goes (made if missing; must hold no image)")
@@ -297,6 +319,10 @@ int main(int argc, char** argv) {
                      "the image it loads from); else the dump waits for the load");
   dump_cmd->add_flag("--json", da.json, "one JSON report");
   dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
+  dump_cmd->add_option("--jobs-dir", da.jobs_dir,
+                       "where in-process jobs (pos run) put their control sockets: a job with one there is dumped "
+                       "through it")
+      ->capture_default_str();
 
   DumpArgs pa;
   pa.socket = pos::default_socket_path();

@@ -9,11 +9,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "ckpt/crc32c.h"
@@ -22,10 +20,6 @@
 namespace pos::driver {
 
 namespace {
-
-constexpr char kHeader[] = "pos-driver-memory";
-constexpr uint64_t kMaxRegions = 1u << 20;
-constexpr uint64_t kMaxTableBytes = 64u << 20;
 
 std::string cu_error(const char* what, CUresult rc) { return std::string(what) + " failed: CUDA driver error " + std::to_string(rc); }
 
@@ -140,95 +134,6 @@ double since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-uint64_t RegionTable::bytes() const {
-  uint64_t n = 0;
-  for (const SavedRegion& r : regions) n += r.size;
-  return n;
-}
-
-std::string region_table_text(const RegionTable& t) {
-  std::string s = std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\nchunk " + std::to_string(t.chunk) + "\n";
-  char buf[96];
-  for (const SavedRegion& r : t.regions) {
-    std::snprintf(buf, sizeof(buf), "region %d 0x%" PRIx64 " %" PRIu64 " %" PRIu64 " ", r.dev, r.addr, r.size, r.offset);
-    s += buf;
-    for (size_t i = 0; i < r.crcs.size(); ++i) {
-      std::snprintf(buf, sizeof(buf), "%s%08x", i == 0 ? "" : ",", r.crcs[i]);
-      s += buf;
-    }
-    s += "\n";
-  }
-  std::snprintf(buf, sizeof(buf), "end %zu %" PRIu64 " %08x\n", t.regions.size(), t.bytes(), ckpt::crc32c(s.data(), s.size()));
-  return s + buf;
-}
-
-StatusOr<RegionTable> parse_region_table(const std::string& text) {
-  const auto bad = [](const std::string& why) { return Status::Corrupt("the region table " + why); };
-  const size_t end_at = text.rfind("\nend ");
-  if (end_at == std::string::npos || text.empty() || text.back() != '\n') return bad("has no end line");
-  const std::string body = text.substr(0, end_at + 1);
-  std::istringstream lines(body);
-  std::string line;
-  if (!std::getline(lines, line) || line != std::string(kHeader) + " " + std::to_string(RegionTable::kFormat))
-    return bad("does not start with \"" + std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\"");
-  RegionTable t;
-  unsigned long long chunk = 0;
-  char tail = 0;
-  if (!std::getline(lines, line) || std::sscanf(line.c_str(), "chunk %llu%c", &chunk, &tail) != 1 || chunk == 0 ||
-      chunk % 4096 != 0 || chunk > (1ull << 30))
-    return bad("names no chunk size (a multiple of 4096 up to 1 GiB)");
-  t.chunk = chunk;
-  uint64_t offset = 0, prev_end = 0;
-  while (std::getline(lines, line)) {
-    if (t.regions.size() >= kMaxRegions) return bad("has more than " + std::to_string(kMaxRegions) + " regions");
-    int dev = -1, used = 0;
-    unsigned long long addr = 0, size = 0, off = 0;
-    if (std::sscanf(line.c_str(), "region %d 0x%llx %llu %llu %n", &dev, &addr, &size, &off, &used) != 4 || used == 0)
-      return bad("has a line that is no region: " + line.substr(0, 80));
-    if (dev < 0 || dev >= 64 || size == 0 || size % 4096 != 0 || addr % 4096 != 0 || addr + size < addr)
-      return bad("has a region with a bad device, address or size: " + line.substr(0, 80));
-    if (addr < prev_end) return bad("has regions out of order or overlapping");
-    if (off != offset) return bad("has a region whose bytes are not where the one before ends");
-    SavedRegion r{dev, addr, size, off, {}};
-    const std::string crcs = line.substr(static_cast<size_t>(used));
-    const uint64_t want = chunks_of(size, chunk);
-    if (crcs.size() != want * 9 - 1) return bad("has a region without one checksum per chunk");
-    for (uint64_t i = 0; i < want; ++i) {
-      unsigned v = 0;
-      if (std::sscanf(crcs.c_str() + i * 9, "%8x", &v) != 1 || (i + 1 < want && crcs[i * 9 + 8] != ',')) return bad("has a bad checksum list");
-      r.crcs.push_back(v);
-    }
-    t.regions.push_back(std::move(r));
-    prev_end = addr + size;
-    offset += size;
-  }
-  unsigned long long n = 0, total = 0;
-  unsigned crc = 0;
-  if (std::sscanf(text.c_str() + end_at + 1, "end %llu %llu %8x%c", &n, &total, &crc, &tail) != 4 || tail != '\n')
-    return bad("has a bad end line");
-  if (n != t.regions.size() || total != offset) return bad("counts other regions or bytes than it lists");
-  if (crc != ckpt::crc32c(body.data(), body.size())) return bad("fails its checksum");
-  return t;
-}
-
-StatusOr<RegionTable> read_region_table(const std::string& dir) {
-  UniqueFd f(::open((dir + "/regions").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!f) return Status(Code::kNotFound, 0, "cannot open " + dir + "/regions: " + std::strerror(errno));
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t r = ::read(f.get(), buf, sizeof(buf));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::Unavailable("cannot read " + dir + "/regions: " + std::strerror(errno));
-    if (r == 0) break;
-    text.append(buf, static_cast<size_t>(r));
-    if (text.size() > kMaxTableBytes) return Status::Corrupt(dir + "/regions is larger than any region table");
-  }
-  auto t = parse_region_table(text);
-  if (!t.ok()) return t.status().with_context(dir);
-  return t;
-}
-
 StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& regions,
                                   const std::string& dir, const CopyOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -310,14 +215,6 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
   });
   if (!s.ok()) return s;
   return CopyReport{table->bytes(), table->regions.size(), since(t0)};
-}
-
-Status sync_image(const std::string& dir) {
-  for (const std::string& p : {dir + "/memory.bin", dir + "/regions", dir}) {
-    UniqueFd f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f || ::fsync(f.get()) != 0) return Status::Unavailable("cannot sync " + p + ": " + std::strerror(errno));
-  }
-  return Status::Ok();
 }
 
 }  // namespace pos::driver

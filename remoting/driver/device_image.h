@@ -12,10 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/region_table.h"
 #include "pos/base/status.h"
 #include "remoting/driver/driver_api.h"
 
 namespace pos::driver {
+
+using ckpt::RegionTable;
+using ckpt::SavedRegion;
+using ckpt::parse_region_table;
+using ckpt::read_region_table;
+using ckpt::region_table_text;
 
 struct CopyCalls {
   CUresult (*primary_ctx_retain)(CUcontext* ctx, CUdevice dev) = nullptr;
@@ -35,26 +42,6 @@ struct CopyCalls {
   }
 };
 
-// One saved allocation: where it lives and where its bytes are in memory.bin.
-struct SavedRegion {
-  int dev = 0;
-  uint64_t addr = 0, size = 0, offset = 0;
-  std::vector<uint32_t> crcs;  // CRC-32C of each chunk of `chunk` bytes (the last one shorter)
-};
-
-struct RegionTable {
-  static constexpr uint32_t kFormat = 1;
-  uint64_t chunk = 0;
-  std::vector<SavedRegion> regions;  // ascending addresses, no overlap
-  uint64_t bytes() const;            // the sum of the sizes
-};
-
-// DIR/regions as text (docs/image_format.md); parse checks every field, the bounds, the order, the
-// chunk counts and the table's own checksum, and names what is wrong (kCorrupt).
-std::string region_table_text(const RegionTable& t);
-StatusOr<RegionTable> parse_region_table(const std::string& text);
-StatusOr<RegionTable> read_region_table(const std::string& dir);
-
 struct CopyOptions {
   int threads = 4;                 // copy threads, each with a stream and two staging buffers
   uint64_t chunk = 16ull << 20;    // copy and checksum unit
@@ -70,8 +57,8 @@ struct CopyReport {
 // Saves the bytes of `regions` (device `dev`'s, whose primary context is made current on the copy
 // threads) into DIR/memory.bin and then DIR/regions (written last, atomically: a table names only
 // bytes that are on disk in the page cache). DIR must exist and hold neither. The device must be idle
-// (the caller stopped and synchronized the job's work). Not fsynced: the caller makes the files
-// durable once the job runs again (sync_image).
+// (the caller stopped and synchronized the job's work). Not fsynced: pos-cli makes the files
+// durable once the job runs again.
 StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& regions,
                                   const std::string& dir, const CopyOptions& options);
 
@@ -80,8 +67,5 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
 // addresses and sizes.
 StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
                                   const std::string& dir, const CopyOptions& options);
-
-// fsync of DIR/memory.bin, DIR/regions and DIR.
-Status sync_image(const std::string& dir);
 
 }  // namespace pos::driver

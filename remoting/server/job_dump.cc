@@ -20,8 +20,10 @@
 #include <fstream>
 
 #include "ckpt/criu.h"
+#include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
 #include "pos/base/text.h"
+#include "remoting/common/job_control.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/server/job_manifest.h"
 
@@ -432,6 +434,158 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
   m.shell_job = shell_job;
   m.criu = r.criu_track_mem ? "criu" : "";
   if (Status s = write_manifest(dir, &m, &r); !s.ok()) {
+    remove_parts();
+    return s;
+  }
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+namespace {
+
+// A number or a string of the one-line JSON objects the job's runtime answers with.
+double json_number(const std::string& j, const std::string& key) {
+  const size_t at = j.find("\"" + key + "\":");
+  return at == std::string::npos ? 0 : std::strtod(j.c_str() + at + key.size() + 3, nullptr);
+}
+std::string json_text(const std::string& j, const std::string& key) {
+  const size_t at = j.find("\"" + key + "\":\"");
+  if (at == std::string::npos) return "";
+  std::string out;
+  for (size_t i = at + key.size() + 4; i < j.size() && j[i] != '"'; ++i) {
+    if (j[i] == '\\' && i + 1 < j.size()) ++i;
+    out += j[i];
+  }
+  return out;
+}
+
+Status sync_files(std::initializer_list<std::string> paths) {
+  for (const std::string& p : paths) {
+    UniqueFd f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f || ::fsync(f.get()) != 0) return Status::Unavailable("cannot sync " + p + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// One dump command to the job; its answer when it says ok, else its error.
+StatusOr<std::string> ask_dump(const std::string& socket, const std::string& command) {
+  // Saving or loading many GiB takes seconds: the bound is for a job that stopped answering.
+  auto a = ask_job(socket, command, 600'000);
+  if (!a.ok()) return a.status();
+  if (a->find("\"ok\":true") == std::string::npos) {
+    const std::string why = json_text(*a, "error");
+    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(*a, 200) : why);
+  }
+  return *a;
+}
+
+}  // namespace
+
+StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    if (o.progress) o.progress(phase, done, total);
+  };
+  if (!o.prev.empty())
+    return Status::Unsupported("--prev is not built for in-process jobs yet: dump them whole");
+  if (o.async) return Status::Unsupported("--mode async is not built for in-process jobs yet: use --mode sync");
+  auto prepared = prepare(o);
+  if (!prepared.ok()) return prepared.status();
+  const Prepared& pp = *prepared;
+  const std::string& dir = pp.dir;
+  // The driver's checkpoint calls, and the job's answer, before anything is stopped.
+  auto driver = ckpt::DriverCheckpoint::open();
+  if (!driver.ok()) return driver.status();
+  auto ps = ask_job(o.job_socket, "ps");
+  if (!ps.ok()) return ps.status().with_context("asking the job");
+  const std::string gpu_dir = dir + "/gpu";
+  auto remove_parts = [&] {
+    for (const char* part : {"gpu", "criu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
+  };
+  // The job writes its device memory itself, as its own user.
+  if (::mkdir(gpu_dir.c_str(), 0700) != 0) return Status::Unavailable("cannot create " + gpu_dir + ": " + std::strerror(errno));
+  if (pp.owner != ::geteuid() && ::chown(gpu_dir.c_str(), pp.owner, static_cast<gid_t>(-1)) != 0) {
+    remove_parts();
+    return Status::Unavailable("cannot give " + gpu_dir + " to the job's user: " + std::strerror(errno));
+  }
+  JobDumpReport r;
+  const pid_t pid = static_cast<pid_t>(o.pid);
+  say("gpu");
+  auto t = std::chrono::steady_clock::now();
+  const auto t_stop = t;
+  auto saved = ask_dump(o.job_socket, "dump-save " + gpu_dir);
+  if (!saved.ok()) {
+    remove_parts();  // the job runs on: a save that fails lets its calls through again
+    return saved.status().with_context("saving the GPU state");
+  }
+  r.detach_s = json_number(*saved, "quiesce_s");
+  r.cut_s = r.detach_s;
+  r.gpu_s = seconds_since(t);
+  r.gpu.bytes_stored = static_cast<uint64_t>(json_number(*saved, "bytes"));
+  r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
+  r.gpu.image = gpu_dir;
+  // From here a failure brings the job back: its driver state restored, its memory loaded.
+  auto undo = [&](const Status& why) -> Status {
+    Status back = (*driver)->release(pid);
+    if (back.ok()) back = ask_dump(o.job_socket, "dump-resume " + gpu_dir).status();
+    remove_parts();
+    return back.ok() ? why : why.with_context("the job could not be brought back (" + back.message() + ")");
+  };
+  say("driver");
+  t = std::chrono::steady_clock::now();
+  Status d = (*driver)->lock(pid, 10'000);
+  if (d.ok()) d = (*driver)->checkpoint(pid);
+  r.driver_s = seconds_since(t);
+  if (!d.ok()) return undo(d.with_context("the driver's checkpoint"));
+
+  say("criu");
+  t = std::chrono::steady_clock::now();
+  r.criu_dir = dir + "/criu";
+  ckpt::CriuDumpOptions co;
+  co.progress = [&](uint64_t dn, uint64_t n) { say("criu", dn, n); };
+  co.leave_running = o.leave_running;
+  co.shell_job = ::getsid(pid) != pid;
+  Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, pid, r.criu_dir, co)
+                                                     : Status::Unavailable("cannot create " + r.criu_dir);
+  r.criu_s = seconds_since(t);
+  if (!c.ok()) return undo(c.with_context("saving the CPU state"));
+  if (o.leave_running) {
+    say("resume");
+    t = std::chrono::steady_clock::now();
+    Status b = (*driver)->restore(pid);
+    if (b.ok()) b = (*driver)->unlock(pid);
+    r.driver_restore_s = seconds_since(t);
+    if (!b.ok()) return undo(b.with_context("the driver's restore"));
+    auto resumed = ask_dump(o.job_socket, "dump-resume " + gpu_dir);
+    if (!resumed.ok()) {
+      remove_parts();
+      return resumed.status().with_context("the job's device memory was not loaded again (it stays stopped; "
+                                           "pos-cli restore of an earlier image, or end it)");
+    }
+    r.resume_s = seconds_since(t);
+    r.pause_s = seconds_since(t_stop);
+  }
+  // Durable once the job runs again: the bytes are in the page cache already.
+  t = std::chrono::steady_clock::now();
+  if (Status s = sync_files({gpu_dir + "/memory.bin", gpu_dir + "/regions", gpu_dir, dir}); !s.ok()) {
+    remove_parts();
+    return s;
+  }
+  r.sync_s = seconds_since(t);
+  r.criu_bytes = bytes_under(r.criu_dir);
+  JobManifest m;
+  m.kind = "driver-dump";
+  m.pid = o.pid;
+  m.uid = pp.owner;
+  m.job = printable(json_text(*ps, "job"), 64);
+  m.socket = o.job_socket;
+  m.leave_running = o.leave_running;
+  m.shell_job = co.shell_job;
+  m.gpu_bytes = r.gpu.bytes_stored;
+  m.handles = r.gpu.handles;
+  r.manifest = dir + "/manifest";
+  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();
     return s;
   }

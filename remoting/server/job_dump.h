@@ -25,6 +25,8 @@ struct JobDumpOptions {
   // An earlier dump or pre-dump of this job (dump --prev): the GPU part stores only buffers written
   // since its cut, CRIU's only pages changed since its (where the kernel tracks dirty memory).
   std::string prev;
+  // An in-process job's control socket (pos run: JOBS_DIR/<pid>.sock), for dump_driver_job.
+  std::string job_socket;
   // Phase names ("detach", "gpu", "criu", "resume") and, for "gpu", bytes stored of the total.
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
 };
@@ -41,6 +43,9 @@ struct JobDumpReport {
   bool criu_incremental = false;  // CRIU saved only pages changed since prev's part
   std::string criu_note;         // why the CPU part is whole although asked otherwise, or empty
   uint64_t criu_bytes = 0;       // bytes of CRIU's images
+  // An in-process job's: NVIDIA's driver checkpoint (lock + checkpoint) and, with leave_running,
+  // its restore + unlock (in resume_s with the reload of device memory); fsync of the GPU part.
+  double driver_s = 0, driver_restore_s = 0, sync_s = 0;
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
@@ -55,5 +60,13 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& options);
 // tracking on; DIR/manifest says which. Not restorable by itself: a later dump --prev DIR then
 // saves only what changed. `leave_running` and `async` are ignored (always true).
 StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& options);
+
+// `pos-cli dump` of an in-process job (pos run, docs/driver_runtime.md "Dump"): through the job's
+// control socket, POS in the job holds its driver calls, saves its placed device memory to DIR/gpu
+// and unmaps it; NVIDIA's driver checkpoint then takes the (now small) driver state; CRIU dumps
+// the process into DIR/criu; with leave_running the driver state and the memory come back and the
+// job runs on. DIR/manifest (kind "driver-dump") last. Any failure brings the job back running and
+// removes what this dump wrote. --prev and --mode async are not built for these jobs (refused).
+StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
 
 }  // namespace pos

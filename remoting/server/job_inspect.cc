@@ -2,17 +2,24 @@
 // part through ckpt/inspect, the CPU part through ckpt/criu_image.
 #include "remoting/server/job_inspect.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <vector>
 #include <sstream>
 
+#include "ckpt/crc32c.h"
 #include "ckpt/criu_image.h"
 #include "ckpt/image.h"
 #include "ckpt/inspect.h"
 #include "pos/base/text.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/server/job_manifest.h"
 
 namespace pos {
@@ -49,7 +56,66 @@ void tree_lines(const ckpt::CriuImageSummary& s, uint32_t pid, int depth, std::s
     if (c.ppid == pid && c.pid != pid) tree_lines(s, c.pid, depth + 1, out, guard + 1);
 }
 
+// The driver memory image's allocations, as text lines or a JSON object.
+std::string describe_regions(const ckpt::RegionTable& t, bool json, bool summary) {
+  if (json) {
+    std::string j = "{\"chunk\":" + std::to_string(t.chunk) + ",\"bytes\":" + std::to_string(t.bytes()) + ",\"regions\":[";
+    for (size_t i = 0; i < t.regions.size(); ++i)
+      j += std::string(i ? "," : "") + "{\"device\":" + std::to_string(t.regions[i].dev) + ",\"address\":" +
+           std::to_string(t.regions[i].addr) + ",\"bytes\":" + std::to_string(t.regions[i].size) + "}";
+    return j + "]}";
+  }
+  if (summary) return std::to_string(t.regions.size()) + " allocations, " + mib(t.bytes()) + "\n";
+  std::string out;
+  char line[96];
+  for (const ckpt::SavedRegion& r : t.regions) {
+    std::snprintf(line, sizeof(line), "device %d at 0x%llx: %s\n", r.dev, static_cast<unsigned long long>(r.addr),
+                  mib(r.size).c_str());
+    out += line;
+  }
+  return out;
+}
+
 }  // namespace
+
+StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, const JobManifest& m) {
+  auto t = ckpt::read_region_table(gpu_dir);
+  if (!t.ok()) return t.status().with_context("the GPU part");
+  if (t->bytes() != m.gpu_bytes || t->regions.size() != m.handles)
+    return Status::Corrupt("the GPU part " + gpu_dir + " holds " + std::to_string(t->regions.size()) + " regions of " +
+                           std::to_string(t->bytes()) + " bytes; the manifest says " + std::to_string(m.handles) + " of " +
+                           std::to_string(m.gpu_bytes));
+  struct stat st {};
+  if (::stat((gpu_dir + "/memory.bin").c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != t->bytes())
+    return Status::Corrupt("the GPU part's memory.bin is missing or not " + std::to_string(t->bytes()) + " bytes");
+  return t;
+}
+
+Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
+                              const std::function<void(uint64_t, uint64_t)>& progress) {
+  const std::string bin = gpu_dir + "/memory.bin";
+  UniqueFd f(::open(bin.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!f) return Status::Unavailable("cannot open " + bin + ": " + std::strerror(errno));
+  std::vector<char> buf(t.chunk);
+  uint64_t done = 0;
+  for (const ckpt::SavedRegion& r : t.regions)
+    for (uint64_t off = 0, i = 0; off < r.size; off += t.chunk, ++i) {
+      const uint64_t n = std::min(t.chunk, r.size - off);
+      uint64_t got = 0;
+      while (got < n) {
+        const ssize_t k = ::pread(f.get(), buf.data() + got, n - got, static_cast<off_t>(r.offset + off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return Status::Corrupt(bin + " cannot be read at " + std::to_string(r.offset + off + got));
+        got += static_cast<uint64_t>(k);
+      }
+      if (ckpt::crc32c(buf.data(), n) != r.crcs[i])
+        return Status::Corrupt(bin + ": the chunk at " + std::to_string(r.offset + off) + " fails its checksum");
+      done += n;
+      if (progress) progress(done, t.bytes());
+    }
+  return Status::Ok();
+}
 
 bool is_job_image(const std::string& dir) {
   struct stat st {};
@@ -60,29 +126,42 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
   const std::string gpu_dir = dir + "/" + m->gpu;
-  auto img = ckpt::ImageReader::open_dir(gpu_dir);
-  if (!img.ok()) return img.status().with_context("the GPU part " + gpu_dir);
-  if ((*img)->inventory().image_id() != m->gpu_image_id || (*img)->inventory().cut_pc() != m->cut)
-    return Status::Corrupt("the GPU part " + gpu_dir + " is not the one the manifest names (image " +
-                           (*img)->inventory().image_id() + " at cut " + std::to_string((*img)->inventory().cut_pc()) +
-                           "; the manifest: image " + m->gpu_image_id + " at cut " + std::to_string(m->cut) + ")");
   std::string verified_text = "not verified (--no-verify): blob checksums were not read\n", verified_json = "null";
-  if (o.verify) {
-    auto v = ckpt::verify_image(**img, o.progress);
-    if (!v.ok()) return v.status();
-    verified_text = "verified: " + std::to_string(v->bytes) + " bytes in " + std::to_string(v->chunks) + " chunks of " +
-                    std::to_string(v->blobs) + " blobs, " + std::to_string(v->images) + " image(s), every checksum right\n";
-    verified_json = "{\"bytes\":" + std::to_string(v->bytes) + ",\"chunks\":" + std::to_string(v->chunks) +
-                    ",\"blobs\":" + std::to_string(v->blobs) + ",\"images\":" + std::to_string(v->images) + "}";
+  std::string gpu;
+  if (m->kind == "driver-dump") {
+    auto table = open_driver_gpu_part(gpu_dir, *m);
+    if (!table.ok()) return table.status();
+    if (o.verify) {
+      POS_RETURN_IF_ERROR(verify_driver_gpu_part(gpu_dir, *table, o.progress));
+      const uint64_t chunks = (table->bytes() + table->chunk - 1) / table->chunk;
+      verified_text = "verified: " + std::to_string(table->bytes()) + " bytes, every chunk's checksum right\n";
+      verified_json = "{\"bytes\":" + std::to_string(table->bytes()) + ",\"chunks\":" + std::to_string(chunks) + "}";
+    }
+    gpu = describe_regions(*table, o.json, o.summary);
+  } else {
+    auto img = ckpt::ImageReader::open_dir(gpu_dir);
+    if (!img.ok()) return img.status().with_context("the GPU part " + gpu_dir);
+    if ((*img)->inventory().image_id() != m->gpu_image_id || (*img)->inventory().cut_pc() != m->cut)
+      return Status::Corrupt("the GPU part " + gpu_dir + " is not the one the manifest names (image " +
+                             (*img)->inventory().image_id() + " at cut " + std::to_string((*img)->inventory().cut_pc()) +
+                             "; the manifest: image " + m->gpu_image_id + " at cut " + std::to_string(m->cut) + ")");
+    if (o.verify) {
+      auto v = ckpt::verify_image(**img, o.progress);
+      if (!v.ok()) return v.status();
+      verified_text = "verified: " + std::to_string(v->bytes) + " bytes in " + std::to_string(v->chunks) + " chunks of " +
+                      std::to_string(v->blobs) + " blobs, " + std::to_string(v->images) + " image(s), every checksum right\n";
+      verified_json = "{\"bytes\":" + std::to_string(v->bytes) + ",\"chunks\":" + std::to_string(v->chunks) +
+                      ",\"blobs\":" + std::to_string(v->blobs) + ",\"images\":" + std::to_string(v->images) + "}";
+    }
+    gpu = ckpt::describe_image(**img, ckpt::DescribeOptions{o.json, o.summary});
   }
-  const std::string gpu = ckpt::describe_image(**img, ckpt::DescribeOptions{o.json, o.summary});
 
   // The CPU part: a pre-dump on a kernel without dirty-memory tracking has none.
   StatusOr<ckpt::CriuImageSummary> criu = Status::NotFound("none");
   if (!m->criu.empty()) {
     criu = ckpt::read_criu_image(dir + "/" + m->criu);
     if (!criu.ok()) return criu.status().with_context("the CPU part " + dir + "/" + m->criu);
-    if (m->kind == "dump" && (criu->processes.empty() || criu->processes.front().pid != m->pid))
+    if (m->kind != "pre-dump" && (criu->processes.empty() || criu->processes.front().pid != m->pid))
       return Status::Corrupt("the CPU part " + dir + "/" + m->criu + " is not CRIU's dump of pid " +
                              std::to_string(m->pid) + ", as the manifest says");
     if (m->criu_parent && !criu->has_parent)
@@ -113,13 +192,21 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
     return j + "}\n";
   }
   std::ostringstream t;
-  t << "job image " << dir << ": " << (m->kind == "dump" ? "a dump" : "a pre-dump (no restore point: --prev of a later dump)")
-    << " of pid " << m->pid << " (uid " << m->uid << "), job '" << m->job << "', from posd " << m->socket << "\n";
-  if (m->kind == "dump") t << "  the job " << (m->leave_running ? "ran on after the dump" : "ended with the dump") << "\n";
+  const bool driver = m->kind == "driver-dump";
+  t << "job image " << dir << ": "
+    << (m->kind == "dump" ? "a dump" : driver ? "a dump of an in-process job (pos run)"
+                                              : "a pre-dump (no restore point: --prev of a later dump)")
+    << " of pid " << m->pid << " (uid " << m->uid << "), job '" << m->job << "', "
+    << (driver ? "control socket " : "from posd ") << m->socket << "\n";
+  if (m->kind != "pre-dump") t << "  the job " << (m->leave_running ? "ran on after the dump" : "ended with the dump") << "\n";
   if (!m->prev.empty()) t << "  previous image: " << m->prev << " (this one holds only what changed since)\n";
-  t << "GPU part (" << m->gpu << "): cut at call " << m->cut << ", " << m->handles << " handles, " << mib(m->gpu_bytes)
-    << " stored" << (m->prev.empty() ? std::string() : ", " + mib(m->gpu_bytes_referenced) + " in previous images")
-    << "\n";
+  if (driver)
+    t << "GPU part (" << m->gpu << "): device memory, " << m->handles << " allocations, " << mib(m->gpu_bytes)
+      << " (the driver's own state went through NVIDIA's checkpoint into the CPU part)\n";
+  else
+    t << "GPU part (" << m->gpu << "): cut at call " << m->cut << ", " << m->handles << " handles, " << mib(m->gpu_bytes)
+      << " stored" << (m->prev.empty() ? std::string() : ", " + mib(m->gpu_bytes_referenced) + " in previous images")
+      << "\n";
   t << indent(gpu, "  ") << "  " << verified_text;
   if (!criu.ok()) {
     t << "CPU part: none (this kernel tracks no dirty memory, so CRIU pre-dumped nothing; the dump --prev of this "

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "ckpt/region_table.h"
 #include "pos/base/status.h"
 
 namespace pos {
@@ -16,6 +17,14 @@ struct JobInspectOptions {
   bool verify = true;    // read every GPU blob and check its checksums
   std::function<void(uint64_t done, uint64_t total)> progress;  // verification, in bytes
 };
+
+struct JobManifest;
+// An in-process job's GPU part (a driver memory image): its region table, checked, and tied to the
+// manifest (allocations and bytes) and to memory.bin's size. Restore and inspect check it first.
+StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, const JobManifest& m);
+// Every chunk of its memory.bin read and checked against its checksum.
+Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
+                              const std::function<void(uint64_t, uint64_t)>& progress);
 
 // True if DIR holds a job image's manifest (else it may be a bare GPU image).
 bool is_job_image(const std::string& dir);

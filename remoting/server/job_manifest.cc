@@ -162,8 +162,9 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     if (x == nullptr) return missing(s.key, "a string");
     *s.out = x->s;
   }
-  if (m.kind != "dump" && m.kind != "pre-dump")
-    return Status::Corrupt("the manifest's kind \"" + printable(m.kind) + "\" is neither \"dump\" nor \"pre-dump\"");
+  if (m.kind != "dump" && m.kind != "pre-dump" && m.kind != "driver-dump")
+    return Status::Corrupt("the manifest's kind \"" + printable(m.kind) +
+                           "\" is none of \"dump\", \"pre-dump\", \"driver-dump\"");
   const bool dump = m.kind == "dump";
   for (const std::string* part : {&m.gpu, &m.criu}) {
     if (part->empty() && part == &m.criu && !dump) continue;  // a pre-dump without CRIU's part
@@ -181,6 +182,11 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     const Value* x = want(b.key, Value::kBool);
     if (x == nullptr) return missing(b.key, "a boolean");
     *b.out = x->b;
+  }
+  if (m.kind == "driver-dump") {  // an in-process job's: no session, no permit, no previous image
+    if (m.gpu != "gpu" || m.criu != "criu" || !m.prev.empty() || m.socket.empty() || m.socket[0] != '/')
+      return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, a "
+                             "previous image, or no control socket");
   }
   return m;
 }

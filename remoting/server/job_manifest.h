@@ -14,7 +14,8 @@ struct JobManifest {
   uint32_t format = kFormat;
   // "dump" (restorable) or "pre-dump" (pos-cli pre-dump: only a parent for a later dump --prev; it
   // has no permit, arena or token, and its CRIU part is absent where the kernel tracks no dirty
-  // memory).
+  // memory), or "driver-dump" (an in-process job's, pos run: its GPU part is a driver memory image,
+  // `socket` its control socket; no permit, arena, token or previous image).
   std::string kind = "dump";
   std::string prev;  // the previous image (dump --prev), relative to DIR; empty: none
   uint32_t pid = 0, uid = 0;  // the job's root process and its user

@@ -17,8 +17,12 @@
 #include <thread>
 
 #include "ckpt/criu.h"
+#include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
+#include "pos/base/text.h"
+#include "remoting/common/job_control.h"
 #include "remoting/server/control_client.h"
+#include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
 
 namespace pos {
@@ -31,6 +35,83 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 bool exists(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0;
+}
+
+// CRIU's images of the dumped root process: their absence means the CPU part is no dump of it.
+Status check_criu_part(const std::string& criu_dir, uint32_t pid) {
+  for (const std::string& f : {std::string("inventory.img"), std::string("pstree.img"), "core-" + std::to_string(pid) + ".img"})
+    if (!exists(criu_dir + "/" + f))
+      return Status::Corrupt("the image's CPU part " + criu_dir + " has no " + f + " (not CRIU's dump of pid " +
+                             std::to_string(pid) + ")");
+  return Status::Ok();
+}
+
+Status check_pid_free(uint32_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)
+    return Status::FailedPrecondition("pid " + std::to_string(pid) +
+                                      " is in use (is the dumped job still running?): CRIU restores the job under its own pid");
+  return Status::Ok();
+}
+
+// An in-process job's image (kind "driver-dump"): CRIU restores the process (its device memory
+// still unmapped, its driver calls held at POS's gate), NVIDIA's driver restores its driver state,
+// then POS in the job maps its memory again at the same addresses and loads it.
+StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const std::string& dir, const JobManifest& m,
+                                              const std::string& criu, std::chrono::steady_clock::time_point t0) {
+  auto say = [&](const char* phase) {
+    if (o.progress) o.progress(phase);
+  };
+  if (m.uid != ::geteuid() && ::geteuid() != 0)
+    return Status::FailedPrecondition("the image is of a job of uid " + std::to_string(m.uid) +
+                                      ": only that user or root may restore it");
+  const std::string gpu_dir = dir + "/" + m.gpu, criu_dir = dir + "/" + m.criu;
+  auto table = open_driver_gpu_part(gpu_dir, m);
+  if (!table.ok()) return table.status();
+  POS_RETURN_IF_ERROR(check_criu_part(criu_dir, m.pid));
+  POS_RETURN_IF_ERROR(check_pid_free(m.pid));
+  auto driver = ckpt::DriverCheckpoint::open();
+  if (!driver.ok()) return driver.status();
+  // The dumped process ended without removing its control socket; CRIU binds it anew.
+  struct stat ss {};
+  if (::lstat(m.socket.c_str(), &ss) == 0) {
+    if (!S_ISSOCK(ss.st_mode)) return Status::FailedPrecondition(m.socket + " is in the way of the job's control socket");
+    if (::unlink(m.socket.c_str()) != 0)
+      return Status::Unavailable("cannot remove the old control socket " + m.socket + ": " + std::strerror(errno));
+  }
+  JobRestoreReport r;
+  r.pid = m.pid;
+  r.check_s = seconds_since(t0);
+  if (o.lazy) r.note = "in-process jobs load their device memory eagerly (lazy loading is not built for them yet)";
+
+  say("criu");
+  auto t = std::chrono::steady_clock::now();
+  ckpt::CriuRestoreOptions co;
+  co.shell_job = m.shell_job;
+  auto pid = ckpt::criu_restore(criu, criu_dir, co);
+  r.criu_s = seconds_since(t);
+  if (!pid.ok()) return pid.status().with_context("restoring the CPU state");
+  // From here a failure ends the restored process: the image is unchanged, restore it again.
+  auto end = [&](const Status& why) {
+    ::kill(*pid, SIGKILL);
+    return why.with_context("the restored job was ended");
+  };
+  say("driver");
+  t = std::chrono::steady_clock::now();
+  Status d = (*driver)->restore(*pid);
+  if (d.ok()) d = (*driver)->unlock(*pid);
+  r.reattach_s = seconds_since(t);
+  if (!d.ok()) return end(d.with_context("the driver's restore"));
+
+  say("gpu");
+  t = std::chrono::steady_clock::now();
+  auto a = ask_job(m.socket, "dump-resume " + gpu_dir, 600'000);
+  if (a.ok() && a->find("\"ok\":true") == std::string::npos)
+    a = Status::Corrupt("the job answered: " + printable(*a, 300));
+  if (!a.ok()) return end(a.status().with_context("loading the device memory"));
+  r.gpu_s = seconds_since(t);
+  r.gpu_bytes = table->bytes(), r.handles = table->regions.size();
+  r.total_s = seconds_since(t0);
+  return r;
 }
 
 }  // namespace
@@ -51,6 +132,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   const std::string dir = real;
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
+  if (m->kind == "driver-dump") return restore_driver_job(o, dir, *m, *criu, t0);
   if (m->kind != "dump")
     return Status::FailedPrecondition(dir + " is a pre-dump: it only serves as --prev of a later pos-cli dump, "
                                       "which is what a restore takes");
@@ -71,10 +153,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     return Status::Corrupt("the GPU part " + gpu_dir + " is not the one the manifest names (cut " +
                            std::to_string((*image)->inventory().cut_pc()) + ", image " + (*image)->inventory().image_id() +
                            "; the manifest: cut " + std::to_string(m->cut) + ", image " + m->gpu_image_id + ")");
-  for (const std::string& f : {std::string("inventory.img"), std::string("pstree.img"), "core-" + std::to_string(m->pid) + ".img"})
-    if (!exists(criu_dir + "/" + f))
-      return Status::Corrupt("the image's CPU part " + criu_dir + " has no " + f + " (not CRIU's dump of pid " +
-                             std::to_string(m->pid) + ")");
+  POS_RETURN_IF_ERROR(check_criu_part(criu_dir, m->pid));
   // An incremental image needs its previous ones: their GPU parts were opened with this one's; CRIU's
   // pages of unchanged memory are in the previous CPU part, through its `parent` link.
   if (m->criu_parent) {
@@ -83,9 +162,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
       return Status::Corrupt("the image's CPU part " + criu_dir + " is incremental, but its previous part (" + criu_dir +
                              "/parent, the image " + m->prev + ") is gone");
   }
-  if (::kill(static_cast<pid_t>(m->pid), 0) == 0 || errno == EPERM)
-    return Status::FailedPrecondition("pid " + std::to_string(m->pid) +
-                                      " is in use (is the dumped job still running?): CRIU restores the job under its own pid");
+  POS_RETURN_IF_ERROR(check_pid_free(m->pid));
   const std::string permit_dir = m->permit.substr(0, m->permit.rfind('/'));
   struct stat pd {};
   if (::stat(permit_dir.empty() ? "/" : permit_dir.c_str(), &pd) != 0 || !S_ISDIR(pd.st_mode))
