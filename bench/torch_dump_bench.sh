@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# torch_dump_bench.sh — stock PyTorch (workloads/torch_train.py) dumped and restored mid-run: under
+# `pos run` with pos-cli dump --leave-running, and with a stop dump + pos-cli restore; each run's whole
+# output must equal a native run's (losses and checksum), else exit 1. Then the same script run
+# natively under NVIDIA's driver checkpoint + CRIU. Prints a table (docs/BENCHMARKS.md). The gpu suite
+# runs it small (torch_dump_gpu); the bench runs it with --state-gib 8.
+#
+# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [-- torch_train.py args...]
+# Needs a GPU, PyTorch (python3) and CRIU (tools/install_criu.sh); run as root or the job's user.
+set -uo pipefail
+usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [-- torch_train.py args...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
+B="$(cd "$B" && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+AT=20 NVIDIA=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --at) AT="${2:?}"; shift 2 ;;
+    --no-nvidia) NVIDIA=0; shift ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--layers 2 --dim 256 --steps 80)
+TMP=$(mktemp -d /tmp/torch-dump.XXXXXX)
+export POS_JOBS_DIR="$TMP/jobs"
+CLI="$B/tools/pos-cli" POS="$B/tools/pos" CRIU="$ROOT/tools/criu"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
+lines() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
+json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
+# Until file $1 has step line $2 (at most 600 s).
+wait_step() { for i in $(seq 1 12000); do grep -q "^step $2 loss" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+# Seconds from $3 until file $1 has more than $2 step lines.
+until_next_step() {
+  local f=$1 n=$2 t0=$3
+  for i in $(seq 1 60000); do [[ $(lines "$f") -gt $n ]] && break; sleep 0.005; done
+  sub "$(now)" "$t0"
+}
+# Until file $1 has its checksum line (the run's end), at most 600 s.
+wait_end() { for i in $(seq 1 12000); do grep -q '^checksum ' "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+gone() { for i in $(seq 1 4000); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.005; done; return 1; }
+start() {  # start OUT PREFIX...: the job in the background, its pid in JOB
+  local out=$1; shift
+  "$@" python3 "$ROOT/workloads/torch_train.py" "${ARGS[@]}" >"$out" 2>"$out.err" &
+  JOB=$!; PIDS+=("$JOB")
+}
+FAIL=0
+same() {  # same NAME FILE: the file equals the native run's output
+  if cmp -s "$TMP/ref.out" "$2"; then echo "$1: identical to the native run ($(lines "$2") steps, checksum)";
+  else echo "$1: DIFFERS from the native run"; diff "$TMP/ref.out" "$2" | head -5; tail -5 "$2.err"; FAIL=1; fi
+}
+
+echo "== native reference"
+python3 "$ROOT/workloads/torch_train.py" "${ARGS[@]}" >"$TMP/ref.out" 2>"$TMP/ref.err" || { tail -5 "$TMP/ref.err"; exit 1; }
+head -1 "$TMP/ref.out"
+
+echo "== pos-cli dump --leave-running at step $AT"
+start "$TMP/lr.out" "$POS" run --
+wait_step "$TMP/lr.out" "$AT" || { echo "the job did not reach step $AT"; tail -5 "$TMP/lr.out.err"; exit 1; }
+N=$(lines "$TMP/lr.out"); T0=$(now)
+LR=$("$CLI" dump -t "$JOB" -D "$TMP/img-lr" --leave-running --json) || { echo "dump --leave-running failed"; FAIL=1; }
+LR_BACK=$(until_next_step "$TMP/lr.out" "$N" "$T0")
+echo "$LR"; echo "next step $LR_BACK s after the dump began"
+wait "$JOB"; same "leave-running" "$TMP/lr.out"
+du -sh "$TMP/img-lr/gpu" "$TMP/img-lr/criu" 2>/dev/null
+rm -rf "$TMP/img-lr"
+
+echo "== pos-cli dump (stop) at step $AT, then pos-cli restore"
+start "$TMP/st.out" "$POS" run --
+wait_step "$TMP/st.out" "$AT" || { echo "the job did not reach step $AT"; exit 1; }
+T0=$(now)
+ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json) || { echo "dump failed"; FAIL=1; }
+ST_S=$(sub "$(now)" "$T0")
+echo "$ST"
+gone "$JOB"; wait "$JOB" 2>/dev/null
+N=$(lines "$TMP/st.out")
+"$CLI" inspect "$TMP/img-stop" --summary | head -12
+T0=$(now)
+RS=$("$CLI" restore -D "$TMP/img-stop" --json) || { echo "restore failed"; FAIL=1; }
+RS_BACK=$(until_next_step "$TMP/st.out" "$N" "$T0")
+echo "$RS"; echo "next step $RS_BACK s after the restore began"
+wait_end "$TMP/st.out"; same "stop + restore" "$TMP/st.out"
+du -sh "$TMP/img-stop/gpu" "$TMP/img-stop/criu" 2>/dev/null
+kill -KILL "$(json "$RS" pid)" 2>/dev/null
+
+NV_STOP="" NV_BACK="" NV_CKPT="" NV_CRIU_D="" NV_CRIU_R="" NV_RESTORE=""
+if [[ $NVIDIA == 1 ]]; then
+  echo "== NVIDIA: cuda checkpoint API + CRIU, the same script run natively, at step $AT"
+  start "$TMP/nv.out" env
+  wait_step "$TMP/nv.out" "$AT" || exit 1
+  mkdir -p "$TMP/img-nv"; NJ=$JOB
+  T0=$(now)
+  C=$("$B/bench/nv_ckpt" "$NJ" --only checkpoint) && T1=$(now) &&
+    "$CRIU" dump -t "$NJ" -D "$TMP/img-nv" -o dump.log --shell-job && NV_STOP=$(sub "$(now)" "$T0") &&
+    NV_CKPT=$(sub "$T1" "$T0") && NV_CRIU_D=$(sub "$(now)" "$T1")
+  if [[ -n "$NV_STOP" ]]; then
+    gone "$NJ"; wait "$NJ" 2>/dev/null
+    N=$(lines "$TMP/nv.out"); du -sh "$TMP/img-nv"
+    T0=$(now)
+    "$CRIU" restore -D "$TMP/img-nv" -o restore.log --shell-job --restore-detached && T1=$(now) &&
+      R=$("$B/bench/nv_ckpt" "$NJ" --only restore) && NV_CRIU_R=$(sub "$T1" "$T0") &&
+      NV_RESTORE=$(sub "$(now)" "$T1") && NV_BACK=$(until_next_step "$TMP/nv.out" "$N" "$T0")
+    [[ -n "$NV_BACK" ]] || grep -h "Error" "$TMP/img-nv/restore.log" | head -5
+    wait_end "$TMP/nv.out" && same "NVIDIA + CRIU" "$TMP/nv.out"
+    kill -KILL "$NJ" 2>/dev/null
+  else
+    echo "$C"; grep -h "Error" "$TMP/img-nv/dump.log" 2>/dev/null | head -5
+  fi
+fi
+
+echo
+echo "| torch_train.py $(head -1 "$TMP/ref.out" | cut -d' ' -f2-) | POS (pos run) | NVIDIA API + CRIU |"
+echo "|---|---|---|"
+echo "| dump --leave-running: job paused (s) | $(json "$LR" pause_s) | — |"
+echo "| — of which: hold + save device memory, driver checkpoint, CRIU, driver restore, reload (s) | $(json "$LR" gpu_s), $(json "$LR" driver_s), $(json "$LR" criu_s), $(json "$LR" driver_restore_s), $(sub "$(json "$LR" resume_s)" "$(json "$LR" driver_restore_s)") | — |"
+echo "| stop dump: job stopped until the image is complete (s) | $ST_S (fsync $(json "$ST" sync_s) s after) | ${NV_STOP:-—} (driver ${NV_CKPT:-—}, CRIU ${NV_CRIU_D:-—}) |"
+echo "| — of which: hold + save device memory, driver checkpoint, CRIU (s) | $(json "$ST" gpu_s), $(json "$ST" driver_s), $(json "$ST" criu_s) | — |"
+echo "| restore: back to its next step (s) | $RS_BACK (CRIU $(json "$RS" criu_s), driver $(json "$RS" reattach_s), reload $(json "$RS" gpu_s)) | ${NV_BACK:-—} (CRIU ${NV_CRIU_R:-—}, driver ${NV_RESTORE:-—}) |"
+echo "| device memory saved by POS (bytes) / CRIU's part (bytes) | $(json "$ST" gpu_bytes) / $(json "$ST" criu_bytes) | — |"
+echo
+[[ $FAIL == 0 ]] && echo "all outputs identical to the native run" || echo "FAILED: see above"
+exit $FAIL
