@@ -68,7 +68,17 @@ int main(int argc, char** argv) {
     const std::string p = dir + "/probe-one.bin";
     const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(total)) != 0) return std::perror("one file"), 1;
-    row("pwrite, one file", parallel(threads, chunks, [&](int t, uint64_t i) {
+    row("pwrite, one file sized first (ftruncate)", parallel(threads, chunks, [&](int t, uint64_t i) {
+          if (::pwrite(fd, src[t].data(), chunk, static_cast<off_t>(i * chunk)) != static_cast<ssize_t>(chunk)) std::abort();
+        }));
+    ::close(fd);
+    ::unlink(p.c_str());
+  }
+  {  // one file, not sized first: it grows as the chunks land
+    const std::string p = dir + "/probe-grow.bin";
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) return std::perror("grow file"), 1;
+    row("pwrite, one file, not sized first", parallel(threads, chunks, [&](int t, uint64_t i) {
           if (::pwrite(fd, src[t].data(), chunk, static_cast<off_t>(i * chunk)) != static_cast<ssize_t>(chunk)) std::abort();
         }));
     ::close(fd);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -22,6 +23,27 @@ constexpr uint64_t kMaxTableBytes = 64u << 20;
 uint64_t chunks_of(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 }  // namespace
 
+std::vector<ChunkPlace> chunk_places(const RegionTable& t) {
+  std::vector<ChunkPlace> out;
+  std::vector<uint64_t> at(t.files, 0);
+  for (size_t r = 0; r < t.regions.size(); ++r)
+    for (uint64_t off = 0; off < t.regions[r].size; off += t.chunk) {
+      const uint64_t n = std::min(t.chunk, t.regions[r].size - off);
+      const uint32_t f = static_cast<uint32_t>(out.size() % t.files);
+      out.push_back(ChunkPlace{r, off, n, f, at[f]});
+      at[f] += n;
+    }
+  return out;
+}
+
+std::vector<uint64_t> file_sizes(const RegionTable& t) {
+  std::vector<uint64_t> sizes(t.files, 0);
+  for (const ChunkPlace& c : chunk_places(t)) sizes[c.file] += c.n;
+  return sizes;
+}
+
+std::string memory_file_name(uint32_t i) { return "memory." + std::to_string(i) + ".bin"; }
+
 uint64_t RegionTable::bytes() const {
   uint64_t n = 0;
   for (const SavedRegion& r : regions) n += r.size;
@@ -29,7 +51,8 @@ uint64_t RegionTable::bytes() const {
 }
 
 std::string region_table_text(const RegionTable& t) {
-  std::string s = std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\nchunk " + std::to_string(t.chunk) + "\n";
+  std::string s = std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\nchunk " + std::to_string(t.chunk) +
+                  "\nfiles " + std::to_string(t.files) + "\n";
   char buf[96];
   for (const SavedRegion& r : t.regions) {
     std::snprintf(buf, sizeof(buf), "region %d 0x%" PRIx64 " %" PRIu64 " %" PRIu64 " ", r.dev, r.addr, r.size, r.offset);
@@ -60,6 +83,11 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
       chunk % 4096 != 0 || chunk > (1ull << 30))
     return bad("names no chunk size (a multiple of 4096 up to 1 GiB)");
   t.chunk = chunk;
+  unsigned files = 0;
+  if (!std::getline(lines, line) || std::sscanf(line.c_str(), "files %u%c", &files, &tail) != 1 || files == 0 ||
+      files > RegionTable::kMaxFiles)
+    return bad("names no file count (1 to " + std::to_string(RegionTable::kMaxFiles) + ")");
+  t.files = files;
   uint64_t offset = 0, prev_end = 0;
   while (std::getline(lines, line)) {
     if (t.regions.size() >= kMaxRegions) return bad("has more than " + std::to_string(kMaxRegions) + " regions");

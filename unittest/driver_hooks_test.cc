@@ -435,7 +435,10 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   ASSERT_EQ(table->regions.size(), 2u);
   EXPECT_EQ(table->regions[0].addr, 0x200000000000ull);
   EXPECT_EQ(table->regions[1].addr, 0x200000400000ull);
-  EXPECT_EQ(std::filesystem::file_size(img + "/memory.bin"), 10485760u);
+  // One memory file per copy lane, each chunk (8 MiB) in turn: a's 4 MiB in the first, b's 6 in the second.
+  EXPECT_EQ(table->files, 2u);
+  EXPECT_EQ(std::filesystem::file_size(img + "/memory.0.bin"), 4u << 20);
+  EXPECT_EQ(std::filesystem::file_size(img + "/memory.1.bin"), 6u << 20);
   // The job's next driver call waits while the dump holds its memory; ps is still answered.
   job.say("check\n");
   EXPECT_EQ(job.line_within(300), "");
@@ -446,8 +449,8 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   EXPECT_NE(again->find("a dump holds this job already"), std::string::npos) << *again;
   // A damaged image is refused by its checksum and the job stays held; the good one resumes it.
   {
-    std::fstream f(img + "/memory.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(5 << 20);
+    std::fstream f(img + "/memory.1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1 << 20);
     f.put('\x5a');
   }
   auto bad = pos::ask_job(sock, "dump-resume " + img, 10000);
@@ -455,9 +458,9 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   EXPECT_NE(bad->find("fails its checksum"), std::string::npos) << *bad;
   EXPECT_EQ(job.line_within(200), "");
   {
-    std::fstream f(img + "/memory.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(5 << 20);
-    f.put(static_cast<char>(((5 << 20) - (4 << 20)) * 13 + 5));  // the pattern's byte there (b's)
+    std::fstream f(img + "/memory.1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1 << 20);
+    f.put(static_cast<char>((1 << 20) * 13 + 5));  // the pattern's byte there (b's)
   }
   auto resumed = pos::ask_job(sock, "dump-resume " + img, 10000);
   ASSERT_TRUE(resumed.ok());
@@ -482,7 +485,7 @@ TEST_F(Preloaded, ADumpOfAJobWhoseMemoryPosDidNotPlaceIsRefusedByNameAndTheJobRu
   EXPECT_NE(r->find("\"ok\":false,\"error\":\"this job cannot be dumped: device memory is not placed by POS"),
             std::string::npos)
       << *r;
-  EXPECT_FALSE(std::filesystem::exists(img + "/memory.bin"));
+  EXPECT_FALSE(std::filesystem::exists(img + "/memory.0.bin"));
   auto rel = pos::ask_job(pos::job_socket_path(dir, job.pid), "dump-save relative/dir", 10000);
   ASSERT_TRUE(rel.ok());
   EXPECT_NE(rel->find("\"ok\":false"), std::string::npos) << *rel;
@@ -498,6 +501,7 @@ TEST_F(Preloaded, ADumpOfAJobWhoseMemoryPosDidNotPlaceIsRefusedByNameAndTheJobRu
 TEST(DriverDeviceImage, ARegionTableReadsBackAsWrittenAndEveryDamageIsNamed) {
   RegionTable t;
   t.chunk = 8192;
+  t.files = 2;
   t.regions.push_back(SavedRegion{0, 0x200000000000ull, 16384, 0, {0x1234abcd, 0x0}});
   t.regions.push_back(SavedRegion{0, 0x200000200000ull, 4096, 16384, {0xffffffff}});
   const std::string text = region_table_text(t);
@@ -507,6 +511,15 @@ TEST(DriverDeviceImage, ARegionTableReadsBackAsWrittenAndEveryDamageIsNamed) {
   EXPECT_EQ(back->regions[1].addr, 0x200000200000ull);
   EXPECT_EQ(back->regions[0].crcs, (std::vector<uint32_t>{0x1234abcd, 0x0}));
   EXPECT_EQ(back->bytes(), 20480u);
+  EXPECT_EQ(back->files, 2u);
+  // Chunks go to the files in turn: 8 KiB, 8 KiB of the first region, then the second's 4 KiB.
+  const std::vector<ChunkPlace> places = chunk_places(*back);
+  ASSERT_EQ(places.size(), 3u);
+  EXPECT_EQ(places[1].file, 1u);
+  EXPECT_EQ(places[1].file_off, 0u);
+  EXPECT_EQ(places[2].file, 0u);
+  EXPECT_EQ(places[2].file_off, 8192u);
+  EXPECT_EQ(file_sizes(*back), (std::vector<uint64_t>{12288, 8192}));
   EXPECT_EQ(region_table_text(*back), text);
   const auto damaged = [&](size_t at, char c) {
     std::string d = text;

@@ -70,10 +70,32 @@ TEST(JobManifest, APreDumpNeedsNoArenaPermitOrCriuPartButADumpDoes) {
   m.permit = "/x/.reattach";
   expect_refused(manifest_json(m), "outside its directory");
   m.kind = "snapshot";
-  expect_refused(manifest_json(m), "neither \"dump\" nor \"pre-dump\"");
+  expect_refused(manifest_json(m), "none of \"dump\", \"pre-dump\", \"driver-dump\"");
   m = sample();
   m.prev = "/abs/prev";
   expect_refused(manifest_json(m), "not a relative, printable path");
+}
+
+TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndNoPreviousImage) {
+  JobManifest m = sample();
+  m.kind = "driver-dump";
+  m.prev.clear();
+  m.permit.clear();
+  m.arena_bytes = 0;
+  m.socket = "/run/pos-jobs/4242.sock";
+  auto back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->kind, "driver-dump");
+  EXPECT_EQ(back->socket, m.socket);
+  JobManifest bad = m;
+  bad.prev = "../pre";
+  expect_refused(manifest_json(bad), "a previous image");
+  bad = m;
+  bad.socket = "relative.sock";
+  expect_refused(manifest_json(bad), "no control socket");
+  bad = m;
+  bad.gpu = "other";
+  expect_refused(manifest_json(bad), "other parts than gpu and criu");
 }
 
 TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -25,62 +26,53 @@ std::string cu_error(const char* what, CUresult rc) { return std::string(what) +
 
 uint64_t chunks_of(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-struct Chunk {
-  size_t region;
-  uint64_t off, n;
-};
-
-std::vector<Chunk> chunk_list(const std::vector<SavedRegion>& regions, uint64_t chunk) {
-  std::vector<Chunk> out;
-  for (size_t i = 0; i < regions.size(); ++i)
-    for (uint64_t off = 0; off < regions[i].size; off += chunk)
-      out.push_back(Chunk{i, off, std::min(chunk, regions[i].size - off)});
-  return out;
-}
-
-// The copy threads' common frame: a primary context made current on each, a stream and a staging
-// buffer per thread, the first error kept, progress serialized.
+// The copy threads' common frame: one thread per memory file, each with the primary context
+// current, its own stream and two page-locked staging buffers (one filling from the device while
+// the other is checksummed and written); the first error kept, progress serialized.
 class CopyPool {
  public:
   CopyPool(const CopyCalls& c, int dev, const CopyOptions& o, uint64_t total) : c_(c), dev_(dev), o_(o), total_(total) {}
 
-  template <typename Body>  // Status body(void* staging, CUstream s, const Chunk& k)
-  Status run(const std::vector<Chunk>& chunks, Body body) {
+  struct Lane {
+    uint32_t file;
+    void* buf[2];
+    CUstream stream;
+  };
+  // body(Lane&) runs once per file, on its own thread; it calls done(n) as bytes complete and
+  // stops early when failed().
+  template <typename Body>
+  Status run(uint32_t files, uint64_t buffer_bytes, Body body) {
     if (!c_.complete()) return Status::Unsupported("the driver lacks a call the device image needs");
     CUcontext ctx = nullptr;
     if (const CUresult rc = c_.primary_ctx_retain(&ctx, dev_); rc != kSuccess)
       return Status::Unavailable(cu_error("cuDevicePrimaryCtxRetain", rc));
-    const int threads = std::max(1, std::min<int>(o_.threads, static_cast<int>(std::max<size_t>(chunks.size(), 1))));
-    std::atomic<size_t> next{0};
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&] {
-        void* buf = nullptr;
-        CUstream s = nullptr;
+    for (uint32_t f = 0; f < files; ++f)
+      pool.emplace_back([&, f] {
+        Lane lane{f, {nullptr, nullptr}, nullptr};
         CUresult rc = c_.ctx_set_current(ctx);
         if (rc != kSuccess) return fail(Status::Unavailable(cu_error("cuCtxSetCurrent", rc)));
-        if ((rc = c_.stream_create(&s, 1 /* non-blocking */)) != kSuccess)
+        if ((rc = c_.stream_create(&lane.stream, 1 /* non-blocking */)) != kSuccess)
           return fail(Status::Unavailable(cu_error("cuStreamCreate", rc)));
-        if ((rc = c_.host_alloc(&buf, o_.chunk, 0)) != kSuccess) {
-          (void)c_.stream_destroy(s);
-          return fail(Status(Code::kOutOfMemory, 0, cu_error("cuMemHostAlloc (staging)", rc)));
-        }
-        while (!failed_.load(std::memory_order_relaxed)) {
-          const size_t i = next.fetch_add(1);
-          if (i >= chunks.size()) break;
-          if (Status st = body(buf, s, chunks[i]); !st.ok()) {
-            fail(std::move(st));
-            break;
-          }
-          done(chunks[i].n);
-        }
-        (void)c_.free_host(buf);
-        (void)c_.stream_destroy(s);
+        for (void*& b : lane.buf)
+          if (rc == kSuccess && (rc = c_.host_alloc(&b, buffer_bytes, 0)) != kSuccess) b = nullptr;
+        if (rc != kSuccess) fail(Status(Code::kOutOfMemory, 0, cu_error("cuMemHostAlloc (staging)", rc)));
+        else if (Status st = body(lane); !st.ok()) fail(std::move(st));
+        (void)c_.stream_synchronize(lane.stream);  // nothing may still copy into a buffer being freed
+        for (void* b : lane.buf)
+          if (b != nullptr) (void)c_.free_host(b);
+        (void)c_.stream_destroy(lane.stream);
         (void)c_.ctx_set_current(nullptr);
       });
     for (std::thread& t : pool) t.join();
     (void)c_.primary_ctx_release(dev_);
     return first_;
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  void done(uint64_t n) {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ += n;
+    if (o_.progress) o_.progress(done_, total_);
   }
 
  private:
@@ -88,11 +80,6 @@ class CopyPool {
     std::lock_guard<std::mutex> lk(mu_);
     if (first_.ok()) first_ = std::move(st);
     failed_.store(true);
-  }
-  void done(uint64_t n) {
-    std::lock_guard<std::mutex> lk(mu_);
-    done_ += n;
-    if (o_.progress) o_.progress(done_, total_);
   }
 
   const CopyCalls& c_;
@@ -110,7 +97,7 @@ Status write_all_at(int fd, const void* p, uint64_t n, uint64_t off) {
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, c, n, static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::Unavailable(std::string("cannot write memory.bin: ") + std::strerror(w < 0 ? errno : ENOSPC));
+    if (w <= 0) return Status::Unavailable(std::string("cannot write a memory file: ") + std::strerror(w < 0 ? errno : ENOSPC));
     c += w, n -= static_cast<uint64_t>(w), off += static_cast<uint64_t>(w);
   }
   return Status::Ok();
@@ -121,8 +108,8 @@ Status read_all_at(int fd, void* p, uint64_t n, uint64_t off) {
   while (n > 0) {
     const ssize_t r = ::pread(fd, c, n, static_cast<off_t>(off));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::Unavailable(std::string("cannot read memory.bin: ") + std::strerror(errno));
-    if (r == 0) return Status::Corrupt("memory.bin is shorter than its region table says");
+    if (r < 0) return Status::Unavailable(std::string("cannot read a memory file: ") + std::strerror(errno));
+    if (r == 0) return Status::Corrupt("a memory file is shorter than its region table says");
     c += r, n -= static_cast<uint64_t>(r), off += static_cast<uint64_t>(r);
   }
   return Status::Ok();
@@ -140,27 +127,56 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
   if (o.chunk == 0 || o.chunk % 4096 != 0) return Status::InvalidArgument("the chunk size must be a multiple of 4096");
   RegionTable table;
   table.chunk = o.chunk;
-  uint64_t offset = 0;
+  uint64_t offset = 0, nchunks = 0;
   for (const SavedRegion& r : regions) {
     SavedRegion s{r.dev, r.addr, r.size, offset, std::vector<uint32_t>(chunks_of(r.size, o.chunk))};
     offset += r.size;
+    nchunks += s.crcs.size();
     table.regions.push_back(std::move(s));
   }
-  const std::string bin = dir + "/memory.bin";
-  UniqueFd f(::open(bin.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!f) return Status::Unavailable("cannot create " + bin + ": " + std::strerror(errno));
-  if (::ftruncate(f.get(), static_cast<off_t>(offset)) != 0)
-    return Status::Unavailable("cannot size " + bin + ": " + std::strerror(errno));
-  const std::vector<Chunk> chunks = chunk_list(table.regions, o.chunk);
+  table.files = static_cast<uint32_t>(std::clamp<uint64_t>(std::min<uint64_t>(o.threads, nchunks), 1, RegionTable::kMaxFiles));
+  const std::vector<ChunkPlace> places = chunk_places(table);
+  std::vector<UniqueFd> fds;
+  const auto remove_all = [&] {
+    for (uint32_t f = 0; f < table.files; ++f) ::unlink((dir + "/" + memory_file_name(f)).c_str());
+    ::unlink((dir + "/regions.tmp").c_str());
+  };
+  for (uint32_t f = 0; f < table.files; ++f) {
+    const std::string path = dir + "/" + memory_file_name(f);
+    fds.emplace_back(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fds.back()) {
+      const int e = errno;
+      fds.pop_back();  // not ours: not removed below
+      for (uint32_t g = 0; g < f; ++g) ::unlink((dir + "/" + memory_file_name(g)).c_str());
+      return Status::Unavailable("cannot create " + path + ": " + std::strerror(e));
+    }
+  }
   CopyPool pool(calls, dev, o, offset);
-  Status st = pool.run(chunks, [&](void* buf, CUstream s, const Chunk& k) -> Status {
-    SavedRegion& r = table.regions[k.region];
-    if (const CUresult rc = calls.dtoh_async(buf, r.addr + k.off, k.n, s); rc != kSuccess)
-      return Status::Unavailable(cu_error("cuMemcpyDtoHAsync", rc));
-    if (const CUresult rc = calls.stream_synchronize(s); rc != kSuccess)
-      return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
-    r.crcs[k.off / o.chunk] = ckpt::crc32c(buf, k.n);  // each thread its own chunks: no two write one slot
-    return write_all_at(f.get(), buf, k.n, r.offset + k.off);
+  Status st = pool.run(table.files, o.chunk, [&](CopyPool::Lane& lane) -> Status {
+    // This lane's chunks: copy the next one into one buffer while the last one is checksummed and
+    // written from the other (the stream holds one copy at a time).
+    const ChunkPlace* held = nullptr;  // copied into buf[side ^ 1], not yet written
+    int side = 0;
+    const auto write_held = [&]() -> Status {
+      SavedRegion& r = table.regions[held->region];
+      const void* b = lane.buf[side ^ 1];
+      r.crcs[held->off / o.chunk] = ckpt::crc32c(b, held->n);  // one lane per chunk: no two write one slot
+      POS_RETURN_IF_ERROR(write_all_at(fds[lane.file].get(), b, held->n, held->file_off));
+      pool.done(held->n);
+      return Status::Ok();
+    };
+    for (size_t i = lane.file; i < places.size() && !pool.failed(); i += table.files) {
+      const ChunkPlace& k = places[i];
+      if (const CUresult rc = calls.dtoh_async(lane.buf[side], table.regions[k.region].addr + k.off, k.n, lane.stream);
+          rc != kSuccess)
+        return Status::Unavailable(cu_error("cuMemcpyDtoHAsync", rc));
+      if (held != nullptr) POS_RETURN_IF_ERROR(write_held());
+      if (const CUresult rc = calls.stream_synchronize(lane.stream); rc != kSuccess)
+        return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
+      held = &k;
+      side ^= 1;
+    }
+    return held != nullptr && !pool.failed() ? write_held() : Status::Ok();
   });
   if (st.ok()) {
     const std::string text = region_table_text(table), tmp = dir + "/regions.tmp";
@@ -170,8 +186,7 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
       st = Status::Unavailable("cannot write " + dir + "/regions: " + std::strerror(errno));
   }
   if (!st.ok()) {
-    ::unlink(bin.c_str());
-    ::unlink((dir + "/regions.tmp").c_str());
+    remove_all();
     return st;
   }
   return CopyReport{offset, regions.size(), since(t0)};
@@ -191,30 +206,48 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
     if (a.addr != b.addr || a.size != b.size || a.dev != b.dev)
       return Status::Corrupt(dir + " does not match the job's allocations (region " + std::to_string(i) + ")");
   }
-  const std::string bin = dir + "/memory.bin";
-  UniqueFd f(::open(bin.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!f) return Status::Unavailable("cannot open " + bin + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(f.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != table->bytes())
-    return Status::Corrupt(bin + " is not the size its region table says");
+  const std::vector<uint64_t> sizes = file_sizes(*table);
+  std::vector<UniqueFd> fds;
+  for (uint32_t f = 0; f < table->files; ++f) {
+    const std::string path = dir + "/" + memory_file_name(f);
+    fds.emplace_back(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    struct stat st {};
+    if (!fds.back()) return Status::Unavailable("cannot open " + path + ": " + std::strerror(errno));
+    if (::fstat(fds.back().get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != sizes[f])
+      return Status::Corrupt(path + " is not the size its region table says");
+  }
+  const std::vector<ChunkPlace> places = chunk_places(*table);
   const uint64_t chunk = table->chunk;
-  CopyOptions lo = o;
-  lo.chunk = chunk;  // the staging buffers hold the image's chunks
-  const std::vector<Chunk> chunks = chunk_list(table->regions, chunk);
-  CopyPool pool(calls, dev, lo, table->bytes());
-  Status s = pool.run(chunks, [&](void* buf, CUstream stream, const Chunk& k) -> Status {
-    const SavedRegion& r = table->regions[k.region];
-    POS_RETURN_IF_ERROR(read_all_at(f.get(), buf, k.n, r.offset + k.off));
-    if (ckpt::crc32c(buf, k.n) != r.crcs[k.off / chunk])
-      return Status::Corrupt(bin + ": the chunk at " + std::to_string(r.offset + k.off) + " fails its checksum");
-    if (const CUresult rc = calls.htod_async(r.addr + k.off, buf, k.n, stream); rc != kSuccess)
-      return Status::Unavailable(cu_error("cuMemcpyHtoDAsync", rc));
-    if (const CUresult rc = calls.stream_synchronize(stream); rc != kSuccess)
+  CopyPool pool(calls, dev, o, table->bytes());
+  Status s = pool.run(table->files, chunk, [&](CopyPool::Lane& lane) -> Status {
+    for (size_t i = lane.file; i < places.size() && !pool.failed(); i += table->files) {
+      const ChunkPlace& k = places[i];
+      const SavedRegion& r = table->regions[k.region];
+      // Read into the buffer no copy uses (the one before last finished at the last sync) while the
+      // last chunk still copies to the device from the other.
+      void* b = lane.buf[i / table->files % 2];
+      POS_RETURN_IF_ERROR(read_all_at(fds[lane.file].get(), b, k.n, k.file_off));
+      if (ckpt::crc32c(b, k.n) != r.crcs[k.off / chunk])
+        return Status::Corrupt(dir + "/" + memory_file_name(lane.file) + ": the chunk at " + std::to_string(k.file_off) +
+                               " fails its checksum");
+      if (const CUresult rc = calls.stream_synchronize(lane.stream); rc != kSuccess)
+        return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
+      if (const CUresult rc = calls.htod_async(r.addr + k.off, b, k.n, lane.stream); rc != kSuccess)
+        return Status::Unavailable(cu_error("cuMemcpyHtoDAsync", rc));
+      pool.done(k.n);
+    }
+    if (const CUresult rc = calls.stream_synchronize(lane.stream); rc != kSuccess)
       return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
     return Status::Ok();
   });
   if (!s.ok()) return s;
   return CopyReport{table->bytes(), table->regions.size(), since(t0)};
+}
+
+void remove_saved(const std::string& dir) {
+  ::unlink((dir + "/regions").c_str());
+  ::unlink((dir + "/regions.tmp").c_str());
+  for (uint32_t f = 0; f < RegionTable::kMaxFiles; ++f) ::unlink((dir + "/" + memory_file_name(f)).c_str());
 }
 
 }  // namespace pos::driver

@@ -1,5 +1,5 @@
 // device_image.h — the device memory of an in-process job on disk: POS's placed allocations saved
-// to DIR/memory.bin with a checked region table (DIR/regions), and loaded back at their addresses.
+// to DIR/memory.<i>.bin with a checked region table (DIR/regions), and loaded back at their addresses.
 // The GPU part of a `pos-cli dump` of a `pos run` job (docs/image_format.md, "Driver memory image").
 //
 // Device-neutral: the driver's copy calls come in as function pointers, so CI tests it against a
@@ -18,6 +18,10 @@
 
 namespace pos::driver {
 
+using ckpt::ChunkPlace;
+using ckpt::chunk_places;
+using ckpt::file_sizes;
+using ckpt::memory_file_name;
 using ckpt::RegionTable;
 using ckpt::SavedRegion;
 using ckpt::parse_region_table;
@@ -43,8 +47,8 @@ struct CopyCalls {
 };
 
 struct CopyOptions {
-  int threads = 4;                 // copy threads, each with a stream and two staging buffers
-  uint64_t chunk = 16ull << 20;    // copy and checksum unit
+  int threads = 16;               // copy threads (and memory files), each with a stream and two staging buffers
+  uint64_t chunk = 8ull << 20;    // copy and checksum unit
   // Bytes done so far of the total, from the copy threads (serialized), at most every chunk.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
@@ -55,7 +59,7 @@ struct CopyReport {
 };
 
 // Saves the bytes of `regions` (device `dev`'s, whose primary context is made current on the copy
-// threads) into DIR/memory.bin and then DIR/regions (written last, atomically: a table names only
+// threads) into DIR/memory.<i>.bin (one per thread) and then DIR/regions (written last, atomically: a table names only
 // bytes that are on disk in the page cache). DIR must exist and hold neither. The device must be idle
 // (the caller stopped and synchronized the job's work). Not fsynced: pos-cli makes the files
 // durable once the job runs again.
@@ -67,5 +71,8 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
 // addresses and sizes.
 StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
                                   const std::string& dir, const CopyOptions& options);
+
+// Removes what save_regions writes in DIR (a dump undone).
+void remove_saved(const std::string& dir);
 
 }  // namespace pos::driver

@@ -204,8 +204,7 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
     (void)rt->placement->remap();
     // The bytes are still on the device where the unmap failed; elsewhere they must come back.
     auto back = load_regions(rt->copy, dev, regions, dir, CopyOptions{8, 16ull << 20, nullptr});
-    ::unlink((dir + "/memory.bin").c_str());
-    ::unlink((dir + "/regions").c_str());
+    remove_saved(dir);
     if (!back.ok()) return dump_error("unmapping failed (" + std::to_string(rc) + ") and reloading failed: " +
                                       back.status().message() + "; the job stays stopped");
     return fail("unmapping device memory failed: CUDA driver error " + std::to_string(rc) + "; not dumped");

@@ -22,6 +22,7 @@
 #include "ckpt/criu.h"
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
+#include "ckpt/region_table.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/unique_fd.h"
@@ -459,7 +460,7 @@ std::string json_text(const std::string& j, const std::string& key) {
   return out;
 }
 
-Status sync_files(std::initializer_list<std::string> paths) {
+Status sync_files(const std::vector<std::string>& paths) {
   for (const std::string& p : paths) {
     UniqueFd f(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
     if (!f || ::fsync(f.get()) != 0) return Status::Unavailable("cannot sync " + p + ": " + std::strerror(errno));
@@ -568,7 +569,10 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   }
   // Durable once the job runs again: the bytes are in the page cache already.
   t = std::chrono::steady_clock::now();
-  if (Status s = sync_files({gpu_dir + "/memory.bin", gpu_dir + "/regions", gpu_dir, dir}); !s.ok()) {
+  std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
+  if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
+    for (uint32_t f = 0; f < table->files; ++f) parts.push_back(gpu_dir + "/" + ckpt::memory_file_name(f));
+  if (Status s = sync_files(parts); !s.ok()) {
     remove_parts();
     return s;
   }

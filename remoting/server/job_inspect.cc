@@ -85,35 +85,40 @@ StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, con
     return Status::Corrupt("the GPU part " + gpu_dir + " holds " + std::to_string(t->regions.size()) + " regions of " +
                            std::to_string(t->bytes()) + " bytes; the manifest says " + std::to_string(m.handles) + " of " +
                            std::to_string(m.gpu_bytes));
-  struct stat st {};
-  if (::stat((gpu_dir + "/memory.bin").c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) != t->bytes())
-    return Status::Corrupt("the GPU part's memory.bin is missing or not " + std::to_string(t->bytes()) + " bytes");
+  const std::vector<uint64_t> sizes = ckpt::file_sizes(*t);
+  for (uint32_t f = 0; f < t->files; ++f) {
+    struct stat st {};
+    const std::string path = gpu_dir + "/" + ckpt::memory_file_name(f);
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != sizes[f])
+      return Status::Corrupt("the GPU part's " + ckpt::memory_file_name(f) + " is missing or not " +
+                             std::to_string(sizes[f]) + " bytes");
+  }
   return t;
 }
 
 Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
                               const std::function<void(uint64_t, uint64_t)>& progress) {
-  const std::string bin = gpu_dir + "/memory.bin";
-  UniqueFd f(::open(bin.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!f) return Status::Unavailable("cannot open " + bin + ": " + std::strerror(errno));
+  std::vector<UniqueFd> fds;
+  for (uint32_t f = 0; f < t.files; ++f) {
+    fds.emplace_back(::open((gpu_dir + "/" + ckpt::memory_file_name(f)).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fds.back()) return Status::Unavailable("cannot open " + gpu_dir + "/" + ckpt::memory_file_name(f) + ": " + std::strerror(errno));
+  }
   std::vector<char> buf(t.chunk);
   uint64_t done = 0;
-  for (const ckpt::SavedRegion& r : t.regions)
-    for (uint64_t off = 0, i = 0; off < r.size; off += t.chunk, ++i) {
-      const uint64_t n = std::min(t.chunk, r.size - off);
-      uint64_t got = 0;
-      while (got < n) {
-        const ssize_t k = ::pread(f.get(), buf.data() + got, n - got, static_cast<off_t>(r.offset + off + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return Status::Corrupt(bin + " cannot be read at " + std::to_string(r.offset + off + got));
-        got += static_cast<uint64_t>(k);
-      }
-      if (ckpt::crc32c(buf.data(), n) != r.crcs[i])
-        return Status::Corrupt(bin + ": the chunk at " + std::to_string(r.offset + off) + " fails its checksum");
-      done += n;
-      if (progress) progress(done, t.bytes());
+  for (const ckpt::ChunkPlace& c : ckpt::chunk_places(t)) {
+    const std::string name = gpu_dir + "/" + ckpt::memory_file_name(c.file);
+    uint64_t got = 0;
+    while (got < c.n) {
+      const ssize_t k = ::pread(fds[c.file].get(), buf.data() + got, c.n - got, static_cast<off_t>(c.file_off + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return Status::Corrupt(name + " cannot be read at " + std::to_string(c.file_off + got));
+      got += static_cast<uint64_t>(k);
     }
+    if (ckpt::crc32c(buf.data(), c.n) != t.regions[c.region].crcs[c.off / t.chunk])
+      return Status::Corrupt(name + ": the chunk at " + std::to_string(c.file_off) + " fails its checksum");
+    done += c.n;
+    if (progress) progress(done, t.bytes());
+  }
   return Status::Ok();
 }
 
