@@ -336,6 +336,8 @@ int main(int argc, char** argv) {
   pre_cmd->add_flag("--lazy-ok", pa.lazy_ok, "as for dump");
   pre_cmd->add_flag("--json", pa.json, "one JSON report");
   pre_cmd->add_option("--socket", pa.socket, "posd's socket")->capture_default_str();
+  pre_cmd->add_option("--jobs-dir", pa.jobs_dir, "where in-process jobs (pos run) put their control sockets")
+      ->capture_default_str();
 
   RestoreArgs ra;
   ra.socket = pos::default_socket_path();

@@ -5,6 +5,7 @@
 //
 //   driver_probe direct|dlsym|proc|features|place|wait|other|next   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -158,6 +159,42 @@ int main(int argc, char** argv) {
       const int r = dtoh(ra.data(), a, na) | dtoh(rb.data(), b, nb);
       std::printf("rc=%d same=%d\n", r, ra == pa && rb == pb ? 1 : 0);
       std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (what == "memory-files" && argc > 2) {
+    // "memory" for CRIU (no pipes to the test, which CRIU could not restore): stdio is /dev/null,
+    // DIR/ready says it is ready, and each DIR/check-N the test makes is answered in DIR/result-N;
+    // DIR/exit ends it.
+    const std::string dir = argv[2];
+    const auto exists = [](const std::string& p) { return access(p.c_str(), F_OK) == 0; };
+    const auto put = [](const std::string& p, const std::string& text) {
+      const std::string tmp = p + ".tmp";
+      if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+        std::fputs(text.c_str(), f);
+        std::fclose(f);
+        std::rename(tmp.c_str(), p.c_str());
+      }
+    };
+    unsigned long long a = 0, b = 0;
+    const size_t na = 3 << 20, nb = 5 << 20;
+    int rc = cuMemAlloc_v2(&a, na) | cuMemAlloc_v2(&b, nb);
+    auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(dlsym(RTLD_DEFAULT, "cuMemcpyHtoD_v2"));
+    auto dtoh = reinterpret_cast<int (*)(void*, unsigned long long, size_t)>(dlsym(RTLD_DEFAULT, "cuMemcpyDtoH_v2"));
+    std::string pa(na, '\0'), pb(nb, '\0');
+    for (size_t i = 0; i < na; ++i) pa[i] = static_cast<char>(i * 7 + 1);
+    for (size_t i = 0; i < nb; ++i) pb[i] = static_cast<char>(i * 13 + 5);
+    rc |= htod(a, pa.data(), na) | htod(b, pb.data(), nb);
+    put(dir + "/ready", "rc=" + std::to_string(rc) + "\n");
+    for (int n = 1; !exists(dir + "/exit");) {
+      if (!exists(dir + "/check-" + std::to_string(n))) {
+        usleep(5000);
+        continue;
+      }
+      std::string ra(na, '\0'), rb(nb, '\0');
+      const int r = dtoh(ra.data(), a, na) | dtoh(rb.data(), b, nb);
+      put(dir + "/result-" + std::to_string(n), "rc=" + std::to_string(r) + " same=" + (ra == pa && rb == pb ? "1" : "0") + "\n");
+      ++n;
     }
     return 0;
   }

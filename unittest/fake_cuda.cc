@@ -214,6 +214,22 @@ FAKE_EXPORT int fake_mapped_bytes() {
   for (const auto& m : mapped) n += m.second;
   return static_cast<int>(n >> 20);  // MiB
 }
+// The calls pos-cli makes on its own side (ckpt/driver_checkpoint.cc). The fake holds no driver
+// state in the job to take, so NVIDIA's process checkpoint is a no-op that succeeds: what a test
+// sees is POS's own save, unmap, CRIU and reload around it.
+FAKE_EXPORT int cuInit(unsigned) { return 0; }
+FAKE_EXPORT int cuGetErrorName(int, const char** name) {
+  *name = "FAKE_ERROR";
+  return 0;
+}
+FAKE_EXPORT int cuCheckpointProcessGetState(int, int* state) {
+  *state = 0;  // running
+  return 0;
+}
+FAKE_EXPORT int cuCheckpointProcessLock(int, void*) { return 0; }
+FAKE_EXPORT int cuCheckpointProcessCheckpoint(int, void*) { return 0; }
+FAKE_EXPORT int cuCheckpointProcessRestore(int, void*) { return 0; }
+FAKE_EXPORT int cuCheckpointProcessUnlock(int, void*) { return 0; }
 // Not a driver function: the RTLD_NEXT check of driver_hooks_test looks it up from the probe.
 FAKE_EXPORT int probe_symbol() { return 2; }
 

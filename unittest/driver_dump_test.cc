@@ -1,0 +1,177 @@
+// driver_dump_test.cc — `pos-cli dump` / `restore` of an in-process job (pos run's driver layer) in
+// CRIU's ZDTM shape, without a GPU: a probe job puts a pattern in POS-placed "device memory" (the
+// fake driver backs it with host memory at the same addresses), pos-cli dumps it through its
+// control socket and CRIU, restores it, and the job checks that its memory holds the pattern.
+// NVIDIA's process checkpoint is the fake's no-op here; the gpu suite's torch_dump_gpu runs the real one.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "unittest/run_program.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
+  return v != nullptr ? v : "";
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+class DriverDump : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Restored jobs are reparented to this process (not to init), so the test can reap them.
+    ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    // Short: the control socket's path must fit a sockaddr_un (108 bytes).
+    static int n = 0;
+    root_ = fs::temp_directory_path() / ("pos-dd-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "work");
+    jobs_ = (root_ / "jobs").string();
+  }
+  void TearDown() override {
+    for (pid_t p : {pid_, restored_})
+      if (p > 0) ::kill(p, SIGKILL);
+    for (int i = 0; i < 100 && ::waitpid(-1, nullptr, WNOHANG) >= 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    fs::remove_all(root_);
+  }
+  // The probe job under the driver layer, placement on, stdio on /dev/null.
+  void start() {
+    const std::string probe = env("POS_DRIVER_PROBE"), work = (root_ / "work").string();
+    std::vector<std::string> e;
+    for (char** p = environ; *p != nullptr; ++p) e.emplace_back(*p);
+    e.push_back("LD_PRELOAD=" + env("POS_DRIVER_LIB"));
+    e.push_back("POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA"));
+    e.push_back("POS_JOBS_DIR=" + jobs_);
+    e.push_back("POS_DRIVER_PLACE=1");
+    std::vector<char*> envp;
+    for (std::string& s : e) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    for (int fd : {0, 1, 2}) posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+    char* argv[] = {const_cast<char*>(probe.c_str()), const_cast<char*>("memory-files"), const_cast<char*>(work.c_str()),
+                    nullptr};
+    ASSERT_EQ(::posix_spawn(&pid_, probe.c_str(), &fa, nullptr, argv, envp.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!fs::exists(root_ / "work" / "ready")) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the probe did not get ready";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(read_file(root_ / "work" / "ready"), "rc=0\n");
+  }
+  // Asks the job (whichever process it is now) to read its memory back; its answer.
+  std::string check() {
+    ++checks_;
+    const fs::path result = root_ / "work" / ("result-" + std::to_string(checks_));
+    { std::ofstream(root_ / "work" / ("check-" + std::to_string(checks_))); }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!fs::exists(result) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return read_file(result);
+  }
+  std::string cli(const std::string& args, int* code) {
+    return pos::test::run_shell("POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args, code);
+  }
+
+  fs::path root_;
+  std::string jobs_;
+  pid_t pid_ = -1, restored_ = -1;
+  int checks_ = 0;
+};
+
+TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithItsBytes) {
+  start();
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const std::string img = (root_ / "img").string();
+  int code = -1;
+  const std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --leave-running --json --jobs-dir " + jobs_, &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"inproc\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;  // 4 + 6 MiB placed
+  EXPECT_NE(out.find("\"handles\":2"), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // running on, with its memory mapped and loaded again
+  EXPECT_EQ(::kill(pid_, 0), 0);
+  const std::string manifest = read_file(img + "/manifest");
+  EXPECT_NE(manifest.find("\"kind\":\"driver-dump\""), std::string::npos) << manifest;
+  const std::string shown = cli("inspect " + img, &code);
+  EXPECT_EQ(code, 0) << shown;
+  EXPECT_NE(shown.find("a dump of an in-process job (pos run) of pid " + std::to_string(pid_)), std::string::npos) << shown;
+  EXPECT_NE(shown.find("verified: 10485760 bytes"), std::string::npos) << shown;
+  // A second dump into the same directory is refused, and the job is not touched.
+  (void)cli("dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
+TEST_F(DriverDump, AStopDumpEndsTheJobAndItsRestoreBringsItBackWithTheSameMemoryAtTheSameAddresses) {
+  start();
+  const std::string img = (root_ / "img").string();
+  int code = -1;
+  std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  ASSERT_EQ(code, 0) << out;
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid_, &st, 0), pid_);  // CRIU ended it
+  const pid_t dumped = std::exchange(pid_, -1);
+  // A damaged region table: the restore refuses before anything runs.
+  const std::string table = img + "/gpu/regions";
+  const std::string good = read_file(table);
+  {
+    std::string bad = good;
+    bad[bad.find("region") + 7] = '9';  // the device number
+    std::ofstream(table, std::ios::trunc) << bad;
+  }
+  out = cli("restore -D " + img, &code);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("region table"), std::string::npos) << out;
+  EXPECT_NE(::kill(dumped, 0), 0);  // nothing restored
+  std::ofstream(table, std::ios::trunc) << good;
+  out = cli("restore -D " + img + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"pid\":" + std::to_string(dumped)), std::string::npos) << out;
+  restored_ = dumped;
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // the restored process reads its pattern back
+  { std::ofstream(root_ / "work" / "exit"); }
+  ASSERT_EQ(::waitpid(restored_, &st, 0), restored_);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  restored_ = -1;
+}
+
+TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage) {
+  start();
+  const std::string img = (root_ / "img").string();
+  int code = -1;
+  // pre-dump and --prev are not built for in-process jobs: said, nothing touched.
+  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("in-process job"), std::string::npos) << out;
+  out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + img + " --jobs-dir " + jobs_, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--prev is not built for in-process jobs"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(img + "/manifest"));
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
+}  // namespace
