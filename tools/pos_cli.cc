@@ -151,6 +151,10 @@ int dump(const DumpArgs& a, bool pre) {
   o.leave_running = pre || a.leave_running;
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
+  // If this process dies mid-dump, a guardian runs this same program's `resume` on the job.
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) o.resume_program.assign(self, static_cast<size_t>(n));
   // An in-process job (pos run) answers on its own control socket; a job under posd has none.
   const std::string job_socket = pos::job_socket_path(a.jobs_dir, a.pid);
   struct stat st {};
@@ -232,6 +236,19 @@ int dump(const DumpArgs& a, bool pre) {
                 r->detach_s, r->gpu_s, r->criu_s, r->total_s);
   }
   if (!r->criu_note.empty()) std::printf("note: %s\n", r->criu_note.c_str());
+  return 0;
+}
+
+// `pos-cli resume -t PID`: an in-process job a dump left held brought back.
+int resume(int pid, const std::string& jobs_dir, std::string job_socket) {
+  if (job_socket.empty()) job_socket = pos::job_socket_path(jobs_dir, pid);
+  auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid));
+  if (!r.ok()) {
+    std::fprintf(stderr, "pos-cli resume: pid %d: %s\n", pid, r.status().message().c_str());
+    return 1;
+  }
+  if (*r == "not held") std::printf("pid %d is not held by a dump: nothing to do\n", pid);
+  else std::printf("pid %d runs on: %s\n", pid, r->c_str());
   return 0;
 }
 
@@ -348,6 +365,15 @@ int main(int argc, char** argv) {
   restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
 
+  int resume_pid = 0;
+  std::string resume_jobs_dir = pos::default_jobs_dir(), resume_socket;
+  CLI::App* resume_cmd = app.add_subcommand(
+      "resume", "bring back an in-process job (pos run) that a dump left held (its pos-cli was killed mid-dump)");
+  resume_cmd->add_option("-t,--tree", resume_pid, "the job's pid")->required()->check(CLI::PositiveNumber);
+  resume_cmd->add_option("--jobs-dir", resume_jobs_dir, "where in-process jobs put their control sockets")
+      ->capture_default_str();
+  resume_cmd->add_option("--job-socket", resume_socket, "the job's control socket (instead of --jobs-dir)");
+
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
   help->add_option("COMMAND", topic, "the command");
@@ -362,8 +388,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, resume, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -376,12 +402,12 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, resume_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
@@ -389,5 +415,6 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
+  if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket);
   return 2;
 }

@@ -159,6 +159,30 @@ TEST_F(DriverDump, AStopDumpEndsTheJobAndItsRestoreBringsItBackWithTheSameMemory
   restored_ = -1;
 }
 
+// pos-cli killed mid-dump (kill -9 at a fault point: after the job saved and unmapped its memory,
+// or after the driver's checkpoint): its guardian runs `pos-cli resume`, and the job runs on with
+// its memory. No image is left.
+TEST_F(DriverDump, APosCliKilledMidDumpLeavesTheJobRunningWithItsMemory) {
+  start();
+  int code = -1;
+  for (const char* point : {"driver-dump-saved", "driver-dump-checkpointed"}) {
+    SCOPED_TRACE(point);
+    const std::string img = (root_ / (std::string("img-") + point)).string();
+    // run_shell's code for a killed pos-cli; the prefix sets the fault point for pos-cli alone.
+    const std::string out = pos::test::run_shell("POS_FAULT_POINT=" + std::string(point) + " POS_REAL_LIBCUDA=" +
+                                                     env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " dump -t " +
+                                                     std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_,
+                                                 &code);
+    EXPECT_NE(code, 0) << out;
+    EXPECT_EQ(check(), "rc=0 same=1\n");  // the guardian's resume let the held call run, on its bytes
+    EXPECT_FALSE(fs::exists(img + "/manifest"));
+  }
+  // Nothing holds it now: resume says so and changes nothing.
+  const std::string out = cli("resume -t " + std::to_string(pid_) + " --jobs-dir " + jobs_, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("not held by a dump"), std::string::npos) << out;
+}
+
 TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage) {
   start();
   const std::string img = (root_ / "img").string();

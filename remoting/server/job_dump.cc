@@ -480,7 +480,69 @@ StatusOr<std::string> ask_dump(const std::string& socket, const std::string& com
   return *a;
 }
 
+// Brings an in-process job back if this process dies mid-dump: a child waiting on a pipe from this
+// process that, at end-of-file without the word that the dump is over, becomes `pos-cli resume`
+// (exec, with every string made before the fork: nothing else runs in the child).
+class DriverJobGuardian {
+ public:
+  DriverJobGuardian(const std::string& program, uint32_t pid, const std::string& job_socket) {
+    if (program.empty()) return;
+    args_ = {program, "resume", "-t", std::to_string(pid), "--job-socket", job_socket};
+    for (std::string& a : args_) argv_.push_back(a.data());
+    argv_.push_back(nullptr);
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(p[1]);
+      char c = 0;
+      ssize_t r;
+      while ((r = ::read(p[0], &c, 1)) < 0 && errno == EINTR) {
+      }
+      if (r == 1) ::_exit(0);
+      static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); bringing the job back\n";
+      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+      ::execv(argv_[0], argv_.data());
+      ::_exit(127);
+    }
+    ::close(p[0]);
+    if (child < 0) {
+      ::close(p[1]);
+      return;
+    }
+    pid_ = child, fd_ = p[1];
+  }
+  ~DriverJobGuardian() {
+    if (pid_ <= 0) return;
+    (void)!::write(fd_, "x", 1);
+    ::close(fd_);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  DriverJobGuardian(const DriverJobGuardian&) = delete;
+  DriverJobGuardian& operator=(const DriverJobGuardian&) = delete;
+
+ private:
+  std::vector<std::string> args_;
+  std::vector<char*> argv_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 }  // namespace
+
+StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid) {
+  auto driver = ckpt::DriverCheckpoint::open();
+  if (!driver.ok()) return driver.status();
+  POS_RETURN_IF_ERROR((*driver)->release(static_cast<pid_t>(pid)).with_context("the driver's restore"));
+  auto a = ask_job(job_socket, "dump-resume", 600'000);
+  if (!a.ok()) return a.status();
+  if (a->find("nothing to resume") != std::string::npos) return std::string("not held");
+  if (a->find("\"ok\":true") == std::string::npos)
+    return Status::FailedPrecondition(json_text(*a, "error").empty() ? printable(*a, 200) : json_text(*a, "error"));
+  return *a;
+}
 
 StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   namespace fs = std::filesystem;
@@ -512,6 +574,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   }
   JobDumpReport r;
   const pid_t pid = static_cast<pid_t>(o.pid);
+  DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
   say("gpu");
   auto t = std::chrono::steady_clock::now();
   const auto t_stop = t;
@@ -526,6 +589,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   r.gpu.bytes_stored = static_cast<uint64_t>(json_number(*saved, "bytes"));
   r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
   r.gpu.image = gpu_dir;
+  ckpt::fault_point("driver-dump-saved");
   // From here a failure brings the job back: its driver state restored, its memory loaded.
   auto undo = [&](const Status& why) -> Status {
     Status back = (*driver)->release(pid);
@@ -539,6 +603,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   if (d.ok()) d = (*driver)->checkpoint(pid);
   r.driver_s = seconds_since(t);
   if (!d.ok()) return undo(d.with_context("the driver's checkpoint"));
+  ckpt::fault_point("driver-dump-checkpointed");
 
   say("criu");
   t = std::chrono::steady_clock::now();

@@ -27,6 +27,10 @@ struct JobDumpOptions {
   std::string prev;
   // An in-process job's control socket (pos run: JOBS_DIR/<pid>.sock), for dump_driver_job.
   std::string job_socket;
+  // dump_driver_job: the pos-cli to run as `PROGRAM resume -t PID --job-socket SOCKET` if this
+  // process dies mid-dump (a guardian child execs it), so that the job never stays held. Empty:
+  // no guardian.
+  std::string resume_program;
   // Phase names ("detach", "gpu", "criu", "resume") and, for "gpu", bytes stored of the total.
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
 };
@@ -68,5 +72,11 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& options);
 // job runs on. DIR/manifest (kind "driver-dump") last. Any failure brings the job back running and
 // removes what this dump wrote. --prev and --mode async are not built for these jobs (refused).
 StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
+
+// `pos-cli resume`: an in-process job left held by a dump that did not finish (its pos-cli killed)
+// brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the
+// job's memory mapped and loaded again from where the dump saved it. Its answer, or why not. A job
+// that no dump holds is left alone ("not held").
+StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid);
 
 }  // namespace pos
