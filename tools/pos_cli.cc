@@ -136,7 +136,7 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
 
 struct DumpArgs {
   int pid = 0;
-  std::string dir, mode = "sync", socket, prev, jobs_dir = pos::default_jobs_dir();
+  std::string dir, mode = "sync", socket, prev, jobs_dir;  // jobs_dir empty: the job's own
   bool leave_running = false, json = false, lazy_ok = false;
 };
 
@@ -156,7 +156,10 @@ int dump(const DumpArgs& a, bool pre) {
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n > 0) o.resume_program.assign(self, static_cast<size_t>(n));
   // An in-process job (pos run) answers on its own control socket; a job under posd has none.
-  const std::string job_socket = pos::job_socket_path(a.jobs_dir, a.pid);
+  std::string jobs_dir = a.jobs_dir;
+  if (jobs_dir.empty()) jobs_dir = pos::jobs_dir_of_process(a.pid);
+  if (jobs_dir.empty()) jobs_dir = pos::default_jobs_dir();
+  const std::string job_socket = pos::job_socket_path(jobs_dir, a.pid);
   struct stat st {};
   const bool inproc = ::stat(job_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
   if (inproc) o.job_socket = job_socket;
@@ -241,7 +244,10 @@ int dump(const DumpArgs& a, bool pre) {
 
 // `pos-cli resume -t PID`: an in-process job a dump left held brought back.
 int resume(int pid, const std::string& jobs_dir, std::string job_socket) {
-  if (job_socket.empty()) job_socket = pos::job_socket_path(jobs_dir, pid);
+  if (job_socket.empty()) {
+    std::string dir = jobs_dir.empty() ? pos::jobs_dir_of_process(pid) : jobs_dir;
+    job_socket = pos::job_socket_path(dir.empty() ? pos::default_jobs_dir() : dir, pid);
+  }
   auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid));
   if (!r.ok()) {
     std::fprintf(stderr, "pos-cli resume: pid %d: %s\n", pid, r.status().message().c_str());
@@ -338,8 +344,7 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--socket", da.socket, "posd's socket")->capture_default_str();
   dump_cmd->add_option("--jobs-dir", da.jobs_dir,
                        "where in-process jobs (pos run) put their control sockets: a job with one there is dumped "
-                       "through it")
-      ->capture_default_str();
+                       "through it (default: the job's own, from its environment)");
 
   DumpArgs pa;
   pa.socket = pos::default_socket_path();
@@ -353,8 +358,8 @@ int main(int argc, char** argv) {
   pre_cmd->add_flag("--lazy-ok", pa.lazy_ok, "as for dump");
   pre_cmd->add_flag("--json", pa.json, "one JSON report");
   pre_cmd->add_option("--socket", pa.socket, "posd's socket")->capture_default_str();
-  pre_cmd->add_option("--jobs-dir", pa.jobs_dir, "where in-process jobs (pos run) put their control sockets")
-      ->capture_default_str();
+  pre_cmd->add_option("--jobs-dir", pa.jobs_dir,
+                      "where in-process jobs (pos run) put their control sockets (default: the job's own)");
 
   RestoreArgs ra;
   ra.socket = pos::default_socket_path();
@@ -366,12 +371,12 @@ int main(int argc, char** argv) {
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
 
   int resume_pid = 0;
-  std::string resume_jobs_dir = pos::default_jobs_dir(), resume_socket;
+  std::string resume_jobs_dir, resume_socket;
   CLI::App* resume_cmd = app.add_subcommand(
       "resume", "bring back an in-process job (pos run) that a dump left held (its pos-cli was killed mid-dump)");
   resume_cmd->add_option("-t,--tree", resume_pid, "the job's pid")->required()->check(CLI::PositiveNumber);
-  resume_cmd->add_option("--jobs-dir", resume_jobs_dir, "where in-process jobs put their control sockets")
-      ->capture_default_str();
+  resume_cmd->add_option("--jobs-dir", resume_jobs_dir,
+                         "where in-process jobs put their control sockets (default: the job's own)");
   resume_cmd->add_option("--job-socket", resume_socket, "the job's control socket (instead of --jobs-dir)");
 
   std::string topic;

@@ -107,7 +107,8 @@ TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithI
   ASSERT_EQ(check(), "rc=0 same=1\n");
   const std::string img = (root_ / "img").string();
   int code = -1;
-  const std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --leave-running --json --jobs-dir " + jobs_, &code);
+  // No --jobs-dir: pos-cli finds the job's control socket from the job's own environment.
+  const std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --leave-running --json", &code);
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("\"inproc\":true"), std::string::npos) << out;
   EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;  // 4 + 6 MiB placed

@@ -474,6 +474,41 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   std::filesystem::remove_all(img);
 }
 
+// Memory the job maps itself (expandable_segments' way) is saved, released, made anew at the same
+// addresses with the same access, and the job's own handle values still work afterwards.
+TEST_F(Preloaded, MemoryTheJobMapsItselfIsDumpedWithPlacedMemoryAndItsHandlesStillWorkAfterTheResume) {
+  const std::string dir = jobs_dir() + "-vmm", img = dir + "-img";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(img);
+  std::filesystem::create_directories(img);
+  RunningProbe job(dir, "vmm", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  job.say("check\n");
+  ASSERT_EQ(job.line_within(5000), "rc=0 same=1\n");
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  auto saved = pos::ask_job(sock, "dump-save " + img, 10000);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  // The placed 3 MiB (4 with rounding) and the job's two 4 MiB mappings.
+  EXPECT_NE(saved->find("\"ok\":true,\"bytes\":12582912,\"regions\":3,"), std::string::npos) << *saved;
+  auto table = read_region_table(img);
+  ASSERT_TRUE(table.ok()) << table.status().to_string();
+  ASSERT_EQ(table->regions.size(), 3u);
+  EXPECT_EQ(table->regions[0].addr, 0x200000000000ull);  // placed
+  EXPECT_EQ(table->regions[1].addr, 0x300000000000ull);  // the job's
+  EXPECT_EQ(table->regions[2].addr, 0x300000400000ull);
+  job.say("check\n");
+  EXPECT_EQ(job.line_within(300), "");  // held
+  auto resumed = pos::ask_job(sock, "dump-resume", 10000);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_NE(resumed->find("\"ok\":true"), std::string::npos) << *resumed;
+  EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
+  job.say("shrink\n");  // unmap + cuMemRelease of the handle value from before the dump
+  EXPECT_EQ(job.line_within(5000), "rc=0\n");
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(img);
+}
+
 TEST_F(Preloaded, ADumpOfAJobWhoseMemoryPosDidNotPlaceIsRefusedByNameAndTheJobRunsOn) {
   const std::string dir = jobs_dir() + "-noplace", img = dir + "-img";
   std::filesystem::remove_all(dir);

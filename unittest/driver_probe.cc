@@ -162,6 +162,51 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (what == "vmm") {
+    // Device memory the job maps itself (PyTorch's expandable_segments does this): a reserved range
+    // with two 4 MiB handles mapped in it and their access set, the second handle released while
+    // mapped; beside them one placed cuMemAlloc. Patterns in all three, "ready"; then per stdin
+    // line "check" the bytes read back (same=1), and "shrink": the first mapping unmapped and its
+    // handle released by the value cuMemCreate gave (after a resume POS translates it).
+    using CreateFn = int (*)(unsigned long long*, size_t, const void*, unsigned long long);
+    using MapFn = int (*)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+    struct Loc { int type, id; };
+    struct Prop { int type, handles; Loc loc; void* win32; unsigned char flags[8]; } prop{1, 0, {1, 0}, nullptr, {}};
+    struct Access { Loc loc; int flags; } access{{1, 0}, 3};
+    auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
+    auto reserve = reinterpret_cast<int (*)(unsigned long long*, size_t, size_t, unsigned long long, unsigned long long)>(
+        sym("cuMemAddressReserve"));
+    auto create = reinterpret_cast<CreateFn>(sym("cuMemCreate"));
+    auto map = reinterpret_cast<MapFn>(sym("cuMemMap"));
+    auto set_access = reinterpret_cast<int (*)(unsigned long long, size_t, const void*, size_t)>(sym("cuMemSetAccess"));
+    auto release = reinterpret_cast<int (*)(unsigned long long)>(sym("cuMemRelease"));
+    auto unmap = reinterpret_cast<int (*)(unsigned long long, size_t)>(sym("cuMemUnmap"));
+    auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
+    auto dtoh = reinterpret_cast<int (*)(void*, unsigned long long, size_t)>(sym("cuMemcpyDtoH_v2"));
+    const size_t n = 4 << 20;
+    unsigned long long base = 0, h1 = 0, h2 = 0, placed = 0;
+    int rc = reserve(&base, 4 * n, 0, 0x300000000000ull, 0) | create(&h1, n, &prop, 0) | create(&h2, n, &prop, 0);
+    rc |= map(base, n, 0, h1, 0) | map(base + n, n, 0, h2, 0) | set_access(base, 2 * n, &access, 1) | release(h2);
+    rc |= cuMemAlloc_v2(&placed, 3 << 20);
+    std::string p1(n, '\0'), p2(n, '\0'), p3(3 << 20, '\0');
+    for (size_t i = 0; i < n; ++i) p1[i] = static_cast<char>(i * 3 + 1), p2[i] = static_cast<char>(i * 5 + 2);
+    for (size_t i = 0; i < p3.size(); ++i) p3[i] = static_cast<char>(i * 11 + 7);
+    rc |= htod(base, p1.data(), n) | htod(base + n, p2.data(), n) | htod(placed, p3.data(), p3.size());
+    std::printf("rc=%d\nready\n", rc);
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      if (std::string(line) == "shrink\n") {
+        std::printf("rc=%d\n", unmap(base, n) | release(h1));
+      } else {
+        std::string r1(n, '\0'), r2(n, '\0'), r3(p3.size(), '\0');
+        const int r = dtoh(r1.data(), base, n) | dtoh(r2.data(), base + n, n) | dtoh(r3.data(), placed, r3.size());
+        std::printf("rc=%d same=%d\n", r, r1 == p1 && r2 == p2 && r3 == p3 ? 1 : 0);
+      }
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   if (what == "memory-files" && argc > 2) {
     // "memory" for CRIU (no pipes to the test, which CRIU could not restore): stdio is /dev/null,
     // DIR/ready says it is ready, and each DIR/check-N the test makes is answered in DIR/result-N;

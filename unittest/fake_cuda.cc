@@ -98,6 +98,8 @@ FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* p, IpcHandle h, unsign
 namespace {
 constexpr unsigned long long kGranule = 2ull << 20;
 std::map<unsigned long long, unsigned long long> reserved, mapped;  // start → size, under mu
+std::map<unsigned long long, unsigned long long> mapped_handle;  // mapping start → its handle, under mu
+std::map<unsigned long long, int> handles;  // live handle → references (its own, and each mapping's), under mu
 unsigned long long next_handle = 1;
 }  // namespace
 FAKE_EXPORT int cuCtxSynchronize() {
@@ -127,15 +129,23 @@ FAKE_EXPORT int cuMemCreate(unsigned long long* h, size_t size, const void*, uns
   if (size % kGranule != 0) return 1;
   std::lock_guard<std::mutex> lk(mu);
   *h = next_handle++;
+  handles[*h] = 1;
   return 0;
 }
-FAKE_EXPORT int cuMemRelease(unsigned long long) {
+// As the driver: a handle is valid until released; the memory lives while a mapping holds it.
+FAKE_EXPORT int cuMemRelease(unsigned long long h) {
   bump("cuMemRelease");
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = handles.find(h);
+  if (it == handles.end() || it->second <= 0) return 1;
+  it->second = -it->second + 1;  // released: negative counts the mappings still holding it
+  if (it->second == 0) handles.erase(it);
   return 0;
 }
-FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned long long, unsigned long long) {
+FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned long long h, unsigned long long) {
   bump("cuMemMap");
   std::lock_guard<std::mutex> lk(mu);
+  if (handles.find(h) == handles.end() || handles[h] <= 0) return 1;  // a released or unknown handle
   if (p % kGranule != 0 || size % kGranule != 0) return 1;
   bool inside = false;
   for (const auto& [at, n] : reserved) inside = inside || (p >= at && p + size <= at + n);
@@ -151,6 +161,8 @@ FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned lon
     return 2;  // out of memory, as the driver would say
   }
   mapped[p] = size;
+  mapped_handle[p] = h;
+  ++handles[h];
   return 0;
 }
 FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
@@ -160,6 +172,12 @@ FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
   if (it == mapped.end() || it->second != size) return 1;
   ::munmap(reinterpret_cast<void*>(p), size);
   mapped.erase(it);
+  auto h = handles.find(mapped_handle[p]);
+  if (h != handles.end()) {
+    h->second += h->second > 0 ? -1 : 1;  // one reference fewer, released or not
+    if (h->second == 0) handles.erase(h);
+  }
+  mapped_handle.erase(p);
   return 0;
 }
 namespace {
@@ -207,6 +225,10 @@ FAKE_EXPORT int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t 
 FAKE_EXPORT int cuMemSetAccess(unsigned long long, size_t, const void*, size_t count) {
   bump("cuMemSetAccess");
   return count == 1 ? 0 : 1;
+}
+FAKE_EXPORT int fake_live_handles() {
+  std::lock_guard<std::mutex> lk(mu);
+  return static_cast<int>(handles.size());
 }
 FAKE_EXPORT int fake_mapped_bytes() {
   std::lock_guard<std::mutex> lk(mu);

@@ -2,6 +2,7 @@
 #include "remoting/common/job_control.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -55,6 +56,29 @@ std::string default_jobs_dir() {
   if (const char* d = std::getenv("POS_JOBS_DIR"); d != nullptr && *d != '\0') return d;
   // Beside posd's private directory, never in it: posd decides that directory's mode and group.
   return socket_dir_of(private_socket_path(::geteuid(), std::getenv("XDG_RUNTIME_DIR"))) + "-jobs";
+}
+
+std::string jobs_dir_of_process(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  struct stat st {};
+  if (::stat(proc.c_str(), &st) != 0) return "";
+  UniqueFd f(::open((proc + "/environ").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!f) return "";
+  std::string env;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(f.get(), buf, sizeof(buf))) > 0 && env.size() < (1u << 20);) env.append(buf, static_cast<size_t>(n));
+  std::string jobs_dir, xdg;
+  bool has_xdg = false;
+  for (size_t i = 0; i < env.size();) {
+    const size_t end = env.find('\0', i);
+    const std::string kv = env.substr(i, end == std::string::npos ? std::string::npos : end - i);
+    if (kv.rfind("POS_JOBS_DIR=", 0) == 0 && kv.size() > 13) jobs_dir = kv.substr(13);
+    if (kv.rfind("XDG_RUNTIME_DIR=", 0) == 0) xdg = kv.substr(16), has_xdg = true;
+    if (end == std::string::npos) break;
+    i = end + 1;
+  }
+  if (!jobs_dir.empty()) return jobs_dir;
+  return socket_dir_of(private_socket_path(st.st_uid, has_xdg ? xdg.c_str() : nullptr)) + "-jobs";
 }
 
 std::string job_socket_path(const std::string& dir, pid_t pid) { return dir + "/" + std::to_string(pid) + ".sock"; }

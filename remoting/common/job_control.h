@@ -26,6 +26,10 @@ namespace pos {
 // root, $XDG_RUNTIME_DIR/pos-jobs or /run/user/<uid>/pos-jobs for others, else /tmp/pos-<uid>-jobs.
 std::string default_jobs_dir();
 std::string job_socket_path(const std::string& dir, pid_t pid);
+// The jobs directory process `pid` uses, from its own environment (/proc/PID/environ: its
+// POS_JOBS_DIR, else its uid's default with its XDG_RUNTIME_DIR), so that root's pos-cli finds a
+// user's job. Empty if the process cannot be read (gone, or another user's without privilege).
+std::string jobs_dir_of_process(pid_t pid);
 
 // The job's end. Answers each command with answer(command) (the command without its newline);
 // a command the callback does not know should get a JSON error object. Thread-safe.

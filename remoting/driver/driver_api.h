@@ -36,6 +36,7 @@ using CUdriverProcAddressQueryResult = int;
 using cuuint64_t = uint64_t;
 struct CUlaunchConfig;       // only passed by pointer
 struct CUmemAllocationProp;  // only passed by pointer
+struct CUmemAccessDesc;      // only passed by pointer
 
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kErrorNotInitialized = 3;
@@ -89,6 +90,8 @@ enum class Role : uint8_t {
     (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags),      \
     (ptr, size, offset, h, flags), -1)                                                                             \
   X(cuMemUnmap, cuMemUnmap, false, 10020, kCount, CUresult, (CUdeviceptr ptr, size_t size), (ptr, size), -1)      \
+  X(cuMemSetAccess, cuMemSetAccess, false, 10020, kCount, CUresult,                                                \
+    (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count), (ptr, size, desc, count), -1)      \
   X(cuMemAllocHost_v2, cuMemAllocHost, false, 3020, kCount, CUresult, (void** pp, size_t bytes), (pp, bytes), -1) \
   X(cuMemHostAlloc, cuMemHostAlloc, false, 2020, kCount, CUresult, (void** pp, size_t bytes, unsigned int flags), \
     (pp, bytes, flags), -1)                                                                                        \

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include "pos/base/gate.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/driver/app_vmm.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
 #include "remoting/driver/placement.h"
@@ -58,6 +60,7 @@ struct Runtime {
   Resolver resolver;
   Census census;
   std::unique_ptr<Placement> placement;             // device memory at POS's addresses (null: off)
+  std::unique_ptr<AppVmm> app_vmm;                  // device memory the job maps itself
   std::string placement_error;                      // why placement is off although asked for
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
@@ -124,10 +127,27 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 std::string dump_error(const std::string& why) { return "{\"ok\":false,\"error\":" + pos::json_string(why) + "}"; }
 
-std::vector<SavedRegion> placed_regions(const Placement& p) {
+// Every allocation a dump saves: POS's placed ones and the job's own mappings, by address.
+std::vector<SavedRegion> dump_regions(Runtime* rt) {
   std::vector<SavedRegion> out;
-  for (const Placement::Region& r : p.regions()) out.push_back(SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  if (rt->placement)
+    for (const Placement::Region& r : rt->placement->regions()) out.push_back(SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  if (rt->app_vmm)
+    for (const AppVmm::Region& r : rt->app_vmm->regions()) out.push_back(SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  std::sort(out.begin(), out.end(), [](const SavedRegion& a, const SavedRegion& b) { return a.addr < b.addr; });
   return out;
+}
+
+// Both kinds unmapped (the memory released), or both mapped again.
+CUresult unmap_all(Runtime* rt) {
+  CUresult rc = rt->placement->unmap();
+  if (rc == kSuccess && rt->app_vmm) rc = rt->app_vmm->unmap_all();
+  return rc;
+}
+CUresult remap_all(Runtime* rt) {
+  CUresult rc = rt->placement->remap();
+  if (rc == kSuccess && rt->app_vmm) rc = rt->app_vmm->remap_all();
+  return rc;
 }
 
 // Why this job cannot be dumped now, or empty: what the census names, device memory that POS did
@@ -146,9 +166,8 @@ std::string dump_blockers(Runtime* rt) {
       add(std::to_string(m.live - ps.live) + " device allocation(s) outside POS's range (cuMemAllocAsync, memory pools " +
           "or cuMemAllocManaged)");
   }
-  const uint64_t created = rt->census.calls(HookId::cuMemCreate), released = rt->census.calls(HookId::cuMemRelease);
-  if (created > released)
-    add("device memory the job maps itself (cuMemCreate: PyTorch's expandable_segments)");
+  if (!rt->app_vmm) add("the driver lacks a virtual memory call");
+  else if (std::string w = rt->app_vmm->blocker(); !w.empty()) add(w);
   if (!rt->copy.complete()) add("the driver lacks a call POS copies device memory with");
   return why;
 }
@@ -196,14 +215,14 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
   (void)rt->copy.ctx_set_current(nullptr);
   (void)rt->copy.primary_ctx_release(dev);
   const double quiesce_s = seconds_since(t0);
-  const std::vector<SavedRegion> regions = placed_regions(*rt->placement);
-  auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{8, 16ull << 20, nullptr});
+  const std::vector<SavedRegion> regions = dump_regions(rt);
+  auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{});
   if (!saved.ok()) return fail("saving device memory failed: " + saved.status().message());
   const auto t1 = std::chrono::steady_clock::now();
-  if (const CUresult rc = rt->placement->unmap(); rc != kSuccess) {
-    (void)rt->placement->remap();
+  if (const CUresult rc = unmap_all(rt); rc != kSuccess) {
+    (void)remap_all(rt);
     // The bytes are still on the device where the unmap failed; elsewhere they must come back.
-    auto back = load_regions(rt->copy, dev, regions, dir, CopyOptions{8, 16ull << 20, nullptr});
+    auto back = load_regions(rt->copy, dev, regions, dir, CopyOptions{});
     remove_saved(dir);
     if (!back.ok()) return dump_error("unmapping failed (" + std::to_string(rc) + ") and reloading failed: " +
                                       back.status().message() + "; the job stays stopped");
@@ -230,11 +249,11 @@ std::string dump_resume(Runtime* rt, std::string dir) {
   if (dir.empty()) dir = rt->saved_dir;
   if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
   const auto t0 = std::chrono::steady_clock::now();
-  if (const CUresult rc = rt->placement->remap(); rc != kSuccess)
+  if (const CUresult rc = remap_all(rt); rc != kSuccess)
     return dump_error("mapping device memory again failed: CUDA driver error " + std::to_string(rc) +
                       " (the job stays stopped; dump-resume again)");
   const double remap_s = seconds_since(t0);
-  auto loaded = load_regions(rt->copy, rt->saved_dev, placed_regions(*rt->placement), dir, CopyOptions{8, 16ull << 20, nullptr});
+  auto loaded = load_regions(rt->copy, rt->saved_dev, dump_regions(rt), dir, CopyOptions{});
   if (!loaded.ok())
     return dump_error("loading device memory failed: " + loaded.status().message() + " (the job stays stopped)");
   rt->saved = false;
@@ -273,6 +292,23 @@ std::string answer(Runtime* rt, const std::string& cmd) {
 
 std::array<void*, kHookCount> hook_addresses();
 
+// The real driver's virtual memory calls (placement.h), looked up once.
+VmmCalls vmm_calls(void* driver) {
+  VmmCalls c;
+  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  get(&c.ctx_get_device, "cuCtxGetDevice");
+  get(&c.reserve, "cuMemAddressReserve");
+  get(&c.address_free, "cuMemAddressFree");
+  get(&c.create, "cuMemCreate");
+  get(&c.release, "cuMemRelease");
+  get(&c.map, "cuMemMap");
+  get(&c.unmap, "cuMemUnmap");
+  get(&c.set_access, "cuMemSetAccess");
+  get(&c.granularity, "cuMemGetAllocationGranularity");
+  get(&c.synchronize, "cuCtxSynchronize");
+  return c;
+}
+
 // POS_DRIVER_PLACE=1: device allocations (cuMemAlloc) at POS's addresses, from POS_DRIVER_VA_BASE
 // (hex; default 0x200000000000), 1 TiB of address space per device. Off by default while it is new.
 // A value it cannot use leaves placement off and says why in *error (the job runs on).
@@ -296,19 +332,7 @@ std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
     }
     base = v;
   }
-  VmmCalls c;
-  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
-  get(&c.ctx_get_device, "cuCtxGetDevice");
-  get(&c.reserve, "cuMemAddressReserve");
-  get(&c.address_free, "cuMemAddressFree");
-  get(&c.create, "cuMemCreate");
-  get(&c.release, "cuMemRelease");
-  get(&c.map, "cuMemMap");
-  get(&c.unmap, "cuMemUnmap");
-  get(&c.set_access, "cuMemSetAccess");
-  get(&c.granularity, "cuMemGetAllocationGranularity");
-  get(&c.synchronize, "cuCtxSynchronize");
-  return std::make_unique<Placement>(c, base, 1ull << 40);
+  return std::make_unique<Placement>(vmm_calls(driver), base, 1ull << 40);
 }
 
 // The real driver's copy calls (device_image.h), looked up once.
@@ -357,6 +381,7 @@ Runtime* runtime() {
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->copy = copy_calls(rt->driver);
+      if (const VmmCalls v = vmm_calls(rt->driver); v.complete()) rt->app_vmm = std::make_unique<AppVmm>(v);
     }
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
     // one never fails the job: the census says why. Its answers read the runtime only through
@@ -390,6 +415,16 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
     bool ours = false;
     *rc = rt->placement->free(std::get<0>(std::make_tuple(a...)), &ours);
     return ours;
+  } else if constexpr (kId == HookId::cuMemCreate || kId == HookId::cuMemRelease || kId == HookId::cuMemMap ||
+                       kId == HookId::cuMemUnmap || kId == HookId::cuMemSetAccess) {
+    // The job's own VMM memory: recorded, and its handles translated after a resume (app_vmm.h).
+    if (!rt->app_vmm) return false;
+    if constexpr (kId == HookId::cuMemCreate) *rc = rt->app_vmm->create(a...);
+    else if constexpr (kId == HookId::cuMemRelease) *rc = rt->app_vmm->release(a...);
+    else if constexpr (kId == HookId::cuMemMap) *rc = rt->app_vmm->map(a...);
+    else if constexpr (kId == HookId::cuMemUnmap) *rc = rt->app_vmm->unmap(a...);
+    else *rc = rt->app_vmm->set_access(a...);
+    return true;
   } else {
     return false;
   }
