@@ -63,7 +63,7 @@ echo "== pos-cli dump --leave-running at step $AT"
 start "$TMP/lr.out" "$POS" run --
 wait_step "$TMP/lr.out" "$AT" || { echo "the job did not reach step $AT"; tail -5 "$TMP/lr.out.err"; exit 1; }
 N=$(lines "$TMP/lr.out"); T0=$(now)
-LR=$("$CLI" dump -t "$JOB" -D "$TMP/img-lr" --leave-running --json) || { echo "dump --leave-running failed"; FAIL=1; }
+LR=$("$CLI" dump -t "$JOB" -D "$TMP/img-lr" --leave-running --json) || { echo "dump --leave-running failed"; FAIL=1; N=-1; }
 LR_BACK=$(until_next_step "$TMP/lr.out" "$N" "$T0")
 echo "$LR"; echo "next step $LR_BACK s after the dump began"
 wait "$JOB"; same "leave-running" "$TMP/lr.out"
@@ -74,17 +74,24 @@ echo "== pos-cli dump (stop) at step $AT, then pos-cli restore"
 start "$TMP/st.out" "$POS" run --
 wait_step "$TMP/st.out" "$AT" || { echo "the job did not reach step $AT"; exit 1; }
 T0=$(now)
-ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json) || { echo "dump failed"; FAIL=1; }
-ST_S=$(sub "$(now)" "$T0")
-echo "$ST"
-gone "$JOB"; wait "$JOB" 2>/dev/null
-N=$(lines "$TMP/st.out")
-"$CLI" inspect "$TMP/img-stop" --summary | head -12
-T0=$(now)
-RS=$("$CLI" restore -D "$TMP/img-stop" --json) || { echo "restore failed"; FAIL=1; }
-RS_BACK=$(until_next_step "$TMP/st.out" "$N" "$T0")
-echo "$RS"; echo "next step $RS_BACK s after the restore began"
-wait_end "$TMP/st.out"; same "stop + restore" "$TMP/st.out"
+RS="" RS_BACK=""
+if ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json); then
+  ST_S=$(sub "$(now)" "$T0")
+  echo "$ST"
+  gone "$JOB"; wait "$JOB" 2>/dev/null
+  N=$(lines "$TMP/st.out")
+  "$CLI" inspect "$TMP/img-stop" --summary | head -12
+  T0=$(now)
+  if RS=$("$CLI" restore -D "$TMP/img-stop" --json); then
+    RS_BACK=$(until_next_step "$TMP/st.out" "$N" "$T0")
+    echo "$RS"; echo "next step $RS_BACK s after the restore began"
+    wait_end "$TMP/st.out"; same "stop + restore" "$TMP/st.out"
+  else
+    echo "restore failed"; FAIL=1
+  fi
+else
+  echo "dump failed"; FAIL=1; ST_S=""
+fi
 du -sh "$TMP/img-stop/gpu" "$TMP/img-stop/criu" 2>/dev/null
 kill -KILL "$(json "$RS" pid)" 2>/dev/null
 

@@ -101,9 +101,11 @@ std::string AppVmm::blocker() const {
   std::lock_guard<std::mutex> lk(mu_);
   if (foreign_maps_ > 0)
     return std::to_string(foreign_maps_) + " mapping(s) of device memory the job imported (cuMemImportFromShareableHandle)";
+  // Made anew with the same properties, shareable ones included (PyTorch asks for them); an actual
+  // export or import is the census's to refuse.
   for (const auto& [h, rec] : handles_)
-    if (rec.prop.type != 1 || rec.prop.location.type != 1 || rec.prop.requestedHandleTypes != 0)
-      return "device memory the job created to share with other processes (cuMemCreate with shareable handles)";
+    if (rec.prop.type != 1 || rec.prop.location.type != 1)
+      return "device memory the job created other than as pinned memory of a device";
   for (const auto& [at, m] : maps_)
     if (m.access.empty()) return "a mapping the job made without setting its access";
   return "";

@@ -90,6 +90,11 @@ enum class Role : uint8_t {
     (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags),      \
     (ptr, size, offset, h, flags), -1)                                                                             \
   X(cuMemUnmap, cuMemUnmap, false, 10020, kCount, CUresult, (CUdeviceptr ptr, size_t size), (ptr, size), -1)      \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, false, 10020, kCount, CUresult,                    \
+    (void* shareable, CUmemGenericAllocationHandle h, int type, unsigned long long flags), (shareable, h, type, flags), \
+    -1)                                                                                                            \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, false, 10020, kCount, CUresult,                \
+    (CUmemGenericAllocationHandle * h, void* os_handle, int type), (h, os_handle, type), -1)                        \
   X(cuMemSetAccess, cuMemSetAccess, false, 10020, kCount, CUresult,                                                \
     (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count), (ptr, size, desc, count), -1)      \
   X(cuMemAllocHost_v2, cuMemAllocHost, false, 3020, kCount, CUresult, (void** pp, size_t bytes), (pp, bytes), -1) \

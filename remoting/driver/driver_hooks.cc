@@ -157,6 +157,10 @@ std::vector<std::string> Census::not_checkpointable() const {
                   " graph launches)");
   const uint64_t ipc = calls(HookId::cuIpcGetMemHandle) + calls(HookId::cuIpcOpenMemHandle_v2);
   if (ipc > 0) out.push_back("CUDA IPC memory handles (" + std::to_string(ipc) + " calls)");
+  // Memory shared with other processes through the VMM calls: created shareable is fine (PyTorch's
+  // expandable segments ask for it), exported or imported is not (the other side would keep the old memory).
+  const uint64_t shared = calls(HookId::cuMemExportToShareableHandle) + calls(HookId::cuMemImportFromShareableHandle);
+  if (shared > 0) out.push_back("device memory shared between processes (" + std::to_string(shared) + " exports and imports)");
   if (const uint64_t n = calls(HookId::cuMemAllocManaged); n > 0)
     out.push_back("managed memory (" + std::to_string(n) + " allocations)");
   if (const std::vector<int> d = devices(); d.size() > 1) {
