@@ -195,7 +195,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,"
-                "\"inproc\":%s}\n",
+                "\"inproc\":%s,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -205,7 +205,7 @@ int dump(const DumpArgs& a, bool pre) {
                 r->criu_track_mem ? "true" : "false", r->criu_incremental ? "true" : "false",
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s, r->total_s,
-                r->pause_s, inproc ? "true" : "false");
+                r->pause_s, inproc ? "true" : "false", pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -239,6 +239,7 @@ int dump(const DumpArgs& a, bool pre) {
                 r->detach_s, r->gpu_s, r->criu_s, r->total_s);
   }
   if (!r->criu_note.empty()) std::printf("note: %s\n", r->criu_note.c_str());
+  if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   return 0;
 }
 

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
                 fake_calls("cuLaunchKernel_ptsz"));
     return 0;
   }
-  if (what == "features") {
+  if (what == "features" || what == "features-wait") {
     // What POS cannot checkpoint yet, each used once through the driver: two GPUs, a graph
     // capture and launch, an IPC handle made and opened (64 bytes passed by value).
     void* h = open_driver();
@@ -111,6 +111,13 @@ int main(int argc, char** argv) {
         reinterpret_cast<int (*)(Ipc*, unsigned long long)>(dlsym(h, "cuIpcGetMemHandle"))(&ipc, 0x7f0000000000ull) |
         reinterpret_cast<int (*)(unsigned long long*, Ipc, unsigned)>(dlsym(h, "cuIpcOpenMemHandle_v2"))(&opened, ipc, 1);
     std::printf("rc=%d\nopened=%llx\nwhere=%s\n", rc, opened, where(dlsym(h, "cuIpcOpenMemHandle_v2")).c_str());
+    if (what == "features-wait") {  // then stays, as "wait" does, for a dump to be asked of it
+      std::printf("ready\n");
+      std::fflush(stdout);
+      char buf[64];
+      while (std::fread(buf, 1, sizeof(buf), stdin) > 0) {
+      }
+    }
     return 0;
   }
   if (what == "place") {
@@ -257,6 +264,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|place|wait|memory|other|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|features-wait|place|wait|memory|vmm|memory-files DIR|other|next\n");
   return 2;
 }

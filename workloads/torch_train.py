@@ -70,6 +70,8 @@ def parse():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--compile", action="store_true", help="train the torch.compile'd model (Triton kernels)")
+    p.add_argument("--cudagraphs", action="store_true",
+                   help="torch.compile with mode='reduce-overhead': Triton kernels replayed as CUDA graphs")
     p.add_argument("--state-gib", type=float, default=0.0,
                    help="widen --dim so that parameters + AdamW state come to about this many GiB")
     p.add_argument("--step-times", action="store_true", help="print each step's start time (s) to stderr")
@@ -101,7 +103,10 @@ def main():
     dev = torch.device("cuda")
     model = GPT(a.vocab, a.dim, a.heads, a.layers, a.seq).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
-    fwd = torch.compile(model) if a.compile else model
+    if a.cudagraphs:
+        fwd = torch.compile(model, mode="reduce-overhead")
+    else:
+        fwd = torch.compile(model) if a.compile else model
     n = sum(p.numel() for p in model.parameters())
     print(f"model: layers {a.layers} dim {a.dim} heads {a.heads} vocab {a.vocab} seq {a.seq} batch {a.batch} "
           f"params {n} state {16 * n / (1 << 30):.2f} GiB", flush=True)

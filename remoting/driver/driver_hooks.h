@@ -98,8 +98,8 @@ class Census {
   void device_used(int dev);
   // The devices the job used (0..63), ascending.
   std::vector<int> devices() const;
-  // What the job did that POS cannot checkpoint yet, each named for an operator ("CUDA graphs
-  // (2 captures, 5 graph launches)", "several GPUs (0, 1)", ...): a dump refuses these by name.
+  // What the job did that POS cannot checkpoint yet, each named for an operator ("CUDA IPC memory
+  // handles (2 calls)", "several GPUs (0, 1)", ...): a dump refuses these by name.
   std::vector<std::string> not_checkpointable() const;
 
   // One JSON object: hooks called (non-zero counts), symbols resolved, device memory, devices and

@@ -140,36 +140,47 @@ std::vector<SavedRegion> dump_regions(Runtime* rt) {
 
 // Both kinds unmapped (the memory released), or both mapped again.
 CUresult unmap_all(Runtime* rt) {
-  CUresult rc = rt->placement->unmap();
+  CUresult rc = rt->placement ? rt->placement->unmap() : kSuccess;
   if (rc == kSuccess && rt->app_vmm) rc = rt->app_vmm->unmap_all();
   return rc;
 }
 CUresult remap_all(Runtime* rt) {
-  CUresult rc = rt->placement->remap();
+  CUresult rc = rt->placement ? rt->placement->remap() : kSuccess;
   if (rc == kSuccess && rt->app_vmm) rc = rt->app_vmm->remap_all();
   return rc;
 }
 
-// Why this job cannot be dumped now, or empty: what the census names, device memory that POS did
-// not place (so cannot unmap and put back), memory the job maps itself, several devices.
+// Why this job cannot be dumped now, or empty: what the census names (IPC, managed memory, several
+// GPUs), memory the job maps itself in ways POS cannot make again.
 std::string dump_blockers(Runtime* rt) {
   std::string why;
   const auto add = [&](const std::string& w) { why += (why.empty() ? "" : "; ") + w; };
   for (const std::string& w : rt->census.not_checkpointable()) add(w);
-  if (!rt->placement) {
-    add(rt->placement_error.empty() ? "device memory is not placed by POS (POS_DRIVER_PLACE=0)" : rt->placement_error);
-  } else {
-    const Placement::Stats ps = rt->placement->stats();
-    if (!ps.error.empty()) add("placement is off: " + ps.error);
-    const Census::Memory m = rt->census.memory();
-    if (m.live > ps.live)
-      add(std::to_string(m.live - ps.live) + " device allocation(s) outside POS's range (cuMemAllocAsync, memory pools " +
-          "or cuMemAllocManaged)");
-  }
   if (!rt->app_vmm) add("the driver lacks a virtual memory call");
   else if (std::string w = rt->app_vmm->blocker(); !w.empty()) add(w);
   if (!rt->copy.complete()) add("the driver lacks a call POS copies device memory with");
   return why;
+}
+
+// What the dump takes otherwise than through POS, for its report: device memory POS did not place
+// (stream-ordered pools, pitched, or all of it with placement off) stays mapped, so NVIDIA's
+// checkpoint copies it, correctly but more slowly; CUDA graphs go with the driver's state.
+std::string dump_notes(Runtime* rt) {
+  std::string note;
+  const auto add = [&](const std::string& w) { note += (note.empty() ? "" : "; ") + w; };
+  const Census::Memory m = rt->census.memory();
+  const Placement::Stats ps = rt->placement ? rt->placement->stats() : Placement::Stats{};
+  if (!rt->placement)
+    add("placement is off (" + (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) +
+        "): NVIDIA's checkpoint copies all device memory");
+  else if (m.live > ps.live)
+    add(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, pitched " +
+        "memory) went through NVIDIA's checkpoint");
+  const uint64_t graphs = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
+                          rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) + rt->census.calls(HookId::cuGraphLaunch) +
+                          rt->census.calls(HookId::cuGraphLaunch_ptsz);
+  if (graphs > 0) add("CUDA graphs went with the driver's state");
+  return note;
 }
 
 // A directory the job may write its device memory to: absolute, printable, an existing directory.
@@ -219,6 +230,7 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
   auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{});
   if (!saved.ok()) return fail("saving device memory failed: " + saved.status().message());
   const auto t1 = std::chrono::steady_clock::now();
+  const std::string note = dump_notes(rt);
   if (const CUresult rc = unmap_all(rt); rc != kSuccess) {
     (void)remap_all(rt);
     // The bytes are still on the device where the unmap failed; elsewhere they must come back.
@@ -234,10 +246,10 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
   char out[256];
   std::snprintf(out, sizeof(out),
                 "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"device\":%d,\"quiesce_s\":%.6f,\"save_s\":%.6f,"
-                "\"unmap_s\":%.6f}",
+                "\"unmap_s\":%.6f,\"note\":",
                 static_cast<unsigned long long>(saved->bytes), static_cast<unsigned long long>(saved->regions), dev,
                 quiesce_s, saved->seconds, seconds_since(t1));
-  return out;
+  return out + pos::json_string(note) + "}";
 }
 
 // `dump-resume [DIR]`: physical memory mapped again at every allocation's address, the bytes

@@ -589,6 +589,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   r.gpu.bytes_stored = static_cast<uint64_t>(json_number(*saved, "bytes"));
   r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
   r.gpu.image = gpu_dir;
+  r.note = json_text(*saved, "note");
   ckpt::fault_point("driver-dump-saved");
   // From here a failure brings the job back: its driver state restored, its memory loaded.
   auto undo = [&](const Status& why) -> Status {

@@ -46,6 +46,7 @@ struct JobDumpReport {
   bool criu_track_mem = false;  // CRIU recorded dirty-memory tracking (a later --prev is incremental)
   bool criu_incremental = false;  // CRIU saved only pages changed since prev's part
   std::string criu_note;         // why the CPU part is whole although asked otherwise, or empty
+  std::string note;              // an in-process job's: what went through NVIDIA's checkpoint, or empty
   uint64_t criu_bytes = 0;       // bytes of CRIU's images
   // An in-process job's: NVIDIA's driver checkpoint (lock + checkpoint) and, with leave_running,
   // its restore + unlock (in resume_s with the reload of device memory); fsync of the GPU part.
