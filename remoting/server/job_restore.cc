@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "ckpt/criu.h"
+#include "ckpt/criu_image.h"
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
 #include "pos/base/text.h"
@@ -46,10 +47,20 @@ Status check_criu_part(const std::string& criu_dir, uint32_t pid) {
   return Status::Ok();
 }
 
-Status check_pid_free(uint32_t pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)
-    return Status::FailedPrecondition("pid " + std::to_string(pid) +
-                                      " is in use (is the dumped job still running?): CRIU restores the job under its own pid");
+// Every pid of the dumped tree free: CRIU restores each process under its own pid. The tree comes
+// from CRIU's pstree.img (a child the job started, such as a compiler worker pool, counts too); a
+// CPU part that cannot be read is left to CRIU's own error.
+Status check_pid_free(uint32_t pid, const std::string& criu_dir) {
+  std::vector<uint32_t> pids = {pid};
+  if (auto tree = ckpt::read_criu_image(criu_dir); tree.ok())
+    for (const auto& p : tree->processes)
+      if (p.pid != pid) pids.push_back(p.pid);
+  for (uint32_t p : pids)
+    if (::kill(static_cast<pid_t>(p), 0) == 0 || errno == EPERM)
+      return Status::FailedPrecondition(
+          "pid " + std::to_string(p) + (p == pid ? "" : " (a process the job started)") +
+          " is in use (is the dumped job still running, or one of its processes not yet reaped?): CRIU restores "
+          "every process of the job under its own pid");
   return Status::Ok();
 }
 
@@ -68,7 +79,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   auto table = open_driver_gpu_part(gpu_dir, m);
   if (!table.ok()) return table.status();
   POS_RETURN_IF_ERROR(check_criu_part(criu_dir, m.pid));
-  POS_RETURN_IF_ERROR(check_pid_free(m.pid));
+  POS_RETURN_IF_ERROR(check_pid_free(m.pid, criu_dir));
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
   // The dumped process ended without removing its control socket; CRIU binds it anew.
@@ -162,7 +173,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
       return Status::Corrupt("the image's CPU part " + criu_dir + " is incremental, but its previous part (" + criu_dir +
                              "/parent, the image " + m->prev + ") is gone");
   }
-  POS_RETURN_IF_ERROR(check_pid_free(m->pid));
+  POS_RETURN_IF_ERROR(check_pid_free(m->pid, criu_dir));
   const std::string permit_dir = m->permit.substr(0, m->permit.rfind('/'));
   struct stat pd {};
   if (::stat(permit_dir.empty() ? "/" : permit_dir.c_str(), &pd) != 0 || !S_ISDIR(pd.st_mode))
