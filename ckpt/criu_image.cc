@@ -13,6 +13,7 @@
 #include <map>
 #include <string_view>
 
+#include "ckpt/region_table.h"
 #include "pos/base/text.h"
 
 namespace pos::ckpt {
@@ -32,27 +33,12 @@ Status corrupt(const std::string& file, const std::string& why) {
 }
 
 StatusOr<std::string> read_bounded(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return Status::NotFound(path + ": " + std::strerror(errno));
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof(buf));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int e = errno;
-      ::close(fd);
-      return Status::Unavailable("cannot read " + path + ": " + std::strerror(e));
-    }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-    if (out.size() > kMaxFile) {
-      ::close(fd);
-      return corrupt(path, "larger than " + std::to_string(kMaxFile) + " bytes");
-    }
-  }
-  ::close(fd);
-  return out;
+  auto text = read_bounded_file(path, kMaxFile);
+  if (!text.ok() && text.status().code() == Code::kCorrupt)
+    return corrupt(path, "larger than " + std::to_string(kMaxFile) + " bytes");
+  if (!text.ok() && text.status().code() == Code::kNotFound)
+    return Status::NotFound(path + ": " + text.status().message().substr(text.status().message().rfind(": ") + 2));
+  return text;
 }
 
 // One protobuf field: its number, and its value (varint) or bytes (length-delimited).

@@ -121,28 +121,34 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
   return t;
 }
 
-StatusOr<RegionTable> read_region_table(const std::string& dir) {
-  const int fd = ::open((dir + "/regions").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return Status(Code::kNotFound, 0, "cannot open " + dir + "/regions: " + std::strerror(errno));
-  std::string text;
-  char buf[65536];
+StatusOr<std::string> read_bounded_file(const std::string& path, uint64_t max) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return Status(Code::kNotFound, 0, "cannot open " + path + ": " + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
   for (;;) {
     const ssize_t r = ::read(fd, buf, sizeof(buf));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       const int e = errno;
       ::close(fd);
-      return Status::Unavailable("cannot read " + dir + "/regions: " + std::strerror(e));
+      return Status::Unavailable("cannot read " + path + ": " + std::strerror(e));
     }
     if (r == 0) break;
-    text.append(buf, static_cast<size_t>(r));
-    if (text.size() > kMaxTableBytes) {
+    out.append(buf, static_cast<size_t>(r));
+    if (out.size() > max) {
       ::close(fd);
-      return Status::Corrupt(dir + "/regions is larger than any region table");
+      return Status::Corrupt(path + " is larger than " + std::to_string(max) + " bytes");
     }
   }
   ::close(fd);
-  auto t = parse_region_table(text);
+  return out;
+}
+
+StatusOr<RegionTable> read_region_table(const std::string& dir) {
+  auto text = read_bounded_file(dir + "/regions", kMaxTableBytes);
+  if (!text.ok()) return text.status();
+  auto t = parse_region_table(*text);
   if (!t.ok()) return t.status().with_context(dir);
   return t;
 }

@@ -50,4 +50,8 @@ std::string region_table_text(const RegionTable& t);
 StatusOr<RegionTable> parse_region_table(const std::string& text);
 StatusOr<RegionTable> read_region_table(const std::string& dir);
 
+// A whole file of at most `max` bytes (not following a link at `path`): kNotFound if it cannot be
+// opened, kCorrupt if it is larger. Image files are input like any other.
+StatusOr<std::string> read_bounded_file(const std::string& path, uint64_t max);
+
 }  // namespace pos::ckpt
