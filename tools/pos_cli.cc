@@ -185,7 +185,10 @@ int dump(const DumpArgs& a, bool pre) {
     return res;
   }();
   if (!r.ok()) {
-    std::fprintf(stderr, "pos-cli %s: %s\n", cmd, r.status().message().c_str());
+    // Neither kind of job: say where an in-process one was looked for too.
+    const std::string hint = inproc ? "" : " (and no in-process job's control socket at " + job_socket + ")";
+    std::fprintf(stderr, "pos-cli %s: %s%s\n", cmd, r.status().message().c_str(),
+                 r.status().message().find("posd") != std::string::npos ? hint.c_str() : "");
     return 1;
   }
   if (a.json) {
