@@ -127,6 +127,7 @@ echo "| dump --leave-running: job paused (s) | $(json "$LR" pause_s) | — |"
 echo "| — of which: hold + save device memory, driver checkpoint, CRIU, driver restore, reload (s) | $(json "$LR" gpu_s), $(json "$LR" driver_s), $(json "$LR" criu_s), $(json "$LR" driver_restore_s), $(sub "$(json "$LR" resume_s)" "$(json "$LR" driver_restore_s)") | — |"
 echo "| stop dump: job stopped until the image is complete (s) | $ST_S (fsync $(json "$ST" sync_s) s after) | ${NV_STOP:-—} (driver ${NV_CKPT:-—}, CRIU ${NV_CRIU_D:-—}) |"
 echo "| — of which: hold + save device memory, driver checkpoint, CRIU (s) | $(json "$ST" gpu_s), $(json "$ST" driver_s), $(json "$ST" criu_s) | — |"
+echo "| — inside the job: device copy to files, unmap (s) | $(json "$ST" job_save_s), $(json "$ST" job_unmap_s) | — |"
 echo "| restore: back to its next step (s) | $RS_BACK (CRIU $(json "$RS" criu_s), driver $(json "$RS" reattach_s), reload $(json "$RS" gpu_s)) | ${NV_BACK:-—} (CRIU ${NV_CRIU_R:-—}, driver ${NV_RESTORE:-—}) |"
 echo "| device memory saved by POS (bytes) / CRIU's part (bytes) | $(json "$ST" gpu_bytes) / $(json "$ST" criu_bytes) | — |"
 echo

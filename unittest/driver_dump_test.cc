@@ -113,6 +113,7 @@ TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithI
   EXPECT_NE(out.find("\"inproc\":true"), std::string::npos) << out;
   EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;  // 4 + 6 MiB placed
   EXPECT_NE(out.find("\"handles\":2"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"job_save_s\":"), std::string::npos) << out;  // the job's own breakdown is reported
   EXPECT_EQ(check(), "rc=0 same=1\n");  // running on, with its memory mapped and loaded again
   EXPECT_EQ(::kill(pid_, 0), 0);
   const std::string manifest = read_file(img + "/manifest");

@@ -590,6 +590,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
   r.gpu.image = gpu_dir;
   r.note = json_text(*saved, "note");
+  r.job_save_s = json_number(*saved, "save_s");
+  r.job_unmap_s = json_number(*saved, "unmap_s");
   ckpt::fault_point("driver-dump-saved");
   // From here a failure brings the job back: its driver state restored, its memory loaded.
   auto undo = [&](const Status& why) -> Status {
@@ -632,6 +634,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     }
     r.resume_s = seconds_since(t);
     r.pause_s = seconds_since(t_stop);
+    r.job_load_s = json_number(*resumed, "load_s");
   }
   // Durable once the job runs again: the bytes are in the page cache already.
   t = std::chrono::steady_clock::now();

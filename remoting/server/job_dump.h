@@ -51,6 +51,9 @@ struct JobDumpReport {
   // An in-process job's: NVIDIA's driver checkpoint (lock + checkpoint) and, with leave_running,
   // its restore + unlock (in resume_s with the reload of device memory); fsync of the GPU part.
   double driver_s = 0, driver_restore_s = 0, sync_s = 0;
+  // Inside the job (its dump-save answer): the device copy and the unmap, of gpu_s; and its reload
+  // (dump-resume, with leave_running), of resume_s.
+  double job_save_s = 0, job_unmap_s = 0, job_load_s = 0;
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
