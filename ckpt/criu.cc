@@ -34,10 +34,12 @@ struct Ran {
 
 // Runs argv[0] with argv; stdout and stderr captured (bounded). CRIU dies with this thread (a
 // parent-death signal): a pos-cli killed mid-dump must not leave a CRIU behind that goes on to end
-// the job it was dumping. `fault_stage`: a fault point (fault_point) 50 ms after CRIU started.
-// `tick`: called about every 100 ms while the program runs.
+// the job it was dumping. `fault_stage`: a fault point (fault_point) once CRIU is mid-dump: when
+// `mid` says so (polled every millisecond, 5 s at most; without it, 50 ms after CRIU started), CRIU
+// is stopped (SIGSTOP) so that it cannot finish before the fault point kills this process, and with
+// it CRIU (its parent-death signal). `tick`: called about every 100 ms while the program runs.
 StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage = nullptr,
-                  const std::function<void()>& tick = {}) {
+                  const std::function<void()>& tick = {}, const std::function<bool()>& mid = {}) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Status::Unavailable(std::string("pipe: ") + std::strerror(errno));
   std::vector<char*> args;
@@ -62,7 +64,12 @@ StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage 
   if (fault_stage != nullptr) {
     const char* want = std::getenv("POS_FAULT_POINT");
     if (want != nullptr && std::strcmp(want, fault_stage) == 0) {
-      ::usleep(50'000);
+      if (mid) {
+        for (int i = 0; i < 5000 && !mid(); ++i) ::usleep(1000);
+        (void)::kill(pid, SIGSTOP);
+      } else {
+        ::usleep(50'000);
+      }
       fault_point(fault_stage);
     }
   }
@@ -245,7 +252,19 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
       o.progress(done, expected);
     };
   }
-  auto r = run(argv, "criu-dump-running", tick);
+  // Mid-dump: CRIU has seized the tree and written its first image; ending the dumped tree is the
+  // last thing it does, after all of them.
+  auto r = run(argv, "criu-dump-running", tick, [&] {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return false;
+    bool img = false;
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      img = img || (n.size() > 4 && n.compare(n.size() - 4, 4, ".img") == 0);
+    }
+    ::closedir(d);
+    return img;
+  });
   if (!r.ok()) return r.status();
   if (tick && exited_ok(r->status)) tick();  // the last word: what was written, as the total
   if (r->status == 127 << 8 && r->output.empty()) return Status::Unavailable("cannot run " + criu);
