@@ -157,9 +157,4 @@ CUresult AppVmm::remap_all() {
   return kSuccess;
 }
 
-bool AppVmm::unmapped() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return unmapped_;
-}
-
 }  // namespace pos::driver

@@ -47,7 +47,6 @@ class AppVmm {
   // it. A failure part way can be retried.
   CUresult unmap_all();
   CUresult remap_all();
-  bool unmapped() const;
 
  private:
   struct Handle {

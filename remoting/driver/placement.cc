@@ -183,11 +183,6 @@ CUresult Placement::remap() {
   return kSuccess;
 }
 
-bool Placement::unmapped() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return unmapped_;
-}
-
 Placement::Stats Placement::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_;

@@ -89,7 +89,6 @@ class Placement {
   // New physical memory mapped at every live allocation's address (contents undefined: the caller
   // loads them). Idempotent per allocation; a failure part way can be retried.
   CUresult remap();
-  bool unmapped() const;
 
   struct Stats {
     uint64_t placed = 0, freed = 0, live = 0, live_bytes = 0, peak_bytes = 0;
