@@ -34,6 +34,8 @@ class DriverCheckpoint {
   // Whatever the state, brings the process back to running (restore, unlock) as far as the
   // driver lets it: for undoing a dump that failed part way.
   Status release(pid_t pid);
+  // The loaded driver (dlopen's handle), for other calls this process makes (the memory hand-off).
+  void* library() const { return lib_; }
 
  private:
   DriverCheckpoint() = default;

@@ -198,7 +198,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
-                "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,"
+                "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,"
                 "\"inproc\":%s,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
@@ -210,7 +210,7 @@ int dump(const DumpArgs& a, bool pre) {
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s,
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
-                r->pause_s, inproc ? "true" : "false", pos::json_string(r->note).c_str());
+                r->pause_s, r->stopped_s, r->handoff ? "true" : "false", inproc ? "true" : "false", pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -249,12 +249,32 @@ int dump(const DumpArgs& a, bool pre) {
 }
 
 // `pos-cli resume -t PID`: an in-process job a dump left held brought back.
-int resume(int pid, const std::string& jobs_dir, std::string job_socket) {
+// With --shared-fds COUNT:LIST (from a dump's guardian): the job's device memory is in
+// descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum.
+int resume(int pid, const std::string& jobs_dir, std::string job_socket, const std::string& shared) {
   if (job_socket.empty()) {
     std::string dir = jobs_dir.empty() ? pos::jobs_dir_of_process(pid) : jobs_dir;
     job_socket = pos::job_socket_path(dir.empty() ? pos::default_jobs_dir() : dir, pid);
   }
-  auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid));
+  std::vector<int> fds;
+  unsigned long long count = 0;
+  unsigned list = 0;
+  if (!shared.empty()) {
+    char extra = 0;
+    if (std::sscanf(shared.c_str(), "%llu:%u%c", &count, &list, &extra) != 2 || count > pos::kMaxFds) {
+      std::fprintf(stderr, "pos-cli resume: --shared-fds wants COUNT:LIST, not '%s'\n", pos::printable(shared, 64).c_str());
+      return 2;
+    }
+    for (unsigned long long i = 0; i < count; ++i) {
+      struct stat st {};
+      if (::fstat(3 + static_cast<int>(i), &st) != 0) {
+        std::fprintf(stderr, "pos-cli resume: descriptor %llu of --shared-fds is not open\n", 3 + i);
+        return 2;
+      }
+      fds.push_back(3 + static_cast<int>(i));
+    }
+  }
+  auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid), fds, list);
   if (!r.ok()) {
     std::fprintf(stderr, "pos-cli resume: pid %d: %s\n", pid, r.status().message().c_str());
     return 1;
@@ -286,11 +306,11 @@ int restore(const RestoreArgs& a) {
   }
   if (a.json) {
     std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
-                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"total_s\":%.6f},"
+                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"load_s\":%.6f,\"total_s\":%.6f},\"handoff\":%s,"
                 "\"note\":%s}\n",
                 r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
                 (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
-                r->reattach_s, r->total_s, pos::json_string(r->note).c_str());
+                r->reattach_s, r->load_s, r->total_s, r->handoff ? "true" : "false", pos::json_string(r->note).c_str());
   } else {
     std::printf("restored pid %u from %s: GPU state %s(%llu handles, %llu bytes) in %.3f s, CPU state by CRIU in %.3f s, "
                 "re-attached in %.3f s; total %.3f s\n",
@@ -384,6 +404,9 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--jobs-dir", resume_jobs_dir,
                          "where in-process jobs put their control sockets (default: the job's own)");
   resume_cmd->add_option("--job-socket", resume_socket, "the job's control socket (instead of --jobs-dir)");
+  std::string resume_shared;
+  resume_cmd->add_option("--shared-fds", resume_shared,
+                         "COUNT:LIST: the job's device memory in descriptors 3.. (a dump's guardian passes them)");
 
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
@@ -426,6 +449,6 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
-  if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket);
+  if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared);
   return 2;
 }

@@ -59,12 +59,16 @@ class DriverDump : public ::testing::Test {
   // The probe job under the driver layer, placement on, stdio on /dev/null.
   void start() {
     const std::string probe = env("POS_DRIVER_PROBE"), work = (root_ / "work").string();
+    fs::remove_all(work);  // a fresh probe counts its checks from 1
+    fs::create_directories(work);
+    checks_ = 0;
     std::vector<std::string> e;
     for (char** p = environ; *p != nullptr; ++p) e.emplace_back(*p);
     e.push_back("LD_PRELOAD=" + env("POS_DRIVER_LIB"));
     e.push_back("POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA"));
     e.push_back("POS_JOBS_DIR=" + jobs_);
     e.push_back("POS_DRIVER_PLACE=1");
+    if (copy_) e.push_back("FAKE_CUDA_NO_EXPORT=1");
     std::vector<char*> envp;
     for (std::string& s : e) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -93,8 +97,18 @@ class DriverDump : public ::testing::Test {
     return read_file(result);
   }
   std::string cli(const std::string& args, int* code) {
-    return pos::test::run_shell("POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args, code);
+    return pos::test::run_shell(std::string(copy_ ? "FAKE_CUDA_NO_EXPORT=1 " : "") + "POS_REAL_LIBCUDA=" +
+                                    env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args,
+                                code);
   }
+
+  // The job's memory cannot be exported (FAKE_CUDA_NO_EXPORT): the dump falls back to the job's
+  // own copy to files, and the restore to the job's own load.
+  bool copy_ = false;
+  const char* handoff() const { return copy_ ? "\"handoff\":false" : "\"handoff\":true"; }
+
+  void leave_running_dump();
+  void stop_dump_and_restore();
 
   fs::path root_;
   std::string jobs_;
@@ -103,6 +117,25 @@ class DriverDump : public ::testing::Test {
 };
 
 TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithItsBytes) {
+  for (bool copy : {false, true}) {
+    SCOPED_TRACE(copy ? "the job copies" : "hand-off");
+    copy_ = copy;
+    leave_running_dump();
+    ::kill(std::exchange(pid_, -1), SIGKILL);
+    fs::remove_all(root_ / "img");
+  }
+}
+
+TEST_F(DriverDump, AStopDumpEndsTheJobAndItsRestoreBringsItBackWithTheSameMemoryAtTheSameAddresses) {
+  for (bool copy : {false, true}) {
+    SCOPED_TRACE(copy ? "the job copies" : "hand-off");
+    copy_ = copy;
+    stop_dump_and_restore();
+    fs::remove_all(root_ / "img");
+  }
+}
+
+void DriverDump::leave_running_dump() {
   start();
   ASSERT_EQ(check(), "rc=0 same=1\n");
   const std::string img = (root_ / "img").string();
@@ -114,6 +147,7 @@ TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithI
   EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;  // 4 + 6 MiB placed
   EXPECT_NE(out.find("\"handles\":2"), std::string::npos) << out;
   EXPECT_NE(out.find("\"job_save_s\":"), std::string::npos) << out;  // the job's own breakdown is reported
+  EXPECT_NE(out.find(handoff()), std::string::npos) << out;
   EXPECT_EQ(check(), "rc=0 same=1\n");  // running on, with its memory mapped and loaded again
   EXPECT_EQ(::kill(pid_, 0), 0);
   const std::string manifest = read_file(img + "/manifest");
@@ -128,7 +162,7 @@ TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithI
   EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
-TEST_F(DriverDump, AStopDumpEndsTheJobAndItsRestoreBringsItBackWithTheSameMemoryAtTheSameAddresses) {
+void DriverDump::stop_dump_and_restore() {
   start();
   const std::string img = (root_ / "img").string();
   int code = -1;
@@ -153,6 +187,7 @@ TEST_F(DriverDump, AStopDumpEndsTheJobAndItsRestoreBringsItBackWithTheSameMemory
   out = cli("restore -D " + img + " --json", &code);
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("\"pid\":" + std::to_string(dumped)), std::string::npos) << out;
+  EXPECT_NE(out.find(handoff()), std::string::npos) << out;
   restored_ = dumped;
   EXPECT_EQ(check(), "rc=0 same=1\n");  // the restored process reads its pattern back
   { std::ofstream(root_ / "work" / "exit"); }

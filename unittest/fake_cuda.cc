@@ -5,7 +5,9 @@
 // from one that did not. cuGetProcAddress answers as the real driver does (base name + version +
 // per-thread flag → versioned function); with FAKE_CUDA_INDIRECT=1 it hands out internal copies
 // instead of the exported functions, as a driver may, to exercise the hooks' name-based matching.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -100,6 +102,17 @@ constexpr unsigned long long kGranule = 2ull << 20;
 std::map<unsigned long long, unsigned long long> reserved, mapped;  // start → size, under mu
 std::map<unsigned long long, unsigned long long> mapped_handle;  // mapping start → its handle, under mu
 std::map<unsigned long long, int> handles;  // live handle → references (its own, and each mapping's), under mu
+// Each handle's memory is a memfd, so that another process can import it (cuMemExportToShareableHandle
+// gives a duplicate descriptor) and see the same bytes, as with a GPU's shareable allocations.
+std::map<unsigned long long, int> handle_fd;  // under mu
+void drop_handle(std::map<unsigned long long, int>::iterator it) {  // under mu: its last reference went
+  auto f = handle_fd.find(it->first);
+  if (f != handle_fd.end()) {
+    ::close(f->second);
+    handle_fd.erase(f);
+  }
+  handles.erase(it);
+}
 unsigned long long next_handle = 1;
 }  // namespace
 FAKE_EXPORT int cuCtxSynchronize() {
@@ -127,9 +140,38 @@ FAKE_EXPORT int cuMemAddressFree(unsigned long long p, size_t) {
 FAKE_EXPORT int cuMemCreate(unsigned long long* h, size_t size, const void*, unsigned long long) {
   bump("cuMemCreate");
   if (size % kGranule != 0) return 1;
+  const int fd = ::memfd_create("fake-cuda-memory", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 2;
+  }
   std::lock_guard<std::mutex> lk(mu);
   *h = next_handle++;
   handles[*h] = 1;
+  handle_fd[*h] = fd;
+  return 0;
+}
+FAKE_EXPORT int cuMemExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long) {
+  bump("cuMemExportToShareableHandle");
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = handles.find(h);
+  if (type != 1 || it == handles.end() || it->second <= 0 || std::getenv("FAKE_CUDA_NO_EXPORT") != nullptr) return 1;
+  const int fd = ::fcntl(handle_fd[h], F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return 2;
+  *static_cast<int*>(out) = fd;
+  return 0;
+}
+FAKE_EXPORT int cuMemImportFromShareableHandle(unsigned long long* h, void* handle, int type) {
+  bump("cuMemImportFromShareableHandle");
+  const int fd = ::fcntl(static_cast<int>(reinterpret_cast<uintptr_t>(handle)), F_DUPFD_CLOEXEC, 0);
+  if (type != 1 || fd < 0) {
+    if (fd >= 0) ::close(fd);
+    return 1;
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  *h = next_handle++;
+  handles[*h] = 1;
+  handle_fd[*h] = fd;
   return 0;
 }
 // As the driver: a handle is valid until released; the memory lives while a mapping holds it.
@@ -139,7 +181,7 @@ FAKE_EXPORT int cuMemRelease(unsigned long long h) {
   auto it = handles.find(h);
   if (it == handles.end() || it->second <= 0) return 1;
   it->second = -it->second + 1;  // released: negative counts the mappings still holding it
-  if (it->second == 0) handles.erase(it);
+  if (it->second == 0) drop_handle(it);
   return 0;
 }
 FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned long long h, unsigned long long) {
@@ -154,8 +196,8 @@ FAKE_EXPORT int cuMemMap(unsigned long long p, size_t size, size_t, unsigned lon
   if (!inside) return 1;
   // Backed by host memory at the very address, so that copies through it are plain memcpy and a
   // test can see bytes survive an unmap and a remap (new memory: zeros until loaded).
-  void* at = ::mmap(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  void* at = ::mmap(reinterpret_cast<void*>(p), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE,
+                    handle_fd[h], 0);
   if (at != reinterpret_cast<void*>(p)) {
     if (at != MAP_FAILED) ::munmap(at, size);
     return 2;  // out of memory, as the driver would say
@@ -175,7 +217,7 @@ FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
   auto h = handles.find(mapped_handle[p]);
   if (h != handles.end()) {
     h->second += h->second > 0 ? -1 : 1;  // one reference fewer, released or not
-    if (h->second == 0) handles.erase(h);
+    if (h->second == 0) drop_handle(h);
   }
   mapped_handle.erase(p);
   return 0;

@@ -83,8 +83,81 @@ std::string jobs_dir_of_process(pid_t pid) {
 
 std::string job_socket_path(const std::string& dir, pid_t pid) { return dir + "/" + std::to_string(pid) + ".sock"; }
 
+Status send_line_with_fds(int sock, const std::string& line, const std::vector<int>& fds) {
+  const size_t batches = (fds.size() + kFdsPerByte - 1) / kFdsPerByte;
+  if (fds.size() > kMaxFds || batches > line.size())
+    return Status::InvalidArgument(std::to_string(fds.size()) + " descriptors do not fit on a line of " +
+                                   std::to_string(line.size()) + " bytes");
+  std::vector<char> ctl(CMSG_SPACE(kFdsPerByte * sizeof(int)));
+  for (size_t b = 0; b < batches; ++b) {
+    const size_t first = b * kFdsPerByte, n = std::min(kFdsPerByte, fds.size() - first);
+    msghdr msg{};
+    iovec iov{const_cast<char*>(line.data() + b), 1};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = ctl.data(), msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(n * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data() + first, n * sizeof(int));
+    ssize_t w;
+    while ((w = ::sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
+    if (w != 1) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
+  }
+  const std::string rest = line.substr(batches) + "\n";
+  return send_all(sock, rest.data(), rest.size());
+}
+
+StatusOr<ControlMessage> recv_line_with_fds(int sock, size_t max) {
+  ControlMessage m;
+  std::vector<char> ctl(CMSG_SPACE(kFdsPerByte * sizeof(int)));
+  char buf[4096];
+  for (;;) {
+    // Byte by byte while descriptors may still ride on the bytes (one batch per byte), then in bulk.
+    const bool single = m.text.size() < kMaxFds / kFdsPerByte;
+    msghdr msg{};
+    iovec iov{buf, single ? size_t{1} : sizeof(buf)};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = ctl.data(), msg.msg_controllen = ctl.size();
+    const ssize_t r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (single ? 0 : MSG_PEEK));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::Unavailable(std::string("no whole line came: ") + std::strerror(errno));
+    if (r == 0) return Status::Unavailable("the peer closed the connection before a whole line");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int got = -1;
+        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        m.fds.emplace_back(got);
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) return Status::Corrupt("descriptors were lost on the way (the descriptor limit)");
+    // In bulk the bytes were only peeked: take those up to and with the newline, no more, so
+    // that nothing after the line is consumed.
+    size_t take = static_cast<size_t>(r);
+    const char* nl = static_cast<const char*>(std::memchr(buf, '\n', take));
+    if (nl != nullptr) take = static_cast<size_t>(nl - buf) + 1;
+    if (!single) {
+      ssize_t got;
+      while ((got = ::recv(sock, buf, take, 0)) < 0 && errno == EINTR) {
+      }
+      if (got != static_cast<ssize_t>(take)) return Status::Unavailable("the line went away while read");
+    }
+    m.text.append(buf, nl != nullptr ? take - 1 : take);
+    if (nl != nullptr) return m;
+    if (m.text.size() > max) return Status::Corrupt("a line longer than " + std::to_string(max) + " bytes");
+  }
+}
+
 StatusOr<std::unique_ptr<JobControlServer>> JobControlServer::start(
     const std::string& dir, std::function<std::string(const std::string&)> answer) {
+  return start_with_fds(dir, [answer = std::move(answer)](ControlMessage& cmd) {
+    ControlMessage out;
+    out.text = answer(cmd.text);
+    return out;
+  });
+}
+
+StatusOr<std::unique_ptr<JobControlServer>> JobControlServer::start_with_fds(
+    const std::string& dir, std::function<ControlMessage(ControlMessage&)> answer) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::Unavailable("cannot make " + dir + ": " + std::strerror(errno));
   POS_RETURN_IF_ERROR(check_socket_dir(dir, {static_cast<uint32_t>(::geteuid())}, "this job's uid"));
@@ -140,12 +213,15 @@ void JobControlServer::serve() {
     }
     if (!peer_allowed(c.get())) continue;  // closed unanswered
     set_timeouts(c.get(), 1000);
-    std::string cmd;
-    char ch = 0;
-    while (cmd.size() <= kMaxCommand && ::recv(c.get(), &ch, 1, 0) == 1 && ch != '\n') cmd += ch;
-    if (ch != '\n' || cmd.size() > kMaxCommand) continue;  // no whole command: nothing to answer
-    const std::string reply = answer_(cmd) + "\n";
-    (void)send_all(c.get(), reply.data(), reply.size());
+    auto cmd = recv_line_with_fds(c.get(), kMaxCommand);
+    if (!cmd.ok()) continue;  // no whole command (or its descriptors lost): nothing to answer
+    ControlMessage reply = answer_(*cmd);
+    std::vector<int> fds;
+    for (const UniqueFd& f : reply.fds) fds.push_back(f.get());
+    // Descriptors need as many bytes to ride on: an answer is a JSON object, padded with spaces.
+    const size_t need = (fds.size() + kFdsPerByte - 1) / kFdsPerByte;
+    if (reply.text.size() < need) reply.text.append(need - reply.text.size(), ' ');
+    (void)send_line_with_fds(c.get(), reply.text, fds);
   }
 }
 
@@ -178,6 +254,26 @@ StatusOr<std::string> ask_job(const std::string& socket, const std::string& comm
   if (out.empty() || out.back() != '\n') return Status::Unavailable(socket + " closed without a whole answer");
   out.pop_back();
   return out;
+}
+
+StatusOr<ControlMessage> ask_job_fds(const std::string& socket, const std::string& command, const std::vector<int>& fds,
+                                     int timeout_ms) {
+  if (command.size() > kMaxCommand || command.find('\n') != std::string::npos)
+    return Status::InvalidArgument("not a control command: " + command);
+  sockaddr_un a{};
+  POS_RETURN_IF_ERROR(fill_address(socket, &a));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+    return Status::Unavailable("cannot connect to " + socket + ": " + std::strerror(errno));
+  if (!peer_allowed(fd.get()))
+    return Status::FailedPrecondition(socket + " is served by another user's process: not asked");
+  set_timeouts(fd.get(), timeout_ms);
+  POS_RETURN_IF_ERROR(send_line_with_fds(fd.get(), command, fds));
+  auto got = recv_line_with_fds(fd.get(), kMaxAnswer);
+  if (!got.ok()) return got.status().with_context(socket + " did not answer");
+  while (!got->text.empty() && got->text.back() == ' ') got->text.pop_back();
+  return got;
 }
 
 std::vector<JobAnswer> ask_jobs(const std::string& dir, const std::string& command, std::vector<std::string>* skipped) {

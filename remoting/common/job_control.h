@@ -31,6 +31,17 @@ std::string job_socket_path(const std::string& dir, pid_t pid);
 // user's job. Empty if the process cannot be read (gone, or another user's without privilege).
 std::string jobs_dir_of_process(pid_t pid);
 
+// A command or an answer with the descriptors that came or go with it. Descriptors travel as
+// SCM_RIGHTS on the line's first bytes, at most kFdsPerByte on each (so a line carries at most
+// line-length x kFdsPerByte, and never more than kMaxFds); the dump's device-memory hand-off
+// (docs/wire_format.md, "Job control socket").
+struct ControlMessage {
+  std::string text;
+  std::vector<UniqueFd> fds;
+};
+constexpr size_t kFdsPerByte = 250;
+constexpr size_t kMaxFds = 64 * kFdsPerByte;
+
 // The job's end. Answers each command with answer(command) (the command without its newline);
 // a command the callback does not know should get a JSON error object. Thread-safe.
 class JobControlServer {
@@ -39,6 +50,9 @@ class JobControlServer {
   // binds DIR/<pid>.sock (replacing a stale one of this pid) and starts the answering thread.
   static StatusOr<std::unique_ptr<JobControlServer>> start(const std::string& dir,
                                                           std::function<std::string(const std::string&)> answer);
+  // The same, for commands that carry descriptors or answer with them.
+  static StatusOr<std::unique_ptr<JobControlServer>> start_with_fds(const std::string& dir,
+                                                                   std::function<ControlMessage(ControlMessage&)> answer);
   ~JobControlServer();
   JobControlServer(const JobControlServer&) = delete;
   JobControlServer& operator=(const JobControlServer&) = delete;
@@ -55,13 +69,25 @@ class JobControlServer {
   std::string path_;
   pid_t owner_ = 0;
   UniqueFd listen_;
-  std::function<std::string(const std::string&)> answer_;
+  std::function<ControlMessage(ControlMessage&)> answer_;
   std::thread thread_;
 };
 
 // The asker's end: `command` to the job at `socket`, its whole answer. The peer must run as this
 // process's uid or root; a job that does not answer within `timeout_ms` is kUnavailable.
 StatusOr<std::string> ask_job(const std::string& socket, const std::string& command, int timeout_ms = 2000);
+// The same with descriptors both ways: `fds` go with the command (the caller's stay open), the
+// answer's come back in the result.
+StatusOr<ControlMessage> ask_job_fds(const std::string& socket, const std::string& command, const std::vector<int>& fds,
+                                     int timeout_ms);
+
+// One line (no newline in it; it is added) with `fds` on its first bytes; kInvalidArgument when
+// the line is too short to carry them or they are more than kMaxFds.
+Status send_line_with_fds(int sock, const std::string& line, const std::vector<int>& fds);
+// One line (newline removed) of at most `max` bytes and the descriptors on it (close-on-exec).
+// kUnavailable when the peer hangs up or times out first, kCorrupt when the line is too long or
+// descriptors were lost (the receiver's descriptor limit).
+StatusOr<ControlMessage> recv_line_with_fds(int sock, size_t max);
 
 struct JobAnswer {
   pid_t pid = 0;

@@ -24,6 +24,8 @@ namespace {
 
 std::string cu_error(const char* what, CUresult rc) { return std::string(what) + " failed: CUDA driver error " + std::to_string(rc); }
 
+uint64_t device_address(const CopyOptions& o, uint64_t addr) { return o.address ? o.address(addr) : addr; }
+
 uint64_t chunks_of(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
 // The copy threads' common frame: one thread per memory file, each with the primary context
@@ -167,7 +169,7 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
     };
     for (size_t i = lane.file; i < places.size() && !pool.failed(); i += table.files) {
       const ChunkPlace& k = places[i];
-      if (const CUresult rc = calls.dtoh_async(lane.buf[side], table.regions[k.region].addr + k.off, k.n, lane.stream);
+      if (const CUresult rc = calls.dtoh_async(lane.buf[side], device_address(o, table.regions[k.region].addr) + k.off, k.n, lane.stream);
           rc != kSuccess)
         return Status::Unavailable(cu_error("cuMemcpyDtoHAsync", rc));
       if (held != nullptr) POS_RETURN_IF_ERROR(write_held());
@@ -232,7 +234,7 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
                                " fails its checksum");
       if (const CUresult rc = calls.stream_synchronize(lane.stream); rc != kSuccess)
         return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
-      if (const CUresult rc = calls.htod_async(r.addr + k.off, b, k.n, lane.stream); rc != kSuccess)
+      if (const CUresult rc = calls.htod_async(device_address(o, r.addr) + k.off, b, k.n, lane.stream); rc != kSuccess)
         return Status::Unavailable(cu_error("cuMemcpyHtoDAsync", rc));
       pool.done(k.n);
     }

@@ -51,6 +51,9 @@ struct CopyOptions {
   uint64_t chunk = 8ull << 20;    // copy and checksum unit
   // Bytes done so far of the total, from the copy threads (serialized), at most every chunk.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Where a region's bytes are in this process: its address in the table (the job's) → the one
+  // to copy at (pos-cli maps a job's memory elsewhere). Unset: the same address.
+  std::function<uint64_t(uint64_t region_addr)> address;
 };
 
 struct CopyReport {

@@ -8,6 +8,7 @@
 // real driver's export; what it knows (device allocations today) goes to the census. Everything
 // not hooked is the driver's own function, so it costs nothing.
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +32,7 @@
 #include "remoting/driver/app_vmm.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
+#include "remoting/driver/held_memory.h"
 #include "remoting/driver/placement.h"
 
 #define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -71,6 +73,8 @@ struct Runtime {
   CopyCalls copy;  // the real driver's, for saving and loading device memory
   std::mutex dump_mu;
   bool saved = false;     // under dump_mu: memory saved and unmapped, the gate closed
+  bool shared = false;    // under dump_mu: memory handed out as descriptors (dump-share), the gate closed
+  uint32_t shared_list = 0;  // under dump_mu: the checksum of the allocation list handed out
   std::string saved_dir;  // under dump_mu
   int saved_dev = 0;      // under dump_mu
 };
@@ -191,40 +195,176 @@ std::string check_dir(const std::string& dir) {
   return "";
 }
 
-// `dump-save DIR`: the job's driver work stopped at the gate, the device idle, every placed
-// allocation saved to DIR (device_image.h) and unmapped, its addresses kept reserved. The gate stays
-// closed until dump-resume: pos-cli then runs the driver's checkpoint and CRIU.
-std::string dump_save(Runtime* rt, const std::string& dir) {
-  std::lock_guard<std::mutex> lk(rt->dump_mu);
-  if (rt->saved) return dump_error("a dump holds this job already (saved to " + rt->saved_dir + "): dump-resume first");
-  if (std::string why = dump_blockers(rt); !why.empty()) return dump_error("this job cannot be dumped: " + why);
-  if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
-  const std::vector<int> devices = rt->census.devices();
-  const int dev = devices.empty() ? 0 : devices.front();
-  const auto t0 = std::chrono::steady_clock::now();
+// The job's driver work stopped at the gate and the device idle: empty, or why not (the gate
+// open again).
+std::string hold(Runtime* rt, int dev) {
   rt->gate.close();
   // Calls already inside the driver finish (a copy waits for its kernels); one that does not within
   // the bound fails the dump rather than hanging it.
   for (int i = 0; !rt->gate.drained(); ++i) {
     if (i == 100000) {
       rt->gate.reopen();
-      return dump_error("a driver call of the job did not return within 10 s: not dumped");
+      return "a driver call of the job did not return within 10 s: not dumped";
     }
     ::usleep(100);
   }
+  CUcontext ctx = nullptr;
+  const bool idle = rt->copy.primary_ctx_retain(&ctx, dev) == kSuccess && rt->copy.ctx_set_current(ctx) == kSuccess &&
+                    rt->copy.ctx_synchronize() == kSuccess;
+  (void)rt->copy.ctx_set_current(nullptr);
+  (void)rt->copy.primary_ctx_release(dev);
+  if (!idle) {
+    rt->gate.reopen();
+    return "the device did not finish the job's work (cuCtxSynchronize failed): not dumped";
+  }
+  return "";
+}
+
+int dump_device(Runtime* rt) {
+  const std::vector<int> devices = rt->census.devices();
+  return devices.empty() ? 0 : devices.front();
+}
+
+// The checksum both ends of a hand-off compute over the allocation list, so that descriptors come
+// back only to the allocations they left.
+uint32_t list_checksum(const std::vector<Placement::Region>& regions) {
+  std::vector<SavedRegion> list;
+  for (const Placement::Region& r : regions) list.push_back(SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  return allocation_list_checksum(list);
+}
+
+// `dump-share`: the job held as for dump-save, but its device memory leaves as descriptors (one per
+// placed allocation, in address order, on the answer) instead of being copied: pos-cli imports
+// them, and only then sends dump-release. Refused with "share":false when the memory cannot leave
+// this way (memory the job maps itself, an allocation without a shareable handle): pos-cli then
+// uses dump-save.
+pos::ControlMessage dump_share(Runtime* rt) {
+  pos::ControlMessage out;
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (rt->saved || rt->shared) {
+    out.text = dump_error("a dump holds this job already: dump-resume first");
+    return out;
+  }
+  if (std::string why = dump_blockers(rt); !why.empty()) {
+    out.text = dump_error("this job cannot be dumped: " + why);
+    return out;
+  }
+  std::string no_share = rt->placement ? rt->placement->share_blocker() : "placement is off";
+  if (no_share.empty() && rt->app_vmm && !rt->app_vmm->regions().empty()) no_share = "the job maps device memory itself";
+  if (!no_share.empty()) {
+    out.text = "{\"ok\":false,\"share\":false,\"error\":" + pos::json_string("device memory cannot be handed off: " + no_share) + "}";
+    return out;
+  }
+  const int dev = dump_device(rt);
+  // One descriptor per allocation: the job's limit may be lower than a big job's count.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (std::string why = hold(rt, dev); !why.empty()) {
+    out.text = dump_error(why);
+    return out;
+  }
+  const double quiesce_s = seconds_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<int> fds;
+  if (const CUresult rc = rt->placement->share(&fds); rc != kSuccess) {
+    rt->gate.reopen();
+    out.text = "{\"ok\":false,\"share\":false,\"error\":" +
+               pos::json_string("exporting device memory failed: CUDA driver error " + std::to_string(rc)) + "}";
+    return out;
+  }
+  for (int fd : fds) out.fds.emplace_back(fd);
+  const std::vector<Placement::Region> regions = rt->placement->regions();
+  std::string list;
+  uint64_t bytes = 0;
+  for (const Placement::Region& r : regions) {
+    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "]";
+    bytes += r.size;
+  }
+  rt->shared = true;
+  rt->shared_list = list_checksum(regions);
+  rt->saved_dev = dev;
+  char head[256];
+  std::snprintf(head, sizeof(head),
+                "{\"ok\":true,\"share\":true,\"device\":%d,\"bytes\":%llu,\"count\":%zu,\"list\":%u,\"quiesce_s\":%.6f,"
+                "\"export_s\":%.6f,\"note\":",
+                dev, static_cast<unsigned long long>(bytes), regions.size(), rt->shared_list, quiesce_s, seconds_since(t1));
+  out.text = head + pos::json_string(dump_notes(rt)) + ",\"regions\":[" + list + "]}";
+  return out;
+}
+
+// `dump-release`: after dump-share, once pos-cli holds the descriptors: the memory unmapped and the
+// job's references dropped (its addresses kept reserved), so the driver's checkpoint has none left.
+std::string dump_release(Runtime* rt) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (!rt->shared || rt->saved) return dump_error("no dump-share holds this job: nothing to release");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const CUresult rc = unmap_all(rt); rc != kSuccess) {
+    // What was unmapped is held by pos-cli's descriptors: it comes back with dump-take.
+    rt->saved = true;
+    return dump_error("unmapping device memory failed: CUDA driver error " + std::to_string(rc) +
+                      " (the job stays stopped; dump-take gives it back)");
+  }
+  rt->saved = true;
+  rt->saved_dir.clear();
+  char out[96];
+  std::snprintf(out, sizeof(out), "{\"ok\":true,\"unmap_s\":%.6f}", seconds_since(t0));
+  return out;
+}
+
+// `dump-take COUNT LIST` with COUNT descriptors: the memory handed out comes back (after dump-share
+// and dump-release, or after a restore of such a dump, the descriptors then pos-cli's new memory
+// holding the image's bytes); COUNT and LIST (the allocation list's checksum) must match this
+// job's. Mapped again at the same addresses, the gate opened. Without dump-release first the
+// memory never left: the descriptors are dropped and the gate opens.
+std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::UniqueFd>& in) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (!rt->saved && !rt->shared) return dump_error("no dump holds this job: nothing to take back");
+  unsigned long long count = 0;
+  unsigned list = 0;
+  char extra = 0;
+  if (std::sscanf(args.c_str(), "%llu %u %c", &count, &list, &extra) != 2)
+    return dump_error("dump-take wants COUNT LIST (the allocation count and the list's checksum)");
+  const std::vector<Placement::Region> regions = rt->placement ? rt->placement->regions() : std::vector<Placement::Region>{};
+  if (count != in.size() || count != regions.size() || list != list_checksum(regions))
+    return dump_error("the memory offered (" + std::to_string(in.size()) + " descriptor(s), list " + std::to_string(list) +
+                      ") is not this job's (" + std::to_string(regions.size()) + " allocation(s), list " +
+                      std::to_string(list_checksum(regions)) + "): not taken");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (rt->saved) {
+    if (rt->app_vmm && !rt->app_vmm->regions().empty())
+      return dump_error("the job maps device memory itself: dump-resume DIR brings it back");
+    std::vector<int> fds;
+    for (const pos::UniqueFd& f : in) fds.push_back(f.get());
+    if (const CUresult rc = rt->placement->take(fds); rc != kSuccess)
+      return dump_error("mapping the memory handed back failed: CUDA driver error " + std::to_string(rc) +
+                        " (the job stays stopped; dump-take again)");
+  }
+  rt->saved = false;
+  rt->shared = false;
+  rt->gate.reopen();
+  char out[96];
+  std::snprintf(out, sizeof(out), "{\"ok\":true,\"count\":%llu,\"take_s\":%.6f}", count, seconds_since(t0));
+  return out;
+}
+
+// `dump-save DIR`: the job's driver work stopped at the gate, the device idle, every placed
+// allocation saved to DIR (device_image.h) and unmapped, its addresses kept reserved. The gate stays
+// closed until dump-resume: pos-cli then runs the driver's checkpoint and CRIU.
+std::string dump_save(Runtime* rt, const std::string& dir) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (rt->saved || rt->shared) return dump_error("a dump holds this job already: dump-resume first");
+  if (std::string why = dump_blockers(rt); !why.empty()) return dump_error("this job cannot be dumped: " + why);
+  if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
+  const int dev = dump_device(rt);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (std::string why = hold(rt, dev); !why.empty()) return dump_error(why);
   const auto fail = [&](const std::string& why) {
     rt->gate.reopen();
     return dump_error(why);
   };
-  CUcontext ctx = nullptr;
-  if (rt->copy.primary_ctx_retain(&ctx, dev) != kSuccess || rt->copy.ctx_set_current(ctx) != kSuccess ||
-      rt->copy.ctx_synchronize() != kSuccess) {
-    (void)rt->copy.ctx_set_current(nullptr);
-    (void)rt->copy.primary_ctx_release(dev);
-    return fail("the device did not finish the job's work (cuCtxSynchronize failed): not dumped");
-  }
-  (void)rt->copy.ctx_set_current(nullptr);
-  (void)rt->copy.primary_ctx_release(dev);
   const double quiesce_s = seconds_since(t0);
   const std::vector<SavedRegion> regions = dump_regions(rt);
   auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{});
@@ -257,7 +397,14 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
 // driver's own state is back first (pos-cli: cuCheckpointProcessRestore + Unlock).
 std::string dump_resume(Runtime* rt, std::string dir) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (rt->shared && !rt->saved) {  // handed out but never released: the memory is still here
+    rt->shared = false;
+    rt->gate.reopen();
+    return "{\"ok\":true,\"bytes\":0,\"regions\":0,\"remap_s\":0,\"load_s\":0}";
+  }
   if (!rt->saved) return dump_error("no dump holds this job: nothing to resume");
+  if (dir.empty() && rt->saved_dir.empty())
+    return dump_error("the memory was handed off (dump-share): dump-take brings it back, or dump-resume DIR from an image");
   if (dir.empty()) dir = rt->saved_dir;
   if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
   const auto t0 = std::chrono::steady_clock::now();
@@ -269,6 +416,7 @@ std::string dump_resume(Runtime* rt, std::string dir) {
   if (!loaded.ok())
     return dump_error("loading device memory failed: " + loaded.status().message() + " (the job stays stopped)");
   rt->saved = false;
+  rt->shared = false;
   rt->gate.reopen();
   char out[192];
   std::snprintf(out, sizeof(out), "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"remap_s\":%.6f,\"load_s\":%.6f}",
@@ -279,8 +427,10 @@ std::string dump_resume(Runtime* rt, std::string dir) {
 
 // pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object), "ps-row" (one
 // line of pos-cli ps's table of in-process jobs), "dump-save DIR" and "dump-resume [DIR]".
+pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg);
 std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
+  if (cmd == "dump-release") return dump_release(rt);
   if (cmd == "dump-resume") return dump_resume(rt, "");
   if (cmd.rfind("dump-resume ", 0) == 0) return dump_resume(rt, cmd.substr(12));
   const Census::Memory m = rt->census.memory();
@@ -299,7 +449,18 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
-                                         "' (ps, ps-row, dump-save DIR, dump-resume [DIR])") + "}";
+                                         "' (ps, ps-row, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST, "
+                                         "dump-resume [DIR])") + "}";
+}
+
+// The commands with descriptors (dump-share answers with them, dump-take comes with them); every
+// other command answered by answer(), descriptors sent along with it dropped.
+pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg) {
+  if (msg.text == "dump-share") return dump_share(rt);
+  pos::ControlMessage out;
+  if (msg.text.rfind("dump-take ", 0) == 0) out.text = dump_take(rt, msg.text.substr(10), msg.fds);
+  else out.text = answer(rt, msg.text);
+  return out;
 }
 
 std::array<void*, kHookCount> hook_addresses();
@@ -318,6 +479,8 @@ VmmCalls vmm_calls(void* driver) {
   get(&c.set_access, "cuMemSetAccess");
   get(&c.granularity, "cuMemGetAllocationGranularity");
   get(&c.synchronize, "cuCtxSynchronize");
+  get(&c.export_fd, "cuMemExportToShareableHandle");
+  get(&c.import_fd, "cuMemImportFromShareableHandle");
   return c;
 }
 
@@ -400,8 +563,8 @@ Runtime* runtime() {
     // thread-safe parts (census, placement) and fields set before it starts.
     const char* ctl = std::getenv("POS_CONTROL");
     if (rt->driver != nullptr && (ctl == nullptr || std::strcmp(ctl, "0") != 0)) {
-      auto server = pos::JobControlServer::start(pos::default_jobs_dir(),
-                                                 [rt](const std::string& cmd) { return answer(rt, cmd); });
+      auto server = pos::JobControlServer::start_with_fds(pos::default_jobs_dir(),
+                                                          [rt](pos::ControlMessage& m) { return answer_fds(rt, m); });
       if (server.ok()) rt->control = std::move(*server);
       else rt->control_error = server.status().message();
     }

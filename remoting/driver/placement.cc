@@ -1,7 +1,12 @@
 // placement.cc — fixed device ranges, first-fit within them, VMM mappings per allocation.
 #include "remoting/driver/placement.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 
 #include "pos/base/text.h"
@@ -12,6 +17,20 @@ namespace {
 constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorInvalidValue = 1;
 constexpr CUresult kErrorNotPermitted = 800;
+constexpr int kPosixFd = 1;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+// A kept descriptor away from the low numbers the job's own files take (select() cannot see past
+// 1023), close-on-exec; the original closed. -1 when none can be made.
+int keep_fd(int fd) {
+  rlimit rl{};
+  int low = 256;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 512)
+    low = static_cast<int>(rl.rlim_cur / 2);
+  int kept = ::fcntl(fd, F_DUPFD_CLOEXEC, low);
+  if (kept < 0) kept = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  ::close(fd);
+  return kept;
+}
 
 CUmemAllocationProp device_prop(int dev) {
   CUmemAllocationProp p{};
@@ -124,6 +143,7 @@ CUresult Placement::free(CUdeviceptr p, bool* ours) {
   if (rc == kSuccess) rc = calls_.unmap(p, b.size);
   if (rc != kSuccess) return rc;  // still mapped and ours: the caller may try again
   (void)calls_.release(b.handle);
+  if (b.fd >= 0) ::close(b.fd);
   live_.erase(it);
   give(ranges_[b.dev], p, b.size);
   ++stats_.freed;
@@ -133,9 +153,20 @@ CUresult Placement::free(CUdeviceptr p, bool* ours) {
 }
 
 CUresult Placement::map_block(uint64_t at, Block* b) {
-  const CUmemAllocationProp prop = device_prop(b->dev);
+  CUmemAllocationProp prop = device_prop(b->dev);
   CUmemGenericAllocationHandle h = 0;
-  CUresult rc = calls_.create(&h, b->size, &prop, 0);
+  // Shareable when the driver can hand it off; a driver or device that refuses the handle type
+  // still gets the memory, which a dump then copies.
+  CUresult rc = 1;
+  if (calls_.export_fd != nullptr && calls_.import_fd != nullptr) {
+    prop.requestedHandleTypes = kPosixFd;
+    rc = calls_.create(&h, b->size, &prop, 0);
+    b->shareable = rc == kSuccess;
+  }
+  if (rc != kSuccess) {
+    prop.requestedHandleTypes = 0;
+    rc = calls_.create(&h, b->size, &prop, 0);
+  }
   if (rc != kSuccess) return rc;
   rc = calls_.map(at, b->size, 0, h, 0);
   if (rc == kSuccess) {
@@ -169,7 +200,70 @@ CUresult Placement::unmap() {
     if (const CUresult rc = calls_.unmap(at, b.size); rc != kSuccess) return rc;
     (void)calls_.release(b.handle);
     b.handle = 0;
+    if (b.fd >= 0) ::close(b.fd);  // whoever took the memory holds its own descriptor
+    b.fd = -1;
   }
+  return kSuccess;
+}
+
+std::string Placement::share_blocker() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (calls_.export_fd == nullptr || calls_.import_fd == nullptr) return "the driver lacks cuMemExportToShareableHandle";
+  for (const auto& [at, b] : live_)
+    if (!b.shareable) return "an allocation was made without a shareable handle";
+  return "";
+}
+
+CUresult Placement::share(std::vector<int>* fds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fds->clear();
+  const auto undo = [&](CUresult rc) {
+    for (int fd : *fds) ::close(fd);
+    fds->clear();
+    return rc;
+  };
+  if (calls_.export_fd == nullptr) return kErrorNotPermitted;
+  for (const auto& [at, b] : live_) {
+    if (b.handle == 0 || !b.shareable) return undo(kErrorNotPermitted);
+    int fd = -1;
+    if (b.fd >= 0) {
+      if ((fd = ::fcntl(b.fd, F_DUPFD_CLOEXEC, 0)) < 0) return undo(kErrorOutOfMemory);
+    } else if (const CUresult rc = calls_.export_fd(&fd, b.handle, kPosixFd, 0); rc != kSuccess) {
+      return undo(rc);
+    }
+    fds->push_back(fd);
+  }
+  return kSuccess;
+}
+
+CUresult Placement::take(const std::vector<int>& fds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (fds.size() != live_.size() || calls_.import_fd == nullptr) return kErrorInvalidValue;
+  size_t i = 0;
+  for (auto& [at, b] : live_) {
+    const int fd = fds[i++];
+    if (b.handle != 0) continue;  // came back on an earlier try
+    CUmemGenericAllocationHandle h = 0;
+    CUresult rc = calls_.import_fd(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), kPosixFd);
+    if (rc != kSuccess) return rc;
+    rc = calls_.map(at, b.size, 0, h, 0);
+    if (rc == kSuccess) {
+      CUmemAccessDesc access{};
+      access.location = device_prop(b.dev).location;
+      access.flags = 3;
+      rc = calls_.set_access(at, b.size, &access, 1);
+      if (rc != kSuccess) (void)calls_.unmap(at, b.size);
+    }
+    if (rc != kSuccess) {
+      (void)calls_.release(h);
+      return rc;
+    }
+    const int kept = keep_fd(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    b.handle = h;
+    b.shareable = kept >= 0;  // without its descriptor it cannot leave again: the next dump copies
+    b.fd = kept;
+  }
+  unmapped_ = false;
   return kSuccess;
 }
 

@@ -52,6 +52,10 @@ struct VmmCalls {
   CUresult (*set_access)(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) = nullptr;
   CUresult (*granularity)(size_t* g, const CUmemAllocationProp* prop, int option) = nullptr;
   CUresult (*synchronize)() = nullptr;  // cuCtxSynchronize: a free waits for the device, as cuMemFree does
+  // For the dump's hand-off (optional: without them a dump copies): cuMemExportToShareableHandle
+  // and cuMemImportFromShareableHandle with POSIX file descriptors.
+  CUresult (*export_fd)(void* fd_out, CUmemGenericAllocationHandle h, int type, unsigned long long flags) = nullptr;
+  CUresult (*import_fd)(CUmemGenericAllocationHandle* h, void* fd, int type) = nullptr;
   bool complete() const {
     return ctx_get_device && reserve && address_free && create && release && map && unmap && set_access &&
            granularity && synchronize;
@@ -90,6 +94,21 @@ class Placement {
   // loads them). Idempotent per allocation; a failure part way can be retried.
   CUresult remap();
 
+  // The hand-off (docs/driver_runtime.md, "Dump and restore"): device memory leaves the job as file
+  // descriptors another process imports, so that neither the job nor the driver's checkpoint copies
+  // it. Empty, or why it cannot be done now (an allocation made without a shareable handle, or
+  // the driver lacks the calls): then a dump copies.
+  std::string share_blocker() const;
+  // A descriptor of every live allocation's memory, in regions() order (exported now, or a copy
+  // of the one kept since it came back): the caller owns them. Nothing changes in here; unmap()
+  // follows once the receiver holds them. On an error every descriptor made is closed.
+  CUresult share(std::vector<int>* fds);
+  // After unmap(): the memory that left comes back, `fds[i]` for regions()[i], imported and mapped
+  // at its address with read-write access; each descriptor is kept (an imported allocation cannot
+  // be exported again, so the next hand-off sends it). The count must match. A failure part way
+  // leaves what was mapped mapped, and can be retried with the same descriptors.
+  CUresult take(const std::vector<int>& fds);
+
   struct Stats {
     uint64_t placed = 0, freed = 0, live = 0, live_bytes = 0, peak_bytes = 0;
     std::vector<int> devices;  // devices with a reserved range
@@ -109,6 +128,8 @@ class Placement {
     int dev;
     uint64_t size;  // rounded to the granule
     CUmemGenericAllocationHandle handle;  // 0 while unmapped
+    bool shareable = false;  // made with a POSIX-descriptor handle type (or imported from one)
+    int fd = -1;             // the descriptor it was imported from, kept for the next hand-off
   };
   CUresult map_block(uint64_t at, Block* b);  // under mu_: create, map, set access
   bool ready(int dev);  // under mu_: the device's range reserved (tries once)

@@ -3,6 +3,7 @@
 #include "remoting/server/job_dump.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,7 +26,9 @@
 #include "ckpt/region_table.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
+#include "remoting/driver/held_memory.h"
 #include "remoting/server/job_manifest.h"
 
 namespace pos {
@@ -480,37 +483,34 @@ StatusOr<std::string> ask_dump(const std::string& socket, const std::string& com
   return *a;
 }
 
-// Brings an in-process job back if this process dies mid-dump: a child waiting on a pipe from this
-// process that, at end-of-file without the word that the dump is over, becomes `pos-cli resume`
-// (exec, with every string made before the fork: nothing else runs in the child).
+// Brings an in-process job back if this process dies mid-dump: a child waiting on a socket from
+// this process that, at end-of-file without the word that the dump is over, becomes `pos-cli
+// resume` (exec, with every string made before the fork: nothing else runs in the child). Once the
+// job's device memory has been handed off, the child holds descriptors of it too (hold()), and
+// passes them on as descriptors 3.. with `--shared-fds COUNT:LIST`, so the memory outlives this
+// process and goes back to the job.
 class DriverJobGuardian {
  public:
   DriverJobGuardian(const std::string& program, uint32_t pid, const std::string& job_socket) {
     if (program.empty()) return;
-    args_ = {program, "resume", "-t", std::to_string(pid), "--job-socket", job_socket};
+    args_ = {program, "resume", "-t", std::to_string(pid), "--job-socket", job_socket, "--shared-fds",
+             std::string(24, '\0')};
     for (std::string& a : args_) argv_.push_back(a.data());
     argv_.push_back(nullptr);
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) return;
+    held_.assign(kMaxFds, -1);
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
     const pid_t child = ::fork();
     if (child == 0) {
-      ::close(p[1]);
-      char c = 0;
-      ssize_t r;
-      while ((r = ::read(p[0], &c, 1)) < 0 && errno == EINTR) {
-      }
-      if (r == 1) ::_exit(0);
-      static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); bringing the job back\n";
-      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-      ::execv(argv_[0], argv_.data());
-      ::_exit(127);
+      ::close(sv[0]);
+      serve(sv[1]);
     }
-    ::close(p[0]);
+    ::close(sv[1]);
     if (child < 0) {
-      ::close(p[1]);
+      ::close(sv[0]);
       return;
     }
-    pid_ = child, fd_ = p[1];
+    pid_ = child, fd_ = sv[0];
   }
   ~DriverJobGuardian() {
     if (pid_ <= 0) return;
@@ -523,19 +523,150 @@ class DriverJobGuardian {
   DriverJobGuardian(const DriverJobGuardian&) = delete;
   DriverJobGuardian& operator=(const DriverJobGuardian&) = delete;
 
+  // The guardian holds `fds` (duplicates) before the job lets go of its memory; `list` is the
+  // job's allocation-list checksum. kUnavailable without a guardian or when it did not confirm.
+  Status hold(const std::vector<int>& fds, uint32_t list) {
+    if (pid_ <= 0) return Status::Unavailable("no guardian");
+    char head[16];
+    std::snprintf(head, sizeof(head), "L%010u", list);
+    POS_RETURN_IF_ERROR(send_all(fd_, head, 11));
+    for (size_t i = 0; i < fds.size(); i += kFdsPerByte) {
+      const std::vector<int> part(fds.begin() + static_cast<long>(i),
+                                  fds.begin() + static_cast<long>(std::min(fds.size(), i + kFdsPerByte)));
+      POS_RETURN_IF_ERROR(send_line_with_fds(fd_, "f", part));  // "f" then a newline: two bytes
+    }
+    POS_RETURN_IF_ERROR(send_all(fd_, "k", 1));
+    char ack = 0;
+    POS_RETURN_IF_ERROR(recv_all(fd_, &ack, 1));
+    if (ack != 'k') return Status::Unavailable("the guardian did not confirm the descriptors");
+    return Status::Ok();
+  }
+
  private:
+  // The child: only system calls and memory made before the fork.
+  [[noreturn]] void serve(int sock) {
+    size_t n = 0;
+    char list[10] = {'0', '0', '0', '0', '0', '0', '0', '0', '0', '0'};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(kFdsPerByte * sizeof(int))];
+    for (;;) {
+      char c = 0;
+      iovec iov{&c, 1};
+      msghdr m{};
+      m.msg_iov = &iov, m.msg_iovlen = 1, m.msg_control = ctl, m.msg_controllen = sizeof(ctl);
+      const ssize_t r = ::recvmsg(sock, &m, 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 1 && c == 'x') ::_exit(0);
+      if (r == 1) {
+        for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+          if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+          const size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < k; ++i) {
+            int got = -1;
+            std::memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+            if (n < held_.size()) held_[n++] = got;
+            else ::close(got);
+          }
+        }
+        if (c == 'L')
+          for (char& d : list)
+            while (::read(sock, &d, 1) < 0 && errno == EINTR) {
+            }
+        if (c == 'k') (void)!::write(sock, "k", 1);
+        continue;
+      }
+      break;  // end-of-file (or an error): this process is gone without saying the dump is over
+    }
+    static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); bringing the job back\n";
+    (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+    // The descriptors as 3, 4, ...: first all above that range, then into it.
+    const int top = 3 + static_cast<int>(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int moved = ::fcntl(held_[i], F_DUPFD, top);
+      ::close(held_[i]);
+      held_[i] = moved;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (held_[i] >= 0) (void)::dup2(held_[i], 3 + static_cast<int>(i));
+      ::close(held_[i]);
+    }
+    // "--shared-fds COUNT:LIST" in the argument made before the fork.
+    char* out = argv_[7];
+    char digits[24];
+    int k = 0;
+    size_t v = n;
+    do digits[k++] = static_cast<char>('0' + v % 10), v /= 10;
+    while (v > 0);
+    while (k > 0) *out++ = digits[--k];
+    *out++ = ':';
+    for (char d : list) *out++ = d;
+    *out = '\0';
+    if (n == 0) argv_[6] = nullptr;  // nothing was handed off: a plain resume
+    ::execv(argv_[0], argv_.data());
+    ::_exit(127);
+  }
+
   std::vector<std::string> args_;
   std::vector<char*> argv_;
+  std::vector<int> held_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };
 
+// The job's device (the census's first), from its `ps` answer.
+int job_device(const std::string& ps) {
+  const size_t at = ps.find("\"devices\":[");
+  if (at == std::string::npos) return 0;
+  const char* p = ps.c_str() + at + 11;
+  return (*p >= '0' && *p <= '9') ? std::atoi(p) : 0;
+}
+
+// The allocation list of a dump-share answer: "regions":[[addr,size],...] on device `dev`.
+StatusOr<std::vector<ckpt::SavedRegion>> shared_regions(const std::string& answer, int dev) {
+  const size_t at = answer.find("\"regions\":[");
+  if (at == std::string::npos) return Status::Corrupt("the job's answer lists no allocations");
+  std::vector<ckpt::SavedRegion> out;
+  const char* p = answer.c_str() + at + 11;
+  while (*p == '[' || *p == ',') {
+    if (*p == ',') ++p;
+    unsigned long long a = 0, n = 0;
+    int used = 0;
+    if (std::sscanf(p, "[%llu,%llu]%n", &a, &n, &used) != 2 || used == 0)
+      return Status::Corrupt("the job's allocation list is malformed");
+    if (n == 0 || (!out.empty() && a < out.back().addr + out.back().size))
+      return Status::Corrupt("the job's allocation list is not in address order");
+    ckpt::SavedRegion r;
+    r.dev = dev, r.addr = a, r.size = n;
+    out.push_back(r);
+    p += used;
+  }
+  if (*p != ']') return Status::Corrupt("the job's allocation list is malformed");
+  return out;
+}
+
+// Gives `owner` the files this (root) process wrote in `dir`, so that the job's own user can
+// read its image back (dump-resume DIR).
+void give_files(const std::string& dir, uid_t owner) {
+  if (owner == ::geteuid()) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    (void)::lchown(e.path().c_str(), owner, static_cast<gid_t>(-1));
+}
+
 }  // namespace
 
-StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid) {
+StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid, const std::vector<int>& shared_fds,
+                                        uint32_t list) {
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
   POS_RETURN_IF_ERROR((*driver)->release(static_cast<pid_t>(pid)).with_context("the driver's restore"));
+  if (!shared_fds.empty()) {  // the memory was handed off: these descriptors are all that hold it
+    auto t = ask_job_fds(job_socket, "dump-take " + std::to_string(shared_fds.size()) + " " + std::to_string(list),
+                         shared_fds, 600'000);
+    if (!t.ok()) return t.status();
+    if (t->text.find("\"ok\":true") == std::string::npos)
+      return Status::FailedPrecondition(json_text(t->text, "error").empty() ? printable(t->text, 200) : json_text(t->text, "error"));
+    return t->text;
+  }
   auto a = ask_job(job_socket, "dump-resume", 600'000);
   if (!a.ok()) return a.status();
   if (a->find("nothing to resume") != std::string::npos) return std::string("not held");
@@ -575,28 +706,128 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   JobDumpReport r;
   const pid_t pid = static_cast<pid_t>(o.pid);
   DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
+  // The hand-off's side here (docs/driver_runtime.md, "Dump and restore"): this process's own
+  // context on the job's device, made before the job stops. Without it the job copies.
+  const int dev = job_device(*ps);
+  std::unique_ptr<driver::HeldMemory> held;
+  std::string no_handoff;
+  {
+    auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev);
+    if (h.ok()) held = std::move(*h);
+    else no_handoff = h.status().message();
+  }
   say("gpu");
   auto t = std::chrono::steady_clock::now();
   const auto t_stop = t;
-  auto saved = ask_dump(o.job_socket, "dump-save " + gpu_dir);
-  if (!saved.ok()) {
-    remove_parts();  // the job runs on: a save that fails lets its calls through again
-    return saved.status().with_context("saving the GPU state");
+  std::thread writer;
+  Status written = Status::Ok();
+  std::chrono::steady_clock::time_point written_at;
+  uint32_t list = 0;
+  bool handed = false;
+  if (held) {
+    auto shared = ask_job_fds(o.job_socket, "dump-share", {}, 600'000);
+    if (!shared.ok()) {
+      remove_parts();
+      return shared.status().with_context("asking the job for its device memory");
+    }
+    if (shared->text.find("\"ok\":true") != std::string::npos) {
+      handed = r.handoff = true;
+      const std::string& a = shared->text;
+      list = static_cast<uint32_t>(json_number(a, "list"));
+      r.detach_s = json_number(a, "quiesce_s");
+      r.job_save_s = json_number(a, "export_s");
+      r.note = json_text(a, "note");
+      // From here until dump-release the job holds its memory too: giving up is dump-resume.
+      auto back_out = [&](const Status& why) -> Status {
+        (void)ask_dump(o.job_socket, "dump-resume");
+        remove_parts();
+        return why;
+      };
+      auto regions = shared_regions(a, dev);
+      if (!regions.ok()) return back_out(regions.status());
+      std::vector<int> raw;
+      for (const UniqueFd& f : shared->fds) raw.push_back(f.get());
+      if (Status g = guardian.hold(raw, list); !g.ok() && !o.resume_program.empty())
+        return back_out(g.with_context("the guardian could not hold the job's device memory"));
+      if (Status im = held->import(*regions, std::move(shared->fds)); !im.ok())
+        return back_out(im.with_context("importing the job's device memory"));
+      auto rel = ask_dump(o.job_socket, "dump-release");
+      if (!rel.ok()) {
+        // Whatever was unmapped comes back from the descriptors held here.
+        auto fds = held->descriptors();
+        if (fds.ok()) {
+          std::vector<int> give;
+          for (const UniqueFd& f : *fds) give.push_back(f.get());
+          (void)ask_job_fds(o.job_socket, "dump-take " + std::to_string(give.size()) + " " + std::to_string(list), give,
+                            600'000);
+        }
+        remove_parts();
+        return rel.status().with_context("the job could not let go of its device memory");
+      }
+      r.job_unmap_s = json_number(*rel, "unmap_s");
+      r.cut_s = seconds_since(t_stop);
+      r.gpu.bytes_stored = held->bytes();
+      r.gpu.handles = held->regions().size();
+      r.gpu.image = gpu_dir;
+      // The image's device part is written from here while the driver and CRIU do theirs.
+      writer = std::thread([&] {
+        driver::CopyOptions co;
+        co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
+        auto saved = held->save(gpu_dir, co);
+        written = saved.ok() ? Status::Ok() : saved.status();
+        written_at = std::chrono::steady_clock::now();
+      });
+    } else if (shared->text.find("\"share\":false") != std::string::npos) {
+      no_handoff = json_text(shared->text, "error");
+      held.reset();
+    } else {
+      remove_parts();
+      const std::string why = json_text(shared->text, "error");
+      return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(shared->text, 200) : why)
+          .with_context("saving the GPU state");
+    }
   }
-  r.detach_s = json_number(*saved, "quiesce_s");
-  r.cut_s = r.detach_s;
-  r.gpu_s = seconds_since(t);
-  r.gpu.bytes_stored = static_cast<uint64_t>(json_number(*saved, "bytes"));
-  r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
-  r.gpu.image = gpu_dir;
-  r.note = json_text(*saved, "note");
-  r.job_save_s = json_number(*saved, "save_s");
-  r.job_unmap_s = json_number(*saved, "unmap_s");
+  if (!handed) {
+    auto saved = ask_dump(o.job_socket, "dump-save " + gpu_dir);
+    if (!saved.ok()) {
+      remove_parts();  // the job runs on: a save that fails lets its calls through again
+      return saved.status().with_context("saving the GPU state");
+    }
+    r.detach_s = json_number(*saved, "quiesce_s");
+    r.cut_s = r.detach_s;
+    r.gpu_s = seconds_since(t);
+    r.gpu.bytes_stored = static_cast<uint64_t>(json_number(*saved, "bytes"));
+    r.gpu.handles = static_cast<uint64_t>(json_number(*saved, "regions"));
+    r.gpu.image = gpu_dir;
+    r.note = json_text(*saved, "note");
+    r.job_save_s = json_number(*saved, "save_s");
+    r.job_unmap_s = json_number(*saved, "unmap_s");
+    written_at = std::chrono::steady_clock::now();
+  }
+  if (!no_handoff.empty()) r.note += (r.note.empty() ? "" : "; ") + std::string("device memory copied by the job (") + no_handoff + ")";
   ckpt::fault_point("driver-dump-saved");
-  // From here a failure brings the job back: its driver state restored, its memory loaded.
+  const auto join_writer = [&] {
+    if (!writer.joinable()) return;
+    writer.join();
+    r.gpu_s = std::chrono::duration<double>(written_at - t_stop).count();
+  };
+  // The job's memory back: from the descriptors held here (hand-off), else from its image.
+  const auto give_back = [&]() -> StatusOr<std::string> {
+    if (!handed) return ask_dump(o.job_socket, "dump-resume " + gpu_dir);
+    auto fds = held->descriptors();
+    if (!fds.ok()) return fds.status();
+    std::vector<int> give;
+    for (const UniqueFd& f : *fds) give.push_back(f.get());
+    auto a = ask_job_fds(o.job_socket, "dump-take " + std::to_string(give.size()) + " " + std::to_string(list), give, 600'000);
+    if (!a.ok()) return a.status();
+    if (a->text.find("\"ok\":true") == std::string::npos) return Status::FailedPrecondition(json_text(a->text, "error"));
+    return a->text;
+  };
+  // From here a failure brings the job back: its driver state restored, its memory given back.
   auto undo = [&](const Status& why) -> Status {
+    join_writer();
     Status back = (*driver)->release(pid);
-    if (back.ok()) back = ask_dump(o.job_socket, "dump-resume " + gpu_dir).status();
+    if (back.ok()) back = give_back().status();
     remove_parts();
     return back.ok() ? why : why.with_context("the job could not be brought back (" + back.message() + ")");
   };
@@ -619,6 +850,10 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
                                                      : Status::Unavailable("cannot create " + r.criu_dir);
   r.criu_s = seconds_since(t);
   if (!c.ok()) return undo(c.with_context("saving the CPU state"));
+  // The memory must be in the image before the job may write it again.
+  join_writer();
+  if (!written.ok()) return undo(written.with_context("writing the device memory"));
+  r.stopped_s = seconds_since(t_stop);
   if (o.leave_running) {
     say("resume");
     t = std::chrono::steady_clock::now();
@@ -626,16 +861,18 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     if (b.ok()) b = (*driver)->unlock(pid);
     r.driver_restore_s = seconds_since(t);
     if (!b.ok()) return undo(b.with_context("the driver's restore"));
-    auto resumed = ask_dump(o.job_socket, "dump-resume " + gpu_dir);
+    auto resumed = give_back();
     if (!resumed.ok()) {
       remove_parts();
-      return resumed.status().with_context("the job's device memory was not loaded again (it stays stopped; "
+      return resumed.status().with_context("the job's device memory was not given back (it stays stopped; "
                                            "pos-cli restore of an earlier image, or end it)");
     }
     r.resume_s = seconds_since(t);
     r.pause_s = seconds_since(t_stop);
-    r.job_load_s = json_number(*resumed, "load_s");
+    r.job_load_s = handed ? json_number(*resumed, "take_s") : json_number(*resumed, "load_s");
   }
+  held.reset();  // a stopped job's memory is freed here; a running one's is its own again
+  if (handed) give_files(gpu_dir, pp.owner);
   // Durable once the job runs again: the bytes are in the page cache already.
   t = std::chrono::steady_clock::now();
   std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};

@@ -54,6 +54,10 @@ struct JobDumpReport {
   // Inside the job (its dump-save answer): the device copy and the unmap, of gpu_s; and its reload
   // (dump-resume, with leave_running), of resume_s.
   double job_save_s = 0, job_unmap_s = 0, job_load_s = 0;
+  // An in-process job's: from the hold until both parts are written (page cache), the figure a
+  // stop dump is judged by.
+  double stopped_s = 0;
+  bool handoff = false;  // an in-process job's device memory left it as descriptors (else the job copied it)
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
@@ -81,6 +85,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
 // brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the
 // job's memory mapped and loaded again from where the dump saved it. Its answer, or why not. A job
 // that no dump holds is left alone ("not held").
-StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid);
+StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid,
+                                        const std::vector<int>& shared_fds = {}, uint32_t list = 0);
 
 }  // namespace pos

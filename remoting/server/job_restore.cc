@@ -22,6 +22,7 @@
 #include "ckpt/image.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/driver/held_memory.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
@@ -94,15 +95,43 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   r.check_s = seconds_since(t0);
   if (o.lazy) r.note = "in-process jobs load their device memory eagerly (lazy loading is not built for them yet)";
 
+  // The device memory is loaded here, into memory this process makes and then hands to the job,
+  // while CRIU and the driver restore the process (docs/driver_runtime.md, "Dump and restore").
+  std::unique_ptr<driver::HeldMemory> held;
+  Status loaded = Status::Unavailable("not tried");
+  std::thread loader;
+  const auto t_load = std::chrono::steady_clock::now();
+  double load_s = 0;
+  if (!table->regions.empty()) {
+    auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), table->regions.front().dev);
+    if (h.ok()) {
+      held = std::move(*h);
+      loader = std::thread([&] {
+        std::vector<ckpt::SavedRegion> regions = table->regions;
+        for (ckpt::SavedRegion& g : regions) g.crcs.clear();
+        loaded = held->create(regions);
+        if (loaded.ok()) loaded = held->load(gpu_dir, driver::CopyOptions{}).status();
+        load_s = seconds_since(t_load);
+      });
+    } else {
+      loaded = h.status();
+    }
+  }
+  const auto join_loader = [&] {
+    if (loader.joinable()) loader.join();
+  };
+
   say("criu");
   auto t = std::chrono::steady_clock::now();
   ckpt::CriuRestoreOptions co;
   co.shell_job = m.shell_job;
   auto pid = ckpt::criu_restore(criu, criu_dir, co);
+  if (!pid.ok()) join_loader();
   r.criu_s = seconds_since(t);
   if (!pid.ok()) return pid.status().with_context("restoring the CPU state");
   // From here a failure ends the restored process: the image is unchanged, restore it again.
   auto end = [&](const Status& why) {
+    join_loader();
     ::kill(*pid, SIGKILL);
     return why.with_context("the restored job was ended");
   };
@@ -115,10 +144,32 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
 
   say("gpu");
   t = std::chrono::steady_clock::now();
-  auto a = ask_job(m.socket, "dump-resume " + gpu_dir, 600'000);
-  if (a.ok() && a->find("\"ok\":true") == std::string::npos)
-    a = Status::Corrupt("the job answered: " + printable(*a, 300));
-  if (!a.ok()) return end(a.status().with_context("loading the device memory"));
+  join_loader();
+  r.load_s = load_s;
+  bool taken = false;
+  if (loaded.ok()) {
+    auto fds = held->descriptors();
+    if (fds.ok()) {
+      std::vector<int> give;
+      for (const UniqueFd& f : *fds) give.push_back(f.get());
+      auto a = ask_job_fds(m.socket,
+                           "dump-take " + std::to_string(give.size()) + " " +
+                               std::to_string(driver::allocation_list_checksum(held->regions())),
+                           give, 600'000);
+      if (!a.ok()) return end(a.status().with_context("handing the device memory to the job"));
+      taken = r.handoff = a->text.find("\"ok\":true") != std::string::npos;
+      if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + printable(a->text, 200));
+    }
+  } else if (held || !table->regions.empty()) {
+    r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + loaded.message());
+  }
+  held.reset();  // the job holds what it took; anything else is freed before the job loads its own
+  if (!taken) {
+    auto a = ask_job(m.socket, "dump-resume " + gpu_dir, 600'000);
+    if (a.ok() && a->find("\"ok\":true") == std::string::npos)
+      a = Status::Corrupt("the job answered: " + printable(*a, 300));
+    if (!a.ok()) return end(a.status().with_context("loading the device memory"));
+  }
   r.gpu_s = seconds_since(t);
   r.gpu_bytes = table->bytes(), r.handles = table->regions.size();
   r.total_s = seconds_since(t0);

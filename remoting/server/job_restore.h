@@ -21,10 +21,11 @@ struct JobRestoreOptions {
 struct JobRestoreReport {
   uint32_t pid = 0;
   uint64_t gpu_bytes = 0, handles = 0;
-  // An in-process job's: reattach_s is NVIDIA's driver restore + unlock, gpu_s the reload of its
-  // device memory (after CRIU).
-  double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0;
+  // An in-process job's: reattach_s is NVIDIA's driver restore + unlock, gpu_s the hand-over (or
+  // reload) of its device memory after that; load_s pos-cli's load of it, alongside CRIU.
+  double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0, load_s = 0;
   std::string note;  // what the restore did otherwise than asked, or empty
+  bool handoff = false;  // an in-process job's memory was loaded by pos-cli and handed over (else it loaded it)
 };
 
 // Checks the whole image first (manifest, token, the GPU part's structure and its tie to the

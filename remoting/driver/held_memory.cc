@@ -1,0 +1,196 @@
+// held_memory.cc — a job's device memory held in pos-cli for a dump or a restore: imported or made,
+// mapped side by side in one reserved range, copied to or from an image, handed back as descriptors.
+#include "remoting/driver/held_memory.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ckpt/crc32c.h"
+
+namespace pos::driver {
+
+namespace {
+constexpr int kPosixFd = 1;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+std::string cu_error(const char* what, CUresult rc) { return std::string(what) + " failed: CUDA driver error " + std::to_string(rc); }
+
+CUmemAllocationProp prop_of(int dev) {
+  CUmemAllocationProp p{};
+  p.type = 1;
+  p.location.type = 1;
+  p.location.id = dev;
+  p.requestedHandleTypes = kPosixFd;
+  return p;
+}
+}  // namespace
+
+uint32_t allocation_list_checksum(const std::vector<SavedRegion>& regions) {
+  std::string text;
+  for (const SavedRegion& r : regions)
+    text += std::to_string(r.dev) + ":" + std::to_string(r.addr) + ":" + std::to_string(r.size) + ",";
+  return ckpt::crc32c(text.data(), text.size());
+}
+
+PeerCalls peer_calls(void* driver) {
+  PeerCalls c;
+  const auto get = [&](auto* fn, const char* name) {
+    *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(::dlsym(driver, name));
+  };
+  get(&c.vmm.ctx_get_device, "cuCtxGetDevice");
+  get(&c.vmm.reserve, "cuMemAddressReserve");
+  get(&c.vmm.address_free, "cuMemAddressFree");
+  get(&c.vmm.create, "cuMemCreate");
+  get(&c.vmm.release, "cuMemRelease");
+  get(&c.vmm.map, "cuMemMap");
+  get(&c.vmm.unmap, "cuMemUnmap");
+  get(&c.vmm.set_access, "cuMemSetAccess");
+  get(&c.vmm.granularity, "cuMemGetAllocationGranularity");
+  get(&c.vmm.synchronize, "cuCtxSynchronize");
+  get(&c.vmm.export_fd, "cuMemExportToShareableHandle");
+  get(&c.vmm.import_fd, "cuMemImportFromShareableHandle");
+  get(&c.copy.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+  get(&c.copy.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
+  get(&c.copy.ctx_set_current, "cuCtxSetCurrent");
+  get(&c.copy.ctx_synchronize, "cuCtxSynchronize");
+  get(&c.copy.stream_create, "cuStreamCreate");
+  get(&c.copy.stream_destroy, "cuStreamDestroy_v2");
+  get(&c.copy.stream_synchronize, "cuStreamSynchronize");
+  get(&c.copy.host_alloc, "cuMemHostAlloc");
+  get(&c.copy.free_host, "cuMemFreeHost");
+  get(&c.copy.dtoh_async, "cuMemcpyDtoHAsync_v2");
+  get(&c.copy.htod_async, "cuMemcpyHtoDAsync_v2");
+  return c;
+}
+
+StatusOr<std::unique_ptr<HeldMemory>> HeldMemory::open(const PeerCalls& calls, int dev) {
+  if (!calls.complete()) return Status::Unsupported("the driver lacks a call the device-memory hand-off needs");
+  std::unique_ptr<HeldMemory> h(new HeldMemory(calls, dev));
+  if (const CUresult rc = calls.copy.primary_ctx_retain(&h->ctx_, dev); rc != kSuccess)
+    return Status::Unavailable(cu_error("cuDevicePrimaryCtxRetain", rc));
+  return h;
+}
+
+HeldMemory::~HeldMemory() {
+  if (ctx_ == nullptr) return;
+  (void)calls_.copy.ctx_set_current(ctx_);
+  for (size_t i = 0; i < mapped_; ++i) (void)calls_.vmm.unmap(at_[i], regions_[i].size);
+  for (CUmemGenericAllocationHandle h : handles_) (void)calls_.vmm.release(h);
+  if (span_ > 0) (void)calls_.vmm.address_free(base_, span_);
+  (void)calls_.copy.ctx_set_current(nullptr);
+  (void)calls_.copy.primary_ctx_release(dev_);
+}
+
+uint64_t HeldMemory::bytes() const {
+  uint64_t n = 0;
+  for (const SavedRegion& r : regions_) n += r.size;
+  return n;
+}
+
+Status HeldMemory::map_all(const std::vector<CUmemGenericAllocationHandle>& handles) {
+  span_ = 0;
+  for (const SavedRegion& r : regions_) span_ += r.size;
+  if (span_ == 0) return Status::Ok();
+  size_t g = 0;
+  const CUmemAllocationProp prop = prop_of(dev_);
+  if (const CUresult rc = calls_.vmm.granularity(&g, &prop, 0); rc != kSuccess || g == 0)
+    return Status::Unavailable(cu_error("cuMemGetAllocationGranularity", rc));
+  for (const SavedRegion& r : regions_)
+    if (r.size % g != 0) return Status::InvalidArgument("a region's size is not a multiple of the granularity");
+  if (const CUresult rc = calls_.vmm.reserve(&base_, span_, g, 0, 0); rc != kSuccess) {
+    span_ = 0;
+    return Status(Code::kOutOfMemory, 0, cu_error("cuMemAddressReserve", rc));
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = 3;
+  uint64_t at = base_;
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    at_.push_back(at);
+    if (const CUresult rc = calls_.vmm.map(at, regions_[i].size, 0, handles[i], 0); rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemMap", rc));
+    ++mapped_;
+    if (const CUresult rc = calls_.vmm.set_access(at, regions_[i].size, &access, 1); rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemSetAccess", rc));
+    at += regions_[i].size;
+  }
+  return Status::Ok();
+}
+
+Status HeldMemory::import(const std::vector<SavedRegion>& regions, std::vector<UniqueFd> fds) {
+  if (!regions_.empty()) return Status::FailedPrecondition("memory is held already");
+  if (fds.size() != regions.size())
+    return Status::Corrupt(std::to_string(fds.size()) + " descriptors came for " + std::to_string(regions.size()) + " allocations");
+  (void)calls_.copy.ctx_set_current(ctx_);
+  regions_ = regions;
+  fds_ = std::move(fds);
+  for (const UniqueFd& fd : fds_) {
+    CUmemGenericAllocationHandle h = 0;
+    if (const CUresult rc = calls_.vmm.import_fd(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())), kPosixFd);
+        rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemImportFromShareableHandle", rc));
+    handles_.push_back(h);
+  }
+  return map_all(handles_);
+}
+
+Status HeldMemory::create(const std::vector<SavedRegion>& regions) {
+  if (!regions_.empty()) return Status::FailedPrecondition("memory is held already");
+  (void)calls_.copy.ctx_set_current(ctx_);
+  regions_ = regions;
+  const CUmemAllocationProp prop = prop_of(dev_);
+  for (const SavedRegion& r : regions_) {
+    CUmemGenericAllocationHandle h = 0;
+    if (const CUresult rc = calls_.vmm.create(&h, r.size, &prop, 0); rc != kSuccess)
+      return Status(rc == 2 ? Code::kOutOfMemory : Code::kUnavailable, 0, cu_error("cuMemCreate", rc));
+    handles_.push_back(h);
+    int fd = -1;
+    if (const CUresult rc = calls_.vmm.export_fd(&fd, h, kPosixFd, 0); rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemExportToShareableHandle", rc));
+    fds_.emplace_back(fd);
+  }
+  return map_all(handles_);
+}
+
+CopyOptions HeldMemory::with_addresses(CopyOptions o) const {
+  // Regions are in address order (a region table's): the one holding `addr` by binary search.
+  o.address = [this](uint64_t addr) {
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), addr,
+                               [](uint64_t a, const SavedRegion& r) { return a < r.addr; });
+    if (it == regions_.begin()) return addr;
+    const size_t i = static_cast<size_t>(it - regions_.begin()) - 1;
+    return at_[i] + (addr - regions_[i].addr);
+  };
+  return o;
+}
+
+StatusOr<CopyReport> HeldMemory::save(const std::string& dir, CopyOptions options) const {
+  if (mapped_ != regions_.size()) return Status::FailedPrecondition("the memory is not all mapped here");
+  return save_regions(calls_.copy, dev_, regions_, dir, with_addresses(std::move(options)));
+}
+
+StatusOr<CopyReport> HeldMemory::load(const std::string& dir, CopyOptions options) const {
+  if (mapped_ != regions_.size()) return Status::FailedPrecondition("the memory is not all mapped here");
+  return load_regions(calls_.copy, dev_, regions_, dir, with_addresses(std::move(options)));
+}
+
+StatusOr<std::vector<UniqueFd>> HeldMemory::descriptors() const {
+  std::vector<UniqueFd> out;
+  for (const UniqueFd& fd : fds_) {
+    out.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!out.back()) return Status::Unavailable(std::string("cannot duplicate a descriptor: ") + std::strerror(errno));
+  }
+  return out;
+}
+
+std::vector<int> HeldMemory::raw_fds() const {
+  std::vector<int> out;
+  for (const UniqueFd& fd : fds_) out.push_back(fd.get());
+  return out;
+}
+
+}  // namespace pos::driver
