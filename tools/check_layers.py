@@ -34,6 +34,11 @@ EXCEPTIONS = {
     # crc32c.h: no Protobuf, which must not enter a process that may carry its own).
     ("remoting/driver/device_image.h", "ckpt"),
     ("remoting/driver/device_image.cc", "ckpt"),
+    ("remoting/driver/held_memory.cc", "ckpt"),  # the hand-off's allocation-list checksum (crc32c.h)
+    # pos-cli's side of an in-process job's device-memory hand-off: the driver layer's device-neutral
+    # held memory and device image, which both ends of the hand-off share (held_memory.h).
+    ("remoting/server/job_dump.cc", "driver"),
+    ("remoting/server/job_restore.cc", "driver"),
 }
 # Not layered: programs and tests over the libraries.
 UNLAYERED = ("tools/", "unittest/", "bench/", "workloads/")
