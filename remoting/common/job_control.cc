@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "pos/base/sync.h"
 #include "pos/base/thread.h"
@@ -120,15 +121,7 @@ StatusOr<ControlMessage> recv_line_with_fds(int sock, size_t max) {
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Status::Unavailable(std::string("no whole line came: ") + std::strerror(errno));
     if (r == 0) return Status::Unavailable("the peer closed the connection before a whole line");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) {
-        int got = -1;
-        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        m.fds.emplace_back(got);
-      }
-    }
+    for_each_received_fd(&msg, [&](int got) { m.fds.emplace_back(got); });
     if (msg.msg_flags & MSG_CTRUNC) return Status::Corrupt("descriptors were lost on the way (the descriptor limit)");
     // In bulk the bytes were only peeked: take those up to and with the newline, no more, so
     // that nothing after the line is consumed.
@@ -226,34 +219,9 @@ void JobControlServer::serve() {
 }
 
 StatusOr<std::string> ask_job(const std::string& socket, const std::string& command, int timeout_ms) {
-  if (command.size() > kMaxCommand || command.find('\n') != std::string::npos)
-    return Status::InvalidArgument("not a control command: " + command);
-  sockaddr_un a{};
-  POS_RETURN_IF_ERROR(fill_address(socket, &a));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
-    return Status::Unavailable("cannot connect to " + socket + ": " + std::strerror(errno));
-  if (!peer_allowed(fd.get()))
-    return Status::FailedPrecondition(socket + " is served by another user's process: not asked");
-  set_timeouts(fd.get(), timeout_ms);
-  const std::string line = command + "\n";
-  POS_RETURN_IF_ERROR(send_all(fd.get(), line.data(), line.size()));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::Unavailable(socket + " did not answer: " + std::strerror(errno));
-    }
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > kMaxAnswer) return Status::Corrupt(socket + " answered more than " + std::to_string(kMaxAnswer) + " bytes");
-  }
-  if (out.empty() || out.back() != '\n') return Status::Unavailable(socket + " closed without a whole answer");
-  out.pop_back();
-  return out;
+  auto got = ask_job_fds(socket, command, {}, timeout_ms);
+  if (!got.ok()) return got.status();
+  return std::move(got->text);
 }
 
 StatusOr<ControlMessage> ask_job_fds(const std::string& socket, const std::string& command, const std::vector<int>& fds,
@@ -272,7 +240,9 @@ StatusOr<ControlMessage> ask_job_fds(const std::string& socket, const std::strin
   POS_RETURN_IF_ERROR(send_line_with_fds(fd.get(), command, fds));
   auto got = recv_line_with_fds(fd.get(), kMaxAnswer);
   if (!got.ok()) return got.status().with_context(socket + " did not answer");
-  while (!got->text.empty() && got->text.back() == ' ') got->text.pop_back();
+  // An answer with descriptors may be padded (one batch rides on each byte).
+  if (!got->fds.empty())
+    while (!got->text.empty() && got->text.back() == ' ') got->text.pop_back();
   return got;
 }
 

@@ -61,17 +61,11 @@ ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {
   const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (r < 0) return r;
   size_t next = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; ++i) {
-      int got = -1;
-      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      while (next < max && fds[next]) ++next;
-      if (next < max) fds[next++].reset(got);
-      else ::close(got);
-    }
-  }
+  for_each_received_fd(&msg, [&](int got) {
+    while (next < max && fds[next]) ++next;
+    if (next < max) fds[next++].reset(got);
+    else ::close(got);
+  });
   return r;
 }
 

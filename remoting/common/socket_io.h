@@ -2,9 +2,11 @@
 // transfers. Shared by the client library's handshake and posd's, so both treat a hang-up alike.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstring>
 #include <initializer_list>
 
 #include "pos/base/status.h"
@@ -23,5 +25,20 @@ Status send_with_fds(int fd, const void* data, size_t n, std::initializer_list<i
 // recv without waiting, keeping up to `max` descriptors that came along in fds[0..max) (each only if
 // that slot is empty); any others are closed at once. recv's result.
 ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max);
+
+// Each descriptor SCM_RIGHTS brought on a received message, to take(fd), which then owns it.
+// Allocates nothing: a forked child may use it.
+template <typename Take>
+void for_each_received_fd(msghdr* msg, Take take) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      take(got);
+    }
+  }
+}
 
 }  // namespace pos

@@ -557,16 +557,10 @@ class DriverJobGuardian {
       if (r < 0 && errno == EINTR) continue;
       if (r == 1 && c == 'x') ::_exit(0);
       if (r == 1) {
-        for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
-          if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-          const size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-          for (size_t i = 0; i < k; ++i) {
-            int got = -1;
-            std::memcpy(&got, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
-            if (n < held_.size()) held_[n++] = got;
-            else ::close(got);
-          }
-        }
+        for_each_received_fd(&m, [&](int got) {
+          if (n < held_.size()) held_[n++] = got;
+          else ::close(got);
+        });
         if (c == 'L')
           for (char& d : list)
             while (::read(sock, &d, 1) < 0 && errno == EINTR) {
@@ -654,19 +648,29 @@ void give_files(const std::string& dir, uid_t owner) {
 
 }  // namespace
 
+StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list) {
+  auto a = ask_job_fds(socket, "dump-take " + std::to_string(fds.size()) + " " + std::to_string(list), fds, 600'000);
+  if (!a.ok()) return a.status();
+  if (a->text.find("\"ok\":true") == std::string::npos)
+    return Status::FailedPrecondition(json_text(a->text, "error").empty() ? printable(a->text, 200) : json_text(a->text, "error"));
+  return std::move(a->text);
+}
+
+StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list) {
+  auto fds = held.descriptors();
+  if (!fds.ok()) return Status::FailedPrecondition(fds.status().message() + ": nothing handed back");
+  std::vector<int> give;
+  for (const UniqueFd& f : *fds) give.push_back(f.get());
+  return hand_back_memory(socket, give, list);
+}
+
 StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid, const std::vector<int>& shared_fds,
                                         uint32_t list) {
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
   POS_RETURN_IF_ERROR((*driver)->release(static_cast<pid_t>(pid)).with_context("the driver's restore"));
-  if (!shared_fds.empty()) {  // the memory was handed off: these descriptors are all that hold it
-    auto t = ask_job_fds(job_socket, "dump-take " + std::to_string(shared_fds.size()) + " " + std::to_string(list),
-                         shared_fds, 600'000);
-    if (!t.ok()) return t.status();
-    if (t->text.find("\"ok\":true") == std::string::npos)
-      return Status::FailedPrecondition(json_text(t->text, "error").empty() ? printable(t->text, 200) : json_text(t->text, "error"));
-    return t->text;
-  }
+  // The memory was handed off: these descriptors are all that hold it.
+  if (!shared_fds.empty()) return hand_back_memory(job_socket, shared_fds, list);
   auto a = ask_job(job_socket, "dump-resume", 600'000);
   if (!a.ok()) return a.status();
   if (a->find("nothing to resume") != std::string::npos) return std::string("not held");
@@ -678,7 +682,10 @@ StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t 
 StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
+  // Called from this thread and, with the hand-off, from the thread writing device memory.
+  std::mutex say_mu;
   auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    std::lock_guard<std::mutex> lk(say_mu);
     if (o.progress) o.progress(phase, done, total);
   };
   if (!o.prev.empty())
@@ -711,11 +718,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   const int dev = job_device(*ps);
   std::unique_ptr<driver::HeldMemory> held;
   std::string no_handoff;
-  {
-    auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev);
-    if (h.ok()) held = std::move(*h);
-    else no_handoff = h.status().message();
-  }
+  if (auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev); h.ok()) held = std::move(*h);
+  else no_handoff = h.status().message();
   say("gpu");
   auto t = std::chrono::steady_clock::now();
   const auto t_stop = t;
@@ -754,13 +758,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       auto rel = ask_dump(o.job_socket, "dump-release");
       if (!rel.ok()) {
         // Whatever was unmapped comes back from the descriptors held here.
-        auto fds = held->descriptors();
-        if (fds.ok()) {
-          std::vector<int> give;
-          for (const UniqueFd& f : *fds) give.push_back(f.get());
-          (void)ask_job_fds(o.job_socket, "dump-take " + std::to_string(give.size()) + " " + std::to_string(list), give,
-                            600'000);
-        }
+        (void)hand_back_memory(o.job_socket, *held, list);
         remove_parts();
         return rel.status().with_context("the job could not let go of its device memory");
       }
@@ -814,14 +812,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // The job's memory back: from the descriptors held here (hand-off), else from its image.
   const auto give_back = [&]() -> StatusOr<std::string> {
     if (!handed) return ask_dump(o.job_socket, "dump-resume " + gpu_dir);
-    auto fds = held->descriptors();
-    if (!fds.ok()) return fds.status();
-    std::vector<int> give;
-    for (const UniqueFd& f : *fds) give.push_back(f.get());
-    auto a = ask_job_fds(o.job_socket, "dump-take " + std::to_string(give.size()) + " " + std::to_string(list), give, 600'000);
-    if (!a.ok()) return a.status();
-    if (a->text.find("\"ok\":true") == std::string::npos) return Status::FailedPrecondition(json_text(a->text, "error"));
-    return a->text;
+    return hand_back_memory(o.job_socket, *held, list);
   };
   // From here a failure brings the job back: its driver state restored, its memory given back.
   auto undo = [&](const Status& why) -> Status {

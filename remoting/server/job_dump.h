@@ -7,11 +7,15 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pos/base/status.h"
 #include "remoting/server/control_client.h"
 
 namespace pos {
+namespace driver {
+class HeldMemory;
+}
 
 struct JobDumpOptions {
   std::string socket;  // posd's
@@ -85,6 +89,13 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
 // brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the
 // job's memory mapped and loaded again from where the dump saved it. Its answer, or why not. A job
 // that no dump holds is left alone ("not held").
+// `dump-take` to the in-process job at `socket`: its device memory as `fds` (in its allocation
+// order) and `list`, its allocation list's checksum. The job's answer; kFailedPrecondition with
+// the job's reason when it refused them (nothing taken).
+StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list);
+// The same for memory held in this process (duplicates of its descriptors go).
+StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list);
+
 StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid,
                                         const std::vector<int>& shared_fds = {}, uint32_t list = 0);
 

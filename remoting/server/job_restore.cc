@@ -23,6 +23,7 @@
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/server/job_dump.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
@@ -148,18 +149,12 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   r.load_s = load_s;
   bool taken = false;
   if (loaded.ok()) {
-    auto fds = held->descriptors();
-    if (fds.ok()) {
-      std::vector<int> give;
-      for (const UniqueFd& f : *fds) give.push_back(f.get());
-      auto a = ask_job_fds(m.socket,
-                           "dump-take " + std::to_string(give.size()) + " " +
-                               std::to_string(driver::allocation_list_checksum(held->regions())),
-                           give, 600'000);
-      if (!a.ok()) return end(a.status().with_context("handing the device memory to the job"));
-      taken = r.handoff = a->text.find("\"ok\":true") != std::string::npos;
-      if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + printable(a->text, 200));
-    }
+    auto a = hand_back_memory(m.socket, *held, driver::allocation_list_checksum(held->regions()));
+    taken = r.handoff = a.ok();
+    // Refused (an image with memory the job mapped itself, say): the job loads it below.
+    if (!a.ok() && a.status().code() != Code::kFailedPrecondition)
+      return end(a.status().with_context("handing the device memory to the job"));
+    if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + a.status().message());
   } else if (held || !table->regions.empty()) {
     r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + loaded.message());
   }
