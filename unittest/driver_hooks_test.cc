@@ -2,6 +2,7 @@
 // the hook table and cuGetProcAddress's rules, the resolver and the census on their own, then
 // libpos_driver.so preloaded into a probe program whose "driver" is a fake (fake_cuda.cc), reached
 // by direct linking, dlopen + dlsym and cuGetProcAddress, and `pos run` starting it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "remoting/common/job_control.h"
 #include "remoting/driver/device_image.h"
@@ -475,6 +477,98 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   EXPECT_EQ(job.stop(), 0);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(img);
+}
+
+// The hand-off (dump-share, dump-release, dump-take): the job's memory leaves as descriptors, its
+// calls wait, and it comes back only with as many descriptors as it has allocations and the
+// checksum of its allocation list; the bytes are the ones that left.
+TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenTheyAreItsOwn) {
+  const std::string dir = jobs_dir() + "-share";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "memory", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  auto shared = pos::ask_job_fds(sock, "dump-share", {}, 10000);
+  ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+  EXPECT_NE(shared->text.find("\"ok\":true,\"share\":true,\"device\":0,\"bytes\":10485760,\"count\":2,"), std::string::npos)
+      << shared->text;
+  EXPECT_NE(shared->text.find("\"regions\":[[35184372088832,4194304],[35184376283136,6291456]]"), std::string::npos)
+      << shared->text;
+  ASSERT_EQ(shared->fds.size(), 2u);
+  const std::string list = std::to_string(static_cast<uint64_t>(
+      std::stoull(shared->text.substr(shared->text.find("\"list\":") + 7))));
+  job.say("check\n");
+  EXPECT_EQ(job.line_within(300), "");  // held
+  auto twice = pos::ask_job_fds(sock, "dump-share", {}, 10000);
+  ASSERT_TRUE(twice.ok());
+  EXPECT_NE(twice->text.find("a dump holds this job already"), std::string::npos) << twice->text;
+  EXPECT_TRUE(twice->fds.empty());
+  auto released = pos::ask_job(sock, "dump-release", 10000);
+  ASSERT_TRUE(released.ok());
+  EXPECT_NE(released->find("\"ok\":true"), std::string::npos) << *released;
+  // Only the descriptors here hold the memory now: no image to resume from, and wrong offers refused.
+  auto no_dir = pos::ask_job(sock, "dump-resume", 10000);
+  ASSERT_TRUE(no_dir.ok());
+  EXPECT_NE(no_dir->find("dump-take brings it back"), std::string::npos) << *no_dir;
+  const std::vector<int> both = {shared->fds[0].get(), shared->fds[1].get()};
+  for (const auto& [cmd, fds] : std::vector<std::pair<std::string, std::vector<int>>>{
+           {"dump-take 1 " + list, {both[0]}}, {"dump-take 2 12345", both}, {"dump-take 2", both}}) {
+    auto bad = pos::ask_job_fds(sock, cmd, fds, 10000);
+    ASSERT_TRUE(bad.ok()) << cmd;
+    EXPECT_NE(bad->text.find("\"ok\":false"), std::string::npos) << cmd << ": " << bad->text;
+    EXPECT_EQ(job.line_within(100), "") << cmd;  // still held
+  }
+  auto taken = pos::ask_job_fds(sock, "dump-take 2 " + list, both, 10000);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_NE(taken->text.find("\"ok\":true,\"count\":2"), std::string::npos) << taken->text;
+  EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");  // the held call ran, on the bytes that left
+  // A second round sends the descriptors the job kept (its memory is an import now).
+  auto again = pos::ask_job_fds(sock, "dump-share", {}, 10000);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->fds.size(), 2u) << again->text;
+  auto back = pos::ask_job(sock, "dump-resume", 10000);  // never released: nothing left, the gate opens
+  ASSERT_TRUE(back.ok());
+  EXPECT_NE(back->find("\"ok\":true"), std::string::npos) << *back;
+  job.say("check\n");
+  EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Descriptors ride the control socket in batches (250 on a byte), both ways; a line too short to
+// carry its descriptors is refused before anything is sent.
+TEST(JobControl, DescriptorsTravelBothWaysInBatchesAndAShortLineCannotCarryMore) {
+  const std::string dir = ::testing::TempDir() + "pos-jc-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto server = pos::JobControlServer::start_with_fds(dir, [](pos::ControlMessage& m) {
+    pos::ControlMessage out;
+    size_t open = 0;
+    for (const pos::UniqueFd& f : m.fds) open += ::fcntl(f.get(), F_GETFD) >= 0 ? 1 : 0;
+    out.text = m.text + " got " + std::to_string(m.fds.size()) + " open " + std::to_string(open);
+    for (int i = 0; i < 300; ++i) out.fds.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    return out;
+  });
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  std::vector<pos::UniqueFd> mine;
+  std::vector<int> send;
+  for (int i = 0; i < 600; ++i) {
+    mine.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    send.push_back(mine.back().get());
+  }
+  auto a = pos::ask_job_fds((*server)->path(), "take these", send, 5000);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->text, "take these got 600 open 600");
+  ASSERT_EQ(a->fds.size(), 300u);
+  for (const pos::UniqueFd& f : a->fds) EXPECT_GE(::fcntl(f.get(), F_GETFD), 0);
+  // Three batches need three bytes: "ab" cannot carry them.
+  auto shortline = pos::ask_job_fds((*server)->path(), "ab", send, 5000);
+  EXPECT_EQ(shortline.status().code(), pos::Code::kInvalidArgument) << shortline.status().to_string();
+  // Without descriptors it is the plain one-line exchange.
+  auto plain = pos::ask_job((*server)->path(), "hello", 5000);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->substr(0, 18), "hello got 0 open 0");
+  server->reset();
+  std::filesystem::remove_all(dir);
 }
 
 // Memory the job maps itself (expandable_segments' way) is saved, released, made anew at the same
