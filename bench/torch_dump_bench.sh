@@ -35,11 +35,16 @@ lines() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
 json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
 # Until file $1 has step line $2 (at most 600 s).
 wait_step() { for i in $(seq 1 12000); do grep -q "^step $2 loss" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
-# Seconds from $3 until file $1 has more than $2 step lines.
+# Seconds from $3 until file $1 has more than $2 step lines; "ended" when the job finished without
+# another step (the dump caught it after its last one: a small model runs hundreds of steps a second).
 until_next_step() {
   local f=$1 n=$2 t0=$3
-  for i in $(seq 1 60000); do [[ $(lines "$f") -gt $n ]] && break; sleep 0.005; done
-  sub "$(now)" "$t0"
+  for i in $(seq 1 60000); do
+    [[ $(lines "$f") -gt $n ]] && { sub "$(now)" "$t0"; return; }
+    grep -q '^checksum ' "$f" 2>/dev/null && { echo ended; return; }
+    sleep 0.005
+  done
+  echo never
 }
 # Until file $1 has its checksum line (the run's end), at most 600 s.
 wait_end() { for i in $(seq 1 12000); do grep -q '^checksum ' "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
@@ -80,6 +85,10 @@ if ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json); then
   echo "$ST"
   gone "$JOB"; wait "$JOB" 2>/dev/null
   N=$(lines "$TMP/st.out")
+  # A dump after the job's last step restores a job with nothing left to run: it proves little.
+  if [[ $N -ge $(lines "$TMP/ref.out") ]]; then
+    echo "the stop dump landed after the job's last step ($N of $(lines "$TMP/ref.out")): give it more --steps"; FAIL=1
+  fi
   "$CLI" inspect "$TMP/img-stop" --summary | head -12
   T0=$(now)
   if RS=$("$CLI" restore -D "$TMP/img-stop" --json); then
