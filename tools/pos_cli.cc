@@ -198,7 +198,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
-                "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,"
+                "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
                 "\"inproc\":%s,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
@@ -210,7 +210,7 @@ int dump(const DumpArgs& a, bool pre) {
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s,
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
-                r->pause_s, r->stopped_s, r->handoff ? "true" : "false", inproc ? "true" : "false", pos::json_string(r->note).c_str());
+                r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false", pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +

@@ -148,6 +148,8 @@ void DriverDump::leave_running_dump() {
   EXPECT_NE(out.find("\"handles\":2"), std::string::npos) << out;
   EXPECT_NE(out.find("\"job_save_s\":"), std::string::npos) << out;  // the job's own breakdown is reported
   EXPECT_NE(out.find(handoff()), std::string::npos) << out;
+  // With the hand-off the memory went back at once and the image was written from a device copy.
+  EXPECT_NE(out.find(copy_ ? "\"gpu_snapshot\":false" : "\"gpu_snapshot\":true"), std::string::npos) << out;
   EXPECT_EQ(check(), "rc=0 same=1\n");  // running on, with its memory mapped and loaded again
   EXPECT_EQ(::kill(pid_, 0), 0);
   const std::string manifest = read_file(img + "/manifest");
@@ -160,6 +162,16 @@ void DriverDump::leave_running_dump() {
   (void)cli("dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
   EXPECT_NE(code, 0);
   EXPECT_EQ(check(), "rc=0 same=1\n");
+  // The image holds the bytes of its cut (written from the device copy with the hand-off): the
+  // job ended and restored from it reads its pattern back.
+  const pid_t dumped = std::exchange(pid_, -1);
+  ::kill(dumped, SIGKILL);
+  ASSERT_EQ(::waitpid(dumped, nullptr, 0), dumped);
+  const std::string restored = cli("restore -D " + img + " --json", &code);
+  ASSERT_EQ(code, 0) << restored;
+  restored_ = dumped;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  pid_ = std::exchange(restored_, -1);  // the caller ends it
 }
 
 void DriverDump::stop_dump_and_restore() {

@@ -128,7 +128,14 @@ FAKE_EXPORT int cuMemAddressReserve(unsigned long long* p, size_t size, size_t, 
   bump("cuMemAddressReserve");
   const char* move = std::getenv("FAKE_CUDA_VA_MOVE");
   std::lock_guard<std::mutex> lk(mu);
-  *p = (move != nullptr && std::strcmp(move, "1") == 0) || addr == 0 ? 0x7a0000000000ull : addr;
+  // Where the caller asked, else the next free place of a range of its own (as the driver does).
+  static unsigned long long next_free = 0x7a0000000000ull;
+  if ((move != nullptr && std::strcmp(move, "1") == 0) || addr == 0) {
+    *p = next_free;
+    next_free += (size + kGranule - 1) / kGranule * kGranule;
+  } else {
+    *p = addr;
+  }
   reserved[*p] = size;
   return 0;
 }
@@ -260,6 +267,12 @@ FAKE_EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, si
   bump("cuMemcpyHtoDAsync_v2");
   if (!in_mapping(dst, n)) return 1;
   std::memcpy(reinterpret_cast<void*>(dst), src, n);
+  return 0;
+}
+FAKE_EXPORT int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n) {
+  bump("cuMemcpyDtoD_v2");
+  if (!in_mapping(dst, n) || !in_mapping(src, n)) return 1;
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
   return 0;
 }
 FAKE_EXPORT int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t n) { return cuMemcpyDtoHAsync_v2(dst, src, n, nullptr); }

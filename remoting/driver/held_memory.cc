@@ -64,6 +64,7 @@ PeerCalls peer_calls(void* driver) {
   get(&c.copy.free_host, "cuMemFreeHost");
   get(&c.copy.dtoh_async, "cuMemcpyDtoHAsync_v2");
   get(&c.copy.htod_async, "cuMemcpyHtoDAsync_v2");
+  get(&c.dtod, "cuMemcpyDtoD_v2");
   return c;
 }
 
@@ -81,6 +82,11 @@ HeldMemory::~HeldMemory() {
   for (size_t i = 0; i < mapped_; ++i) (void)calls_.vmm.unmap(at_[i], regions_[i].size);
   for (CUmemGenericAllocationHandle h : handles_) (void)calls_.vmm.release(h);
   if (span_ > 0) (void)calls_.vmm.address_free(base_, span_);
+  if (shadow_size_ > 0) {
+    (void)calls_.vmm.unmap(shadow_base_, shadow_size_);
+    (void)calls_.vmm.address_free(shadow_base_, shadow_size_);
+  }
+  if (shadow_ != 0) (void)calls_.vmm.release(shadow_);
   (void)calls_.copy.ctx_set_current(nullptr);
   (void)calls_.copy.primary_ctx_release(dev_);
 }
@@ -156,14 +162,58 @@ Status HeldMemory::create(const std::vector<SavedRegion>& regions) {
   return map_all(handles_);
 }
 
+Status HeldMemory::reserve_shadow(uint64_t bytes) {
+  if (shadow_ != 0) return Status::FailedPrecondition("a shadow is reserved already");
+  if (calls_.dtod == nullptr) return Status::Unsupported("the driver lacks cuMemcpyDtoD");
+  (void)calls_.copy.ctx_set_current(ctx_);
+  CUmemAllocationProp prop = prop_of(dev_);
+  prop.requestedHandleTypes = 0;  // never leaves this process
+  size_t g = 0;
+  if (const CUresult rc = calls_.vmm.granularity(&g, &prop, 0); rc != kSuccess || g == 0)
+    return Status::Unavailable(cu_error("cuMemGetAllocationGranularity", rc));
+  const uint64_t size = (bytes + g - 1) / g * g;
+  if (size == 0) return Status::InvalidArgument("an empty shadow");
+  if (const CUresult rc = calls_.vmm.create(&shadow_, size, &prop, 0); rc != kSuccess) {
+    shadow_ = 0;
+    return Status(Code::kOutOfMemory, 0, cu_error("cuMemCreate (shadow)", rc));
+  }
+  if (const CUresult rc = calls_.vmm.reserve(&shadow_base_, size, g, 0, 0); rc != kSuccess)
+    return Status(Code::kOutOfMemory, 0, cu_error("cuMemAddressReserve (shadow)", rc));
+  if (const CUresult rc = calls_.vmm.map(shadow_base_, size, 0, shadow_, 0); rc != kSuccess) {
+    (void)calls_.vmm.address_free(shadow_base_, size);
+    return Status::Unavailable(cu_error("cuMemMap (shadow)", rc));
+  }
+  shadow_size_ = size;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = 3;
+  if (const CUresult rc = calls_.vmm.set_access(shadow_base_, size, &access, 1); rc != kSuccess)
+    return Status::Unavailable(cu_error("cuMemSetAccess (shadow)", rc));
+  return Status::Ok();
+}
+
+Status HeldMemory::snapshot() {
+  if (mapped_ != regions_.size()) return Status::FailedPrecondition("the memory is not all mapped here");
+  if (shadow_size_ < span_) return Status::FailedPrecondition("no shadow large enough for the memory held");
+  (void)calls_.copy.ctx_set_current(ctx_);
+  for (size_t i = 0; i < regions_.size(); ++i)
+    if (const CUresult rc = calls_.dtod(shadow_base_ + (at_[i] - base_), at_[i], regions_[i].size); rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemcpyDtoD (shadow)", rc));
+  if (const CUresult rc = calls_.copy.ctx_synchronize(); rc != kSuccess)
+    return Status::Unavailable(cu_error("cuCtxSynchronize (shadow)", rc));
+  snapped_ = true;
+  return Status::Ok();
+}
+
 CopyOptions HeldMemory::with_addresses(CopyOptions o) const {
   // Regions are in address order (a region table's): the one holding `addr` by binary search.
   o.address = [this](uint64_t addr) {
     auto it = std::upper_bound(regions_.begin(), regions_.end(), addr,
                                [](uint64_t a, const SavedRegion& r) { return a < r.addr; });
-    if (it == regions_.begin()) return addr;
+    if (it == regions_.begin()) return static_cast<uint64_t>(addr);
     const size_t i = static_cast<size_t>(it - regions_.begin()) - 1;
-    return at_[i] + (addr - regions_[i].addr);
+    const uint64_t here = at_[i] + (addr - regions_[i].addr);
+    return snapped_ ? static_cast<uint64_t>(shadow_base_ + (here - base_)) : here;
   };
   return o;
 }

@@ -20,6 +20,7 @@ namespace pos::driver {
 struct PeerCalls {
   VmmCalls vmm;
   CopyCalls copy;
+  CUresult (*dtod)(CUdeviceptr dst, CUdeviceptr src, size_t n) = nullptr;  // cuMemcpyDtoD_v2: the shadow (optional)
   bool complete() const { return vmm.complete() && vmm.export_fd && vmm.import_fd && copy.complete(); }
 };
 // The calls from a loaded driver library (dlopen's handle).
@@ -46,6 +47,14 @@ class HeldMemory {
   // (load_regions: the image's table must name exactly the regions held).
   StatusOr<CopyReport> save(const std::string& dir, CopyOptions options) const;
   StatusOr<CopyReport> load(const std::string& dir, CopyOptions options) const;
+  // A device-side copy of the memory held, so that the memory itself can go back to the job before
+  // the image is written from the copy (a --leave-running dump: the job runs while it is written).
+  // reserve_shadow() makes room for `bytes` ahead of time (kOutOfMemory when the device has not got
+  // it: then there is no shadow); snapshot() copies every region into it (device to device), after
+  // which save() reads the shadow. kFailedPrecondition when the shadow is missing or too small.
+  Status reserve_shadow(uint64_t bytes);
+  Status snapshot();
+  bool snapshotted() const { return snapped_; }
   // Descriptors of the memory held, in region order, for the job (dump-take); this keeps its own.
   StatusOr<std::vector<UniqueFd>> descriptors() const;
   // Kept descriptors, for a guardian that must be able to hand them back if this process dies.
@@ -68,6 +77,10 @@ class HeldMemory {
   CUdeviceptr base_ = 0;
   uint64_t span_ = 0;
   size_t mapped_ = 0;
+  CUmemGenericAllocationHandle shadow_ = 0;
+  CUdeviceptr shadow_base_ = 0;
+  uint64_t shadow_size_ = 0;  // mapped at shadow_base_ when non-zero
+  bool snapped_ = false;
 };
 
 }  // namespace pos::driver

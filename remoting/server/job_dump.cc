@@ -720,6 +720,14 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   std::string no_handoff;
   if (auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev); h.ok()) held = std::move(*h);
   else no_handoff = h.status().message();
+  // With --leave-running the job need not wait for its image: a device-side copy of its memory
+  // (made ahead, the size from its census) is written after the memory went back.
+  bool shadow = false;
+  if (held && o.leave_running) {
+    const size_t at = ps->find("\"placement\":{");
+    const double bytes = at == std::string::npos ? 0 : json_number(ps->substr(at), "live_bytes");
+    shadow = bytes > 0 && held->reserve_shadow(static_cast<uint64_t>(bytes)).ok();
+  }
   say("gpu");
   auto t = std::chrono::steady_clock::now();
   const auto t_stop = t;
@@ -728,6 +736,15 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   std::chrono::steady_clock::time_point written_at;
   uint32_t list = 0;
   bool handed = false;
+  const auto start_writer = [&] {
+    writer = std::thread([&] {
+      driver::CopyOptions co;
+      co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
+      auto saved = held->save(gpu_dir, co);
+      written = saved.ok() ? Status::Ok() : saved.status();
+      written_at = std::chrono::steady_clock::now();
+    });
+  };
   if (held) {
     auto shared = ask_job_fds(o.job_socket, "dump-share", {}, 600'000);
     if (!shared.ok()) {
@@ -767,14 +784,11 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       r.gpu.bytes_stored = held->bytes();
       r.gpu.handles = held->regions().size();
       r.gpu.image = gpu_dir;
-      // The image's device part is written from here while the driver and CRIU do theirs.
-      writer = std::thread([&] {
-        driver::CopyOptions co;
-        co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
-        auto saved = held->save(gpu_dir, co);
-        written = saved.ok() ? Status::Ok() : saved.status();
-        written_at = std::chrono::steady_clock::now();
-      });
+      // The copy is taken now (milliseconds) and written once the job runs again; without it the
+      // image's device part is written from here while the driver and CRIU do theirs.
+      if (shadow) shadow = held->snapshot().ok();
+      r.gpu_snapshot = shadow;
+      if (!shadow) start_writer();
     } else if (shared->text.find("\"share\":false") != std::string::npos) {
       no_handoff = json_text(shared->text, "error");
       held.reset();
@@ -861,6 +875,14 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     r.resume_s = seconds_since(t);
     r.pause_s = seconds_since(t_stop);
     r.job_load_s = handed ? json_number(*resumed, "take_s") : json_number(*resumed, "load_s");
+    if (r.gpu_snapshot) {  // the job runs on; its image is written from the copy
+      start_writer();
+      join_writer();
+      if (!written.ok()) {
+        remove_parts();
+        return written.with_context("writing the device memory (the job runs on; no image was made)");
+      }
+    }
   }
   held.reset();  // a stopped job's memory is freed here; a running one's is its own again
   if (handed) give_files(gpu_dir, pp.owner);

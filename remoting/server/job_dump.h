@@ -61,7 +61,8 @@ struct JobDumpReport {
   // An in-process job's: from the hold until both parts are written (page cache), the figure a
   // stop dump is judged by.
   double stopped_s = 0;
-  bool handoff = false;  // an in-process job's device memory left it as descriptors (else the job copied it)
+  bool handoff = false;
+  bool gpu_snapshot = false;  // leave-running: the memory went back at once, its image written from a device copy  // an in-process job's device memory left it as descriptors (else the job copied it)
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
