@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "remoting/common/job_control.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
+#include "remoting/driver/launch_params.h"
 #include "unittest/run_program.h"
 
 namespace pos::driver {
@@ -117,6 +119,115 @@ TEST(DriverCensus, DeviceMemoryIsCountedLiveAndPeakAndUnknownFreesAreNamed) {
       << j;
   EXPECT_NE(j.find("\"odd\\\"name\\\\x01\""), std::string::npos) << j;  // escaped, never raw
   EXPECT_NE(j.find("\"live_bytes\":350,\"peak_bytes\":400"), std::string::npos) << j;
+}
+
+// ---- what a launch may write: its parameters scanned (launch_params.h) ----
+
+// Function handles for the scanner's tests: pointers to these. `kernel` ones answer only
+// cuKernelGetParamInfo, as a CUkernel launched as a function does on a driver.
+struct TestKernel {
+  bool kernel;
+  std::vector<std::pair<size_t, size_t>> params;
+  mutable int asked = 0;
+};
+CUresult func_info(CUfunction f, size_t i, size_t* off, size_t* size) {
+  const auto* k = static_cast<const TestKernel*>(f);
+  ++k->asked;
+  if (k->kernel) return 400;  // CUDA_ERROR_INVALID_HANDLE
+  if (i >= k->params.size()) return 1;
+  *off = k->params[i].first;
+  *size = k->params[i].second;
+  return kSuccess;
+}
+CUresult kernel_info(void* f, size_t i, size_t* off, size_t* size) {
+  const auto* k = static_cast<const TestKernel*>(f);
+  ++k->asked;
+  if (!k->kernel) return 400;
+  if (i >= k->params.size()) return 1;
+  *off = k->params[i].first;
+  *size = k->params[i].second;
+  return kSuccess;
+}
+ParamInfoCalls info_calls() { return ParamInfoCalls{&func_info, &kernel_info}; }
+
+std::vector<uint64_t> words_of(LaunchScanner& s, const TestKernel* k, void** params, void** extra, bool* read) {
+  std::vector<uint64_t> w;
+  *read = s.scan(const_cast<TestKernel*>(k), params, extra, [&](uint64_t v) { w.push_back(v); });
+  return w;
+}
+
+TEST(LaunchScanner, EveryAlignedWordOfEveryParameterThatCanHoldAPointerIsSeenInsideStructsToo) {
+  LaunchScanner s(info_calls());
+  // (ptr), (int), (struct of three words), (char at an odd offset), (16 bytes at an offset of 4)
+  const TestKernel k{false, {{0, 8}, {8, 4}, {16, 24}, {40, 1}, {44, 16}}};
+  uint64_t ptr = 0x200000001000ull;
+  int32_t n = 42;
+  uint64_t st[3] = {7, 0x200000400000ull, 0x200000800010ull};
+  char c = 'x';
+  uint64_t odd[2] = {0x200000000000ull, 0x200000000000ull};
+  void* params[5] = {&ptr, &n, st, &c, odd};
+  bool read = false;
+  const std::vector<uint64_t> w = words_of(s, &k, params, nullptr, &read);
+  EXPECT_TRUE(read);
+  EXPECT_EQ(w, (std::vector<uint64_t>{0x200000001000ull, 7, 0x200000400000ull, 0x200000800010ull}));
+  EXPECT_EQ(s.stats().scanned, 1u);
+}
+
+TEST(LaunchScanner, ALayoutIsAskedOnceAndAKernelHandleGetsItFromCuKernelGetParamInfo) {
+  LaunchScanner s(info_calls());
+  const TestKernel f{false, {{0, 8}}}, k{true, {{0, 8}, {8, 8}}};
+  uint64_t a = 1, b = 2;
+  void* params[2] = {&a, &b};
+  bool read = false;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(words_of(s, &f, params, nullptr, &read), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(f.asked, 2);  // index 0, then 1 past the end: once
+  EXPECT_EQ(words_of(s, &k, params, nullptr, &read), (std::vector<uint64_t>{1, 2}));
+  EXPECT_TRUE(read);
+  EXPECT_EQ(k.asked, 4);  // refused by cuFuncGetParamInfo, then three answers of cuKernelGetParamInfo
+  EXPECT_EQ(s.stats().layouts, 2u);
+  s.forget();  // code unloaded: the layouts are asked again
+  (void)words_of(s, &f, params, nullptr, &read);
+  EXPECT_EQ(f.asked, 4);
+}
+
+TEST(LaunchScanner, AParameterBufferIsScannedWholeAndOneThatCannotBeReadSaysSo) {
+  LaunchScanner s(info_calls());
+  const TestKernel none{false, {}};
+  unsigned char buf[20] = {};
+  const uint64_t p0 = 0x200000000000ull, p1 = 0x200000600000ull;
+  std::memcpy(buf, &p0, 8);
+  std::memcpy(buf + 8, &p1, 8);
+  size_t size = sizeof(buf);
+  void* extra[5] = {reinterpret_cast<void*>(1), buf, reinterpret_cast<void*>(2), &size, nullptr};
+  bool read = false;
+  EXPECT_EQ(words_of(s, &none, nullptr, extra, &read), (std::vector<uint64_t>{p0, p1}));  // bytes 16..19: no word
+  EXPECT_TRUE(read);
+  // No size, an unknown key, a size past the limit: the buffer is not trusted.
+  void* no_size[3] = {reinterpret_cast<void*>(1), buf, nullptr};
+  void* unknown[5] = {reinterpret_cast<void*>(1), buf, reinterpret_cast<void*>(9), &size, nullptr};
+  size_t huge = kMaxParamBytes + 8;
+  void* too_big[5] = {reinterpret_cast<void*>(1), buf, reinterpret_cast<void*>(2), &huge, nullptr};
+  for (void** e : {no_size, unknown, too_big}) {
+    EXPECT_TRUE(words_of(s, &none, nullptr, e, &read).empty());
+    EXPECT_FALSE(read);
+  }
+  EXPECT_EQ(s.stats().unparsed, 3u);
+}
+
+TEST(LaunchScanner, WithoutALayoutTheLaunchIsUnreadableAndWithoutParametersThereIsNothingToRead) {
+  const TestKernel big{false, {{0, kMaxParamBytes + 1}}};
+  uint64_t a = 1;
+  void* params[1] = {&a};
+  bool read = true;
+  LaunchScanner s(info_calls());
+  EXPECT_TRUE(words_of(s, &big, params, nullptr, &read).empty());
+  EXPECT_FALSE(read);  // a layout past the driver's limit is not trusted
+  LaunchScanner no_calls(ParamInfoCalls{});
+  const TestKernel k{false, {{0, 8}}};
+  EXPECT_TRUE(words_of(no_calls, &k, params, nullptr, &read).empty());
+  EXPECT_FALSE(read);
+  EXPECT_TRUE(words_of(no_calls, &k, nullptr, nullptr, &read).empty());
+  EXPECT_TRUE(read);
 }
 
 // ---- libpos_driver.so preloaded into the probe ----
@@ -532,6 +643,132 @@ TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenT
   job.say("check\n");
   EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
   EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// One GPU-only checkpoint of the "writes" probe: which of its three allocations were written since
+// the previous cut, and the bytes of each at the cut (read from the shadow the job sent).
+struct Snap {
+  std::string text;
+  std::vector<int> written;           // per allocation: 1 written since the last cut
+  std::vector<std::string> contents;  // per allocation, from the shadow
+};
+Snap snap_of(const std::string& sock) {
+  Snap out;
+  auto a = pos::ask_job_fds(sock, "snap-cut", {}, 10000);
+  if (!a.ok()) {
+    out.text = a.status().to_string();
+    return out;
+  }
+  out.text = a->text;
+  const size_t at = a->text.find("\"regions\":[");
+  if (at == std::string::npos || a->fds.size() != 1) return out;
+  std::vector<std::pair<uint64_t, uint64_t>> regions;
+  const char* p = a->text.c_str() + at + 11;
+  unsigned long long addr = 0, size = 0;
+  int w = 0, used = 0;
+  while (std::sscanf(p, "[%llu,%llu,%d]%n", &addr, &size, &w, &used) == 3) {
+    regions.emplace_back(addr, size);
+    out.written.push_back(w);
+    p += used;
+    if (*p == ',') ++p;
+  }
+  uint64_t total = 0;
+  for (const auto& r : regions) total += r.second;
+  void* m = ::mmap(nullptr, total, PROT_READ, MAP_SHARED, a->fds[0].get(), 0);
+  if (m == MAP_FAILED) return out;
+  uint64_t off = 0;
+  for (const auto& r : regions) {
+    out.contents.emplace_back(static_cast<const char*>(m) + off, r.second);
+    off += r.second;
+  }
+  ::munmap(m, total);
+  auto released = pos::ask_job(sock, "snap-release", 10000);
+  if (!released.ok() || released->find("\"ok\":true") == std::string::npos) out.text += " (not released)";
+  return out;
+}
+
+// What allocation i of the "writes" probe holds: its fill, with the first 4 KiB overwritten by v
+// (or none).
+std::string holds(int i, int v = -1) {
+  const size_t sizes[3] = {2 << 20, 4 << 20, 2 << 20};
+  std::string s(sizes[i], static_cast<char>('a' + i));
+  if (v >= 0) std::fill(s.begin(), s.begin() + 4096, static_cast<char>(v));
+  return s;
+}
+
+TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWrittenSinceTheLastOne) {
+  const std::string dir = jobs_dir() + "-snap";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  Snap s = snap_of(sock);  // everything is new
+  ASSERT_EQ(s.written, (std::vector<int>{1, 1, 1})) << s.text;
+  EXPECT_NE(s.text.find("\"ok\":true,\"device\":0,\"bytes\":8388608,\"count\":3,\"written\":3,"), std::string::npos)
+      << s.text;
+  EXPECT_NE(s.text.find("\"streams\":2,"), std::string::npos) << s.text;  // the legacy one and the probe's
+  ASSERT_EQ(s.contents.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.contents[i] == holds(i)) << i;
+  EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 0, 0}));  // nothing since
+  // Each way of writing marks what it writes (a struct's second address too: the kernel may use
+  // either), and the copy holds the bytes at the cut.
+  int v0 = -1, v1 = -1, v2 = -1;
+  for (const auto& [cmd, marks] : std::vector<std::pair<std::string, std::vector<int>>>{
+           {"launch 1 120", {0, 1, 0}}, {"kernel 2 121", {0, 0, 1}}, {"struct 0 122", {1, 1, 0}},
+           {"extra 2 123", {0, 0, 1}}, {"memset 0 124", {1, 0, 0}}, {"nop", {0, 0, 0}}}) {
+    job.say(cmd + "\n");
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n") << cmd;
+    int x = -1, v = -1;
+    char how[16];
+    if (std::sscanf(cmd.c_str(), "%15s %d %d", how, &x, &v) == 3) (x == 0 ? v0 : x == 1 ? v1 : v2) = v;
+    s = snap_of(sock);
+    EXPECT_EQ(s.written, marks) << cmd << ": " << s.text;
+    ASSERT_EQ(s.contents.size(), 3u) << cmd;
+    EXPECT_TRUE(s.contents[0] == holds(0, v0) && s.contents[1] == holds(1, v1) && s.contents[2] == holds(2, v2)) << cmd;
+  }
+  // A kernel whose parameters cannot be read: everything counts as written.
+  job.say("blind 1 125\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  EXPECT_EQ(snap_of(sock).written, (std::vector<int>{1, 1, 1}));
+  auto ps = pos::ask_job(sock, "ps", 10000);
+  ASSERT_TRUE(ps.ok());
+  EXPECT_NE(ps->find("\"writes\":{\"launches_scanned\":5,\"launches_unparsed\":1,\"layouts\":5,\"addresses\":5,"), std::string::npos) << *ps;
+  // Nothing left to release; a checkpoint while a dump holds the job is refused, and the job runs on.
+  auto twice = pos::ask_job(sock, "snap-release", 10000);
+  ASSERT_TRUE(twice.ok());
+  EXPECT_NE(twice->find("nothing to release"), std::string::npos) << *twice;
+  auto held = pos::ask_job_fds(sock, "dump-share", {}, 10000);
+  ASSERT_TRUE(held.ok());
+  s = snap_of(sock);
+  EXPECT_NE(s.text.find("a dump holds this job"), std::string::npos) << s.text;
+  auto back = pos::ask_job(sock, "dump-resume", 10000);
+  ASSERT_TRUE(back.ok());
+  job.say("launch 2 9\n");
+  EXPECT_EQ(job.line_within(5000), "done rc=0\n");
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(Preloaded, AGpuOnlyCheckpointRefusesMemoryItCannotTakeByName) {
+  const std::string dir = jobs_dir() + "-snap-refused";
+  std::filesystem::remove_all(dir);
+  {
+    RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "0"}});
+    ASSERT_TRUE(job.ready());
+    const Snap s = snap_of(pos::job_socket_path(dir, job.pid));
+    EXPECT_NE(s.text.find("placement is off"), std::string::npos) << s.text;
+    job.say("nop\n");
+    EXPECT_EQ(job.line_within(5000), "done rc=0\n");  // running on
+  }
+  {
+    RunningProbe job(dir, "vmm", {{"POS_DRIVER_PLACE", "1"}});
+    ASSERT_TRUE(job.ready());
+    const Snap s = snap_of(pos::job_socket_path(dir, job.pid));
+    EXPECT_NE(s.text.find("maps device memory itself"), std::string::npos) << s.text;
+    job.say("check\n");
+    EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <string>
 
+#include "unittest/fake_cuda.h"
+
 extern "C" int fake_calls(const char* name);
 extern "C" int cuMemAlloc_v2(unsigned long long* p, size_t n);
 extern "C" int cuMemFree_v2(unsigned long long p);
@@ -214,6 +216,80 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (what == "writes") {
+    // A job whose writes a GPU-only checkpoint's marks must follow: three placed allocations (2, 4
+    // and 2 MiB) filled with 'a', 'b', 'c', their addresses, "ready"; then per stdin line
+    // "HOW X V" writes byte V over the first 4 KiB of allocation X (0..2) and answers "done rc=N":
+    // HOW is launch (parameters by pointer, layout from cuFuncGetParamInfo), kernel (the layout
+    // from cuKernelGetParamInfo), struct (the address inside a struct passed by value), extra (a
+    // parameter buffer), memset (cuMemsetD8), blind (a kernel with no layout: nothing can be told).
+    // "nop" launches a kernel whose only parameter is a number.
+    auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
+    auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
+    auto memset8 = reinterpret_cast<int (*)(unsigned long long, unsigned char, size_t)>(sym("cuMemsetD8_v2"));
+    auto launch = reinterpret_cast<LaunchFn>(sym("cuLaunchKernel"));
+    auto stream_create = reinterpret_cast<int (*)(void**, unsigned)>(sym("cuStreamCreate"));
+    unsigned long long at[3] = {};
+    const size_t sizes[3] = {2 << 20, 4 << 20, 2 << 20};
+    int rc = 0;
+    void* stream = nullptr;
+    rc |= stream_create(&stream, 1);
+    for (int i = 0; i < 3; ++i) {
+      rc |= cuMemAlloc_v2(&at[i], sizes[i]);
+      const std::string fill(sizes[i], static_cast<char>('a' + i));
+      rc |= htod(at[i], fill.data(), sizes[i]);
+    }
+    std::printf("rc=%d\na0=%llu\na1=%llu\na2=%llu\nready\n", rc, at[0], at[1], at[2]);
+    std::fflush(stdout);
+    // (ptr, value): the pointer at parameter 0, the value at parameter 1.
+    const FakeKernel plain{kFakeFunc, 2, {0, 8}, {8, 1}, 0, 0, 1, 0};
+    const FakeKernel as_kernel{kFakeKernel, 2, {0, 8}, {8, 1}, 0, 0, 1, 0};
+    // struct { int n; int pad; CUdeviceptr p[2]; } by value (24 bytes), then the value: p[1] is written.
+    const FakeKernel in_struct{kFakeFunc, 2, {0, 24}, {24, 1}, 0, 16, 1, 0};
+    const FakeKernel buffer{kFakeFunc, 2, {0, 8}, {8, 1}, 0, 0, 0, 8};  // extra: pointer at 0, value at 8
+    const FakeKernel blind{0, 2, {0, 8}, {8, 1}, 0, 0, 1, 0};
+    const FakeKernel number{kFakeFunc, 1, {0}, {4}, -1, 0, -1, 0};
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      char how[16] = {};
+      int x = 0, v = 0;
+      int r = 0;
+      if (std::sscanf(line, "%15s %d %d", how, &x, &v) < 1 || x < 0 || x > 2) {
+        r = -1;
+      } else {
+        const std::string h = how;
+        unsigned long long ptr = at[x];
+        unsigned char val = static_cast<unsigned char>(v);
+        struct {
+          int n, pad;
+          unsigned long long p[2];
+        } st{2, 0, {at[(x + 1) % 3] + (1 << 20), ptr}};  // p[0] a read-only neighbour's middle: also marked
+        void* params[2] = {&ptr, &val};
+        void* sparams[2] = {&st, &val};
+        unsigned char buf[16] = {};
+        std::memcpy(buf, &ptr, 8);
+        buf[8] = val;
+        size_t buf_size = sizeof(buf);
+        void* extra[5] = {reinterpret_cast<void*>(1), buf, reinterpret_cast<void*>(2), &buf_size, nullptr};
+        int n = 7;
+        void* nparams[1] = {&n};
+        const auto go = [&](const FakeKernel& k, void** p, void** e) {
+          return launch(const_cast<FakeKernel*>(&k), 1, 1, 1, 1, 1, 1, 0, stream, p, e);
+        };
+        if (h == "launch") r = go(plain, params, nullptr);
+        else if (h == "kernel") r = go(as_kernel, params, nullptr);
+        else if (h == "struct") r = go(in_struct, sparams, nullptr);
+        else if (h == "extra") r = go(buffer, nullptr, extra);
+        else if (h == "memset") r = memset8(ptr, val, 4096);
+        else if (h == "blind") r = go(blind, params, nullptr);
+        else if (h == "nop") r = go(number, nparams, nullptr);
+        else r = -1;
+      }
+      std::printf("done rc=%d\n", r);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   if (what == "memory-files" && argc > 2) {
     // "memory" for CRIU (no pipes to the test, which CRIU could not restore): stdio is /dev/null,
     // DIR/ready says it is ready, and each DIR/check-N the test makes is answered in DIR/result-N;
@@ -264,6 +340,6 @@ int main(int argc, char** argv) {
     std::printf("next=%d\n", f != nullptr ? f() : 0);
     return 0;
   }
-  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|features-wait|place|wait|memory|vmm|memory-files DIR|other|next\n");
+  std::fprintf(stderr, "usage: driver_probe direct|dlsym|proc|features|features-wait|place|wait|memory|vmm|writes|memory-files DIR|other|next\n");
   return 2;
 }

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <string>
 
+#include "unittest/fake_cuda.h"
+
 namespace {
 std::mutex mu;
 std::map<std::string, int>& counts() {
@@ -49,10 +51,13 @@ FAKE_EXPORT int cuMemFree_v2(unsigned long long) {
   bump("cuMemFree_v2");
   return 0;
 }
-FAKE_EXPORT int cuLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                               void**, void**) {
+namespace {
+int run_kernel(void* f, void** params, void** extra);  // below, with the memory it writes
+}
+FAKE_EXPORT int cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void** params, void** extra) {
   bump("cuLaunchKernel");
-  return 0;
+  return run_kernel(f, params, extra);
 }
 FAKE_EXPORT int cuLaunchKernel_ptsz(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                                     void**, void**) {
@@ -240,6 +245,83 @@ bool in_mapping(unsigned long long p, size_t n) {
   return p + n <= it->first + it->second;
 }
 }  // namespace
+namespace {
+// A FakeKernel's launch: one 4 KiB page at the address it is given set to its value byte, "on the
+// device" at once (the fake runs everything synchronously). A handle that is no FakeKernel, or one
+// that writes nothing, does nothing.
+int run_kernel(void* f, void** params, void** extra) {
+  const auto* k = static_cast<const FakeKernel*>(f);
+  if (k == nullptr || (k->magic != kFakeFunc && k->magic != kFakeKernel && k->magic != 0) || k->ptr_param < 0) return 0;
+  const unsigned char* buf = nullptr;
+  if (extra != nullptr && extra[0] == reinterpret_cast<void*>(1)) buf = static_cast<const unsigned char*>(extra[1]);
+  unsigned long long dst = 0;
+  unsigned char v = 0;
+  if (buf != nullptr) {
+    std::memcpy(&dst, buf + k->ptr_at, 8);
+    v = buf[k->val_at];
+  } else if (params != nullptr) {
+    std::memcpy(&dst, static_cast<const unsigned char*>(params[k->ptr_param]) + k->ptr_at, 8);
+    v = static_cast<const unsigned char*>(params[k->val_param])[k->val_at];
+  } else {
+    return 1;
+  }
+  if (!in_mapping(dst, 4096)) return 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+  std::memset(reinterpret_cast<void*>(dst), v, 4096);
+  return 0;
+}
+int param_info(const void* f, uint32_t magic, size_t i, size_t* off, size_t* size) {
+  const auto* k = static_cast<const FakeKernel*>(f);
+  if (k == nullptr || k->magic != magic) return 400;  // CUDA_ERROR_INVALID_HANDLE
+  if (i >= k->n) return 1;                            // CUDA_ERROR_INVALID_VALUE: past the last
+  *off = k->off[i];
+  *size = k->size[i];
+  return 0;
+}
+}  // namespace
+FAKE_EXPORT int cuFuncGetParamInfo(void* f, size_t i, size_t* off, size_t* size) {
+  bump("cuFuncGetParamInfo");
+  return param_info(f, kFakeFunc, i, off, size);
+}
+FAKE_EXPORT int cuKernelGetParamInfo(void* k, size_t i, size_t* off, size_t* size) {
+  bump("cuKernelGetParamInfo");
+  return param_info(k, kFakeKernel, i, off, size);
+}
+// Events and stream waits: the fake runs every call at once, so an event is always complete and a
+// wait has nothing to wait for; they are counted so a test sees a cut's order was asked for.
+FAKE_EXPORT int cuEventCreate(void** e, unsigned) {
+  bump("cuEventCreate");
+  *e = std::malloc(1);
+  return 0;
+}
+FAKE_EXPORT int cuEventDestroy_v2(void* e) {
+  bump("cuEventDestroy_v2");
+  std::free(e);
+  return 0;
+}
+FAKE_EXPORT int cuEventRecord(void*, void*) {
+  bump("cuEventRecord");
+  return 0;
+}
+FAKE_EXPORT int cuEventSynchronize(void*) {
+  bump("cuEventSynchronize");
+  return 0;
+}
+FAKE_EXPORT int cuStreamWaitEvent(void*, void*, unsigned) {
+  bump("cuStreamWaitEvent");
+  return 0;
+}
+FAKE_EXPORT int cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, size_t n, void*) {
+  bump("cuMemcpyDtoDAsync_v2");
+  if (!in_mapping(dst, n) || !in_mapping(src, n)) return 1;
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return 0;
+}
+FAKE_EXPORT int cuMemsetD8_v2(unsigned long long dst, unsigned char v, size_t n) {
+  bump("cuMemsetD8_v2");
+  if (!in_mapping(dst, n)) return 1;
+  std::memset(reinterpret_cast<void*>(dst), v, n);
+  return 0;
+}
 FAKE_EXPORT int cuCtxSetCurrent(void*) { return 0; }
 FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
 FAKE_EXPORT int cuStreamCreate(void** s, unsigned) {

@@ -33,7 +33,9 @@
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/driver/launch_params.h"
 #include "remoting/driver/placement.h"
+#include "remoting/driver/snapshot.h"
 
 #define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -71,7 +73,14 @@ struct Runtime {
   // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
   pos::Gate gate;
   CopyCalls copy;  // the real driver's, for saving and loading device memory
+  // What the job's launches, copies and memsets may write (placed memory only: marks go to
+  // Placement), and the streams a cut orders itself after (docs/driver_runtime.md, "Written memory").
+  std::unique_ptr<LaunchScanner> scanner;
+  std::atomic<uint64_t> marked{0};  // addresses found in launch parameters
+  StreamSet streams;
+  SnapCalls snap;  // the real driver's, for GPU-only checkpoints
   std::mutex dump_mu;
+  std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
   bool saved = false;     // under dump_mu: memory saved and unmapped, the gate closed
   bool shared = false;    // under dump_mu: memory handed out as descriptors (dump-share), the gate closed
   uint32_t shared_list = 0;  // under dump_mu: the checksum of the allocation list handed out
@@ -122,6 +131,17 @@ std::string census_json(Runtime* rt) {
   if (!rt->placement_error.empty())
     text.insert(text.size() - 1, ",\"placement_error\":" + pos::json_string(rt->placement_error));
   if (!rt->control_error.empty()) text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
+  if (rt->scanner) {
+    const LaunchScanner::Stats w = rt->scanner->stats();
+    char buf[224];
+    std::snprintf(buf, sizeof(buf),
+                  ",\"writes\":{\"launches_scanned\":%llu,\"launches_unparsed\":%llu,\"layouts\":%llu,\"addresses\":%llu,"
+                  "\"streams\":%zu}",
+                  static_cast<unsigned long long>(w.scanned), static_cast<unsigned long long>(w.unparsed),
+                  static_cast<unsigned long long>(w.layouts),
+                  static_cast<unsigned long long>(rt->marked.load(std::memory_order_relaxed)), rt->streams.list().size());
+    text.insert(text.size() - 1, buf);
+  }
   return text;
 }
 
@@ -197,17 +217,23 @@ std::string check_dir(const std::string& dir) {
 
 // The job's driver work stopped at the gate and the device idle: empty, or why not (the gate
 // open again).
-std::string hold(Runtime* rt, int dev) {
+// The gate closed and every call inside it returned (a copy waits for its kernels); one that
+// does not within the bound fails the caller rather than hanging it: empty, or why (gate open).
+std::string close_gate(Runtime* rt) {
   rt->gate.close();
-  // Calls already inside the driver finish (a copy waits for its kernels); one that does not within
-  // the bound fails the dump rather than hanging it.
   for (int i = 0; !rt->gate.drained(); ++i) {
-    if (i == 100000) {
+    if (i == 200000) {
       rt->gate.reopen();
-      return "a driver call of the job did not return within 10 s: not dumped";
+      return "a driver call of the job did not return within 10 s";
     }
-    ::usleep(100);
+    if (i < 100) continue;  // most calls inside are launches of a few microseconds: spin first
+    ::usleep(50);
   }
+  return "";
+}
+
+std::string hold(Runtime* rt, int dev) {
+  if (std::string why = close_gate(rt); !why.empty()) return why + ": not dumped";
   CUcontext ctx = nullptr;
   const bool idle = rt->copy.primary_ctx_retain(&ctx, dev) == kSuccess && rt->copy.ctx_set_current(ctx) == kSuccess &&
                     rt->copy.ctx_synchronize() == kSuccess;
@@ -224,6 +250,41 @@ int dump_device(Runtime* rt) {
   const std::vector<int> devices = rt->census.devices();
   return devices.empty() ? 0 : devices.front();
 }
+
+// The device's primary context current on this (control) thread for a scope.
+class CurrentContext {
+ public:
+  CurrentContext(const CopyCalls& c, int dev) : c_(c), dev_(dev) {
+    ok_ = c_.primary_ctx_retain(&ctx_, dev) == kSuccess;
+    ok_ = ok_ && c_.ctx_set_current(ctx_) == kSuccess;
+  }
+  ~CurrentContext() {
+    (void)c_.ctx_set_current(nullptr);
+    if (ctx_ != nullptr) (void)c_.primary_ctx_release(dev_);
+  }
+  CurrentContext(const CurrentContext&) = delete;
+  CurrentContext& operator=(const CurrentContext&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  const CopyCalls& c_;
+  int dev_;
+  CUcontext ctx_ = nullptr;
+  bool ok_ = false;
+};
+
+// A GPU-only checkpoint's shadow let go (under dump_mu): pos-cli imported it, or never will.
+// `ctx_current`: the caller has the device's context current already (and keeps it).
+void drop_shadow(Runtime* rt, bool ctx_current = false) {
+  if (!rt->shadow) return;
+  if (ctx_current) {
+    rt->shadow.reset();
+    return;
+  }
+  CurrentContext cc(rt->copy, dump_device(rt));
+  rt->shadow.reset();
+}
+
 
 // The checksum both ends of a hand-off compute over the allocation list, so that descriptors come
 // back only to the allocations they left.
@@ -245,6 +306,7 @@ pos::ControlMessage dump_share(Runtime* rt) {
     out.text = dump_error("a dump holds this job already: dump-resume first");
     return out;
   }
+  drop_shadow(rt);  // a checkpoint's copy pos-cli never released: not for NVIDIA's checkpoint to take
   if (std::string why = dump_blockers(rt); !why.empty()) {
     out.text = dump_error("this job cannot be dumped: " + why);
     return out;
@@ -350,6 +412,138 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
   return out;
 }
 
+// `snap-cut`: a GPU-only checkpoint's cut (snapshot.h). A shadow as large as the placed memory is
+// made first, while the job runs; then the job's driver calls wait at the gate only while the
+// events, copies and waits are enqueued (the answer's stall_s); the copies then run on the device
+// in stream order while the job goes on, and this thread waits for them. The answer names every
+// allocation, whether it was written since the previous cut ([addr,size,written]), and comes with
+// one descriptor: the shadow, which this job keeps until snap-release (or the next cut or dump).
+pos::ControlMessage snap_cut(Runtime* rt) {
+  pos::ControlMessage out;
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  const auto refuse = [](const std::string& why) {
+    pos::ControlMessage m;
+    m.text = dump_error(why);
+    return m;
+  };
+  if (rt->saved || rt->shared) return refuse("a dump holds this job: no GPU-only checkpoint until it ends");
+  if (std::string why = dump_blockers(rt); !why.empty()) return refuse("this job cannot be checkpointed: " + why);
+  if (!rt->placement)
+    return refuse("GPU-only checkpoints take memory POS placed, and placement is off (" +
+                  (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) + ")");
+  if (rt->app_vmm && !rt->app_vmm->regions().empty())
+    return refuse("the job maps device memory itself (PyTorch's expandable_segments): a GPU-only checkpoint takes only "
+                  "memory POS placed; run the job without expandable_segments, or use pos-cli dump");
+  const Census::Memory m = rt->census.memory();
+  const Placement::Stats ps = rt->placement->stats();
+  if (m.live > ps.live)
+    return refuse(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, "
+                  "pitched memory): a GPU-only checkpoint cannot take them; use pos-cli dump");
+  if (!rt->snap.complete()) return refuse("the driver lacks a call GPU-only checkpoints need");
+  drop_shadow(rt);
+  const int dev = dump_device(rt);
+  CurrentContext cc(rt->copy, dev);
+  if (!cc.ok()) return refuse("cannot use the job's device context");
+  CUstream copy_stream = nullptr;
+  CUevent done = nullptr;
+  if (rt->snap.stream_create(&copy_stream, 1 /* CU_STREAM_NON_BLOCKING */) != kSuccess)
+    return refuse("cannot create a stream for the checkpoint's copies");
+  if (rt->snap.event_create(&done, 2 /* CU_EVENT_DISABLE_TIMING */) != kSuccess) {
+    (void)rt->snap.stream_destroy(copy_stream);
+    return refuse("cannot create an event for the checkpoint's copies");
+  }
+  struct Cleanup {
+    Runtime* rt;
+    CUstream s;
+    CUevent e;
+    ~Cleanup() {
+      (void)rt->snap.event_destroy(e);
+      (void)rt->snap.stream_destroy(s);
+    }
+  } cleanup{rt, copy_stream, done};
+  // The shadow is made while the job runs; allocations it makes meanwhile may outgrow it, and then
+  // it is made again, larger.
+  uint64_t want = ps.live_bytes;
+  std::vector<Placement::Region> regions;
+  double quiesce_s = 0, stall_s = 0;
+  std::chrono::steady_clock::time_point open_at;
+  for (int attempt = 0;; ++attempt) {
+    auto shadow = DeviceShadow::create(rt->snap.vmm, dev, want);
+    if (!shadow.ok())
+      return refuse("no room on the device for the checkpoint's copy of " + std::to_string(want) +
+                    " bytes: " + shadow.status().message());
+    rt->shadow = std::move(*shadow);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (std::string why = close_gate(rt); !why.empty()) {
+      drop_shadow(rt, true);
+      return refuse(why + ": no checkpoint taken");
+    }
+    quiesce_s = seconds_since(t0);
+    uint64_t total = 0;
+    for (const Placement::Region& r : rt->placement->regions()) total += r.size;
+    if (total > rt->shadow->size()) {
+      rt->gate.reopen();
+      drop_shadow(rt, true);
+      if (attempt == 2) return refuse("the job's device memory kept growing while its checkpoint was prepared: try again");
+      want = total + total / 8;
+      continue;
+    }
+    regions = rt->placement->cut();
+    const CUresult rc = enqueue_cut(rt->snap, copy_stream, rt->streams.list(), regions, rt->shadow->base(), done);
+    rt->gate.reopen();
+    open_at = std::chrono::steady_clock::now();
+    stall_s = std::chrono::duration<double>(open_at - t0).count();
+    if (rc != kSuccess) {
+      rt->placement->mark_all_written();  // the marks were taken: the next checkpoint must take all
+      (void)rt->snap.event_synchronize(done);
+      drop_shadow(rt, true);
+      return refuse("ordering the checkpoint's copies failed: CUDA driver error " + std::to_string(rc));
+    }
+    break;
+  }
+  if (const CUresult rc = rt->snap.event_synchronize(done); rc != kSuccess) {
+    rt->placement->mark_all_written();
+    drop_shadow(rt, true);
+    return refuse("the checkpoint's copies failed: CUDA driver error " + std::to_string(rc));
+  }
+  const double copy_s = seconds_since(open_at);
+  int fd = -1;
+  if (const CUresult rc = rt->shadow->export_fd(&fd); rc != kSuccess) {
+    rt->placement->mark_all_written();
+    drop_shadow(rt, true);
+    return refuse("exporting the checkpoint's copy failed: CUDA driver error " + std::to_string(rc));
+  }
+  out.fds.emplace_back(fd);
+  std::string list;
+  uint64_t bytes = 0, written_bytes = 0, written = 0;
+  for (const Placement::Region& r : regions) {
+    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "," +
+            (r.written ? "1" : "0") + "]";
+    bytes += r.size;
+    if (r.written) {
+      ++written;
+      written_bytes += r.size;
+    }
+  }
+  char head[320];
+  std::snprintf(head, sizeof(head),
+                "{\"ok\":true,\"device\":%d,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,\"written_bytes\":%llu,"
+                "\"shadow_bytes\":%llu,\"streams\":%zu,\"quiesce_s\":%.6f,\"stall_s\":%.6f,\"copy_s\":%.6f,\"regions\":[",
+                dev, static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
+                static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
+                rt->streams.list().size() + 1, quiesce_s, stall_s, copy_s);
+  out.text = head + list + "]}";
+  return out;
+}
+
+// `snap-release`: the shadow of the last snap-cut let go (pos-cli holds its own reference).
+std::string snap_release(Runtime* rt) {
+  std::lock_guard<std::mutex> lk(rt->dump_mu);
+  if (!rt->shadow) return dump_error("no GPU-only checkpoint holds a copy: nothing to release");
+  drop_shadow(rt);
+  return "{\"ok\":true}";
+}
+
 // `dump-save DIR`: the job's driver work stopped at the gate, the device idle, every placed
 // allocation saved to DIR (device_image.h) and unmapped, its addresses kept reserved. The gate stays
 // closed until dump-resume: pos-cli then runs the driver's checkpoint and CRIU.
@@ -358,6 +552,7 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
   if (rt->saved || rt->shared) return dump_error("a dump holds this job already: dump-resume first");
   if (std::string why = dump_blockers(rt); !why.empty()) return dump_error("this job cannot be dumped: " + why);
   if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
+  drop_shadow(rt);
   const int dev = dump_device(rt);
   const auto t0 = std::chrono::steady_clock::now();
   if (std::string why = hold(rt, dev); !why.empty()) return dump_error(why);
@@ -431,6 +626,7 @@ pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg);
 std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
   if (cmd == "dump-release") return dump_release(rt);
+  if (cmd == "snap-release") return snap_release(rt);
   if (cmd == "dump-resume") return dump_resume(rt, "");
   if (cmd.rfind("dump-resume ", 0) == 0) return dump_resume(rt, cmd.substr(12));
   const Census::Memory m = rt->census.memory();
@@ -450,13 +646,14 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST, "
-                                         "dump-resume [DIR])") + "}";
+                                         "dump-resume [DIR], snap-cut, snap-release)") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
 // other command answered by answer(), descriptors sent along with it dropped.
 pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg) {
   if (msg.text == "dump-share") return dump_share(rt);
+  if (msg.text == "snap-cut") return snap_cut(rt);
   pos::ControlMessage out;
   if (msg.text.rfind("dump-take ", 0) == 0) out.text = dump_take(rt, msg.text.substr(10), msg.fds);
   else out.text = answer(rt, msg.text);
@@ -528,6 +725,23 @@ CopyCalls copy_calls(void* driver) {
   return c;
 }
 
+// The real driver's calls for GPU-only checkpoints (snapshot.h), looked up once.
+SnapCalls snap_calls(void* driver) {
+  SnapCalls c;
+  c.vmm = vmm_calls(driver);
+  c.copy = copy_calls(driver);
+  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  get(&c.stream_create, "cuStreamCreate");
+  get(&c.stream_destroy, "cuStreamDestroy_v2");
+  get(&c.event_create, "cuEventCreate");
+  get(&c.event_destroy, "cuEventDestroy_v2");
+  get(&c.event_record, "cuEventRecord");
+  get(&c.event_synchronize, "cuEventSynchronize");
+  get(&c.stream_wait_event, "cuStreamWaitEvent");
+  get(&c.dtod_async, "cuMemcpyDtoDAsync_v2");
+  return c;
+}
+
 std::atomic<Runtime*> g_runtime{nullptr};
 std::once_flag g_once;
 thread_local bool t_starting = false;
@@ -556,6 +770,12 @@ Runtime* runtime() {
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->copy = copy_calls(rt->driver);
+      rt->snap = snap_calls(rt->driver);
+      ParamInfoCalls pi;
+      pi.func_param_info = reinterpret_cast<decltype(pi.func_param_info)>(real_dlsym()(rt->driver, "cuFuncGetParamInfo"));
+      pi.kernel_param_info =
+          reinterpret_cast<decltype(pi.kernel_param_info)>(real_dlsym()(rt->driver, "cuKernelGetParamInfo"));
+      rt->scanner = std::make_unique<LaunchScanner>(pi);
       if (const VmmCalls v = vmm_calls(rt->driver); v.complete()) rt->app_vmm = std::make_unique<AppVmm>(v);
     }
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
@@ -605,6 +825,72 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
   }
 }
 
+// A launch's parameters scanned for placed memory, which is marked written; a launch whose
+// parameters cannot be read marks all of it (launch_params.h).
+void mark_launch(Runtime* rt, CUfunction f, void** params, void** extra) {
+  Placement* p = rt->placement.get();
+  uint64_t hits[32];
+  size_t n = 0;
+  uint64_t found = 0;
+  const bool read = rt->scanner->scan(f, params, extra, [&](uint64_t w) {
+    if (!p->in_window(w)) return;
+    if (n == 32) {
+      p->mark_written(hits, n);
+      n = 0;
+    }
+    hits[n++] = w;
+    ++found;
+  });
+  if (!read) {
+    p->mark_all_written();
+    return;
+  }
+  if (n > 0) p->mark_written(hits, n);
+  if (found > 0) rt->marked.fetch_add(found, std::memory_order_relaxed);
+}
+
+// Inside the gate, before the driver runs a hooked call: what it may write, marked (placement on).
+template <HookId kId, typename... A>
+inline void before_call(Runtime* rt, A... a) {
+  using H = HookId;
+  if (!rt->placement || !rt->scanner) return;
+  [[maybe_unused]] auto t = std::make_tuple(a...);
+  if constexpr (kId == H::cuLaunchKernel || kId == H::cuLaunchKernel_ptsz) {
+    mark_launch(rt, std::get<0>(t), std::get<9>(t), std::get<10>(t));
+  } else if constexpr (kId == H::cuLaunchCooperativeKernel || kId == H::cuLaunchCooperativeKernel_ptsz) {
+    mark_launch(rt, std::get<0>(t), std::get<9>(t), nullptr);
+  } else if constexpr (kId == H::cuLaunchKernelEx || kId == H::cuLaunchKernelEx_ptsz) {
+    mark_launch(rt, std::get<1>(t), std::get<2>(t), std::get<3>(t));
+  } else if constexpr (kId == H::cuMemcpyAsync || kId == H::cuMemcpyAsync_ptsz || kId == H::cuMemcpyHtoDAsync_v2 ||
+                       kId == H::cuMemcpyHtoDAsync_v2_ptsz || kId == H::cuMemcpyDtoDAsync_v2 ||
+                       kId == H::cuMemcpyDtoDAsync_v2_ptsz || kId == H::cuMemcpy || kId == H::cuMemcpy_ptds ||
+                       kId == H::cuMemcpyHtoD_v2 || kId == H::cuMemcpyHtoD_v2_ptds || kId == H::cuMemcpyDtoD_v2 ||
+                       kId == H::cuMemcpyDtoD_v2_ptds || kId == H::cuMemsetD8_v2 || kId == H::cuMemsetD8_v2_ptds ||
+                       kId == H::cuMemsetD8Async || kId == H::cuMemsetD8Async_ptsz) {
+    const uint64_t dst = std::get<0>(t);
+    if (rt->placement->in_window(dst)) rt->placement->mark_range_written(dst, std::get<2>(t));
+  } else if constexpr (kId == H::cuMemsetD32_v2 || kId == H::cuMemsetD32_v2_ptds || kId == H::cuMemsetD32Async ||
+                       kId == H::cuMemsetD32Async_ptsz) {
+    const uint64_t dst = std::get<0>(t);
+    if (rt->placement->in_window(dst)) rt->placement->mark_range_written(dst, uint64_t{4} * std::get<2>(t));
+  } else if constexpr (kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
+    rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
+  } else if constexpr (kId == H::cuStreamDestroy_v2) {
+    rt->streams.remove(std::get<0>(t));
+  } else if constexpr (kId == H::cuModuleUnload || kId == H::cuLibraryUnload) {
+    rt->scanner->forget();  // their function handles may be handed out again for other kernels
+  }
+}
+
+// After the driver answered: the streams the job made, for the cuts to order themselves after.
+template <HookId kId, typename... A>
+inline void after_call(Runtime* rt, CUresult rc, A... a) {
+  if constexpr (kId == HookId::cuStreamCreate || kId == HookId::cuStreamCreateWithPriority) {
+    auto t = std::make_tuple(a...);
+    if (rc == kSuccess && std::get<0>(t) != nullptr) rt->streams.add(*std::get<0>(t));
+  }
+}
+
 // After the driver answered a hooked call: what the hook learns from it.
 template <Role kRole, int kSizeIdx, typename... A>
 inline void learn(Census& c, CUresult rc, A... a) {
@@ -634,9 +920,11 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
     GatePass pass(rt->gate);                                                                 \
+    before_call<HookId::name>(rt, POS_EXPAND args);                                          \
     R rc{};                                                                                  \
     if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \
     learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \
+    after_call<HookId::name>(rt, rc, POS_EXPAND args);                                       \
     return rc;                                                                               \
   }
 #define POS_DEFINE_HOOK_kCount POS_DEFINE_HOOK

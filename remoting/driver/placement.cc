@@ -192,6 +192,41 @@ std::vector<Placement::Region> Placement::regions() const {
   return out;
 }
 
+void Placement::mark_written(const uint64_t* addrs, size_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < n; ++i) {
+    auto it = live_.upper_bound(addrs[i]);
+    if (it == live_.begin()) continue;
+    --it;
+    if (addrs[i] - it->first < it->second.size) it->second.written = true;
+  }
+}
+
+void Placement::mark_range_written(uint64_t addr, uint64_t len) {
+  if (len == 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = live_.upper_bound(addr);
+  if (it != live_.begin()) --it;
+  for (; it != live_.end() && it->first < addr + len; ++it)
+    if (it->first + it->second.size > addr) it->second.written = true;
+}
+
+void Placement::mark_all_written() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [at, b] : live_) b.written = true;
+}
+
+std::vector<Placement::Region> Placement::cut() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<Region> out;
+  out.reserve(live_.size());
+  for (auto& [at, b] : live_) {
+    out.push_back(Region{b.dev, at, b.size, b.written});
+    b.written = false;
+  }
+  return out;
+}
+
 CUresult Placement::unmap() {
   std::lock_guard<std::mutex> lk(mu_);
   unmapped_ = true;

@@ -80,9 +80,26 @@ class Placement {
   struct Region {
     int dev;
     uint64_t addr, size;
+    bool written = false;  // written since the last cut() (cut() only)
   };
   // Every live allocation, by address.
   std::vector<Region> regions() const;
+
+  // Written memory (docs/driver_runtime.md, "Written memory"): the hooks mark the allocations the
+  // job's launches, copies and memsets may write; a cut takes the marks. A new allocation counts as
+  // written. in_window() is the lock-free first filter of the launch hooks: whether `v` lies in
+  // POS's address ranges at all.
+  bool in_window(uint64_t v) const { return v - base_ < span_ * kMaxDevices; }
+  // The allocation holding each address (of `n`) marked written; addresses outside every
+  // allocation are ignored.
+  void mark_written(const uint64_t* addrs, size_t n);
+  // Every allocation overlapping [addr, addr + len) marked written.
+  void mark_range_written(uint64_t addr, uint64_t len);
+  // Every live allocation marked written (a launch whose parameters could not be read).
+  void mark_all_written();
+  // Every live allocation, by address, with its mark; the marks cleared. The caller holds the job
+  // at its gate, so that no launch falls between the marks read and the cut.
+  std::vector<Region> cut();
 
   // For a full dump (docs/driver_runtime.md, "Dump"): the physical memory behind every live
   // allocation unmapped and released, its address range kept reserved, so that the driver's own
@@ -130,6 +147,7 @@ class Placement {
     CUmemGenericAllocationHandle handle;  // 0 while unmapped
     bool shareable = false;  // made with a POSIX-descriptor handle type (or imported from one)
     int fd = -1;             // the descriptor it was imported from, kept for the next hand-off
+    bool written = true;     // since the last cut()
   };
   CUresult map_block(uint64_t at, Block* b);  // under mu_: create, map, set access
   bool ready(int dev);  // under mu_: the device's range reserved (tries once)
