@@ -163,10 +163,6 @@ int dump(const DumpArgs& a, bool pre) {
   struct stat st {};
   const bool inproc = ::stat(job_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
   if (inproc) o.job_socket = job_socket;
-  if (inproc && pre) {
-    std::fprintf(stderr, "pos-cli pre-dump: pid %d is an in-process job (pos run): pre-dump is not built for those yet\n", a.pid);
-    return 1;
-  }
   pos::StatusOr<pos::JobDumpReport> r = [&] {
     // The GPU drain reports from its own thread while CRIU runs (with --leave-running): one line,
     // whichever phase spoke last.
@@ -180,7 +176,8 @@ int dump(const DumpArgs& a, bool pre) {
       else if (ph == "criu" && total > 0) cpu.update(done, total);
       else if (tty) std::fprintf(stderr, "\r%-60s", (std::string(cmd) + ": " + phase + "...").c_str());
     };
-    auto res = pre ? pos::pre_dump_job(o) : inproc ? pos::dump_driver_job(o) : pos::dump_job(o);
+    auto res = pre ? (inproc ? pos::pre_dump_driver_job(o) : pos::pre_dump_job(o))
+                   : inproc ? pos::dump_driver_job(o) : pos::dump_job(o);
     if (tty) std::fputs("\r\033[K", stderr);
     return res;
   }();
@@ -199,7 +196,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
-                "\"inproc\":%s,\"note\":%s}\n",
+                "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -210,7 +207,8 @@ int dump(const DumpArgs& a, bool pre) {
                 pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s,
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
-                r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false", pos::json_string(r->note).c_str());
+                r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",
+                (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -221,7 +219,14 @@ int dump(const DumpArgs& a, bool pre) {
   const std::string cpu = r->criu_dir.empty() ? std::string("CPU state not pre-dumped")
                           : std::string("CPU state by CRIU (") + std::to_string(r->criu_bytes) + " bytes" +
                                 (r->criu_incremental ? ", pages changed since --prev only" : "") + ")";
-  if (pre) {
+  if (pre && inproc) {
+    std::printf("pre-dumped in-process job %d to %s: device memory at one cut, %llu bytes in %llu allocations (%llu "
+                "bytes in %llu written since its previous checkpoint); the job waited %.3f ms, its copy took %.3f s on the "
+                "device, written in %.3f s; the job runs on\n",
+                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles,
+                (unsigned long long)r->written_bytes, (unsigned long long)r->written_regions, r->gpu.stall_s * 1e3,
+                r->job_save_s, r->gpu_s);
+  } else if (pre) {
     std::printf("pre-dumped pid %d to %s: GPU state at call %llu (%llu handles, %s), %s; the job runs on; "
                 "GPU %.3f s, CRIU %.3f s, total %.3f s\n",
                 a.pid, a.dir.c_str(), (unsigned long long)r->gpu.cut_pc, (unsigned long long)r->gpu.handles, gpu.c_str(),

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -236,15 +237,61 @@ TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage)
   start();
   const std::string img = (root_ / "img").string();
   int code = -1;
-  // pre-dump and --prev are not built for in-process jobs: said, nothing touched.
-  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  // --prev is not built for in-process jobs: said, nothing touched.
+  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + img + " --jobs-dir " + jobs_, &code);
   EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("in-process job"), std::string::npos) << out;
+  EXPECT_NE(out.find("--prev is not built for in-process jobs"), std::string::npos) << out;
   out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + img + " --jobs-dir " + jobs_, &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("--prev is not built for in-process jobs"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(img + "/manifest"));
   EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
+// The region lines of a driver memory image's table (addresses, sizes and per-chunk checksums).
+std::string region_lines(const std::string& gpu_dir) {
+  std::istringstream in(read_file(gpu_dir + "/regions"));
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("region ", 0) == 0) out += line + "\n";
+  return out;
+}
+
+TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt) {
+  start();
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const std::string pre = (root_ / "pre").string(), pre2 = (root_ / "pre2").string(), img = (root_ / "img").string();
+  int code = -1;
+  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"command\":\"pre-dump\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"inproc\":true,\"gpu_written\":2,\"gpu_written_bytes\":10485760"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"criu_images\":\"\""), std::string::npos) << out;  // GPU-only
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // it never stopped
+  EXPECT_NE(read_file(pre + "/manifest").find("\"kind\":\"driver-pre-dump\""), std::string::npos);
+  std::string shown = cli("inspect " + pre, &code);
+  EXPECT_EQ(code, 0) << shown;
+  EXPECT_NE(shown.find("a GPU-only checkpoint of an in-process job"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("verified: 10485760 bytes"), std::string::npos) << shown;
+  // Nothing was written since: the next one says so and holds the same bytes.
+  out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre2 + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"gpu_written\":0,\"gpu_written_bytes\":0"), std::string::npos) << out;
+  EXPECT_EQ(region_lines(pre + "/gpu"), region_lines(pre2 + "/gpu"));
+  // Not a restore point; and a dump afterwards takes the same memory (the checkpoint's copy is gone).
+  out = cli("restore -D " + pre, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("GPU-only checkpoint of an in-process job"), std::string::npos) << out;
+  out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --leave-running --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_FALSE(region_lines(img + "/gpu").empty());
+  EXPECT_EQ(region_lines(pre + "/gpu"), region_lines(img + "/gpu"));
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // A directory that holds an image already is refused before the job is asked anything.
+  out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("already holds an image"), std::string::npos) << out;
 }
 
 }  // namespace

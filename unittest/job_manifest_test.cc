@@ -70,7 +70,7 @@ TEST(JobManifest, APreDumpNeedsNoArenaPermitOrCriuPartButADumpDoes) {
   m.permit = "/x/.reattach";
   expect_refused(manifest_json(m), "outside its directory");
   m.kind = "snapshot";
-  expect_refused(manifest_json(m), "none of \"dump\", \"pre-dump\", \"driver-dump\"");
+  expect_refused(manifest_json(m), "none of \"dump\", \"pre-dump\", \"driver-dump\", \"driver-pre-dump\"");
   m = sample();
   m.prev = "/abs/prev";
   expect_refused(manifest_json(m), "not a relative, printable path");
@@ -96,6 +96,15 @@ TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndNoPreviousImage) {
   bad = m;
   bad.gpu = "other";
   expect_refused(manifest_json(bad), "other parts than gpu and criu");
+  // Its GPU-only pre-dump: no CPU part at all.
+  m.kind = "driver-pre-dump";
+  m.criu.clear();
+  back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->kind, "driver-pre-dump");
+  bad = m;
+  bad.criu = "criu";
+  expect_refused(manifest_json(bad), "other parts than gpu, a previous image");
 }
 
 TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {

@@ -79,7 +79,8 @@ StatusOr<std::unique_ptr<HeldMemory>> HeldMemory::open(const PeerCalls& calls, i
 HeldMemory::~HeldMemory() {
   if (ctx_ == nullptr) return;
   (void)calls_.copy.ctx_set_current(ctx_);
-  for (size_t i = 0; i < mapped_; ++i) (void)calls_.vmm.unmap(at_[i], regions_[i].size);
+  if (!copy_only_)
+    for (size_t i = 0; i < mapped_; ++i) (void)calls_.vmm.unmap(at_[i], regions_[i].size);
   for (CUmemGenericAllocationHandle h : handles_) (void)calls_.vmm.release(h);
   if (span_ > 0) (void)calls_.vmm.address_free(base_, span_);
   if (shadow_size_ > 0) {
@@ -142,6 +143,49 @@ Status HeldMemory::import(const std::vector<SavedRegion>& regions, std::vector<U
     handles_.push_back(h);
   }
   return map_all(handles_);
+}
+
+Status HeldMemory::import_copy(const std::vector<SavedRegion>& regions, UniqueFd fd, uint64_t shadow_bytes) {
+  if (!regions_.empty() || shadow_ != 0) return Status::FailedPrecondition("memory is held already");
+  uint64_t total = 0;
+  for (const SavedRegion& r : regions) total += r.size;
+  if (total > shadow_bytes || shadow_bytes == 0)
+    return Status::Corrupt("the checkpoint's copy (" + std::to_string(shadow_bytes) + " bytes) cannot hold the " +
+                           std::to_string(total) + " bytes of its allocations");
+  (void)calls_.copy.ctx_set_current(ctx_);
+  size_t g = 0;
+  const CUmemAllocationProp prop = prop_of(dev_);
+  if (const CUresult rc = calls_.vmm.granularity(&g, &prop, 0); rc != kSuccess || g == 0)
+    return Status::Unavailable(cu_error("cuMemGetAllocationGranularity", rc));
+  if (shadow_bytes % g != 0) return Status::Corrupt("the checkpoint's copy is not a whole number of granules");
+  if (const CUresult rc = calls_.vmm.import_fd(&shadow_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())), kPosixFd);
+      rc != kSuccess) {
+    shadow_ = 0;
+    return Status::Unavailable(cu_error("cuMemImportFromShareableHandle (checkpoint copy)", rc));
+  }
+  if (const CUresult rc = calls_.vmm.reserve(&shadow_base_, shadow_bytes, g, 0, 0); rc != kSuccess)
+    return Status(Code::kOutOfMemory, 0, cu_error("cuMemAddressReserve (checkpoint copy)", rc));
+  // A size larger than the allocation fails here: the job's answer cannot make this read past it.
+  if (const CUresult rc = calls_.vmm.map(shadow_base_, shadow_bytes, 0, shadow_, 0); rc != kSuccess) {
+    (void)calls_.vmm.address_free(shadow_base_, shadow_bytes);
+    return Status::Unavailable(cu_error("cuMemMap (checkpoint copy)", rc));
+  }
+  shadow_size_ = shadow_bytes;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = 3;
+  if (const CUresult rc = calls_.vmm.set_access(shadow_base_, shadow_bytes, &access, 1); rc != kSuccess)
+    return Status::Unavailable(cu_error("cuMemSetAccess (checkpoint copy)", rc));
+  copy_only_ = true;
+  regions_ = regions;
+  uint64_t at = shadow_base_;
+  for (const SavedRegion& r : regions_) {
+    at_.push_back(at);
+    at += r.size;
+  }
+  mapped_ = regions_.size();
+  fds_.push_back(std::move(fd));
+  return Status::Ok();
 }
 
 Status HeldMemory::create(const std::vector<SavedRegion>& regions) {

@@ -41,6 +41,10 @@ class HeldMemory {
 
   // The job's memory: `fds[i]` (kept) for regions[i], imported and mapped here.
   Status import(const std::vector<SavedRegion>& regions, std::vector<UniqueFd> fds);
+  // A GPU-only checkpoint's copy (the job's snap-cut): one shareable allocation of `shadow_bytes`
+  // holding `regions` back to back, in order, imported from `fd` and mapped here; save() then
+  // writes the image from it. The regions must fit in it.
+  Status import_copy(const std::vector<SavedRegion>& regions, UniqueFd fd, uint64_t shadow_bytes);
   // New shareable memory for `regions`, mapped here (contents undefined until loaded).
   Status create(const std::vector<SavedRegion>& regions);
   // The image's device part written from the memory held (save_regions), or loaded into it
@@ -81,6 +85,7 @@ class HeldMemory {
   CUdeviceptr shadow_base_ = 0;
   uint64_t shadow_size_ = 0;  // mapped at shadow_base_ when non-zero
   bool snapped_ = false;
+  bool copy_only_ = false;  // import_copy(): regions_ live in the shadow's one mapping
 };
 
 }  // namespace pos::driver

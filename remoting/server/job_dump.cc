@@ -83,16 +83,19 @@ struct Prepared {
   JobManifest prev;      // its manifest
 };
 
-StatusOr<Prepared> prepare(const JobDumpOptions& o) {
+// `criu`: the image has a CPU part (all but an in-process job's GPU-only pre-dump).
+StatusOr<Prepared> prepare(const JobDumpOptions& o, bool criu_needed = true) {
   namespace fs = std::filesystem;
   if (o.pid == 0) return Status::InvalidArgument("no job pid given");
   if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
   Prepared p;
   // CRIU first: a machine that cannot dump the CPU half must not have the job stopped for nothing.
-  auto criu = ckpt::find_criu();
-  if (!criu.ok()) return criu.status();
-  p.criu = *criu;
-  p.tracks_memory = ckpt::criu_tracks_memory(p.criu);
+  if (criu_needed) {
+    auto criu = ckpt::find_criu();
+    if (!criu.ok()) return criu.status();
+    p.criu = *criu;
+    p.tracks_memory = ckpt::criu_tracks_memory(p.criu);
+  }
   struct stat owner {};
   if (::stat(("/proc/" + std::to_string(o.pid)).c_str(), &owner) != 0)
     return Status(Code::kNotFound, 0, "pid " + std::to_string(o.pid) + " does not exist");
@@ -100,7 +103,7 @@ StatusOr<Prepared> prepare(const JobDumpOptions& o) {
   // CRIU reads and sets a process's resource limits: for another user's process that takes
   // CAP_SYS_RESOURCE, which some containers drop even for root. Said now, not as CRIU's "Can't get
   // rlimit" after the job was stopped.
-  if (p.owner != ::geteuid() && !has_effective_capability(24 /* CAP_SYS_RESOURCE */))
+  if (criu_needed && p.owner != ::geteuid() && !has_effective_capability(24 /* CAP_SYS_RESOURCE */))
     return Status::FailedPrecondition("pid " + std::to_string(o.pid) + " runs as uid " + std::to_string(p.owner) +
                                       ", and CRIU needs CAP_SYS_RESOURCE to dump another user's process; this "
                                       "pos-cli does not have it (a container that drops it: add it)");
@@ -614,8 +617,10 @@ int job_device(const std::string& ps) {
   return (*p >= '0' && *p <= '9') ? std::atoi(p) : 0;
 }
 
-// The allocation list of a dump-share answer: "regions":[[addr,size],...] on device `dev`.
-StatusOr<std::vector<ckpt::SavedRegion>> shared_regions(const std::string& answer, int dev) {
+// The allocation list of a dump-share answer ("regions":[[addr,size],...]) or a snap-cut answer
+// ("regions":[[addr,size,written],...]: `written` gets the flags) on device `dev`.
+StatusOr<std::vector<ckpt::SavedRegion>> shared_regions(const std::string& answer, int dev,
+                                                        std::vector<bool>* written = nullptr) {
   const size_t at = answer.find("\"regions\":[");
   if (at == std::string::npos) return Status::Corrupt("the job's answer lists no allocations");
   std::vector<ckpt::SavedRegion> out;
@@ -623,14 +628,17 @@ StatusOr<std::vector<ckpt::SavedRegion>> shared_regions(const std::string& answe
   while (*p == '[' || *p == ',') {
     if (*p == ',') ++p;
     unsigned long long a = 0, n = 0;
-    int used = 0;
-    if (std::sscanf(p, "[%llu,%llu]%n", &a, &n, &used) != 2 || used == 0)
+    int used = 0, w = 0;
+    if (written == nullptr ? std::sscanf(p, "[%llu,%llu]%n", &a, &n, &used) != 2
+                           : std::sscanf(p, "[%llu,%llu,%d]%n", &a, &n, &w, &used) != 3 || (w != 0 && w != 1))
       return Status::Corrupt("the job's allocation list is malformed");
+    if (used == 0) return Status::Corrupt("the job's allocation list is malformed");
     if (n == 0 || (!out.empty() && a < out.back().addr + out.back().size))
       return Status::Corrupt("the job's allocation list is not in address order");
     ckpt::SavedRegion r;
     r.dev = dev, r.addr = a, r.size = n;
     out.push_back(r);
+    if (written != nullptr) written->push_back(w == 1);
     p += used;
   }
   if (*p != ']') return Status::Corrupt("the job's allocation list is malformed");
@@ -907,6 +915,112 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   m.shell_job = co.shell_job;
   m.gpu_bytes = r.gpu.bytes_stored;
   m.handles = r.gpu.handles;
+  r.manifest = dir + "/manifest";
+  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+    remove_parts();
+    return s;
+  }
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
+    if (o.progress) o.progress(phase, done, total);
+  };
+  if (!o.prev.empty())
+    return Status::Unsupported("--prev is not built for in-process jobs yet: their pre-dumps are whole GPU-only "
+                               "checkpoints");
+  auto prepared = prepare(o, /*criu_needed=*/false);
+  if (!prepared.ok()) return prepared.status();
+  const Prepared& pp = *prepared;
+  const std::string& dir = pp.dir;
+  auto driver = ckpt::DriverCheckpoint::open();  // for the driver library this process maps the copy with
+  if (!driver.ok()) return driver.status();
+  auto ps = ask_job(o.job_socket, "ps");
+  if (!ps.ok()) return ps.status().with_context("asking the job");
+  const int dev = job_device(*ps);
+  auto held = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev);
+  if (!held.ok()) return held.status().with_context("opening the job's device here");
+  const std::string gpu_dir = dir + "/gpu";
+  auto remove_parts = [&] {
+    for (const char* part : {"gpu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
+  };
+  if (::mkdir(gpu_dir.c_str(), 0700) != 0) return Status::Unavailable("cannot create " + gpu_dir + ": " + std::strerror(errno));
+  JobDumpReport r;
+  say("gpu");
+  auto t = std::chrono::steady_clock::now();
+  auto cut = ask_job_fds(o.job_socket, "snap-cut", {}, 600'000);
+  if (!cut.ok()) {
+    remove_parts();
+    return cut.status().with_context("asking the job for a GPU-only checkpoint");
+  }
+  const std::string& a = cut->text;
+  if (a.find("\"ok\":true") == std::string::npos) {
+    remove_parts();
+    const std::string why = json_text(a, "error");
+    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(a, 200) : why)
+        .with_context("saving the GPU state");
+  }
+  // From here the job holds the copy for this process until snap-release.
+  std::vector<bool> written;
+  auto regions = shared_regions(a, dev, &written);
+  Status got = regions.ok() ? Status::Ok() : regions.status();
+  if (got.ok() && cut->fds.size() != 1)
+    got = Status::Corrupt("the job sent " + std::to_string(cut->fds.size()) + " descriptors for its copy, not one");
+  if (got.ok())
+    got = (*held)->import_copy(*regions, std::move(cut->fds[0]), static_cast<uint64_t>(json_number(a, "shadow_bytes")));
+  auto released = ask_dump(o.job_socket, "snap-release");
+  if (!got.ok()) {
+    remove_parts();
+    return got.with_context("taking the job's checkpoint copy");
+  }
+  if (!released.ok()) r.note = "the job did not let go of its copy (" + released.status().message() + "): it does at its next checkpoint or dump";
+  r.cut_s = seconds_since(t);
+  r.gpu.stall_s = json_number(a, "stall_s");
+  r.detach_s = r.gpu.stall_s;
+  r.job_save_s = json_number(a, "copy_s");
+  r.gpu.handles = regions->size();
+  for (size_t i = 0; i < regions->size(); ++i)
+    if (written[i]) {
+      ++r.written_regions;
+      r.written_bytes += (*regions)[i].size;
+    }
+  driver::CopyOptions co;
+  co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
+  auto saved = (*held)->save(gpu_dir, co);
+  held->reset();  // the copy's device memory goes as soon as it is written
+  if (!saved.ok()) {
+    remove_parts();
+    return saved.status().with_context("writing the device memory");
+  }
+  r.gpu.bytes_stored = saved->bytes;
+  r.gpu.image = gpu_dir;
+  give_files(gpu_dir, pp.owner);
+  std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
+  if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
+    for (uint32_t f = 0; f < table->files; ++f) parts.push_back(gpu_dir + "/" + ckpt::memory_file_name(f));
+  t = std::chrono::steady_clock::now();
+  if (Status s = sync_files(parts); !s.ok()) {
+    remove_parts();
+    return s;
+  }
+  r.sync_s = seconds_since(t);
+  r.gpu_s = seconds_since(t0);
+  r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
+                "driver's state first): this pre-dump is GPU-only";
+  JobManifest m;
+  m.kind = "driver-pre-dump";
+  m.pid = o.pid;
+  m.uid = pp.owner;
+  m.job = printable(json_text(*ps, "job"), 64);
+  m.socket = o.job_socket;
+  m.leave_running = true;
+  m.gpu_bytes = r.gpu.bytes_stored;
+  m.handles = r.gpu.handles;
+  m.criu = "";
   r.manifest = dir + "/manifest";
   if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();

@@ -62,7 +62,10 @@ struct JobDumpReport {
   // stop dump is judged by.
   double stopped_s = 0;
   bool handoff = false;
-  bool gpu_snapshot = false;  // leave-running: the memory went back at once, its image written from a device copy  // an in-process job's device memory left it as descriptors (else the job copied it)
+  bool gpu_snapshot = false;  // leave-running: the memory went back at once, its image written from a device copy
+  // An in-process job's pre-dump: the allocations (and their bytes) written since its previous
+  // GPU-only checkpoint (all of them at the first).
+  uint64_t written_regions = 0, written_bytes = 0;
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
@@ -85,6 +88,14 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& options);
 // job runs on. DIR/manifest (kind "driver-dump") last. Any failure brings the job back running and
 // removes what this dump wrote. --prev and --mode async are not built for these jobs (refused).
 StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
+
+// `pos-cli pre-dump` of an in-process job: a GPU-only checkpoint. The job's calls wait only while
+// its cut is enqueued on the device (events after every stream's work, device-to-device copies of
+// its placed memory into a shadow, every stream's later work after them: r.gpu.stall_s); this
+// process imports the copy and writes DIR/gpu from it while the job runs on, then DIR/manifest
+// (kind "driver-pre-dump"). No CPU part (NVIDIA's checkpoint would have to stop the job); not
+// restorable, and not yet a --prev. Any failure leaves the job running and no image.
+StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& options);
 
 // `pos-cli resume`: an in-process job left held by a dump that did not finish (its pos-cli killed)
 // brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the

@@ -133,7 +133,8 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
   const std::string gpu_dir = dir + "/" + m->gpu;
   std::string verified_text = "not verified (--no-verify): blob checksums were not read\n", verified_json = "null";
   std::string gpu;
-  if (m->kind == "driver-dump") {
+  const bool driver = m->kind == "driver-dump" || m->kind == "driver-pre-dump";
+  if (driver) {
     auto table = open_driver_gpu_part(gpu_dir, *m);
     if (!table.ok()) return table.status();
     if (o.verify) {
@@ -197,15 +198,19 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
     return j + "}\n";
   }
   std::ostringstream t;
-  const bool driver = m->kind == "driver-dump";
   t << "job image " << dir << ": "
-    << (m->kind == "dump" ? "a dump" : driver ? "a dump of an in-process job (pos run)"
-                                              : "a pre-dump (no restore point: --prev of a later dump)")
+    << (m->kind == "dump"              ? "a dump"
+        : m->kind == "driver-dump"     ? "a dump of an in-process job (pos run)"
+        : m->kind == "driver-pre-dump" ? "a GPU-only checkpoint of an in-process job (pos run; pre-dump: no restore point)"
+                                       : "a pre-dump (no restore point: --prev of a later dump)")
     << " of pid " << m->pid << " (uid " << m->uid << "), job '" << m->job << "', "
     << (driver ? "control socket " : "from posd ") << m->socket << "\n";
-  if (m->kind != "pre-dump") t << "  the job " << (m->leave_running ? "ran on after the dump" : "ended with the dump") << "\n";
+  if (m->kind != "pre-dump" && m->kind != "driver-pre-dump") t << "  the job " << (m->leave_running ? "ran on after the dump" : "ended with the dump") << "\n";
   if (!m->prev.empty()) t << "  previous image: " << m->prev << " (this one holds only what changed since)\n";
-  if (driver)
+  if (m->kind == "driver-pre-dump")
+    t << "GPU part (" << m->gpu << "): device memory at one cut, " << m->handles << " allocations, " << mib(m->gpu_bytes)
+      << " (no CPU part: the job ran on)\n";
+  else if (driver)
     t << "GPU part (" << m->gpu << "): device memory, " << m->handles << " allocations, " << mib(m->gpu_bytes)
       << " (the driver's own state went through NVIDIA's checkpoint into the CPU part)\n";
   else

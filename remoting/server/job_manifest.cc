@@ -162,9 +162,9 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     if (x == nullptr) return missing(s.key, "a string");
     *s.out = x->s;
   }
-  if (m.kind != "dump" && m.kind != "pre-dump" && m.kind != "driver-dump")
+  if (m.kind != "dump" && m.kind != "pre-dump" && m.kind != "driver-dump" && m.kind != "driver-pre-dump")
     return Status::Corrupt("the manifest's kind \"" + printable(m.kind) +
-                           "\" is none of \"dump\", \"pre-dump\", \"driver-dump\"");
+                           "\" is none of \"dump\", \"pre-dump\", \"driver-dump\", \"driver-pre-dump\"");
   const bool dump = m.kind == "dump";
   for (const std::string* part : {&m.gpu, &m.criu}) {
     if (part->empty() && part == &m.criu && !dump) continue;  // a pre-dump without CRIU's part
@@ -187,6 +187,11 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     if (m.gpu != "gpu" || m.criu != "criu" || !m.prev.empty() || m.socket.empty() || m.socket[0] != '/')
       return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, a "
                              "previous image, or no control socket");
+  }
+  if (m.kind == "driver-pre-dump") {  // an in-process job's GPU-only checkpoint: no CPU part either
+    if (m.gpu != "gpu" || !m.criu.empty() || !m.prev.empty() || m.socket.empty() || m.socket[0] != '/')
+      return Status::Corrupt("the manifest of an in-process job's pre-dump names other parts than gpu, a previous "
+                             "image, or no control socket");
   }
   return m;
 }

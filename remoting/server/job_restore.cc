@@ -191,6 +191,9 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
   if (m->kind == "driver-dump") return restore_driver_job(o, dir, *m, *criu, t0);
+  if (m->kind == "driver-pre-dump")
+    return Status::FailedPrecondition(dir + " is a GPU-only checkpoint of an in-process job (pos-cli pre-dump): it holds "
+                                      "no CPU state, so it cannot be restored; pos-cli dump makes a restore point");
   if (m->kind != "dump")
     return Status::FailedPrecondition(dir + " is a pre-dump: it only serves as --prev of a later pos-cli dump, "
                                       "which is what a restore takes");
