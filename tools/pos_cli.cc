@@ -189,6 +189,8 @@ int dump(const DumpArgs& a, bool pre) {
     return 1;
   }
   if (a.json) {
+    std::string unwritten;
+    for (uint64_t u : r->unwritten) unwritten += (unwritten.empty() ? "" : ",") + std::to_string(u);
     std::printf("{\"command\":\"%s\",\"pid\":%d,\"dir\":%s,\"prev\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,"
                 "\"handles\":%llu,\"gpu_bytes\":%llu,\"gpu_bytes_referenced\":%llu,\"gpu_bytes_from_image\":%llu,\"gpu_image\":%s,"
                 "\"criu_images\":%s,\"criu_bytes\":%llu,\"criu_track_mem\":%s,\"criu_incremental\":%s,\"criu_note\":%s,"
@@ -196,7 +198,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
-                "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"note\":%s}\n",
+                "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"gpu_unwritten\":[%s],\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -208,7 +210,8 @@ int dump(const DumpArgs& a, bool pre) {
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s,
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
                 r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",
-                (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, pos::json_string(r->note).c_str());
+                (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, unwritten.c_str(),
+                pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +

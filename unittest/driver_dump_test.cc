@@ -277,7 +277,8 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   // Nothing was written since: the next one says so and holds the same bytes.
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre2 + " --json", &code);
   ASSERT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("\"gpu_written\":0,\"gpu_written_bytes\":0"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"gpu_written\":0,\"gpu_written_bytes\":0,\"gpu_unwritten\":[35184372088832,35184376283136]"),
+            std::string::npos) << out;
   EXPECT_EQ(region_lines(pre + "/gpu"), region_lines(pre2 + "/gpu"));
   // Not a restore point; and a dump afterwards takes the same memory (the checkpoint's copy is gone).
   out = cli("restore -D " + pre, &code);

@@ -439,6 +439,9 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   if (m.live > ps.live)
     return refuse(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, "
                   "pitched memory): a GPU-only checkpoint cannot take them; use pos-cli dump");
+  if (rt->census.calls(HookId::cuStreamBeginCapture_v2) + rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0)
+    return refuse("the job captures CUDA graphs, and a cut's waits on its streams could fall into a capture: GPU-only "
+                  "checkpoints are not built for such jobs yet (pos-cli dump takes them)");
   if (!rt->snap.complete()) return refuse("the driver lacks a call GPU-only checkpoints need");
   drop_shadow(rt);
   const int dev = dump_device(rt);

@@ -983,11 +983,14 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.detach_s = r.gpu.stall_s;
   r.job_save_s = json_number(a, "copy_s");
   r.gpu.handles = regions->size();
-  for (size_t i = 0; i < regions->size(); ++i)
-    if (written[i]) {
-      ++r.written_regions;
-      r.written_bytes += (*regions)[i].size;
+  for (size_t i = 0; i < regions->size(); ++i) {
+    if (!written[i]) {
+      r.unwritten.push_back((*regions)[i].addr);
+      continue;
     }
+    ++r.written_regions;
+    r.written_bytes += (*regions)[i].size;
+  }
   driver::CopyOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   auto saved = (*held)->save(gpu_dir, co);

@@ -66,6 +66,7 @@ struct JobDumpReport {
   // An in-process job's pre-dump: the allocations (and their bytes) written since its previous
   // GPU-only checkpoint (all of them at the first).
   uint64_t written_regions = 0, written_bytes = 0;
+  std::vector<uint64_t> unwritten;  // the addresses of the others (unchanged since that checkpoint)
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
