@@ -235,14 +235,20 @@ FAKE_EXPORT int cuMemUnmap(unsigned long long p, size_t size) {
   return 0;
 }
 namespace {
-// A copy touching device memory must lie inside one mapping (else CUDA_ERROR_INVALID_VALUE, as a
-// copy to memory that was unmapped would fail on a GPU).
+// A copy touching device memory must lie inside mapped memory: one mapping, or mappings back to
+// back (else CUDA_ERROR_INVALID_VALUE, as a copy to memory that was unmapped would fail on a GPU).
 bool in_mapping(unsigned long long p, size_t n) {
   std::lock_guard<std::mutex> lk(mu);
   auto it = mapped.upper_bound(p);
   if (it == mapped.begin()) return false;
   --it;
-  return p + n <= it->first + it->second;
+  if (p >= it->first + it->second) return false;
+  unsigned long long end = it->first + it->second;
+  while (p + n > end) {
+    if (++it == mapped.end() || it->first != end) return false;
+    end += it->second;
+  }
+  return true;
 }
 }  // namespace
 namespace {

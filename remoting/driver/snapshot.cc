@@ -88,10 +88,16 @@ CUresult enqueue_cut(const SnapCalls& calls, CUstream copy_stream, const std::ve
     if ((rc = calls.event_record(e, s)) != kSuccess) break;
     if ((rc = calls.stream_wait_event(copy_stream, e, 0)) != kSuccess) break;
   }
+  // Allocations placed back to back are one range of addresses (the point of the VMM calls), and
+  // they are back to back in the shadow too: one copy each run, so the job waits for few calls.
   uint64_t off = 0;
-  for (size_t i = 0; rc == kSuccess && i < regions.size(); ++i) {
-    rc = calls.dtod_async(shadow_base + off, regions[i].addr, regions[i].size, copy_stream);
-    off += regions[i].size;
+  for (size_t i = 0; rc == kSuccess && i < regions.size();) {
+    size_t j = i + 1;
+    uint64_t n = regions[i].size;
+    while (j < regions.size() && regions[j].addr == regions[i].addr + n) n += regions[j++].size;
+    rc = calls.dtod_async(shadow_base + off, regions[i].addr, n, copy_stream);
+    off += n;
+    i = j;
   }
   if (rc == kSuccess) rc = calls.event_record(done, copy_stream);
   for (size_t i = 0; rc == kSuccess && i < all.size(); ++i) rc = calls.stream_wait_event(all[i], done, 0);

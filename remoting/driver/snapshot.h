@@ -78,8 +78,9 @@ class DeviceShadow {
 
 // The device-side order of a cut, enqueued (nothing waits here): an event recorded on the legacy
 // default stream and on each of `streams`; `copy_stream` waits for all of them, copies region i to
-// shadow_base + the sum of the sizes before it, and records `done`; then every stream (the legacy
-// one included) waits for `done`, so that nothing the job enqueues later runs before the copies.
+// shadow_base + the sum of the sizes before it (allocations back to back are one copy), and records
+// `done`; then every stream (the legacy one included) waits for `done`, so that nothing the job
+// enqueues later runs before the copies.
 // The caller holds the job at its gate, with the context current. On an error part way, what was
 // enqueued stays enqueued (harmless: copies into the shadow, waits that end) and the error is
 // returned.
