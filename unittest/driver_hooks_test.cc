@@ -750,8 +750,8 @@ TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWritten
   std::filesystem::remove_all(dir);
 }
 
-TEST_F(Preloaded, AGpuOnlyCheckpointRefusesMemoryItCannotTakeByName) {
-  const std::string dir = jobs_dir() + "-snap-refused";
+TEST_F(Preloaded, AGpuOnlyCheckpointRefusesAJobWithoutPlacementAndTakesMemoryTheJobMapsItselfAsWritten) {
+  const std::string dir = jobs_dir() + "-snap-vmm";
   std::filesystem::remove_all(dir);
   {
     RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "0"}});
@@ -762,10 +762,24 @@ TEST_F(Preloaded, AGpuOnlyCheckpointRefusesMemoryItCannotTakeByName) {
     EXPECT_EQ(job.line_within(5000), "done rc=0\n");  // running on
   }
   {
+    // One placed allocation (3 MiB of a pattern in 4) and two 4 MiB mappings the job made itself.
     RunningProbe job(dir, "vmm", {{"POS_DRIVER_PLACE", "1"}});
     ASSERT_TRUE(job.ready());
-    const Snap s = snap_of(pos::job_socket_path(dir, job.pid));
-    EXPECT_NE(s.text.find("maps device memory itself"), std::string::npos) << s.text;
+    const std::string sock = pos::job_socket_path(dir, job.pid);
+    std::string p1(4 << 20, '\0'), p2(4 << 20, '\0'), p3(3 << 20, '\0');
+    for (size_t i = 0; i < p1.size(); ++i) p1[i] = static_cast<char>(i * 3 + 1), p2[i] = static_cast<char>(i * 5 + 2);
+    for (size_t i = 0; i < p3.size(); ++i) p3[i] = static_cast<char>(i * 11 + 7);
+    for (int round = 0; round < 2; ++round) {
+      const Snap s = snap_of(sock);
+      EXPECT_NE(s.text.find("\"regions\":[[35184372088832,4194304," + std::string(round == 0 ? "1" : "0") +
+                            "],[52776558133248,4194304,1],[52776562327552,4194304,1]]"),
+                std::string::npos)
+          << s.text;  // the job's own mappings always count as written: no scan marks them
+      ASSERT_EQ(s.contents.size(), 3u) << s.text;
+      EXPECT_TRUE(s.contents[0].substr(0, p3.size()) == p3);
+      EXPECT_TRUE(s.contents[1] == p1);
+      EXPECT_TRUE(s.contents[2] == p2);
+    }
     job.say("check\n");
     EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");
   }

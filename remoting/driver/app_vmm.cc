@@ -92,7 +92,7 @@ std::vector<AppVmm::Region> AppVmm::regions() const {
   std::vector<Region> out;
   for (const auto& [at, m] : maps_) {
     auto h = handles_.find(m.handle);
-    out.push_back(Region{h != handles_.end() ? h->second.prop.location.id : 0, at, m.size});
+    out.push_back(Region{h != handles_.end() ? h->second.prop.location.id : 0, at, m.size, !m.access.empty()});
   }
   return out;
 }

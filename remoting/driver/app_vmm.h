@@ -34,6 +34,7 @@ class AppVmm {
   struct Region {
     int dev;
     uint64_t addr, size;
+    bool accessible = true;  // its access was set (else no copy may touch it yet)
   };
   // Every live mapping, by address.
   std::vector<Region> regions() const;

@@ -431,9 +431,6 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   if (!rt->placement)
     return refuse("GPU-only checkpoints take memory POS placed, and placement is off (" +
                   (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) + ")");
-  if (rt->app_vmm && !rt->app_vmm->regions().empty())
-    return refuse("the job maps device memory itself (PyTorch's expandable_segments): a GPU-only checkpoint takes only "
-                  "memory POS placed; run the job without expandable_segments, or use pos-cli dump");
   const Census::Memory m = rt->census.memory();
   const Placement::Stats ps = rt->placement->stats();
   if (m.live > ps.live)
@@ -466,7 +463,11 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   } cleanup{rt, copy_stream, done};
   // The shadow is made while the job runs; allocations it makes meanwhile may outgrow it, and then
   // it is made again, larger.
+  // Memory the job maps itself (expandable segments) is copied too; the launch scan does not mark
+  // it, so it always counts as written.
+  const auto app_regions = [&] { return rt->app_vmm ? rt->app_vmm->regions() : std::vector<AppVmm::Region>{}; };
   uint64_t want = ps.live_bytes;
+  for (const AppVmm::Region& r : app_regions()) want += r.size;
   std::vector<Placement::Region> regions;
   double quiesce_s = 0, stall_s = 0;
   std::chrono::steady_clock::time_point open_at;
@@ -484,6 +485,17 @@ pos::ControlMessage snap_cut(Runtime* rt) {
     quiesce_s = seconds_since(t0);
     uint64_t total = 0;
     for (const Placement::Region& r : rt->placement->regions()) total += r.size;
+    const std::vector<AppVmm::Region> app = app_regions();
+    bool accessible = true;
+    for (const AppVmm::Region& r : app) {
+      total += r.size;
+      accessible = accessible && r.accessible;
+    }
+    if (!accessible) {  // mapped, its access not set yet: copying it would fault the job's context
+      rt->gate.reopen();
+      drop_shadow(rt, true);
+      return refuse("the job is mapping device memory right now (a mapping without access yet): try again");
+    }
     if (total > rt->shadow->size()) {
       rt->gate.reopen();
       drop_shadow(rt, true);
@@ -492,6 +504,9 @@ pos::ControlMessage snap_cut(Runtime* rt) {
       continue;
     }
     regions = rt->placement->cut();
+    for (const AppVmm::Region& r : app) regions.push_back(Placement::Region{r.dev, r.addr, r.size, true});
+    std::sort(regions.begin(), regions.end(),
+              [](const Placement::Region& a, const Placement::Region& b) { return a.addr < b.addr; });
     const CUresult rc = enqueue_cut(rt->snap, copy_stream, rt->streams.list(), regions, rt->shadow->base(), done);
     rt->gate.reopen();
     open_at = std::chrono::steady_clock::now();
