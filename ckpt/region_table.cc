@@ -50,10 +50,22 @@ uint64_t RegionTable::bytes() const {
   return n;
 }
 
+std::vector<SavedRegion> RegionTable::allocations() const {
+  std::vector<SavedRegion> out = regions;
+  out.insert(out.end(), inherited.begin(), inherited.end());
+  std::sort(out.begin(), out.end(), [](const SavedRegion& a, const SavedRegion& b) { return a.addr < b.addr; });
+  return out;
+}
+
 std::string region_table_text(const RegionTable& t) {
-  std::string s = std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\nchunk " + std::to_string(t.chunk) +
+  const uint32_t format = t.inherited.empty() ? RegionTable::kFormat : RegionTable::kFormatIncremental;
+  std::string s = std::string(kHeader) + " " + std::to_string(format) + "\nchunk " + std::to_string(t.chunk) +
                   "\nfiles " + std::to_string(t.files) + "\n";
   char buf[96];
+  for (const SavedRegion& r : t.inherited) {
+    std::snprintf(buf, sizeof(buf), "inherit %d 0x%" PRIx64 " %" PRIu64 "\n", r.dev, r.addr, r.size);
+    s += buf;
+  }
   for (const SavedRegion& r : t.regions) {
     std::snprintf(buf, sizeof(buf), "region %d 0x%" PRIx64 " %" PRIu64 " %" PRIu64 " ", r.dev, r.addr, r.size, r.offset);
     s += buf;
@@ -74,8 +86,11 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
   const std::string body = text.substr(0, end_at + 1);
   std::istringstream lines(body);
   std::string line;
-  if (!std::getline(lines, line) || line != std::string(kHeader) + " " + std::to_string(RegionTable::kFormat))
-    return bad("does not start with \"" + std::string(kHeader) + " " + std::to_string(RegionTable::kFormat) + "\"");
+  const std::string v1 = std::string(kHeader) + " " + std::to_string(RegionTable::kFormat);
+  const std::string v2 = std::string(kHeader) + " " + std::to_string(RegionTable::kFormatIncremental);
+  if (!std::getline(lines, line) || (line != v1 && line != v2))
+    return bad("does not start with \"" + v1 + "\" or \"" + v2 + "\"");
+  const bool incremental = line == v2;
   RegionTable t;
   unsigned long long chunk = 0;
   char tail = 0;
@@ -90,8 +105,25 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
   t.files = files;
   uint64_t offset = 0, prev_end = 0;
   while (std::getline(lines, line)) {
-    if (t.regions.size() >= kMaxRegions) return bad("has more than " + std::to_string(kMaxRegions) + " regions");
+    if (t.regions.size() + t.inherited.size() >= kMaxRegions)
+      return bad("has more than " + std::to_string(kMaxRegions) + " regions");
     int dev = -1, used = 0;
+    if (line.rfind("inherit ", 0) == 0) {
+      unsigned long long addr = 0, size = 0;
+      if (!incremental || !t.regions.empty() ||
+          std::sscanf(line.c_str(), "inherit %d 0x%llx %llu%n", &dev, &addr, &size, &used) != 3 ||
+          static_cast<size_t>(used) != line.size())
+        return bad("has a bad inherit line (only in format 2, before the regions): " + line.substr(0, 80));
+      if (dev < 0 || dev >= 64 || size == 0 || size % 4096 != 0 || addr % 4096 != 0 || addr + size < addr)
+        return bad("inherits a region with a bad device, address or size: " + line.substr(0, 80));
+      if (addr < prev_end) return bad("has inherited regions out of order or overlapping");
+      t.inherited.push_back(SavedRegion{dev, addr, size, 0, {}});
+      prev_end = addr + size;
+      continue;
+    }
+    // Stored regions are ordered among themselves (after the inherited lines); their overlap with
+    // inherited ones is checked at the end.
+    if (t.regions.empty()) prev_end = 0;
     unsigned long long addr = 0, size = 0, off = 0;
     if (std::sscanf(line.c_str(), "region %d 0x%llx %llu %llu %n", &dev, &addr, &size, &off, &used) != 4 || used == 0)
       return bad("has a line that is no region: " + line.substr(0, 80));
@@ -118,6 +150,10 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
     return bad("has a bad end line");
   if (n != t.regions.size() || total != offset) return bad("counts other regions or bytes than it lists");
   if (crc != crc32c(body.data(), body.size())) return bad("fails its checksum");
+  if (incremental && t.inherited.empty()) return bad("is incremental (format 2) but inherits nothing");
+  const std::vector<SavedRegion> all = t.allocations();
+  for (size_t i = 1; i < all.size(); ++i)
+    if (all[i].addr < all[i - 1].addr + all[i - 1].size) return bad("has a stored region overlapping an inherited one");
   return t;
 }
 

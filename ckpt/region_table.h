@@ -22,13 +22,20 @@ struct SavedRegion {
 // The byte stream is cut into chunks (each region's own, the last one shorter) and chunk g (in table
 // order) is stored in file g % files, after that file's earlier chunks: each copy thread writes a
 // file of its own, since writers of one file take turns on its lock (docs/BENCHMARKS.md).
+// An incremental image (format 2) also names allocations whose bytes it does not hold: unchanged
+// since the previous image (the job image's `prev`), which holds them or inherits them in turn.
 struct RegionTable {
-  static constexpr uint32_t kFormat = 1;
+  static constexpr uint32_t kFormat = 1;           // written when nothing is inherited
+  static constexpr uint32_t kFormatIncremental = 2;
   static constexpr uint32_t kMaxFiles = 64;
   uint64_t chunk = 0;
   uint32_t files = 1;
-  std::vector<SavedRegion> regions;  // ascending addresses, no overlap
-  uint64_t bytes() const;            // the sum of the sizes
+  std::vector<SavedRegion> regions;    // stored here: ascending addresses, no overlap
+  std::vector<SavedRegion> inherited;  // in a previous image (no offset, no checksums): ascending,
+                                       // overlapping neither each other nor `regions`
+  uint64_t bytes() const;              // the sum of the stored sizes
+  // Every allocation of the image, stored or inherited, by address.
+  std::vector<SavedRegion> allocations() const;
 };
 
 struct ChunkPlace {
@@ -45,7 +52,8 @@ std::vector<uint64_t> file_sizes(const RegionTable& t);
 std::string memory_file_name(uint32_t i);
 
 // DIR/regions as text (docs/image_format.md, "Driver memory image"); parse checks every field, the bounds, the order, the
-// chunk counts and the table's own checksum, and names what is wrong (kCorrupt).
+// chunk counts and the table's own checksum, and names what is wrong (kCorrupt). `inherit` lines
+// (format 2) name the inherited allocations.
 std::string region_table_text(const RegionTable& t);
 StatusOr<RegionTable> parse_region_table(const std::string& text);
 StatusOr<RegionTable> read_region_table(const std::string& dir);

@@ -62,7 +62,7 @@ class DriverDump : public ::testing::Test {
     const std::string probe = env("POS_DRIVER_PROBE"), work = (root_ / "work").string();
     fs::remove_all(work);  // a fresh probe counts its checks from 1
     fs::create_directories(work);
-    checks_ = 0;
+    checks_ = 0, writes_ = 0;
     std::vector<std::string> e;
     for (char** p = environ; *p != nullptr; ++p) e.emplace_back(*p);
     e.push_back("LD_PRELOAD=" + env("POS_DRIVER_LIB"));
@@ -97,6 +97,16 @@ class DriverDump : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return read_file(result);
   }
+  // Asks the job to overwrite part of its second allocation; its answer.
+  std::string write() {
+    ++writes_;
+    const fs::path result = root_ / "work" / ("written-" + std::to_string(writes_));
+    { std::ofstream(root_ / "work" / ("write-" + std::to_string(writes_))); }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!fs::exists(result) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return read_file(result);
+  }
   std::string cli(const std::string& args, int* code) {
     return pos::test::run_shell(std::string(copy_ ? "FAKE_CUDA_NO_EXPORT=1 " : "") + "POS_REAL_LIBCUDA=" +
                                     env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args,
@@ -114,7 +124,7 @@ class DriverDump : public ::testing::Test {
   fs::path root_;
   std::string jobs_;
   pid_t pid_ = -1, restored_ = -1;
-  int checks_ = 0;
+  int checks_ = 0, writes_ = 0;
 };
 
 TEST_F(DriverDump, ALeaveRunningDumpSavesTheJobsPlacedMemoryAndTheJobRunsOnWithItsBytes) {
@@ -237,13 +247,12 @@ TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage)
   start();
   const std::string img = (root_ / "img").string();
   int code = -1;
-  // --prev is not built for in-process jobs: said, nothing touched.
-  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + img + " --jobs-dir " + jobs_, &code);
+  // A --prev that is no image of an in-process job: said before anything is asked of the job.
+  fs::create_directories(root_ / "notimg");
+  std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + (root_ / "notimg").string() +
+                            " --jobs-dir " + jobs_, &code);
   EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("--prev is not built for in-process jobs"), std::string::npos) << out;
-  out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --prev " + img + " --jobs-dir " + jobs_, &code);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("--prev is not built for in-process jobs"), std::string::npos) << out;
+  EXPECT_NE(out.find("manifest"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(img + "/manifest"));
   EXPECT_EQ(check(), "rc=0 same=1\n");
 }
@@ -293,6 +302,50 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre, &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("already holds an image"), std::string::npos) << out;
+}
+
+// Incremental images of an in-process job: a GPU-only checkpoint, then dumps with --prev that keep
+// only what the job wrote since, a restore through the chain, and a stale --prev saved whole.
+TEST_F(DriverDump, DumpsWithPrevKeepOnlyWhatTheJobWroteAndARestoreReadsThroughTheChain) {
+  start();
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const std::string pre = (root_ / "pre").string(), d1 = (root_ / "d1").string(), d2 = (root_ / "d2").string(),
+                    d3 = (root_ / "d3").string();
+  const std::string t = "-t " + std::to_string(pid_) + " ";
+  int code = -1;
+  std::string out = cli("pre-dump " + t + "-D " + pre + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(write(), "rc=0\n");  // the second allocation (6 MiB) changes
+  out = cli("dump " + t + "-D " + d1 + " --prev " + pre + " --leave-running --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"gpu_bytes\":6291456,\"gpu_bytes_referenced\":4194304"), std::string::npos) << out;
+  EXPECT_NE(read_file(d1 + "/manifest").find("\"prev\":\"../pre\""), std::string::npos);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  std::string shown = cli("inspect " + d1, &code);
+  EXPECT_EQ(code, 0) << shown;
+  EXPECT_NE(shown.find("6.0 MiB stored here, 4.0 MiB unchanged since the previous image"), std::string::npos) << shown;
+  // Nothing written since d1: d2 stores nothing and inherits both, one from d1 and one from pre.
+  out = cli("dump " + t + "-D " + d2 + " --prev " + d1 + " --json", &code);  // stops the job
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"gpu_bytes\":0,\"gpu_bytes_referenced\":10485760"), std::string::npos) << out;
+  ::waitpid(std::exchange(pid_, -1), nullptr, 0);
+  // A chain with a link missing is refused before anything runs, and whole again once it is back.
+  fs::rename(pre, pre + ".away");
+  out = cli("restore -D " + d2, &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("previous image"), std::string::npos) << out;
+  fs::rename(pre + ".away", pre);
+  out = cli("restore -D " + d2 + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  restored_ = pid_ = static_cast<pid_t>(std::stoi(out.substr(out.find("\"pid\":") + 6)));
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // the first allocation from pre, the second as written, from d1
+  // The restored job goes on from d2's cut: d2 is a good --prev, pre is not (saved whole, said so).
+  out = cli("dump " + t + "-D " + d3 + " --prev " + pre + " --leave-running --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"gpu_bytes\":10485760,\"gpu_bytes_referenced\":0"), std::string::npos) << out;
+  EXPECT_NE(out.find("not of this job's last checkpoint"), std::string::npos) << out;
+  EXPECT_EQ(read_file(d3 + "/manifest").find("\"prev\":\"../pre\""), std::string::npos);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
 }  // namespace

@@ -603,7 +603,7 @@ TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenT
   ASSERT_TRUE(shared.ok()) << shared.status().to_string();
   EXPECT_NE(shared->text.find("\"ok\":true,\"share\":true,\"device\":0,\"bytes\":10485760,\"count\":2,"), std::string::npos)
       << shared->text;
-  EXPECT_NE(shared->text.find("\"regions\":[[35184372088832,4194304],[35184376283136,6291456]]"), std::string::npos)
+  EXPECT_NE(shared->text.find("\"regions\":[[35184372088832,4194304,1],[35184376283136,6291456,1]]"), std::string::npos)
       << shared->text;
   ASSERT_EQ(shared->fds.size(), 2u);
   const std::string list = std::to_string(static_cast<uint64_t>(
@@ -705,12 +705,22 @@ TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWritten
   const std::string sock = pos::job_socket_path(dir, job.pid);
   Snap s = snap_of(sock);  // everything is new
   ASSERT_EQ(s.written, (std::vector<int>{1, 1, 1})) << s.text;
-  EXPECT_NE(s.text.find("\"ok\":true,\"device\":0,\"bytes\":8388608,\"count\":3,\"written\":3,"), std::string::npos)
+  EXPECT_NE(s.text.find("\"ok\":true,\"device\":0,\"since\":"), std::string::npos) << s.text;
+  EXPECT_NE(s.text.find("\"bytes\":8388608,\"count\":3,\"written\":3,"), std::string::npos)
       << s.text;
   EXPECT_NE(s.text.find("\"streams\":2,"), std::string::npos) << s.text;  // the legacy one and the probe's
   ASSERT_EQ(s.contents.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.contents[i] == holds(i)) << i;
-  EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 0, 0}));  // nothing since
+  const Snap again = snap_of(sock);
+  EXPECT_EQ(again.written, (std::vector<int>{0, 0, 0}));  // nothing since
+  // Each cut names the one its marks are relative to: the previous cut.
+  const auto field = [](const std::string& t, const char* key) {
+    const size_t at = t.find(std::string("\"") + key + "\":");
+    return at == std::string::npos ? std::string() : t.substr(at, t.find(',', at) - at).substr(std::strlen(key) + 3);
+  };
+  EXPECT_FALSE(field(s.text, "cut").empty());
+  EXPECT_EQ(field(again.text, "since"), field(s.text, "cut"));
+  EXPECT_NE(field(again.text, "cut"), field(s.text, "cut"));
   // Each way of writing marks what it writes (a struct's second address too: the kernel may use
   // either), and the copy holds the bytes at the cut.
   int v0 = -1, v1 = -1, v2 = -1;

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -314,7 +315,16 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < nb; ++i) pb[i] = static_cast<char>(i * 13 + 5);
     rc |= htod(a, pa.data(), na) | htod(b, pb.data(), nb);
     put(dir + "/ready", "rc=" + std::to_string(rc) + "\n");
-    for (int n = 1; !exists(dir + "/exit");) {
+    for (int n = 1, w = 1; !exists(dir + "/exit");) {
+      // DIR/write-W: the first 4 KiB of the second allocation overwritten with W (a hooked copy,
+      // which marks it written), answered in DIR/written-W; the pattern checked from then on.
+      if (exists(dir + "/write-" + std::to_string(w))) {
+        std::fill(pb.begin(), pb.begin() + 4096, static_cast<char>(w));
+        const int r = htod(b, pb.data(), 4096);
+        put(dir + "/written-" + std::to_string(w), "rc=" + std::to_string(r) + "\n");
+        ++w;
+        continue;
+      }
       if (!exists(dir + "/check-" + std::to_string(n))) {
         usleep(5000);
         continue;

@@ -76,7 +76,7 @@ TEST(JobManifest, APreDumpNeedsNoArenaPermitOrCriuPartButADumpDoes) {
   expect_refused(manifest_json(m), "not a relative, printable path");
 }
 
-TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndNoPreviousImage) {
+TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndARelativePreviousImageIfAny) {
   JobManifest m = sample();
   m.kind = "driver-dump";
   m.prev.clear();
@@ -88,14 +88,17 @@ TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndNoPreviousImage) {
   EXPECT_EQ(back->kind, "driver-dump");
   EXPECT_EQ(back->socket, m.socket);
   JobManifest bad = m;
-  bad.prev = "../pre";
-  expect_refused(manifest_json(bad), "a previous image");
+  bad.prev = "/abs/pre";
+  expect_refused(manifest_json(bad), "not a relative, printable path");
+  bad = m;
+  bad.prev = "../pre";  // an incremental one
+  EXPECT_TRUE(parse_manifest(manifest_json(bad)).ok());
   bad = m;
   bad.socket = "relative.sock";
   expect_refused(manifest_json(bad), "no control socket");
   bad = m;
   bad.gpu = "other";
-  expect_refused(manifest_json(bad), "other parts than gpu and criu");
+  expect_refused(manifest_json(bad), "other parts than gpu and criu, or no control socket");
   // Its GPU-only pre-dump: no CPU part at all.
   m.kind = "driver-pre-dump";
   m.criu.clear();
@@ -104,7 +107,7 @@ TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndNoPreviousImage) {
   EXPECT_EQ(back->kind, "driver-pre-dump");
   bad = m;
   bad.criu = "criu";
-  expect_refused(manifest_json(bad), "other parts than gpu, a previous image");
+  expect_refused(manifest_json(bad), "other parts than gpu, or no control socket");
 }
 
 TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {

@@ -129,6 +129,10 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
   if (o.chunk == 0 || o.chunk % 4096 != 0) return Status::InvalidArgument("the chunk size must be a multiple of 4096");
   RegionTable table;
   table.chunk = o.chunk;
+  table.inherited = o.inherited;
+  std::sort(table.inherited.begin(), table.inherited.end(),
+            [](const SavedRegion& a, const SavedRegion& b) { return a.addr < b.addr; });
+  for (SavedRegion& r : table.inherited) r.offset = 0, r.crcs.clear();
   uint64_t offset = 0, nchunks = 0;
   for (const SavedRegion& r : regions) {
     SavedRegion s{r.dev, r.addr, r.size, offset, std::vector<uint32_t>(chunks_of(r.size, o.chunk))};
@@ -194,23 +198,14 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
   return CopyReport{offset, regions.size(), since(t0)};
 }
 
-StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
-                                  const std::string& dir, const CopyOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto table = read_region_table(dir);
-  if (!table.ok()) return table.status();
-  if (table->regions.size() != expected.size())
-    return Status::Corrupt(dir + " holds " + std::to_string(table->regions.size()) + " regions; the job has " +
-                           std::to_string(expected.size()) + " allocations");
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const SavedRegion& a = table->regions[i];
-    const SavedRegion& b = expected[i];
-    if (a.addr != b.addr || a.size != b.size || a.dev != b.dev)
-      return Status::Corrupt(dir + " does not match the job's allocations (region " + std::to_string(i) + ")");
-  }
-  const std::vector<uint64_t> sizes = file_sizes(*table);
+namespace {
+
+// The stored regions of one image marked in `which`, loaded (checksums checked first).
+Status load_stored(const CopyCalls& calls, int dev, const RegionTable& table, const std::vector<bool>& which,
+                   const std::string& dir, const CopyOptions& o) {
+  const std::vector<uint64_t> sizes = file_sizes(table);
   std::vector<UniqueFd> fds;
-  for (uint32_t f = 0; f < table->files; ++f) {
+  for (uint32_t f = 0; f < table.files; ++f) {
     const std::string path = dir + "/" + memory_file_name(f);
     fds.emplace_back(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     struct stat st {};
@@ -218,16 +213,25 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
     if (::fstat(fds.back().get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != sizes[f])
       return Status::Corrupt(path + " is not the size its region table says");
   }
-  const std::vector<ChunkPlace> places = chunk_places(*table);
-  const uint64_t chunk = table->chunk;
-  CopyPool pool(calls, dev, o, table->bytes());
-  Status s = pool.run(table->files, chunk, [&](CopyPool::Lane& lane) -> Status {
-    for (size_t i = lane.file; i < places.size() && !pool.failed(); i += table->files) {
+  std::vector<ChunkPlace> places;
+  uint64_t total = 0;
+  for (const ChunkPlace& k : chunk_places(table))
+    if (which[k.region]) {
+      places.push_back(k);
+      total += k.n;
+    }
+  if (places.empty()) return Status::Ok();
+  const uint64_t chunk = table.chunk;
+  CopyPool pool(calls, dev, o, total);
+  return pool.run(table.files, chunk, [&](CopyPool::Lane& lane) -> Status {
+    size_t mine = 0;
+    for (size_t i = 0; i < places.size() && !pool.failed(); ++i) {
       const ChunkPlace& k = places[i];
-      const SavedRegion& r = table->regions[k.region];
+      if (k.file != lane.file) continue;
+      const SavedRegion& r = table.regions[k.region];
       // Read into the buffer no copy uses (the one before last finished at the last sync) while the
       // last chunk still copies to the device from the other.
-      void* b = lane.buf[i / table->files % 2];
+      void* b = lane.buf[mine++ % 2];
       POS_RETURN_IF_ERROR(read_all_at(fds[lane.file].get(), b, k.n, k.file_off));
       if (ckpt::crc32c(b, k.n) != r.crcs[k.off / chunk])
         return Status::Corrupt(dir + "/" + memory_file_name(lane.file) + ": the chunk at " + std::to_string(k.file_off) +
@@ -242,8 +246,62 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
       return Status::Unavailable(cu_error("cuStreamSynchronize", rc));
     return Status::Ok();
   });
-  if (!s.ok()) return s;
-  return CopyReport{table->bytes(), table->regions.size(), since(t0)};
+}
+
+}  // namespace
+
+StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
+                                  const std::string& dir, const CopyOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto table = read_region_table(dir);
+  if (!table.ok()) return table.status();
+  const std::vector<SavedRegion> all = table->allocations();
+  if (all.size() != expected.size())
+    return Status::Corrupt(dir + " holds " + std::to_string(all.size()) + " regions; the job has " +
+                           std::to_string(expected.size()) + " allocations");
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const SavedRegion& a = all[i];
+    const SavedRegion& b = expected[i];
+    if (a.addr != b.addr || a.size != b.size || a.dev != b.dev)
+      return Status::Corrupt(dir + " does not match the job's allocations (region " + std::to_string(i) + ")");
+  }
+  // Where each inherited allocation's bytes are: the nearest previous image that stores it.
+  std::vector<std::pair<std::string, RegionTable>> images{{dir, *table}};
+  std::vector<std::vector<bool>> which{std::vector<bool>(table->regions.size(), true)};
+  std::vector<SavedRegion> pending = table->inherited;
+  for (size_t k = 0; k < o.parents.size() && !pending.empty(); ++k) {
+    auto parent = read_region_table(o.parents[k]);
+    if (!parent.ok()) return parent.status().with_context("the previous image");
+    std::vector<bool> w(parent->regions.size(), false);
+    std::vector<SavedRegion> still;
+    for (const SavedRegion& p : pending) {
+      const auto same = [&](const SavedRegion& r) { return r.addr == p.addr && r.size == p.size && r.dev == p.dev; };
+      const auto stored = std::find_if(parent->regions.begin(), parent->regions.end(), same);
+      if (stored != parent->regions.end()) w[static_cast<size_t>(stored - parent->regions.begin())] = true;
+      else if (std::any_of(parent->inherited.begin(), parent->inherited.end(), same)) still.push_back(p);
+      else
+        return Status::Corrupt("the previous image " + o.parents[k] + " does not hold the allocation at " +
+                               std::to_string(p.addr) + " that " + dir + " inherits");
+    }
+    images.emplace_back(o.parents[k], std::move(*parent));
+    which.push_back(std::move(w));
+    pending = std::move(still);
+  }
+  if (!pending.empty())
+    return Status::Corrupt(dir + " inherits " + std::to_string(pending.size()) +
+                           " allocation(s) that no previous image holds (is the image chain whole?)");
+  uint64_t total = 0, done_before = 0, regions = 0;
+  for (size_t k = 0; k < images.size(); ++k)
+    for (size_t i = 0; i < which[k].size(); ++i)
+      if (which[k][i]) total += images[k].second.regions[i].size, ++regions;
+  for (size_t k = 0; k < images.size(); ++k) {
+    CopyOptions ok = o;  // progress over the whole chain
+    if (o.progress) ok.progress = [&, base = done_before](uint64_t d, uint64_t) { o.progress(base + d, total); };
+    POS_RETURN_IF_ERROR(load_stored(calls, dev, images[k].second, which[k], images[k].first, ok));
+    for (size_t i = 0; i < which[k].size(); ++i)
+      if (which[k][i]) done_before += images[k].second.regions[i].size;
+  }
+  return CopyReport{total, regions, since(t0)};
 }
 
 void remove_saved(const std::string& dir) {

@@ -54,6 +54,11 @@ struct CopyOptions {
   // Where a region's bytes are in this process: its address in the table (the job's) → the one
   // to copy at (pos-cli maps a job's memory elsewhere). Unset: the same address.
   std::function<uint64_t(uint64_t region_addr)> address;
+  // save_regions: allocations the image names without holding their bytes (an incremental image:
+  // unchanged since the previous one). load_regions: the previous images' directories, nearest
+  // first, where inherited allocations are looked for.
+  std::vector<SavedRegion> inherited;
+  std::vector<std::string> parents;
 };
 
 struct CopyReport {
@@ -70,8 +75,9 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
                                   const std::string& dir, const CopyOptions& options);
 
 // Loads DIR's bytes back to the addresses its table names, every chunk's checksum verified before
-// it is copied. `expected` (the allocations the job has now) must match the table exactly: same
-// addresses and sizes.
+// it is copied. `expected` (the allocations the job has now) must match the table's allocations
+// exactly (stored and inherited): same addresses and sizes. An inherited allocation is loaded from
+// the nearest of options.parents that stores it (one that neither stores nor inherits it is kCorrupt).
 StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
                                   const std::string& dir, const CopyOptions& options);
 

@@ -264,7 +264,15 @@ CopyOptions HeldMemory::with_addresses(CopyOptions o) const {
 
 StatusOr<CopyReport> HeldMemory::save(const std::string& dir, CopyOptions options) const {
   if (mapped_ != regions_.size()) return Status::FailedPrecondition("the memory is not all mapped here");
-  return save_regions(calls_.copy, dev_, regions_, dir, with_addresses(std::move(options)));
+  // An incremental image stores what it does not inherit.
+  std::vector<SavedRegion> stored;
+  for (const SavedRegion& r : regions_)
+    if (std::none_of(options.inherited.begin(), options.inherited.end(),
+                     [&](const SavedRegion& i) { return i.addr == r.addr; }))
+      stored.push_back(r);
+  if (stored.size() + options.inherited.size() != regions_.size())
+    return Status::InvalidArgument("the inherited allocations are not all held here");
+  return save_regions(calls_.copy, dev_, stored, dir, with_addresses(std::move(options)));
 }
 
 StatusOr<CopyReport> HeldMemory::load(const std::string& dir, CopyOptions options) const {

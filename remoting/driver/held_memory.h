@@ -47,8 +47,9 @@ class HeldMemory {
   Status import_copy(const std::vector<SavedRegion>& regions, UniqueFd fd, uint64_t shadow_bytes);
   // New shareable memory for `regions`, mapped here (contents undefined until loaded).
   Status create(const std::vector<SavedRegion>& regions);
-  // The image's device part written from the memory held (save_regions), or loaded into it
-  // (load_regions: the image's table must name exactly the regions held).
+  // The image's device part written from the memory held (save_regions: all of it but
+  // options.inherited, which the table names as inherited), or loaded into it (load_regions: the
+  // image's table must name exactly the regions held; inherited ones come from options.parents).
   StatusOr<CopyReport> save(const std::string& dir, CopyOptions options) const;
   StatusOr<CopyReport> load(const std::string& dir, CopyOptions options) const;
   // A device-side copy of the memory held, so that the memory itself can go back to the job before

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -81,6 +82,9 @@ struct Runtime {
   SnapCalls snap;  // the real driver's, for GPU-only checkpoints
   std::mutex dump_mu;
   std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
+  // under dump_mu: the id of the last cut (a GPU-only checkpoint or a dump's hold), which the
+  // written marks are relative to: an image of that cut is the only valid --prev of the next one.
+  uint64_t last_cut = 0;
   bool saved = false;     // under dump_mu: memory saved and unmapped, the gate closed
   bool shared = false;    // under dump_mu: memory handed out as descriptors (dump-share), the gate closed
   uint32_t shared_list = 0;  // under dump_mu: the checksum of the allocation list handed out
@@ -273,6 +277,18 @@ class CurrentContext {
   bool ok_ = false;
 };
 
+// A new cut (under dump_mu, the job held): its id, random so that no two cuts of any job share one
+// (a restored job goes on from its image's id); *since gets the previous one.
+uint64_t new_cut(Runtime* rt, uint64_t* since) {
+  static std::mutex mu;
+  static std::mt19937_64 gen{std::random_device{}()};
+  std::lock_guard<std::mutex> lk(mu);
+  uint64_t id = 0;
+  while (id == 0 || id == rt->last_cut) id = gen() >> 2;  // 62 bits: below 10^19, which manifests hold
+  *since = std::exchange(rt->last_cut, id);
+  return id;
+}
+
 // A GPU-only checkpoint's shadow let go (under dump_mu): pos-cli imported it, or never will.
 // `ctx_current`: the caller has the device's context current already (and keeps it).
 void drop_shadow(Runtime* rt, bool ctx_current = false) {
@@ -338,21 +354,27 @@ pos::ControlMessage dump_share(Runtime* rt) {
     return out;
   }
   for (int fd : fds) out.fds.emplace_back(fd);
-  const std::vector<Placement::Region> regions = rt->placement->regions();
+  // The dump is a cut: what was written since the last one is marked (an incremental image keeps
+  // only that), and the marks start again from here.
+  uint64_t since = 0;
+  const uint64_t cut = new_cut(rt, &since);
+  const std::vector<Placement::Region> regions = rt->placement->cut();
   std::string list;
   uint64_t bytes = 0;
   for (const Placement::Region& r : regions) {
-    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "]";
+    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "," +
+            (r.written ? "1" : "0") + "]";
     bytes += r.size;
   }
   rt->shared = true;
   rt->shared_list = list_checksum(regions);
   rt->saved_dev = dev;
-  char head[256];
+  char head[320];
   std::snprintf(head, sizeof(head),
-                "{\"ok\":true,\"share\":true,\"device\":%d,\"bytes\":%llu,\"count\":%zu,\"list\":%u,\"quiesce_s\":%.6f,"
-                "\"export_s\":%.6f,\"note\":",
-                dev, static_cast<unsigned long long>(bytes), regions.size(), rt->shared_list, quiesce_s, seconds_since(t1));
+                "{\"ok\":true,\"share\":true,\"device\":%d,\"bytes\":%llu,\"count\":%zu,\"list\":%u,\"since\":%llu,"
+                "\"cut\":%llu,\"quiesce_s\":%.6f,\"export_s\":%.6f,\"note\":",
+                dev, static_cast<unsigned long long>(bytes), regions.size(), rt->shared_list,
+                static_cast<unsigned long long>(since), static_cast<unsigned long long>(cut), quiesce_s, seconds_since(t1));
   out.text = head + pos::json_string(dump_notes(rt)) + ",\"regions\":[" + list + "]}";
   return out;
 }
@@ -469,6 +491,7 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   uint64_t want = ps.live_bytes;
   for (const AppVmm::Region& r : app_regions()) want += r.size;
   std::vector<Placement::Region> regions;
+  uint64_t cut_id = 0, since_id = 0;
   double quiesce_s = 0, stall_s = 0;
   std::chrono::steady_clock::time_point open_at;
   for (int attempt = 0;; ++attempt) {
@@ -503,6 +526,7 @@ pos::ControlMessage snap_cut(Runtime* rt) {
       want = total + total / 8;
       continue;
     }
+    cut_id = new_cut(rt, &since_id);
     regions = rt->placement->cut();
     for (const AppVmm::Region& r : app) regions.push_back(Placement::Region{r.dev, r.addr, r.size, true});
     std::sort(regions.begin(), regions.end(),
@@ -543,11 +567,13 @@ pos::ControlMessage snap_cut(Runtime* rt) {
       written_bytes += r.size;
     }
   }
-  char head[320];
+  char head[400];
   std::snprintf(head, sizeof(head),
-                "{\"ok\":true,\"device\":%d,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,\"written_bytes\":%llu,"
-                "\"shadow_bytes\":%llu,\"streams\":%zu,\"quiesce_s\":%.6f,\"stall_s\":%.6f,\"copy_s\":%.6f,\"regions\":[",
-                dev, static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
+                "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
+                "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"quiesce_s\":%.6f,\"stall_s\":%.6f,"
+                "\"copy_s\":%.6f,\"regions\":[",
+                dev, static_cast<unsigned long long>(since_id), static_cast<unsigned long long>(cut_id),
+                static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
                 rt->streams.list().size() + 1, quiesce_s, stall_s, copy_s);
   out.text = head + list + "]}";
@@ -579,6 +605,9 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
     return dump_error(why);
   };
   const double quiesce_s = seconds_since(t0);
+  uint64_t since = 0;
+  const uint64_t cut = new_cut(rt, &since);  // a whole image: the marks only start again
+  if (rt->placement) (void)rt->placement->cut();
   const std::vector<SavedRegion> regions = dump_regions(rt);
   auto saved = save_regions(rt->copy, dev, regions, dir, CopyOptions{});
   if (!saved.ok()) return fail("saving device memory failed: " + saved.status().message());
@@ -596,12 +625,13 @@ std::string dump_save(Runtime* rt, const std::string& dir) {
   rt->saved = true;
   rt->saved_dir = dir;
   rt->saved_dev = dev;
-  char out[256];
+  char out[320];
   std::snprintf(out, sizeof(out),
-                "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"device\":%d,\"quiesce_s\":%.6f,\"save_s\":%.6f,"
-                "\"unmap_s\":%.6f,\"note\":",
+                "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"quiesce_s\":%.6f,"
+                "\"save_s\":%.6f,\"unmap_s\":%.6f,\"note\":",
                 static_cast<unsigned long long>(saved->bytes), static_cast<unsigned long long>(saved->regions), dev,
-                quiesce_s, saved->seconds, seconds_since(t1));
+                static_cast<unsigned long long>(since), static_cast<unsigned long long>(cut), quiesce_s, saved->seconds,
+                seconds_since(t1));
   return out + pos::json_string(note) + "}";
 }
 

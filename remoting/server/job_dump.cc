@@ -29,6 +29,7 @@
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
 
 namespace pos {
@@ -455,6 +456,10 @@ double json_number(const std::string& j, const std::string& key) {
   const size_t at = j.find("\"" + key + "\":");
   return at == std::string::npos ? 0 : std::strtod(j.c_str() + at + key.size() + 3, nullptr);
 }
+uint64_t json_u64(const std::string& j, const std::string& key) {  // exact above 2^53 (cut ids)
+  const size_t at = j.find("\"" + key + "\":");
+  return at == std::string::npos ? 0 : std::strtoull(j.c_str() + at + key.size() + 3, nullptr, 10);
+}
 std::string json_text(const std::string& j, const std::string& key) {
   const size_t at = j.find("\"" + key + "\":\"");
   if (at == std::string::npos) return "";
@@ -687,6 +692,44 @@ StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t 
   return *a;
 }
 
+// An in-process job's --prev: its GPU part's table (its chain checked whole), or why it cannot be
+// one. A dump keeps only what was written since it when it is the job's last cut.
+StatusOr<ckpt::RegionTable> driver_prev(const Prepared& pp) {
+  if (pp.prev_dir.empty()) return ckpt::RegionTable{};
+  if (pp.prev.kind != "driver-dump" && pp.prev.kind != "driver-pre-dump")
+    return Status::InvalidArgument("the previous image " + pp.prev_dir + " is not an in-process job's image");
+  auto t = open_driver_gpu_part(pp.prev_dir + "/" + pp.prev.gpu, pp.prev);
+  if (!t.ok()) return t.status().with_context("the previous image");
+  auto chain = driver_image_parents(pp.prev_dir, pp.prev);
+  if (!chain.ok()) return chain.status();
+  return t;
+}
+
+// The allocations an incremental image inherits: not written since the job's last cut (`since`),
+// which must be the previous image's, and held by that image. Empty when the image must be whole
+// (*why then says so, if there was a previous image).
+std::vector<ckpt::SavedRegion> inheritable(const Prepared& pp, const ckpt::RegionTable& prev, uint64_t since,
+                                           const std::vector<ckpt::SavedRegion>& regions,
+                                           const std::vector<bool>& written, std::string* why) {
+  std::vector<ckpt::SavedRegion> out;
+  if (pp.prev_dir.empty()) return out;
+  if (since == 0 || since != pp.prev.cut) {
+    *why = "the previous image is not of this job's last checkpoint or dump (a later one was taken, or it was "
+           "restored from another image): saved whole";
+    return out;
+  }
+  const std::vector<ckpt::SavedRegion> held = prev.allocations();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (written[i]) continue;
+    const ckpt::SavedRegion& r = regions[i];
+    if (std::any_of(held.begin(), held.end(), [&](const ckpt::SavedRegion& h) {
+          return h.addr == r.addr && h.size == r.size && h.dev == r.dev;
+        }))
+      out.push_back(ckpt::SavedRegion{r.dev, r.addr, r.size, 0, {}});
+  }
+  return out;
+}
+
 StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
@@ -696,13 +739,15 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     std::lock_guard<std::mutex> lk(say_mu);
     if (o.progress) o.progress(phase, done, total);
   };
-  if (!o.prev.empty())
-    return Status::Unsupported("--prev is not built for in-process jobs yet: dump them whole");
   if (o.async) return Status::Unsupported("--mode async is not built for in-process jobs yet: use --mode sync");
   auto prepared = prepare(o);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
   const std::string& dir = pp.dir;
+  auto prev_table = driver_prev(pp);
+  if (!prev_table.ok()) return prev_table.status();
+  std::vector<ckpt::SavedRegion> inherited;  // with --prev: what the image leaves to the previous one
+  uint64_t cut = 0;
   // The driver's checkpoint calls, and the job's answer, before anything is stopped.
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
@@ -748,6 +793,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     writer = std::thread([&] {
       driver::CopyOptions co;
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
+      co.inherited = inherited;
       auto saved = held->save(gpu_dir, co);
       written = saved.ok() ? Status::Ok() : saved.status();
       written_at = std::chrono::steady_clock::now();
@@ -772,8 +818,13 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
         remove_parts();
         return why;
       };
-      auto regions = shared_regions(a, dev);
+      std::vector<bool> marked;
+      auto regions = shared_regions(a, dev, &marked);
       if (!regions.ok()) return back_out(regions.status());
+      cut = json_u64(a, "cut");
+      std::string whole;
+      inherited = inheritable(pp, *prev_table, json_u64(a, "since"), *regions, marked, &whole);
+      if (!whole.empty()) r.note = r.note.empty() ? whole : r.note + "; " + whole;
       std::vector<int> raw;
       for (const UniqueFd& f : shared->fds) raw.push_back(f.get());
       if (Status g = guardian.hold(raw, list); !g.ok() && !o.resume_program.empty())
@@ -789,7 +840,9 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       }
       r.job_unmap_s = json_number(*rel, "unmap_s");
       r.cut_s = seconds_since(t_stop);
-      r.gpu.bytes_stored = held->bytes();
+      r.gpu.bytes_referenced = 0;
+      for (const ckpt::SavedRegion& i : inherited) r.gpu.bytes_referenced += i.size;
+      r.gpu.bytes_stored = held->bytes() - r.gpu.bytes_referenced;
       r.gpu.handles = held->regions().size();
       r.gpu.image = gpu_dir;
       // The copy is taken now (milliseconds) and written once the job runs again; without it the
@@ -822,6 +875,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     r.note = json_text(*saved, "note");
     r.job_save_s = json_number(*saved, "save_s");
     r.job_unmap_s = json_number(*saved, "unmap_s");
+    cut = json_u64(*saved, "cut");
+    if (!pp.prev_dir.empty()) r.note += std::string(r.note.empty() ? "" : "; ") + "the job copied its memory itself: saved whole";
     written_at = std::chrono::steady_clock::now();
   }
   if (!no_handoff.empty()) r.note += (r.note.empty() ? "" : "; ") + std::string("device memory copied by the job (") + no_handoff + ")";
@@ -913,6 +968,11 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   m.socket = o.job_socket;
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
+  m.cut = cut;
+  if (!inherited.empty()) {
+    m.prev = relative_to(pp.prev_dir, dir);
+    m.gpu_bytes_referenced = r.gpu.bytes_referenced;
+  }
   m.gpu_bytes = r.gpu.bytes_stored;
   m.handles = r.gpu.handles;
   r.manifest = dir + "/manifest";
@@ -930,13 +990,12 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
     if (o.progress) o.progress(phase, done, total);
   };
-  if (!o.prev.empty())
-    return Status::Unsupported("--prev is not built for in-process jobs yet: their pre-dumps are whole GPU-only "
-                               "checkpoints");
   auto prepared = prepare(o, /*criu_needed=*/false);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
   const std::string& dir = pp.dir;
+  auto prev_table = driver_prev(pp);
+  if (!prev_table.ok()) return prev_table.status();
   auto driver = ckpt::DriverCheckpoint::open();  // for the driver library this process maps the copy with
   if (!driver.ok()) return driver.status();
   auto ps = ask_job(o.job_socket, "ps");
@@ -983,6 +1042,11 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.detach_s = r.gpu.stall_s;
   r.job_save_s = json_number(a, "copy_s");
   r.gpu.handles = regions->size();
+  std::string whole;
+  const std::vector<ckpt::SavedRegion> inherited =
+      inheritable(pp, *prev_table, json_u64(a, "since"), *regions, written, &whole);
+  if (!whole.empty()) r.note = r.note.empty() ? whole : r.note + "; " + whole;
+  for (const ckpt::SavedRegion& x : inherited) r.gpu.bytes_referenced += x.size;
   for (size_t i = 0; i < regions->size(); ++i) {
     if (!written[i]) {
       r.unwritten.push_back((*regions)[i].addr);
@@ -993,6 +1057,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   }
   driver::CopyOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
+  co.inherited = inherited;
   auto saved = (*held)->save(gpu_dir, co);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
@@ -1016,6 +1081,11 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
                 "driver's state first): this pre-dump is GPU-only";
   JobManifest m;
   m.kind = "driver-pre-dump";
+  m.cut = json_u64(a, "cut");
+  if (!inherited.empty()) {
+    m.prev = relative_to(pp.prev_dir, dir);
+    m.gpu_bytes_referenced = r.gpu.bytes_referenced;
+  }
   m.pid = o.pid;
   m.uid = pp.owner;
   m.job = printable(json_text(*ps, "job"), 64);

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -81,8 +83,8 @@ std::string describe_regions(const ckpt::RegionTable& t, bool json, bool summary
 StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, const JobManifest& m) {
   auto t = ckpt::read_region_table(gpu_dir);
   if (!t.ok()) return t.status().with_context("the GPU part");
-  if (t->bytes() != m.gpu_bytes || t->regions.size() != m.handles)
-    return Status::Corrupt("the GPU part " + gpu_dir + " holds " + std::to_string(t->regions.size()) + " regions of " +
+  if (t->bytes() != m.gpu_bytes || t->allocations().size() != m.handles)
+    return Status::Corrupt("the GPU part " + gpu_dir + " holds " + std::to_string(t->allocations().size()) + " regions of " +
                            std::to_string(t->bytes()) + " bytes; the manifest says " + std::to_string(m.handles) + " of " +
                            std::to_string(m.gpu_bytes));
   const std::vector<uint64_t> sizes = ckpt::file_sizes(*t);
@@ -94,6 +96,33 @@ StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, con
                              std::to_string(sizes[f]) + " bytes");
   }
   return t;
+}
+
+StatusOr<std::vector<std::string>> driver_image_parents(const std::string& dir, const JobManifest& m) {
+  std::vector<std::string> out;
+  std::vector<std::string> seen;
+  char real[PATH_MAX];
+  if (::realpath(dir.c_str(), real) != nullptr) seen.emplace_back(real);
+  std::string at = dir;
+  JobManifest cur = m;
+  while (!cur.prev.empty()) {
+    if (out.size() == 64) return Status::Corrupt(dir + " has more than 64 previous images");
+    const std::string next = at + "/" + cur.prev;
+    if (::realpath(next.c_str(), real) == nullptr)
+      return Status::Corrupt("the previous image " + next + " is missing (" + std::strerror(errno) + "): " + dir +
+                             " needs it");
+    if (std::find(seen.begin(), seen.end(), real) != seen.end())
+      return Status::Corrupt("the previous images of " + dir + " form a loop at " + real);
+    seen.emplace_back(real);
+    auto pm = read_manifest(real);
+    if (!pm.ok()) return pm.status().with_context("the previous image");
+    if ((pm->kind != "driver-dump" && pm->kind != "driver-pre-dump") || pm->pid != m.pid || pm->uid != m.uid)
+      return Status::Corrupt("the previous image " + std::string(real) + " is not an image of this in-process job");
+    at = real;
+    out.push_back(at + "/" + pm->gpu);
+    cur = *pm;
+  }
+  return out;
 }
 
 Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
@@ -137,6 +166,8 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
   if (driver) {
     auto table = open_driver_gpu_part(gpu_dir, *m);
     if (!table.ok()) return table.status();
+    auto parents = driver_image_parents(dir, *m);  // an incremental image's chain must be whole
+    if (!parents.ok()) return parents.status();
     if (o.verify) {
       POS_RETURN_IF_ERROR(verify_driver_gpu_part(gpu_dir, *table, o.progress));
       const uint64_t chunks = (table->bytes() + table->chunk - 1) / table->chunk;
@@ -213,6 +244,9 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
   else if (driver)
     t << "GPU part (" << m->gpu << "): device memory, " << m->handles << " allocations, " << mib(m->gpu_bytes)
       << " (the driver's own state went through NVIDIA's checkpoint into the CPU part)\n";
+  if (driver && !m->prev.empty())
+    t << "  " << mib(m->gpu_bytes) << " stored here, " << mib(m->gpu_bytes_referenced)
+      << " unchanged since the previous image and left in it\n";
   else
     t << "GPU part (" << m->gpu << "): cut at call " << m->cut << ", " << m->handles << " handles, " << mib(m->gpu_bytes)
       << " stored" << (m->prev.empty() ? std::string() : ", " + mib(m->gpu_bytes_referenced) + " in previous images")

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "ckpt/region_table.h"
 #include "pos/base/status.h"
@@ -22,6 +23,10 @@ struct JobManifest;
 // An in-process job's GPU part (a driver memory image): its region table, checked, and tied to the
 // manifest (allocations and bytes) and to memory.bin's size. Restore and inspect check it first.
 StatusOr<ckpt::RegionTable> open_driver_gpu_part(const std::string& gpu_dir, const JobManifest& m);
+// The GPU parts an incremental driver image inherits from: its previous image's, that one's
+// previous image's, ... (nearest first), each manifest checked to be of the same job (pid, uid) and
+// of an in-process kind, at most 64 deep and without a loop. Empty for an image without `prev`.
+StatusOr<std::vector<std::string>> driver_image_parents(const std::string& dir, const JobManifest& m);
 // Every chunk of its memory.bin read and checked against its checksum.
 Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
                               const std::function<void(uint64_t, uint64_t)>& progress);

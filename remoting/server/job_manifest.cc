@@ -183,15 +183,15 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     if (x == nullptr) return missing(b.key, "a boolean");
     *b.out = x->b;
   }
-  if (m.kind == "driver-dump") {  // an in-process job's: no session, no permit, no previous image
-    if (m.gpu != "gpu" || m.criu != "criu" || !m.prev.empty() || m.socket.empty() || m.socket[0] != '/')
-      return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, a "
-                             "previous image, or no control socket");
+  if (m.kind == "driver-dump") {  // an in-process job's: no session, no permit
+    if (m.gpu != "gpu" || m.criu != "criu" || m.socket.empty() || m.socket[0] != '/')
+      return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, or no "
+                             "control socket");
   }
   if (m.kind == "driver-pre-dump") {  // an in-process job's GPU-only checkpoint: no CPU part either
-    if (m.gpu != "gpu" || !m.criu.empty() || !m.prev.empty() || m.socket.empty() || m.socket[0] != '/')
-      return Status::Corrupt("the manifest of an in-process job's pre-dump names other parts than gpu, a previous "
-                             "image, or no control socket");
+    if (m.gpu != "gpu" || !m.criu.empty() || m.socket.empty() || m.socket[0] != '/')
+      return Status::Corrupt("the manifest of an in-process job's pre-dump names other parts than gpu, or no control "
+                             "socket");
   }
   return m;
 }

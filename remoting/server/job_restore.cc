@@ -80,6 +80,9 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   const std::string gpu_dir = dir + "/" + m.gpu, criu_dir = dir + "/" + m.criu;
   auto table = open_driver_gpu_part(gpu_dir, m);
   if (!table.ok()) return table.status();
+  auto parents = driver_image_parents(dir, m);  // an incremental image's chain, whole
+  if (!parents.ok()) return parents.status();
+  const std::vector<ckpt::SavedRegion> allocations = table->allocations();
   POS_RETURN_IF_ERROR(check_criu_part(criu_dir, m.pid));
   POS_RETURN_IF_ERROR(check_pid_free(m.pid, criu_dir));
   auto driver = ckpt::DriverCheckpoint::open();
@@ -103,19 +106,21 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   std::thread loader;
   const auto t_load = std::chrono::steady_clock::now();
   double load_s = 0;
-  if (!table->regions.empty()) {
+  if (!allocations.empty()) {
     // Its context too (0.3-0.4 s on a GPU): none of it waits for the process.
     loader = std::thread([&] {
-      auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), table->regions.front().dev);
+      auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), allocations.front().dev);
       if (!h.ok()) {
         loaded = h.status();
         return;
       }
       held = std::move(*h);
-      std::vector<ckpt::SavedRegion> regions = table->regions;
-      for (ckpt::SavedRegion& g : regions) g.crcs.clear();
+      std::vector<ckpt::SavedRegion> regions = allocations;
+      for (ckpt::SavedRegion& g : regions) g.crcs.clear(), g.offset = 0;
       loaded = held->create(regions);
-      if (loaded.ok()) loaded = held->load(gpu_dir, driver::CopyOptions{}).status();
+      driver::CopyOptions lo;
+      lo.parents = *parents;  // inherited allocations come from the previous images
+      if (loaded.ok()) loaded = held->load(gpu_dir, lo).status();
       load_s = seconds_since(t_load);
     });
   }
@@ -156,10 +161,13 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
     if (!a.ok() && a.status().code() != Code::kFailedPrecondition)
       return end(a.status().with_context("handing the device memory to the job"));
     if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + a.status().message());
-  } else if (!table->regions.empty()) {
+  } else if (!allocations.empty()) {
     r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + loaded.message());
   }
   held.reset();  // the job holds what it took; anything else is freed before the job loads its own
+  if (!taken && !table->inherited.empty())  // the job loads one image only
+    return end(Status::FailedPrecondition("an incremental image's memory must be handed to the job, and it could not be (" +
+                                          (loaded.ok() ? std::string("the job refused it") : loaded.message()) + ")"));
   if (!taken) {
     auto a = ask_job(m.socket, "dump-resume " + gpu_dir, 600'000);
     if (a.ok() && a->find("\"ok\":true") == std::string::npos)
@@ -167,7 +175,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
     if (!a.ok()) return end(a.status().with_context("loading the device memory"));
   }
   r.gpu_s = seconds_since(t);
-  r.gpu_bytes = table->bytes(), r.handles = table->regions.size();
+  r.gpu_bytes = table->bytes(), r.handles = allocations.size();
   r.total_s = seconds_since(t0);
   return r;
 }
