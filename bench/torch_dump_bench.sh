@@ -5,18 +5,22 @@
 # natively under NVIDIA's driver checkpoint + CRIU. Prints a table (docs/BENCHMARKS.md). The gpu suite
 # runs it small (torch_dump_gpu); the bench runs it with --state-gib 8.
 #
-# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [-- torch_train.py args...]
+# --incremental: each POS dump is preceded by a pos-cli pre-dump (a GPU-only checkpoint) and takes it
+# as --prev, so that it stores only what the job wrote since; the restore reads through the chain.
+#
+# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [--incremental] [-- torch_train.py args...]
 # Needs a GPU, PyTorch (python3) and CRIU (tools/install_criu.sh); run as root or the job's user.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [-- torch_train.py args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [--incremental] [-- torch_train.py args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
 B="$(cd "$B" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-AT=20 NVIDIA=1
+AT=20 NVIDIA=1 INC=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --at) AT="${2:?}"; shift 2 ;;
     --no-nvidia) NVIDIA=0; shift ;;
+    --incremental) INC=1; shift ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -55,6 +59,15 @@ start() {  # start OUT PREFIX...: the job in the background, its pid in JOB
   JOB=$!; PIDS+=("$JOB")
 }
 FAIL=0
+# With --incremental: a pre-dump of job $JOB into $1, then step K+3 awaited in file $2; PREV names it.
+PREV=() PRE_JSON=""
+predump() {
+  PREV=()
+  [[ $INC == 1 ]] || return 0
+  PRE_JSON=$("$CLI" pre-dump -t "$JOB" -D "$1" --json) || { echo "pre-dump failed"; FAIL=1; return 0; }
+  wait_step "$2" $((AT + 3))
+  PREV=(--prev "$1")
+}
 same() {  # same NAME FILE: the file equals the native run's output
   if cmp -s "$TMP/ref.out" "$2"; then echo "$1: identical to the native run ($(lines "$2") steps, checksum)";
   else echo "$1: DIFFERS from the native run"; diff "$TMP/ref.out" "$2" | head -5; tail -5 "$2.err"; FAIL=1; fi
@@ -67,8 +80,9 @@ head -1 "$TMP/ref.out"
 echo "== pos-cli dump --leave-running at step $AT"
 start "$TMP/lr.out" "$POS" run --
 wait_step "$TMP/lr.out" "$AT" || { echo "the job did not reach step $AT"; tail -5 "$TMP/lr.out.err"; exit 1; }
+predump "$TMP/pre-lr" "$TMP/lr.out"
 N=$(lines "$TMP/lr.out"); T0=$(now)
-LR=$("$CLI" dump -t "$JOB" -D "$TMP/img-lr" --leave-running --json) || { echo "dump --leave-running failed"; FAIL=1; N=-1; }
+LR=$("$CLI" dump -t "$JOB" -D "$TMP/img-lr" --leave-running --json "${PREV[@]}") || { echo "dump --leave-running failed"; FAIL=1; N=-1; }
 LR_BACK=$(until_next_step "$TMP/lr.out" "$N" "$T0")
 echo "$LR"; echo "next step $LR_BACK s after the dump began"
 wait "$JOB"; same "leave-running" "$TMP/lr.out"
@@ -78,9 +92,10 @@ rm -rf "$TMP/img-lr"
 echo "== pos-cli dump (stop) at step $AT, then pos-cli restore"
 start "$TMP/st.out" "$POS" run --
 wait_step "$TMP/st.out" "$AT" || { echo "the job did not reach step $AT"; exit 1; }
+predump "$TMP/pre-st" "$TMP/st.out"
 T0=$(now)
 RS="" RS_BACK=""
-if ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json); then
+if ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json "${PREV[@]}"); then
   ST_S=$(sub "$(now)" "$T0")
   echo "$ST"
   gone "$JOB"; wait "$JOB" 2>/dev/null
@@ -140,6 +155,9 @@ echo "| — inside the job: hold, export or copy to files, unmap (s) | $(json "$
 echo "| device memory handed off (dump --leave-running, stop dump, restore) | $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$LR"), $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$ST"), $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$RS") | — |"
 echo "| restore: back to its next step (s) | $RS_BACK (CRIU $(json "$RS" criu_s), driver $(json "$RS" reattach_s), hand-over $(json "$RS" gpu_s); pos-cli's load alongside $(json "$RS" load_s)) | ${NV_BACK:-—} (CRIU ${NV_CRIU_R:-—}, driver ${NV_RESTORE:-—}) |"
 echo "| device memory saved by POS (bytes) / CRIU's part (bytes) | $(json "$ST" gpu_bytes) / $(json "$ST" criu_bytes) | — |"
+if [[ $INC == 1 ]]; then
+  echo "| --incremental: pre-dump stall (ms), its bytes; stored / left in the pre-dump by the dumps (leave-running, stop) | $(awk -v s="$(json "$PRE_JSON" gpu_stall_s)" 'BEGIN{printf "%.3f", s*1000}'), $(json "$PRE_JSON" gpu_bytes); $(json "$LR" gpu_bytes) / $(json "$LR" gpu_bytes_referenced), $(json "$ST" gpu_bytes) / $(json "$ST" gpu_bytes_referenced) | — |"
+fi
 echo
 [[ $FAIL == 0 ]] && echo "all outputs identical to the native run" || echo "FAILED: see above"
 exit $FAIL

@@ -75,6 +75,8 @@ def parse():
     p.add_argument("--state-gib", type=float, default=0.0,
                    help="widen --dim so that parameters + AdamW state come to about this many GiB")
     p.add_argument("--step-times", action="store_true", help="print each step's start time (s) to stderr")
+    p.add_argument("--freeze", type=int, default=0,
+                   help="freeze the first N blocks (fine-tuning the rest): their weights are read, never written")
     a = p.parse_args()
     if a.state_gib > 0:
         # Per block ~12 d^2 weights; embeddings and head 2 V d; 16 bytes per weight (fp32 param, grad,
@@ -102,14 +104,18 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     model = GPT(a.vocab, a.dim, a.heads, a.layers, a.seq).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+    for b in model.blocks[:a.freeze]:
+        b.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-4, weight_decay=0.1,
+                            foreach=True)
     if a.cudagraphs:
         fwd = torch.compile(model, mode="reduce-overhead")
     else:
         fwd = torch.compile(model) if a.compile else model
     n = sum(p.numel() for p in model.parameters())
     print(f"model: layers {a.layers} dim {a.dim} heads {a.heads} vocab {a.vocab} seq {a.seq} batch {a.batch} "
-          f"params {n} state {16 * n / (1 << 30):.2f} GiB", flush=True)
+          f"params {n} state {16 * n / (1 << 30):.2f} GiB" + (f" frozen blocks {a.freeze}" if a.freeze else ""),
+          flush=True)
     for step in range(a.steps):
         if a.step_times:
             print(f"step {step} start_s {time.time():.6f}", file=sys.stderr, flush=True)
