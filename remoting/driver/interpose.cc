@@ -422,7 +422,15 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
       return dump_error("the job maps device memory itself: dump-resume DIR brings it back");
     std::vector<int> fds;
     for (const pos::UniqueFd& f : in) fds.push_back(f.get());
-    if (const CUresult rc = rt->placement->take(fds); rc != kSuccess)
+    // Right after NVIDIA's restore + unlock the driver has once answered CUDA_ERROR_DEINITIALIZED
+    // (a 12 GB job on an H200; a retry by the dump's guardian then succeeded): a take part way can
+    // be repeated, so such answers are retried for a while before the dump is told.
+    CUresult rc = rt->placement->take(fds);
+    for (int i = 0; i < 40 && (rc == kErrorNotInitialized || rc == 4 /* CUDA_ERROR_DEINITIALIZED */); ++i) {
+      ::usleep(50000);
+      rc = rt->placement->take(fds);
+    }
+    if (rc != kSuccess)
       return dump_error("mapping the memory handed back failed: CUDA driver error " + std::to_string(rc) +
                         " (the job stays stopped; dump-take again)");
   }
