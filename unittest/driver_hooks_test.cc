@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/crc32c.h"
 #include "remoting/common/job_control.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
@@ -957,6 +958,56 @@ TEST(DriverDeviceImage, ARegionTableReadsBackAsWrittenAndEveryDamageIsNamed) {
   RegionTable c = t;
   c.regions[0].crcs.pop_back();
   EXPECT_NE(parse_region_table(region_table_text(c)).status().message().find("one checksum per chunk"), std::string::npos);
+}
+
+// A table's text with the right end line (counts and checksum) for `body`, so that a test can
+// reach the checks behind the checksum.
+std::string with_end(const std::string& body, size_t regions, uint64_t bytes) {
+  char end[64];
+  std::snprintf(end, sizeof(end), "end %zu %llu %08x\n", regions, static_cast<unsigned long long>(bytes),
+                ckpt::crc32c(body.data(), body.size()));
+  return body + end;
+}
+
+TEST(DriverDeviceImage, AnIncrementalTableNamesWhatItInheritsAndEveryMisplacedInheritIsNamed) {
+  RegionTable t;
+  t.chunk = 8192;
+  t.files = 1;
+  t.regions.push_back(SavedRegion{0, 0x200000200000ull, 8192, 0, {0x11111111}});
+  t.inherited.push_back(SavedRegion{0, 0x200000000000ull, 2 << 20, 0, {}});
+  t.inherited.push_back(SavedRegion{0, 0x200000400000ull, 4096, 0, {}});
+  const std::string text = region_table_text(t);
+  EXPECT_EQ(text.rfind("pos-driver-memory 2\n", 0), 0u) << text;
+  auto back = parse_region_table(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->bytes(), 8192u);  // only what it stores
+  ASSERT_EQ(back->inherited.size(), 2u);
+  const std::vector<SavedRegion> all = back->allocations();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].addr, 0x200000000000ull);
+  EXPECT_EQ(all[1].addr, 0x200000200000ull);
+  EXPECT_EQ(all[2].addr, 0x200000400000ull);
+  EXPECT_EQ(region_table_text(*back), text);
+  EXPECT_EQ(file_sizes(*back), (std::vector<uint64_t>{8192}));
+  // Nothing inherited: format 1, as before.
+  RegionTable whole = t;
+  whole.inherited.clear();
+  EXPECT_EQ(region_table_text(whole).rfind("pos-driver-memory 1\n", 0), 0u);
+  const std::string head2 = "pos-driver-memory 2\nchunk 8192\nfiles 1\n", head1 = "pos-driver-memory 1\nchunk 8192\nfiles 1\n";
+  const std::string region = "region 0 0x200000200000 8192 0 11111111\n";
+  const auto refused = [](const std::string& txt, const char* why) {
+    const Status st = parse_region_table(txt).status();
+    EXPECT_EQ(st.code(), Code::kCorrupt) << txt;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  };
+  refused(with_end(head1 + "inherit 0 0x200000000000 2097152\n" + region, 1, 8192), "bad inherit line");
+  refused(with_end(head2 + region + "inherit 0 0x200000000000 2097152\n", 1, 8192), "bad inherit line");
+  refused(with_end(head2 + region, 1, 8192), "inherits nothing");
+  refused(with_end(head2 + "inherit 0 0x200000200000 4096\n" + region, 1, 8192), "overlapping an inherited one");
+  refused(with_end(head2 + "inherit 0 0x200000400000 4096\ninherit 0 0x200000000000 4096\n" + region, 1, 8192),
+          "inherited regions out of order");
+  refused(with_end(head2 + "inherit 0 0x200000000001 4096\n" + region, 1, 8192), "bad device, address or size");
+  refused(with_end(head2 + "inherit 0 0x200000000000 4096 extra\n" + region, 1, 8192), "bad inherit line");
 }
 
 TEST_F(Preloaded, WithPosControlOffTheJobMakesNoSocket) {
