@@ -738,6 +738,27 @@ TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWritten
     ASSERT_EQ(s.contents.size(), 3u) << cmd;
     EXPECT_TRUE(s.contents[0] == holds(0, v0) && s.contents[1] == holds(1, v1) && s.contents[2] == holds(2, v2)) << cmd;
   }
+  // A CUDA graph capture in progress defers the cut (the job runs on); after it, cuts go on, and
+  // the graph work counts as written.
+  job.say("capture\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  s = snap_of(sock);
+  EXPECT_NE(s.text.find("a CUDA graph capture is in progress"), std::string::npos) << s.text;
+  job.say("endcapture\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 0, 0}));
+  // A copy whose release would fall into a capture is kept until the next cut (which lets it go).
+  auto kept = pos::ask_job_fds(sock, "snap-cut", {}, 10000);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_NE(kept->text.find("\"ok\":true"), std::string::npos) << kept->text;
+  job.say("capture\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  auto deferred = pos::ask_job(sock, "snap-release", 10000);
+  ASSERT_TRUE(deferred.ok());
+  EXPECT_NE(deferred->find("\"deferred\":\"a CUDA graph capture is in progress"), std::string::npos) << *deferred;
+  job.say("endcapture\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 0, 0}));
   // A kernel whose parameters cannot be read: everything counts as written.
   job.say("blind 1 125\n");
   ASSERT_EQ(job.line_within(5000), "done rc=0\n");

@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
     // HOW is launch (parameters by pointer, layout from cuFuncGetParamInfo), kernel (the layout
     // from cuKernelGetParamInfo), struct (the address inside a struct passed by value), extra (a
     // parameter buffer), memset (cuMemsetD8), blind (a kernel with no layout: nothing can be told).
-    // "nop" launches a kernel whose only parameter is a number.
+    // "nop" launches a kernel whose only parameter is a number; "capture" / "endcapture" begin and
+    // end a CUDA graph capture on the probe's stream.
     auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
     auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
     auto memset8 = reinterpret_cast<int (*)(unsigned long long, unsigned char, size_t)>(sym("cuMemsetD8_v2"));
@@ -284,6 +285,10 @@ int main(int argc, char** argv) {
         else if (h == "memset") r = memset8(ptr, val, 4096);
         else if (h == "blind") r = go(blind, params, nullptr);
         else if (h == "nop") r = go(number, nparams, nullptr);
+        else if (h == "capture")  // a CUDA graph capture begun on the probe's stream (hooked) ...
+          r = reinterpret_cast<int (*)(void*, int)>(sym("cuStreamBeginCapture_v2"))(stream, 0);
+        else if (h == "endcapture")  // ... and ended (passes through)
+          r = reinterpret_cast<int (*)(void*, void**)>(sym("cuStreamEndCapture"))(stream, nullptr);
         else r = -1;
       }
       std::printf("done rc=%d\n", r);

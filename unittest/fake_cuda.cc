@@ -74,8 +74,24 @@ FAKE_EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   *ctx = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + dev));
   return 0;
 }
-FAKE_EXPORT int cuStreamBeginCapture_v2(void*, int) {
+namespace {
+std::map<void*, bool> capturing;  // under mu: streams in a capture (cuStreamBeginCapture .. End)
+}
+FAKE_EXPORT int cuStreamBeginCapture_v2(void* s, int) {
   bump("cuStreamBeginCapture_v2");
+  std::lock_guard<std::mutex> lk(mu);
+  capturing[s] = true;
+  return 0;
+}
+FAKE_EXPORT int cuStreamEndCapture(void* s, void** graph) {
+  std::lock_guard<std::mutex> lk(mu);
+  capturing.erase(s);
+  if (graph != nullptr) *graph = nullptr;
+  return 0;
+}
+FAKE_EXPORT int cuStreamIsCapturing(void* s, int* status) {
+  std::lock_guard<std::mutex> lk(mu);
+  *status = capturing.count(s) != 0 ? 1 : 0;  // CU_STREAM_CAPTURE_STATUS_ACTIVE : NONE
   return 0;
 }
 FAKE_EXPORT int cuGraphLaunch(void*, void*) {

@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -82,6 +83,12 @@ struct Runtime {
   SnapCalls snap;  // the real driver's, for GPU-only checkpoints
   std::mutex dump_mu;
   std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
+  // While a GPU-only checkpoint is prepared no CUDA graph capture may begin: the checkpoint's own
+  // driver calls (a shadow's cuMemCreate, say) are prohibited while a capture runs, and would end
+  // it. cuStreamBeginCapture's hooks wait for this to clear (GatePass).
+  std::atomic<bool> captures_held{false};
+  std::mutex capture_mu;
+  std::condition_variable capture_cv;
   // under dump_mu: the id of the last cut (a GPU-only checkpoint or a dump's hold), which the
   // written marks are relative to: an image of that cut is the only valid --prev of the next one.
   uint64_t last_cut = 0;
@@ -97,10 +104,26 @@ struct Runtime {
 thread_local int t_hook_depth = 0;
 
 // A hook's passage through the gate: waits while a dump holds the job's device memory.
+constexpr bool begins_capture(HookId id) {
+  return id == HookId::cuStreamBeginCapture_v2 || id == HookId::cuStreamBeginCapture_v2_ptsz;
+}
+
+// `capture`: the runtime, for the hooks that begin a CUDA graph capture, which also wait while a
+// GPU-only checkpoint holds captures back (checked again once inside the gate, so that one that
+// was held at the gate while the checkpoint began does not slip through).
 class GatePass {
  public:
-  explicit GatePass(pos::Gate& g) : gate_(t_hook_depth++ == 0 ? &g : nullptr) {
-    if (gate_ != nullptr) gate_->enter(0);
+  explicit GatePass(pos::Gate& g, Runtime* capture = nullptr) : gate_(t_hook_depth++ == 0 ? &g : nullptr) {
+    if (gate_ == nullptr) return;
+    for (;;) {
+      if (capture != nullptr && capture->captures_held.load(std::memory_order_acquire)) {
+        std::unique_lock<std::mutex> lk(capture->capture_mu);
+        capture->capture_cv.wait(lk, [&] { return !capture->captures_held.load(std::memory_order_acquire); });
+      }
+      gate_->enter(0);
+      if (capture == nullptr || !capture->captures_held.load(std::memory_order_acquire)) return;
+      gate_->leave();
+    }
   }
   ~GatePass() {
     --t_hook_depth;
@@ -302,6 +325,47 @@ void drop_shadow(Runtime* rt, bool ctx_current = false) {
 }
 
 
+// CUDA graph captures held back for a scope, in a job that captures them: the checkpoint's own
+// driver calls (a shadow's cuMemCreate, its release, stream and event calls) are prohibited while
+// a capture runs and would end it. acquire() holds the job for a moment to check that none is in
+// progress (a capture begins through a hooked call: once held back, none can begin), then lets it
+// run; cuStreamBeginCapture's hooks wait until the hold ends (GatePass).
+class CaptureHold {
+ public:
+  CaptureHold() = default;
+  CaptureHold(const CaptureHold&) = delete;
+  CaptureHold& operator=(const CaptureHold&) = delete;
+  // Empty: held, or the job never began a capture. Else why not (the job runs on either way).
+  std::string acquire(Runtime* rt, double* held_s) {
+    if (rt->census.calls(HookId::cuStreamBeginCapture_v2) + rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) == 0)
+      return "";
+    if (rt->snap.is_capturing == nullptr)
+      return "the job captures CUDA graphs and the driver cannot say whether a capture is in progress "
+             "(no cuStreamIsCapturing)";
+    const auto t = std::chrono::steady_clock::now();
+    if (std::string why = close_gate(rt); !why.empty()) return why;
+    const bool busy = any_capturing(rt->snap, rt->streams.list());
+    if (!busy) {
+      rt->captures_held.store(true, std::memory_order_release);
+      rt_ = rt;
+    }
+    rt->gate.reopen();
+    *held_s = seconds_since(t);
+    return busy ? "a CUDA graph capture is in progress (the checkpoint's calls would end it): try again" : "";
+  }
+  ~CaptureHold() {
+    if (rt_ == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lk(rt_->capture_mu);
+      rt_->captures_held.store(false, std::memory_order_release);
+    }
+    rt_->capture_cv.notify_all();
+  }
+
+ private:
+  Runtime* rt_ = nullptr;
+};
+
 // The checksum both ends of a hand-off compute over the allocation list, so that descriptors come
 // back only to the allocations they left.
 uint32_t list_checksum(const std::vector<Placement::Region>& regions) {
@@ -466,14 +530,18 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   if (m.live > ps.live)
     return refuse(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, "
                   "pitched memory): a GPU-only checkpoint cannot take them; use pos-cli dump");
-  if (rt->census.calls(HookId::cuStreamBeginCapture_v2) + rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0)
-    return refuse("the job captures CUDA graphs, and a cut's waits on its streams could fall into a capture: GPU-only "
-                  "checkpoints are not built for such jobs yet (pos-cli dump takes them)");
+  // A job that captures CUDA graphs is cut only between captures (CaptureHold below).
+  const bool captures = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
+                            rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0;
   if (!rt->snap.complete()) return refuse("the driver lacks a call GPU-only checkpoints need");
-  drop_shadow(rt);
   const int dev = dump_device(rt);
   CurrentContext cc(rt->copy, dev);
   if (!cc.ok()) return refuse("cannot use the job's device context");
+  // No capture may run while this prepares: checked under a short hold, and held back after it.
+  double precheck_s = 0;
+  CaptureHold capture_hold;
+  if (std::string why = capture_hold.acquire(rt, &precheck_s); !why.empty()) return refuse(why);
+  drop_shadow(rt, true);
   CUstream copy_stream = nullptr;
   CUevent done = nullptr;
   if (rt->snap.stream_create(&copy_stream, 1 /* CU_STREAM_NON_BLOCKING */) != kSuccess)
@@ -521,6 +589,11 @@ pos::ControlMessage snap_cut(Runtime* rt) {
     for (const AppVmm::Region& r : app) {
       total += r.size;
       accessible = accessible && r.accessible;
+    }
+    if (captures && any_capturing(rt->snap, rt->streams.list())) {
+      rt->gate.reopen();
+      drop_shadow(rt, true);
+      return refuse("a CUDA graph capture is in progress (the checkpoint's calls would end it): try again");
     }
     if (!accessible) {  // mapped, its access not set yet: copying it would fault the job's context
       rt->gate.reopen();
@@ -578,12 +651,12 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   char head[400];
   std::snprintf(head, sizeof(head),
                 "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
-                "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"quiesce_s\":%.6f,\"stall_s\":%.6f,"
-                "\"copy_s\":%.6f,\"regions\":[",
+                "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"precheck_s\":%.6f,\"quiesce_s\":%.6f,"
+                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"regions\":[",
                 dev, static_cast<unsigned long long>(since_id), static_cast<unsigned long long>(cut_id),
                 static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
-                rt->streams.list().size() + 1, quiesce_s, stall_s, copy_s);
+                rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s);
   out.text = head + list + "]}";
   return out;
 }
@@ -592,6 +665,10 @@ pos::ControlMessage snap_cut(Runtime* rt) {
 std::string snap_release(Runtime* rt) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   if (!rt->shadow) return dump_error("no GPU-only checkpoint holds a copy: nothing to release");
+  double held_s = 0;
+  CaptureHold capture_hold;
+  if (std::string why = capture_hold.acquire(rt, &held_s); !why.empty())  // let go at the next cut or dump
+    return "{\"ok\":true,\"deferred\":" + pos::json_string(why) + "}";
   drop_shadow(rt);
   return "{\"ok\":true}";
 }
@@ -795,6 +872,7 @@ SnapCalls snap_calls(void* driver) {
   get(&c.event_synchronize, "cuEventSynchronize");
   get(&c.stream_wait_event, "cuStreamWaitEvent");
   get(&c.dtod_async, "cuMemcpyDtoDAsync_v2");
+  get(&c.is_capturing, "cuStreamIsCapturing");
   return c;
 }
 
@@ -975,7 +1053,7 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     auto real = rt != nullptr ? reinterpret_cast<Fn>(rt->resolver.real(HookId::name)) : nullptr; \
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
-    GatePass pass(rt->gate);                                                                 \
+    GatePass pass(rt->gate, begins_capture(HookId::name) ? rt : nullptr);                    \
     before_call<HookId::name>(rt, POS_EXPAND args);                                          \
     R rc{};                                                                                  \
     if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \

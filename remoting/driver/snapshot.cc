@@ -72,6 +72,14 @@ CUresult DeviceShadow::export_fd(int* fd) const {
   return calls_.export_fd(fd, handle_, kPosixFd, 0);
 }
 
+bool any_capturing(const SnapCalls& calls, const std::vector<CUstream>& streams) {
+  for (CUstream s : streams) {
+    int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+    if (calls.is_capturing == nullptr || calls.is_capturing(s, &status) != kSuccess || status != 0) return true;
+  }
+  return false;
+}
+
 CUresult enqueue_cut(const SnapCalls& calls, CUstream copy_stream, const std::vector<CUstream>& streams,
                      const std::vector<Placement::Region>& regions, uint64_t shadow_base, CUevent done) {
   std::vector<CUstream> all;

@@ -33,6 +33,8 @@ struct SnapCalls {
   CUresult (*event_synchronize)(CUevent e) = nullptr;
   CUresult (*stream_wait_event)(CUstream s, CUevent e, unsigned int flags) = nullptr;
   CUresult (*dtod_async)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) = nullptr;
+  // cuStreamIsCapturing (optional): a cut must not touch a stream that is capturing a CUDA graph.
+  CUresult (*is_capturing)(CUstream s, int* status) = nullptr;
   bool complete() const {
     return vmm.complete() && vmm.export_fd && copy.primary_ctx_retain && copy.primary_ctx_release &&
            copy.ctx_set_current && stream_create && stream_destroy && event_create && event_destroy && event_record &&
@@ -84,6 +86,11 @@ class DeviceShadow {
 // The caller holds the job at its gate, with the context current. On an error part way, what was
 // enqueued stays enqueued (harmless: copies into the shadow, waits that end) and the error is
 // returned.
+// Whether any of `streams` is capturing a CUDA graph now (a capture started before the job was
+// held): the cut must wait, since its waits on such a stream would join the capture. Unknown (the
+// driver lacks cuStreamIsCapturing, or it fails) counts as capturing.
+bool any_capturing(const SnapCalls& calls, const std::vector<CUstream>& streams);
+
 CUresult enqueue_cut(const SnapCalls& calls, CUstream copy_stream, const std::vector<CUstream>& streams,
                      const std::vector<Placement::Region>& regions, uint64_t shadow_base, CUevent done);
 
