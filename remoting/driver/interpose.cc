@@ -366,6 +366,23 @@ class CaptureHold {
   Runtime* rt_ = nullptr;
 };
 
+// A cut's allocation list as its answers carry it ([addr,size,written],... in address order),
+// with its totals.
+struct RegionList {
+  std::string json;
+  uint64_t bytes = 0, written = 0, written_bytes = 0;
+};
+RegionList region_list(const std::vector<Placement::Region>& regions) {
+  RegionList l;
+  for (const Placement::Region& r : regions) {
+    l.json += (l.json.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "," +
+              (r.written ? "1" : "0") + "]";
+    l.bytes += r.size;
+    if (r.written) ++l.written, l.written_bytes += r.size;
+  }
+  return l;
+}
+
 // The checksum both ends of a hand-off compute over the allocation list, so that descriptors come
 // back only to the allocations they left.
 uint32_t list_checksum(const std::vector<Placement::Region>& regions) {
@@ -423,13 +440,8 @@ pos::ControlMessage dump_share(Runtime* rt) {
   uint64_t since = 0;
   const uint64_t cut = new_cut(rt, &since);
   const std::vector<Placement::Region> regions = rt->placement->cut();
-  std::string list;
-  uint64_t bytes = 0;
-  for (const Placement::Region& r : regions) {
-    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "," +
-            (r.written ? "1" : "0") + "]";
-    bytes += r.size;
-  }
+  const RegionList list = region_list(regions);
+  const uint64_t bytes = list.bytes;
   rt->shared = true;
   rt->shared_list = list_checksum(regions);
   rt->saved_dev = dev;
@@ -439,7 +451,7 @@ pos::ControlMessage dump_share(Runtime* rt) {
                 "\"cut\":%llu,\"quiesce_s\":%.6f,\"export_s\":%.6f,\"note\":",
                 dev, static_cast<unsigned long long>(bytes), regions.size(), rt->shared_list,
                 static_cast<unsigned long long>(since), static_cast<unsigned long long>(cut), quiesce_s, seconds_since(t1));
-  out.text = head + pos::json_string(dump_notes(rt)) + ",\"regions\":[" + list + "]}";
+  out.text = head + pos::json_string(dump_notes(rt)) + ",\"regions\":[" + list.json + "]}";
   return out;
 }
 
@@ -637,17 +649,8 @@ pos::ControlMessage snap_cut(Runtime* rt) {
     return refuse("exporting the checkpoint's copy failed: CUDA driver error " + std::to_string(rc));
   }
   out.fds.emplace_back(fd);
-  std::string list;
-  uint64_t bytes = 0, written_bytes = 0, written = 0;
-  for (const Placement::Region& r : regions) {
-    list += (list.empty() ? "[" : ",[") + std::to_string(r.addr) + "," + std::to_string(r.size) + "," +
-            (r.written ? "1" : "0") + "]";
-    bytes += r.size;
-    if (r.written) {
-      ++written;
-      written_bytes += r.size;
-    }
-  }
+  const RegionList list = region_list(regions);
+  const uint64_t bytes = list.bytes, written = list.written, written_bytes = list.written_bytes;
   char head[400];
   std::snprintf(head, sizeof(head),
                 "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
@@ -657,7 +660,7 @@ pos::ControlMessage snap_cut(Runtime* rt) {
                 static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
                 rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s);
-  out.text = head + list + "]}";
+  out.text = head + list.json + "]}";
   return out;
 }
 
