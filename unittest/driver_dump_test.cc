@@ -348,4 +348,30 @@ TEST_F(DriverDump, DumpsWithPrevKeepOnlyWhatTheJobWroteAndARestoreReadsThroughTh
   EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
+// pos-cli killed mid pre-dump (after the cut, with the job holding the copy for it; after the
+// write, before the manifest): the job never waits, no image is left, and the next pre-dump and
+// dump work (the first one's copy is let go by the next cut).
+TEST_F(DriverDump, APosCliKilledMidPreDumpLeavesTheJobRunningAndNoImage) {
+  start();
+  int code = -1;
+  for (const char* point : {"driver-pre-dump-cut", "driver-pre-dump-written"}) {
+    SCOPED_TRACE(point);
+    const std::string img = (root_ / (std::string("pre-") + point)).string();
+    const std::string out = pos::test::run_shell("POS_FAULT_POINT=" + std::string(point) + " POS_REAL_LIBCUDA=" +
+                                                     env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " pre-dump -t " +
+                                                     std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_,
+                                                 &code);
+    EXPECT_NE(code, 0) << out;
+    EXPECT_EQ(check(), "rc=0 same=1\n");
+    EXPECT_FALSE(fs::exists(img + "/manifest"));
+  }
+  const std::string pre = (root_ / "pre").string(), img = (root_ / "img").string();
+  std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  out = cli("dump -t " + std::to_string(pid_) + " -D " + img + " --leave-running --prev " + pre + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(region_lines(pre + "/gpu").empty(), false);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
 }  // namespace

@@ -1023,7 +1023,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(a, 200) : why)
         .with_context("saving the GPU state");
   }
-  // From here the job holds the copy for this process until snap-release.
+  // From here the job holds the copy for this process until snap-release (or its next cut or dump,
+  // if this process dies first: the job never waits for this one).
+  ckpt::fault_point("driver-pre-dump-cut");
   std::vector<bool> written;
   auto regions = shared_regions(a, dev, &written);
   Status got = regions.ok() ? Status::Ok() : regions.status();
@@ -1066,6 +1068,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   }
   r.gpu.bytes_stored = saved->bytes;
   r.gpu.image = gpu_dir;
+  ckpt::fault_point("driver-pre-dump-written");
   give_files(gpu_dir, pp.owner);
   std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
   if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
