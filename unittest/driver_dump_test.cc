@@ -324,6 +324,10 @@ TEST_F(DriverDump, DumpsWithPrevKeepOnlyWhatTheJobWroteAndARestoreReadsThroughTh
   std::string shown = cli("inspect " + d1, &code);
   EXPECT_EQ(code, 0) << shown;
   EXPECT_NE(shown.find("6.0 MiB stored here, 4.0 MiB unchanged since the previous image"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("at 0x200000000000: 4.0 MiB (in a previous image)"), std::string::npos) << shown;
+  shown = cli("inspect " + d1 + " --json", &code);
+  EXPECT_NE(shown.find("\"inherited\":[{\"device\":0,\"address\":35184372088832,\"bytes\":4194304}]"),
+            std::string::npos) << shown;
   // Nothing written since d1: d2 stores nothing and inherits both, one from d1 and one from pre.
   out = cli("dump " + t + "-D " + d2 + " --prev " + d1 + " --json", &code);  // stops the job
   ASSERT_EQ(code, 0) << out;

@@ -62,17 +62,25 @@ void tree_lines(const ckpt::CriuImageSummary& s, uint32_t pid, int depth, std::s
 std::string describe_regions(const ckpt::RegionTable& t, bool json, bool summary) {
   if (json) {
     std::string j = "{\"chunk\":" + std::to_string(t.chunk) + ",\"bytes\":" + std::to_string(t.bytes()) + ",\"regions\":[";
-    for (size_t i = 0; i < t.regions.size(); ++i)
-      j += std::string(i ? "," : "") + "{\"device\":" + std::to_string(t.regions[i].dev) + ",\"address\":" +
-           std::to_string(t.regions[i].addr) + ",\"bytes\":" + std::to_string(t.regions[i].size) + "}";
-    return j + "]}";
+    const auto list = [](const std::vector<ckpt::SavedRegion>& rs) {
+      std::string l;
+      for (size_t i = 0; i < rs.size(); ++i)
+        l += std::string(i ? "," : "") + "{\"device\":" + std::to_string(rs[i].dev) + ",\"address\":" +
+             std::to_string(rs[i].addr) + ",\"bytes\":" + std::to_string(rs[i].size) + "}";
+      return l;
+    };
+    return j + list(t.regions) + "],\"inherited\":[" + list(t.inherited) + "]}";
   }
-  if (summary) return std::to_string(t.regions.size()) + " allocations, " + mib(t.bytes()) + "\n";
+  if (summary)
+    return std::to_string(t.regions.size()) + " allocations, " + mib(t.bytes()) +
+           (t.inherited.empty() ? "" : "; " + std::to_string(t.inherited.size()) + " inherited from previous images") + "\n";
   std::string out;
-  char line[96];
-  for (const ckpt::SavedRegion& r : t.regions) {
-    std::snprintf(line, sizeof(line), "device %d at 0x%llx: %s\n", r.dev, static_cast<unsigned long long>(r.addr),
-                  mib(r.size).c_str());
+  char line[128];
+  for (const ckpt::SavedRegion& r : t.allocations()) {
+    const bool inherited = r.crcs.empty() && std::any_of(t.inherited.begin(), t.inherited.end(),
+                                                         [&](const ckpt::SavedRegion& i) { return i.addr == r.addr; });
+    std::snprintf(line, sizeof(line), "device %d at 0x%llx: %s%s\n", r.dev, static_cast<unsigned long long>(r.addr),
+                  mib(r.size).c_str(), inherited ? " (in a previous image)" : "");
     out += line;
   }
   return out;
