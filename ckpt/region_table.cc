@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -50,6 +51,21 @@ uint64_t RegionTable::bytes() const {
   return n;
 }
 
+uint64_t RegionTable::same_bytes() const {
+  uint64_t n = 0;
+  for (const SavedRegion& r : regions)
+    for (size_t i = 0; i < r.same.size(); ++i)
+      if (r.same[i]) n += std::min(chunk, r.size - i * chunk);
+  return n;
+}
+
+bool RegionTable::incremental() const {
+  if (!inherited.empty()) return true;
+  for (const SavedRegion& r : regions)
+    if (std::find(r.same.begin(), r.same.end(), true) != r.same.end()) return true;
+  return false;
+}
+
 std::vector<SavedRegion> RegionTable::allocations() const {
   std::vector<SavedRegion> out = regions;
   out.insert(out.end(), inherited.begin(), inherited.end());
@@ -58,7 +74,7 @@ std::vector<SavedRegion> RegionTable::allocations() const {
 }
 
 std::string region_table_text(const RegionTable& t) {
-  const uint32_t format = t.inherited.empty() ? RegionTable::kFormat : RegionTable::kFormatIncremental;
+  const uint32_t format = t.incremental() ? RegionTable::kFormatIncremental : RegionTable::kFormat;
   std::string s = std::string(kHeader) + " " + std::to_string(format) + "\nchunk " + std::to_string(t.chunk) +
                   "\nfiles " + std::to_string(t.files) + "\n";
   char buf[96];
@@ -73,7 +89,18 @@ std::string region_table_text(const RegionTable& t) {
       std::snprintf(buf, sizeof(buf), "%s%08x", i == 0 ? "" : ",", r.crcs[i]);
       s += buf;
     }
-    s += "\n";
+    std::string ranges;
+    for (size_t i = 0; i < r.same.size();) {
+      if (!r.same[i]) {
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      while (j + 1 < r.same.size() && r.same[j + 1]) ++j;
+      ranges += (ranges.empty() ? " same " : ",") + std::to_string(i) + "-" + std::to_string(j);
+      i = j + 1;
+    }
+    s += ranges + "\n";
   }
   std::snprintf(buf, sizeof(buf), "end %zu %" PRIu64 " %08x\n", t.regions.size(), t.bytes(), crc32c(s.data(), s.size()));
   return s + buf;
@@ -131,9 +158,32 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
       return bad("has a region with a bad device, address or size: " + line.substr(0, 80));
     if (addr < prev_end) return bad("has regions out of order or overlapping");
     if (off != offset) return bad("has a region whose bytes are not where the one before ends");
-    SavedRegion r{dev, addr, size, off, {}};
-    const std::string crcs = line.substr(static_cast<size_t>(used));
+    SavedRegion r{dev, addr, size, off, {}, {}};
+    std::string crcs = line.substr(static_cast<size_t>(used));
     const uint64_t want = chunks_of(size, chunk);
+    if (const size_t at = crcs.find(" same "); at != std::string::npos) {
+      if (!incremental) return bad("leaves chunks to a previous image in format 1: " + line.substr(0, 80));
+      r.same.assign(want, false);
+      const std::string ranges = crcs.substr(at + 6);
+      crcs.resize(at);
+      size_t p = 0;
+      uint64_t last_end = 0;
+      bool first = true;
+      while (p < ranges.size()) {
+        unsigned long long a = 0, b = 0;
+        int n = 0;
+        if (std::sscanf(ranges.c_str() + p, "%llu-%llu%n", &a, &b, &n) != 2 || n <= 0 || a > b || b >= want ||
+            (!first && a <= last_end) || !std::isdigit(static_cast<unsigned char>(ranges[p])))
+          return bad("has a bad list of chunks left to the previous image: " + line.substr(0, 80));
+        for (uint64_t c = a; c <= b; ++c) r.same[c] = true;
+        last_end = b;
+        first = false;
+        p += static_cast<size_t>(n);
+        if (p < ranges.size() && ranges[p++] != ',') return bad("has a bad list of chunks left to the previous image");
+        if (p == ranges.size() && ranges.back() == ',') return bad("has a bad list of chunks left to the previous image");
+      }
+      if (first) return bad("has an empty list of chunks left to the previous image");
+    }
     if (crcs.size() != want * 9 - 1) return bad("has a region without one checksum per chunk");
     for (uint64_t i = 0; i < want; ++i) {
       unsigned v = 0;
@@ -150,7 +200,7 @@ StatusOr<RegionTable> parse_region_table(const std::string& text) {
     return bad("has a bad end line");
   if (n != t.regions.size() || total != offset) return bad("counts other regions or bytes than it lists");
   if (crc != crc32c(body.data(), body.size())) return bad("fails its checksum");
-  if (incremental && t.inherited.empty()) return bad("is incremental (format 2) but inherits nothing");
+  if (incremental && !t.incremental()) return bad("is incremental (format 2) but inherits nothing");
   const std::vector<SavedRegion> all = t.allocations();
   for (size_t i = 1; i < all.size(); ++i)
     if (all[i].addr < all[i - 1].addr + all[i - 1].size) return bad("has a stored region overlapping an inherited one");

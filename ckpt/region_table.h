@@ -17,6 +17,11 @@ struct SavedRegion {
   int dev = 0;
   uint64_t addr = 0, size = 0, offset = 0;
   std::vector<uint32_t> crcs;  // CRC-32C of each chunk of `chunk` bytes (the last one shorter)
+  // Incremental images (format 2): per chunk, whether its bytes are the previous image's (its
+  // checksum matched there), so not stored here; its place in the memory file is a hole. Empty:
+  // every chunk stored.
+  std::vector<bool> same;
+  bool chunk_same(size_t i) const { return i < same.size() && same[i]; }
 };
 
 // The byte stream is cut into chunks (each region's own, the last one shorter) and chunk g (in table
@@ -34,6 +39,8 @@ struct RegionTable {
   std::vector<SavedRegion> inherited;  // in a previous image (no offset, no checksums): ascending,
                                        // overlapping neither each other nor `regions`
   uint64_t bytes() const;              // the sum of the stored sizes
+  uint64_t same_bytes() const;         // of those, the bytes of chunks left to the previous image
+  bool incremental() const;            // inherits a region or leaves a chunk to the previous image
   // Every allocation of the image, stored or inherited, by address.
   std::vector<SavedRegion> allocations() const;
 };
@@ -53,7 +60,8 @@ std::string memory_file_name(uint32_t i);
 
 // DIR/regions as text (docs/image_format.md, "Driver memory image"); parse checks every field, the bounds, the order, the
 // chunk counts and the table's own checksum, and names what is wrong (kCorrupt). `inherit` lines
-// (format 2) name the inherited allocations.
+// (format 2) name the inherited allocations, and a region line's ` same A-B,C-D` the chunks (by
+// index, inclusive ranges) it leaves to the previous image.
 std::string region_table_text(const RegionTable& t);
 StatusOr<RegionTable> parse_region_table(const std::string& text);
 StatusOr<RegionTable> read_region_table(const std::string& dir);

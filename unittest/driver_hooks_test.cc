@@ -1029,6 +1029,24 @@ TEST(DriverDeviceImage, AnIncrementalTableNamesWhatItInheritsAndEveryMisplacedIn
           "inherited regions out of order");
   refused(with_end(head2 + "inherit 0 0x200000000001 4096\n" + region, 1, 8192), "bad device, address or size");
   refused(with_end(head2 + "inherit 0 0x200000000000 4096 extra\n" + region, 1, 8192), "bad inherit line");
+  // Chunks a stored region leaves to the previous image (` same A-B,...`): read back, their bytes
+  // not counted as stored; and every malformed list named.
+  RegionTable c;
+  c.chunk = 4096;
+  c.files = 1;
+  c.regions.push_back(SavedRegion{0, 0x200000000000ull, 5 * 4096, 0, {1, 2, 3, 4, 5}, {true, false, true, true, false}});
+  const std::string ctext = region_table_text(c);
+  EXPECT_NE(ctext.find(" same 0-0,2-3\n"), std::string::npos) << ctext;
+  auto cback = parse_region_table(ctext);
+  ASSERT_TRUE(cback.ok()) << cback.status().to_string();
+  EXPECT_TRUE(cback->incremental());
+  EXPECT_EQ(cback->same_bytes(), 3u * 4096);
+  EXPECT_TRUE(cback->regions[0].chunk_same(3) && !cback->regions[0].chunk_same(4));
+  const std::string h2 = "pos-driver-memory 2\nchunk 4096\nfiles 1\n", h1 = "pos-driver-memory 1\nchunk 4096\nfiles 1\n";
+  const std::string r5 = "region 0 0x200000000000 20480 0 00000001,00000002,00000003,00000004,00000005";
+  refused(with_end(h1 + r5 + " same 0-0\n", 1, 20480), "in format 1");
+  for (const char* bad : {" same 0-5", " same 1-0", " same 0-1,1-2", " same 0-0,", " same ", " same x-1", " same 0-0;1-1"})
+    refused(with_end(h2 + r5 + bad + "\n", 1, 20480), "chunks left to the previous image");
 }
 
 TEST_F(Preloaded, WithPosControlOffTheJobMakesNoSocket) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "ckpt/crc32c.h"
@@ -135,7 +136,8 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
   for (SavedRegion& r : table.inherited) r.offset = 0, r.crcs.clear();
   uint64_t offset = 0, nchunks = 0;
   for (const SavedRegion& r : regions) {
-    SavedRegion s{r.dev, r.addr, r.size, offset, std::vector<uint32_t>(chunks_of(r.size, o.chunk))};
+    SavedRegion s{r.dev, r.addr, r.size, offset, std::vector<uint32_t>(chunks_of(r.size, o.chunk)), {}};
+    if (o.unchanged) s.same.assign(s.crcs.size(), false);
     offset += r.size;
     nchunks += s.crcs.size();
     table.regions.push_back(std::move(s));
@@ -158,6 +160,7 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
     }
   }
   CopyPool pool(calls, dev, o, offset);
+  std::vector<char> same_chunk(places.size(), 0);  // per chunk (places order): left to the previous image
   Status st = pool.run(table.files, o.chunk, [&](CopyPool::Lane& lane) -> Status {
     // This lane's chunks: copy the next one into one buffer while the last one is checksummed and
     // written from the other (the stream holds one copy at a time).
@@ -166,7 +169,14 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
     const auto write_held = [&]() -> Status {
       SavedRegion& r = table.regions[held->region];
       const void* b = lane.buf[side ^ 1];
-      r.crcs[held->off / o.chunk] = ckpt::crc32c(b, held->n);  // one lane per chunk: no two write one slot
+      const size_t index = held->off / o.chunk;
+      r.crcs[index] = ckpt::crc32c(b, held->n);  // one lane per chunk: no two write one slot
+      // A chunk the previous image holds with the same checksum is left there (a hole here).
+      if (o.unchanged && o.unchanged(r.addr, r.size, index, r.crcs[index], b, held->n)) {
+        same_chunk[static_cast<size_t>(held - places.data())] = 1;  // a byte per chunk: lanes never share one
+        pool.done(held->n);
+        return Status::Ok();
+      }
       POS_RETURN_IF_ERROR(write_all_at(fds[lane.file].get(), b, held->n, held->file_off));
       pool.done(held->n);
       return Status::Ok();
@@ -184,6 +194,17 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
     }
     return held != nullptr && !pool.failed() ? write_held() : Status::Ok();
   });
+  uint64_t same_bytes = 0;
+  for (size_t i = 0; i < places.size(); ++i)
+    if (same_chunk[i] != 0) {
+      table.regions[places[i].region].same[places[i].off / o.chunk] = true;
+      same_bytes += places[i].n;
+    }
+  // Chunks left out are holes; a file whose last chunks were left out still has its full size.
+  const std::vector<uint64_t> sizes = file_sizes(table);
+  for (uint32_t f = 0; st.ok() && f < table.files; ++f)
+    if (::ftruncate(fds[f].get(), static_cast<off_t>(sizes[f])) != 0)
+      st = Status::Unavailable("cannot size " + dir + "/" + memory_file_name(f) + ": " + std::strerror(errno));
   if (st.ok()) {
     const std::string text = region_table_text(table), tmp = dir + "/regions.tmp";
     UniqueFd t(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
@@ -195,14 +216,24 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
     remove_all();
     return st;
   }
-  return CopyReport{offset, regions.size(), since(t0)};
+  return CopyReport{offset, regions.size(), same_bytes, since(t0)};
 }
 
 namespace {
 
-// The stored regions of one image marked in `which`, loaded (checksums checked first).
-Status load_stored(const CopyCalls& calls, int dev, const RegionTable& table, const std::vector<bool>& which,
+// The chunks of one image marked in `which` (per chunk, in chunk_places order), loaded, each
+// checksum checked first.
+Status load_stored(const CopyCalls& calls, int dev, const RegionTable& table, const std::vector<char>& which,
                    const std::string& dir, const CopyOptions& o) {
+  const std::vector<ChunkPlace> all = chunk_places(table);
+  std::vector<ChunkPlace> places;
+  uint64_t total = 0;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (which[i] != 0) {
+      places.push_back(all[i]);
+      total += all[i].n;
+    }
+  if (places.empty()) return Status::Ok();
   const std::vector<uint64_t> sizes = file_sizes(table);
   std::vector<UniqueFd> fds;
   for (uint32_t f = 0; f < table.files; ++f) {
@@ -213,14 +244,6 @@ Status load_stored(const CopyCalls& calls, int dev, const RegionTable& table, co
     if (::fstat(fds.back().get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != sizes[f])
       return Status::Corrupt(path + " is not the size its region table says");
   }
-  std::vector<ChunkPlace> places;
-  uint64_t total = 0;
-  for (const ChunkPlace& k : chunk_places(table))
-    if (which[k.region]) {
-      places.push_back(k);
-      total += k.n;
-    }
-  if (places.empty()) return Status::Ok();
   const uint64_t chunk = table.chunk;
   CopyPool pool(calls, dev, o, total);
   return pool.run(table.files, chunk, [&](CopyPool::Lane& lane) -> Status {
@@ -248,6 +271,17 @@ Status load_stored(const CopyCalls& calls, int dev, const RegionTable& table, co
   });
 }
 
+// Where each stored region's chunks start in chunk_places order.
+std::vector<size_t> first_chunks(const RegionTable& t) {
+  std::vector<size_t> out;
+  size_t n = 0;
+  for (const SavedRegion& r : t.regions) {
+    out.push_back(n);
+    n += chunks_of(r.size, t.chunk);
+  }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::vector<SavedRegion>& expected,
@@ -265,43 +299,129 @@ StatusOr<CopyReport> load_regions(const CopyCalls& calls, int dev, const std::ve
     if (a.addr != b.addr || a.size != b.size || a.dev != b.dev)
       return Status::Corrupt(dir + " does not match the job's allocations (region " + std::to_string(i) + ")");
   }
-  // Where each inherited allocation's bytes are: the nearest previous image that stores it.
+  // Every chunk is loaded from the nearest image that stores it: this one's own, then, for chunks
+  // it leaves to the previous image and regions it inherits, the previous images in turn.
+  struct Need {
+    int dev;
+    uint64_t addr, size;
+    size_t index;
+    bool check;  // the child listed its checksum (a `same` chunk): the parent's must match
+    uint32_t crc;
+  };
   std::vector<std::pair<std::string, RegionTable>> images{{dir, *table}};
-  std::vector<std::vector<bool>> which{std::vector<bool>(table->regions.size(), true)};
-  std::vector<SavedRegion> pending = table->inherited;
+  std::vector<std::vector<char>> which;
+  std::vector<Need> pending;
+  {
+    std::vector<char> w(chunk_places(*table).size(), 0);
+    const std::vector<size_t> first = first_chunks(*table);
+    for (size_t r = 0; r < table->regions.size(); ++r) {
+      const SavedRegion& g = table->regions[r];
+      for (size_t c = 0; c < g.crcs.size(); ++c) {
+        if (g.chunk_same(c)) pending.push_back(Need{g.dev, g.addr, g.size, c, true, g.crcs[c]});
+        else w[first[r] + c] = 1;
+      }
+    }
+    for (const SavedRegion& g : table->inherited)
+      for (size_t c = 0; c < chunks_of(g.size, table->chunk); ++c) pending.push_back(Need{g.dev, g.addr, g.size, c, false, 0});
+    which.push_back(std::move(w));
+  }
   for (size_t k = 0; k < o.parents.size() && !pending.empty(); ++k) {
     auto parent = read_region_table(o.parents[k]);
     if (!parent.ok()) return parent.status().with_context("the previous image");
-    std::vector<bool> w(parent->regions.size(), false);
-    std::vector<SavedRegion> still;
-    for (const SavedRegion& p : pending) {
-      const auto same = [&](const SavedRegion& r) { return r.addr == p.addr && r.size == p.size && r.dev == p.dev; };
-      const auto stored = std::find_if(parent->regions.begin(), parent->regions.end(), same);
-      if (stored != parent->regions.end()) w[static_cast<size_t>(stored - parent->regions.begin())] = true;
-      else if (std::any_of(parent->inherited.begin(), parent->inherited.end(), same)) still.push_back(p);
-      else
+    if (parent->chunk != table->chunk)
+      return Status::Corrupt("the previous image " + o.parents[k] + " has another chunk size than " + dir);
+    std::vector<char> w(chunk_places(*parent).size(), 0);
+    const std::vector<size_t> first = first_chunks(*parent);
+    std::vector<Need> still;
+    for (const Need& n : pending) {
+      const auto same_region = [&](const SavedRegion& r) { return r.addr == n.addr && r.size == n.size && r.dev == n.dev; };
+      const auto stored = std::find_if(parent->regions.begin(), parent->regions.end(), same_region);
+      if (stored != parent->regions.end()) {
+        if (stored->chunk_same(n.index)) {
+          still.push_back(n);
+          continue;
+        }
+        if (n.check && stored->crcs[n.index] != n.crc)
+          return Status::Corrupt("the previous image " + o.parents[k] + " holds another chunk than " + dir +
+                                 " left to it (its checksum differs)");
+        w[first[static_cast<size_t>(stored - parent->regions.begin())] + n.index] = 1;
+      } else if (std::any_of(parent->inherited.begin(), parent->inherited.end(), same_region)) {
+        still.push_back(n);
+      } else {
         return Status::Corrupt("the previous image " + o.parents[k] + " does not hold the allocation at " +
-                               std::to_string(p.addr) + " that " + dir + " inherits");
+                               std::to_string(n.addr) + " that " + dir + " inherits");
+      }
     }
     images.emplace_back(o.parents[k], std::move(*parent));
     which.push_back(std::move(w));
     pending = std::move(still);
   }
   if (!pending.empty())
-    return Status::Corrupt(dir + " inherits " + std::to_string(pending.size()) +
-                           " allocation(s) that no previous image holds (is the image chain whole?)");
-  uint64_t total = 0, done_before = 0, regions = 0;
-  for (size_t k = 0; k < images.size(); ++k)
-    for (size_t i = 0; i < which[k].size(); ++i)
-      if (which[k][i]) total += images[k].second.regions[i].size, ++regions;
+    return Status::Corrupt(dir + " leaves " + std::to_string(pending.size()) +
+                           " chunk(s) to previous images that do not hold them (is the image chain whole?)");
+  uint64_t total = 0, done_before = 0;
+  std::vector<uint64_t> per(images.size(), 0);
+  for (size_t k = 0; k < images.size(); ++k) {
+    const std::vector<ChunkPlace> places = chunk_places(images[k].second);
+    for (size_t i = 0; i < places.size(); ++i)
+      if (which[k][i] != 0) per[k] += places[i].n;
+    total += per[k];
+  }
   for (size_t k = 0; k < images.size(); ++k) {
     CopyOptions ok = o;  // progress over the whole chain
     if (o.progress) ok.progress = [&, base = done_before](uint64_t d, uint64_t) { o.progress(base + d, total); };
     POS_RETURN_IF_ERROR(load_stored(calls, dev, images[k].second, which[k], images[k].first, ok));
-    for (size_t i = 0; i < which[k].size(); ++i)
-      if (which[k][i]) done_before += images[k].second.regions[i].size;
+    done_before += per[k];
   }
-  return CopyReport{total, regions, since(t0)};
+  return CopyReport{total, expected.size(), 0, since(t0)};
+}
+
+StatusOr<PreviousChunks> PreviousChunks::open(const std::vector<std::string>& dirs) {
+  PreviousChunks p;
+  // A load goes up the chain only through images that name the region (stored or inherited): a
+  // chunk further up counts only while every nearer image has its region.
+  std::set<std::pair<uint64_t, uint64_t>> reach;
+  uint64_t chunk = 0;
+  for (size_t k = 0; k < dirs.size(); ++k) {
+    auto t = read_region_table(dirs[k]);
+    if (!t.ok()) return t.status().with_context("the previous image");
+    if (k == 0) {
+      chunk = t->chunk;
+      for (const SavedRegion& r : t->allocations()) reach.emplace(r.addr, r.size);
+    }
+    if (t->chunk != chunk) break;  // a load would not go on past it either
+    std::vector<std::shared_ptr<int>> files;
+    for (uint32_t f = 0; f < t->files; ++f) {
+      const int fd = ::open((dirs[k] + "/" + memory_file_name(f)).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) return Status::Unavailable("cannot open " + dirs[k] + "/" + memory_file_name(f) + ": " + std::strerror(errno));
+      files.push_back(std::shared_ptr<int>(new int(fd), [](int* q) {
+        ::close(*q);
+        delete q;
+      }));
+    }
+    p.fds_.push_back(std::move(files));
+    for (const ChunkPlace& c : chunk_places(*t)) {
+      const SavedRegion& r = t->regions[c.region];
+      const size_t index = c.off / t->chunk;
+      if (r.chunk_same(index) || reach.count({r.addr, r.size}) == 0) continue;  // further up, or out of reach
+      p.where_.emplace(Key{r.addr, r.size, index}, Place{k, c.file, c.file_off, c.n, r.crcs[index]});  // nearest wins
+    }
+    std::set<std::pair<uint64_t, uint64_t>> next;
+    for (const SavedRegion& r : t->allocations())
+      if (reach.count({r.addr, r.size}) != 0) next.emplace(r.addr, r.size);
+    reach = std::move(next);
+  }
+  return p;
+}
+
+bool PreviousChunks::unchanged(uint64_t addr, uint64_t size, size_t index, uint32_t crc, const void* bytes,
+                               uint64_t n) const {
+  auto it = where_.find(Key{addr, size, index});
+  if (it == where_.end() || it->second.crc != crc || it->second.n != n) return false;
+  thread_local std::vector<char> buf;
+  buf.resize(n);
+  if (!read_all_at(*fds_[it->second.image][it->second.file], buf.data(), n, it->second.off).ok()) return false;
+  return std::memcmp(buf.data(), bytes, n) == 0;
 }
 
 void remove_saved(const std::string& dir) {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,10 +61,44 @@ struct CopyOptions {
   // first, where inherited allocations are looked for.
   std::vector<SavedRegion> inherited;
   std::vector<std::string> parents;
+  // save_regions: whether chunk `index` of the region at `addr` (of `size` bytes), whose bytes are
+  // `bytes` (n of them, checksum `crc`), is byte for byte in the previous images too; then it is
+  // left there (marked `same`; its place in the memory file stays a hole). Unset: every chunk
+  // stored. PreviousChunks::unchanged is the one pos-cli uses.
+  std::function<bool(uint64_t addr, uint64_t size, size_t index, uint32_t crc, const void* bytes, uint64_t n)> unchanged;
+};
+
+// The chunks of a chain of previous images (nearest first), for an incremental image's writer: a
+// chunk is left to them only when one of them stores the same bytes (checksum first, then every
+// byte compared: a checksum alone could collide). Thread-safe after open().
+class PreviousChunks {
+ public:
+  // The images' tables and memory files opened; an empty chain holds nothing.
+  static StatusOr<PreviousChunks> open(const std::vector<std::string>& dirs);
+  bool unchanged(uint64_t addr, uint64_t size, size_t index, uint32_t crc, const void* bytes, uint64_t n) const;
+  size_t chunks() const { return where_.size(); }
+
+ private:
+  struct Place {
+    size_t image;
+    uint32_t file;
+    uint64_t off, n;
+    uint32_t crc;
+  };
+  struct Key {
+    uint64_t addr, size;
+    size_t index;
+    bool operator<(const Key& o) const {
+      return addr != o.addr ? addr < o.addr : size != o.size ? size < o.size : index < o.index;
+    }
+  };
+  std::map<Key, Place> where_;                        // the nearest image storing each chunk
+  std::vector<std::vector<std::shared_ptr<int>>> fds_;  // per image, per memory file (closed when the last copy goes)
 };
 
 struct CopyReport {
   uint64_t bytes = 0, regions = 0;
+  uint64_t same_bytes = 0;  // save_regions: of `bytes`, left to the previous image (CopyOptions::unchanged)
   double seconds = 0;
 };
 

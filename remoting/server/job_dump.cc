@@ -705,6 +705,19 @@ StatusOr<ckpt::RegionTable> driver_prev(const Prepared& pp) {
   return t;
 }
 
+// The previous image's chain as PreviousChunks, so that an incremental image leaves to it the
+// chunks it holds byte for byte (any earlier image of the job will do: the bytes are compared).
+// Null without --prev, or when it cannot be read (the image is then stored whole, which is correct).
+std::unique_ptr<driver::PreviousChunks> previous_chunks(const Prepared& pp) {
+  if (pp.prev_dir.empty()) return nullptr;
+  std::vector<std::string> dirs = {pp.prev_dir + "/" + pp.prev.gpu};
+  auto parents = driver_image_parents(pp.prev_dir, pp.prev);
+  if (!parents.ok()) return nullptr;
+  dirs.insert(dirs.end(), parents->begin(), parents->end());
+  auto p = driver::PreviousChunks::open(dirs);
+  return p.ok() ? std::make_unique<driver::PreviousChunks>(std::move(*p)) : nullptr;
+}
+
 // The allocations an incremental image inherits: not written since the job's last cut (`since`),
 // which must be the previous image's, and held by that image. Empty when the image must be whole
 // (*why then says so, if there was a previous image).
@@ -715,7 +728,7 @@ std::vector<ckpt::SavedRegion> inheritable(const Prepared& pp, const ckpt::Regio
   if (pp.prev_dir.empty()) return out;
   if (since == 0 || since != pp.prev.cut) {
     *why = "the previous image is not of this job's last checkpoint or dump (a later one was taken, or it was "
-           "restored from another image): saved whole";
+           "restored from another image): every allocation is stored, but for chunks found byte for byte in it";
     return out;
   }
   const std::vector<ckpt::SavedRegion> held = prev.allocations();
@@ -747,7 +760,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   auto prev_table = driver_prev(pp);
   if (!prev_table.ok()) return prev_table.status();
   std::vector<ckpt::SavedRegion> inherited;  // with --prev: what the image leaves to the previous one
-  uint64_t cut = 0;
+  const std::unique_ptr<driver::PreviousChunks> previous = previous_chunks(pp);
+  uint64_t cut = 0, same_bytes = 0;
   // The driver's checkpoint calls, and the job's answer, before anything is stopped.
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
@@ -794,8 +808,12 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       driver::CopyOptions co;
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
       co.inherited = inherited;
+      if (previous) co.unchanged = [&](uint64_t a, uint64_t sz, size_t i, uint32_t c, const void* b, uint64_t n) {
+        return previous->unchanged(a, sz, i, c, b, n);
+      };
       auto saved = held->save(gpu_dir, co);
       written = saved.ok() ? Status::Ok() : saved.status();
+      if (saved.ok()) same_bytes = saved->same_bytes;
       written_at = std::chrono::steady_clock::now();
     });
   };
@@ -969,11 +987,15 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   m.cut = cut;
-  if (!inherited.empty()) {
+  // Chunks left to the previous image count as its bytes, not this one's (the table's stored
+  // regions still name them: the manifest's gpu_bytes is theirs).
+  m.gpu_bytes = r.gpu.bytes_stored;
+  r.gpu.bytes_stored -= same_bytes;
+  r.gpu.bytes_referenced += same_bytes;
+  if (!inherited.empty() || same_bytes > 0) {
     m.prev = relative_to(pp.prev_dir, dir);
     m.gpu_bytes_referenced = r.gpu.bytes_referenced;
   }
-  m.gpu_bytes = r.gpu.bytes_stored;
   m.handles = r.gpu.handles;
   r.manifest = dir + "/manifest";
   if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
@@ -1060,6 +1082,10 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   driver::CopyOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   co.inherited = inherited;
+  const std::unique_ptr<driver::PreviousChunks> previous = previous_chunks(pp);
+  if (previous) co.unchanged = [&](uint64_t ad, uint64_t sz, size_t i, uint32_t c, const void* b, uint64_t n) {
+    return previous->unchanged(ad, sz, i, c, b, n);
+  };
   auto saved = (*held)->save(gpu_dir, co);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
@@ -1085,7 +1111,10 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   JobManifest m;
   m.kind = "driver-pre-dump";
   m.cut = json_u64(a, "cut");
-  if (!inherited.empty()) {
+  m.gpu_bytes = r.gpu.bytes_stored;  // the table's stored regions, chunks left to the previous image included
+  r.gpu.bytes_stored -= saved->same_bytes;
+  r.gpu.bytes_referenced += saved->same_bytes;
+  if (!inherited.empty() || saved->same_bytes > 0) {
     m.prev = relative_to(pp.prev_dir, dir);
     m.gpu_bytes_referenced = r.gpu.bytes_referenced;
   }
@@ -1094,7 +1123,6 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   m.job = printable(json_text(*ps, "job"), 64);
   m.socket = o.job_socket;
   m.leave_running = true;
-  m.gpu_bytes = r.gpu.bytes_stored;
   m.handles = r.gpu.handles;
   m.criu = "";
   r.manifest = dir + "/manifest";

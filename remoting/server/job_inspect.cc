@@ -143,6 +143,7 @@ Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTabl
   std::vector<char> buf(t.chunk);
   uint64_t done = 0;
   for (const ckpt::ChunkPlace& c : ckpt::chunk_places(t)) {
+    if (t.regions[c.region].chunk_same(c.off / t.chunk)) continue;  // a hole: its bytes are in a previous image
     const std::string name = gpu_dir + "/" + ckpt::memory_file_name(c.file);
     uint64_t got = 0;
     while (got < c.n) {
@@ -154,7 +155,7 @@ Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTabl
     if (ckpt::crc32c(buf.data(), c.n) != t.regions[c.region].crcs[c.off / t.chunk])
       return Status::Corrupt(name + ": the chunk at " + std::to_string(c.file_off) + " fails its checksum");
     done += c.n;
-    if (progress) progress(done, t.bytes());
+    if (progress) progress(done, t.bytes() - t.same_bytes());
   }
   return Status::Ok();
 }
@@ -171,16 +172,19 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
   std::string verified_text = "not verified (--no-verify): blob checksums were not read\n", verified_json = "null";
   std::string gpu;
   const bool driver = m->kind == "driver-dump" || m->kind == "driver-pre-dump";
+  uint64_t same_bytes = 0;  // a driver image's chunks left to the previous image
   if (driver) {
     auto table = open_driver_gpu_part(gpu_dir, *m);
     if (!table.ok()) return table.status();
     auto parents = driver_image_parents(dir, *m);  // an incremental image's chain must be whole
     if (!parents.ok()) return parents.status();
+    same_bytes = table->same_bytes();
     if (o.verify) {
       POS_RETURN_IF_ERROR(verify_driver_gpu_part(gpu_dir, *table, o.progress));
       const uint64_t chunks = (table->bytes() + table->chunk - 1) / table->chunk;
-      verified_text = "verified: " + std::to_string(table->bytes()) + " bytes, every chunk's checksum right\n";
-      verified_json = "{\"bytes\":" + std::to_string(table->bytes()) + ",\"chunks\":" + std::to_string(chunks) + "}";
+      verified_text = "verified: " + std::to_string(table->bytes() - table->same_bytes()) +
+                      " bytes, every chunk's checksum right\n";
+      verified_json = "{\"bytes\":" + std::to_string(table->bytes() - table->same_bytes()) + ",\"chunks\":" + std::to_string(chunks) + "}";
     }
     gpu = describe_regions(*table, o.json, o.summary);
   } else {
@@ -253,7 +257,7 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
     t << "GPU part (" << m->gpu << "): device memory, " << m->handles << " allocations, " << mib(m->gpu_bytes)
       << " (the driver's own state went through NVIDIA's checkpoint into the CPU part)\n";
   if (driver && !m->prev.empty())
-    t << "  " << mib(m->gpu_bytes) << " stored here, " << mib(m->gpu_bytes_referenced)
+    t << "  " << mib(m->gpu_bytes - same_bytes) << " stored here, " << mib(m->gpu_bytes_referenced)
       << " unchanged since the previous image and left in it\n";
   else
     t << "GPU part (" << m->gpu << "): cut at call " << m->cut << ", " << m->handles << " handles, " << mib(m->gpu_bytes)
