@@ -390,14 +390,11 @@ StatusOr<PreviousChunks> PreviousChunks::open(const std::vector<std::string>& di
       for (const SavedRegion& r : t->allocations()) reach.emplace(r.addr, r.size);
     }
     if (t->chunk != chunk) break;  // a load would not go on past it either
-    std::vector<std::shared_ptr<int>> files;
+    std::vector<UniqueFd> files;
     for (uint32_t f = 0; f < t->files; ++f) {
-      const int fd = ::open((dirs[k] + "/" + memory_file_name(f)).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      if (fd < 0) return Status::Unavailable("cannot open " + dirs[k] + "/" + memory_file_name(f) + ": " + std::strerror(errno));
-      files.push_back(std::shared_ptr<int>(new int(fd), [](int* q) {
-        ::close(*q);
-        delete q;
-      }));
+      files.emplace_back(::open((dirs[k] + "/" + memory_file_name(f)).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      if (!files.back())
+        return Status::Unavailable("cannot open " + dirs[k] + "/" + memory_file_name(f) + ": " + std::strerror(errno));
     }
     p.fds_.push_back(std::move(files));
     for (const ChunkPlace& c : chunk_places(*t)) {
@@ -420,7 +417,7 @@ bool PreviousChunks::unchanged(uint64_t addr, uint64_t size, size_t index, uint3
   if (it == where_.end() || it->second.crc != crc || it->second.n != n) return false;
   thread_local std::vector<char> buf;
   buf.resize(n);
-  if (!read_all_at(*fds_[it->second.image][it->second.file], buf.data(), n, it->second.off).ok()) return false;
+  if (!read_all_at(fds_[it->second.image][it->second.file].get(), buf.data(), n, it->second.off).ok()) return false;
   return std::memcmp(buf.data(), bytes, n) == 0;
 }
 

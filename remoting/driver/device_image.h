@@ -10,12 +10,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/region_table.h"
 #include "pos/base/status.h"
+#include "remoting/common/unique_fd.h"
 #include "remoting/driver/driver_api.h"
 
 namespace pos::driver {
@@ -92,8 +92,8 @@ class PreviousChunks {
       return addr != o.addr ? addr < o.addr : size != o.size ? size < o.size : index < o.index;
     }
   };
-  std::map<Key, Place> where_;                        // the nearest image storing each chunk
-  std::vector<std::vector<std::shared_ptr<int>>> fds_;  // per image, per memory file (closed when the last copy goes)
+  std::map<Key, Place> where_;              // the nearest image storing each chunk
+  std::vector<std::vector<UniqueFd>> fds_;  // per image, per memory file
 };
 
 struct CopyReport {
