@@ -294,10 +294,19 @@ int resume(int pid, const std::string& jobs_dir, std::string job_socket, const s
 
 struct RestoreArgs {
   std::string dir, socket;
-  bool lazy = false, json = false;
+  bool lazy = false, json = false, latest = false;
 };
 
-int restore(const RestoreArgs& a) {
+int restore(RestoreArgs a) {
+  if (a.latest) {  // DIR holds images: the newest restorable one
+    auto latest = pos::latest_image(a.dir);
+    if (!latest.ok()) {
+      std::fprintf(stderr, "pos-cli restore: %s\n", latest.status().message().c_str());
+      return 1;
+    }
+    if (!a.json) std::printf("restoring the newest restorable image: %s\n", latest->c_str());
+    a.dir = *latest;
+  }
   pos::JobRestoreOptions o;
   o.dir = a.dir;
   o.socket = a.socket;
@@ -403,6 +412,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
+  restore_cmd->add_flag("--latest", ra.latest,
+                        "-D names a directory of images (pos-cli images): restore the newest restorable one");
+
+  std::string images_dir;
+  bool images_json = false;
+  CLI::App* images_cmd = app.add_subcommand(
+      "images", "list the job images in a directory (one per subdirectory): kind, time, bytes, previous image, state");
+  images_cmd->add_option("DIR", images_dir, "the directory that holds the images")->required();
+  images_cmd->add_flag("--json", images_json, "one JSON object");
 
   int resume_pid = 0;
   std::string resume_jobs_dir, resume_socket;
@@ -430,7 +448,7 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, images, help)";
       else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, resume, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
@@ -449,7 +467,7 @@ int main(int argc, char** argv) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, images, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
@@ -458,5 +476,14 @@ int main(int argc, char** argv) {
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared);
+  if (images_cmd->parsed()) {
+    auto images = pos::list_images(images_dir);
+    if (!images.ok()) {
+      std::fprintf(stderr, "pos-cli images: %s\n", images.status().message().c_str());
+      return 1;
+    }
+    std::fputs(pos::describe_images(images_dir, *images, images_json).c_str(), stdout);
+    return 0;
+  }
   return 2;
 }

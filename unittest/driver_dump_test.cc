@@ -392,4 +392,60 @@ TEST_F(DriverDump, APosCliKilledMidPreDumpLeavesTheJobRunningAndNoImage) {
   EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
+// A directory of images (a series of dumps): pos-cli images lists them newest first with their
+// state, and restore --latest takes the newest restorable one, skipping an unfinished dump, a
+// pre-dump and one whose chain is broken.
+TEST_F(DriverDump, ImagesListsADirectoryOfDumpsAndRestoreLatestTakesTheNewestRestorableOne) {
+  start();
+  const fs::path series = root_ / "series";
+  const std::string t = "-t " + std::to_string(pid_) + " ";
+  int code = -1;
+  std::string out = cli("images " + series.string(), &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("is no directory"), std::string::npos) << out;
+  fs::create_directories(series);
+  ASSERT_EQ(cli("dump " + t + "-D " + (series / "a").string() + " --leave-running", &code).empty(), false);
+  ASSERT_EQ(code, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // manifest times a second apart
+  ASSERT_EQ(write(), "rc=0\n");
+  out = cli("dump " + t + "-D " + (series / "b").string() + " --leave-running --prev " + (series / "a").string(), &code);
+  ASSERT_EQ(code, 0) << out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  out = cli("pre-dump " + t + "-D " + (series / "c").string(), &code);
+  ASSERT_EQ(code, 0) << out;
+  fs::create_directories(series / "d" / "gpu");  // a dump that never finished
+  fs::create_directories(series / "notes");      // not an image: not listed
+  out = cli("images " + series.string(), &code);
+  ASSERT_EQ(code, 0) << out;
+  const size_t c = out.find("\nc "), b = out.find("\nb "), a = out.find("\na "), d = out.find("\nd ");
+  ASSERT_TRUE(c != std::string::npos && b != std::string::npos && a != std::string::npos && d != std::string::npos) << out;
+  EXPECT_TRUE(c < b && b < a) << out;  // newest first
+  EXPECT_EQ(out.find("notes"), std::string::npos) << out;
+  EXPECT_NE(out.find("complete (no restore point)"), std::string::npos) << out;  // the pre-dump
+  EXPECT_NE(out.find("incomplete (no manifest)"), std::string::npos) << out;
+  out = cli("images " + series.string() + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("{\"name\":\"b\",\"complete\":true,\"restorable\":true,"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"prev\":\"../a\""), std::string::npos) << out;
+  // One image is no directory of images.
+  out = cli("images " + (series / "a").string(), &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("is one image"), std::string::npos) << out;
+  // b inherits from a: with a gone, b's chain is broken and --latest skips it... to nothing restorable.
+  ::kill(pid_, SIGKILL);
+  ::waitpid(std::exchange(pid_, -1), nullptr, 0);
+  fs::rename(series / "a", root_ / "a.away");
+  out = cli("images " + series.string(), &code);
+  EXPECT_NE(out.find("its chain is broken"), std::string::npos) << out;
+  out = cli("restore -D " + series.string() + " --latest", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("no complete, restorable image"), std::string::npos) << out;
+  fs::rename(root_ / "a.away", series / "a");
+  out = cli("restore -D " + series.string() + " --latest --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  restored_ = pid_ = static_cast<pid_t>(std::stoi(out.substr(out.find("\"pid\":") + 6)));
+  EXPECT_NE(out.find("\"dir\":\"" + (series / "b").string() + "\""), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // b's bytes: the write it saw
+}
+
 }  // namespace

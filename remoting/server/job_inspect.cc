@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <ctime>
+#include <filesystem>
 #include <vector>
 #include <sstream>
 
@@ -284,6 +286,103 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
     << criu->pages_in_parent << " in the previous image; " << criu->pagemaps << " pagemaps\n";
   t << "  checked: every pages file holds exactly the pages its pagemaps name\n";
   return t.str();
+}
+
+StatusOr<std::vector<ImageEntry>> list_images(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + " is no directory");
+  if (is_job_image(dir))
+    return Status::InvalidArgument(dir + " is one image (it has a manifest): name the directory that holds images");
+  std::vector<ImageEntry> out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
+    ImageEntry i;
+    i.name = printable(e.path().filename().string(), 128);
+    const std::string path = e.path().string();
+    struct stat st {};
+    if (::lstat((path + "/manifest").c_str(), &st) != 0) {
+      // A directory with parts but no manifest is a dump that did not finish (or is running).
+      if (!fs::exists(path + "/gpu", ec) && !fs::exists(path + "/criu", ec)) continue;
+      i.error = "incomplete (no manifest)";
+      out.push_back(std::move(i));
+      continue;
+    }
+    i.time = static_cast<int64_t>(st.st_mtime);
+    auto m = read_manifest(path);
+    if (!m.ok()) {
+      i.error = "damaged: " + m.status().message();
+      out.push_back(std::move(i));
+      continue;
+    }
+    i.complete = true;
+    i.kind = m->kind, i.job = m->job, i.prev = m->prev, i.pid = m->pid, i.cut = m->cut;
+    i.gpu_bytes = m->gpu_bytes, i.gpu_bytes_referenced = m->gpu_bytes_referenced;
+    Status whole = Status::Ok();
+    if (m->kind == "driver-dump" || m->kind == "driver-pre-dump") {
+      whole = driver_image_parents(path, *m).status();
+    } else if (!m->prev.empty()) {
+      whole = read_manifest(path + "/" + m->prev).status().with_context("its previous image");
+    }
+    if (!whole.ok()) i.error = "its chain is broken: " + whole.message();
+    i.restorable = whole.ok() && (m->kind == "dump" || m->kind == "driver-dump");
+    out.push_back(std::move(i));
+  }
+  std::sort(out.begin(), out.end(), [](const ImageEntry& a, const ImageEntry& b) {
+    return a.time != b.time ? a.time > b.time : a.name > b.name;
+  });
+  return out;
+}
+
+std::string describe_images(const std::string& dir, const std::vector<ImageEntry>& images, bool json) {
+  const auto utc = [](int64_t t) {
+    if (t == 0) return std::string("-");
+    char buf[32];
+    const time_t tt = static_cast<time_t>(t);
+    struct tm tmv {};
+    gmtime_r(&tt, &tmv);
+    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    return std::string(buf);
+  };
+  if (json) {
+    std::string j = "{\"dir\":" + json_string(dir) + ",\"images\":[";
+    for (size_t k = 0; k < images.size(); ++k) {
+      const ImageEntry& i = images[k];
+      j += std::string(k ? "," : "") + "{\"name\":" + json_string(i.name) + ",\"complete\":" +
+           (i.complete ? "true" : "false") + ",\"restorable\":" + (i.restorable ? "true" : "false") +
+           ",\"time\":" + json_string(utc(i.time)) + ",\"kind\":" + json_string(i.kind) + ",\"pid\":" +
+           std::to_string(i.pid) + ",\"job\":" + json_string(i.job) + ",\"cut\":" + std::to_string(i.cut) +
+           ",\"gpu_bytes\":" + std::to_string(i.gpu_bytes) + ",\"gpu_bytes_referenced\":" +
+           std::to_string(i.gpu_bytes_referenced) + ",\"prev\":" + json_string(i.prev) + ",\"error\":" +
+           json_string(i.error) + "}";
+    }
+    return j + "]}\n";
+  }
+  std::string t = "images in " + dir + ", newest first:\n";
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-24s %-16s %-20s %-8s %12s %12s  %-16s %s\n", "NAME", "KIND", "TIME (UTC)", "PID",
+                "GPU BYTES", "IN PREVIOUS", "PREVIOUS", "STATE");
+  t += line;
+  for (const ImageEntry& i : images) {
+    const std::string state = !i.complete ? i.error : !i.error.empty() ? i.error : i.restorable ? "restorable"
+                                                                                                : "complete (no restore point)";
+    std::snprintf(line, sizeof(line), "%-24s %-16s %-20s %-8s %12s %12s  %-16s %s\n", fit_columns(i.name, 24).c_str(),
+                  i.complete ? i.kind.c_str() : "-", utc(i.time).c_str(), i.complete ? std::to_string(i.pid).c_str() : "-",
+                  i.complete ? mib(i.gpu_bytes).c_str() : "-",
+                  i.complete ? mib(i.gpu_bytes_referenced).c_str() : "-",
+                  i.prev.empty() ? "-" : fit_columns(i.prev, 16).c_str(), state.c_str());
+    t += line;
+  }
+  if (images.empty()) t += "(none)\n";
+  return t;
+}
+
+StatusOr<std::string> latest_image(const std::string& dir) {
+  auto images = list_images(dir);
+  if (!images.ok()) return images.status();
+  for (const ImageEntry& i : *images)
+    if (i.restorable) return dir + "/" + i.name;
+  return Status(Code::kNotFound, 0, "no complete, restorable image in " + dir + " (pos-cli images " + dir + " lists them)");
 }
 
 }  // namespace pos

@@ -31,6 +31,25 @@ StatusOr<std::vector<std::string>> driver_image_parents(const std::string& dir, 
 Status verify_driver_gpu_part(const std::string& gpu_dir, const ckpt::RegionTable& t,
                               const std::function<void(uint64_t, uint64_t)>& progress);
 
+// `pos-cli images DIR`: the job images directly under DIR (one per subdirectory, such as a series
+// of dumps), each with what its manifest says and whether it is complete (a manifest: a dump writes
+// it last), restorable (a dump, not a pre-dump) and whole (its previous images there), newest first.
+struct ImageEntry {
+  std::string name;      // the subdirectory
+  bool complete = false;  // it has a valid manifest
+  std::string error;     // why it is not complete or not whole, or empty
+  bool restorable = false;  // complete, a dump (not a pre-dump), and its chain whole
+  int64_t time = 0;      // the manifest's modification time (seconds since the epoch)
+  std::string kind, job, prev;
+  uint32_t pid = 0;
+  uint64_t cut = 0, gpu_bytes = 0, gpu_bytes_referenced = 0;
+};
+StatusOr<std::vector<ImageEntry>> list_images(const std::string& dir);
+// The listing as text (a table) or one JSON object.
+std::string describe_images(const std::string& dir, const std::vector<ImageEntry>& images, bool json);
+// The newest restorable image under DIR (its path), for `pos-cli restore -D DIR --latest`.
+StatusOr<std::string> latest_image(const std::string& dir);
+
 // True if DIR holds a job image's manifest (else it may be a bare GPU image).
 bool is_job_image(const std::string& dir);
 
