@@ -163,19 +163,8 @@ Status HeldMemory::import_copy(const std::vector<SavedRegion>& regions, UniqueFd
     shadow_ = 0;
     return Status::Unavailable(cu_error("cuMemImportFromShareableHandle (checkpoint copy)", rc));
   }
-  if (const CUresult rc = calls_.vmm.reserve(&shadow_base_, shadow_bytes, g, 0, 0); rc != kSuccess)
-    return Status(Code::kOutOfMemory, 0, cu_error("cuMemAddressReserve (checkpoint copy)", rc));
-  // A size larger than the allocation fails here: the job's answer cannot make this read past it.
-  if (const CUresult rc = calls_.vmm.map(shadow_base_, shadow_bytes, 0, shadow_, 0); rc != kSuccess) {
-    (void)calls_.vmm.address_free(shadow_base_, shadow_bytes);
-    return Status::Unavailable(cu_error("cuMemMap (checkpoint copy)", rc));
-  }
-  shadow_size_ = shadow_bytes;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = 3;
-  if (const CUresult rc = calls_.vmm.set_access(shadow_base_, shadow_bytes, &access, 1); rc != kSuccess)
-    return Status::Unavailable(cu_error("cuMemSetAccess (checkpoint copy)", rc));
+  // A size larger than the allocation fails to map: the job's answer cannot make this read past it.
+  POS_RETURN_IF_ERROR(map_shadow(shadow_bytes, g));
   copy_only_ = true;
   regions_ = regions;
   uint64_t at = shadow_base_;
@@ -221,6 +210,10 @@ Status HeldMemory::reserve_shadow(uint64_t bytes) {
     shadow_ = 0;
     return Status(Code::kOutOfMemory, 0, cu_error("cuMemCreate (shadow)", rc));
   }
+  return map_shadow(size, g);
+}
+
+Status HeldMemory::map_shadow(uint64_t size, size_t g) {
   if (const CUresult rc = calls_.vmm.reserve(&shadow_base_, size, g, 0, 0); rc != kSuccess)
     return Status(Code::kOutOfMemory, 0, cu_error("cuMemAddressReserve (shadow)", rc));
   if (const CUresult rc = calls_.vmm.map(shadow_base_, size, 0, shadow_, 0); rc != kSuccess) {
@@ -229,7 +222,7 @@ Status HeldMemory::reserve_shadow(uint64_t bytes) {
   }
   shadow_size_ = size;
   CUmemAccessDesc access{};
-  access.location = prop.location;
+  access.location = prop_of(dev_).location;
   access.flags = 3;
   if (const CUresult rc = calls_.vmm.set_access(shadow_base_, size, &access, 1); rc != kSuccess)
     return Status::Unavailable(cu_error("cuMemSetAccess (shadow)", rc));

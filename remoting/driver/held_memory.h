@@ -71,6 +71,8 @@ class HeldMemory {
   HeldMemory(const PeerCalls& calls, int dev) : calls_(calls), dev_(dev) {}
   Status map_all(const std::vector<CUmemGenericAllocationHandle>& handles);  // at base_ onwards
   CopyOptions with_addresses(CopyOptions o) const;
+  // shadow_ (made or imported) reserved, mapped with read-write access; `g` the granularity.
+  Status map_shadow(uint64_t size, size_t g);
 
   const PeerCalls calls_;
   const int dev_;

@@ -705,17 +705,55 @@ StatusOr<ckpt::RegionTable> driver_prev(const Prepared& pp) {
   return t;
 }
 
-// The previous image's chain as PreviousChunks, so that an incremental image leaves to it the
-// chunks it holds byte for byte (any earlier image of the job will do: the bytes are compared).
-// Null without --prev, or when it cannot be read (the image is then stored whole, which is correct).
-std::unique_ptr<driver::PreviousChunks> previous_chunks(const Prepared& pp) {
-  if (pp.prev_dir.empty()) return nullptr;
+// CopyOptions::unchanged for an incremental image: the previous image's chain as PreviousChunks,
+// so that the image leaves to it the chunks it holds byte for byte (any earlier image of the job
+// will do: the bytes are compared). Empty without --prev, or when it cannot be read (the image is
+// then stored whole, which is correct).
+std::function<bool(uint64_t, uint64_t, size_t, uint32_t, const void*, uint64_t)> unchanged_in_prev(const Prepared& pp) {
+  if (pp.prev_dir.empty()) return {};
   std::vector<std::string> dirs = {pp.prev_dir + "/" + pp.prev.gpu};
   auto parents = driver_image_parents(pp.prev_dir, pp.prev);
-  if (!parents.ok()) return nullptr;
+  if (!parents.ok()) return {};
   dirs.insert(dirs.end(), parents->begin(), parents->end());
   auto p = driver::PreviousChunks::open(dirs);
-  return p.ok() ? std::make_unique<driver::PreviousChunks>(std::move(*p)) : nullptr;
+  if (!p.ok()) return {};
+  auto previous = std::make_shared<const driver::PreviousChunks>(std::move(*p));
+  return [previous](uint64_t a, uint64_t size, size_t i, uint32_t crc, const void* b, uint64_t n) {
+    return previous->unchanged(a, size, i, crc, b, n);
+  };
+}
+
+// DIR/gpu made durable (its table, memory files and directory, then DIR): the bytes are in the
+// page cache already.
+Status sync_gpu_part(const std::string& gpu_dir, const std::string& dir) {
+  std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
+  if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
+    for (uint32_t f = 0; f < table->files; ++f) parts.push_back(gpu_dir + "/" + ckpt::memory_file_name(f));
+  return sync_files(parts);
+}
+
+// The manifest of an in-process job's image (kind "driver-dump" or "driver-pre-dump"), and the
+// report's bytes: chunks left to the previous image (`same_bytes`) count as its bytes, not this
+// one's, though the table's stored regions still name them (the manifest's gpu_bytes is theirs).
+// `prev` is named when the image inherits anything.
+JobManifest driver_manifest(const char* kind, const JobDumpOptions& o, const Prepared& pp, const std::string& ps,
+                            uint64_t cut, bool inherits, uint64_t same_bytes, JobDumpReport* r) {
+  JobManifest m;
+  m.kind = kind;
+  m.pid = o.pid;
+  m.uid = pp.owner;
+  m.job = printable(json_text(ps, "job"), 64);
+  m.socket = o.job_socket;
+  m.cut = cut;
+  m.handles = r->gpu.handles;
+  m.gpu_bytes = r->gpu.bytes_stored;
+  r->gpu.bytes_stored -= same_bytes;
+  r->gpu.bytes_referenced += same_bytes;
+  if (inherits || same_bytes > 0) {
+    m.prev = relative_to(pp.prev_dir, pp.dir);
+    m.gpu_bytes_referenced = r->gpu.bytes_referenced;
+  }
+  return m;
 }
 
 // The allocations an incremental image inherits: not written since the job's last cut (`since`),
@@ -760,7 +798,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   auto prev_table = driver_prev(pp);
   if (!prev_table.ok()) return prev_table.status();
   std::vector<ckpt::SavedRegion> inherited;  // with --prev: what the image leaves to the previous one
-  const std::unique_ptr<driver::PreviousChunks> previous = previous_chunks(pp);
+  const auto unchanged = unchanged_in_prev(pp);
   uint64_t cut = 0, same_bytes = 0;
   // The driver's checkpoint calls, and the job's answer, before anything is stopped.
   auto driver = ckpt::DriverCheckpoint::open();
@@ -808,9 +846,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       driver::CopyOptions co;
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
       co.inherited = inherited;
-      if (previous) co.unchanged = [&](uint64_t a, uint64_t sz, size_t i, uint32_t c, const void* b, uint64_t n) {
-        return previous->unchanged(a, sz, i, c, b, n);
-      };
+      co.unchanged = unchanged;
       auto saved = held->save(gpu_dir, co);
       written = saved.ok() ? Status::Ok() : saved.status();
       if (saved.ok()) same_bytes = saved->same_bytes;
@@ -967,36 +1003,17 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   }
   held.reset();  // a stopped job's memory is freed here; a running one's is its own again
   if (handed) give_files(gpu_dir, pp.owner);
-  // Durable once the job runs again: the bytes are in the page cache already.
+  // Durable once the job runs again.
   t = std::chrono::steady_clock::now();
-  std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
-  if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
-    for (uint32_t f = 0; f < table->files; ++f) parts.push_back(gpu_dir + "/" + ckpt::memory_file_name(f));
-  if (Status s = sync_files(parts); !s.ok()) {
+  if (Status s = sync_gpu_part(gpu_dir, dir); !s.ok()) {
     remove_parts();
     return s;
   }
   r.sync_s = seconds_since(t);
   r.criu_bytes = bytes_under(r.criu_dir);
-  JobManifest m;
-  m.kind = "driver-dump";
-  m.pid = o.pid;
-  m.uid = pp.owner;
-  m.job = printable(json_text(*ps, "job"), 64);
-  m.socket = o.job_socket;
+  JobManifest m = driver_manifest("driver-dump", o, pp, *ps, cut, !inherited.empty(), same_bytes, &r);
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
-  m.cut = cut;
-  // Chunks left to the previous image count as its bytes, not this one's (the table's stored
-  // regions still name them: the manifest's gpu_bytes is theirs).
-  m.gpu_bytes = r.gpu.bytes_stored;
-  r.gpu.bytes_stored -= same_bytes;
-  r.gpu.bytes_referenced += same_bytes;
-  if (!inherited.empty() || same_bytes > 0) {
-    m.prev = relative_to(pp.prev_dir, dir);
-    m.gpu_bytes_referenced = r.gpu.bytes_referenced;
-  }
-  m.handles = r.gpu.handles;
   r.manifest = dir + "/manifest";
   if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();
@@ -1082,10 +1099,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   driver::CopyOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   co.inherited = inherited;
-  const std::unique_ptr<driver::PreviousChunks> previous = previous_chunks(pp);
-  if (previous) co.unchanged = [&](uint64_t ad, uint64_t sz, size_t i, uint32_t c, const void* b, uint64_t n) {
-    return previous->unchanged(ad, sz, i, c, b, n);
-  };
+  co.unchanged = unchanged_in_prev(pp);
   auto saved = (*held)->save(gpu_dir, co);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
@@ -1096,11 +1110,8 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.gpu.image = gpu_dir;
   ckpt::fault_point("driver-pre-dump-written");
   give_files(gpu_dir, pp.owner);
-  std::vector<std::string> parts = {gpu_dir + "/regions", gpu_dir, dir};
-  if (auto table = ckpt::read_region_table(gpu_dir); table.ok())
-    for (uint32_t f = 0; f < table->files; ++f) parts.push_back(gpu_dir + "/" + ckpt::memory_file_name(f));
   t = std::chrono::steady_clock::now();
-  if (Status s = sync_files(parts); !s.ok()) {
+  if (Status s = sync_gpu_part(gpu_dir, dir); !s.ok()) {
     remove_parts();
     return s;
   }
@@ -1108,22 +1119,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.gpu_s = seconds_since(t0);
   r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
                 "driver's state first): this pre-dump is GPU-only";
-  JobManifest m;
-  m.kind = "driver-pre-dump";
-  m.cut = json_u64(a, "cut");
-  m.gpu_bytes = r.gpu.bytes_stored;  // the table's stored regions, chunks left to the previous image included
-  r.gpu.bytes_stored -= saved->same_bytes;
-  r.gpu.bytes_referenced += saved->same_bytes;
-  if (!inherited.empty() || saved->same_bytes > 0) {
-    m.prev = relative_to(pp.prev_dir, dir);
-    m.gpu_bytes_referenced = r.gpu.bytes_referenced;
-  }
-  m.pid = o.pid;
-  m.uid = pp.owner;
-  m.job = printable(json_text(*ps, "job"), 64);
-  m.socket = o.job_socket;
+  JobManifest m = driver_manifest("driver-pre-dump", o, pp, *ps, json_u64(a, "cut"), !inherited.empty(),
+                                  saved->same_bytes, &r);
   m.leave_running = true;
-  m.handles = r.gpu.handles;
   m.criu = "";
   r.manifest = dir + "/manifest";
   if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
