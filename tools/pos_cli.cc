@@ -3,17 +3,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "ckpt/image.h"
 #include "ckpt/inspect.h"
 #include "remoting/common/handshake.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/wire.h"
+#include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/job_inspect.h"
@@ -92,7 +102,9 @@ int inspect(const std::string& dir, bool json, bool summary, bool verify) {
   return 0;
 }
 
-// posd's sessions and the in-process jobs (`pos run`) in `jobs_dir`. posd renders its part and each
+std::string policies_text(const std::vector<pos::PolicyStatus>& ps, bool json);
+
+// posd's sessions and the in-process jobs (`pos run`) in `jobs_dir`, and the checkpoint policies there. posd renders its part and each
 // job renders its own row or object: one source of truth for the fields. Fails only when neither
 // posd nor any job answered.
 int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
@@ -104,10 +116,13 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
     std::fprintf(stderr, "pos-cli ps: %s\n", text.status().message().c_str());
     return 1;
   }
+  std::vector<std::string> unread;
+  const std::vector<pos::PolicyStatus> policies = pos::list_policy_statuses(jobs_dir, &unread);
+  for (const std::string& u : unread) std::fprintf(stderr, "pos-cli ps: not read: %s\n", u.c_str());
   if (json) {
     std::string arr = "[";
     for (const pos::JobAnswer& j : jobs) arr += (arr.size() > 1 ? "," : "") + j.text;
-    arr += "]";
+    arr += "],\"checkpoint_policies\":" + policies_text(policies, true);
     std::string out;
     if (text.ok()) {
       out = *text;
@@ -131,7 +146,32 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
     for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
     std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
   }
+  if (!policies.empty()) std::fputs(policies_text(policies, false).c_str(), stdout);
   return 0;
+}
+
+// Where a job answers: an in-process job (pos run) on its own control socket in its jobs directory
+// (the job's own, from its environment, unless given); a job under posd has none there.
+struct JobTarget {
+  std::string jobs_dir, job_socket;
+  bool inproc = false;
+};
+JobTarget find_job(int pid, const std::string& jobs_dir_arg) {
+  JobTarget t;
+  t.jobs_dir = jobs_dir_arg;
+  if (t.jobs_dir.empty()) t.jobs_dir = pos::jobs_dir_of_process(pid);
+  if (t.jobs_dir.empty()) t.jobs_dir = pos::default_jobs_dir();
+  t.job_socket = pos::job_socket_path(t.jobs_dir, pid);
+  struct stat st {};
+  t.inproc = ::stat(t.job_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  return t;
+}
+
+// This program's own path, for a dump's guardian (it runs `resume` if this process dies mid-dump).
+std::string self_program() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
 }
 
 struct DumpArgs {
@@ -152,16 +192,10 @@ int dump(const DumpArgs& a, bool pre) {
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
   // If this process dies mid-dump, a guardian runs this same program's `resume` on the job.
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n > 0) o.resume_program.assign(self, static_cast<size_t>(n));
-  // An in-process job (pos run) answers on its own control socket; a job under posd has none.
-  std::string jobs_dir = a.jobs_dir;
-  if (jobs_dir.empty()) jobs_dir = pos::jobs_dir_of_process(a.pid);
-  if (jobs_dir.empty()) jobs_dir = pos::default_jobs_dir();
-  const std::string job_socket = pos::job_socket_path(jobs_dir, a.pid);
-  struct stat st {};
-  const bool inproc = ::stat(job_socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  o.resume_program = self_program();
+  const JobTarget target = find_job(a.pid, a.jobs_dir);
+  const std::string& job_socket = target.job_socket;
+  const bool inproc = target.inproc;
   if (inproc) o.job_socket = job_socket;
   pos::StatusOr<pos::JobDumpReport> r = [&] {
     // The GPU drain reports from its own thread while CRIU runs (with --leave-running): one line,
@@ -338,6 +372,228 @@ int restore(RestoreArgs a) {
   return 0;
 }
 
+// ---- pos-cli checkpoint: continuous checkpointing (docs/continuous_checkpointing.md) ----
+
+struct CheckpointArgs {
+  int pid = 0;
+  std::string dir, every, socket, jobs_dir;
+  uint32_t keep = 3, full_every = 10;
+  bool with_cpu = false, stop = false, foreground = false, json = false;
+};
+
+std::atomic<bool> g_stop_checkpoints{false};
+void on_stop_signal(int) { g_stop_checkpoints.store(true); }
+
+// `--stop`: the policy's checkpointer asked to end (it finishes the checkpoint in progress) and
+// waited for.
+int stop_checkpoints(const CheckpointArgs& a, const JobTarget& target) {
+  const std::string path = pos::policy_status_path(target.jobs_dir, static_cast<uint32_t>(a.pid));
+  auto s = pos::read_policy_status(path);
+  if (!s.ok()) {
+    std::fprintf(stderr, "pos-cli checkpoint: no checkpoint policy for pid %d (%s)\n", a.pid, s.status().message().c_str());
+    return 1;
+  }
+  if (s->state != "running" || !pos::checkpointer_alive(*s)) {
+    std::printf("the checkpoint policy of pid %d is not running (%s); %llu restore points taken, newest %s\n", a.pid,
+                s->state == "running" ? "its checkpointer is gone" : s->state.c_str(), (unsigned long long)s->taken,
+                s->newest.empty() ? "none" : (s->dir + "/" + s->newest).c_str());
+    return 0;
+  }
+  if (::kill(static_cast<pid_t>(s->checkpointer), SIGTERM) != 0) {
+    std::fprintf(stderr, "pos-cli checkpoint: cannot stop checkpointer pid %u: %s\n", s->checkpointer, std::strerror(errno));
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool said = false;
+  while (pos::checkpointer_alive(*s)) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > 1 && !said) {
+      std::fprintf(stderr, "pos-cli checkpoint: waiting for the checkpoint in progress to finish...\n");
+      said = true;
+    }
+    if (waited > 600) {
+      std::fprintf(stderr, "pos-cli checkpoint: checkpointer pid %u did not end within 10 minutes\n", s->checkpointer);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto last = pos::read_policy_status(path);
+  const pos::PolicyStatus& f = last.ok() ? *last : *s;
+  std::printf("stopped the checkpoint policy of pid %d: %llu restore points taken (%llu failed), newest %s\n", a.pid,
+              (unsigned long long)f.taken, (unsigned long long)f.failed,
+              f.newest.empty() ? "none" : (f.dir + "/" + f.newest).c_str());
+  return 0;
+}
+
+int checkpoint(const CheckpointArgs& a) {
+  const JobTarget target = find_job(a.pid, a.jobs_dir);
+  if (a.stop) return stop_checkpoints(a, target);
+  if (a.dir.empty() || a.every.empty()) {
+    std::fprintf(stderr, "pos-cli checkpoint: -D DIR and --every INTERVAL are required (or --stop)\n");
+    return 2;
+  }
+  auto every = pos::parse_interval(a.every);
+  if (!every.ok()) {
+    std::fprintf(stderr, "pos-cli checkpoint: --every: %s\n", every.status().message().c_str());
+    return 2;
+  }
+  if (::kill(a.pid, 0) != 0 && errno == ESRCH) {
+    std::fprintf(stderr, "pos-cli checkpoint: no process %d\n", a.pid);
+    return 1;
+  }
+  pos::CheckpointPolicy p;
+  p.pid = static_cast<uint32_t>(a.pid);
+  p.dir = a.dir;
+  p.every_s = *every;
+  p.keep = a.keep;
+  p.full_every = a.full_every;
+  p.with_cpu = a.with_cpu;
+  p.socket = a.socket;
+  if (target.inproc) p.job_socket = target.job_socket;
+  p.resume_program = self_program();
+  const std::string status_path = pos::policy_status_path(target.jobs_dir, p.pid);
+  const auto describe = [&](uint32_t checkpointer) {
+    char b[1024];
+    std::snprintf(b, sizeof(b),
+                  "checkpointing pid %d into %s every %.3g s: %s, keeping %u (whole every %u); checkpointer pid %u; "
+                  "pos-cli ps shows it, pos-cli checkpoint -t %d --stop ends it",
+                  a.pid, a.dir.c_str(), *every, a.with_cpu ? "restore points of GPU and CPU state" : "GPU state only",
+                  a.keep, a.full_every, checkpointer, a.pid);
+    return std::string(b);
+  };
+  const auto alive = [pid = p.pid] { return pos::process_running(pid); };
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  if (a.foreground) {
+    auto r = pos::CheckpointRunner::open(p, status_path, pos::job_checkpoint_tick(p));
+    if (!r.ok()) {
+      std::fprintf(stderr, "pos-cli checkpoint: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    (*r)->set_log([](const std::string& l) { std::printf("%s\n", l.c_str()), std::fflush(stdout); });
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+    std::printf("%s\n", describe(static_cast<uint32_t>(::getpid())).c_str());
+    std::fflush(stdout);
+    (*r)->run(g_stop_checkpoints, alive);
+    return 0;
+  }
+  // In the background: the child becomes the checkpointer and says, through a pipe, whether its
+  // policy started (or why not) before this process returns.
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "pos-cli checkpoint: pipe: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    std::fprintf(stderr, "pos-cli checkpoint: fork: %s\n", std::strerror(errno));
+    return 1;
+  }
+  if (child == 0) {
+    ::close(fds[0]);
+    ::setsid();
+    auto say = [&](const std::string& m) {
+      (void)!::write(fds[1], m.data(), m.size());
+      ::close(fds[1]);
+    };
+    auto r = pos::CheckpointRunner::open(p, status_path, pos::job_checkpoint_tick(p));
+    if (!r.ok()) {
+      say("E" + r.status().message());
+      ::_exit(1);
+    }
+    const std::string log = (*r)->status().dir + "/checkpoint.log";
+    const int lf = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    const int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (lf < 0 || nul < 0) {
+      say("Ecannot open " + log + ": " + std::strerror(errno));
+      ::_exit(1);
+    }
+    ::dup2(nul, 0), ::dup2(lf, 1), ::dup2(lf, 2);
+    ::close(lf), ::close(nul);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::signal(SIGHUP, SIG_IGN);
+    auto stamp = [](const std::string& l) {
+      char t[32];
+      const time_t now = std::time(nullptr);
+      struct tm tmv {};
+      gmtime_r(&now, &tmv);
+      std::strftime(t, sizeof(t), "%Y-%m-%dT%H:%M:%SZ", &tmv);
+      std::printf("%s %s\n", t, l.c_str());
+      std::fflush(stdout);
+    };
+    (*r)->set_log(stamp);
+    stamp(describe(static_cast<uint32_t>(::getpid())));
+    say("O");
+    (*r)->run(g_stop_checkpoints, alive);
+    std::fflush(stdout);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string answer;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0) answer.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (answer.empty() || answer[0] != 'O') {
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    std::fprintf(stderr, "pos-cli checkpoint: %s\n", answer.empty() ? "the checkpointer ended before it started" : answer.c_str() + 1);
+    return 1;
+  }
+  if (a.json) {
+    std::printf("{\"pid\":%d,\"dir\":%s,\"every_s\":%.6f,\"keep\":%u,\"full_every\":%u,\"with_cpu\":%s,\"checkpointer\":%d,"
+                "\"status\":%s,\"inproc\":%s}\n",
+                a.pid, pos::json_string(a.dir).c_str(), *every, a.keep, a.full_every, a.with_cpu ? "true" : "false",
+                static_cast<int>(child), pos::json_string(status_path).c_str(), target.inproc ? "true" : "false");
+  } else {
+    std::printf("%s; log: %s/checkpoint.log\n", describe(static_cast<uint32_t>(child)).c_str(), a.dir.c_str());
+  }
+  return 0;
+}
+
+// ps's part for continuous checkpoints: one row (or object) per policy in the jobs directory.
+std::string policies_text(const std::vector<pos::PolicyStatus>& ps, bool json) {
+  const uint64_t now = static_cast<uint64_t>(std::time(nullptr));
+  if (json) {
+    std::string arr = "[";
+    for (const pos::PolicyStatus& s : ps) {
+      std::string o = pos::policy_status_json(s);
+      while (!o.empty() && o.back() == '\n') o.pop_back();
+      o.insert(o.size() - 1, std::string(",\"alive\":") + (pos::checkpointer_alive(s) ? "true" : "false") +
+                                 ",\"newest_age_s\":" + (s.newest_time ? std::to_string(now - std::min(now, s.newest_time)) : "null"));
+      arr += (arr.size() > 1 ? "," : "") + o;
+    }
+    return arr + "]";
+  }
+  std::string t;
+  char line[1024];
+  std::snprintf(line, sizeof(line), "\n%-8s %-8s %-8s %-5s %-8s %-7s %-10s %9s %9s %10s %12s %6s  %s\n", "PID", "POLICY",
+                "EVERY", "KEEP", "PARTS", "POINTS", "NEWEST", "AGE (s)", "TOOK (s)", "PAUSED(ms)", "BYTES", "FAILED",
+                "DIR / LAST ERROR");
+  t += line;
+  for (const pos::PolicyStatus& s : ps) {
+    const bool alive = pos::checkpointer_alive(s);
+    const std::string state = s.state == "running" && !alive ? "gone" : s.state;
+    char every[32];
+    std::snprintf(every, sizeof(every), "%.3gs", static_cast<double>(s.every_us) / 1e6);
+    const std::string age = s.newest_time ? std::to_string(now - std::min(now, s.newest_time)) : "-";
+    std::snprintf(line, sizeof(line), "%-8u %-8s %-8s %-5llu %-8s %-7llu %-10s %9s %9.3f %10.3f %12llu %6llu  %s%s\n", s.pid,
+                  state.c_str(), every, (unsigned long long)s.keep, s.with_cpu ? "gpu+cpu" : "gpu", (unsigned long long)s.points,
+                  s.newest.empty() ? "-" : s.newest.c_str(), age.c_str(), static_cast<double>(s.last_duration_us) / 1e6,
+                  static_cast<double>(s.last_pause_us) / 1e3, (unsigned long long)s.last_bytes, (unsigned long long)s.failed,
+                  pos::fit_columns(s.dir, 60).c_str(),
+                  s.last_error.empty() ? "" : ("\n         last error: " + pos::fit_columns(s.last_error, 200)).c_str());
+    t += line;
+  }
+  t += std::to_string(ps.size()) + " checkpoint polic" + (ps.size() == 1 ? "y" : "ies") + "\n";
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -434,6 +690,29 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--shared-fds", resume_shared,
                          "COUNT:LIST: the job's device memory in descriptors 3.. (a dump's guardian passes them)");
 
+  CheckpointArgs ca;
+  ca.socket = pos::default_socket_path();
+  CLI::App* ckpt_cmd = app.add_subcommand(
+      "checkpoint", "checkpoint a running job every interval into a directory of restore points (or --stop)");
+  ckpt_cmd->add_option("-t,--tree", ca.pid, "the job's pid")->required()->check(CLI::PositiveNumber);
+  ckpt_cmd->add_option("-D,--images-dir", ca.dir, "the directory of its restore points (cp-NNNNNN; made if missing)");
+  ckpt_cmd->add_option("--every", ca.every, "the interval: 30s, 500ms, 2m, 1h");
+  ckpt_cmd->add_option("--keep", ca.keep, "the newest restore points kept (older ones go once no kept one needs them)")
+      ->check(CLI::Range(1u, 100000u))
+      ->capture_default_str();
+  ckpt_cmd->add_option("--full-every", ca.full_every,
+                       "every K-th restore point is whole; the others hold only what changed since the one before")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  ckpt_cmd->add_flag("--with-cpu", ca.with_cpu,
+                     "each restore point a whole process (CRIU with the GPU state: restorable); else GPU state only");
+  ckpt_cmd->add_flag("--stop", ca.stop, "end the job's policy (the checkpoint in progress finishes first)");
+  ckpt_cmd->add_flag("--foreground", ca.foreground, "run the policy in this process (its log on stdout) until stopped");
+  ckpt_cmd->add_flag("--json", ca.json, "one JSON report of the started policy");
+  ckpt_cmd->add_option("--socket", ca.socket, "posd's socket")->capture_default_str();
+  ckpt_cmd->add_option("--jobs-dir", ca.jobs_dir,
+                       "where in-process jobs put their control sockets and policies their status (default: the job's own)");
+
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
   help->add_option("COMMAND", topic, "the command");
@@ -448,8 +727,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, images, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, resume, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -462,12 +741,12 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, resume_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, resume_cmd, images_cmd, ckpt_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, images, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
@@ -476,6 +755,7 @@ int main(int argc, char** argv) {
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared);
+  if (ckpt_cmd->parsed()) return checkpoint(ca);
   if (images_cmd->parsed()) {
     auto images = pos::list_images(images_dir);
     if (!images.ok()) {

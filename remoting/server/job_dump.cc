@@ -39,22 +39,6 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// A small file, whole or not at all: written to a temporary name, fsynced, renamed.
-Status write_file(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
-  if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
-  if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
-    return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
-  f.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::Unavailable("cannot write " + path + ": " + std::strerror(errno));
-  // The rename itself durable: a crash after the dump's report never loses the file.
-  const std::string parent = path.substr(0, path.rfind('/') + 1);
-  UniqueFd d(::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!d || ::fsync(d.get()) != 0) return Status::Unavailable("cannot sync " + parent + ": " + std::strerror(errno));
-  return Status::Ok();
-}
-
 // Bytes of the files under `dir` (CRIU's images), for the report.
 uint64_t bytes_under(const std::string& dir) {
   std::error_code ec;
@@ -225,7 +209,7 @@ Status write_manifest(const std::string& dir, JobManifest* m, JobDumpReport* r) 
   m->job = printable((*img)->client().client().job_name());
   m->gpu_image_id = (*img)->inventory().image_id();
   r->manifest = dir + "/manifest";
-  return write_file(r->manifest, manifest_json(*m), 0600);
+  return write_small_file(r->manifest, manifest_json(*m), 0600);
 }
 
 }  // namespace
@@ -367,7 +351,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     return why;
   };
   ckpt::fault_point("job-dump-before-manifest");
-  if (Status s = write_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
+  if (Status s = write_small_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
   r.criu_bytes = bytes_under(r.criu_dir);
   JobManifest m = manifest_base(o, pp, r);
   m.permit = permit;
@@ -1015,7 +999,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+  if (Status s = write_small_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();
     return s;
   }
@@ -1124,7 +1108,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   m.leave_running = true;
   m.criu = "";
   r.manifest = dir + "/manifest";
-  if (Status s = write_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+  if (Status s = write_small_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();
     return s;
   }

@@ -16,6 +16,21 @@
 
 namespace pos {
 
+Status write_small_file(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
+  if (!f) return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::fsync(f.get()) != 0)
+    return Status::Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  f.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::Unavailable("cannot write " + path + ": " + std::strerror(errno));
+  // The rename itself durable: a crash after the caller's report never loses the file.
+  const std::string parent = path.substr(0, path.rfind('/') + 1);
+  UniqueFd d(::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d || ::fsync(d.get()) != 0) return Status::Unavailable("cannot sync " + parent + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
 std::string manifest_json(const JobManifest& m) {
   auto u = [](uint64_t v) { return std::to_string(v); };
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
@@ -31,16 +46,11 @@ std::string manifest_json(const JobManifest& m) {
 
 namespace {
 
-struct Value {
-  enum Kind { kString, kNumber, kBool } kind = kString;
-  std::string s;
-  uint64_t n = 0;
-  bool b = false;
-};
+using Value = FlatJsonValue;
 
 class Reader {
  public:
-  explicit Reader(const std::string& t) : t_(t) {}
+  Reader(const std::string& t, const char* what = "the manifest") : t_(t), what_(what) {}
   Status object(std::map<std::string, Value>* out) {
     skip();
     if (!eat('{')) return bad("it does not start with '{'");
@@ -115,13 +125,18 @@ class Reader {
     return false;
   }
   Status bad(const std::string& why) const {
-    return Status::Corrupt("the manifest is not valid: " + why + " (at byte " + std::to_string(i_) + ")");
+    return Status::Corrupt(std::string(what_) + " is not valid: " + why + " (at byte " + std::to_string(i_) + ")");
   }
   const std::string& t_;
+  const char* what_;
   size_t i_ = 0;
 };
 
 }  // namespace
+
+Status parse_flat_json(const std::string& text, const char* what, std::map<std::string, FlatJsonValue>* out) {
+  return Reader(text, what).object(out);
+}
 
 StatusOr<JobManifest> parse_manifest(const std::string& text) {
   if (text.size() > 64 * 1024) return Status::Corrupt("the manifest is not valid: it is larger than 64 KiB");

@@ -2,7 +2,10 @@
 // the cut together (docs/wire_format.md "Job image manifest"); written by dump, checked by restore.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "pos/base/status.h"
@@ -41,8 +44,24 @@ std::string manifest_json(const JobManifest& m);
 // kCorrupt, naming what is wrong.
 StatusOr<JobManifest> parse_manifest(const std::string& text);
 
+// One value of a flat JSON object as the manifest's strict reader takes it: a string (UTF-8, no
+// escaped characters but quote, backslash and slash), an unsigned number below 10^19, or a boolean.
+struct FlatJsonValue {
+  enum Kind { kString, kNumber, kBool } kind = kString;
+  std::string s;
+  uint64_t n = 0;
+  bool b = false;
+};
+// `text` as one flat JSON object into `out`; anything else (nesting, negative or fractional
+// numbers, a key twice, bytes after it) is kCorrupt, naming `what` and the byte.
+[[nodiscard]] Status parse_flat_json(const std::string& text, const char* what, std::map<std::string, FlatJsonValue>* out);
+
 // A small file of an image, at most `max` bytes (more is kCorrupt): images are input like any other.
 StatusOr<std::string> read_small_file(const std::string& path, size_t max);
+// A small file written whole or not at all: a temporary name beside it, fsync, rename, fsync of
+// the directory (a crash never leaves half of it, nor loses it once this returned). Manifests,
+// tokens, the status of a checkpoint policy.
+[[nodiscard]] Status write_small_file(const std::string& path, const std::string& text, mode_t mode);
 // DIR/manifest, read and parsed; errors name DIR.
 StatusOr<JobManifest> read_manifest(const std::string& dir);
 

@@ -1,0 +1,440 @@
+// checkpoint_policy.cc — the continuous-checkpointing loop: restore points written under a temporary
+// name and renamed once complete, chains cut every K points, retention that keeps what a kept point needs.
+#include "remoting/server/checkpoint_policy.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "pos/base/text.h"
+#include "remoting/server/job_dump.h"
+#include "remoting/server/job_manifest.h"
+
+namespace pos {
+namespace {
+
+constexpr const char* kPrefix = "cp-";
+
+uint64_t now_epoch() { return static_cast<uint64_t>(std::time(nullptr)); }
+uint64_t micros(double s) { return s <= 0 ? 0 : static_cast<uint64_t>(std::llround(s * 1e6)); }
+
+// cp-<digits>: its number, or 0 for any other name.
+uint64_t point_seq(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0 || name.size() <= 3 || name.size() > 3 + 18) return 0;
+  uint64_t n = 0;
+  for (size_t i = 3; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return 0;
+    n = n * 10 + static_cast<uint64_t>(name[i] - '0');
+  }
+  return n;
+}
+
+std::string point_name(uint64_t seq) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%s%06llu", kPrefix, static_cast<unsigned long long>(seq));
+  return b;
+}
+
+Status sync_dir(const std::string& dir) {
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d || ::fsync(d.get()) != 0) return Status::Unavailable("cannot sync " + dir + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool process_running(uint32_t pid) {
+  if (pid == 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  // A zombie is gone for every purpose here (its parent has not reaped it yet).
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return true;  // another user's /proc may be hidden: kill said it exists
+  const size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
+StatusOr<double> parse_interval(const std::string& text) {
+  if (text.empty() || text.size() > 32) return Status::InvalidArgument("an interval such as 30s, 500ms, 2m or 1h is expected");
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return Status::InvalidArgument("'" + printable(text, 32) + "' is no interval (30s, 500ms, 2m, 1h)");
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
+  if (scale < 0 || !std::isfinite(v)) return Status::InvalidArgument("'" + printable(text, 32) + "' is no interval (30s, 500ms, 2m, 1h)");
+  const double s = v * scale;
+  if (s < 0.01 || s > 86400) return Status::InvalidArgument("the interval must be between 10ms and 24h, not " + printable(text, 32));
+  return s;
+}
+
+// ---- status file ----
+
+std::string policy_status_dir(const std::string& jobs_dir) { return jobs_dir + "/checkpoints"; }
+std::string policy_status_path(const std::string& jobs_dir, uint32_t pid) {
+  return policy_status_dir(jobs_dir) + "/" + std::to_string(pid) + ".json";
+}
+
+std::string policy_status_json(const PolicyStatus& s) {
+  auto u = [](uint64_t v) { return std::to_string(v); };
+  return "{\"pid\":" + u(s.pid) + ",\"checkpointer\":" + u(s.checkpointer) + ",\"uid\":" + u(s.uid) +
+         ",\"dir\":" + json_string(s.dir) + ",\"every_us\":" + u(s.every_us) + ",\"keep\":" + u(s.keep) +
+         ",\"full_every\":" + u(s.full_every) + ",\"with_cpu\":" + (s.with_cpu ? "true" : "false") +
+         ",\"state\":" + json_string(s.state) + ",\"started\":" + u(s.started) + ",\"updated\":" + u(s.updated) +
+         ",\"taken\":" + u(s.taken) + ",\"failed\":" + u(s.failed) + ",\"coalesced\":" + u(s.coalesced) +
+         ",\"bytes_total\":" + u(s.bytes_total) + ",\"retired\":" + u(s.retired) + ",\"last_time\":" + u(s.last_time) +
+         ",\"last_duration_us\":" + u(s.last_duration_us) + ",\"last_pause_us\":" + u(s.last_pause_us) +
+         ",\"last_gpu_us\":" + u(s.last_gpu_us) + ",\"last_criu_us\":" + u(s.last_criu_us) +
+         ",\"last_bytes\":" + u(s.last_bytes) + ",\"last_bytes_referenced\":" + u(s.last_bytes_referenced) +
+         ",\"newest\":" + json_string(s.newest) + ",\"newest_time\":" + u(s.newest_time) + ",\"points\":" + u(s.points) +
+         ",\"last_error\":" + json_string(s.last_error) + ",\"last_error_time\":" + u(s.last_error_time) + "}\n";
+}
+
+StatusOr<PolicyStatus> parse_policy_status(const std::string& text) {
+  if (text.size() > 64 * 1024) return Status::Corrupt("the checkpoint status is larger than 64 KiB");
+  std::map<std::string, FlatJsonValue> v;
+  POS_RETURN_IF_ERROR(parse_flat_json(text, "the checkpoint status", &v));
+  PolicyStatus s;
+  Status bad = Status::Ok();
+  auto num = [&](const char* key, uint64_t* out) {
+    auto it = v.find(key);
+    if (it == v.end() || it->second.kind != FlatJsonValue::kNumber) {
+      if (bad.ok()) bad = Status::Corrupt(std::string("the checkpoint status lacks the number \"") + key + "\"");
+      return;
+    }
+    *out = it->second.n;
+  };
+  auto str = [&](const char* key, std::string* out) {
+    auto it = v.find(key);
+    if (it == v.end() || it->second.kind != FlatJsonValue::kString) {
+      if (bad.ok()) bad = Status::Corrupt(std::string("the checkpoint status lacks the string \"") + key + "\"");
+      return;
+    }
+    *out = it->second.s;
+  };
+  uint64_t pid = 0, cp = 0, uid = 0;
+  num("pid", &pid), num("checkpointer", &cp), num("uid", &uid);
+  for (auto [k, p] : {std::pair<const char*, uint64_t*>{"every_us", &s.every_us}, {"keep", &s.keep},
+                      {"full_every", &s.full_every}, {"started", &s.started}, {"updated", &s.updated},
+                      {"taken", &s.taken}, {"failed", &s.failed}, {"coalesced", &s.coalesced},
+                      {"bytes_total", &s.bytes_total}, {"retired", &s.retired}, {"last_time", &s.last_time},
+                      {"last_duration_us", &s.last_duration_us}, {"last_pause_us", &s.last_pause_us},
+                      {"last_gpu_us", &s.last_gpu_us}, {"last_criu_us", &s.last_criu_us}, {"last_bytes", &s.last_bytes},
+                      {"last_bytes_referenced", &s.last_bytes_referenced}, {"newest_time", &s.newest_time},
+                      {"points", &s.points}, {"last_error_time", &s.last_error_time}})
+    num(k, p);
+  for (auto [k, p] : {std::pair<const char*, std::string*>{"dir", &s.dir}, {"state", &s.state}, {"newest", &s.newest},
+                      {"last_error", &s.last_error}})
+    str(k, p);
+  auto wc = v.find("with_cpu");
+  if (wc == v.end() || wc->second.kind != FlatJsonValue::kBool) {
+    if (bad.ok()) bad = Status::Corrupt("the checkpoint status lacks the boolean \"with_cpu\"");
+  } else {
+    s.with_cpu = wc->second.b;
+  }
+  POS_RETURN_IF_ERROR(bad);
+  if (pid == 0 || pid > 0x7fffffff || cp > 0x7fffffff || uid > 0xfffffffe)
+    return Status::Corrupt("the checkpoint status names no valid pid");
+  s.pid = static_cast<uint32_t>(pid), s.checkpointer = static_cast<uint32_t>(cp), s.uid = static_cast<uint32_t>(uid);
+  return s;
+}
+
+StatusOr<PolicyStatus> read_policy_status(const std::string& path) {
+  auto text = read_small_file(path, 64 * 1024);
+  if (!text.ok()) return text.status();
+  auto s = parse_policy_status(*text);
+  if (!s.ok()) return s.status().with_context(path);
+  return s;
+}
+
+std::vector<PolicyStatus> list_policy_statuses(const std::string& jobs_dir, std::vector<std::string>* skipped) {
+  std::vector<PolicyStatus> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(policy_status_dir(jobs_dir), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0 || !e.is_regular_file(ec)) continue;
+    auto s = read_policy_status(e.path().string());
+    if (s.ok()) out.push_back(std::move(*s));
+    else if (skipped != nullptr) skipped->push_back(s.status().message());
+  }
+  std::sort(out.begin(), out.end(), [](const PolicyStatus& a, const PolicyStatus& b) { return a.pid < b.pid; });
+  return out;
+}
+
+bool checkpointer_alive(const PolicyStatus& s) { return process_running(s.checkpointer); }
+
+// ---- restore points and retention ----
+
+std::vector<RestorePoint> list_restore_points(const std::string& dir) {
+  std::vector<RestorePoint> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const uint64_t seq = point_seq(name);
+    if (seq == 0 || e.is_symlink(ec) || !e.is_directory(ec)) continue;
+    auto m = read_manifest(e.path().string());
+    if (!m.ok()) continue;  // not complete: never a parent, never counted as kept
+    RestorePoint p;
+    p.seq = seq, p.name = name, p.pid = m->pid;
+    p.restorable = m->kind == "dump" || m->kind == "driver-dump";
+    // A point's previous image is a sibling: "../cp-N".
+    if (m->prev.rfind("../", 0) == 0 && m->prev.find('/', 3) == std::string::npos) p.parent = m->prev.substr(3);
+    else if (!m->prev.empty()) p.parent = m->prev;  // outside this policy's points: kept by name, never found
+    out.push_back(std::move(p));
+  }
+  std::sort(out.begin(), out.end(), [](const RestorePoint& a, const RestorePoint& b) { return a.seq < b.seq; });
+  return out;
+}
+
+std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& points, uint32_t keep) {
+  std::map<std::string, const RestorePoint*> by_name;
+  for (const RestorePoint& p : points) by_name[p.name] = &p;
+  std::set<std::string> kept;
+  const size_t first = points.size() > keep ? points.size() - keep : 0;
+  for (size_t i = first; i < points.size(); ++i) {
+    // The point and its chain: every parent it builds on, however old.
+    const RestorePoint* p = &points[i];
+    for (size_t depth = 0; p != nullptr && depth <= points.size() && kept.insert(p->name).second; ++depth) {
+      auto it = by_name.find(p->parent);
+      p = it == by_name.end() ? nullptr : it->second;
+    }
+  }
+  std::vector<std::string> out;
+  for (const RestorePoint& p : points)
+    if (kept.count(p.name) == 0) out.push_back(p.name);
+  return out;
+}
+
+// ---- the runner ----
+
+StatusOr<std::unique_ptr<CheckpointRunner>> CheckpointRunner::open(const CheckpointPolicy& policy,
+                                                                   const std::string& status_path, CheckpointTick tick) {
+  if (policy.pid == 0) return Status::InvalidArgument("no job pid");
+  if (policy.dir.empty()) return Status::InvalidArgument("no directory for the restore points");
+  if (!(policy.every_s >= 0.01)) return Status::InvalidArgument("the interval must be at least 10 ms");
+  if (policy.keep == 0) return Status::InvalidArgument("--keep must be at least 1");
+  if (policy.full_every == 0) return Status::InvalidArgument("--full-every must be at least 1");
+  std::unique_ptr<CheckpointRunner> r(new CheckpointRunner());
+  r->policy_ = policy;
+  r->status_path_ = status_path;
+  r->tick_ = std::move(tick);
+  std::error_code ec;
+  std::filesystem::create_directories(policy.dir, ec);
+  if (ec) return Status::InvalidArgument("cannot make " + policy.dir + ": " + ec.message());
+  char real[PATH_MAX];
+  if (::realpath(policy.dir.c_str(), real) == nullptr)
+    return Status::InvalidArgument("cannot resolve " + policy.dir + ": " + std::strerror(errno));
+  r->policy_.dir = real;
+  const std::string& dir = r->policy_.dir;
+  if (const std::string p = printable(dir); p != dir)
+    return Status::InvalidArgument("the directory's path has unprintable characters: " + p);
+  // One policy per directory: a lock held for this runner's life (released by the kernel if it dies).
+  r->lock_ = UniqueFd(::open((dir + "/.policy.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!r->lock_) return Status::Unavailable("cannot open " + dir + "/.policy.lock: " + std::strerror(errno));
+  if (::flock(r->lock_.get(), LOCK_EX | LOCK_NB) != 0)
+    return Status::Busy(dir + " is in use by another checkpoint policy (pos-cli ps lists them)");
+  // One policy per job.
+  if (!status_path.empty()) {
+    auto old = read_policy_status(status_path);
+    if (old.ok() && old->state == "running" && old->checkpointer != static_cast<uint32_t>(::getpid()) &&
+        checkpointer_alive(*old))
+      return Status::Busy("pid " + std::to_string(policy.pid) + " is already checkpointed into " + old->dir +
+                          " by checkpointer pid " + std::to_string(old->checkpointer) + " (pos-cli checkpoint -t " +
+                          std::to_string(policy.pid) + " --stop ends it)");
+    std::filesystem::create_directories(status_path.substr(0, status_path.rfind('/')), ec);
+    if (ec) return Status::InvalidArgument("cannot make the status directory of " + status_path + ": " + ec.message());
+  }
+  // What an earlier runner left when it was killed: unfinished points (never complete, so never
+  // restored) and retired ones it had not finished deleting.
+  uint64_t max_seq = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-cp-", 0) == 0 || name.rfind(".del-cp-", 0) == 0) {
+      std::filesystem::remove_all(e.path(), ec);
+      max_seq = std::max(max_seq, point_seq(name.substr(5)));
+    } else {
+      max_seq = std::max(max_seq, point_seq(name));
+    }
+  }
+  r->next_seq_ = max_seq + 1;
+  PolicyStatus& s = r->status_;
+  s.pid = policy.pid, s.checkpointer = static_cast<uint32_t>(::getpid()), s.uid = static_cast<uint32_t>(::geteuid());
+  s.dir = dir, s.every_us = micros(policy.every_s), s.keep = policy.keep, s.full_every = policy.full_every;
+  s.with_cpu = policy.with_cpu, s.state = "running", s.started = now_epoch();
+  const std::vector<RestorePoint> points = list_restore_points(dir);
+  s.points = points.size();
+  if (!points.empty()) s.newest = points.back().name;
+  r->write_status();
+  return r;
+}
+
+CheckpointRunner::~CheckpointRunner() = default;
+
+void CheckpointRunner::write_status() {
+  status_.updated = now_epoch();
+  if (status_path_.empty()) return;
+  // The status is for ps and metrics: a failure to write it must not stop the checkpoints.
+  if (Status st = write_small_file(status_path_, policy_status_json(status_), 0600); !st.ok() && log_)
+    log_("cannot write the status file: " + st.message());
+}
+
+Status CheckpointRunner::retire() {
+  const std::vector<RestorePoint> points = list_restore_points(policy_.dir);
+  const std::vector<std::string> gone = points_to_retire(points, policy_.keep);
+  Status first = Status::Ok();
+  for (const std::string& name : gone) {
+    // Renamed first (one atomic step: no half-deleted point ever carries a manifest under its own
+    // name), then deleted; a runner killed in between leaves .del-cp-N for the next one.
+    const std::string from = policy_.dir + "/" + name, to = policy_.dir + "/.del-" + name;
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      if (first.ok()) first = Status::Unavailable("cannot retire " + from + ": " + std::strerror(errno));
+      continue;
+    }
+    ++status_.retired;
+  }
+  if (!gone.empty()) {
+    if (Status st = sync_dir(policy_.dir); !st.ok() && first.ok()) first = st;
+    for (const std::string& name : gone) {
+      std::error_code ec;
+      std::filesystem::remove_all(policy_.dir + "/.del-" + name, ec);
+    }
+  }
+  status_.points = points.size() - gone.size();
+  return first;
+}
+
+Status CheckpointRunner::tick() {
+  const uint64_t seq = next_seq_++;
+  const std::string name = point_name(seq);
+  const std::string tmp = policy_.dir + "/.tmp-" + name, final_dir = policy_.dir + "/" + name;
+  const bool whole = prev_.empty() || since_full_ + 1 >= policy_.full_every;
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<TickOutcome> r = tick_(tmp, whole ? std::string() : policy_.dir + "/" + prev_);
+  Status st = r.ok() ? Status::Ok() : r.status();
+  if (st.ok() && ::rename(tmp.c_str(), final_dir.c_str()) != 0)
+    st = Status::Unavailable("cannot rename " + tmp + " to " + final_dir + ": " + std::strerror(errno));
+  if (st.ok()) st = sync_dir(policy_.dir);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!st.ok()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    // If the rename happened but its fsync failed, the point may or may not survive a crash:
+    // it is complete either way, and the next point starts a new chain.
+    ++status_.failed;
+    status_.last_error = printable(st.message(), 1024);
+    status_.last_error_time = now_epoch();
+    prev_.clear();  // the next point is whole: it needs nothing of a chain this tick may have left odd
+    since_full_ = 0;
+    if (log_) log_(name + ": failed after " + std::to_string(took) + " s: " + status_.last_error);
+    write_status();
+    return st;
+  }
+  ++status_.taken;
+  status_.bytes_total += r->bytes;
+  status_.last_time = now_epoch();
+  status_.last_duration_us = micros(took), status_.last_pause_us = micros(r->pause_s);
+  status_.last_gpu_us = micros(r->gpu_s), status_.last_criu_us = micros(r->criu_s);
+  status_.last_bytes = r->bytes, status_.last_bytes_referenced = r->bytes_referenced;
+  status_.newest = name, status_.newest_time = status_.last_time;
+  if (log_) {
+    char line[512];
+    std::snprintf(line, sizeof(line), "%s: %s, %.1f MB written%s, the job paused %.3f ms, %.3f s in all%s%s", name.c_str(),
+                  whole ? "whole" : ("on " + prev_).c_str(), static_cast<double>(r->bytes) / 1e6,
+                  r->bytes_referenced ? (", " + std::to_string(r->bytes_referenced / 1000000) + " MB left to earlier points").c_str() : "",
+                  r->pause_s * 1e3, took, r->note.empty() ? "" : "; ", r->note.c_str());
+    log_(line);
+  }
+  prev_ = name;
+  since_full_ = whole ? 0 : since_full_ + 1;
+  Status ret = retire();
+  if (!ret.ok()) {
+    status_.last_error = printable(ret.message(), 1024);
+    status_.last_error_time = now_epoch();
+    if (log_) log_("retention: " + status_.last_error);
+  }
+  write_status();
+  return Status::Ok();
+}
+
+void CheckpointRunner::run(const std::atomic<bool>& stop, const std::function<bool()>& alive) {
+  using clock = std::chrono::steady_clock;
+  const auto every = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(policy_.every_s));
+  auto next = clock::now();
+  bool ended = false;
+  while (!stop.load()) {
+    // Wait for the slot in short steps: a stop or the job's end is seen within 50 ms.
+    while (!stop.load() && clock::now() < next) {
+      if (!alive()) break;
+      std::this_thread::sleep_for(std::min<clock::duration>(next - clock::now(), std::chrono::milliseconds(50)));
+    }
+    if (stop.load()) break;
+    if (!alive()) {
+      ended = true;
+      break;
+    }
+    (void)tick();  // its outcome is in the status and the log; the policy goes on
+    if (!alive()) {
+      ended = true;
+      break;
+    }
+    next += every;
+    const auto now = clock::now();
+    if (next < now) {
+      // Writing took longer than the interval: the missed slots become one tick, now.
+      const uint64_t missed = static_cast<uint64_t>((now - next) / every) + 1;
+      status_.coalesced += missed - 1;
+      next += every * static_cast<int64_t>(missed - 1);
+      if (next < now) next = now;
+    }
+  }
+  status_.state = ended ? "ended" : "stopped";
+  if (log_) log_(ended ? "the job is gone: the policy ends" : "stopped");
+  write_status();
+}
+
+// ---- the real tick ----
+
+CheckpointTick job_checkpoint_tick(const CheckpointPolicy& policy) {
+  return [policy](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
+    JobDumpOptions o;
+    o.socket = policy.socket;
+    o.pid = policy.pid;
+    o.dir = dir;
+    o.prev = prev;
+    o.leave_running = true;
+    o.async = true;
+    o.job_socket = policy.job_socket;
+    o.resume_program = policy.resume_program;
+    const bool inproc = !policy.job_socket.empty();
+    StatusOr<JobDumpReport> r = policy.with_cpu ? (inproc ? dump_driver_job(o) : dump_job(o))
+                                                : (inproc ? pre_dump_driver_job(o) : pre_dump_job(o));
+    if (!r.ok()) return r.status();
+    TickOutcome t;
+    t.bytes = r->gpu.bytes_stored + r->criu_bytes;
+    t.bytes_referenced = r->gpu.bytes_referenced;
+    t.pause_s = policy.with_cpu ? r->pause_s : r->gpu.stall_s;
+    t.gpu_s = r->gpu_s, t.criu_s = r->criu_s;
+    t.note = !r->note.empty() ? r->note : "";
+    return t;
+  };
+}
+
+}  // namespace pos

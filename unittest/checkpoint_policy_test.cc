@@ -1,0 +1,262 @@
+// checkpoint_policy_test.cc — the continuous-checkpointing loop with a stand-in tick (a manifest
+// written as a dump would): complete-or-absent restore points, chains, retention, failures, coalescing.
+#include "remoting/server/checkpoint_policy.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "remoting/server/job_manifest.h"
+
+namespace pos {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "policy-" + name + "-" + std::to_string(::getpid());
+  fs::remove_all(d);
+  return d;
+}
+
+// A tick that writes what a dump would: the directory, a part, then the manifest last (prev as a
+// sibling). `fail` makes it write the part and fail before the manifest, as a full disk would.
+struct FakeTick {
+  uint32_t pid = static_cast<uint32_t>(::getpid());
+  std::atomic<bool> fail{false};
+  std::atomic<int> calls{0};
+  double sleep_s = 0;
+  std::vector<std::string> prevs;  // what each call was given
+  CheckpointTick fn() {
+    return [this](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
+      ++calls;
+      prevs.push_back(prev.empty() ? "" : fs::path(prev).filename().string());
+      if (sleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+      fs::create_directories(dir + "/gpu");
+      std::ofstream(dir + "/gpu/blob") << "bytes";
+      if (fail) return Status::Unavailable("cannot write " + dir + "/gpu/blob: No space left on device");
+      JobManifest m;
+      m.pid = pid, m.uid = static_cast<uint32_t>(::geteuid()), m.arena_bytes = 1 << 20;
+      m.permit = "/dev/shm/pos-permit-test", m.socket = "/tmp/posd.sock", m.job = "job";
+      m.prev = prev.empty() ? "" : "../" + fs::path(prev).filename().string();
+      EXPECT_TRUE(write_small_file(dir + "/manifest", manifest_json(m), 0600).ok());
+      TickOutcome t;
+      t.bytes = 1000, t.bytes_referenced = prev.empty() ? 0 : 500, t.pause_s = 0.001;
+      return t;
+    };
+  }
+};
+
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+CheckpointPolicy policy(const std::string& dir, uint32_t keep, uint32_t full_every) {
+  CheckpointPolicy p;
+  p.pid = static_cast<uint32_t>(::getpid());
+  p.dir = dir, p.keep = keep, p.full_every = full_every, p.every_s = 0.05;
+  return p;
+}
+
+TEST(CheckpointPolicy, EachPointIsWrittenUnderATemporaryNameAndAppearsOnlyComplete) {
+  const std::string dir = fresh_dir("complete");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 3, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE((*r)->tick().ok());
+  ASSERT_TRUE((*r)->tick().ok());
+  const std::set<std::string> e = entries(dir);
+  EXPECT_TRUE(e.count("cp-000001") && e.count("cp-000002")) << e.size();
+  for (const std::string& n : e) EXPECT_NE(n.rfind(".tmp-", 0), 0u) << n;
+  // The second builds on the first; the first is whole.
+  ASSERT_EQ(t.prevs.size(), 2u);
+  EXPECT_EQ(t.prevs[0], "");
+  EXPECT_EQ(t.prevs[1], "cp-000001");
+  const std::vector<RestorePoint> pts = list_restore_points(dir);
+  ASSERT_EQ(pts.size(), 2u);
+  EXPECT_EQ(pts[1].parent, "cp-000001");
+  EXPECT_TRUE(pts[1].restorable);
+  auto s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->taken, 2u);
+  EXPECT_EQ(s->newest, "cp-000002");
+  EXPECT_EQ(s->bytes_total, 2000u);
+  EXPECT_EQ(s->last_bytes_referenced, 500u);
+  EXPECT_EQ(s->state, "running");
+  EXPECT_EQ(s->points, 2u);
+}
+
+TEST(CheckpointPolicy, RetentionKeepsTheNewestPointsAndEveryParentTheirChainsNeed) {
+  const std::string dir = fresh_dir("retain");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 2, 3), "", t.fn());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // 1 whole, 2 on 1, 3 on 2, 4 whole, 5 on 4, 6 on 5, 7 whole.
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE((*r)->tick().ok());
+  // Kept: 5 and 6, and 4 that 5 builds on; 1-3 retired (nothing kept needs them).
+  std::set<std::string> e = entries(dir);
+  EXPECT_EQ(e.count("cp-000001") + e.count("cp-000002") + e.count("cp-000003"), 0u);
+  EXPECT_EQ(e.count("cp-000004") + e.count("cp-000005") + e.count("cp-000006"), 3u);
+  ASSERT_TRUE((*r)->tick().ok());
+  // Kept: 6 (with 5 and 4) and 7 (whole).
+  e = entries(dir);
+  EXPECT_EQ(e.count("cp-000004") + e.count("cp-000005") + e.count("cp-000006") + e.count("cp-000007"), 4u);
+  for (const std::string& n : e) EXPECT_NE(n.rfind(".del-", 0), 0u) << n;
+  EXPECT_EQ((*r)->status().retired, 3u);
+  EXPECT_EQ(t.prevs, (std::vector<std::string>{"", "cp-000001", "cp-000002", "", "cp-000004", "cp-000005", ""}));
+}
+
+TEST(CheckpointPolicy, RetentionAloneNeverRetiresAParentOfAKeptPoint) {
+  std::vector<RestorePoint> pts;
+  for (uint64_t i = 1; i <= 6; ++i) {
+    RestorePoint p;
+    p.seq = i, p.name = "cp-" + std::to_string(i);
+    if (i != 1 && i != 4) p.parent = "cp-" + std::to_string(i - 1);
+    pts.push_back(p);
+  }
+  EXPECT_EQ(points_to_retire(pts, 1), (std::vector<std::string>{"cp-1", "cp-2", "cp-3"}));
+  EXPECT_EQ(points_to_retire(pts, 4), (std::vector<std::string>{}));  // 3 is kept, and 1-2 with it
+  pts[5].parent = "";  // 6 whole: 4 and 5 go when only 6 is kept
+  EXPECT_EQ(points_to_retire(pts, 1), (std::vector<std::string>{"cp-1", "cp-2", "cp-3", "cp-4", "cp-5"}));
+  pts[0].parent = "cp-6";  // a loop (a damaged manifest) ends the walk, nothing more
+  EXPECT_EQ(points_to_retire(pts, 1).size(), 5u);
+}
+
+TEST(CheckpointPolicy, AFailedTickKeepsEveryEarlierPointAndTheNextPointIsWhole) {
+  const std::string dir = fresh_dir("fail");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 5, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*r)->tick().ok());
+  t.fail = true;
+  const Status st = (*r)->tick();
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(entries(dir), (std::set<std::string>{".policy.lock", "cp-000001"}));  // the failed one left nothing
+  auto s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->failed, 1u);
+  EXPECT_EQ(s->taken, 1u);
+  EXPECT_NE(s->last_error.find("No space left on device"), std::string::npos) << s->last_error;
+  EXPECT_NE(s->last_error_time, 0u);
+  EXPECT_EQ(s->newest, "cp-000001");
+  t.fail = false;
+  ASSERT_TRUE((*r)->tick().ok());
+  EXPECT_EQ(t.prevs.back(), "");  // after a failure the chain starts again
+}
+
+TEST(CheckpointPolicy, ARunnerKilledMidwayLeavesNoPointAndTheNextRunnerClearsWhatItLeft) {
+  const std::string dir = fresh_dir("killed");
+  FakeTick t;
+  {
+    auto r = CheckpointRunner::open(policy(dir, 5, 10), "", t.fn());
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE((*r)->tick().ok());
+    ASSERT_TRUE((*r)->tick().ok());
+  }
+  // What a kill -9 mid-tick and mid-retirement leaves.
+  fs::create_directories(dir + "/.tmp-cp-000003/gpu");
+  fs::create_directories(dir + "/.del-cp-000001/gpu");
+  std::ofstream(dir + "/.del-cp-000001/manifest") << "{}";
+  EXPECT_EQ(list_restore_points(dir).size(), 2u);  // neither is a restore point
+  auto r = CheckpointRunner::open(policy(dir, 5, 10), "", t.fn());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(entries(dir), (std::set<std::string>{".policy.lock", "cp-000001", "cp-000002"}));
+  ASSERT_TRUE((*r)->tick().ok());
+  EXPECT_TRUE(fs::exists(dir + "/cp-000004"));  // numbers never reused
+  EXPECT_EQ(t.prevs.back(), "");                // a new runner starts with a whole point
+}
+
+TEST(CheckpointPolicy, OneRunnerPerDirectoryAndOnePolicyPerJob) {
+  const std::string dir = fresh_dir("one");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 3, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok());
+  auto second = CheckpointRunner::open(policy(dir, 3, 10), "", t.fn());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kBusy);
+  // The same job into another directory, while a live checkpointer (pid 1 stands for it) has it.
+  PolicyStatus other;
+  other.pid = static_cast<uint32_t>(::getpid()), other.checkpointer = 1, other.state = "running", other.dir = "/elsewhere";
+  ASSERT_TRUE(write_small_file(dir + ".status2", policy_status_json(other), 0600).ok());
+  auto third = CheckpointRunner::open(policy(dir + "-b", 3, 10), dir + ".status2", t.fn());
+  ASSERT_FALSE(third.ok());
+  EXPECT_NE(third.status().message().find("already checkpointed into /elsewhere"), std::string::npos)
+      << third.status().message();
+  EXPECT_FALSE(CheckpointRunner::open(policy(dir + "-c", 0, 10), "", t.fn()).ok());  // --keep 0
+  EXPECT_FALSE(CheckpointRunner::open(policy(dir + "-c", 3, 0), "", t.fn()).ok());   // --full-every 0
+}
+
+TEST(CheckpointPolicy, TicksThatOutlastTheIntervalAreCoalescedNotQueued) {
+  const std::string dir = fresh_dir("coalesce");
+  FakeTick t;
+  t.sleep_s = 0.16;  // three intervals of 50 ms and more
+  auto r = CheckpointRunner::open(policy(dir, 2, 10), "", t.fn());
+  ASSERT_TRUE(r.ok());
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  (*r)->run(stop, [] { return true; });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  const PolicyStatus& s = (*r)->status();
+  EXPECT_GE(s.taken, 3u);
+  EXPECT_LE(s.taken, 7u);  // one at a time, back to back at most
+  EXPECT_GE(s.coalesced, 2u * (s.taken - 1));  // each slow tick swallowed the slots it ran over
+  EXPECT_LT(took, 1.5);  // the stop is seen once the tick in progress is done
+  EXPECT_EQ(s.state, "stopped");
+}
+
+TEST(CheckpointPolicy, ThePolicyEndsWhenTheJobIsGone) {
+  const std::string dir = fresh_dir("gone");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 2, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> checks{0};
+  (*r)->run(stop, [&] { return ++checks < 20; });
+  auto s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->state, "ended");
+  EXPECT_GE(s->taken, 1u);
+  EXPECT_FALSE(process_running(0));
+  EXPECT_TRUE(process_running(static_cast<uint32_t>(::getpid())));
+}
+
+TEST(CheckpointPolicy, TheStatusFileReadsBackAndADamagedOneIsRefused) {
+  PolicyStatus s;
+  s.pid = 77, s.checkpointer = 78, s.uid = 1000, s.dir = "/data/\"ckpt\"", s.every_us = 10000000, s.keep = 3;
+  s.full_every = 10, s.with_cpu = true, s.state = "running", s.taken = 5, s.failed = 1, s.coalesced = 2;
+  s.last_pause_us = 180000, s.newest = "cp-000005", s.newest_time = 1790000000, s.last_error = "disk full";
+  auto back = parse_policy_status(policy_status_json(s));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(policy_status_json(*back), policy_status_json(s));
+  EXPECT_FALSE(parse_policy_status("{\"pid\":77}").ok());
+  EXPECT_FALSE(parse_policy_status(policy_status_json(s).substr(0, 40)).ok());
+  std::string neg = policy_status_json(s);
+  neg.replace(neg.find("\"taken\":5"), 9, "\"taken\":-5");
+  EXPECT_EQ(parse_policy_status(neg).status().code(), Code::kCorrupt);
+}
+
+TEST(CheckpointPolicy, IntervalsAreParsedWithTheirUnitsAndBoundsChecked) {
+  EXPECT_DOUBLE_EQ(*parse_interval("30s"), 30);
+  EXPECT_DOUBLE_EQ(*parse_interval("500ms"), 0.5);
+  EXPECT_DOUBLE_EQ(*parse_interval("2m"), 120);
+  EXPECT_DOUBLE_EQ(*parse_interval("1h"), 3600);
+  EXPECT_DOUBLE_EQ(*parse_interval("0.25"), 0.25);
+  for (const char* bad : {"", "s", "10x", "1ms", "-3s", "2d", "nan", "inf", "25h"})
+    EXPECT_FALSE(parse_interval(bad).ok()) << bad;
+}
+
+}  // namespace
+}  // namespace pos
