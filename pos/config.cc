@@ -329,6 +329,14 @@ class Reader {
            c_->posd_isolation = *w == "process" ? Isolation::kProcess : Isolation::kShared;
            return Status::Ok();
          }},
+        {"metrics",
+         [this](const Entry& e) -> Status {
+           if (e.value.IsNull()) {  // like "": off
+             c_->posd_metrics.clear();
+             return Status::Ok();
+           }
+           return store(text_of(e), &c_->posd_metrics);
+         }},
         {"session_binary",
          [this](const Entry& e) -> Status {
            if (e.value.IsNull()) {
@@ -481,6 +489,7 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::EndSeq;
   y << YAML::Key << "isolation" << YAML::Value << (c.posd_isolation == Isolation::kProcess ? "process" : "shared");
   y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
+  y << YAML::Key << "metrics" << YAML::Value << YAML::DoubleQuoted << c.posd_metrics;
   y << YAML::EndMap;
   y << YAML::EndMap;
   return std::string(y.c_str()) + "\n";

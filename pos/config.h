@@ -83,6 +83,9 @@ struct Config {
   // The session process's program (posd-session). Empty: $POS_SESSION_BINARY, else found beside
   // libpos_posd or posd (docs/remoting.md, "Session processes").
   std::string posd_session_binary;
+  // Where posd serves Prometheus metrics, "HOST:PORT" (IPv4; port 0: any free one, logged at
+  // start). Empty: no metrics endpoint (docs/metrics.md).
+  std::string posd_metrics;
 };
 
 // The config as a YAML document parse_config reads back to the same values (spin times to the

@@ -2,6 +2,8 @@
 // libpos_client.so (docs/remoting.md). A thin main over remoting/posd_server.
 #include <csignal>
 #include <cstdio>
+#include <ctime>
+#include <memory>
 #include <cstring>
 #include <string>
 
@@ -9,6 +11,8 @@
 
 #include "pos/base/log.h"
 #include "pos/config.h"
+#include "remoting/common/job_control.h"
+#include "remoting/server/metrics.h"
 #include "remoting/server/posd_server.h"
 
 namespace {
@@ -62,8 +66,30 @@ int main(int argc, char** argv) {
   // them), so these lines skip POS_INFO's level check; PosdServer itself does not print them.
   pos::log_line(pos::LogLevel::kInfo, "posd", "listening on %s (%s backend)", (*srv)->socket_path().c_str(),
                 cfg->backend.c_str());
+  std::unique_ptr<pos::MetricsServer> metrics;
+  if (!cfg->posd_metrics.empty()) {
+    pos::PosdServer* server = srv->get();
+    const std::string backend_name = cfg->backend, jobs_dir = pos::default_jobs_dir();
+    auto m = pos::MetricsServer::start(cfg->posd_metrics, [server, backend_name, jobs_dir] {
+      pos::MetricsInput in;
+      in.backend = backend_name;
+      in.sessions = server->sessions();
+      in.policies = pos::policies_for(in.sessions, jobs_dir);
+      in.now = static_cast<uint64_t>(std::time(nullptr));
+      in.posd_rss_bytes = pos::own_rss_bytes();
+      return pos::render_metrics(in);
+    });
+    if (!m.ok()) {
+      pos::log_line(pos::LogLevel::kError, "posd", "%s", m.status().to_string().c_str());
+      (*srv)->stop();
+      return 1;
+    }
+    metrics = std::move(*m);
+    pos::log_line(pos::LogLevel::kInfo, "posd", "metrics on http://%s/metrics", metrics->address().c_str());
+  }
   int sig = 0;
   sigwait(&set, &sig);
+  metrics.reset();
   pos::log_line(pos::LogLevel::kInfo, "posd", "%s: ending %zu session(s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                 (*srv)->sessions().size());
   (*srv)->stop();

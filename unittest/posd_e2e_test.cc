@@ -27,6 +27,7 @@
 #include "remoting/client/shm_client.h"
 #include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
+#include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/control_client.h"
 
 extern char** environ;
@@ -222,8 +223,9 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
 // Starts the training binary under posd in the background (stdout to `out_file`), and waits until
 // posd shows its session holding device memory. Returns its pid (the shell execs it).
 pid_t start_job(const std::string& preload, const std::string& train, const std::string& job, const std::string& out_file,
-                const std::function<std::string()>& ps, const std::function<std::string()>& log) {
-  const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null >" + out_file + " 2>/dev/null";
+                const std::function<std::string()>& ps, const std::function<std::string()>& log, bool append = false) {
+  const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null " + (append ? ">>" : ">") +
+                          out_file + " 2>/dev/null";
   pid_t child = -1;
   std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
   EXPECT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
@@ -1072,6 +1074,216 @@ TEST_F(PosdProcess, SigtermStopsPosdCleanly) {
 
 // gpu suite only (meson's CI test filters it out: its program has no host-backend build).
 using PosdGpuProcess = PosdProcess;
+
+// ---- continuous checkpointing (pos-cli checkpoint, docs/continuous_checkpointing.md) ----
+
+// The job, its output appended to `out_file` (O_APPEND|O_WRONLY: CRIU then does not hold the
+// file to its size at the dump, so a job restored from an earlier point appends what it prints
+// from its cut on), its jobs directory `jobs_dir` (its policy's status goes there).
+pid_t start_appending_job(const std::string& preload, const std::string& train, const std::string& job,
+                          const std::string& out_file, const std::string& jobs_dir, const OwnPosd& posd) {
+  return start_job(preload + "POS_SOCKET=" + posd.socket + " POS_JOBS_DIR=" + jobs_dir + " ", train, job, out_file,
+                   [&] { return posd.ps(); }, [&] { return posd.log_text(); }, true);
+}
+
+// What a job killed after printing `killed_at` bytes and restored from a restore point leaves in
+// its appended output: the uninterrupted run's first `killed_at` bytes, then the uninterrupted
+// run's output from the point's cut on (which is no later than the kill).
+void expect_resumed_output(const std::string& out, size_t killed_at, const std::string& want, const std::string& why) {
+  ASSERT_LE(killed_at, out.size()) << why;
+  EXPECT_EQ(want.compare(0, killed_at, out, 0, killed_at), 0) << why << ": the killed run's output is no prefix of an uninterrupted run's";
+  const std::string tail = out.substr(killed_at);
+  ASSERT_FALSE(tail.empty()) << why << ": the restored job printed nothing";
+  ASSERT_LE(tail.size(), want.size()) << why;
+  EXPECT_EQ(want.substr(want.size() - tail.size()), tail)
+      << why << ": the restored run did not go on exactly as the uninterrupted one from its cut";
+  EXPECT_LE(want.size() - tail.size(), killed_at) << why << ": the restore point's cut is later than the kill";
+}
+
+// posd's metrics, scraped over HTTP from the address its log names.
+std::string scrape_metrics(const std::string& posd_log) {
+  std::smatch m;
+  const std::string log = read_file(posd_log);
+  if (!std::regex_search(log, m, std::regex("metrics on http://([0-9.]+):([0-9]+)/metrics"))) return "";
+  int code = -1;
+  std::string err;
+  // No curl on a bare CI machine: bash's /dev/tcp speaks the request.
+  return shell("bash -c 'exec 3<>/dev/tcp/" + m[1].str() + "/" + m[2].str() +
+                   "; printf \"GET /metrics HTTP/1.0\\r\\n\\r\\n\" >&3; cat <&3'",
+               &code, &err);
+}
+
+// One sample's value from the exposition text, or -1.
+double metric(const std::string& text, const std::string& name, uint32_t pid) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex("\n" + name + "\\{pid=\"" + std::to_string(pid) + "\"[^}]*\\} ([-0-9.e+]+)")))
+    return -1;
+  return std::stod(m[1].str());
+}
+
+// ZDTM shape, at random moments: the training job runs under posd with a restore point (GPU and
+// CPU state) every 250 ms; then the job, the checkpointer or posd is killed with SIGKILL, the job
+// is gone too, and `pos-cli restore --latest` brings back the newest complete point (into a new
+// posd where posd died), from which the job prints exactly what an uninterrupted run prints.
+TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWhateverIsKilledWhen) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "30000" : "4000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const unsigned seed = static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::srand(seed);
+  for (const std::string victim : {"job", "checkpointer", "posd"}) {
+    const std::string why = "killed: " + victim + " (seed " + std::to_string(seed) + ")";
+    const std::string base = ::testing::TempDir() + "posd-e2e-cont-" + victim + "-" + std::to_string(::getpid());
+    const std::string out_file = base + ".out", dir = base + ".points", jobs = base + ".jobs";
+    for (const std::string& p : {dir, jobs, out_file}) std::filesystem::remove_all(p);
+    auto posd = std::make_unique<OwnPosd>(base + "-posd", "  metrics: 127.0.0.1:0\n");
+    const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "cont-" + victim,
+                                            out_file, jobs, *posd);
+    int code = -1;
+    std::string err;
+    const std::string started = shell("POS_JOBS_DIR=" + jobs + " " + cli + " checkpoint -t " + std::to_string(child) +
+                                          " -D " + dir + " --every 250ms --with-cpu --keep 2 --full-every 3 --json --socket " +
+                                          posd->socket,
+                                      &code, &err);
+    ASSERT_EQ(code, 0) << err << posd->log_text();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(started, m, std::regex("\"checkpointer\":([0-9]+)"))) << started;
+    const pid_t checkpointer = std::stoi(m[1].str());
+    // At least two points (a chain), then a moment anywhere in the next 0.8 s.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (pos::list_restore_points(dir).size() < 2 || !std::filesystem::exists(dir + "/cp-000002")) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << read_file(dir + "/checkpoint.log") << posd->log_text();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::rand() % 800));
+    const pid_t target = victim == "job" ? child : victim == "checkpointer" ? checkpointer : posd->pid;
+    ASSERT_EQ(kill(target, SIGKILL), 0) << why;
+    if (victim == "posd") {
+      waitpid(posd->pid, nullptr, 0);
+      posd->pid = -1;
+    }
+    // Whatever died, the job is lost next (a crash of the machine, say); a dump that the kill left
+    // holding it is released by its guardian first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    kill(child, SIGKILL);
+    int st = wait_for_exit(child, std::chrono::seconds(30));
+    ASSERT_TRUE(WIFSIGNALED(st)) << why << " " << st;
+    if (victim != "checkpointer") {
+      // The checkpointer sees the job gone and ends (its tick in progress fails, if any).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (pos::process_running(static_cast<uint32_t>(checkpointer)) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_FALSE(pos::process_running(static_cast<uint32_t>(checkpointer))) << why;
+    }
+    const size_t killed_at = read_file(out_file).size();
+    if (victim == "posd") posd = std::make_unique<OwnPosd>(base + "-posd2");
+    const std::string images = shell(cli + " images " + dir, &code, &err);
+    EXPECT_EQ(code, 0) << err;
+    const std::string restored = shell(cli + " restore -D " + dir + " --latest --json --socket " + posd->socket, &code, &err);
+    ASSERT_EQ(code, 0) << why << ": " << err << images << read_file(dir + "/checkpoint.log") << posd->log_text();
+    st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << why << " " << st << posd->log_text();
+    expect_resumed_output(read_file(out_file), killed_at, want, why + "\n" + images);
+    // Retention kept two points and what their chains need (whole every 3: at most 4 in all),
+    // and no unfinished point is left to be mistaken for one.
+    const auto points = pos::list_restore_points(dir);
+    EXPECT_GE(points.size(), 2u) << images;
+    EXPECT_LE(points.size(), 4u) << images;
+    // (A checkpointer killed mid-tick leaves .tmp-/.del- for the next one to clear; the others end cleanly.)
+    if (victim != "checkpointer") {
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        EXPECT_TRUE(n.rfind(".del-", 0) != 0 && n.rfind(".tmp-", 0) != 0) << n << "\n" << images;
+      }
+    }
+    for (const std::string& p : {dir, jobs, out_file}) std::filesystem::remove_all(p);
+  }
+}
+
+// A full disk (a small tmpfs): the ticks that do not fit fail with the reason in the status, ps and
+// the metrics; every restore point written before stays complete and restorable, and the job runs on
+// and finishes untouched. posd's metrics agree with what happened.
+TEST_F(PosdProcess, AFullDiskFailsTicksWithTheReasonKeepsEveryRestorePointAndTheJobRunsOn) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "60000" : "6000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-full-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", mnt = base + ".tmpfs", dir = mnt + "/points", jobs = base + ".jobs";
+  std::filesystem::remove_all(jobs);
+  std::filesystem::create_directories(mnt);
+  int code = -1;
+  std::string err;
+  // Room for a few restore points of this job, not for many (each is mostly CRIU's part).
+  (void)shell("mount -t tmpfs -o size=260m pos-e2e-full " + mnt, &code, &err);
+  ASSERT_EQ(code, 0) << "this test needs a tmpfs it can mount (root): " << err;
+  struct Unmount {
+    std::string m;
+    ~Unmount() { (void)!std::system(("umount -l " + m + " 2>/dev/null").c_str()); }
+  } unmount{mnt};
+  OwnPosd posd(base + "-posd", "  metrics: 127.0.0.1:0\n");
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "full", out_file, jobs, posd);
+  (void)shell("POS_JOBS_DIR=" + jobs + " " + cli + " checkpoint -t " + std::to_string(child) + " -D " + dir +
+                  " --every 200ms --with-cpu --keep 50 --full-every 1 --socket " + posd.socket,
+              &code, &err);
+  ASSERT_EQ(code, 0) << err;
+  const std::string status_path = pos::policy_status_path(jobs, static_cast<uint32_t>(child));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  pos::PolicyStatus s;
+  for (;;) {
+    auto r = pos::read_policy_status(status_path);
+    if (r.ok() && r->failed >= 2 && r->taken >= 1) {
+      s = *r;
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << read_file(dir + "/checkpoint.log");
+    ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << "the job ended before the disk was full";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(s.last_error.empty());
+  EXPECT_NE(s.last_error.find("No space left on device"), std::string::npos) << s.last_error;
+  EXPECT_EQ(s.state, "running");  // the policy goes on
+  const std::string ps = shell("POS_JOBS_DIR=" + jobs + " " + cli + " ps --socket " + posd.socket, &code, &err);
+  EXPECT_NE(ps.find("last error: "), std::string::npos) << ps;
+  // The metrics say what the status says (read again right after: a tick may land in between).
+  const std::string text = scrape_metrics(posd.log);
+  auto now = pos::read_policy_status(status_path);
+  ASSERT_TRUE(now.ok());
+  EXPECT_NE(text.find("HTTP/1.0 200 OK"), std::string::npos) << text;
+  EXPECT_EQ(metric(text, "pos_sessions", 0), -1);  // no labels: matched below
+  EXPECT_NE(text.find("\npos_sessions 1\n"), std::string::npos) << text;
+  const double taken = metric(text, "pos_checkpoints_total", static_cast<uint32_t>(child));
+  const double failed = metric(text, "pos_checkpoint_failures_total", static_cast<uint32_t>(child));
+  EXPECT_GE(taken, static_cast<double>(s.taken));
+  EXPECT_LE(taken, static_cast<double>(now->taken));
+  EXPECT_GE(failed, static_cast<double>(s.failed));
+  EXPECT_LE(failed, static_cast<double>(now->failed));
+  EXPECT_EQ(metric(text, "pos_checkpoint_policy_running", static_cast<uint32_t>(child)), 1);
+  EXPECT_GE(metric(text, "pos_checkpoint_latest_age_seconds", static_cast<uint32_t>(child)), 0);
+  EXPECT_GT(metric(text, "pos_session_device_memory_bytes", static_cast<uint32_t>(child)), 0);
+  // Stop the policy; every point it wrote is complete, and nothing unfinished is left.
+  const std::string stopped = shell(cli + " checkpoint -t " + std::to_string(child) + " --jobs-dir " + jobs + " --stop", &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(stopped.find("stopped the checkpoint policy"), std::string::npos) << stopped;
+  auto last = pos::read_policy_status(status_path);
+  ASSERT_TRUE(last.ok()) << last.status().to_string();
+  EXPECT_EQ(last->state, "stopped");
+  EXPECT_EQ(pos::list_restore_points(dir).size(), static_cast<size_t>(last->taken)) << read_file(dir + "/checkpoint.log");
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
+  // The job ran on untouched.
+  int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(read_file(out_file), want);
+  // And the newest point written before the disk filled restores to the same end.
+  const size_t finished_at = read_file(out_file).size();
+  (void)shell(cli + " restore -D " + dir + " --latest --socket " + posd.socket, &code, &err);
+  ASSERT_EQ(code, 0) << err << posd.log_text();
+  st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 120 : 300));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  expect_resumed_output(read_file(out_file), finished_at, want, "restored after the job finished");
+  std::filesystem::remove_all(jobs);
+  std::filesystem::remove(out_file);
+}
 
 // A program written for this test alone (workloads/pinned_pipeline.cu: two streams ordered by
 // events, cuBLAS, cudaMallocHost buffers a second host thread fills while the GPU works), dumped

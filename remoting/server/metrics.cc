@@ -1,0 +1,262 @@
+// metrics.cc — the Prometheus text rendering of posd's sessions and checkpoint policies, and the
+// minimal HTTP/1.0 responder that serves it (no dependency: one GET, one answer, close).
+#include "remoting/server/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "pos/base/log.h"
+#include "pos/base/text.h"
+#include "remoting/common/job_control.h"
+
+namespace pos {
+namespace {
+
+// A label value: backslash, quote and newline escaped; other control bytes shown as printable() does.
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : printable(v, 256)) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    t_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const char* name, const std::string& labels, double v) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%.17g", v);
+    t_ += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " + b + "\n";
+  }
+  void sample(const char* name, const std::string& labels, uint64_t v) {
+    t_ += std::string(name) + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
+  }
+  std::string take() { return std::move(t_); }
+
+ private:
+  std::string t_;
+};
+
+}  // namespace
+
+std::string render_metrics(const MetricsInput& in) {
+  Writer w;
+  w.family("pos_up", "gauge", "1 while posd serves (the backend in a label).");
+  w.sample("pos_up", "backend=\"" + label(in.backend) + "\"", uint64_t{1});
+  w.family("pos_sessions", "gauge", "Sessions posd serves now.");
+  w.sample("pos_sessions", "", static_cast<uint64_t>(in.sessions.size()));
+  w.family("pos_posd_resident_bytes", "gauge", "posd's own resident memory.");
+  w.sample("pos_posd_resident_bytes", "", in.posd_rss_bytes);
+  std::map<uint32_t, std::string> job_of;
+  const auto session_labels = [](const SessionInfo& s) {
+    return "pid=\"" + std::to_string(s.pid) + "\",job=\"" + label(s.job) + "\",uid=\"" + std::to_string(s.uid) + "\"";
+  };
+  struct SessionFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t (*value)(const SessionInfo&);
+  };
+  const SessionFamily families[] = {
+      {"pos_session_device_memory_bytes", "gauge", "Device memory a session's job holds.",
+       [](const SessionInfo& s) { return s.stats.memory_in_use; }},
+      {"pos_session_handles", "gauge", "Live handles (buffers, streams, events, ...) of a session.",
+       [](const SessionInfo& s) { return s.stats.live_handles; }},
+      {"pos_session_arena_bytes", "gauge", "A session's shared-memory arena.",
+       [](const SessionInfo& s) { return s.arena_bytes; }},
+      {"pos_session_calls_total", "counter", "API calls a session's job submitted.",
+       [](const SessionInfo& s) { return s.stats.calls_submitted; }},
+      {"pos_session_calls_executed_total", "counter", "API calls of a session executed on the device.",
+       [](const SessionInfo& s) { return s.stats.calls_executed; }},
+  };
+  for (const SessionFamily& f : families) {
+    w.family(f.name, f.type, f.help);
+    for (const SessionInfo& s : in.sessions) w.sample(f.name, session_labels(s), f.value(s));
+  }
+  for (const SessionInfo& s : in.sessions) job_of[s.pid] = s.job;
+
+  const auto policy_labels = [&](const PolicyStatus& p) {
+    auto j = job_of.find(p.pid);
+    return "pid=\"" + std::to_string(p.pid) + "\",job=\"" + label(j == job_of.end() ? "" : j->second) + "\",dir=\"" +
+           label(p.dir) + "\"";
+  };
+  struct PolicyFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const PolicyStatus&, uint64_t now);
+  };
+  const PolicyFamily pfam[] = {
+      {"pos_checkpoint_policy_running", "gauge", "1 while a job's checkpoint policy runs, else 0 (stopped, or the job ended).",
+       [](const PolicyStatus& p, uint64_t) { return p.state == "running" && checkpointer_alive(p) ? 1.0 : 0.0; }},
+      {"pos_checkpoint_interval_seconds", "gauge", "A policy's interval.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.every_us) / 1e6; }},
+      {"pos_checkpoints_total", "counter", "Checkpoints taken (restore points written whole).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.taken); }},
+      {"pos_checkpoint_failures_total", "counter", "Checkpoints that failed (the job ran on, earlier points kept).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.failed); }},
+      {"pos_checkpoint_coalesced_total", "counter", "Ticks skipped because the one before ran past them.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.coalesced); }},
+      {"pos_checkpoint_written_bytes_total", "counter", "Bytes written by a policy's checkpoints (GPU and CRIU parts).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.bytes_total); }},
+      {"pos_checkpoint_retired_total", "counter", "Restore points deleted by retention.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.retired); }},
+      {"pos_checkpoint_restore_points", "gauge", "Complete restore points in the policy's directory.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.points); }},
+      {"pos_checkpoint_last_duration_seconds", "gauge", "The last checkpoint, from its start until its point was complete.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_duration_us) / 1e6; }},
+      {"pos_checkpoint_last_pause_seconds", "gauge", "How long the last checkpoint held the job's calls.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_pause_us) / 1e6; }},
+      {"pos_checkpoint_last_gpu_seconds", "gauge", "The last checkpoint's GPU part, until durable.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_gpu_us) / 1e6; }},
+      {"pos_checkpoint_last_cpu_seconds", "gauge", "The last checkpoint's CPU part (CRIU); 0 without --with-cpu.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_criu_us) / 1e6; }},
+      {"pos_checkpoint_last_bytes", "gauge", "Bytes the last checkpoint wrote.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_bytes); }},
+      {"pos_checkpoint_last_referenced_bytes", "gauge", "GPU bytes the last checkpoint left to earlier points (unchanged).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_bytes_referenced); }},
+      {"pos_checkpoint_latest_timestamp_seconds", "gauge", "When the newest restore point became complete (0: none yet).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.newest_time); }},
+      {"pos_checkpoint_latest_age_seconds", "gauge",
+       "Age of the newest restore point: what a crash now would lose (-1: none yet).",
+       [](const PolicyStatus& p, uint64_t now) {
+         return p.newest_time == 0 ? -1.0 : static_cast<double>(now - std::min(now, p.newest_time));
+       }},
+      {"pos_checkpoint_last_error_timestamp_seconds", "gauge", "When a checkpoint last failed (0: never).",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.last_error_time); }},
+  };
+  for (const PolicyFamily& f : pfam) {
+    w.family(f.name, f.type, f.help);
+    for (const PolicyStatus& p : in.policies) w.sample(f.name, policy_labels(p), f.value(p, in.now));
+  }
+  return w.take();
+}
+
+std::vector<PolicyStatus> policies_for(const std::vector<SessionInfo>& sessions, const std::string& jobs_dir) {
+  std::map<uint32_t, PolicyStatus> by_pid;
+  for (PolicyStatus& p : list_policy_statuses(jobs_dir)) by_pid[p.pid] = std::move(p);
+  for (const SessionInfo& s : sessions) {
+    const std::string dir = jobs_dir_of_process(static_cast<pid_t>(s.pid));
+    if (dir.empty() || dir == jobs_dir) continue;
+    auto p = read_policy_status(policy_status_path(dir, s.pid));
+    if (p.ok()) by_pid[s.pid] = std::move(*p);
+  }
+  std::vector<PolicyStatus> out;
+  for (auto& [pid, p] : by_pid) out.push_back(std::move(p));
+  return out;
+}
+
+uint64_t own_rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& address, std::function<std::string()> body) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size() || address.size() > 64)
+    return Status::InvalidArgument("posd.metrics must be HOST:PORT with an IPv4 address, e.g. 127.0.0.1:9464, not '" +
+                                   printable(address, 64) + "'");
+  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
+    return Status::InvalidArgument("posd.metrics: '" + printable(host, 64) + "' is no IPv4 address");
+  unsigned long port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9' || port > 65535) return Status::InvalidArgument("posd.metrics: the port must be 0 to 65535");
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535) return Status::InvalidArgument("posd.metrics: the port must be 0 to 65535");
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->body_ = std::move(body);
+  m->listen_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!m->listen_) return Status::Unavailable(std::string("metrics socket: ") + std::strerror(errno));
+  const int one = 1;
+  (void)::setsockopt(m->listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(m->listen_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(m->listen_.get(), 16) != 0)
+    return Status::Unavailable("cannot listen for metrics on " + printable(address, 64) + ": " + std::strerror(errno));
+  socklen_t len = sizeof(sa);
+  (void)::getsockname(m->listen_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+  m->address_ = host + ":" + std::to_string(ntohs(sa.sin_port));
+  m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  m->thread_ = std::thread([p = m.get()] { p->serve(); });
+  return m;
+}
+
+MetricsServer::~MetricsServer() {
+  if (stop_) {
+    const uint64_t one = 1;
+    (void)!::write(stop_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void MetricsServer::serve() {
+  for (;;) {
+    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) continue;
+    answer(c.get());
+  }
+}
+
+void MetricsServer::answer(int fd) {
+  const timeval tv{2, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string req;
+  char buf[1024];
+  while (req.size() < 8192 && req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    req.append(buf, static_cast<size_t>(n));
+  }
+  const std::string line = req.substr(0, req.find_first_of("\r\n"));
+  std::string status = "200 OK", body;
+  if (line.rfind("GET ", 0) != 0 && line.rfind("HEAD ", 0) != 0) {
+    status = "405 Method Not Allowed", body = "only GET /metrics\n";
+  } else {
+    const size_t a = line.find(' ') + 1, b = line.find(' ', a);
+    const std::string path = line.substr(a, b == std::string::npos ? std::string::npos : b - a);
+    if (path == "/metrics" || path.rfind("/metrics?", 0) == 0) body = body_();
+    else status = "404 Not Found", body = "posd serves its metrics at /metrics\n";
+  }
+  const std::string head = "HTTP/1.0 " + status + "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  const std::string all = line.rfind("HEAD ", 0) == 0 ? head : head + body;
+  size_t off = 0;
+  while (off < all.size()) {
+    const ssize_t n = ::send(fd, all.data() + off, all.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace pos
