@@ -336,6 +336,11 @@ Status CheckpointRunner::tick() {
   if (!st.ok()) {
     std::error_code ec;
     std::filesystem::remove_all(tmp, ec);
+    if (alive_ && !alive_()) {
+      // The job ended during the checkpoint: that is the policy's end, not a failure to report.
+      if (log_) log_(name + ": the job ended during this checkpoint (" + printable(st.message(), 256) + ")");
+      return st;
+    }
     // If the rename happened but its fsync failed, the point may or may not survive a crash:
     // it is complete either way, and the next point starts a new chain.
     ++status_.failed;
@@ -379,6 +384,7 @@ void CheckpointRunner::run(const std::atomic<bool>& stop, const std::function<bo
   const auto every = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(policy_.every_s));
   auto next = clock::now();
   bool ended = false;
+  alive_ = alive;
   while (!stop.load()) {
     // Wait for the slot in short steps: a stop or the job's end is seen within 50 ms.
     while (!stop.load() && clock::now() < next) {

@@ -135,6 +135,7 @@ class CheckpointRunner {
   std::string prev_;         // the newest point's name (the next one builds on it), or empty
   uint32_t since_full_ = 0;  // points since the last whole one
   std::function<void(const std::string&)> log_;
+  std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
 };
 
 // "30s", "500ms", "2m", "1h", "1.5" (seconds): the interval in seconds, or why not (0.01 s to 1 day).

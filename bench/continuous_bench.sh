@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# continuous_bench.sh — what continuous checkpointing costs a training job under posd: the same run
+# without a policy and with `pos-cli checkpoint --every T` for each T, one table of step times,
+# bytes per tick, the job's pauses and the recovery point (age of the newest restore point).
+#
+# usage: bench/continuous_bench.sh BUILD [--every "10s 2s"] [--steps N] [--with-cpu] [--keep K]
+#                                  [--full-every K] [--dir DIR] [--backend cuda|host] [-- MODEL ARGS...]
+#   BUILD       meson build directory (tools/posd, tools/pos-cli, workloads/mlp_train_native)
+#   --every     the intervals to measure, each a run of its own after the run without (default "10s 2s")
+#   --steps     training steps per run (default 1500); steps 0-9 are warm-up, left out of the figures
+#   --with-cpu  restore points of GPU and CPU state (CRIU); default GPU state only
+#   --keep, --full-every   the policy's (default 1 and 3: the disk holds one chain of at most 3 points)
+#   --dir       where the points go (default /dev/shm when it has room for 3x the job, else $TMPDIR)
+#   MODEL ARGS  default: ~9.5 GB of parameters, half of the layers frozen (--frozen 4: their tensors
+#               never change, so incremental points leave them to the whole one)
+# Every run must print the same losses and checksum as the run without a policy, else exit 1.
+# RPO: sampled every 20 ms from the policy's status file: at each moment, now minus the cut of the
+# newest complete point (its completion minus its duration); the table gives the largest.
+set -uo pipefail
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,18p "$0" >&2; exit 2; }
+BUILD="$(cd "$1" && pwd)"; shift
+EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda
+MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --every) EVERY="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --with-cpu) WITH_CPU="--with-cpu"; shift ;;
+    --keep) KEEP="$2"; shift 2 ;;
+    --full-every) FULL="$2"; shift 2 ;;
+    --dir) DIR="$2"; shift 2 ;;
+    --backend) BACKEND="$2"; shift 2 ;;
+    --) shift; MODEL=("$@"); break ;;
+    *) echo "continuous_bench: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+for f in tools/posd tools/pos-cli workloads/mlp_train_native remoting/client/libpos_client.so; do
+  [[ -e "$BUILD/$f" ]] || { echo "continuous_bench: $BUILD/$f is missing" >&2; exit 2; }
+done
+TMP=$(mktemp -d)
+if [[ -z "$DIR" ]]; then
+  SHM_GB=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2{printf "%d", $4/1048576}')
+  if [[ -n "$SHM_GB" && "$SHM_GB" -gt 40 ]]; then DIR=/dev/shm; else DIR="${TMPDIR:-/tmp}"; fi
+fi
+WORK=$(mktemp -d "$DIR/continuous-bench-XXXXXX")
+POSD_PID=""
+cleanup() { [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null; rm -rf "$TMP" "$WORK"; }
+trap cleanup EXIT
+SOCK="$TMP/posd/posd.sock"
+printf 'backend: %s\nposd:\n  socket: %s\n' "$BACKEND" "$SOCK" >"$TMP/posd.yaml"
+[[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
+"$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
+POSD_PID=$!
+for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+echo "points: $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}')); job: mlp_train_native ${MODEL[*]} --steps $STEPS; backend $BACKEND"
+
+BUILD="$BUILD" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" STEPS="$STEPS" EVERY="$EVERY" WITH_CPU="$WITH_CPU" KEEP="$KEEP" \
+FULL="$FULL" python3 - "${MODEL[@]}" <<'PY'
+import json, os, re, statistics, subprocess, sys, time
+B, SOCK, TMP, WORK = os.environ["BUILD"], os.environ["SOCK"], os.environ["TMP"], os.environ["WORK"]
+steps, model = os.environ["STEPS"], sys.argv[1:]
+cli = B + "/tools/pos-cli"
+env = dict(os.environ, POS_SOCKET=SOCK, LD_LIBRARY_PATH="/usr/local/cuda/lib64",
+           LD_PRELOAD=B + "/remoting/client/libpos_client.so", POS_JOBS_DIR=TMP + "/jobs")
+
+def run(every):
+    tag = every or "none"
+    out, err = open(f"{TMP}/{tag}.out", "w"), open(f"{TMP}/{tag}.err", "w+")
+    job = subprocess.Popen([B + "/workloads/mlp_train_native", *model, "--steps", steps, "--step-times"],
+                           env=dict(env, POS_JOB_NAME="bench-" + tag), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    samples, status_path = [], f"{TMP}/jobs/checkpoints/{job.pid}.json"
+    if every:
+        while job.poll() is None:  # warm: step 10 done
+            err.flush()
+            if re.search(r"^step 10 time_ms", open(err.name).read(), re.M): break
+            time.sleep(0.05)
+        d = f"{WORK}/{tag}"
+        cmd = [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", os.environ["KEEP"],
+               "--full-every", os.environ["FULL"], "--socket", SOCK, "--jobs-dir", TMP + "/jobs"]
+        if os.environ["WITH_CPU"]: cmd.append("--with-cpu")
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        newest, rpo, cut = None, 0.0, None
+        while job.poll() is None:
+            try: s = json.load(open(status_path))
+            except Exception: s = None
+            now = time.time()
+            if s and s["newest"] and s["newest"] != newest:
+                newest, cut = s["newest"], now - s["last_duration_us"] / 1e6
+            if cut is not None: rpo = max(rpo, now - cut)
+            time.sleep(0.02)
+        time.sleep(0.3)
+        s = json.load(open(status_path))
+        log = open(d + "/checkpoint.log").read() if os.path.exists(d + "/checkpoint.log") else ""
+        subprocess.run(["rm", "-rf", d])
+    else:
+        job.wait()
+        s, log, rpo = None, "", 0
+    if job.returncode != 0:
+        sys.exit(f"continuous_bench: the {tag} run failed (exit {job.returncode}): {open(err.name).read()[-800:]}")
+    t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", open(err.name).read(), re.M)
+         if int(m.group(1)) >= 10]
+    ticks = [(float(a), float(b or 0), float(c)) for a, b, c in
+             re.findall(r"cp-\d+: (?:whole|on cp-\d+), ([0-9.]+) MB written(?:, (\d+) MB left to earlier points)?, "
+                        r"the job paused ([0-9.]+) ms", log)]
+    return dict(tag=tag, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read())
+
+runs = [run(None)] + [run(e) for e in os.environ["EVERY"].split()]
+base = runs[0]
+bad = [r["tag"] for r in runs[1:] if r["out"] != base["out"]]
+mean0 = statistics.mean(base["steps"])
+print("| policy | ticks (coalesced, failed) | mean step ms | / none | median | max | max / median | MB per tick "
+      "(mean, first) | MB left to earlier points (mean) | job paused ms (median, max) | RPO max s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for r in runs:
+    t, s, k = r["steps"], r["status"], r["ticks"]
+    med = statistics.median(t)
+    cols = [r["tag"] if r["tag"] == "none" else "every " + r["tag"] + (" +cpu" if os.environ["WITH_CPU"] else ""),
+            "-" if not s else f"{s['taken']} ({s['coalesced']}, {s['failed']})",
+            f"{statistics.mean(t):.2f}", f"{statistics.mean(t) / mean0:.4f}", f"{med:.2f}", f"{max(t):.2f}",
+            f"{max(t) / med:.2f}",
+            "-" if not k else f"{statistics.mean(x[0] for x in k):.0f}, {k[0][0]:.0f}",
+            "-" if not k else f"{statistics.mean(x[1] for x in k):.0f}",
+            "-" if not k else f"{statistics.median(x[2] for x in k):.3f}, {max(x[2] for x in k):.3f}",
+            "-" if not s else f"{r['rpo']:.2f}"]
+    print("| " + " | ".join(cols) + " |")
+print(f"outputs identical to the run without a policy: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
+sys.exit(1 if bad else 0)
+PY
