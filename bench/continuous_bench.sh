@@ -8,23 +8,27 @@
 #   BUILD       meson build directory (tools/posd, tools/pos-cli, workloads/mlp_train_native)
 #   --every     the intervals to measure, each a run of its own after the run without (default "10s 2s")
 #   --steps     training steps per run (default 1500); steps 0-9 are warm-up, left out of the figures
+#   --rounds    each configuration runs this often (default 2), in turns (none, T1, T2, none, T1, ...)
+#               after one short warm-up run that is not counted: the machine's drift hits all alike
 #   --with-cpu  restore points of GPU and CPU state (CRIU); default GPU state only
 #   --keep, --full-every   the policy's (default 1 and 3: the disk holds one chain of at most 3 points)
 #   --dir       where the points go (default /dev/shm when it has room for 3x the job, else $TMPDIR)
 #   MODEL ARGS  default: ~9.5 GB of parameters, half of the layers frozen (--frozen 4: their tensors
 #               never change, so incremental points leave them to the whole one)
 # Every run must print the same losses and checksum as the run without a policy, else exit 1.
-# RPO: sampled every 20 ms from the policy's status file: at each moment, now minus the cut of the
-# newest complete point (its completion minus its duration); the table gives the largest.
+# RPO: sampled every 20 ms from the policy's status file while the job trains (until its last
+# step): at each moment, now minus the cut of the newest complete point (its completion minus its
+# duration); the table gives the largest.
 set -uo pipefail
 [[ $# -ge 1 && -d "$1" ]] || { sed -n 2,18p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
-EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda
+EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda; ROUNDS=2
 MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --every) EVERY="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
     --with-cpu) WITH_CPU="--with-cpu"; shift ;;
     --keep) KEEP="$2"; shift 2 ;;
     --full-every) FULL="$2"; shift 2 ;;
@@ -55,18 +59,19 @@ for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 
 echo "points: $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}')); job: mlp_train_native ${MODEL[*]} --steps $STEPS; backend $BACKEND"
 
 BUILD="$BUILD" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" STEPS="$STEPS" EVERY="$EVERY" WITH_CPU="$WITH_CPU" KEEP="$KEEP" \
-FULL="$FULL" python3 - "${MODEL[@]}" <<'PY'
+FULL="$FULL" ROUNDS="$ROUNDS" python3 - "${MODEL[@]}" <<'PY'
 import json, os, re, statistics, subprocess, sys, time
 B, SOCK, TMP, WORK = os.environ["BUILD"], os.environ["SOCK"], os.environ["TMP"], os.environ["WORK"]
 steps, model = os.environ["STEPS"], sys.argv[1:]
 cli = B + "/tools/pos-cli"
 env = dict(os.environ, POS_SOCKET=SOCK, LD_LIBRARY_PATH="/usr/local/cuda/lib64",
-           LD_PRELOAD=B + "/remoting/client/libpos_client.so", POS_JOBS_DIR=TMP + "/jobs")
+           LD_PRELOAD=B + "/remoting/client/libpos_client.so", POS_JOBS_DIR=TMP + "/jobs",
+           POS_ARENA_SIZE="1GiB")  # the job pins 256 MiB of staging for its checksum
 
-def run(every):
-    tag = every or "none"
+def run(every, rnd=0, warm=False):
+    tag = (every or "none") + f"-{rnd}"
     out, err = open(f"{TMP}/{tag}.out", "w"), open(f"{TMP}/{tag}.err", "w+")
-    job = subprocess.Popen([B + "/workloads/mlp_train_native", *model, "--steps", steps, "--step-times"],
+    job = subprocess.Popen([B + "/workloads/mlp_train_native", *model, "--steps", "30" if warm else steps, "--step-times"],
                            env=dict(env, POS_JOB_NAME="bench-" + tag), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     samples, status_path = [], f"{TMP}/jobs/checkpoints/{job.pid}.json"
     if every:
@@ -81,6 +86,8 @@ def run(every):
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         newest, rpo, cut = None, 0.0, None
         while job.poll() is None:
+            # The recovery point matters while the job trains: sampling ends with its last step.
+            if "mean step time" in open(err.name).read()[-4096:]: break
             try: s = json.load(open(status_path))
             except Exception: s = None
             now = time.time()
@@ -88,6 +95,7 @@ def run(every):
                 newest, cut = s["newest"], now - s["last_duration_us"] / 1e6
             if cut is not None: rpo = max(rpo, now - cut)
             time.sleep(0.02)
+        job.wait()
         time.sleep(0.3)
         s = json.load(open(status_path))
         log = open(d + "/checkpoint.log").read() if os.path.exists(d + "/checkpoint.log") else ""
@@ -99,30 +107,39 @@ def run(every):
         sys.exit(f"continuous_bench: the {tag} run failed (exit {job.returncode}): {open(err.name).read()[-800:]}")
     t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", open(err.name).read(), re.M)
          if int(m.group(1)) >= 10]
-    ticks = [(float(a), float(b or 0), float(c)) for a, b, c in
+    ticks = [(float(a), float(b or 0), float(c), float(d)) for a, b, c, d in
              re.findall(r"cp-\d+: (?:whole|on cp-\d+), ([0-9.]+) MB written(?:, (\d+) MB left to earlier points)?, "
-                        r"the job paused ([0-9.]+) ms", log)]
-    return dict(tag=tag, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read())
+                        r"the job paused ([0-9.]+) ms, ([0-9.]+) s in all", log)]
+    return dict(every=every, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read())
 
-runs = [run(None)] + [run(e) for e in os.environ["EVERY"].split()]
+run(None, warm=True)
+configs = [None] + os.environ["EVERY"].split()
+runs = [run(e, r) for r in range(int(os.environ["ROUNDS"])) for e in configs]
 base = runs[0]
-bad = [r["tag"] for r in runs[1:] if r["out"] != base["out"]]
-mean0 = statistics.mean(base["steps"])
+bad = [(r["every"] or "none") for r in runs[1:] if r["out"] != base["out"]]
+mean0 = statistics.mean(statistics.mean(r["steps"]) for r in runs if r["every"] is None)
+print(f"{os.environ['ROUNDS']} runs of each, in turns; figures pooled over a configuration's runs")
 print("| policy | ticks (coalesced, failed) | mean step ms | / none | median | max | max / median | MB per tick "
-      "(mean, first) | MB left to earlier points (mean) | job paused ms (median, max) | RPO max s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-for r in runs:
-    t, s, k = r["steps"], r["status"], r["ticks"]
+      "(mean, first) | MB left to earlier points (mean) | job paused ms (median, max) | tick s (mean, max) | RPO max s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for e in configs:
+    rs = [r for r in runs if r["every"] == e]
+    t = [x for r in rs for x in r["steps"]]
+    k = [x for r in rs for x in r["ticks"]]
+    ss = [r["status"] for r in rs if r["status"]]
     med = statistics.median(t)
-    cols = [r["tag"] if r["tag"] == "none" else "every " + r["tag"] + (" +cpu" if os.environ["WITH_CPU"] else ""),
-            "-" if not s else f"{s['taken']} ({s['coalesced']}, {s['failed']})",
+    cols = ["none" if e is None else "every " + e + (" +cpu" if os.environ["WITH_CPU"] else ""),
+            "-" if not ss else f"{sum(s['taken'] for s in ss)} ({sum(s['coalesced'] for s in ss)}, {sum(s['failed'] for s in ss)})",
             f"{statistics.mean(t):.2f}", f"{statistics.mean(t) / mean0:.4f}", f"{med:.2f}", f"{max(t):.2f}",
             f"{max(t) / med:.2f}",
             "-" if not k else f"{statistics.mean(x[0] for x in k):.0f}, {k[0][0]:.0f}",
             "-" if not k else f"{statistics.mean(x[1] for x in k):.0f}",
             "-" if not k else f"{statistics.median(x[2] for x in k):.3f}, {max(x[2] for x in k):.3f}",
-            "-" if not s else f"{r['rpo']:.2f}"]
+            "-" if not k else f"{statistics.mean(x[3] for x in k):.2f}, {max(x[3] for x in k):.2f}",
+            "-" if not ss else f"{max(r['rpo'] for r in rs):.2f}"]
     print("| " + " | ".join(cols) + " |")
+print("mean step ms of each run, in the order run: " +
+      ", ".join(f"{r['every'] or 'none'} {statistics.mean(r['steps']):.2f}" for r in runs))
 print(f"outputs identical to the run without a policy: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
 sys.exit(1 if bad else 0)
 PY
