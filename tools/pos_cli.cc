@@ -378,6 +378,8 @@ struct CheckpointArgs {
   int pid = 0;
   std::string dir, every, socket, jobs_dir;
   uint32_t keep = 3, full_every = 10;
+  std::string mode = "async";
+  double wait_s = 0;  // --wait: how long to wait for the job to answer (pos run starts the policy before the job)
   bool with_cpu = false, stop = false, foreground = false, json = false;
 };
 
@@ -426,7 +428,14 @@ int stop_checkpoints(const CheckpointArgs& a, const JobTarget& target) {
 }
 
 int checkpoint(const CheckpointArgs& a) {
-  const JobTarget target = find_job(a.pid, a.jobs_dir);
+  JobTarget target = find_job(a.pid, a.jobs_dir);
+  // Started beside a job that is still coming up (pos run --checkpoint-every): wait until it
+  // answers on its control socket, or is gone.
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.wait_s);
+       !a.stop && !target.inproc && std::chrono::steady_clock::now() < until && pos::process_running(static_cast<uint32_t>(a.pid));) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    target = find_job(a.pid, a.jobs_dir);
+  }
   if (a.stop) return stop_checkpoints(a, target);
   if (a.dir.empty() || a.every.empty()) {
     std::fprintf(stderr, "pos-cli checkpoint: -D DIR and --every INTERVAL are required (or --stop)\n");
@@ -448,6 +457,7 @@ int checkpoint(const CheckpointArgs& a) {
   p.keep = a.keep;
   p.full_every = a.full_every;
   p.with_cpu = a.with_cpu;
+  p.async = a.mode == "async";
   p.socket = a.socket;
   if (target.inproc) p.job_socket = target.job_socket;
   p.resume_program = self_program();
@@ -461,7 +471,7 @@ int checkpoint(const CheckpointArgs& a) {
                   a.keep, a.full_every, checkpointer, a.pid);
     return std::string(b);
   };
-  const auto alive = [pid = p.pid] { return pos::process_running(pid); };
+  const std::function<bool()> alive = pos::same_process(p.pid);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   if (a.foreground) {
@@ -706,6 +716,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ckpt_cmd->add_flag("--with-cpu", ca.with_cpu,
                      "each restore point a whole process (CRIU with the GPU state: restorable); else GPU state only");
+  ckpt_cmd->add_option("--mode", ca.mode, "how a posd job's GPU bytes are drained with --with-cpu: sync, or async (copy-on-write)")
+      ->check(CLI::IsMember({"sync", "async"}))
+      ->capture_default_str();
+  ckpt_cmd->add_option("--wait", ca.wait_s,
+                       "wait up to this many seconds for an in-process job to answer on its control socket (pos run "
+                       "starts its policy as the job starts)")
+      ->check(CLI::Range(0.0, 3600.0));
   ckpt_cmd->add_flag("--stop", ca.stop, "end the job's policy (the checkpoint in progress finishes first)");
   ckpt_cmd->add_flag("--foreground", ca.foreground, "run the policy in this process (its log on stdout) until stopped");
   ckpt_cmd->add_flag("--json", ca.json, "one JSON report of the started policy");

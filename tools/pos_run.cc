@@ -1,6 +1,10 @@
-// pos_run.cc — `pos run [--census FILE] [--] CMD ARGS...`: starts any program with POS's in-process
-// driver layer (libpos_driver.so, remoting/driver) preloaded, the way `LD_PRELOAD` would, then
-// becomes that program (exec). A thin main: the layer itself is tested in driver_hooks_test.
+// pos_run.cc — `pos run [--census FILE] [--checkpoint-every T -D DIR ...] [--] CMD ARGS...`: starts
+// any program with POS's in-process driver layer (libpos_driver.so, remoting/driver) preloaded, the
+// way `LD_PRELOAD` would, then becomes that program (exec); with a checkpoint policy, a detached
+// `pos-cli checkpoint` outside the job's process tree checkpoints it (docs/continuous_checkpointing.md).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +14,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "remoting/server/checkpoint_policy.h"
 
 #ifndef POS_VERSION_STRING
 #define POS_VERSION_STRING "unknown"
@@ -21,6 +27,58 @@
 #define POS_DRIVER_LIB_INSTALLED "/usr/local/lib/libpos_driver.so"
 #endif
 
+namespace {
+
+using pos::Status;
+
+// The checkpoint policy of the program this process is about to become: `pos-cli checkpoint
+// --foreground --wait` in a grandchild (so that it is no part of the job's process tree, which a
+// --with-cpu dump hands to CRIU), in a session of its own, its output appended to DIR/checkpoint.log.
+Status start_policy(const std::string& every, const std::string& dir, unsigned keep, unsigned full_every, bool with_cpu) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string cli = "pos-cli";
+  if (n > 0) {
+    std::string beside(self, static_cast<size_t>(n));
+    beside = beside.substr(0, beside.rfind('/') + 1) + "pos-cli";
+    if (::access(beside.c_str(), X_OK) == 0) cli = beside;
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::InvalidArgument("cannot make " + dir + ": " + std::strerror(errno));
+  const std::string log = dir + "/checkpoint.log";
+  const int lf = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lf < 0) return Status::InvalidArgument("cannot open " + log + ": " + std::strerror(errno));
+  const std::string pid = std::to_string(::getpid());
+  std::vector<std::string> argv_s = {cli, "checkpoint", "-t", pid, "-D", dir, "--every", every, "--keep",
+                                     std::to_string(keep), "--full-every", std::to_string(full_every), "--foreground",
+                                     "--wait", "120"};
+  if (with_cpu) argv_s.push_back("--with-cpu");
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(lf);
+    return Status::Unavailable(std::string("fork: ") + std::strerror(errno));
+  }
+  if (child == 0) {
+    if (::fork() != 0) ::_exit(0);  // the grandchild goes on, adopted away from the job
+    ::setsid();
+    const int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul >= 0) ::dup2(nul, 0);
+    ::dup2(lf, 1), ::dup2(lf, 2);
+    std::vector<char*> av;
+    for (std::string& a : argv_s) av.push_back(a.data());
+    av.push_back(nullptr);
+    ::execvp(av[0], av.data());
+    std::fprintf(stderr, "pos run: cannot start %s: %s\n", av[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(lf);
+  int st = 0;
+  (void)::waitpid(child, &st, 0);
+  return Status::Ok();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"pos: run unmodified CUDA programs under POS (docs/driver_runtime.md)", "pos"};
   app.set_version_flag("--version", std::string("pos ") + POS_VERSION_STRING);
@@ -31,6 +89,15 @@ int main(int argc, char** argv) {
   run->add_option("--census", census,
                   "write what the program resolved and called through the driver, as JSON, to FILE at its exit "
                   "('-': stderr)");
+  std::string every, ckpt_dir;
+  unsigned keep = 3, full_every = 10;
+  bool with_cpu = false;
+  run->add_option("--checkpoint-every", every, "checkpoint the program every interval (30s, 500ms, 2m) into -D DIR");
+  run->add_option("-D,--images-dir", ckpt_dir, "with --checkpoint-every: the directory of its restore points");
+  run->add_option("--keep", keep, "with --checkpoint-every: the newest restore points kept")->check(CLI::Range(1u, 100000u));
+  run->add_option("--full-every", full_every, "with --checkpoint-every: every K-th restore point is whole")
+      ->check(CLI::Range(1u, 64u));
+  run->add_flag("--with-cpu", with_cpu, "with --checkpoint-every: each restore point a whole process (CRIU)");
   run->prefix_command();  // everything from CMD on is the program's, options included
   // What follows `--` is the program's, never parsed here; CLI11 sees only what comes before.
   std::vector<std::string> cmd;
@@ -90,6 +157,20 @@ int main(int argc, char** argv) {
       ::setenv("POS_DRIVER_PLACE", "1", 0) != 0) {
     std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
     return 1;
+  }
+  if (every.empty() != ckpt_dir.empty()) {
+    std::fprintf(stderr, "pos run: --checkpoint-every and -D go together\n");
+    return 2;
+  }
+  if (!every.empty()) {
+    if (auto iv = pos::parse_interval(every); !iv.ok()) {
+      std::fprintf(stderr, "pos run: --checkpoint-every: %s\n", iv.status().message().c_str());
+      return 2;
+    }
+    if (Status st = start_policy(every, ckpt_dir, keep, full_every, with_cpu); !st.ok()) {
+      std::fprintf(stderr, "pos run: %s\n", st.message().c_str());
+      return 1;
+    }
   }
   std::vector<char*> args;
   for (std::string& a : cmd) args.push_back(a.data());

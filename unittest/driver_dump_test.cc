@@ -57,15 +57,16 @@ class DriverDump : public ::testing::Test {
     for (int i = 0; i < 100 && ::waitpid(-1, nullptr, WNOHANG) >= 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     fs::remove_all(root_);
   }
-  // The probe job under the driver layer, placement on, stdio on /dev/null.
-  void start() {
+  // The probe job under the driver layer, placement on, stdio on /dev/null; started by `pos run
+  // RUN_ARGS --` when they are given (else preloaded directly).
+  void start(const std::vector<std::string>& run_args = {}) {
     const std::string probe = env("POS_DRIVER_PROBE"), work = (root_ / "work").string();
     fs::remove_all(work);  // a fresh probe counts its checks from 1
     fs::create_directories(work);
     checks_ = 0, writes_ = 0;
     std::vector<std::string> e;
     for (char** p = environ; *p != nullptr; ++p) e.emplace_back(*p);
-    e.push_back("LD_PRELOAD=" + env("POS_DRIVER_LIB"));
+    if (run_args.empty()) e.push_back("LD_PRELOAD=" + env("POS_DRIVER_LIB"));
     e.push_back("POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA"));
     e.push_back("POS_JOBS_DIR=" + jobs_);
     e.push_back("POS_DRIVER_PLACE=1");
@@ -76,9 +77,17 @@ class DriverDump : public ::testing::Test {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     for (int fd : {0, 1, 2}) posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
-    char* argv[] = {const_cast<char*>(probe.c_str()), const_cast<char*>("memory-files"), const_cast<char*>(work.c_str()),
-                    nullptr};
-    ASSERT_EQ(::posix_spawn(&pid_, probe.c_str(), &fa, nullptr, argv, envp.data()), 0);
+    std::vector<std::string> a;
+    if (!run_args.empty()) {
+      a = {env("POS_RUN"), "run"};
+      a.insert(a.end(), run_args.begin(), run_args.end());
+      a.push_back("--");
+    }
+    for (const std::string& x : {probe, std::string("memory-files"), work}) a.push_back(x);
+    std::vector<char*> argv;
+    for (std::string& x : a) argv.push_back(x.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(::posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
     posix_spawn_file_actions_destroy(&fa);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!fs::exists(root_ / "work" / "ready")) {
@@ -446,6 +455,68 @@ TEST_F(DriverDump, ImagesListsADirectoryOfDumpsAndRestoreLatestTakesTheNewestRes
   restored_ = pid_ = static_cast<pid_t>(std::stoi(out.substr(out.find("\"pid\":") + 6)));
   EXPECT_NE(out.find("\"dir\":\"" + (series / "b").string() + "\""), std::string::npos) << out;
   EXPECT_EQ(check(), "rc=0 same=1\n");  // b's bytes: the write it saw
+}
+
+// pos run --checkpoint-every: the job is checkpointed from its start into a directory of restore
+// points (each a whole process: --with-cpu) by a checkpointer outside its process tree; ps shows the
+// policy; the job killed, the newest point restores with the job's memory; --stop after the end.
+TEST_F(DriverDump, PosRunWithACheckpointPolicyLeavesRestorePointsTheNewestOfWhichRestores) {
+  const std::string points = (root_ / "points").string();
+  start({"--checkpoint-every", "150ms", "-D", points, "--with-cpu", "--keep", "2", "--full-every", "2"});
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  int code = -1;
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t restorable = 0;
+  while ((restorable = 0, out = cli("images " + points + " --json", &code), true)) {
+    for (size_t at = 0; (at = out.find("\"restorable\":true", at)) != std::string::npos; ++at) ++restorable;
+    if (restorable >= 2) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << out << read_file(points + "/checkpoint.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(write(), "rc=0\n");  // a change after some points: a later one must hold it
+  const std::string ps = cli("ps --jobs-dir " + jobs_, &code);
+  EXPECT_NE(ps.find("running"), std::string::npos) << ps;
+  EXPECT_NE(ps.find("gpu+cpu"), std::string::npos) << ps;
+  EXPECT_NE(ps.find(points), std::string::npos) << ps;
+  // Wait for a point cut after the write (the status names each new one), then lose the job.
+  auto newest = [&] {
+    const std::string st = read_file(jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json");
+    const size_t at = st.find("\"newest\":\"");
+    return at == std::string::npos ? std::string() : st.substr(at + 10, st.find('"', at + 10) - at - 10);
+  };
+  const std::string before = newest();
+  std::string after;
+  for (int i = 0; i < 2; ++i) {  // two new points: the second surely began after the write
+    while ((after = newest()) == before || after.empty()) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << read_file(points + "/checkpoint.log");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (i == 0) {
+      const std::string first = after;
+      while ((after = newest()) == first) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  out = cli("restore -D " + points + " --latest --json", &code);
+  ASSERT_EQ(code, 0) << out << read_file(points + "/checkpoint.log");
+  restored_ = pid_ = static_cast<pid_t>(std::stoi(out.substr(out.find("\"pid\":") + 6)));
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // the memory as the job had it, its write included
+  // The job's first incarnation ended its policy; a stop now says so and changes nothing.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (read_file(jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json").find("\"state\":\"ended\"") == std::string::npos)
+    ASSERT_LT(std::chrono::steady_clock::now(), until);
+  out = cli("checkpoint -t " + std::to_string(pid_) + " --jobs-dir " + jobs_ + " --stop", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("is not running (ended)"), std::string::npos) << out;
+  // Bad policies are refused before the program starts.
+  out = pos::test::run_shell(env("POS_RUN") + " run --checkpoint-every 5x -D " + points + " -- /bin/true", &code);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("is no interval"), std::string::npos) << out;
+  out = pos::test::run_shell(env("POS_RUN") + " run --checkpoint-every 1s -- /bin/true", &code);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("--checkpoint-every and -D go together"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "pos/base/text.h"
@@ -180,6 +181,25 @@ std::vector<PolicyStatus> list_policy_statuses(const std::string& jobs_dir, std:
 }
 
 bool checkpointer_alive(const PolicyStatus& s) { return process_running(s.checkpointer); }
+
+uint64_t process_start_time(uint32_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  // Fields after the command: state is field 3, starttime field 22.
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+std::function<bool()> same_process(uint32_t pid) {
+  const uint64_t start = process_start_time(pid);
+  return [pid, start] { return process_running(pid) && (start == 0 || process_start_time(pid) == start); };
+}
 
 // ---- restore points and retention ----
 
@@ -426,10 +446,12 @@ CheckpointTick job_checkpoint_tick(const CheckpointPolicy& policy) {
     o.dir = dir;
     o.prev = prev;
     o.leave_running = true;
-    o.async = true;
+    const bool inproc = !policy.job_socket.empty();
+    // An in-process job's dump hands its memory over instead (no async mode); pre-dumps are
+    // copy-on-write either way.
+    o.async = !inproc && (policy.async || !policy.with_cpu);
     o.job_socket = policy.job_socket;
     o.resume_program = policy.resume_program;
-    const bool inproc = !policy.job_socket.empty();
     StatusOr<JobDumpReport> r = policy.with_cpu ? (inproc ? dump_driver_job(o) : dump_job(o))
                                                 : (inproc ? pre_dump_driver_job(o) : pre_dump_job(o));
     if (!r.ok()) return r.status();

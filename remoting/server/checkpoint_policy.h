@@ -29,6 +29,9 @@ struct CheckpointPolicy {
   // Each restore point a whole process (CRIU with the GPU state: pos-cli dump --leave-running);
   // else GPU state only (pos-cli pre-dump: cheaper, but no restore point by itself).
   bool with_cpu = false;
+  // With with_cpu, a posd job's GPU bytes drain copy-on-write while it runs on (else they are
+  // written before it re-attaches). GPU-only checkpoints are always copy-on-write.
+  bool async = true;
   // For the dumps: posd's socket, an in-process job's control socket (empty: a posd job), and the
   // pos-cli a dump's guardian runs if this process dies mid-dump.
   std::string socket, job_socket, resume_program;
@@ -78,6 +81,11 @@ StatusOr<PolicyStatus> read_policy_status(const std::string& path);
 std::vector<PolicyStatus> list_policy_statuses(const std::string& jobs_dir, std::vector<std::string>* skipped = nullptr);
 // Whether process `pid` runs: it exists and is no zombie (a job killed but not yet reaped is gone).
 bool process_running(uint32_t pid);
+// When process `pid` started (clock ticks since boot, /proc/PID/stat), or 0 if unknown.
+uint64_t process_start_time(uint32_t pid);
+// A check that process `pid`, as it is now, still runs: the same pid started later (reused, or the
+// job restored from a dump by CRIU) is another process, whose policy starts anew.
+std::function<bool()> same_process(uint32_t pid);
 // Whether the status's checkpointer still runs (its process exists and is not a zombie).
 bool checkpointer_alive(const PolicyStatus& s);
 
