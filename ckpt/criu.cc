@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -147,6 +149,19 @@ StatusOr<std::string> find_criu() {
   if (::access(criu.c_str(), X_OK) != 0)
     return Status::FailedPrecondition("CRIU is not installed (" + criu + " is not an executable): run tools/setup.sh as root, "
                                       "which provides CRIU >= 4 (tools/install_criu.sh), or set POS_CRIU to a criu binary");
+  // `criu check` takes from a few milliseconds to over ten seconds (seen with other ptraced or busy
+  // processes around): a process that dumps again and again (pos-cli checkpoint) runs it once per
+  // binary, while that file stays the same.
+  struct stat st {};
+  (void)::stat(criu.c_str(), &st);
+  const std::string key = criu + "@" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+                          std::to_string(st.st_mtim.tv_nsec);
+  static std::mutex mu;
+  static std::set<std::string> checked;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (checked.count(key) != 0) return criu;
+  }
   auto v = run({criu, "--version"});
   if (!v.ok()) return v.status();
   const int major = major_version(v->output);
@@ -162,12 +177,25 @@ StatusOr<std::string> find_criu() {
     return Status::FailedPrecondition(criu + " check failed (" + why +
                                       "): CRIU needs root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE) and a kernel it supports");
   }
+  std::lock_guard<std::mutex> lk(mu);
+  checked.insert(key);
   return criu;
 }
 
 bool criu_tracks_memory(const std::string& criu) {
+  static std::mutex mu;
+  static std::map<std::string, bool> known;  // per binary: the kernel does not change under a process
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (auto it = known.find(criu); it != known.end()) return it->second;
+  }
   auto c = run({criu, "check", "--feature", "mem_dirty_track"});
-  return c.ok() && exited_ok(c->status);
+  const bool yes = c.ok() && exited_ok(c->status);
+  if (c.ok()) {
+    std::lock_guard<std::mutex> lk(mu);
+    known[criu] = yes;
+  }
+  return yes;
 }
 
 namespace {

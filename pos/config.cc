@@ -329,6 +329,7 @@ class Reader {
            c_->posd_isolation = *w == "process" ? Isolation::kProcess : Isolation::kShared;
            return Status::Ok();
          }},
+        {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
         {"metrics",
          [this](const Entry& e) -> Status {
            if (e.value.IsNull()) {  // like "": off
@@ -360,6 +361,44 @@ class Reader {
            }
            return Status::Ok();
          }},
+    };
+  }
+
+  std::vector<Key> policy_keys() {
+    auto& p = c_->posd_policy;
+    return {
+        {"jobs",
+         [this, &p](const Entry& e) -> Status {
+           if (!e.value.IsSequence()) return e.error(" must be a list of job-name patterns, e.g. [\"train*\"]");
+           p.jobs.clear();
+           for (size_t i = 0; i < e.value.size(); ++i) {
+             const YAML::Node item = e.value[i];
+             const Entry one{e.path + "[" + std::to_string(i) + "]", item, !item.IsNull() && line_of(item) > 0 ? line_of(item) : e.line};
+             auto t = text_of(one);
+             if (!t.ok()) return t.status();
+             if (t->empty()) return one.error(" is an empty pattern");
+             p.jobs.push_back(*t);
+           }
+           return Status::Ok();
+         }},
+        {"every", [&p](const Entry& e) { return store(text_of(e), &p.every); }},
+        {"dir",
+         [&p](const Entry& e) -> Status {
+           POS_RETURN_IF_ERROR(store(text_of(e), &p.dir));
+           if (!p.dir.empty() && p.dir.front() != '/') return e.error(" must be an absolute path");
+           return Status::Ok();
+         }},
+        {"keep", [&p](const Entry& e) { return store(read_uint(e, 1, 100000), &p.keep); }},
+        {"full_every", [&p](const Entry& e) { return store(read_uint(e, 1, 64), &p.full_every); }},
+        {"mode",
+         [&p](const Entry& e) -> Status {
+           auto w = read_word(e, {"async", "sync"});
+           if (!w.ok()) return w.status();
+           p.async = *w == "async";
+           return Status::Ok();
+         }},
+        {"with_cpu", [&p](const Entry& e) { return store(read_bool(e), &p.with_cpu); }},
+        {"cli", [&p](const Entry& e) { return store(text_of(e), &p.cli); }},
     };
   }
 

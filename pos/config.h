@@ -86,6 +86,17 @@ struct Config {
   // Where posd serves Prometheus metrics, "HOST:PORT" (IPv4; port 0: any free one, logged at
   // start). Empty: no metrics endpoint (docs/metrics.md).
   std::string posd_metrics;
+  // posd.checkpoint_policy: continuous checkpoints posd starts for every session whose job name
+  // matches one of `jobs` (shell patterns), each into DIR/<job>-<pid> through `pos-cli checkpoint`
+  // run as posd's user (docs/continuous_checkpointing.md). No patterns: none.
+  struct CheckpointPolicyDefaults {
+    std::vector<std::string> jobs;
+    std::string every = "30s";  // checked when posd starts (pos-cli's intervals: 30s, 500ms, 2m)
+    std::string dir;            // required with jobs; absolute
+    uint32_t keep = 3, full_every = 10;
+    bool async = true, with_cpu = false;
+    std::string cli;  // the pos-cli to run; empty: beside posd, else on PATH
+  } posd_policy;
 };
 
 // The config as a YAML document parse_config reads back to the same values (spin times to the

@@ -1285,6 +1285,49 @@ TEST_F(PosdProcess, AFullDiskFailsTicksWithTheReasonKeepsEveryRestorePointAndThe
   std::filesystem::remove(out_file);
 }
 
+// posd.checkpoint_policy: posd starts a policy for each session whose job name matches (here
+// GPU-only checkpoints), into DIR/<job>-<pid>; other jobs are left alone; a policy posd cannot run
+// (no directory, a bad interval) stops posd from starting, with the reason.
+TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
+  const std::string base = ::testing::TempDir() + "posd-e2e-yaml-" + std::to_string(::getpid());
+  const std::string points = base + ".points", jobs = base + ".jobs";
+  for (const std::string& p : {points, jobs}) std::filesystem::remove_all(p);
+  OwnPosd posd(base + "-posd", "  checkpoint_policy:\n    jobs: [\"auto-*\"]\n    every: 200ms\n    dir: " + points +
+                                   "\n    keep: 2\n    full_every: 3\n");
+  const pid_t named = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "auto-1", base + ".out1", jobs, posd);
+  const pid_t other = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "manual", base + ".out2", jobs, posd);
+  const std::string dir = points + "/auto-1-" + std::to_string(named);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (pos::list_restore_points(dir).size() < 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << read_file(dir + "/checkpoint.log") << posd.log_text();
+    ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(named))) << "the job ended first: make it longer";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(posd.log_text().find("checkpoint policy for pid " + std::to_string(named) + " ('auto-1')"), std::string::npos)
+      << posd.log_text();
+  EXPECT_FALSE(std::filesystem::exists(points + "/manual-" + std::to_string(other)));
+  int code = -1;
+  std::string err;
+  const std::string ps = shell(env_or_fail("POS_CLI") + " ps --json --socket " + posd.socket + " --jobs-dir " + jobs, &code, &err);
+  EXPECT_NE(ps.find("\"pid\":" + std::to_string(named) + ",\"checkpointer\":"), std::string::npos) << ps;
+  EXPECT_NE(ps.find("\"with_cpu\":false,\"state\":\"running\""), std::string::npos) << ps;
+  for (pid_t p : {named, other}) {
+    const int st = wait_for_exit(p, std::chrono::seconds(on_gpu() ? 120 : 300));
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  }
+  // Refused at start: no directory, then an interval that is none.
+  for (const std::string& bad : {std::string("  checkpoint_policy:\n    jobs: [x]\n"),
+                                 std::string("  checkpoint_policy:\n    jobs: [x]\n    dir: /tmp\n    every: 5x\n")}) {
+    const std::string cfg = base + ".bad.yaml";
+    std::ofstream(cfg) << "backend: host\nposd:\n  socket: " << base << "-bad/posd.sock\n" << bad;
+    (void)shell(env_or_fail("POS_POSD") + " --config " + cfg, &code, &err);
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_NE(err.find("posd.checkpoint_policy"), std::string::npos) << err;
+  }
+  for (const std::string& p : {points, jobs, base + ".out1", base + ".out2"}) std::filesystem::remove_all(p);
+}
+
 // A program written for this test alone (workloads/pinned_pipeline.cu: two streams ordered by
 // events, cuBLAS, cudaMallocHost buffers a second host thread fills while the GPU works), dumped
 // mid-run, restored, and run on: it prints exactly what a native run prints. Then again with

@@ -381,10 +381,10 @@ Status CheckpointRunner::tick() {
   status_.newest = name, status_.newest_time = status_.last_time;
   if (log_) {
     char line[512];
-    std::snprintf(line, sizeof(line), "%s: %s, %.1f MB written%s, the job paused %.3f ms, %.3f s in all%s%s", name.c_str(),
-                  whole ? "whole" : ("on " + prev_).c_str(), static_cast<double>(r->bytes) / 1e6,
+    std::snprintf(line, sizeof(line), "%s: %s, %.1f MB written%s, the job paused %.3f ms, %.3f s in all (GPU part %.3f s, CPU part %.3f s)%s%s",
+                  name.c_str(), whole ? "whole" : ("on " + prev_).c_str(), static_cast<double>(r->bytes) / 1e6,
                   r->bytes_referenced ? (", " + std::to_string(r->bytes_referenced / 1000000) + " MB left to earlier points").c_str() : "",
-                  r->pause_s * 1e3, took, r->note.empty() ? "" : "; ", r->note.c_str());
+                  r->pause_s * 1e3, took, r->gpu_s, r->criu_s, r->note.empty() ? "" : "; ", r->note.c_str());
     log_(line);
   }
   prev_ = name;

@@ -2,6 +2,9 @@
 // on waiting connections and sessions), sessions (SO_PEERCRED, protocol version, sealed memfd +
 // eventfd), the serve loop (decode, pos_process, reply; spin then sleep in poll) and teardown on hang-up.
 #include "remoting/server/posd_server.h"
+#include "remoting/server/checkpoint_policy.h"
+
+#include <fnmatch.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -35,6 +38,8 @@
 #include "remoting/server/session_process.h"
 #include "remoting/server/session_serve.h"
 #include "pos/runtime.h"
+
+extern char** environ;
 
 namespace pos {
 
@@ -186,6 +191,19 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   set_log_level(config.log_level);
   if (!config.host_kernel_libraries.empty() && config.backend != "host")
     return Status::InvalidArgument("posd.host_kernel_libraries apply to the host backend only");
+  if (const auto& p = config.posd_policy; !p.jobs.empty()) {
+    if (p.dir.empty()) return Status::InvalidArgument("posd.checkpoint_policy: dir is required with jobs");
+    if (auto iv = parse_interval(p.every); !iv.ok())
+      return Status::InvalidArgument("posd.checkpoint_policy.every: " + iv.status().message());
+    srv->policy_cli_ = p.cli;
+    if (srv->policy_cli_.empty()) {  // beside posd (the build tree and an install both have it there)
+      char self[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+      const std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+      const std::string beside = dir.substr(0, dir.rfind('/') + 1) + "pos-cli";
+      srv->policy_cli_ = !dir.empty() && ::access(beside.c_str(), X_OK) == 0 ? beside : "pos-cli";
+    }
+  }
   // Host kernels run where the clients' memory is: in posd (shared) or in each session process.
   for (const auto& lib : config.posd_isolation == Isolation::kShared ? config.host_kernel_libraries
                                                                       : std::vector<std::string>{}) {
@@ -346,6 +364,15 @@ void PosdServer::stop() {
     (void)!::write(stop_fd_, &one, sizeof(one));  // never read: stays readable for every poll
   }
   if (acceptor_.joinable()) acceptor_.join();
+  {
+    // Each waits at most 10 s for its session, less once the gate closed.
+    std::vector<std::thread> policies;
+    {
+      std::lock_guard<std::mutex> lk(policy_mu_);
+      policies.swap(policy_threads_);
+    }
+    for (std::thread& t : policies) t.join();
+  }
   std::list<std::unique_ptr<Session>> all;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -668,11 +695,16 @@ void PosdServer::start_session(Handshake& h, std::string job, uint64_t arena_byt
     std::lock_guard<std::mutex> lk(mu_);
     sessions_.push_back(std::move(s));
   }
+  const uint32_t pid = static_cast<uint32_t>(raw->cred.pid);
+  const std::string job_name = raw->job;
   const Status st = start_thread(&raw->thread, "posd's session thread", [this, raw] {
     name_this_thread("posd-session");
     session_main(raw);
   });
-  if (st.ok()) return;
+  if (st.ok()) {
+    start_policy(pid, job_name);
+    return;
+  }
   std::unique_ptr<Session> back;  // only the acceptor adds or removes sessions: it is the last one
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -710,9 +742,81 @@ void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t a
   s->channel = std::move(p->channel);
   POS_INFO("posd", "session %lu: pid %d uid %u job '%s' in session process %d", (unsigned long)(s->generation << 16),
            h.cred.pid, h.cred.uid, s->job.c_str(), static_cast<int>(s->child));
-  std::lock_guard<std::mutex> lk(mu_);
-  sessions_.push_back(std::move(s));
+  const std::string job_name = s->job;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sessions_.push_back(std::move(s));
+  }
+  start_policy(static_cast<uint32_t>(h.cred.pid), job_name);
 }  // h.fd closes posd's copy of the connection
+
+void PosdServer::start_policy(uint32_t pid, const std::string& job) {
+  const auto& p = config_.posd_policy;
+  bool match = false;
+  for (const std::string& pattern : p.jobs) match = match || ::fnmatch(pattern.c_str(), job.c_str(), 0) == 0;
+  if (!match) return;
+  // DIR/<job>-<pid>: the program's base name, in characters safe in a file name.
+  std::string name;
+  for (char c : job.substr(job.rfind('/') == std::string::npos ? 0 : job.rfind('/') + 1))
+    name += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ? c : '_';
+  if (name.empty() || name[0] == '.') name = "job" + name;
+  name = name.substr(0, 64);
+  std::vector<std::string> args = {policy_cli_, "checkpoint", "-t", std::to_string(pid), "-D",
+                                   p.dir + "/" + name + "-" + std::to_string(pid), "--every", p.every, "--keep",
+                                   std::to_string(p.keep), "--full-every", std::to_string(p.full_every), "--mode",
+                                   p.async ? "async" : "sync", "--socket", socket_path_};
+  if (p.with_cpu) args.push_back("--with-cpu");
+  std::lock_guard<std::mutex> lk(policy_mu_);
+  policy_threads_.emplace_back([this, pid, job, args = std::move(args)]() mutable {
+    name_this_thread("posd-policy");
+    // The first checkpoint needs the session served: wait until it is (at most 10 s).
+    for (int i = 0; i < 200 && !!sessions_gate_.is_open(); ++i) {
+      bool up = false;
+      for (const SessionInfo& si : sessions()) up = up || (si.pid == pid && !si.starting && si.uuid != 0);
+      if (up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!sessions_gate_.is_open()) return;
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) return;
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    // Nothing of posd's goes with it: not its blocked signals (--stop is a SIGTERM), not one of its
+    // descriptors (sessions' connections and channels, the listening socket), which the
+    // checkpointer, a long-lived daemon, would otherwise hold open for as long as it runs.
+    const pid_t child = ::fork();
+    if (child == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::dup2(out[1], 1), ::dup2(out[1], 2);
+      const int nul = ::open("/dev/null", O_RDONLY);
+      if (nul >= 0) ::dup2(nul, 0);
+      ::close_range(3, ~0u, 0);
+      ::execvp(argv[0], argv.data());
+      ::_exit(127);
+    }
+    const int rc = child < 0 ? errno : 0;
+    ::close(out[1]);
+    std::string text;
+    char buf[1024];
+    ssize_t n;
+    while (rc == 0 && (n = ::read(out[0], buf, sizeof(buf))) != 0)
+      if (n > 0) text.append(buf, static_cast<size_t>(n));
+      else if (errno != EINTR) break;
+    ::close(out[0]);
+    int st = 0;
+    if (rc == 0) (void)::waitpid(child, &st, 0);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    if (rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 127 && text.empty()) text = "cannot run " + args[0];
+    if (rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+      POS_INFO("posd", "checkpoint policy for pid %u ('%s'): %s", pid, job.c_str(), printable(text, 512).c_str());
+    else
+      POS_WARN("posd", "checkpoint policy for pid %u ('%s') did not start: %s", pid, job.c_str(),
+               rc != 0 ? (std::string("cannot run ") + args[0] + ": " + std::strerror(rc)).c_str() : printable(text, 512).c_str());
+  });
+}
 
 void PosdServer::session_main(Session* s) {
   SessionSpec spec;

@@ -117,6 +117,8 @@ class PosdServer {
   void reattach(Handshake& h);
   void control_restore(Handshake& h);
   void reap_finished();
+  // posd.checkpoint_policy: a `pos-cli checkpoint` for a new session whose job matches.
+  void start_policy(uint32_t pid, const std::string& job);
   size_t live_sessions() const;
   Status prepare_socket_dir();
 
@@ -135,6 +137,9 @@ class PosdServer {
   bool bound_ = false;        // the socket file is this posd's: stop() removes it
   bool created_dir_ = false;  // so is its directory: stop() removes it if empty
   int stop_fd_ = -1;  // eventfd: readable once stop() began
+  std::string policy_cli_;  // the pos-cli posd.checkpoint_policy runs
+  std::mutex policy_mu_;
+  std::vector<std::thread> policy_threads_;  // each starts one policy; joined at stop()
   std::atomic<uint64_t> probes_{0};
   std::atomic<size_t> waiting_{0};               // handshakes_waiting()
   std::atomic<int64_t> hello_timeout_ms_{5000};  // set_hello_timeout_for_test
