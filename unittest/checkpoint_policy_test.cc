@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -246,6 +247,24 @@ TEST(CheckpointPolicy, TheStatusFileReadsBackAndADamagedOneIsRefused) {
   std::string neg = policy_status_json(s);
   neg.replace(neg.find("\"taken\":5"), 9, "\"taken\":-5");
   EXPECT_EQ(parse_policy_status(neg).status().code(), Code::kCorrupt);
+}
+
+TEST(CheckpointPolicy, StatusFilesOfPoliciesThatEndedAWeekAgoAreClearedByTheNextPolicy) {
+  const std::string dir = fresh_dir("prune"), statuses = dir + "-status";
+  fs::create_directories(statuses);
+  PolicyStatus old, recent, running;
+  old.pid = 11, old.state = "ended", old.updated = 1000;          // 1970: long gone
+  recent.pid = 12, recent.state = "stopped", recent.updated = static_cast<uint64_t>(std::time(nullptr)) - 60;
+  running.pid = 13, running.state = "running", running.checkpointer = 1, running.updated = 1000;  // alive (pid 1)
+  for (const PolicyStatus* p : {&old, &recent, &running})
+    ASSERT_TRUE(write_small_file(statuses + "/" + std::to_string(p->pid) + ".json", policy_status_json(*p), 0600).ok());
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 3, 10), statuses + "/" + std::to_string(::getpid()) + ".json", t.fn());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(fs::exists(statuses + "/11.json"));
+  EXPECT_TRUE(fs::exists(statuses + "/12.json"));
+  EXPECT_TRUE(fs::exists(statuses + "/13.json"));
+  EXPECT_EQ(list_policy_statuses(dir + "-none").size(), 0u);
 }
 
 TEST(CheckpointPolicy, IntervalsAreParsedWithTheirUnitsAndBoundsChecked) {

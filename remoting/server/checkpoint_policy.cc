@@ -30,6 +30,7 @@ namespace pos {
 namespace {
 
 constexpr const char* kPrefix = "cp-";
+constexpr uint64_t kStatusKeptSeconds = 7 * 24 * 3600;
 
 uint64_t now_epoch() { return static_cast<uint64_t>(std::time(nullptr)); }
 uint64_t micros(double s) { return s <= 0 ? 0 : static_cast<uint64_t>(std::llround(s * 1e6)); }
@@ -279,8 +280,19 @@ StatusOr<std::unique_ptr<CheckpointRunner>> CheckpointRunner::open(const Checkpo
       return Status::Busy("pid " + std::to_string(policy.pid) + " is already checkpointed into " + old->dir +
                           " by checkpointer pid " + std::to_string(old->checkpointer) + " (pos-cli checkpoint -t " +
                           std::to_string(policy.pid) + " --stop ends it)");
-    std::filesystem::create_directories(status_path.substr(0, status_path.rfind('/')), ec);
+    const std::string status_dir = status_path.substr(0, status_path.rfind('/'));
+    std::filesystem::create_directories(status_dir, ec);
     if (ec) return Status::InvalidArgument("cannot make the status directory of " + status_path + ": " + ec.message());
+    // Policies that ended or stopped stay listed (their newest point is what a restore wants) for a
+    // week after their last word; then the next policy started here clears them away.
+    const uint64_t now = now_epoch();
+    for (const auto& e : std::filesystem::directory_iterator(status_dir, ec)) {
+      if (e.path().string() == status_path || e.path().extension() != ".json") continue;
+      auto old_status = read_policy_status(e.path().string());
+      if (old_status.ok() && (old_status->state != "running" || !checkpointer_alive(*old_status)) &&
+          old_status->updated + kStatusKeptSeconds < now)
+        std::filesystem::remove(e.path(), ec);
+    }
   }
   // What an earlier runner left when it was killed: unfinished points (never complete, so never
   // restored) and retired ones it had not finished deleting.
