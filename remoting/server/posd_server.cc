@@ -366,12 +366,12 @@ void PosdServer::stop() {
   if (acceptor_.joinable()) acceptor_.join();
   {
     // Each waits at most 10 s for its session, less once the gate closed.
-    std::vector<std::thread> policies;
+    std::vector<PolicyStarter> policies;
     {
       std::lock_guard<std::mutex> lk(policy_mu_);
       policies.swap(policy_threads_);
     }
-    for (std::thread& t : policies) t.join();
+    for (PolicyStarter& p : policies) p.thread.join();
   }
   std::list<std::unique_ptr<Session>> all;
   {
@@ -767,8 +767,18 @@ void PosdServer::start_policy(uint32_t pid, const std::string& job) {
                                    p.async ? "async" : "sync", "--socket", socket_path_};
   if (p.with_cpu) args.push_back("--with-cpu");
   std::lock_guard<std::mutex> lk(policy_mu_);
-  policy_threads_.emplace_back([this, pid, job, args = std::move(args)]() mutable {
+  std::erase_if(policy_threads_, [](PolicyStarter& starter) {
+    if (!starter.done->load()) return false;
+    starter.thread.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([this, pid, job, done, args = std::move(args)]() mutable {
     name_this_thread("posd-policy");
+    struct Done {
+      std::atomic<bool>& d;
+      ~Done() { d.store(true); }
+    } mark{*done};
     // The first checkpoint needs the session served: wait until it is (at most 10 s).
     for (int i = 0; i < 200 && !!sessions_gate_.is_open(); ++i) {
       bool up = false;
@@ -816,6 +826,7 @@ void PosdServer::start_policy(uint32_t pid, const std::string& job) {
       POS_WARN("posd", "checkpoint policy for pid %u ('%s') did not start: %s", pid, job.c_str(),
                rc != 0 ? (std::string("cannot run ") + args[0] + ": " + std::strerror(rc)).c_str() : printable(text, 512).c_str());
   });
+  policy_threads_.push_back(PolicyStarter{std::move(t), std::move(done)});
 }
 
 void PosdServer::session_main(Session* s) {

@@ -139,7 +139,12 @@ class PosdServer {
   int stop_fd_ = -1;  // eventfd: readable once stop() began
   std::string policy_cli_;  // the pos-cli posd.checkpoint_policy runs
   std::mutex policy_mu_;
-  std::vector<std::thread> policy_threads_;  // each starts one policy; joined at stop()
+  // Each starts one policy; finished ones are joined when the next starts, the rest at stop().
+  struct PolicyStarter {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<PolicyStarter> policy_threads_;
   std::atomic<uint64_t> probes_{0};
   std::atomic<size_t> waiting_{0};               // handshakes_waiting()
   std::atomic<int64_t> hello_timeout_ms_{5000};  // set_hello_timeout_for_test
