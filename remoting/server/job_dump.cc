@@ -39,6 +39,15 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Waits until the job has taken (removed) the permit `path`, it is gone, or 5 s have passed.
+void wait_until_taken(const std::string& path, uint32_t pid) {
+  struct stat st {};
+  for (int i = 0; i < 2500 && ::stat(path.c_str(), &st) == 0; ++i) {
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return;
+    ::usleep(2'000);
+  }
+}
+
 // Bytes of the files under `dir` (CRIU's images), for the report.
 uint64_t bytes_under(const std::string& dir) {
   std::error_code ec;
@@ -248,6 +257,9 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   auto undo = [&](const Status& why) -> Status {
     remove_parts();
     Status resumed = grant_reattach(permit, "", pp.owner);
+    // Back once the job has taken its permit (it polls every 2 ms), so that whatever comes next (a
+    // checkpoint policy's next tick, say) finds it attached, not "detached already".
+    if (resumed.ok()) wait_until_taken(permit, o.pid);
     return resumed.ok() ? why : why.with_context("the job could not be told to run on (" + resumed.message() + ")");
   };
 
