@@ -1127,7 +1127,7 @@ double metric(const std::string& text, const std::string& name, uint32_t pid) {
 // posd where posd died), from which the job prints exactly what an uninterrupted run prints.
 TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWhateverIsKilledWhen) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "30000" : "4000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "30000" : "8000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const unsigned seed = static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::srand(seed);
@@ -1153,6 +1153,8 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (pos::list_restore_points(dir).size() < 2 || !std::filesystem::exists(dir + "/cp-000002")) {
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << read_file(dir + "/checkpoint.log") << posd->log_text();
+      ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << why << ": the job ended first: make it longer\n"
+                                                                      << read_file(dir + "/checkpoint.log");
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::rand() % 800));
@@ -1167,7 +1169,8 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     kill(child, SIGKILL);
     int st = wait_for_exit(child, std::chrono::seconds(30));
-    ASSERT_TRUE(WIFSIGNALED(st)) << why << " " << st;
+    // (With posd gone the job may have ended first by itself: its calls fail and it exits 1.)
+    ASSERT_TRUE(WIFSIGNALED(st) || (victim == "posd" && WIFEXITED(st))) << why << " " << st;
     if (victim != "checkpointer") {
       // The checkpointer sees the job gone and ends (its tick in progress fails, if any).
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -1289,7 +1292,8 @@ TEST_F(PosdProcess, AFullDiskFailsTicksWithTheReasonKeepsEveryRestorePointAndThe
 // GPU-only checkpoints), into DIR/<job>-<pid>; other jobs are left alone; a policy posd cannot run
 // (no directory, a bad interval) stops posd from starting, with the reason.
 TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
-  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
+  // Long enough for any first checkpoint (a first `criu check` took 11 s here); ended by the test.
+  const std::vector<std::string> args{"--steps", "100000000"};
   const std::string base = ::testing::TempDir() + "posd-e2e-yaml-" + std::to_string(::getpid());
   const std::string points = base + ".points", jobs = base + ".jobs";
   for (const std::string& p : {points, jobs}) std::filesystem::remove_all(p);
@@ -1313,8 +1317,8 @@ TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
   EXPECT_NE(ps.find("\"pid\":" + std::to_string(named) + ",\"checkpointer\":"), std::string::npos) << ps;
   EXPECT_NE(ps.find("\"with_cpu\":false,\"state\":\"running\""), std::string::npos) << ps;
   for (pid_t p : {named, other}) {
-    const int st = wait_for_exit(p, std::chrono::seconds(on_gpu() ? 120 : 300));
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+    kill(p, SIGKILL);
+    EXPECT_TRUE(WIFSIGNALED(wait_for_exit(p, std::chrono::seconds(30))));
   }
   // Refused at start: no directory, then an interval that is none.
   for (const std::string& bad : {std::string("  checkpoint_policy:\n    jobs: [x]\n"),
