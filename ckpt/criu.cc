@@ -130,6 +130,114 @@ std::string criu_errors(const std::string& log_path, size_t max) {
   return out.empty() ? "no error line in " + log_path : out;
 }
 
+namespace {
+
+// What `criu check` said of one CRIU binary on this boot of this kernel. Kept in this process and,
+// for root, in a small file (criu_cache_path) that every later pos-cli reads: each run of
+// `pos-cli dump` or of a checkpointer would otherwise pay for `criu check` again. The key names the
+// binary (path, device, inode, size, modification time) and the boot (kernel release and boot id),
+// so a new CRIU or a new kernel is checked afresh. A wrong file can only make POS skip the check:
+// the dump then fails with CRIU's own error, never silently.
+struct CriuFacts {
+  bool check_ok = false;
+  int tracks_memory = -1;  // -1: not asked yet
+};
+
+std::string criu_key(const std::string& criu) {
+  struct stat st {};
+  if (::stat(criu.c_str(), &st) != 0) return "";
+  std::string boot = first_line("/proc/sys/kernel/random/boot_id");
+  std::string release = first_line("/proc/sys/kernel/osrelease");
+  std::ostringstream k;
+  k << criu << "|" << st.st_dev << ":" << st.st_ino << "|" << st.st_size << "|" << st.st_mtim.tv_sec << "."
+    << st.st_mtim.tv_nsec << "|" << release << "|" << boot;
+  const std::string key = k.str();
+  return key.find('\n') == std::string::npos ? key : "";
+}
+
+// $POS_CRIU_CACHE (empty: none), else /run/pos-criu-check for root (/run is root's; a user cannot
+// run CRIU without capabilities anyway, so nothing is kept for users).
+std::string criu_cache_path() {
+  if (const char* e = std::getenv("POS_CRIU_CACHE"); e != nullptr) return e;
+  return ::geteuid() == 0 ? "/run/pos-criu-check" : "";
+}
+
+std::mutex facts_mu;
+std::map<std::string, CriuFacts>& facts_in_process() {
+  static std::map<std::string, CriuFacts> m;
+  return m;
+}
+
+// The file is trusted only if it is a small regular file of this user that no one else may write.
+CriuFacts read_cached_facts(const std::string& path, const std::string& key) {
+  CriuFacts f;
+  if (path.empty() || key.empty()) return f;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return f;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 022) == 0 &&
+      st.st_size < 4096) {
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) text.assign(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != "pos-criu-check 1") return f;
+  if (!std::getline(in, line) || line != "key " + key) return f;
+  while (std::getline(in, line)) {
+    if (line == "check ok") f.check_ok = true;
+    if (line == "mem_dirty_track 0") f.tracks_memory = 0;
+    if (line == "mem_dirty_track 1") f.tracks_memory = 1;
+  }
+  return f;
+}
+
+CriuFacts criu_facts(const std::string& criu) {
+  const std::string key = criu_key(criu);
+  if (key.empty()) return {};
+  {
+    std::lock_guard<std::mutex> lk(facts_mu);
+    auto it = facts_in_process().find(key);
+    if (it != facts_in_process().end() && it->second.check_ok && it->second.tracks_memory >= 0) return it->second;
+  }
+  CriuFacts mine;
+  {
+    std::lock_guard<std::mutex> lk(facts_mu);
+    if (auto it = facts_in_process().find(key); it != facts_in_process().end()) mine = it->second;
+  }
+  const CriuFacts file = read_cached_facts(criu_cache_path(), key);
+  mine.check_ok = mine.check_ok || file.check_ok;
+  if (mine.tracks_memory < 0) mine.tracks_memory = file.tracks_memory;
+  return mine;
+}
+
+// Kept in this process, and written whole under a temporary name then renamed: a reader sees the
+// old file or the new one. A failure to write is no error (the next pos-cli checks again).
+void remember_criu_facts(const std::string& criu, const CriuFacts& f) {
+  const std::string key = criu_key(criu);
+  if (key.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(facts_mu);
+    facts_in_process()[key] = f;
+  }
+  const std::string path = criu_cache_path();
+  if (path.empty()) return;
+  std::string text = "pos-criu-check 1\nkey " + key + "\n";
+  if (f.check_ok) text += "check ok\n";
+  if (f.tracks_memory >= 0) text += "mem_dirty_track " + std::to_string(f.tracks_memory) + "\n";
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+}  // namespace
+
 StatusOr<std::string> find_criu() {
   std::string criu;
   if (const char* e = std::getenv("POS_CRIU"); e != nullptr && *e != '\0') {
@@ -149,19 +257,11 @@ StatusOr<std::string> find_criu() {
   if (::access(criu.c_str(), X_OK) != 0)
     return Status::FailedPrecondition("CRIU is not installed (" + criu + " is not an executable): run tools/setup.sh as root, "
                                       "which provides CRIU >= 4 (tools/install_criu.sh), or set POS_CRIU to a criu binary");
-  // `criu check` takes from a few milliseconds to over ten seconds (seen with other ptraced or busy
-  // processes around): a process that dumps again and again (pos-cli checkpoint) runs it once per
-  // binary, while that file stays the same.
-  struct stat st {};
-  (void)::stat(criu.c_str(), &st);
-  const std::string key = criu + "@" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-                          std::to_string(st.st_mtim.tv_nsec);
-  static std::mutex mu;
-  static std::set<std::string> checked;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    if (checked.count(key) != 0) return criu;
-  }
+  // `criu check` takes from a few milliseconds to over fifty seconds (seen on a loaded two-core VM:
+  // its netlink and socket-diag probes): it is run once per binary and boot, and what it said is
+  // kept for every later pos-cli (criu_facts).
+  CriuFacts f = criu_facts(criu);
+  if (f.check_ok) return criu;
   auto v = run({criu, "--version"});
   if (!v.ok()) return v.status();
   const int major = major_version(v->output);
@@ -177,24 +277,21 @@ StatusOr<std::string> find_criu() {
     return Status::FailedPrecondition(criu + " check failed (" + why +
                                       "): CRIU needs root (CAP_SYS_ADMIN, CAP_CHECKPOINT_RESTORE) and a kernel it supports");
   }
-  std::lock_guard<std::mutex> lk(mu);
-  checked.insert(key);
+  f = criu_facts(criu);  // another process may have learnt more meanwhile
+  f.check_ok = true;
+  remember_criu_facts(criu, f);
   return criu;
 }
 
 bool criu_tracks_memory(const std::string& criu) {
-  static std::mutex mu;
-  static std::map<std::string, bool> known;  // per binary: the kernel does not change under a process
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    if (auto it = known.find(criu); it != known.end()) return it->second;
-  }
+  CriuFacts f = criu_facts(criu);
+  if (f.tracks_memory >= 0) return f.tracks_memory == 1;
   auto c = run({criu, "check", "--feature", "mem_dirty_track"});
-  const bool yes = c.ok() && exited_ok(c->status);
-  if (c.ok()) {
-    std::lock_guard<std::mutex> lk(mu);
-    known[criu] = yes;
-  }
+  if (!c.ok()) return false;  // not known: asked again next time
+  const bool yes = exited_ok(c->status);
+  f = criu_facts(criu);
+  f.tracks_memory = yes ? 1 : 0;
+  remember_criu_facts(criu, f);
   return yes;
 }
 

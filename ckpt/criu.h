@@ -16,13 +16,15 @@ namespace pos::ckpt {
 
 // The criu program to run: $POS_CRIU (a binary), else the one tools/install_criu.sh chose (the first
 // line of $(dirname $POS_CRIU_PREFIX)/criu.path, default /opt/pos/criu.path), else `criu` on PATH.
-// Not found, too old (< 4) or failing `criu check`: an error naming the fix (tools/setup.sh).
+// Not found, too old (< 4) or failing `criu check`: an error naming the fix (tools/setup.sh). A
+// check that passed is kept per binary and boot, for root in /run/pos-criu-check ($POS_CRIU_CACHE;
+// empty: nowhere), so later processes skip it (it can take tens of seconds on a loaded machine).
 StatusOr<std::string> find_criu();
 
 // Whether this kernel lets CRIU track dirty memory (`criu check --feature mem_dirty_track`: the
 // soft-dirty bits), which pre-dump and incremental dumps need. Some kernels (VM kernels built
 // without CONFIG_MEM_SOFT_DIRTY) have none; then every dump saves all of the tree's memory.
-bool criu_tracks_memory(const std::string& criu);
+bool criu_tracks_memory(const std::string& criu);  // kept like find_criu's check
 
 struct CriuDumpOptions {
   bool leave_running = false;  // the tree runs on after the dump (else CRIU ends it)

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -196,6 +197,89 @@ TEST(CriuFind, AMissingOrTooOldCriuIsAnErrorNamingTheFix) {
   ::unsetenv("POS_CRIU");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("CRIU >= 4"), std::string::npos) << c.status().message();
+}
+
+// A fake CRIU that counts how often each check runs: `check` passes unless the FAIL file exists,
+// `check --feature mem_dirty_track` says no.
+struct FakeCriu {
+  fs::path dir;
+  std::string bin, cache;
+  explicit FakeCriu(const std::string& name) : dir(fs::path(::testing::TempDir()) / (name + std::to_string(::getpid()))) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    bin = (dir / "criu").string(), cache = (dir / "cache").string();
+    write_script("4.1.1");
+    ::setenv("POS_CRIU", bin.c_str(), 1);
+    ::setenv("POS_CRIU_CACHE", cache.c_str(), 1);
+  }
+  ~FakeCriu() {
+    ::unsetenv("POS_CRIU");
+    ::unsetenv("POS_CRIU_CACHE");
+    fs::remove_all(dir);
+  }
+  void write_script(const std::string& version) {
+    const std::string d = dir.string();
+    std::ofstream(bin) << "#!/bin/sh\n"
+                       << "case \"$1 $2 $3\" in\n"
+                       << "  '--version  ') echo 'Version: " << version << "' ;;\n"
+                       << "  'check --feature mem_dirty_track') echo x >> " << d << "/features; exit 1 ;;\n"
+                       << "  'check  ') echo x >> " << d << "/checks; [ -e " << d << "/FAIL ] && { echo 'Error: no'; exit 1; }; echo 'Looks good.' ;;\n"
+                       << "esac\n";
+    fs::permissions(bin, fs::perms::owner_all);
+  }
+  size_t count(const char* what) const {
+    std::ifstream f(dir / what);
+    size_t n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  }
+};
+
+// Runs `body` in a child process (a new pos-cli, with nothing remembered in memory); its exit code.
+int in_new_process(const std::function<int()>& body) {
+  const pid_t p = ::fork();
+  if (p == 0) ::_exit(body());
+  int st = 0;
+  ::waitpid(p, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+TEST(CriuFind, ACriuCheckThatPassedIsRunOncePerBinaryAndBootAcrossProcesses) {
+  FakeCriu f("criu-cache-");
+  ASSERT_TRUE(find_criu().ok());
+  EXPECT_EQ(f.count("checks"), 1u);
+  EXPECT_FALSE(criu_tracks_memory(f.bin));
+  EXPECT_EQ(f.count("features"), 1u);
+  // A later process (another pos-cli) reads what the first learnt.
+  EXPECT_EQ(in_new_process([] { return find_criu().ok() ? 0 : 1; }), 0);
+  EXPECT_EQ(in_new_process([&] { return criu_tracks_memory(f.bin) ? 1 : 0; }), 0);
+  EXPECT_EQ(f.count("checks"), 1u);
+  EXPECT_EQ(f.count("features"), 1u);
+  // A new binary is checked afresh.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  f.write_script("4.2");
+  EXPECT_EQ(in_new_process([] { return find_criu().ok() ? 0 : 1; }), 0);
+  EXPECT_EQ(f.count("checks"), 2u);
+  // A cache file that someone else could have written is not believed.
+  fs::permissions(f.cache, fs::perms::owner_read | fs::perms::owner_write | fs::perms::others_write);
+  EXPECT_EQ(in_new_process([] { return find_criu().ok() ? 0 : 1; }), 0);
+  EXPECT_EQ(f.count("checks"), 3u);
+}
+
+TEST(CriuFind, AFailedCriuCheckIsNotRememberedAndItsReasonIsTheError) {
+  FakeCriu f("criu-fail-");
+  std::ofstream(f.dir / "FAIL") << "";
+  for (size_t i = 1; i <= 2; ++i) {
+    EXPECT_EQ(in_new_process([] {
+                auto c = find_criu();
+                return !c.ok() && c.status().message().find("check failed (Error: no)") != std::string::npos ? 0 : 1;
+              }),
+              0);
+    EXPECT_EQ(f.count("checks"), i);
+  }
+  fs::remove(f.dir / "FAIL");
+  EXPECT_EQ(in_new_process([] { return find_criu().ok() ? 0 : 1; }), 0);
+  EXPECT_EQ(f.count("checks"), 3u);
 }
 
 }  // namespace
