@@ -27,6 +27,7 @@
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/job_inspect.h"
+#include "remoting/server/job_migrate.h"
 #include "remoting/server/job_restore.h"
 #include "pos/base/text.h"
 
@@ -604,6 +605,95 @@ std::string policies_text(const std::vector<pos::PolicyStatus>& ps, bool json) {
   return t;
 }
 
+// ---- pos-cli migrate (docs/migration.md) ----
+
+struct MigrateArgs {
+  int pid = 0;
+  std::string to, socket, work_dir, jobs_dir;
+  uint32_t max_rounds = 5;
+  double max_downtime_ms = 300;
+  bool eager = false, keep_images = false, json = false;
+};
+
+std::string gb(uint64_t b) {
+  char t[32];
+  std::snprintf(t, sizeof(t), "%.2f GB", static_cast<double>(b) / 1e9);
+  return t;
+}
+
+int migrate(const MigrateArgs& a) {
+  const JobTarget target = find_job(a.pid, a.jobs_dir);
+  if (target.inproc) {
+    std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run); migrating those is not built yet: "
+                 "pos-cli dump, then pos-cli restore on the other machine's POS\n", a.pid);
+    return 1;
+  }
+  pos::JobMigrateOptions o;
+  o.socket = a.socket, o.to = a.to, o.pid = static_cast<uint32_t>(a.pid), o.work_dir = a.work_dir;
+  o.max_rounds = a.max_rounds;
+  o.max_downtime_s = a.max_downtime_ms / 1e3;
+  o.lazy = !a.eager;
+  o.keep_images = a.keep_images;
+  o.self_program = self_program();
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (tty && !a.json) std::fprintf(stderr, "migrate: round 1 (the whole GPU state)...");
+  o.progress = [&](const char* ev, const pos::JobMigrateOptions::Round& r) {
+    if (!tty || a.json) return;
+    const std::string e = ev;
+    if (e == "round")
+      std::fprintf(stderr, "\r\033[Kmigrate: round %u: %s sent (%s unchanged) in %.3f s, %.2f GB/s; next round...",
+                   r.n, gb(r.bytes).c_str(), gb(r.bytes_referenced).c_str(), r.seconds, r.rate / 1e9);
+    else if (e == "switch")
+      std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (about %s left to copy)...", gb(r.bytes).c_str());
+    else if (e == "restore")
+      std::fprintf(stderr, "\r\033[Kmigrate: restoring on %s...", a.to.c_str());
+    else if (e == "fallback")
+      std::fprintf(stderr, "\r\033[Kmigrate: the target failed; restoring on the source...");
+  };
+  auto r = pos::migrate_job(o);
+  if (tty && !a.json) std::fputs("\r\033[K", stderr);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pos-cli migrate: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  if (a.json) {
+    std::string rounds;
+    for (const auto& x : r->rounds) {
+      char t[320];
+      std::snprintf(t, sizeof(t),
+                    "%s{\"round\":%u,\"bytes\":%llu,\"bytes_unchanged\":%llu,\"criu_bytes\":%llu,\"seconds\":%.6f,"
+                    "\"rate\":%.0f,\"pause_s\":%.6f}",
+                    rounds.empty() ? "" : ",", x.n, (unsigned long long)x.bytes, (unsigned long long)x.bytes_referenced,
+                    (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s);
+      rounds += t;
+    }
+    std::printf("{\"pid\":%u,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
+                "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
+                "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s}\n",
+                r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
+                pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
+                (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
+                r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false");
+  } else {
+    for (const auto& x : r->rounds)
+      std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
+                  gb(x.bytes_referenced).c_str(), x.seconds, x.rate / 1e9, x.pause_s * 1e3);
+    const char* why = r->stop_reason == "budget"      ? "the last round fits the downtime budget"
+                      : r->stop_reason == "converged" ? "the rounds stopped shrinking"
+                                                      : "the round limit";
+    if (r->where == "target")
+      std::printf("migrated pid %u to %s after %zu round(s) (%s): stop %.3f s (%s of GPU state), restore %.3f s; "
+                  "downtime %.3f s, total %.3f s\n",
+                  r->pid, a.to.c_str(), r->rounds.size(), why, r->dump_s, gb(r->final_bytes).c_str(), r->restore_s,
+                  r->downtime_s, r->total_s);
+    else
+      std::printf("pid %u could not start on %s (%s); it runs on at the source %s after a stop of %.3f s\n", r->pid,
+                  a.to.c_str(), r->target_error.c_str(), a.socket.c_str(), r->downtime_s);
+    if (a.keep_images) std::printf("images kept in %s\n", r->work_dir.c_str());
+  }
+  return r->where == "target" ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -730,6 +820,28 @@ int main(int argc, char** argv) {
   ckpt_cmd->add_option("--jobs-dir", ca.jobs_dir,
                        "where in-process jobs put their control sockets and policies their status (default: the job's own)");
 
+  MigrateArgs ma;
+  ma.socket = pos::default_socket_path();
+  CLI::App* migrate_cmd = app.add_subcommand(
+      "migrate", "move a running job under posd to another posd of this host: pre-copy rounds while it runs, then a short stop");
+  migrate_cmd->add_option("-t,--tree", ma.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
+      CLI::PositiveNumber);
+  migrate_cmd->add_option("--to", ma.to, "the target posd's socket")->required();
+  migrate_cmd->add_option("--max-rounds", ma.max_rounds, "pre-copy rounds at most (the first copies everything)")
+      ->check(CLI::Range(1u, 100u))
+      ->capture_default_str();
+  migrate_cmd->add_option("--max-downtime", ma.max_downtime_ms,
+                          "the stop's budget in milliseconds: rounds go on until the last one would fit")
+      ->check(CLI::Range(1.0, 3600e3))
+      ->capture_default_str();
+  migrate_cmd->add_option("--work-dir", ma.work_dir,
+                          "where the rounds' images go (default: /dev/shm with 8 GB free, else $TMPDIR or /var/tmp)");
+  migrate_cmd->add_flag("--eager", ma.eager, "the target loads all device memory before the job runs on (default: lazily)");
+  migrate_cmd->add_flag("--keep-images", ma.keep_images, "keep the rounds' images (removed by default)");
+  migrate_cmd->add_flag("--json", ma.json, "one JSON report");
+  migrate_cmd->add_option("--socket", ma.socket, "the posd the job runs under")->capture_default_str();
+  migrate_cmd->add_option("--jobs-dir", ma.jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
+
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");
   help->add_option("COMMAND", topic, "the command");
@@ -744,8 +856,8 @@ int main(int argc, char** argv) {
     // Name what was wrong, and where to look; exit 2 like every usage error.
     std::string msg = e.what();
     if (app.get_subcommands().empty()) {
-      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)";
-      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)";
+      if (argc > 1 && argv[1][0] != '-') msg = std::string("unknown command '") + argv[1] + "' (commands: inspect, ps, dump, pre-dump, restore, migrate, resume, images, checkpoint, help)";
+      else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) msg = "a command is required (inspect, ps, dump, pre-dump, restore, migrate, resume, images, checkpoint, help)";
     } else {
       msg = app.get_subcommands().front()->get_name() + ": " + msg;
     }
@@ -758,12 +870,12 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, resume_cmd, images_cmd, ckpt_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, migrate_cmd, resume_cmd, images_cmd, ckpt_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, resume, images, checkpoint, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, migrate, resume, images, checkpoint, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
@@ -773,6 +885,7 @@ int main(int argc, char** argv) {
   if (restore_cmd->parsed()) return restore(ra);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared);
   if (ckpt_cmd->parsed()) return checkpoint(ca);
+  if (migrate_cmd->parsed()) return migrate(ma);
   if (images_cmd->parsed()) {
     auto images = pos::list_images(images_dir);
     if (!images.ok()) {

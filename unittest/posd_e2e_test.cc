@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <atomic>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -1381,4 +1382,152 @@ TEST_F(PosdGpuProcess, ANewProgramWithStreamsEventsCublasAndPinnedBuffersIsDumpe
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir2);
   std::filesystem::remove(out_file);
+}
+
+// ---- live migration between two posd of one host (pos-cli migrate, docs/migration.md) ----
+// Its own meson test (posd_migrate_e2e_test): posd_e2e_test's time limit holds the others.
+using PosdMigrate = PosdProcess;
+
+// pos-cli migrate run while this thread reaps the job's original process (CRIU can restore the job
+// under its pid only once its parent has reaped it); the statuses reaped, in order.
+std::string migrate_reaping(const std::string& cmd, pid_t child, int* code, std::string* err, std::vector<int>* reaped) {
+  std::atomic<bool> done{false};
+  std::string out;
+  std::thread t([&] {
+    out = shell(cmd, code, err);
+    done = true;
+  });
+  while (!done.load()) {
+    int st = 0;
+    if (waitpid(child, &st, WNOHANG) == child) reaped->push_back(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  t.join();
+  return out;
+}
+
+// Whether posd's `ps` lists a session of `pid` that is attached (not detached or restoring).
+bool serves(const OwnPosd& posd, pid_t pid) {
+  const std::string ps = posd.ps();
+  return ps.find("\"pid\":" + std::to_string(pid) + ",") != std::string::npos;
+}
+
+// ZDTM shape: the unmodified training binary under posd A is migrated to posd B, back to A and to B
+// again while it trains (pre-copy rounds, then the stop), and finishes with exactly the output of
+// an uninterrupted run; after each move one posd serves it, the target.
+TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMoved) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-mig-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work";
+  for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+  std::filesystem::create_directories(work);
+  OwnPosd a(base + "-a"), b(base + "-b");
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "migrated", out_file, jobs, a);
+  std::vector<int> reaped;
+  for (int i = 0; i < 3; ++i) {
+    const OwnPosd& from = i % 2 == 0 ? a : b;
+    const OwnPosd& to = i % 2 == 0 ? b : a;
+    int code = -1;
+    std::string err;
+    const std::string report = migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + to.socket +
+                                                   " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json",
+                                               child, &code, &err, &reaped);
+    ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
+    EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    EXPECT_NE(report.find("\"rounds\":[{\"round\":1,"), std::string::npos) << report;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(report, m, std::regex("\"final_bytes\":([0-9]+)"))) << report;
+    ASSERT_TRUE(std::regex_search(report, m, std::regex("\"downtime_s\":([0-9.]+)"))) << report;
+    EXPECT_GT(std::stod(m[1].str()), 0.0) << report;
+    ASSERT_EQ(reaped.size(), static_cast<size_t>(i + 1)) << "the original was not ended at the switch";
+    EXPECT_TRUE(WIFSIGNALED(reaped.back()) && WTERMSIG(reaped.back()) == SIGKILL) << reaped.back();
+    EXPECT_TRUE(serves(to, child)) << to.ps();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (serves(from, child) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(serves(from, child)) << "two posd serve the job\n" << from.ps();
+    // The scratch images are gone: the job runs from its new session.
+    EXPECT_TRUE(std::filesystem::is_empty(work)) << report;
+    ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << "the job ended before move " << i + 1 << ": make it longer";
+  }
+  const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
+  EXPECT_EQ(read_file(out_file), want);
+  for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+}
+
+// Every failure leaves exactly one running copy: pos-cli killed after a pre-copy round, after the
+// stop with the job left stopped, after CRIU but before the image is complete, and after the
+// source's copy ended but before the target's restore; and a target that refuses the restore. In
+// each case the job runs on (or comes back) under posd A only, and finishes with the output of an
+// uninterrupted run. Bad targets are refused before anything is asked of the job.
+TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-migf-" + std::to_string(::getpid());
+  OwnPosd a(base + "-a"), b(base + "-b"), shared(base + "-s", "  isolation: shared\n");
+  for (const std::string fault : {"migrate-round", "migrate-stopped", "job-dump-criu-done", "migrate-before-restore",
+                                  "refusing-target"}) {
+    const std::string out_file = base + "." + fault + ".out", jobs = base + ".jobs", work = base + ".work";
+    for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+    std::filesystem::create_directories(work);
+    const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-" + fault, out_file, jobs, a);
+    const bool refusing = fault == "refusing-target";
+    int code = -1;
+    std::string err;
+    std::vector<int> reaped;
+    const std::string report =
+        migrate_reaping((refusing ? std::string() : "POS_FAULT_POINT=" + fault + " ") + cli + " migrate -t " +
+                            std::to_string(child) + " --to " + (refusing ? shared.socket : b.socket) + " --socket " +
+                            a.socket + " --max-rounds 2 --work-dir " + work + " --json",
+                        child, &code, &err, &reaped);
+    if (refusing) {
+      EXPECT_EQ(code, 3) << err << report;  // back on the source, and said so
+      EXPECT_NE(report.find("\"where\":\"source\""), std::string::npos) << report;
+      EXPECT_NE(report.find("isolation: shared"), std::string::npos) << report;
+    } else {
+      EXPECT_EQ(code, 137) << fault << ": " << err << report;  // the fault point killed pos-cli
+    }
+    // The job is served by A again (at once, or after the guardian's restore), never by B.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!(serves(a, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(child, &st, WNOHANG) == child) reaped.push_back(st);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(serves(a, child)) << fault << ": " << err << a.ps() << a.log_text();
+    EXPECT_FALSE(serves(b, child)) << fault << ": " << b.ps();
+    EXPECT_FALSE(serves(shared, child)) << fault;
+    // Ended and restored (the image was complete) or never ended (it ran on).
+    const bool ended = fault == "migrate-before-restore" || refusing;
+    EXPECT_EQ(reaped.size(), ended ? 1u : 0u) << fault;
+    const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << fault << " " << st << a.log_text();
+    EXPECT_EQ(read_file(out_file), want) << fault;
+    for (const std::string& p : {out_file, jobs}) std::filesystem::remove_all(p);
+  }
+  // Refused up front, the job untouched: no target, the job's own posd, another host, a dead socket.
+  const std::string out_file = base + ".bad.out", jobs = base + ".jobs";
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-bad", out_file, jobs, a);
+  for (const auto& [to, says] : std::vector<std::pair<std::string, std::string>>{
+           {a.socket, "is the posd the job runs under already"},
+           {"10.0.0.1:7070", "not built yet"},
+           {base + "-none/posd.sock", "the target posd"}}) {
+    int code = -1;
+    std::string err;
+    std::vector<int> reaped;
+    (void)migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + to + " --socket " + a.socket, child,
+                          &code, &err, &reaped);
+    EXPECT_EQ(code, 1) << to;
+    EXPECT_NE(err.find(says), std::string::npos) << to << ": " << err;
+    EXPECT_TRUE(reaped.empty()) << to;
+  }
+  EXPECT_TRUE(serves(a, child));
+  const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(read_file(out_file), want);
+  for (const std::string& p : {out_file, jobs, base + ".work"}) std::filesystem::remove_all(p);
 }

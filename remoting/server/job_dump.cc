@@ -3,6 +3,7 @@
 #include "remoting/server/job_dump.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -136,7 +137,8 @@ StatusOr<Prepared> prepare(const JobDumpOptions& o, bool criu_needed = true) {
 // calls on strings made before the fork.
 class JobGuardian {
  public:
-  JobGuardian(const std::string& permit, uid_t owner) : tmp_(permit + ".tmp"), permit_(permit) {
+  // `cont`: the job, sent SIGCONT too (CRIU may have left it stopped: dump_job's leave_stopped).
+  JobGuardian(const std::string& permit, uid_t owner, pid_t cont = 0) : tmp_(permit + ".tmp"), permit_(permit) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return;
     const pid_t pid = ::fork();
@@ -157,6 +159,7 @@ class JobGuardian {
         ::close(f);
         (void)::rename(tmp_.c_str(), permit_.c_str());
       }
+      if (cont > 0) (void)::kill(cont, SIGCONT);
       static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); the job was let run on\n";
       (void)!::write(2, kMsg, sizeof(kMsg) - 1);
       // The job takes its permit (removes it) within milliseconds: until then (10 s at most) this
@@ -238,7 +241,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   const std::string permit = *permit_path;
 
   JobDumpReport r;
-  JobGuardian guardian(permit, pp.owner);
+  JobGuardian guardian(permit, pp.owner, o.leave_stopped ? static_cast<pid_t>(o.pid) : 0);
   say("detach");
   auto t = std::chrono::steady_clock::now();
   const auto t_detach = t;
@@ -307,6 +310,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   ckpt::CriuDumpOptions co;
   co.progress = [&](uint64_t d, uint64_t n) { say("criu", d, n); };
   co.leave_running = o.leave_running;
+  if (o.leave_stopped && !o.leave_running) co.extra.push_back("--leave-stopped");
   // A job started from a shell shares its session: CRIU must be told so.
   co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
   // A job left running may be dumped again with this image as --prev: tracking makes that one
@@ -345,12 +349,19 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     // The job's calls were held from the detach to the permit (it re-attaches within milliseconds
     // of it); the checks before the detach did not hold it.
     r.pause_s = seconds_since(t_detach);
-  } else {
+  } else if (!o.leave_stopped) {
     (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
   }
   drain.join();
   r.gpu_s = seconds_since(t0) - r.detach_s;
+  // A job left stopped is let run on if its image cannot be completed.
+  auto undo_stopped = [&](const Status& why) -> Status {
+    Status s = undo(why);
+    (void)::kill(static_cast<pid_t>(o.pid), SIGCONT);
+    return s;
+  };
   if (!gpu.ok()) {
+    if (o.leave_stopped) return undo_stopped(gpu.status().with_context("saving the GPU state"));
     // The job runs on (or has ended, without --leave-running); the image is not complete.
     remove_parts();
     return gpu.status().with_context("saving the GPU state");
@@ -359,6 +370,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
 
   // The token lets the restored job re-attach: the caller's alone.
   auto drop = [&](const Status& why) {
+    if (o.leave_stopped) return undo_stopped(why);
     remove_parts();
     return why;
   };
@@ -371,6 +383,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   if (Status s = write_manifest(dir, &m, &r); !s.ok()) return drop(s);
+  r.permit = permit;
   r.total_s = seconds_since(t0);
   return r;
 }

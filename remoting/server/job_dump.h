@@ -22,6 +22,10 @@ struct JobDumpOptions {
   uint32_t pid = 0;    // the job: its client's pid, the root of the tree CRIU dumps
   std::string dir;     // made if missing; must hold no image yet
   bool leave_running = false;
+  // Not with leave_running: CRIU leaves the job stopped (SIGSTOP) and detached instead of ending
+  // it, and the report names its permit (migration ends it once the image is complete, or lets it
+  // run on: grant_reattach + SIGCONT). A posd job's only.
+  bool leave_stopped = false;
   bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
   // A job still loading a lazy restore is dumped at once: what it has not loaded yet is copied from
   // the image it loads from. Else the dump waits until the load is done.
@@ -42,6 +46,7 @@ struct JobDumpOptions {
 struct JobDumpReport {
   CheckpointReport gpu;
   std::string criu_dir, manifest;
+  std::string permit;  // where the job looks for its permit (leave_stopped: it has none yet)
   double detach_s = 0;
   double cut_s = 0;  // from the GPU request to its cut (the image's content fixed)
   double gpu_s = 0;  // from the GPU request to its image durable (overlaps CRIU and the resume)

@@ -1,0 +1,299 @@
+// job_migrate.cc — `pos-cli migrate` on one host: pre-copy rounds of pre-dumps, the stop (a dump on
+// top of the last round, the job left stopped), then the restore on the target posd. docs/migration.md.
+#include "remoting/server/job_migrate.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "ckpt/image.h"  // fault_point
+#include "remoting/server/checkpoint_policy.h"
+#include "remoting/server/control_client.h"
+#include "remoting/server/job_dump.h"
+#include "remoting/server/job_restore.h"
+
+namespace pos {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// No process has the pid (not even a zombie): CRIU can give it back.
+bool pid_free(pid_t pid) {
+  struct stat st {};
+  return ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0 && errno == ENOENT;
+}
+
+bool wait_pid_free(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!pid_free(pid)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
+// target), else to $TMPDIR or /var/tmp.
+std::string default_work_base() {
+  struct statvfs v {};
+  if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > (8ull << 30)) return "/dev/shm";
+  const char* t = std::getenv("TMPDIR");
+  return t != nullptr && *t != '\0' ? t : "/var/tmp";
+}
+
+// Watches this process through the stop. If it dies before it says the job runs somewhere, the
+// guardian finishes the job's way back to the source: a job still stopped and detached gets its
+// permit and SIGCONT; a job already ended is restored on the source from the complete image (once
+// its pid is free). Everything it needs is prepared before the fork; the child makes only
+// async-signal-safe calls until it execs pos-cli restore. It leaves pos-cli's session (setsid) so
+// that a Ctrl-C meant for pos-cli does not end it too.
+class MigrateGuardian {
+ public:
+  MigrateGuardian(pid_t job, const std::string& program, const std::string& image, const std::string& source) {
+    if (program.empty()) return;
+    args_ = {program, "restore", "-D", image, "--socket", source};
+    for (auto& a : args_) argv_.push_back(a.data());
+    argv_.push_back(nullptr);
+    const std::string proc = "/proc/" + std::to_string(job);
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(p[1]);
+      (void)::setsid();
+      char state = 0;
+      char permit[512] = {0};
+      size_t permit_len = 0;
+      for (;;) {
+        char buf[600];
+        const ssize_t n = ::read(p[0], buf, sizeof(buf));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (ssize_t i = 0; i < n; ++i) {
+          const char c = buf[i];
+          if (state == 'a') {  // the permit's path, up to a newline
+            if (c == '\n') state = 'A';
+            else if (permit_len + 1 < sizeof(permit)) permit[permit_len++] = c;
+          } else {
+            state = c;
+          }
+        }
+      }
+      if (state == 'X' || state == 0) ::_exit(0);  // done, or nothing happened to the job yet
+      struct stat st;
+      if (state == 'A' && permit_len > 0) {
+        // Still stopped and detached on the source: let it run on there.
+        char tmp[520];
+        std::memcpy(tmp, permit, permit_len);
+        std::memcpy(tmp + permit_len, ".tmp", 5);
+        const int f = ::open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (f >= 0) {
+          if (::stat(proc.c_str(), &st) == 0) (void)::fchown(f, st.st_uid, static_cast<gid_t>(-1));
+          (void)!::write(f, "\n", 1);
+          ::close(f);
+          (void)::rename(tmp, permit);
+        }
+        (void)::kill(job, SIGCONT);
+        static const char kMsg[] = "pos-cli migrate: ended early (its process was killed); the job runs on at the source\n";
+        (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+        ::_exit(1);
+      }
+      // Ended on the source ('K') or being restored on the target ('R'). A target restore whose
+      // CRIU got through has the job running: nothing to do.
+      ::usleep(200'000);
+      if (state == 'R' && ::stat(proc.c_str(), &st) == 0) ::_exit(0);
+      // Else back on the source, once the pid is free (its parent may take a moment to reap it).
+      for (int i = 0; i < 60'000 && ::stat(proc.c_str(), &st) == 0; ++i) ::usleep(10'000);
+      static const char kMsg[] = "pos-cli migrate: ended early (its process was killed); restoring the job on the source\n";
+      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+      ::execv(argv_[0], argv_.data());
+      ::_exit(127);
+    }
+    ::close(p[0]);
+    if (pid < 0) {
+      ::close(p[1]);
+      return;
+    }
+    pid_ = pid, fd_ = p[1];
+  }
+  ~MigrateGuardian() { done(); }
+  void say(const std::string& what) {
+    if (fd_ >= 0) (void)!::write(fd_, what.data(), what.size());
+  }
+  // The job runs somewhere (or this process reports that it could not be brought back).
+  void done() {
+    if (pid_ <= 0) return;
+    say("X");
+    ::close(fd_);
+    fd_ = -1;
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+  // Leaves the guardian to finish alone (the job is ended and its pid still taken).
+  void leave() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1, pid_ = -1;
+  }
+
+ private:
+  std::vector<std::string> args_;
+  std::vector<char*> argv_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
+  namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.pid == 0) return Status::InvalidArgument("no job pid given");
+  if (o.to.empty()) return Status::InvalidArgument("no target given (--to: another posd's socket on this host)");
+  if (o.to.find('/') == std::string::npos && o.to.find(':') != std::string::npos)
+    return Status::Unsupported("migration to another host (" + o.to +
+                                 ") is not built yet: --to takes the socket of another posd on this host");
+  if (o.max_rounds == 0 || o.max_rounds > 100) return Status::InvalidArgument("--max-rounds must be 1 to 100");
+  if (!(o.max_downtime_s > 0) || o.max_downtime_s > 3600) return Status::InvalidArgument("--max-downtime must be above 0");
+  std::error_code ec;
+  // (Not fs::equivalent: libstdc++ declines to compare sockets.)
+  struct stat s1 {}, s2 {};
+  const bool same = fs::path(o.socket).lexically_normal() == fs::path(o.to).lexically_normal() ||
+                    (::stat(o.socket.c_str(), &s1) == 0 && ::stat(o.to.c_str(), &s2) == 0 && s1.st_dev == s2.st_dev &&
+                     s1.st_ino == s2.st_ino);
+  if (same)
+    return Status::InvalidArgument("the target " + o.to + " is the posd the job runs under already");
+  // The target answers before anything is asked of the job.
+  if (auto ps = posd_control(o.to, "ps"); !ps.ok())
+    return ps.status().with_context("the target posd (" + o.to + ")");
+  const pid_t pid = static_cast<pid_t>(o.pid);
+
+  JobMigrateReport rep;
+  rep.pid = o.pid;
+  const std::string base = o.work_dir.empty() ? default_work_base() : o.work_dir;
+  std::string tmpl = base + "/pos-migrate-" + std::to_string(o.pid) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    return Status::Unavailable("cannot make a work directory in " + base + ": " + std::strerror(errno));
+  rep.work_dir = tmpl;
+  auto cleanup = [&] {
+    if (!o.keep_images) fs::remove_all(rep.work_dir, ec);
+  };
+  auto event = [&](const char* what) {
+    if (o.progress) o.progress(what, rep.rounds.empty() ? JobMigrateOptions::Round{} : rep.rounds.back());
+  };
+
+  // Pre-copy: the job runs on; each round stores only what changed since the one before.
+  std::string prev;
+  for (uint32_t n = 1;; ++n) {
+    JobDumpOptions d;
+    d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = true, d.lazy_ok = true;
+    d.dir = rep.work_dir + "/round-" + std::to_string(n);
+    d.prev = prev;
+    auto r = pre_dump_job(d);
+    if (!r.ok()) {
+      cleanup();
+      return r.status().with_context("pre-copy round " + std::to_string(n) + " (the job runs on at the source)");
+    }
+    JobMigrateOptions::Round round;
+    round.n = n;
+    round.bytes = r->gpu.bytes_stored;
+    round.bytes_referenced = r->gpu.bytes_referenced;
+    round.criu_bytes = r->criu_bytes;
+    round.seconds = r->gpu_s;
+    round.rate = r->gpu_s > 0 ? static_cast<double>(r->gpu.bytes_stored) / r->gpu_s : 0;
+    round.pause_s = r->gpu.stall_s;
+    rep.rounds.push_back(round);
+    prev = d.dir;
+    event("round");
+    ckpt::fault_point("migrate-round");
+    // The stop copies about what the last round did (what the job wrote meanwhile): half the
+    // budget for it, the other half for CRIU and the restore.
+    if (round.seconds <= o.max_downtime_s / 2) {
+      rep.stop_reason = "budget";
+      break;
+    }
+    if (n > 1 && static_cast<double>(round.bytes) >= 0.9 * static_cast<double>(rep.rounds[n - 2].bytes)) {
+      rep.stop_reason = "converged";
+      break;
+    }
+    if (n >= o.max_rounds) {
+      rep.stop_reason = "max-rounds";
+      break;
+    }
+  }
+
+  // The stop. From the dump's detach until the target's re-attach the job's calls are held.
+  const std::string final_dir = rep.work_dir + "/final";
+  MigrateGuardian guardian(pid, o.self_program, final_dir, o.socket);
+  event("switch");
+  const auto t_stop = std::chrono::steady_clock::now();
+  JobDumpOptions d;
+  d.socket = o.socket, d.pid = o.pid, d.dir = final_dir, d.prev = prev, d.lazy_ok = true;
+  d.leave_stopped = true;
+  auto dumped = dump_job(d);
+  if (!dumped.ok()) {
+    guardian.done();
+    cleanup();
+    return dumped.status().with_context("the stop (the job runs on at the source)");
+  }
+  guardian.say("a" + dumped->permit + "\n");
+  rep.final_bytes = dumped->gpu.bytes_stored;
+  rep.final_criu_bytes = dumped->criu_bytes;
+  ckpt::fault_point("migrate-stopped");
+  // The image is complete: the source's copy ends (its session with it) and the pid comes free.
+  guardian.say("K");
+  (void)::kill(pid, SIGKILL);
+  (void)::kill(pid, SIGCONT);
+  if (!wait_pid_free(pid, 30)) {
+    guardian.leave();  // it restores the job on the source once the pid is free
+    return Status::Unavailable("the job was stopped and its image is complete, but its pid " + std::to_string(pid) +
+                               " was not reaped by its parent within 30 s, so it cannot be restored yet; pos-cli's "
+                               "guardian restores it on the source once it is (image: " +
+                               final_dir + ")");
+  }
+  rep.dump_s = seconds_since(t_stop);
+  ckpt::fault_point("migrate-before-restore");
+  guardian.say("R");
+  event("restore");
+  const auto t_restore = std::chrono::steady_clock::now();
+  JobRestoreOptions r;
+  r.dir = final_dir, r.socket = o.to, r.lazy = o.lazy;
+  auto restored = restore_job(r);
+  if (restored.ok()) {
+    rep.where = "target";
+  } else {
+    rep.target_error = restored.status().message();
+    event("fallback");
+    r.socket = o.socket;
+    auto back = restore_job(r);
+    if (!back.ok()) {
+      guardian.done();
+      return Status(back.status().code(), 0,
+                    "the target failed (" + rep.target_error + ") and so did the way back to the source (" +
+                        back.status().message() + "); the job's image is kept: pos-cli restore -D " + final_dir +
+                        " --socket SOCKET");
+    }
+    rep.where = "source";
+  }
+  rep.restore_s = seconds_since(t_restore);
+  rep.downtime_s = seconds_since(t_stop);  // an upper bound: it counts the dump's checks before its detach
+  guardian.done();
+  cleanup();
+  rep.total_s = seconds_since(t0);
+  return rep;
+}
+
+}  // namespace pos

@@ -1,0 +1,62 @@
+// job_migrate.h — `pos-cli migrate`: a job under posd moved to another posd of this host with
+// pre-copy rounds while it runs, then one short stop (docs/migration.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pos/base/status.h"
+
+namespace pos {
+
+struct JobMigrateOptions {
+  std::string socket;     // the posd the job runs under now
+  std::string to;         // the posd it moves to: another socket of this host
+  uint32_t pid = 0;       // the job
+  std::string work_dir;   // where the rounds' images go (a private directory is made in it); empty: auto
+  uint32_t max_rounds = 5;         // pre-copy rounds at most (at least one: the whole state)
+  double max_downtime_s = 0.3;     // the stop's budget the rounds aim at
+  bool lazy = true;                // the target runs the job on while its device bytes load
+  bool keep_images = false;        // leave the rounds' images behind (else removed once the job runs)
+  std::string self_program;        // this pos-cli, which a guardian runs to restore on the source if
+                                   // this process dies between the stop and the target's confirmation
+  // Events: "round" (a pre-copy round done), "switch" (the stop began), "restore" (on the target),
+  // "fallback" (back to the source), with the round's figures where they apply.
+  struct Round {
+    uint32_t n = 0;
+    uint64_t bytes = 0;             // GPU bytes sent (stored) in this round
+    uint64_t bytes_referenced = 0;  // unchanged since the round before, not sent again
+    uint64_t criu_bytes = 0;        // CPU memory pre-dumped (kernels with dirty tracking only)
+    double seconds = 0, rate = 0;   // the round's GPU copy, and its bytes per second
+    double pause_s = 0;             // the job's stall for the round's cut
+  };
+  std::function<void(const char* event, const Round& last)> progress;
+};
+
+struct JobMigrateReport {
+  std::vector<JobMigrateOptions::Round> rounds;
+  std::string stop_reason;  // why the rounds ended: "budget", "converged" (no longer shrinking), "max-rounds"
+  std::string work_dir;
+  std::string where;        // "target", or "source" (the target failed: the job runs where it was)
+  std::string target_error; // why the target failed, when where == "source"
+  uint64_t final_bytes = 0; // GPU bytes copied during the stop
+  uint64_t final_criu_bytes = 0;
+  double dump_s = 0;        // the stop: detach, last GPU bytes, CRIU, until the job is ended
+  double restore_s = 0;     // the restore, until the job re-attached
+  double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
+  double total_s = 0;
+  uint32_t pid = 0;
+};
+
+// Pre-copy rounds (pre-dumps, each holding only what changed since the one before) while the job
+// runs, until the last round's copy fits half the downtime budget, stops shrinking, or the round
+// limit; then the stop: the job is detached, dumped on top of the last round and left stopped;
+// once that image is complete the job is ended on the source and restored on the target. A failure
+// before the job is ended lets it run on at the source, untouched; a failure of the target restores
+// it on the source from the same image. Exactly one copy runs afterwards (CRIU restores the job
+// under its own pid, which one host gives to one process at a time).
+StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& options);
+
+}  // namespace pos
