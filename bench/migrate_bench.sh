@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# migrate_bench.sh — issue #22's bench in one run: a job with ~8 GB of device state under posd A is
+# live-migrated to posd B and back (pos-cli migrate: pre-copy rounds, then the stop), against a
+# stop-and-copy through pos-cli dump + restore into B, and NVIDIA's driver checkpoint + CRIU on the
+# same program run natively. Downtime is what the job sees: its longest step gap minus its median.
+#
+# Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [-- job args...]
+# (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
+# Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
+set -uo pipefail
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [-- job args...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR=/dev/shm BACKEND=cuda BUDGET=300
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dir) DIR="${2:?}"; shift 2 ;;
+    --backend) BACKEND="${2:?}"; shift 2 ;;
+    --max-downtime) BUDGET="${2:?}"; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+# 30 layers of 8192 x 8192 (8 GB of parameters), all but the last frozen: each step rewrites the
+# trained layer, its gradients and the activations, a few hundred MB.
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 8192 --layers 30 --output 256 --batch 256 --frozen 29 --steps 100000000 --step-times)
+# Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
+if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
+  export POS_BENCH_SUBREAPER=1
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" -- "${ARGS[@]}"
+fi
+CRIU="$ROOT/tools/criu"
+TMP=$(mktemp -d)
+WORK=$(mktemp -d "$DIR/migrate-bench-XXXXXX")
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP" "$WORK"; }
+trap cleanup EXIT
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
+gone() { for i in $(seq 1 4000); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.005; done; return 1; }
+steps_so_far() { grep -c '^step .* time_ms' "$1"; }
+lines() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
+json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
+# The job's longest step-to-step gap (ms) after step line $2 of file $1, and its median gap before.
+step_gap() {
+  local f=$1 from=$2 max med
+  for i in $(seq 1 600); do [[ $(steps_so_far "$f") -gt $((from + 5)) ]] && break; sleep 0.05; done
+  max=$(grep '^step .* start_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
+        awk '{ if (NR > 1 && ($6 - p) * 1000 > m) m = ($6 - p) * 1000; p = $6 } END { printf "%.1f", m }')
+  med=$(grep '^step .* start_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($6 - p) * 1000 } { p = $6 }' | sort -n |
+        awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)]; else printf "0" }')
+  echo "$max $med"
+}
+start_posd() {  # $1: name
+  local sock="$TMP/$1/posd.sock"
+  printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n' "$BACKEND" "$sock" >"$TMP/$1.yaml"
+  [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/$1.yaml"
+  "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
+  PIDS+=($!)
+  for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+start_posd a; start_posd b
+A="$TMP/a/posd.sock" BS="$TMP/b/posd.sock"
+start_job() {  # $1: output file; the rest: env prefix
+  local out=$1; shift
+  env "$@" "$B/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >>"$out" 2>>"$out.err" &
+  JOB=$!
+  PIDS+=($JOB)
+  for i in $(seq 1 1200); do [[ $(steps_so_far "$out.err") -ge 20 ]] && return 0; sleep 0.1; done
+  echo "the job did not reach step 20: $(tail -3 "$out.err")" >&2; return 1
+}
+posenv() { echo POS_SOCKET="$1" POS_JOB_NAME=bench POS_ARENA_SIZE=1GiB LD_LIBRARY_PATH=/usr/local/cuda/lib64 LD_PRELOAD="$B/remoting/client/libpos_client.so"; }
+
+declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
+echo "== POS: pos-cli migrate A -> B -> A (budget $BUDGET ms)"
+start_job "$TMP/job.out" $(posenv "$A") || exit 1
+FROM=$A TO=$BS
+for i in 0 1; do
+  S0=$(steps_so_far "$TMP/job.out.err")
+  T0=$(now)
+  M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json)
+  MIG_TOTAL[$i]=$(sub "$(now)" "$T0")
+  echo "$M"
+  MIG_REPORT[$i]=$M
+  read -r MIG_GAP[$i] MIG_MED[$i] <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+  echo "job's steps: longest around the move ${MIG_GAP[$i]} ms, median before ${MIG_MED[$i]} ms; pos-cli took ${MIG_TOTAL[$i]} s"
+  T=$FROM FROM=$TO TO=$T
+  sleep 3
+done
+kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; sleep 1
+rounds() {  # "bytes@seconds" per round, from a report
+  grep -o '{"round":[^}]*}' <<<"$1" | sed -E 's/.*"bytes":([0-9]+),.*"seconds":([0-9.]+),.*/\1 \2/' |
+    awk '{ printf "%s%.2f GB in %.2f s", (NR > 1 ? "; " : ""), $1 / 1e9, $2 }'
+}
+
+echo "== POS: stop-and-copy, pos-cli dump (the job ends) then restore --lazy into B"
+start_job "$TMP/sc.out" $(posenv "$A") || exit 1
+S0=$(steps_so_far "$TMP/sc.out.err")
+T0=$(now)
+D=$("$B/tools/pos-cli" dump -t "$JOB" -D "$WORK/img-stop" --mode async --json --socket "$A")
+gone "$JOB"; wait "$JOB" 2>/dev/null
+R=$("$B/tools/pos-cli" restore -D "$WORK/img-stop" --lazy --json --socket "$BS")
+SC_TOTAL=$(sub "$(now)" "$T0")
+echo "$D"; echo "$R"
+read -r SC_GAP SC_MED <<<"$(step_gap "$TMP/sc.out.err" "$S0")"
+echo "job's steps: longest around the stop ${SC_GAP} ms, median ${SC_MED} ms; dump + restore ${SC_TOTAL} s"
+kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; rm -rf "$WORK/img-stop"; sleep 1
+
+echo "== NVIDIA: cuda checkpoint API + CRIU, stop and copy, on the same program run natively"
+NV_GAP="" NV_MED="" NV_TOTAL=""
+if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/cuda/lib64; then
+  NJ=$JOB
+  mkdir -p "$WORK/img-nv"
+  S0=$(steps_so_far "$TMP/nv.out.err")
+  T0=$(now)
+  if "$B/bench/nv_ckpt" "$NJ" --only checkpoint && "$CRIU" dump -t "$NJ" -D "$WORK/img-nv" -o dump.log --shell-job -v4; then
+    gone "$NJ"; wait "$NJ" 2>/dev/null
+    if "$CRIU" restore -D "$WORK/img-nv" -o restore.log --shell-job --restore-detached -v4 &&
+       "$B/bench/nv_ckpt" "$NJ" --only restore; then
+      NV_TOTAL=$(sub "$(now)" "$T0")
+      read -r NV_GAP NV_MED <<<"$(step_gap "$TMP/nv.out.err" "$S0")"
+    else
+      grep -h "Error" "$WORK/img-nv/restore.log" | head -5
+    fi
+  else
+    grep -h "Error" "$WORK/img-nv/dump.log" 2>/dev/null | head -5
+  fi
+  kill -KILL "$NJ" 2>/dev/null; gone "$NJ"
+fi
+
+echo
+echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | total / (state / round-1 rate) |"
+echo "|---|---|---|---|---|---|"
+for i in 0 1; do
+  M=${MIG_REPORT[$i]}
+  B1=$(grep -o '"round":1,"bytes":[0-9]*' <<<"$M" | grep -o '[0-9]*$'); S1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"seconds":([0-9.]+).*/\1/')
+  echo "| POS migrate $([[ $i == 0 ]] && echo "A -> B" || echo "B -> A") ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
+done
+echo "| POS stop-and-copy (dump + restore --lazy) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - |"
+echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - |"
+grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1
