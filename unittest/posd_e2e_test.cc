@@ -1504,6 +1504,11 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
     // Ended and restored (the image was complete) or never ended (it ran on).
     const bool ended = fault == "migrate-before-restore" || refusing;
     EXPECT_EQ(reaped.size(), ended ? 1u : 0u) << fault;
+    // No scratch is left behind: pos-cli or its guardian removes the rounds' images.
+    const auto clean_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::is_empty(work) && std::chrono::steady_clock::now() < clean_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(std::filesystem::is_empty(work)) << fault;
     const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << fault << " " << st << a.log_text();
     EXPECT_EQ(read_file(out_file), want) << fault;

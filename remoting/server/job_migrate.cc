@@ -53,19 +53,23 @@ std::string default_work_base() {
   return t != nullptr && *t != '\0' ? t : "/var/tmp";
 }
 
-// Watches this process through the stop. If it dies before it says the job runs somewhere, the
-// guardian finishes the job's way back to the source: a job still stopped and detached gets its
-// permit and SIGCONT; a job already ended is restored on the source from the complete image (once
-// its pid is free). Everything it needs is prepared before the fork; the child makes only
-// async-signal-safe calls until it execs pos-cli restore. It leaves pos-cli's session (setsid) so
-// that a Ctrl-C meant for pos-cli does not end it too.
+// Watches this process from its first round. If it dies before it says the job runs somewhere,
+// the guardian finishes its work: during the rounds it removes the scratch; a job stopped and
+// detached gets its permit and SIGCONT (and the scratch goes); a job already ended is restored on
+// the source from the complete image once its pid is free (and the scratch goes if that worked).
+// Everything it needs is prepared before the fork; the child makes only async-signal-safe calls
+// (fork, execv of pos-cli restore and of rm). It leaves pos-cli's session (setsid) so that a
+// Ctrl-C meant for pos-cli does not end it too.
 class MigrateGuardian {
  public:
-  MigrateGuardian(pid_t job, const std::string& program, const std::string& image, const std::string& source) {
+  MigrateGuardian(pid_t job, const std::string& program, const std::string& work, const std::string& source) {
     if (program.empty()) return;
-    args_ = {program, "restore", "-D", image, "--socket", source};
+    args_ = {program, "restore", "-D", work + "/final", "--socket", source};
     for (auto& a : args_) argv_.push_back(a.data());
     argv_.push_back(nullptr);
+    rm_args_ = {"/bin/rm", "-rf", "--", work};
+    for (auto& a : rm_args_) rm_argv_.push_back(a.data());
+    rm_argv_.push_back(nullptr);
     const std::string proc = "/proc/" + std::to_string(job);
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return;
@@ -91,7 +95,11 @@ class MigrateGuardian {
           }
         }
       }
-      if (state == 'X' || state == 0) ::_exit(0);  // done, or nothing happened to the job yet
+      if (state == 'X') ::_exit(0);  // done
+      if (state == 0) {  // killed during the rounds: the job never stopped; the scratch goes
+        ::execv(rm_argv_[0], rm_argv_.data());
+        ::_exit(127);
+      }
       struct stat st;
       if (state == 'A' && permit_len > 0) {
         // Still stopped and detached on the source: let it run on there.
@@ -108,6 +116,7 @@ class MigrateGuardian {
         (void)::kill(job, SIGCONT);
         static const char kMsg[] = "pos-cli migrate: ended early (its process was killed); the job runs on at the source\n";
         (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+        ::execv(rm_argv_[0], rm_argv_.data());
         ::_exit(1);
       }
       // Ended on the source ('K') or being restored on the target ('R'). A target restore whose
@@ -118,8 +127,17 @@ class MigrateGuardian {
       for (int i = 0; i < 60'000 && ::stat(proc.c_str(), &st) == 0; ++i) ::usleep(10'000);
       static const char kMsg[] = "pos-cli migrate: ended early (its process was killed); restoring the job on the source\n";
       (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-      ::execv(argv_[0], argv_.data());
-      ::_exit(127);
+      const pid_t r = ::fork();
+      if (r == 0) {
+        ::execv(argv_[0], argv_.data());
+        ::_exit(127);
+      }
+      int rs = 0;
+      while (r > 0 && ::waitpid(r, &rs, 0) < 0 && errno == EINTR) {
+      }
+      // Restored (eagerly: its files are read) or not, the image is kept only if that failed.
+      if (r > 0 && WIFEXITED(rs) && WEXITSTATUS(rs) == 0) ::execv(rm_argv_[0], rm_argv_.data());
+      ::_exit(1);
     }
     ::close(p[0]);
     if (pid < 0) {
@@ -150,8 +168,8 @@ class MigrateGuardian {
   }
 
  private:
-  std::vector<std::string> args_;
-  std::vector<char*> argv_;
+  std::vector<std::string> args_, rm_args_;
+  std::vector<char*> argv_, rm_argv_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };
@@ -195,6 +213,8 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     if (o.progress) o.progress(what, rep.rounds.empty() ? JobMigrateOptions::Round{} : rep.rounds.back());
   };
 
+  // From here a guardian watches this process (its scratch, then the job's way back).
+  MigrateGuardian guardian(pid, o.self_program, rep.work_dir, o.socket);
   // Pre-copy: the job runs on; each round stores only what changed since the one before.
   std::string prev;
   for (uint32_t n = 1;; ++n) {
@@ -204,6 +224,7 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     d.prev = prev;
     auto r = pre_dump_job(d);
     if (!r.ok()) {
+      guardian.done();
       cleanup();
       return r.status().with_context("pre-copy round " + std::to_string(n) + " (the job runs on at the source)");
     }
@@ -237,7 +258,6 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
 
   // The stop. From the dump's detach until the target's re-attach the job's calls are held.
   const std::string final_dir = rep.work_dir + "/final";
-  MigrateGuardian guardian(pid, o.self_program, final_dir, o.socket);
   event("switch");
   const auto t_stop = std::chrono::steady_clock::now();
   JobDumpOptions d;
