@@ -330,6 +330,7 @@ class Reader {
            return Status::Ok();
          }},
         {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
+        {"migration", [this](const Entry& e) { return walk(e, migration_keys()); }},
         {"metrics",
          [this](const Entry& e) -> Status {
            if (e.value.IsNull()) {  // like "": off
@@ -399,6 +400,21 @@ class Reader {
          }},
         {"with_cpu", [&p](const Entry& e) { return store(read_bool(e), &p.with_cpu); }},
         {"cli", [&p](const Entry& e) { return store(text_of(e), &p.cli); }},
+    };
+  }
+
+  std::vector<Key> migration_keys() {
+    auto& m = c_->posd_migration;
+    auto absolute = [](const Entry& e, std::string* to) -> Status {
+      POS_RETURN_IF_ERROR(store(text_of(e), to));
+      if (!to->empty() && to->front() != '/') return e.error(" must be an absolute path");
+      return Status::Ok();
+    };
+    return {
+        {"listen", [&m](const Entry& e) { return store(text_of(e), &m.listen); }},
+        {"secret_file", [&m, absolute](const Entry& e) { return absolute(e, &m.secret_file); }},
+        {"dir", [&m, absolute](const Entry& e) { return absolute(e, &m.dir); }},
+        {"cli", [&m](const Entry& e) { return store(text_of(e), &m.cli); }},
     };
   }
 

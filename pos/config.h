@@ -97,6 +97,13 @@ struct Config {
     bool async = true, with_cpu = false;
     std::string cli;  // the pos-cli to run; empty: beside posd, else on PATH
   } posd_policy;
+  // posd.migration: jobs migrated in from posd on other hosts (pos-cli migrate --to HOST:PORT):
+  // where posd listens (IPv4 HOST:PORT; empty: it accepts none), the file holding the secret a
+  // peer must prove it shares, where incoming images go, and the pos-cli that restores them
+  // (docs/migration.md, "Across hosts").
+  struct MigrationListen {
+    std::string listen, secret_file, dir = "/var/tmp/pos-migrations", cli;
+  } posd_migration;
 };
 
 // The config as a YAML document parse_config reads back to the same values (spin times to the

@@ -329,7 +329,7 @@ int resume(int pid, const std::string& jobs_dir, std::string job_socket, const s
 
 struct RestoreArgs {
   std::string dir, socket;
-  bool lazy = false, json = false, latest = false;
+  bool lazy = false, json = false, latest = false, hold = false;
 };
 
 int restore(RestoreArgs a) {
@@ -346,6 +346,15 @@ int restore(RestoreArgs a) {
   o.dir = a.dir;
   o.socket = a.socket;
   o.lazy = a.lazy;
+  if (a.hold) {
+    // A migration target's: says the job is restored and held, then waits for "go" on stdin.
+    o.hold = [](uint32_t pid) {
+      std::printf("{\"held\":%u}\n", pid);
+      std::fflush(stdout);
+      char line[16] = {0};
+      return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "go", 2) == 0;
+    };
+  }
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   o.progress = [&](const char* phase) {
     if (tty) std::fprintf(stderr, "\r%-60s", (std::string("restore: ") + phase + "...").c_str());
@@ -609,7 +618,7 @@ std::string policies_text(const std::vector<pos::PolicyStatus>& ps, bool json) {
 
 struct MigrateArgs {
   int pid = 0;
-  std::string to, socket, work_dir, jobs_dir;
+  std::string to, socket, work_dir, jobs_dir, secret_file;
   uint32_t max_rounds = 5;
   double max_downtime_ms = 300;
   bool eager = false, keep_images = false, json = false;
@@ -630,6 +639,7 @@ int migrate(const MigrateArgs& a) {
   }
   pos::JobMigrateOptions o;
   o.socket = a.socket, o.to = a.to, o.pid = static_cast<uint32_t>(a.pid), o.work_dir = a.work_dir;
+  o.secret_file = a.secret_file;
   o.max_rounds = a.max_rounds;
   o.max_downtime_s = a.max_downtime_ms / 1e3;
   o.lazy = !a.eager;
@@ -647,6 +657,7 @@ int migrate(const MigrateArgs& a) {
       std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (about %s left to copy)...", gb(r.bytes).c_str());
     else if (e == "restore")
       std::fprintf(stderr, "\r\033[Kmigrate: restoring on %s...", a.to.c_str());
+
     else if (e == "fallback")
       std::fprintf(stderr, "\r\033[Kmigrate: the target failed; restoring on the source...");
   };
@@ -662,18 +673,19 @@ int migrate(const MigrateArgs& a) {
       char t[320];
       std::snprintf(t, sizeof(t),
                     "%s{\"round\":%u,\"bytes\":%llu,\"bytes_unchanged\":%llu,\"criu_bytes\":%llu,\"seconds\":%.6f,"
-                    "\"rate\":%.0f,\"pause_s\":%.6f}",
+                    "\"rate\":%.0f,\"pause_s\":%.6f,\"sent\":%llu,\"transfer_s\":%.6f}",
                     rounds.empty() ? "" : ",", x.n, (unsigned long long)x.bytes, (unsigned long long)x.bytes_referenced,
-                    (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s);
+                    (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s, (unsigned long long)x.sent, x.transfer_s);
       rounds += t;
     }
     std::printf("{\"pid\":%u,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
                 "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
-                "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s}\n",
+                "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu}\n",
                 r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
-                r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false");
+                r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false",
+                r->remote ? "true" : "false", r->same_host ? "true" : "false", (unsigned long long)r->final_sent);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -768,6 +780,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
+  restore_cmd->add_flag("--hold", ra.hold,
+                        "once CRIU restored the job, print {\"held\":PID} and let it re-attach only after a line "
+                        "\"go\" on stdin (anything else ends it): a migration target's commit");
   restore_cmd->add_flag("--latest", ra.latest,
                         "-D names a directory of images (pos-cli images): restore the newest restorable one");
 
@@ -826,7 +841,9 @@ int main(int argc, char** argv) {
       "migrate", "move a running job under posd to another posd of this host: pre-copy rounds while it runs, then a short stop");
   migrate_cmd->add_option("-t,--tree", ma.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
       CLI::PositiveNumber);
-  migrate_cmd->add_option("--to", ma.to, "the target posd's socket")->required();
+  migrate_cmd->add_option("--to", ma.to, "the target posd: its socket on this host, or HOST:PORT where a posd accepts migrations")->required();
+  migrate_cmd->add_option("--secret-file", ma.secret_file,
+                          "with --to HOST:PORT: the file holding the secret that posd shares (0600, at least 16 bytes)");
   migrate_cmd->add_option("--max-rounds", ma.max_rounds, "pre-copy rounds at most (the first copies everything)")
       ->check(CLI::Range(1u, 100u))
       ->capture_default_str();

@@ -1,6 +1,7 @@
 // posd.cc — the POS daemon: owns the GPU and serves unmodified CUDA programs that load
 // libpos_client.so (docs/remoting.md). A thin main over remoting/posd_server.
 #include <csignal>
+#include <unistd.h>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "pos/config.h"
 #include "remoting/common/job_control.h"
 #include "remoting/server/metrics.h"
+#include "remoting/server/migration_peer.h"
 #include "remoting/server/posd_server.h"
 
 namespace {
@@ -87,8 +89,39 @@ int main(int argc, char** argv) {
     metrics = std::move(*m);
     pos::log_line(pos::LogLevel::kInfo, "posd", "metrics on http://%s/metrics", metrics->address().c_str());
   }
+  // Jobs migrated in from other hosts (docs/migration.md): only with a secret a peer must prove.
+  std::unique_ptr<pos::MigrationServer> migration;
+  if (!cfg->posd_migration.listen.empty()) {
+    const auto& mc = cfg->posd_migration;
+    pos::StatusOr<std::string> secret =
+        mc.secret_file.empty() ? pos::Status::InvalidArgument("posd.migration.listen needs posd.migration.secret_file")
+                               : pos::read_migration_secret(mc.secret_file);
+    pos::StatusOr<std::unique_ptr<pos::MigrationServer>> m = secret.status();
+    if (secret.ok()) {
+      pos::MigrationServerOptions mo;
+      mo.listen = mc.listen, mo.secret = *secret, mo.dir = mc.dir, mo.posd_socket = (*srv)->socket_path();
+      mo.cli = mc.cli;
+      if (mo.cli.empty()) {  // beside posd, as pos-cli is installed and built
+        char self[4096];
+        const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+        const std::string exe = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+        mo.cli = exe.substr(0, exe.rfind('/') + 1) + "pos-cli";
+      }
+      m = pos::MigrationServer::start(mo);
+    }
+    if (!m.ok()) {
+      pos::log_line(pos::LogLevel::kError, "posd", "%s", m.status().to_string().c_str());
+      metrics.reset();
+      (*srv)->stop();
+      return 1;
+    }
+    migration = std::move(*m);
+    pos::log_line(pos::LogLevel::kInfo, "posd", "accepting migrations on %s (images into %s)", migration->address().c_str(),
+                  mc.dir.c_str());
+  }
   int sig = 0;
   sigwait(&set, &sig);
+  migration.reset();
   metrics.reset();
   pos::log_line(pos::LogLevel::kInfo, "posd", "%s: ending %zu session(s)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                 (*srv)->sessions().size());

@@ -64,7 +64,9 @@ std::string shell(const std::string& cmd, int* code, std::string* err) {
 
 // Starts a posd (the host or CUDA backend, as the suite runs) on `socket`, its stderr into `log`,
 // and waits until it answers.
-void start_posd(const std::string& socket, const std::string& log, pid_t* pid, const std::string& posd_extra = "") {
+// `prefix`: a command posd runs under (ip netns exec NS: posd in another network namespace).
+void start_posd(const std::string& socket, const std::string& log, pid_t* pid, const std::string& posd_extra = "",
+                const std::vector<std::string>& prefix = {}) {
   const std::string cfg = socket.substr(0, socket.rfind('/')) + ".yaml";  // beside posd's own directory
   {
     std::ofstream y(cfg);
@@ -76,9 +78,11 @@ void start_posd(const std::string& socket, const std::string& log, pid_t* pid, c
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<char*> argv{const_cast<char*>(posd.c_str()), const_cast<char*>("--config"), const_cast<char*>(cfg.c_str()),
-                          nullptr};
-  ASSERT_EQ(posix_spawn(pid, posd.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  std::vector<char*> argv;
+  for (const auto& p : prefix) argv.push_back(const_cast<char*>(p.c_str()));
+  for (const char* a : {posd.c_str(), "--config", cfg.c_str()}) argv.push_back(const_cast<char*>(a));
+  argv.push_back(nullptr);
+  ASSERT_EQ(posix_spawnp(pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&fa);
   // Ready when it answers `ps` (bounded: a posd that never comes up fails the test).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -101,8 +105,9 @@ std::string read_file(const std::string& path) {
 struct OwnPosd {
   std::string socket, log;
   pid_t pid = -1;
-  OwnPosd(const std::string& base, const std::string& posd_extra = "") : socket(base + "/posd.sock"), log(base + ".log") {
-    start_posd(socket, log, &pid, posd_extra);
+  OwnPosd(const std::string& base, const std::string& posd_extra = "", const std::vector<std::string>& prefix = {})
+      : socket(base + "/posd.sock"), log(base + ".log") {
+    start_posd(socket, log, &pid, posd_extra, prefix);
   }
   ~OwnPosd() {
     if (pid <= 0) return;
@@ -1519,7 +1524,7 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-bad", out_file, jobs, a);
   for (const auto& [to, says] : std::vector<std::pair<std::string, std::string>>{
            {a.socket, "is the posd the job runs under already"},
-           {"10.0.0.1:7070", "not built yet"},
+           {"10.0.0.1:7070", "--secret-file names the secret"},
            {base + "-none/posd.sock", "the target posd"}}) {
     int code = -1;
     std::string err;
@@ -1535,4 +1540,159 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   EXPECT_EQ(read_file(out_file), want);
   for (const std::string& p : {out_file, jobs, base + ".work"}) std::filesystem::remove_all(p);
+}
+
+// A network namespace joined to this one by a veth pair (10.231.N.1 here, .2 there, /24; nothing
+// else reachable from it), removed when it goes: CI's stand-in for a second host, with posd in each.
+struct NetnsPeer {
+  std::string ns, dev_here, dev_there, ip_here, ip_there;
+  bool ok = false;
+  NetnsPeer() {
+    const int n = static_cast<int>(::getpid() % 250) + 1;
+    ns = "pos-mig-" + std::to_string(::getpid());
+    dev_here = "pma" + std::to_string(::getpid() % 100000), dev_there = "pmb" + std::to_string(::getpid() % 100000);
+    ip_here = "10.231." + std::to_string(n) + ".1", ip_there = "10.231." + std::to_string(n) + ".2";
+    int code = -1;
+    std::string err;
+    (void)shell("ip netns add " + ns + " && ip link add " + dev_here + " type veth peer name " + dev_there + " && ip link set " +
+                    dev_there + " netns " + ns + " && ip addr add " + ip_here + "/24 dev " + dev_here + " && ip -n " + ns +
+                    " addr add " + ip_there + "/24 dev " + dev_there + " && ip link set " + dev_here + " up && ip -n " + ns +
+                    " link set " + dev_there + " up && ip -n " + ns + " link set lo up",
+                &code, &err);
+    ok = code == 0;
+    EXPECT_TRUE(ok) << "cannot make a network namespace and a veth pair (iproute2, root): " << err;
+  }
+  ~NetnsPeer() {
+    int code = -1;
+    std::string err;
+    (void)shell("ip link del " + dev_here + "; ip netns del " + ns, &code, &err);
+  }
+  std::vector<std::string> in() const { return {"ip", "netns", "exec", ns}; }
+};
+
+// The port a posd says it accepts migrations on (its log, within 10 s: posd answers `ps` first), or "".
+std::string migration_port(const OwnPosd& p) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::smatch m;
+    const std::string log = p.log_text();
+    if (std::regex_search(log, m, std::regex("accepting migrations on [0-9.]+:([0-9]+)"))) return m[1].str();
+    if (std::chrono::steady_clock::now() > until) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// ZDTM shape across "hosts": posd A in this network namespace and posd B in another, joined only
+// by a veth pair; the job under A is migrated to B over the migration stream (B authenticating
+// pos-cli by the shared secret), back to A, and to B again, the last time over a link throttled to
+// 400 Mbit/s each way; it finishes with exactly the output of an uninterrupted run. A
+// peer with another secret is refused and logged, the job untouched. pos-cli killed after the
+// target restored the job but before it committed leaves it running once: the target ends its
+// copy as the link closes, pos-cli's guardian brings it back to the source. (CRIU must run in the
+// job's own network and mount namespaces, as it would on a real host: B's restores run in this
+// test's, through its posd.migration.cli.)
+TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamFinishesAsIfNeverMoved) {
+  become_subreaper();
+  NetnsPeer net;
+  ASSERT_TRUE(net.ok);
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-migx-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work", secret = base + ".secret",
+                    wrong = base + ".wrong", cli_here = base + ".cli";
+  for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+  std::filesystem::create_directories(work);
+  std::ofstream(secret) << "a shared secret of this test run " << ::getpid() << "\n";
+  std::ofstream(wrong) << "not the secret the posd instances share\n";
+  for (const std::string& f : {secret, wrong})
+    std::filesystem::permissions(f, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::ofstream(cli_here) << "#!/bin/sh\nexec nsenter --net=/proc/" << ::getpid() << "/ns/net --mount=/proc/" << ::getpid() << "/ns/mnt " << cli << " \"$@\"\n";
+  std::filesystem::permissions(cli_here, std::filesystem::perms::owner_all);
+  auto listen = [&](const std::string& ip, const std::string& dir) {
+    return "  migration:\n    listen: " + ip + ":0\n    secret_file: " + secret + "\n    dir: " + dir + "\n    cli: " + cli_here + "\n";
+  };
+  OwnPosd a(base + "-a", listen(net.ip_here, base + ".in-a"));
+  OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b"), net.in());
+  const std::string port_a = migration_port(a), port_b = migration_port(b);
+  ASSERT_FALSE(port_a.empty()) << a.log_text();
+  ASSERT_FALSE(port_b.empty()) << b.log_text();
+  const std::string to_a = net.ip_here + ":" + port_a, to_b = net.ip_there + ":" + port_b;
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "netns", out_file, jobs, a);
+  auto migrate = [&](const OwnPosd& from, const std::string& to, const std::string& secret_file, const std::string& env,
+                     int* code, std::string* err, std::vector<int>* reaped) {
+    return migrate_reaping(env + cli + " migrate -t " + std::to_string(child) + " --to " + to + " --secret-file " +
+                               secret_file + " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json",
+                           child, code, err, reaped);
+  };
+  int code = -1;
+  std::string err;
+  std::vector<int> reaped;
+  // The wrong secret: refused by B (and logged there), before anything is asked of the job.
+  (void)migrate(a, to_b, wrong, "", &code, &err, &reaped);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("refused: the peer does not hold this posd's migration secret"), std::string::npos) << err;
+  EXPECT_NE(b.log_text().find("refused: the peer does not hold"), std::string::npos) << b.log_text();
+  EXPECT_TRUE(reaped.empty());
+  EXPECT_TRUE(serves(a, child));
+  // A -> B, B -> A, A -> B (the last on a slow link).
+  for (int i = 0; i < 3; ++i) {
+    const bool toward_b = i % 2 == 0;
+    const OwnPosd& from = toward_b ? a : b;
+    const OwnPosd& to = toward_b ? b : a;
+    if (i == 2) {
+      // (The CI kernel has no netem for delay and loss: the link is throttled instead.)
+      (void)shell("tc qdisc add dev " + net.dev_here + " root tbf rate 400mbit burst 64kb latency 200ms && tc -n " + net.ns +
+                      " qdisc add dev " + net.dev_there + " root tbf rate 400mbit burst 64kb latency 200ms",
+                  &code, &err);
+      ASSERT_EQ(code, 0) << err;
+    }
+    const size_t before = reaped.size();
+    const std::string report = migrate(from, toward_b ? to_b : to_a, secret, "", &code, &err, &reaped);
+    ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
+    EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    EXPECT_NE(report.find("\"remote\":true,\"same_host\":true"), std::string::npos) << report;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(report, m, std::regex("\"final_sent\":([0-9]+)"))) << report;
+    EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
+    EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";
+    EXPECT_TRUE(serves(to, child)) << to.ps() << to.log_text();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (serves(from, child) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(serves(from, child)) << "two posd serve the job";
+    const auto logged_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (to.log_text().find("committed; pid " + std::to_string(child) + " runs here") == std::string::npos &&
+           std::chrono::steady_clock::now() < logged_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_NE(to.log_text().find("committed; pid " + std::to_string(child) + " runs here"), std::string::npos) << to.log_text();
+    // Neither side keeps images: the target removes what it received, pos-cli its scratch.
+    EXPECT_TRUE(std::filesystem::is_empty(work)) << report;
+    const std::string in = base + (toward_b ? ".in-b" : ".in-a");
+    const auto emptied_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!std::filesystem::is_empty(in) && std::chrono::steady_clock::now() < emptied_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(std::filesystem::is_empty(in)) << in;
+    ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << "the job ended before move " << i + 1;
+  }
+  // pos-cli killed after A restored it (B -> A) but before it committed: one copy, back under B.
+  {
+    const size_t before = reaped.size();
+    (void)migrate(b, to_a, secret, "POS_FAULT_POINT=migrate-before-commit ", &code, &err, &reaped);
+    EXPECT_EQ(code, 137) << err;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (!(serves(b, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(child, &st, WNOHANG) == child) reaped.push_back(st);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(serves(b, child)) << b.log_text() << a.log_text();
+    EXPECT_FALSE(serves(a, child));
+    EXPECT_NE(a.log_text().find("ended before it was committed"), std::string::npos) << a.log_text();
+    EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's uncommitted one both end";
+  }
+  const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
+  EXPECT_EQ(read_file(out_file), want);
+  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b"})
+    std::filesystem::remove_all(p);
 }

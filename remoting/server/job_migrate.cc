@@ -21,6 +21,7 @@
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/job_restore.h"
+#include "remoting/server/migration_peer.h"
 
 namespace pos {
 namespace {
@@ -76,6 +77,10 @@ class MigrateGuardian {
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(p[1]);
+      // Nothing else of pos-cli's stays open here: a migration link held by the guardian would
+      // keep the target from seeing pos-cli gone (and from ending its uncommitted copy).
+      if (p[0] > 3) ::close_range(3, static_cast<unsigned>(p[0]) - 1, 0);
+      ::close_range(static_cast<unsigned>(p[0]) + 1, ~0u, 0);
       (void)::setsid();
       char state = 0;
       char permit[512] = {0};
@@ -119,24 +124,29 @@ class MigrateGuardian {
         ::execv(rm_argv_[0], rm_argv_.data());
         ::_exit(1);
       }
-      // Ended on the source ('K') or being restored on the target ('R'). A target restore whose
-      // CRIU got through has the job running: nothing to do.
+      // Ended on the source ('K'), or being restored by a posd of this host ('R') or of another
+      // ('r'). A local target's restore whose CRIU got through has the job running: nothing to do.
+      // A remote target ends its copy when this link closes uncommitted, so the job comes back
+      // here; on this same machine that copy may hold the pid a while: the restore is retried.
       ::usleep(200'000);
       if (state == 'R' && ::stat(proc.c_str(), &st) == 0) ::_exit(0);
-      // Else back on the source, once the pid is free (its parent may take a moment to reap it).
-      for (int i = 0; i < 60'000 && ::stat(proc.c_str(), &st) == 0; ++i) ::usleep(10'000);
       static const char kMsg[] = "pos-cli migrate: ended early (its process was killed); restoring the job on the source\n";
       (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-      const pid_t r = ::fork();
-      if (r == 0) {
-        ::execv(argv_[0], argv_.data());
-        ::_exit(127);
+      for (int attempt = 0; attempt < (state == 'r' ? 30 : 1); ++attempt) {
+        if (attempt > 0) ::sleep(2);
+        // Once the pid is free (its parent may take a moment to reap it).
+        for (int i = 0; i < 60'000 && ::stat(proc.c_str(), &st) == 0; ++i) ::usleep(10'000);
+        const pid_t r = ::fork();
+        if (r == 0) {
+          ::execv(argv_[0], argv_.data());
+          ::_exit(127);
+        }
+        int rs = 0;
+        while (r > 0 && ::waitpid(r, &rs, 0) < 0 && errno == EINTR) {
+        }
+        // Restored (eagerly: its files are read): the scratch goes; else it is kept.
+        if (r > 0 && WIFEXITED(rs) && WEXITSTATUS(rs) == 0) ::execv(rm_argv_[0], rm_argv_.data());
       }
-      int rs = 0;
-      while (r > 0 && ::waitpid(r, &rs, 0) < 0 && errno == EINTR) {
-      }
-      // Restored (eagerly: its files are read) or not, the image is kept only if that failed.
-      if (r > 0 && WIFEXITED(rs) && WEXITSTATUS(rs) == 0) ::execv(rm_argv_[0], rm_argv_.data());
       ::_exit(1);
     }
     ::close(p[0]);
@@ -181,26 +191,39 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.pid == 0) return Status::InvalidArgument("no job pid given");
   if (o.to.empty()) return Status::InvalidArgument("no target given (--to: another posd's socket on this host)");
-  if (o.to.find('/') == std::string::npos && o.to.find(':') != std::string::npos)
-    return Status::Unsupported("migration to another host (" + o.to +
-                                 ") is not built yet: --to takes the socket of another posd on this host");
+  const bool remote = o.to.find('/') == std::string::npos && o.to.find(':') != std::string::npos;
   if (o.max_rounds == 0 || o.max_rounds > 100) return Status::InvalidArgument("--max-rounds must be 1 to 100");
   if (!(o.max_downtime_s > 0) || o.max_downtime_s > 3600) return Status::InvalidArgument("--max-downtime must be above 0");
   std::error_code ec;
+  // Another host's posd: its secret, a connection that proves both sides hold it, before the job
+  // is touched.
+  std::unique_ptr<MigrationLink> link;
+  if (remote) {
+    if (o.secret_file.empty())
+      return Status::InvalidArgument("--to " + o.to + " is another posd's migration address: --secret-file names the secret it shares");
+    auto secret = read_migration_secret(o.secret_file);
+    if (!secret.ok()) return secret.status();
+    auto l = MigrationLink::connect(o.to, *secret);
+    if (!l.ok()) return l.status();
+    link = std::move(*l);
+  }
   // (Not fs::equivalent: libstdc++ declines to compare sockets.)
   struct stat s1 {}, s2 {};
   const bool same = fs::path(o.socket).lexically_normal() == fs::path(o.to).lexically_normal() ||
                     (::stat(o.socket.c_str(), &s1) == 0 && ::stat(o.to.c_str(), &s2) == 0 && s1.st_dev == s2.st_dev &&
                      s1.st_ino == s2.st_ino);
-  if (same)
+  if (!remote && same)
     return Status::InvalidArgument("the target " + o.to + " is the posd the job runs under already");
   // The target answers before anything is asked of the job.
-  if (auto ps = posd_control(o.to, "ps"); !ps.ok())
-    return ps.status().with_context("the target posd (" + o.to + ")");
+  if (!remote) {
+    if (auto ps = posd_control(o.to, "ps"); !ps.ok()) return ps.status().with_context("the target posd (" + o.to + ")");
+  }
   const pid_t pid = static_cast<pid_t>(o.pid);
 
   JobMigrateReport rep;
   rep.pid = o.pid;
+  rep.remote = remote;
+  rep.same_host = link && link->same_host();
   const std::string base = o.work_dir.empty() ? default_work_base() : o.work_dir;
   std::string tmpl = base + "/pos-migrate-" + std::to_string(o.pid) + "-XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr)
@@ -236,6 +259,21 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     round.seconds = r->gpu_s;
     round.rate = r->gpu_s > 0 ? static_cast<double>(r->gpu.bytes_stored) / r->gpu_s : 0;
     round.pause_s = r->gpu.stall_s;
+    if (link) {  // the round goes to the target while the job runs on
+      const auto ts = std::chrono::steady_clock::now();
+      const uint64_t before = link->bytes_sent();
+      Status sent = link->send_dir(d.dir, "round-" + std::to_string(n));
+      if (sent.ok()) sent = link->sync();
+      if (!sent.ok()) {
+        guardian.done();
+        cleanup();
+        return sent.with_context("sending pre-copy round " + std::to_string(n) + " (the job runs on at the source)");
+      }
+      round.transfer_s = seconds_since(ts);
+      round.sent = link->bytes_sent() - before;
+      round.seconds += round.transfer_s;
+      round.rate = round.seconds > 0 ? static_cast<double>(round.bytes) / round.seconds : 0;
+    }
     rep.rounds.push_back(round);
     prev = d.dir;
     event("round");
@@ -273,6 +311,24 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   rep.final_bytes = dumped->gpu.bytes_stored;
   rep.final_criu_bytes = dumped->criu_bytes;
   ckpt::fault_point("migrate-stopped");
+  if (link) {  // the stop's image goes too, while the job is still whole at the source
+    const uint64_t before = link->bytes_sent();
+    Status sent = link->send_dir(final_dir, "final");
+    if (sent.ok()) sent = link->sync();
+    if (!sent.ok()) {
+      // Let it run on where it is: its permit (the job's own, so that it may remove it), SIGCONT
+      // (CRIU left it stopped).
+      struct stat js {};
+      const int64_t owner = ::stat(("/proc/" + std::to_string(pid)).c_str(), &js) == 0 ? static_cast<int64_t>(js.st_uid) : -1;
+      Status back = grant_reattach(dumped->permit, "", owner);
+      (void)::kill(pid, SIGCONT);
+      guardian.done();
+      cleanup();
+      return sent.with_context(back.ok() ? "sending the stop's image (the job runs on at the source)"
+                                         : "sending the stop's image; and the job could not be let run on (" + back.message() + ")");
+    }
+    rep.final_sent = link->bytes_sent() - before;
+  }
   // The image is complete: the source's copy ends (its session with it) and the pid comes free.
   guardian.say("K");
   (void)::kill(pid, SIGKILL);
@@ -286,18 +342,35 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   }
   rep.dump_s = seconds_since(t_stop);
   ckpt::fault_point("migrate-before-restore");
-  guardian.say("R");
+  guardian.say(link ? "r" : "R");
   event("restore");
   const auto t_restore = std::chrono::steady_clock::now();
   JobRestoreOptions r;
   r.dir = final_dir, r.socket = o.to, r.lazy = o.lazy;
-  auto restored = restore_job(r);
-  if (restored.ok()) {
+  Status target_ok;
+  if (link) {
+    // The target restores it; it keeps the job only once told (commit): a source that dies before
+    // that brings the job back here (its guardian), and the target ends its copy.
+    auto res = link->restore("final", o.lazy);
+    target_ok = res.ok() ? Status::Ok() : res.status();
+  } else {
+    auto res = restore_job(r);
+    target_ok = res.ok() ? Status::Ok() : res.status();
+  }
+  if (target_ok.ok() && link) {
+    // Held there; from the commit on it runs there. The guardian steps aside first: once the
+    // commit is sent the source must never bring the job back too.
+    ckpt::fault_point("migrate-before-commit");
+    guardian.done();
+    target_ok = link->commit();
+  }
+  if (target_ok.ok()) {
     rep.where = "target";
   } else {
-    rep.target_error = restored.status().message();
+    rep.target_error = target_ok.message();
     event("fallback");
     r.socket = o.socket;
+    r.lazy = false;  // the image is removed right after
     auto back = restore_job(r);
     if (!back.ok()) {
       guardian.done();

@@ -13,7 +13,9 @@ namespace pos {
 
 struct JobMigrateOptions {
   std::string socket;     // the posd the job runs under now
-  std::string to;         // the posd it moves to: another socket of this host
+  std::string to;         // the posd it moves to: another socket of this host, or HOST:PORT of a
+                          // posd accepting migrations (posd.migration)
+  std::string secret_file;  // with HOST:PORT: the shared secret (read_migration_secret)
   uint32_t pid = 0;       // the job
   std::string work_dir;   // where the rounds' images go (a private directory is made in it); empty: auto
   uint32_t max_rounds = 5;         // pre-copy rounds at most (at least one: the whole state)
@@ -29,7 +31,9 @@ struct JobMigrateOptions {
     uint64_t bytes = 0;             // GPU bytes sent (stored) in this round
     uint64_t bytes_referenced = 0;  // unchanged since the round before, not sent again
     uint64_t criu_bytes = 0;        // CPU memory pre-dumped (kernels with dirty tracking only)
-    double seconds = 0, rate = 0;   // the round's GPU copy, and its bytes per second
+    double seconds = 0, rate = 0;   // the round's GPU copy (and its transfer), and its bytes per second
+    double transfer_s = 0;          // HOST:PORT: sending the round to the target
+    uint64_t sent = 0;              // HOST:PORT: bytes of files sent (GPU and CPU parts)
     double pause_s = 0;             // the job's stall for the round's cut
   };
   std::function<void(const char* event, const Round& last)> progress;
@@ -42,6 +46,8 @@ struct JobMigrateReport {
   std::string where;        // "target", or "source" (the target failed: the job runs where it was)
   std::string target_error; // why the target failed, when where == "source"
   uint64_t final_bytes = 0; // GPU bytes copied during the stop
+  uint64_t final_sent = 0;  // HOST:PORT: bytes of the stop's image sent
+  bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
   uint64_t final_criu_bytes = 0;
   double dump_s = 0;        // the stop: detach, last GPU bytes, CRIU, until the job is ended
   double restore_s = 0;     // the restore, until the job re-attached

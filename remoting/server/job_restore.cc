@@ -268,7 +268,10 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   t = std::chrono::steady_clock::now();
   // The job looks for its permit first thing once CRIU lets it run: it is there already, naming
   // the posd that holds its GPU state now.
-  if (Status s = grant_reattach(m->permit, sock_real, m->uid); !s.ok()) return s.with_context("letting the job re-attach");
+  // (Held: the permit comes only once the holder says go.)
+  if (!o.hold) {
+    if (Status s = grant_reattach(m->permit, sock_real, m->uid); !s.ok()) return s.with_context("letting the job re-attach");
+  }
   ckpt::CriuRestoreOptions co;
   co.shell_job = m->shell_job;
   auto pid = ckpt::criu_restore(*criu, criu_dir, co);
@@ -276,6 +279,16 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   if (!pid.ok()) {
     (void)::unlink(m->permit.c_str());
     return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
+  }
+  if (o.hold) {
+    if (!o.hold(static_cast<uint32_t>(*pid))) {
+      ::kill(*pid, SIGKILL);
+      return Status::Unavailable("the restored job was not let go (its migration was not committed), so it was ended");
+    }
+    if (Status s = grant_reattach(m->permit, sock_real, m->uid); !s.ok()) {
+      ::kill(*pid, SIGKILL);
+      return s.with_context("letting the job re-attach");
+    }
   }
 
   ckpt::fault_point("job-restore-criu-done");

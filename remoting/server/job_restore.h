@@ -14,6 +14,10 @@ struct JobRestoreOptions {
   std::string dir;     // the image (pos-cli dump's -D)
   std::string socket;  // the posd to restore into (any posd of this host: the one dumped from or another)
   bool lazy = false;   // the job runs on while its device bytes load (each buffer before first use)
+  // Called once CRIU restored the tree and before the job may re-attach (it waits for its permit,
+  // running no CUDA call): false ends the tree and fails the restore. A migration target holds the
+  // job here until its source commits (docs/migration.md).
+  std::function<bool(uint32_t pid)> hold;
   // Phase names: "check", "gpu", "criu", "reattach".
   std::function<void(const char* phase)> progress;
 };

@@ -1,0 +1,628 @@
+// migration_peer.cc — the migration stream: frames over TCP, a mutual HMAC-SHA256 challenge, image
+// files checked chunk by chunk (CRC-32C) and written under one private directory per migration.
+#include "remoting/server/migration_peer.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include "ckpt/crc32c.h"
+#include "pos/base/log.h"
+#include "pos/base/sha256.h"
+#include "pos/base/text.h"
+#include "remoting/common/socket_io.h"
+
+extern char** environ;
+
+namespace pos {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
+constexpr size_t kChunk = 8u << 20;
+
+enum class Type : uint16_t {
+  kHello = 1, kAuth = 2, kAuthOk = 3, kDir = 4, kFile = 5, kData = 6, kSymlink = 7, kSync = 8,
+  kRestore = 9, kResult = 10, kError = 11, kCommit = 12,
+};
+
+struct Header {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t flags;
+  uint64_t length;
+};
+static_assert(sizeof(Header) == 16);
+
+struct HelloBody {  // kHello (target → source) and the head of kAuth (source → target)
+  uint32_t version;
+  uint8_t nonce[32];
+  char boot_id[48];
+};
+struct AuthBody {
+  HelloBody hello;
+  uint8_t mac[32];
+};
+
+Status send_frame(int fd, Type t, const void* body, uint64_t n, const void* tail = nullptr, uint64_t tail_n = 0) {
+  Header h{kMagic, static_cast<uint16_t>(t), 0, n + tail_n};
+  POS_RETURN_IF_ERROR(send_all(fd, &h, sizeof(h)));
+  if (n > 0) POS_RETURN_IF_ERROR(send_all(fd, body, n));
+  if (tail_n > 0) POS_RETURN_IF_ERROR(send_all(fd, tail, tail_n));
+  return Status::Ok();
+}
+
+// One frame; its body in `body` (at most kMaxFrame bytes: a peer cannot make this side allocate more).
+Status recv_frame(int fd, Type* t, std::string* body) {
+  Header h{};
+  POS_RETURN_IF_ERROR(recv_all(fd, &h, sizeof(h)));
+  if (h.magic != kMagic || h.flags != 0 || h.length > kMaxFrame)
+    return Status::Corrupt("not a migration stream frame (bad magic, flags or length)");
+  *t = static_cast<Type>(h.type);
+  body->resize(h.length);
+  if (h.length > 0) POS_RETURN_IF_ERROR(recv_all(fd, body->data(), body->size()));
+  return Status::Ok();
+}
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+void fill_random(uint8_t* p, size_t n) {
+  std::random_device rd;  // the kernel's randomness (getrandom) on Linux
+  for (size_t i = 0; i < n; i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(p + i, &v, std::min<size_t>(4, n - i));
+  }
+}
+
+// The MAC one side sends: over who it is and both nonces, its own first.
+Digest256 mac_of(const std::string& secret, const char* role, const uint8_t* mine, const uint8_t* theirs) {
+  std::string m = std::string("POS-MIGRATE-1 ") + role;
+  m.append(reinterpret_cast<const char*>(mine), 32);
+  m.append(reinterpret_cast<const char*>(theirs), 32);
+  return hmac_sha256(secret, m);
+}
+
+// A relative path of plain components ([A-Za-z0-9._-], not "." or ".."), at most 16 deep.
+bool safe_relative(const std::string& p) {
+  if (p.empty() || p.size() > 1024 || p.front() == '/') return false;
+  size_t depth = 0, start = 0;
+  while (start <= p.size()) {
+    const size_t end = std::min(p.find('/', start), p.size());
+    const std::string c = p.substr(start, end - start);
+    if (c.empty() || c == "." || c == ".." || ++depth > 16) return false;
+    for (char ch : c)
+      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-')) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+void put_u32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
+void put_u64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+
+Status send_result(int fd, int32_t code, const std::string& text) {
+  std::string b;
+  b.append(reinterpret_cast<const char*>(&code), 4);
+  b += text.substr(0, 64u << 10);
+  return send_frame(fd, Type::kResult, b.data(), b.size());
+}
+
+StatusOr<std::string> expect_result(int fd) {
+  Type t;
+  std::string b;
+  POS_RETURN_IF_ERROR(recv_frame(fd, &t, &b));
+  if (t == Type::kError) return Status::Unavailable("the target: " + printable(b, 2000));
+  if (t != Type::kResult || b.size() < 4) return Status::Corrupt("the target answered with an unexpected frame");
+  int32_t code = 0;
+  std::memcpy(&code, b.data(), 4);
+  std::string text = b.substr(4);
+  if (code != 0) return Status::Unavailable("the target: " + printable(text, 4000));
+  return text;
+}
+
+}  // namespace
+
+StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& address, const std::string& what) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size() || address.size() > 64)
+    return Status::InvalidArgument(what + " must be HOST:PORT with an IPv4 address, e.g. 127.0.0.1:9464, not '" +
+                                   printable(address, 64) + "'");
+  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
+    return Status::InvalidArgument(what + ": '" + printable(host, 64) + "' is no IPv4 address");
+  unsigned long port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9' || port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  return sa;
+}
+
+StatusOr<std::string> read_migration_secret(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Status::InvalidArgument("cannot open the migration secret " + path + ": " + std::strerror(errno));
+  UniqueFd f(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::InvalidArgument(path + " is no regular file");
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return Status::InvalidArgument("the migration secret " + path + " belongs to another user");
+  if ((st.st_mode & 077) != 0)
+    return Status::InvalidArgument("the migration secret " + path + " is open to group or others (chmod 600 it)");
+  if (st.st_size > 4096) return Status::InvalidArgument("the migration secret " + path + " is longer than 4 KiB");
+  std::string s(static_cast<size_t>(st.st_size), '\0');
+  if (!s.empty() && ::read(fd, s.data(), s.size()) != static_cast<ssize_t>(s.size()))
+    return Status::InvalidArgument("cannot read " + path);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.size() < 16) return Status::InvalidArgument("the migration secret in " + path + " is shorter than 16 bytes");
+  return s;
+}
+
+// ---- the receiving posd ----
+
+StatusOr<std::unique_ptr<MigrationServer>> MigrationServer::start(const MigrationServerOptions& o) {
+  auto sa = parse_ipv4_endpoint(o.listen, "posd.migration.listen");
+  if (!sa.ok()) return sa.status();
+  if (o.secret.size() < 16) return Status::InvalidArgument("posd.migration: the secret is shorter than 16 bytes");
+  if (o.dir.empty() || o.dir.front() != '/') return Status::InvalidArgument("posd.migration.dir must be an absolute path");
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (::chmod(o.dir.c_str(), 0700) != 0)
+    return Status::InvalidArgument("posd.migration.dir " + o.dir + ": " + std::strerror(errno));
+  std::unique_ptr<MigrationServer> m(new MigrationServer());
+  m->opt_ = o;
+  m->listen_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!m->listen_) return Status::Unavailable(std::string("migration socket: ") + std::strerror(errno));
+  const int one = 1;
+  (void)::setsockopt(m->listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a = *sa;
+  if (::bind(m->listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(m->listen_.get(), 4) != 0)
+    return Status::Unavailable("cannot listen for migrations on " + printable(o.listen, 64) + ": " + std::strerror(errno));
+  socklen_t len = sizeof(a);
+  (void)::getsockname(m->listen_.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  char host[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
+  m->address_ = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
+  m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  m->thread_ = std::thread([p = m.get()] { p->serve(); });
+  return m;
+}
+
+MigrationServer::~MigrationServer() {
+  if (stop_) {
+    const uint64_t one = 1;
+    (void)!::write(stop_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void MigrationServer::serve() {
+  for (;;) {
+    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    sockaddr_in peer{};
+    socklen_t len = sizeof(peer);
+    UniqueFd c(::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
+    if (!c) continue;
+    char host[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &peer.sin_addr, host, sizeof(host));
+    handle(c.get(), std::string(host) + ":" + std::to_string(ntohs(peer.sin_port)));
+  }
+}
+
+namespace {
+
+// pos-cli restore --hold, run for a migration: its stdin (the commit's "go"), its output.
+class HeldRestore {
+ public:
+  bool start(const std::vector<std::string>& argv) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0) return false;
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      ::close(in[0]), ::close(in[1]);
+      return false;
+    }
+    std::vector<char*> a;
+    for (const auto& x : argv) a.push_back(const_cast<char*>(x.c_str()));
+    a.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::dup2(in[0], 0), ::dup2(out[1], 1), ::dup2(out[1], 2);
+      ::close_range(3, ~0u, 0);
+      ::execve(a[0], a.data(), environ);
+      ::_exit(127);
+    }
+    ::close(in[0]), ::close(out[1]);
+    if (pid_ < 0) {
+      ::close(in[1]), ::close(out[0]);
+      return false;
+    }
+    in_ = UniqueFd(in[1]), out_ = UniqueFd(out[0]);
+    return true;
+  }
+  // Reads its output until `until` appears in it (true) or it closes its output / `seconds` pass.
+  bool read_until(const std::string& until, int seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    char buf[4096];
+    while (until.empty() || output.find(until) == std::string::npos) {
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now()).count());
+      if (left <= 0) return false;
+      pollfd pf{out_.get(), POLLIN, 0};
+      if (::poll(&pf, 1, left) <= 0) continue;
+      const ssize_t n = ::read(out_.get(), buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return until.empty();
+      if (output.size() < (64u << 10)) output.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  void say(const char* line) { (void)!::write(in_.get(), line, std::strlen(line)); }
+  // Its exit code (-1: killed or never started), after closing its stdin (no "go": it ends the job).
+  int finish(int seconds) {
+    if (pid_ <= 0) return -1;
+    in_.reset();
+    if (!read_until("", seconds)) ::kill(pid_, SIGKILL);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  ~HeldRestore() { (void)finish(60); }
+  bool running() const { return pid_ > 0; }
+  std::string output;
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd in_, out_;
+};
+
+}  // namespace
+
+// One migration: the handshake, then frames until the peer closes. Everything it wrote goes when
+// it ends; a job it restored and the peer did not commit is ended.
+void MigrationServer::handle(int fd, const std::string& peer) {
+  timeval tv{10, 0};  // the handshake's limit; then 2 minutes per frame
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  auto refuse = [&](const std::string& why) {
+    POS_WARN("posd", "migration from %s refused: %s", peer.c_str(), why.c_str());
+    (void)send_frame(fd, Type::kError, why.data(), why.size());
+  };
+  HelloBody hello{};
+  hello.version = kVersion;
+  fill_random(hello.nonce, sizeof(hello.nonce));
+  const std::string my_boot = boot_id();
+  std::memcpy(hello.boot_id, my_boot.data(), std::min(my_boot.size(), sizeof(hello.boot_id) - 1));
+  if (!send_frame(fd, Type::kHello, &hello, sizeof(hello)).ok()) return;
+  Type t;
+  std::string b;
+  if (Status s = recv_frame(fd, &t, &b); !s.ok()) {
+    POS_WARN("posd", "migration from %s refused: %s", peer.c_str(), s.message().c_str());
+    return;
+  }
+  if (t != Type::kAuth || b.size() != sizeof(AuthBody)) return refuse("the first frame must be the peer's authentication");
+  AuthBody auth{};
+  std::memcpy(&auth, b.data(), sizeof(auth));
+  if (auth.hello.version != kVersion) return refuse("migration stream version " + std::to_string(auth.hello.version) + " is not 1");
+  const Digest256 want = mac_of(opt_.secret, "source", auth.hello.nonce, hello.nonce);
+  if (!equal_in_constant_time(want.data(), auth.mac, want.size()))
+    return refuse("the peer does not hold this posd's migration secret");
+  const Digest256 mine = mac_of(opt_.secret, "target", hello.nonce, auth.hello.nonce);
+  if (!send_frame(fd, Type::kAuthOk, mine.data(), mine.size()).ok()) return;
+  tv = timeval{120, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+  uint8_t tag[8];
+  fill_random(tag, sizeof(tag));
+  char hexs[17];
+  for (int i = 0; i < 8; ++i) std::snprintf(hexs + 2 * i, 3, "%02x", tag[i]);
+  const std::string root = opt_.dir + "/in-" + std::string(hexs);
+  if (::mkdir(root.c_str(), 0700) != 0) return refuse("cannot make " + root + ": " + std::strerror(errno));
+  POS_INFO("posd", "migration from %s: authenticated; receiving into %s", peer.c_str(), root.c_str());
+  uint32_t restored_pid = 0;
+  bool committed = false;
+  HeldRestore held;
+  Status failed;  // the first write error: reported at the next sync or restore, then the stream ends
+  UniqueFd file;
+  uint64_t file_left = 0, total = 0, files = 0;
+  auto fail = [&](const std::string& why) {
+    if (failed.ok()) failed = Status::Unavailable(why);
+    file.reset();
+    file_left = 0;
+  };
+  for (;;) {
+    Status s = recv_frame(fd, &t, &b);
+    if (!s.ok()) break;  // closed, timed out or garbled: the migration ends
+    if (t == Type::kDir || t == Type::kFile || t == Type::kSymlink) {
+      if (file_left != 0) {
+        fail("a new entry began before the last file's bytes were all sent");
+        continue;
+      }
+      size_t off = 0;
+      uint32_t mode = 0600;
+      uint64_t size = 0;
+      if (t == Type::kFile) {
+        if (b.size() < 12) {
+          fail("a short file frame");
+          continue;
+        }
+        std::memcpy(&mode, b.data(), 4);
+        std::memcpy(&size, b.data() + 4, 8);
+        off = 12;
+      }
+      std::string path = b.substr(off), target;
+      if (t == Type::kSymlink) {
+        const size_t nul = path.find('\0');
+        if (nul == std::string::npos) {
+          fail("a symbolic link frame without its target");
+          continue;
+        }
+        target = path.substr(nul + 1);
+        path.resize(nul);
+      }
+      if (!safe_relative(path)) {
+        fail("an unsafe path in the stream: '" + printable(path, 200) + "'");
+        continue;
+      }
+      if (!failed.ok()) continue;
+      if (++files > 100000) {
+        fail("more than 100000 entries");
+        continue;
+      }
+      const std::string full = root + "/" + path;
+      if (t == Type::kDir) {
+        if (::mkdir(full.c_str(), 0700) != 0 && errno != EEXIST) fail("mkdir " + path + ": " + std::strerror(errno));
+      } else if (t == Type::kSymlink) {
+        // Only within the migration's directory: resolved lexically from the link's own directory.
+        const fs::path resolved = (fs::path(path).parent_path() / target).lexically_normal();
+        if (target.empty() || target.front() == '/' || resolved.empty() || *resolved.begin() == ".." ||
+            target.size() > 1024) {
+          fail("a symbolic link leaving the image: '" + printable(target, 200) + "'");
+        } else if (::symlink(target.c_str(), full.c_str()) != 0) {
+          fail("symlink " + path + ": " + std::strerror(errno));
+        }
+      } else {
+        struct statvfs v {};
+        if (::statvfs(root.c_str(), &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize < size + (256ull << 20)) {
+          fail("no room in " + opt_.dir + " for " + path + " (" + std::to_string(size) + " bytes)");
+          continue;
+        }
+        file = UniqueFd(::open(full.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600));
+        if (!file) {
+          fail("create " + path + ": " + std::strerror(errno));
+          continue;
+        }
+        file_left = size;
+        if (size == 0) file.reset();
+      }
+    } else if (t == Type::kData) {
+      if (b.size() < 4 || b.size() - 4 > file_left) {
+        if (failed.ok()) fail("file bytes beyond the file's announced size, or outside a file");
+        continue;
+      }
+      uint32_t crc = 0;
+      std::memcpy(&crc, b.data(), 4);
+      const size_t n = b.size() - 4;
+      if (ckpt::crc32c(b.data() + 4, n) != crc) {
+        fail("a chunk arrived damaged (CRC-32C)");
+        continue;
+      }
+      if (file) {
+        size_t done = 0;
+        while (done < n) {
+          const ssize_t w = ::write(file.get(), b.data() + 4 + done, n - done);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) break;
+          done += static_cast<size_t>(w);
+        }
+        if (done != n) {
+          fail(std::string("writing: ") + std::strerror(errno));
+          continue;
+        }
+      }
+      file_left -= n;
+      total += n;
+      if (file_left == 0) file.reset();
+    } else if (t == Type::kSync) {
+      if (!failed.ok()) {
+        (void)send_result(fd, 1, failed.message());
+        break;
+      }
+      if (!send_result(fd, 0, std::to_string(total)).ok()) break;
+    } else if (t == Type::kRestore) {
+      if (b.size() < 1 || !safe_relative(b.substr(1)) || !failed.ok() || file_left != 0 || held.running()) {
+        (void)send_result(fd, 1, failed.ok() ? "a bad restore request" : failed.message());
+        break;
+      }
+      // Restored and held: the job waits for its permit (no CUDA call runs) until the commit.
+      const std::string image = root + "/" + b.substr(1);
+      std::vector<std::string> argv{opt_.cli, "restore", "-D", image, "--socket", opt_.posd_socket, "--json", "--hold"};
+      if (b[0] != 0) argv.push_back("--lazy");
+      const bool up = held.start(argv) && held.read_until("{\"held\":", 600);
+      if (!up) {
+        const int code = held.finish(60);
+        POS_INFO("posd", "migration from %s: restore of %s failed (%d): %s", peer.c_str(), image.c_str(), code,
+                 printable(held.output, 400).c_str());
+        if (!send_result(fd, 1, held.output).ok()) break;
+        continue;
+      }
+      const size_t at = held.output.find("{\"held\":");
+      restored_pid = static_cast<uint32_t>(std::strtoul(held.output.c_str() + at + 8, nullptr, 10));
+      POS_INFO("posd", "migration from %s: pid %u restored from %s, held until the source commits", peer.c_str(),
+               restored_pid, image.c_str());
+      if (!send_result(fd, 0, held.output).ok()) break;
+    } else if (t == Type::kCommit) {
+      if (!held.running()) {
+        (void)send_result(fd, 1, "nothing to commit");
+        break;
+      }
+      held.say("go\n");
+      const int code = held.finish(120);
+      committed = code == 0;
+      if (committed) POS_INFO("posd", "migration from %s: committed; pid %u runs here", peer.c_str(), restored_pid);
+      else POS_WARN("posd", "migration from %s: committed, but the job did not re-attach: %s", peer.c_str(), printable(held.output, 400).c_str());
+      (void)send_result(fd, committed ? 0 : 1, held.output);
+      break;
+    } else {
+      fail("an unknown frame type " + std::to_string(static_cast<int>(t)));
+    }
+  }
+  if (held.running()) {
+    // The source never said the job is ours: it may bring it back itself. One copy only: the held
+    // restore, told no "go", ends it before it ran a step.
+    POS_WARN("posd", "migration from %s ended before it was committed: ending restored pid %u", peer.c_str(), restored_pid);
+    (void)held.finish(60);
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  if (!failed.ok()) POS_WARN("posd", "migration from %s failed: %s", peer.c_str(), failed.message().c_str());
+}
+
+// ---- the sending side ----
+
+StatusOr<std::unique_ptr<MigrationLink>> MigrationLink::connect(const std::string& host_port, const std::string& secret) {
+  auto sa = parse_ipv4_endpoint(host_port, "--to");
+  if (!sa.ok()) return sa.status();
+  std::unique_ptr<MigrationLink> l(new MigrationLink());
+  l->fd_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!l->fd_) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  const int fd = l->fd_.get();
+  timeval tv{10, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in a = *sa;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+    return Status::Unavailable("cannot reach a posd accepting migrations at " + host_port + ": " + std::strerror(errno));
+  Type t;
+  std::string b;
+  POS_RETURN_IF_ERROR(recv_frame(fd, &t, &b).with_context("the target at " + host_port));
+  if (t != Type::kHello || b.size() != sizeof(HelloBody))
+    return Status::Corrupt(host_port + " is no posd accepting migrations (no hello)");
+  HelloBody theirs{};
+  std::memcpy(&theirs, b.data(), sizeof(theirs));
+  if (theirs.version != kVersion) return Status::Unsupported(host_port + " speaks migration stream version " + std::to_string(theirs.version));
+  AuthBody auth{};
+  auth.hello.version = kVersion;
+  fill_random(auth.hello.nonce, sizeof(auth.hello.nonce));
+  const std::string my_boot = boot_id();
+  std::memcpy(auth.hello.boot_id, my_boot.data(), std::min(my_boot.size(), sizeof(auth.hello.boot_id) - 1));
+  const Digest256 mac = mac_of(secret, "source", auth.hello.nonce, theirs.nonce);
+  std::memcpy(auth.mac, mac.data(), mac.size());
+  POS_RETURN_IF_ERROR(send_frame(fd, Type::kAuth, &auth, sizeof(auth)));
+  POS_RETURN_IF_ERROR(recv_frame(fd, &t, &b).with_context("the target at " + host_port));
+  if (t == Type::kError) return Status::FailedPrecondition("the target at " + host_port + " refused: " + printable(b, 500));
+  const Digest256 want = mac_of(secret, "target", theirs.nonce, auth.hello.nonce);
+  if (t != Type::kAuthOk || b.size() != want.size() ||
+      !equal_in_constant_time(want.data(), reinterpret_cast<const uint8_t*>(b.data()), want.size()))
+    return Status::FailedPrecondition("the target at " + host_port + " does not hold the migration secret");
+  theirs.boot_id[sizeof(theirs.boot_id) - 1] = '\0';
+  l->same_host_ = !my_boot.empty() && my_boot == theirs.boot_id;
+  tv = timeval{600, 0};  // a restore on the target may take minutes
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  return l;
+}
+
+Status MigrationLink::send_dir(const std::string& local_dir, const std::string& as) {
+  const int fd = fd_.get();
+  if (!safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + as);
+  POS_RETURN_IF_ERROR(send_frame(fd, Type::kDir, as.data(), as.size()));
+  std::error_code ec;
+  std::vector<char> buf(kChunk);
+  for (auto it = fs::recursive_directory_iterator(local_dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path rel = it->path().lexically_relative(local_dir);
+    const std::string name = as + "/" + rel.string();
+    if (!safe_relative(name)) return Status::InvalidArgument("cannot send " + it->path().string() + ": an unusual name");
+    const fs::file_status st = it->symlink_status(ec);
+    if (fs::is_symlink(st)) {
+      const std::string target = fs::read_symlink(it->path(), ec).string();
+      std::string body = name;
+      body.push_back('\0');
+      body += target;
+      POS_RETURN_IF_ERROR(send_frame(fd, Type::kSymlink, body.data(), body.size()));
+    } else if (fs::is_directory(st)) {
+      POS_RETURN_IF_ERROR(send_frame(fd, Type::kDir, name.data(), name.size()));
+    } else if (fs::is_regular_file(st)) {
+      UniqueFd f(::open(it->path().c_str(), O_RDONLY | O_CLOEXEC));
+      struct stat s {};
+      if (!f || ::fstat(f.get(), &s) != 0) return Status::Unavailable("cannot read " + it->path().string());
+      std::string head;
+      put_u32(&head, static_cast<uint32_t>(s.st_mode & 0600));
+      put_u64(&head, static_cast<uint64_t>(s.st_size));
+      head += name;
+      POS_RETURN_IF_ERROR(send_frame(fd, Type::kFile, head.data(), head.size()));
+      uint64_t left = static_cast<uint64_t>(s.st_size);
+      while (left > 0) {
+        const ssize_t n = ::read(f.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return Status::Unavailable("reading " + it->path().string() + ": it shrank or failed");
+        const uint32_t crc = ckpt::crc32c(buf.data(), static_cast<size_t>(n));
+        POS_RETURN_IF_ERROR(send_frame(fd, Type::kData, &crc, 4, buf.data(), static_cast<uint64_t>(n)));
+        left -= static_cast<uint64_t>(n);
+        bytes_ += static_cast<uint64_t>(n);
+      }
+    }
+  }
+  if (ec) return Status::Unavailable("reading " + local_dir + ": " + ec.message());
+  return Status::Ok();
+}
+
+Status MigrationLink::sync() {
+  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kSync, nullptr, 0));
+  auto r = expect_result(fd_.get());
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {
+  std::string b(1, lazy ? 1 : 0);
+  b += as;
+  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kRestore, b.data(), b.size()));
+  return expect_result(fd_.get());
+}
+
+Status MigrationLink::commit() {
+  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kCommit, nullptr, 0));
+  auto r = expect_result(fd_.get());
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+}  // namespace pos

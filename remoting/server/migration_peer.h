@@ -1,0 +1,83 @@
+// migration_peer.h — the migration stream between two posd hosts (docs/migration.md, "Across
+// hosts"): a peer authenticated by a shared secret sends image directories; the receiving posd
+// writes them (every path, size and checksum checked) and restores the job on request.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "pos/base/status.h"
+#include "remoting/common/unique_fd.h"
+
+namespace pos {
+
+// "A.B.C.D:PORT" → an IPv4 socket address; `what` names the setting in errors.
+StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& text, const std::string& what);
+
+// A shared secret from a file: at least 16 bytes (a trailing newline is not part of it), a regular
+// file owned by this user or root that group and others can neither read nor write.
+StatusOr<std::string> read_migration_secret(const std::string& path);
+
+struct MigrationServerOptions {
+  std::string listen;       // HOST:PORT (port 0: any free one)
+  std::string secret;       // the shared secret's bytes
+  std::string dir;          // where incoming images go: DIR/<peer>-<random>, removed after
+  std::string posd_socket;  // this posd's socket: restores go into it
+  std::string cli;          // the pos-cli that restores (`restore -D ... --socket ... --json`)
+};
+
+// posd's side. One migration at a time, on its own thread; each connection must authenticate
+// within 10 s and never waits more than 2 minutes for the peer's next frame.
+class MigrationServer {
+ public:
+  static StatusOr<std::unique_ptr<MigrationServer>> start(const MigrationServerOptions& options);
+  ~MigrationServer();
+  MigrationServer(const MigrationServer&) = delete;
+  MigrationServer& operator=(const MigrationServer&) = delete;
+  const std::string& address() const { return address_; }
+
+ private:
+  MigrationServer() = default;
+  void serve();
+  void handle(int fd, const std::string& peer);
+
+  MigrationServerOptions opt_;
+  std::string address_;
+  UniqueFd listen_, stop_;
+  std::thread thread_;
+};
+
+// The sending side (pos-cli migrate --to HOST:PORT).
+class MigrationLink {
+ public:
+  // Connects and authenticates both ways (each side proves it holds the secret); fails naming why.
+  static StatusOr<std::unique_ptr<MigrationLink>> connect(const std::string& host_port, const std::string& secret);
+  // Whether the peer runs on this machine (its boot id is ours): a restore there needs the job's
+  // pid free here first.
+  bool same_host() const { return same_host_; }
+  // Sends `local_dir` (its directories, regular files and relative symbolic links) as `as`, a
+  // relative path under the migration's directory on the peer.
+  Status send_dir(const std::string& local_dir, const std::string& as);
+  // Waits until the peer has written everything sent so far (or says why it could not).
+  Status sync();
+  // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
+  // for its permit: no step runs); its pos-cli's output so far.
+  StatusOr<std::string> restore(const std::string& as, bool lazy);
+  // The held job runs on at the peer: it is let re-attach; fails if it did not (then the peer has
+  // ended it). Without a commit the peer ends the held job when the link closes.
+  Status commit();
+  uint64_t bytes_sent() const { return bytes_; }
+
+ private:
+  MigrationLink() = default;
+  UniqueFd fd_;
+  bool same_host_ = false;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace pos
