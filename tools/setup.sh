@@ -80,6 +80,8 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev
   # for install_criu.sh: verifying trixie's Release file, and an https mirror if the host uses one
   debian-archive-keyring ca-certificates
+  # the migration tests: a network namespace and a veth pair (ip, tc), entering namespaces (nsenter)
+  iproute2 util-linux
 )
 
 # dpkg-query instead of apt so a re-run on a ready machine costs milliseconds, not an apt-get update.
