@@ -650,9 +650,13 @@ int migrate(const MigrateArgs& a) {
   o.progress = [&](const char* ev, const pos::JobMigrateOptions::Round& r) {
     if (!tty || a.json) return;
     const std::string e = ev;
+    // A stop now would copy about what this round did (what the job wrote meanwhile), at its rate.
     if (e == "round")
-      std::fprintf(stderr, "\r\033[Kmigrate: round %u: %s sent (%s unchanged) in %.3f s, %.2f GB/s; next round...",
-                   r.n, gb(r.bytes).c_str(), gb(r.bytes_referenced).c_str(), r.seconds, r.rate / 1e9);
+      std::fprintf(stderr,
+                   "\r\033[Kmigrate: round %u: %s sent (%s unchanged) in %.3f s, %.2f GB/s; about %s dirty, a stop "
+                   "now would take about %.3f s + CRIU...",
+                   r.n, gb(r.bytes).c_str(), gb(r.bytes_referenced).c_str(), r.seconds, r.rate / 1e9, gb(r.bytes).c_str(),
+                   r.seconds);
     else if (e == "switch")
       std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (about %s left to copy)...", gb(r.bytes).c_str());
     else if (e == "restore")
