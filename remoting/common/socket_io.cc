@@ -1,7 +1,8 @@
-// socket_io.cc — send_all / recv_all of socket_io.h.
+// socket_io.cc — send_all / recv_all of socket_io.h, and the IPv4 endpoint parser.
 // MSG_NOSIGNAL: a peer that vanished mid-handshake must not kill the process with SIGPIPE.
 #include "remoting/common/socket_io.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <sys/socket.h>
@@ -9,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+
+#include "pos/base/text.h"
 
 namespace pos {
 
@@ -67,6 +70,26 @@ ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {
     else ::close(got);
   });
   return r;
+}
+
+StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& address, const std::string& what) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size() || address.size() > 64)
+    return Status::InvalidArgument(what + " must be HOST:PORT with an IPv4 address, e.g. 127.0.0.1:9464, not '" +
+                                   printable(address, 64) + "'");
+  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
+    return Status::InvalidArgument(what + ": '" + printable(host, 64) + "' is no IPv4 address");
+  unsigned long port = 0;
+  for (char c : port_text) {
+    if (c < '0' || c > '9' || port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  }
+  if (port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  return sa;
 }
 
 }  // namespace pos

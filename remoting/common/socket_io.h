@@ -2,17 +2,22 @@
 // transfers. Shared by the client library's handshake and posd's, so both treat a hang-up alike.
 #pragma once
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 
 #include "pos/base/status.h"
 #include "remoting/common/unique_fd.h"
 
 namespace pos {
+
+// "A.B.C.D:PORT" (port 0..65535) → an IPv4 socket address; `what` names the setting in errors.
+StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& text, const std::string& what);
 
 // kUnavailable once the peer is gone or the socket fails; never raises SIGPIPE.
 Status send_all(int fd, const void* p, size_t n);

@@ -19,6 +19,7 @@
 #include "pos/base/log.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/common/socket_io.h"
 
 namespace pos {
 namespace {
@@ -171,22 +172,10 @@ uint64_t own_rss_bytes() {
 }
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& address, std::function<std::string()> body) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size() || address.size() > 64)
-    return Status::InvalidArgument("posd.metrics must be HOST:PORT with an IPv4 address, e.g. 127.0.0.1:9464, not '" +
-                                   printable(address, 64) + "'");
-  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
-    return Status::InvalidArgument("posd.metrics: '" + printable(host, 64) + "' is no IPv4 address");
-  unsigned long port = 0;
-  for (char c : port_text) {
-    if (c < '0' || c > '9' || port > 65535) return Status::InvalidArgument("posd.metrics: the port must be 0 to 65535");
-    port = port * 10 + static_cast<unsigned long>(c - '0');
-  }
-  if (port > 65535) return Status::InvalidArgument("posd.metrics: the port must be 0 to 65535");
-  sa.sin_port = htons(static_cast<uint16_t>(port));
+  auto endpoint = parse_ipv4_endpoint(address, "posd.metrics");
+  if (!endpoint.ok()) return endpoint.status();
+  sockaddr_in sa = *endpoint;
+  const std::string host = address.substr(0, address.rfind(':'));
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->body_ = std::move(body);
   m->listen_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));

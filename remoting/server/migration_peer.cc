@@ -145,26 +145,6 @@ StatusOr<std::string> expect_result(int fd) {
 
 }  // namespace
 
-StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& address, const std::string& what) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size() || address.size() > 64)
-    return Status::InvalidArgument(what + " must be HOST:PORT with an IPv4 address, e.g. 127.0.0.1:9464, not '" +
-                                   printable(address, 64) + "'");
-  const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
-    return Status::InvalidArgument(what + ": '" + printable(host, 64) + "' is no IPv4 address");
-  unsigned long port = 0;
-  for (char c : port_text) {
-    if (c < '0' || c > '9' || port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
-    port = port * 10 + static_cast<unsigned long>(c - '0');
-  }
-  if (port > 65535) return Status::InvalidArgument(what + ": the port must be 0 to 65535");
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  return sa;
-}
-
 StatusOr<std::string> read_migration_secret(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return Status::InvalidArgument("cannot open the migration secret " + path + ": " + std::strerror(errno));

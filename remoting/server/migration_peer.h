@@ -16,9 +16,6 @@
 
 namespace pos {
 
-// "A.B.C.D:PORT" → an IPv4 socket address; `what` names the setting in errors.
-StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& text, const std::string& what);
-
 // A shared secret from a file: at least 16 bytes (a trailing newline is not part of it), a regular
 // file owned by this user or root that group and others can neither read nor write.
 StatusOr<std::string> read_migration_secret(const std::string& path);
