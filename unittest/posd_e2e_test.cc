@@ -468,6 +468,11 @@ TEST_F(PosdProcess, ADumpWithLazyOkOfAJobStillLoadingItsRestoreTakesWhatItHasNot
   for (const std::string& d : {first, second}) std::filesystem::remove_all(d);
   const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1] + " " + args[2] + " " + args[3]),
                                 "lazyok", out_file, [&] { return sessions_json(); }, [&] { return log_text(); });
+  // The reserve is made and written before step 0: the first image must hold it, or the restored
+  // job would write it again (and load it) instead of leaving it to the lazy loaders.
+  const auto stepped_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(out_file).find("step 0 ") == std::string::npos && std::chrono::steady_clock::now() < stepped_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   int code = -1;
   std::string err;
   (void)shell(cli + " dump -t " + std::to_string(child) + " -D " + first + " --socket " + socket_, &code, &err);
