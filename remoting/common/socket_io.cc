@@ -92,4 +92,21 @@ StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& address, const std:
   return sa;
 }
 
+StatusOr<UniqueFd> listen_tcp(const sockaddr_in& at, int backlog, const std::string& what, std::string* bound) {
+  sockaddr_in a = at;
+  char host[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::Unavailable(what + " socket: " + std::strerror(errno));
+  const int one = 1;
+  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd.get(), backlog) != 0)
+    return Status::Unavailable("cannot listen for " + what + " on " + host + ":" + std::to_string(ntohs(at.sin_port)) +
+                               ": " + std::strerror(errno));
+  socklen_t len = sizeof(a);
+  (void)::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  *bound = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
+  return fd;
+}
+
 }  // namespace pos

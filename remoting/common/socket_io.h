@@ -19,6 +19,10 @@ namespace pos {
 // "A.B.C.D:PORT" (port 0..65535) → an IPv4 socket address; `what` names the setting in errors.
 StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& text, const std::string& what);
 
+// A listening TCP socket (SO_REUSEADDR) on `at`; `bound` gets where it listens, "A.B.C.D:PORT"
+// (the port chosen if `at` asked for 0). `what` names it in errors ("cannot listen for WHAT on ...").
+StatusOr<UniqueFd> listen_tcp(const sockaddr_in& at, int backlog, const std::string& what, std::string* bound);
+
 // kUnavailable once the peer is gone or the socket fails; never raises SIGPIPE.
 Status send_all(int fd, const void* p, size_t n);
 // All n bytes, or kUnavailable ("the peer closed the connection" when it hung up first).

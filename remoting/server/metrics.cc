@@ -174,19 +174,11 @@ uint64_t own_rss_bytes() {
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& address, std::function<std::string()> body) {
   auto endpoint = parse_ipv4_endpoint(address, "posd.metrics");
   if (!endpoint.ok()) return endpoint.status();
-  sockaddr_in sa = *endpoint;
-  const std::string host = address.substr(0, address.rfind(':'));
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->body_ = std::move(body);
-  m->listen_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!m->listen_) return Status::Unavailable(std::string("metrics socket: ") + std::strerror(errno));
-  const int one = 1;
-  (void)::setsockopt(m->listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(m->listen_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(m->listen_.get(), 16) != 0)
-    return Status::Unavailable("cannot listen for metrics on " + printable(address, 64) + ": " + std::strerror(errno));
-  socklen_t len = sizeof(sa);
-  (void)::getsockname(m->listen_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  m->address_ = host + ":" + std::to_string(ntohs(sa.sin_port));
+  auto fd = listen_tcp(*endpoint, 16, "metrics", &m->address_);
+  if (!fd.ok()) return fd.status();
+  m->listen_ = std::move(*fd);
   m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
   if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
   m->thread_ = std::thread([p = m.get()] { p->serve(); });

@@ -177,18 +177,9 @@ StatusOr<std::unique_ptr<MigrationServer>> MigrationServer::start(const Migratio
     return Status::InvalidArgument("posd.migration.dir " + o.dir + ": " + std::strerror(errno));
   std::unique_ptr<MigrationServer> m(new MigrationServer());
   m->opt_ = o;
-  m->listen_ = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!m->listen_) return Status::Unavailable(std::string("migration socket: ") + std::strerror(errno));
-  const int one = 1;
-  (void)::setsockopt(m->listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a = *sa;
-  if (::bind(m->listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(m->listen_.get(), 4) != 0)
-    return Status::Unavailable("cannot listen for migrations on " + printable(o.listen, 64) + ": " + std::strerror(errno));
-  socklen_t len = sizeof(a);
-  (void)::getsockname(m->listen_.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  char host[INET_ADDRSTRLEN] = {0};
-  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
-  m->address_ = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
+  auto fd = listen_tcp(*sa, 4, "migrations", &m->address_);
+  if (!fd.ok()) return fd.status();
+  m->listen_ = std::move(*fd);
   m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
   if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
   m->thread_ = std::thread([p = m.get()] { p->serve(); });
