@@ -51,8 +51,13 @@ json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1"; }
 # of file $1, and its median gap before: a dump's pause as the job sees it is the longest gap
 # minus a usual one.
 step_gap() {
-  local f=$1 from=$2 max med
-  for i in $(seq 1 400); do [[ $(steps_so_far "$f") -gt $((from + 3)) ]] && break; sleep 0.05; done
+  # Waits for steps after line $3 (the count when the command returned): a gap ends only once the
+  # job runs again, which may be after the command returned (a restore) or just before it.
+  local f=$1 from=$2 after=${3:-$2} max med
+  local ok=no
+  for i in $(seq 1 400); do [[ $(steps_so_far "$f") -gt $((after + 3)) ]] && ok=yes && break; sleep 0.05; done
+  # A job that did not step on has no gap to report (it died, or never came back).
+  if [[ $ok == no ]]; then echo "the job made no steps after the command: $(tail -2 "$f")" >&2; echo "nan nan"; return; fi
   max=$(grep '^step .* start_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
         awk '{ if (NR > 1 && ($6 - p) * 1000 > m) m = ($6 - p) * 1000; p = $6 } END { printf "%.1f", m }')
   med=$(grep '^step .* start_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($6 - p) * 1000 } { p = $6 }' | sort -n |
@@ -91,7 +96,7 @@ start_job "$TMP/job.out" "${POSENV[@]}" || exit 1
 S0=$(steps_so_far "$TMP/job.out.err")
 LR=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-lr" --leave-running --mode async --json --socket "$sock")
 echo "$LR"
-read -r LR_MAX LR_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+read -r LR_MAX LR_MED <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
 echo "job's steps: longest around the dump $LR_MAX ms, median before $LR_MED ms"
 du -sh "$DIR/img-lr/gpu" "$DIR/img-lr/criu" 2>/dev/null
 settle "$DIR/img-lr"  # disk room for the next images
@@ -101,12 +106,12 @@ echo "== POS: pos-cli pre-dump, then dump --leave-running --prev (CRIU dirty-mem
 S0=$(steps_so_far "$TMP/job.out.err")
 PRE=$("$B/tools/pos-cli" pre-dump -t "$JOB" -D "$DIR/img-pre" --json --socket "$sock")
 echo "$PRE"
-read -r PRE_MAX PRE_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+read -r PRE_MAX PRE_MED <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
 sleep 2  # the job trains on: what the next dump saves is what these steps changed
 S0=$(steps_so_far "$TMP/job.out.err")
 INC=$("$B/tools/pos-cli" dump -t "$JOB" -D "$DIR/img-inc" --prev "$DIR/img-pre" --leave-running --mode async --json --socket "$sock")
 echo "$INC"
-read -r INC_MAX INC_MED <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+read -r INC_MAX INC_MED <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
 echo "job's steps: pre-dump longest $PRE_MAX ms; dump --prev longest $INC_MAX ms (median $INC_MED ms)"
 "$B/tools/pos-cli" inspect --summary --no-verify "$DIR/img-inc" | grep -E "stored|pages|process tree" -A1 | head -12
 settle "$DIR/img-pre" "$DIR/img-inc"

@@ -34,7 +34,12 @@ CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
 WORK=$(mktemp -d "$DIR/migrate-bench-XXXXXX")
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP" "$WORK"; }
+# POS_BENCH_LOGS=DIR keeps the jobs' step logs and the posd logs there (to check the table against them).
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [[ -n "${POS_BENCH_LOGS:-}" ]] && mkdir -p "$POS_BENCH_LOGS" && cp "$TMP"/*.err "$TMP"/*.log "$POS_BENCH_LOGS"/ 2>/dev/null
+  rm -rf "$TMP" "$WORK"
+}
 trap cleanup EXIT
 now() { date +%s.%N; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
@@ -44,8 +49,13 @@ lines() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
 json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
 # The job's longest step-to-step gap (ms) after step line $2 of file $1, and its median gap before.
 step_gap() {
-  local f=$1 from=$2 max med
-  for i in $(seq 1 600); do [[ $(steps_so_far "$f") -gt $((from + 5)) ]] && break; sleep 0.05; done
+  # Waits for steps after line $3 (the count when the command returned): a gap ends only once the
+  # job runs again, which may be after the command returned (a restore) or just before it.
+  local f=$1 from=$2 after=${3:-$2} max med
+  local ok=no
+  for i in $(seq 1 600); do [[ $(steps_so_far "$f") -gt $((after + 5)) ]] && ok=yes && break; sleep 0.05; done
+  # A job that did not step on has no gap to report (it died, or never came back).
+  if [[ $ok == no ]]; then echo "the job made no steps after the command: $(tail -2 "$f")" >&2; echo "nan nan"; return; fi
   max=$(grep '^step .* start_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
         awk '{ if (NR > 1 && ($6 - p) * 1000 > m) m = ($6 - p) * 1000; p = $6 } END { printf "%.1f", m }')
   med=$(grep '^step .* start_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($6 - p) * 1000 } { p = $6 }' | sort -n |
@@ -83,7 +93,7 @@ for i in 0 1; do
   MIG_TOTAL[$i]=$(sub "$(now)" "$T0")
   echo "$M"
   MIG_REPORT[$i]=$M
-  read -r MIG_GAP[$i] MIG_MED[$i] <<<"$(step_gap "$TMP/job.out.err" "$S0")"
+  read -r MIG_GAP[$i] MIG_MED[$i] <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
   echo "job's steps: longest around the move ${MIG_GAP[$i]} ms, median before ${MIG_MED[$i]} ms; pos-cli took ${MIG_TOTAL[$i]} s"
   T=$FROM FROM=$TO TO=$T
   sleep 3
@@ -103,7 +113,7 @@ gone "$JOB"; wait "$JOB" 2>/dev/null
 R=$("$B/tools/pos-cli" restore -D "$WORK/img-stop" --lazy --json --socket "$BS")
 SC_TOTAL=$(sub "$(now)" "$T0")
 echo "$D"; echo "$R"
-read -r SC_GAP SC_MED <<<"$(step_gap "$TMP/sc.out.err" "$S0")"
+read -r SC_GAP SC_MED <<<"$(step_gap "$TMP/sc.out.err" "$S0" "$(steps_so_far "$TMP/sc.out.err")")"
 echo "job's steps: longest around the stop ${SC_GAP} ms, median ${SC_MED} ms; dump + restore ${SC_TOTAL} s"
 kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; rm -rf "$WORK/img-stop"; sleep 1
 
@@ -119,7 +129,7 @@ if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/
     if "$CRIU" restore -D "$WORK/img-nv" -o restore.log --shell-job --restore-detached -v4 &&
        "$B/bench/nv_ckpt" "$NJ" --only restore; then
       NV_TOTAL=$(sub "$(now)" "$T0")
-      read -r NV_GAP NV_MED <<<"$(step_gap "$TMP/nv.out.err" "$S0")"
+      read -r NV_GAP NV_MED <<<"$(step_gap "$TMP/nv.out.err" "$S0" "$(steps_so_far "$TMP/nv.out.err")")"
     else
       grep -h "Error" "$WORK/img-nv/restore.log" | head -5
     fi

@@ -38,6 +38,9 @@ for i in $(seq 1 "$RUNS"); do
   N="$N $(one native$i env)"
   P="$P $(one pos$i "$B/tools/pos" run --census "$TMP/census$i.json" --)"
   [[ -n "$POLICY" ]] && C="${C:-} $(one policy$i "$B/tools/pos" run --checkpoint-every "$POLICY" -D "$TMP/points$i" --keep 1 --full-every 3 --)"
+  # What the policy did in that run: restore points taken and the job's pause in each (ms).
+  [[ -n "$POLICY" ]] && cat "$TMP/points$i/checkpoint.log" 2>/dev/null | sed -n 's/.*the job paused \([0-9.]*\) ms.*/\1/p' >>"$TMP/pauses"
+  [[ -n "$POLICY" ]] && TAKEN="${TAKEN:-} $(grep -c 'the job paused' "$TMP/points$i/checkpoint.log" 2>/dev/null || echo 0)"
   rm -rf "$TMP/points$i"
 done
 mn=$(echo "$N" | median) mp=$(echo "$P" | median)
@@ -60,4 +63,6 @@ if [[ -n "$POLICY" ]]; then
   echo "| step time, mean over runs (ms) | $(mean_of pos) | $(mean_of policy) | $(awk -v a="$(mean_of policy)" -v b="$(mean_of pos)" 'BEGIN { printf "%.4f", a / b }') |"
   echo "| each run's median (ms) |$P |$C | |"
   echo "| losses and checksum identical to native | | $samec | |"
+  echo "| restore points taken in each run | |${TAKEN:-} | |"
+  echo "| the job's pause per point, mean / max (ms) | | $(awk '{ s += $1; if ($1 > m) m = $1 } END { if (NR) printf "%.2f / %.2f", s / NR, m; else print "-" }' "$TMP/pauses" 2>/dev/null) | |"
 fi
