@@ -413,8 +413,9 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
     e.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     send_event(cli, e);
   }
-  POS_INFO("posd-session", "restored client %lu of pid %d (%s)%s; waiting for the job to re-attach",
-           (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "");
+  POS_INFO("posd-session", "restored client %lu of pid %d (%s)%s in %.3f s; waiting for the job to re-attach",
+           (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
   std::atomic<bool> stopping{false};
