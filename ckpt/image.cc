@@ -1,12 +1,10 @@
-// image.cc — image writers (directory: staged, O_DIRECT or mapped on tmpfs, fsync + rename; memory: pinned segments)
+// image.cc — image writers (directory: staged, O_DIRECT, fsync + rename; memory: pinned segments)
 // and the validating reader. Every byte read from an image is checked before it is trusted.
 #include "ckpt/image.h"
 
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -332,27 +330,19 @@ class DirWriter final : public ImageWriter {
       return Status(Code::kUnavailable, 0, "cannot create " + partial_.string() + ": " + ec.message());
     fault_point("dump-begin");
     const fs::path mem = partial_ / "memory.bin";
-    // Read-write: a mapped writer (below) maps the file.
-    int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
+    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
     int fd = opt_.direct_io ? ::open(mem.c_str(), flags | O_DIRECT, 0644) : -1;
     direct_ = fd >= 0;
     if (fd < 0) fd = ::open(mem.c_str(), flags, 0644);
     if (fd < 0) return errno_status("creating " + mem.string());
     fd_.reset(fd);
-    // In memory (tmpfs: /dev/shm, a migration's scratch) one writer is the bottleneck: a write()
-    // holds the file's lock while the kernel allocates and fills its pages, about 2 GB/s. Writers
-    // that each map their chunk's range fill pages side by side, bounded by memory bandwidth.
-    struct statfs sf {};
-    mapped_ = ::fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
-    const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
-    const unsigned writers = mapped_ ? std::clamp(hc / 2, 2u, 4u) : 1u;
-    for (uint32_t i = 0; i < std::max({2u, opt_.staging_buffers, 2 * writers}); ++i) {
+    for (uint32_t i = 0; i < std::max(2u, opt_.staging_buffers); ++i) {
       auto* b = static_cast<std::byte*>(opt_.alloc.alloc(kChunkSize));
       if (b == nullptr) return Status(Code::kOutOfMemory, 0, "cannot allocate checkpoint staging memory");
       all_.push_back(b);
       free_.push_back(b);
     }
-    for (unsigned i = 0; i < writers; ++i) writers_.emplace_back([this] { write_loop(); });
+    writer_ = std::thread([this] { write_loop(); });
     return Status::Ok();
   }
 
@@ -385,7 +375,7 @@ class DirWriter final : public ImageWriter {
   }
   Status finish_blobs() override {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return (jobs_.empty() && busy_ == 0) || !error_.ok(); });
+    cv_.wait(lk, [&] { return (jobs_.empty() && !busy_) || !error_.ok(); });
     if (!error_.ok()) return error_;
     lk.unlock();
     // The file ends where the last blob's aligned slot ends (memory_size in the inventory).
@@ -423,23 +413,10 @@ class DirWriter final : public ImageWriter {
         if (jobs_.empty()) return;
         j = jobs_.front();
         jobs_.pop_front();
-        ++busy_;
+        busy_ = true;
         at = refs_[j.blob].offset() + j.off;
-        // A mapping needs the file to reach it: sized to every blob begun so far (a hole costs
-        // nothing; finish_blobs sets the final size).
-        if (mapped_ && at + j.n > sized_ && ::ftruncate(fd_.get(), static_cast<off_t>(end_)) == 0) sized_ = end_;
       }
       const uint32_t crc = crc32c(j.buf, j.n);
-      Status s;
-      if (mapped_ && at + j.n <= sized_ && write_mapped(j.buf, j.n, at)) {
-        fault_point("dump-blob");
-        std::lock_guard<std::mutex> lk(mu_);
-        set_chunk_crc(&refs_[j.blob], j.off, crc);
-        free_.push_back(j.buf);
-        --busy_;
-        cv_.notify_all();
-        continue;
-      }
       // O_DIRECT wants whole sectors: the tail of a blob is padded with zeros up to the alignment
       // (the next blob starts there anyway).
       uint64_t len = j.n;
@@ -448,24 +425,15 @@ class DirWriter final : public ImageWriter {
         std::memset(j.buf + len, 0, padded - len);
         len = padded;
       }
-      s = write_all(fd_.get(), j.buf, len, at, "memory.bin");
+      Status s = write_all(fd_.get(), j.buf, len, at, "memory.bin");
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
       set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ grows under mu_ too
       if (!s.ok() && error_.ok()) error_ = s;
       free_.push_back(j.buf);
-      --busy_;
+      busy_ = false;
       cv_.notify_all();
     }
-  }
-  // Copies a chunk into the file through a mapping of its range (offsets are page-aligned: blobs
-  // start on kBlobAlign, chunks are kChunkSize apart). False: not mapped, pwrite it instead.
-  bool write_mapped(const std::byte* b, uint64_t n, uint64_t at) {
-    void* m = ::mmap(nullptr, n, PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_.get(), static_cast<off_t>(at));
-    if (m == MAP_FAILED) return false;
-    std::memcpy(m, b, n);
-    (void)::munmap(m, n);
-    return true;
   }
   void stop_writer() {
     {
@@ -473,19 +441,15 @@ class DirWriter final : public ImageWriter {
       stop_ = true;
     }
     cv_.notify_all();
-    for (auto& w : writers_)
-      if (w.joinable()) w.join();
-    writers_.clear();
+    if (writer_.joinable()) writer_.join();
   }
 
   fs::path dir_, partial_;
   DirWriterOptions opt_;
   Fd fd_;
   bool direct_ = false;
-  bool mapped_ = false;  // memory.bin is on tmpfs: several writers, each through a mapping
   bool committed_ = false;
   uint64_t end_ = 0;
-  uint64_t sized_ = 0;  // memory.bin's size so far (mapped writers), guarded by mu_
   std::vector<pb::BlobRef> refs_;  // grown by the caller and chunk crcs set by the writer, both under mu_
   std::vector<std::byte*> all_;
   std::mutex mu_;
@@ -493,10 +457,9 @@ class DirWriter final : public ImageWriter {
   std::vector<std::byte*> free_;  // guarded by mu_
   std::deque<std::byte*> lent_;   // guarded by mu_
   std::deque<Job> jobs_;          // guarded by mu_
-  int busy_ = 0;                  // writers at work, guarded by mu_
-  bool stop_ = false;             // guarded by mu_
+  bool busy_ = false, stop_ = false;  // guarded by mu_
   Status error_;                  // guarded by mu_
-  std::vector<std::thread> writers_;
+  std::thread writer_;
 };
 
 // ---------------- memory writer ----------------

@@ -1,8 +1,5 @@
 // image_test.cc — the image format on its own: checksums, inventory framing, writer/reader round
 // trips through a directory and host memory, and the reader's refusal of damaged records.
-#include <linux/magic.h>
-#include <sys/statfs.h>
-
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -122,55 +119,6 @@ TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentica
     ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok());
   }
   EXPECT_EQ(got, data);
-  fs::remove_all(dir);
-}
-
-// On tmpfs the writer fills memory.bin through mappings from several threads, out of order:
-// blobs of odd sizes, begun while earlier ones are still being written, all read back exactly.
-TEST(ImageRoundTripTest, AnImageWrittenIntoTmpfsBySeveralMappedWritersReadsBackByteForByte) {
-  struct statfs sf {};
-  ASSERT_EQ(::statfs("/dev/shm", &sf), 0) << "no /dev/shm";
-  ASSERT_EQ(sf.f_type, TMPFS_MAGIC) << "/dev/shm is not tmpfs here";
-  const fs::path dir = fs::path("/dev/shm") / ("pos-image-test-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const std::vector<uint64_t> sizes = {1, 3 * uint64_t{kChunkSize} + 7, 4096, kChunkSize, 12345, 2 * uint64_t{kChunkSize} - 1};
-  std::vector<std::vector<std::byte>> data;
-  std::mt19937 g(11);
-  for (uint64_t n : sizes) {
-    data.emplace_back(n);
-    for (auto& b : data.back()) b = static_cast<std::byte>(g());
-  }
-  DirWriterOptions o;
-  auto w = open_dir_writer(dir.string(), o);
-  ASSERT_TRUE(w.ok()) << w.status().to_string();
-  std::vector<size_t> blobs(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) write_blob(**w, data[i], &blobs[i]);
-  ASSERT_TRUE((*w)->finish_blobs().ok());
-  pb::ClientImage client;
-  client.mutable_client()->set_next_pc(10);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    auto* h = client.add_handles();
-    h->set_id((4ull << 56) | (i + 1));
-    h->set_type(4);
-    h->set_addr(0x100000 * (i + 1));
-    h->set_size(sizes[i]);
-    h->set_version(1);
-    *h->mutable_memory() = (*w)->ref(blobs[i]);
-  }
-  pb::Inventory inv;
-  inv.set_cut_pc(10);
-  ASSERT_TRUE((*w)->commit(inv, client).ok());
-  auto r = ImageReader::open_dir(dir.string());
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const pb::BlobRef& ref = (*r)->client().handles(static_cast<int>(i)).memory();
-    std::vector<std::byte> got(sizes[i]);
-    for (uint64_t off = 0; off < sizes[i]; off += ref.chunk_size()) {
-      const uint64_t n = std::min<uint64_t>(ref.chunk_size(), sizes[i] - off);
-      ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok()) << "blob " << i << " at " << off;
-    }
-    EXPECT_EQ(got, data[i]) << "blob " << i;
-  }
   fs::remove_all(dir);
 }
 
