@@ -3,6 +3,7 @@
 # live-migrated to posd B and back (pos-cli migrate: pre-copy rounds, then the stop), against a
 # stop-and-copy through pos-cli dump + restore into B, and NVIDIA's driver checkpoint + CRIU on the
 # same program run natively. Downtime is what the job sees: its longest step gap minus its median.
+# Both posd keep a spare session process (posd.spare_session): a restore does not wait for a context.
 #
 # Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
@@ -64,7 +65,7 @@ step_gap() {
 }
 start_posd() {  # $1: name
   local sock="$TMP/$1/posd.sock"
-  printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n' "$BACKEND" "$sock" >"$TMP/$1.yaml"
+  printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n  spare_session: true\n' "$BACKEND" "$sock" >"$TMP/$1.yaml"
   [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/$1.yaml"
   "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
   PIDS+=($!)

@@ -329,6 +329,7 @@ class Reader {
            c_->posd_isolation = *w == "process" ? Isolation::kProcess : Isolation::kShared;
            return Status::Ok();
          }},
+        {"spare_session", [this](const Entry& e) { return store(read_bool(e), &c_->posd_spare_session); }},
         {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
         {"migration", [this](const Entry& e) { return walk(e, migration_keys()); }},
         {"metrics",
@@ -544,6 +545,7 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::EndSeq;
   y << YAML::Key << "isolation" << YAML::Value << (c.posd_isolation == Isolation::kProcess ? "process" : "shared");
   y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
+  y << YAML::Key << "spare_session" << YAML::Value << c.posd_spare_session;
   y << YAML::Key << "metrics" << YAML::Value << YAML::DoubleQuoted << c.posd_metrics;
   y << YAML::EndMap;
   y << YAML::EndMap;

@@ -80,6 +80,10 @@ struct Config {
   // Host backend only: shared libraries of host kernels (the test double's stand-in for device code).
   std::vector<std::string> host_kernel_libraries;
   Isolation posd_isolation = Isolation::kProcess;
+  // posd.spare_session: with isolation: process, posd keeps one session process started ahead,
+  // its backend up (for CUDA: a context, ~0.3 s to make), and hands it the next job or restore, so
+  // that neither waits for it; then starts the next spare. Costs one idle context's device memory.
+  bool posd_spare_session = false;
   // The session process's program (posd-session). Empty: $POS_SESSION_BINARY, else found beside
   // libpos_posd or posd (docs/remoting.md, "Session processes").
   std::string posd_session_binary;

@@ -418,6 +418,18 @@ TEST(Config, EveryYamlBlockInTheDocsIsAConfigThatParses) {
   EXPECT_GT(blocks, 0) << "no ```yaml blocks in " << dir << "/*.md: the variable names the wrong folder";
 }
 
+TEST(Config, PosdSpareSessionIsOffUnlessSaidAndOnlyABoolean) {
+  auto d = parse_config("posd:\n  socket: /tmp/x.sock\n");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->posd_spare_session);
+  auto p = parse_config("posd:\n  spare_session: true\n");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->posd_spare_session);
+  auto bad = parse_config("posd:\n  spare_session: 2\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("spare_session"), std::string::npos) << bad.status().message();
+}
+
 }  // namespace
 }  // namespace pos
 
@@ -452,6 +464,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.host_kernel_libraries = {"/a b/k.so", "true"};
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
+  c.posd_spare_session = true;
   const std::string text = config_to_yaml(c);
   auto back = parse_config(text);
   ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
@@ -480,6 +493,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   EXPECT_EQ(b.host_kernel_libraries, c.host_kernel_libraries);
   EXPECT_EQ(b.posd_isolation, c.posd_isolation);
   EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
+  EXPECT_EQ(b.posd_spare_session, c.posd_spare_session);
   // The defaults round-trip too (the empty device list, auto shadow pool, process isolation).
   auto d = parse_config(config_to_yaml(Config{}));
   ASSERT_TRUE(d.ok()) << d.status().to_string();

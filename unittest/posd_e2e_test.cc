@@ -1071,6 +1071,55 @@ TEST_F(PosdProcess, PosdSaysWhereItListensOnceAndEveryLineHasTheLogFormat) {
   for (std::string line; std::getline(in, line);) EXPECT_TRUE(std::regex_match(line, format)) << line;
 }
 
+// The pids of the spare session processes a posd log says it started, in order.
+std::vector<int> spare_pids(const std::string& log) {
+  std::vector<int> pids;
+  const std::regex re("spare session process ([0-9]+) started");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it)
+    pids.push_back(std::stoi((*it)[1].str()));
+  return pids;
+}
+
+// posd.spare_session: the session process started ahead serves the next job (whose output is that
+// of a run without POS), the next spare comes up at once, a spare that died is replaced by a new
+// process without the job noticing, and posd's stop leaves no spare behind.
+TEST_F(PosdProcess, APosdWithASpareSessionGivesItToTheNextJobStartsAnotherAndLeavesNoneBehind) {
+  const std::string base = ::testing::TempDir() + "posd-e2e-spare-" + std::to_string(::getpid());
+  std::vector<int> spares;
+  const std::vector<std::string> args{"--steps", "5"};
+  const std::string want = expected(args);
+  {
+    OwnPosd own(base, "  spare_session: true\n");
+    spares = spare_pids(own.log_text());
+    ASSERT_EQ(spares.size(), 1u) << own.log_text();
+    const std::string env = "POS_SOCKET=" + own.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+                            " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+    int code = -1;
+    std::string err;
+    EXPECT_EQ(shell(env + train_cmd(args[0] + " " + args[1]), &code, &err), want);
+    EXPECT_EQ(code, 0) << err << own.log_text();
+    EXPECT_NE(own.log_text().find("in session process " + std::to_string(spares[0]) + " (the spare)"), std::string::npos)
+        << own.log_text();
+    spares = spare_pids(own.log_text());
+    ASSERT_EQ(spares.size(), 2u) << own.log_text();
+    // The second spare dies before anyone takes it: the next job still runs, in a process of its own.
+    ASSERT_EQ(kill(spares[1], SIGKILL), 0);
+    EXPECT_EQ(shell(env + train_cmd(args[0] + " " + args[1]), &code, &err), want);
+    EXPECT_EQ(code, 0) << err << own.log_text();
+    EXPECT_NE(own.log_text().find("the spare session process " + std::to_string(spares[1]) + " cannot take pid"),
+              std::string::npos) << own.log_text();
+    spares = spare_pids(own.log_text());
+    ASSERT_EQ(spares.size(), 3u) << own.log_text();
+    EXPECT_EQ(::kill(spares[2], 0), 0) << "the newest spare is not running";
+  }  // posd stops (SIGTERM)
+  for (int pid : spares) {
+    // Reaped by posd (not our children): gone, or at most a zombie of a posd that has exited.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    EXPECT_TRUE(text.empty() || text.find(") Z ") != std::string::npos) << "spare " << pid << " outlived posd: " << text;
+  }
+}
+
 TEST_F(PosdProcess, SigtermStopsPosdCleanly) {
   ASSERT_EQ(kill(pid_, SIGTERM), 0);
   int st = 0;
@@ -1433,7 +1482,8 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
   const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work";
   for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
   std::filesystem::create_directories(work);
-  OwnPosd a(base + "-a"), b(base + "-b");
+  // B keeps a spare session process (posd.spare_session): moves into B restore into it.
+  OwnPosd a(base + "-a"), b(base + "-b", "  spare_session: true\n");
   const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "migrated", out_file, jobs, a);
   std::vector<int> reaped;
   for (int i = 0; i < 3; ++i) {
@@ -1465,6 +1515,12 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
   const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
   EXPECT_EQ(read_file(out_file), want);
+  // Moves 1 and 3 went into B's spares (A has none).
+  const std::string bl = b.log_text();
+  size_t into_spare = 0;
+  for (size_t at = bl.find("(the spare)"); at != std::string::npos; at = bl.find("(the spare)", at + 1)) ++into_spare;
+  EXPECT_EQ(into_spare, 2u) << bl;
+  EXPECT_EQ(a.log_text().find("(the spare)"), std::string::npos);
   for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
 }
 

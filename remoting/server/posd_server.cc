@@ -294,6 +294,8 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   if (::listen(srv->listen_fd_, 64) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
   srv->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (srv->stop_fd_ < 0) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  // Before the acceptor: the first client may take it.
+  if (config.posd_spare_session && config.posd_isolation == Isolation::kProcess) srv->start_spare();
   POS_RETURN_IF_ERROR(start_thread(&srv->acceptor_, "posd's acceptor thread", [p = srv.get()] {
     name_this_thread("posd-accept");
     p->accept_main();
@@ -397,6 +399,16 @@ void PosdServer::stop() {
     }
   }
   all.clear();  // closes their sockets
+  SessionProcess spare;
+  {
+    std::lock_guard<std::mutex> lk(spare_mu_);
+    spare = std::move(spare_);
+    spare_.pid = -1;
+  }
+  if (spare.pid > 0) {
+    spare.channel.reset();  // a spare ends when its channel closes
+    (void)wait_or_kill(spare.pid, std::chrono::seconds(10));
+  }
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
@@ -732,7 +744,8 @@ void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t a
   start.uid = h.cred.uid;
   start.generation = s->generation;
   start.arena_bytes = arena_bytes;
-  auto p = spawn_session_process(session_binary_, h.fd.get(), start, s->job, config_yaml_, session_env_);
+  bool spare = false;
+  auto p = session_process_for(h.fd.get(), start, s->job, -1, &spare);
   if (!p.ok()) {
     POS_WARN("posd", "session for pid %d (%s) refused: %s", h.cred.pid, s->job.c_str(), p.status().message().c_str());
     refuse_connection(h.fd.get(), Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));
@@ -740,8 +753,8 @@ void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t a
   }
   s->child = p->pid;
   s->channel = std::move(p->channel);
-  POS_INFO("posd", "session %lu: pid %d uid %u job '%s' in session process %d", (unsigned long)(s->generation << 16),
-           h.cred.pid, h.cred.uid, s->job.c_str(), static_cast<int>(s->child));
+  POS_INFO("posd", "session %lu: pid %d uid %u job '%s' in session process %d%s", (unsigned long)(s->generation << 16),
+           h.cred.pid, h.cred.uid, s->job.c_str(), static_cast<int>(s->child), spare ? " (the spare)" : "");
   const std::string job_name = s->job;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -749,6 +762,45 @@ void PosdServer::start_process_session(Handshake& h, std::string job, uint64_t a
   }
   start_policy(static_cast<uint32_t>(h.cred.pid), job_name);
 }  // h.fd closes posd's copy of the connection
+
+StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const session_channel::Start& start,
+                                                         const std::string& job, int dir_fd, bool* spare_used) {
+  *spare_used = false;
+  if (config_.posd_spare_session) {
+    SessionProcess spare;
+    {
+      std::lock_guard<std::mutex> lk(spare_mu_);
+      spare = std::move(spare_);
+      spare_.pid = -1;
+    }
+    if (spare.pid > 0) {
+      Status handed = hand_to_spare(spare, client_fd, start, job, config_yaml_, dir_fd);
+      if (handed.ok()) {
+        start_spare();  // the next one comes up while this client starts
+        *spare_used = true;
+        return spare;
+      }
+      spare.channel.reset();
+      const int st = wait_or_kill(spare.pid, std::chrono::seconds(1));
+      POS_WARN("posd", "the spare session process %d cannot take pid %d (%s; it %s); starting one for it",
+               static_cast<int>(spare.pid), start.pid, handed.message().c_str(), describe_wait_status(st).c_str());
+    }
+    start_spare();
+  }
+  return spawn_session_process(session_binary_, client_fd, start, job, config_yaml_, session_env_, dir_fd);
+}
+
+void PosdServer::start_spare() {
+  auto p = spawn_spare_session(session_binary_, config_yaml_, session_env_);
+  if (!p.ok()) {
+    POS_WARN("posd", "cannot start a spare session process: %s", p.status().message().c_str());
+    return;
+  }
+  POS_INFO("posd", "spare session process %d started (its backend comes up before the next job or restore)",
+           static_cast<int>(p->pid));
+  std::lock_guard<std::mutex> lk(spare_mu_);
+  spare_ = std::move(*p);
+}
 
 void PosdServer::start_policy(uint32_t pid, const std::string& job) {
   const auto& p = config_.posd_policy;
@@ -1058,12 +1110,13 @@ void PosdServer::control_restore(Handshake& h) {
   start.generation = s->generation;
   start.arena_bytes = b.arena_bytes;
   start.flags = b.flags;
-  auto p = spawn_session_process(session_binary_, fd, start, s->job, config_yaml_, session_env_, h.passed.get());
+  bool spare = false;
+  auto p = session_process_for(fd, start, s->job, h.passed.get(), &spare);
   if (!p.ok()) return refuse(Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));
   s->child = p->pid;
   s->channel = std::move(p->channel);
-  POS_INFO("posd", "restore of pid %u ('%s', uid %u) for uid %u in session process %d", b.target_pid, s->job.c_str(),
-           b.uid, caller, static_cast<int>(s->child));
+  POS_INFO("posd", "restore of pid %u ('%s', uid %u) for uid %u in session process %d%s", b.target_pid, s->job.c_str(),
+           b.uid, caller, static_cast<int>(s->child), spare ? " (the spare)" : "");
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
 }

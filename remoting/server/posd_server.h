@@ -16,6 +16,7 @@
 #include "pos/config.h"
 #include "pos/base/status.h"
 #include "pos/workspace.h"
+#include "remoting/server/session_process.h"
 
 namespace pos {
 
@@ -107,6 +108,11 @@ class PosdServer {
   void on_hello(Handshake& h);
   void start_session(Handshake& h, std::string job, uint64_t arena_bytes);
   void start_process_session(Handshake& h, std::string job, uint64_t arena_bytes);
+  // A session process for a client: the spare (posd.spare_session) if there is one still alive,
+  // else a new one; then the next spare. `spare_used` says which.
+  StatusOr<SessionProcess> session_process_for(int client_fd, const session_channel::Start& start,
+                                               const std::string& job, int dir_fd, bool* spare_used);
+  void start_spare();
   void session_main(Session* s);
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
@@ -127,6 +133,8 @@ class PosdServer {
   std::string backend_name_;
   std::string session_binary_, config_yaml_;  // posd.isolation: process
   std::vector<std::string> session_env_;      // the environment at start, for every session process
+  std::mutex spare_mu_;
+  SessionProcess spare_;  // posd.spare_session: started ahead, no client yet (pid -1: none); under spare_mu_
   uint64_t next_generation_ = 0;              // acceptor-only: the next session process's uuid generation
   std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
   std::string socket_path_;

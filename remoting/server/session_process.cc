@@ -516,11 +516,45 @@ std::vector<std::string> environment_snapshot() {
   return env;
 }
 
+namespace {
+// The Start packet: the struct, then the job name and posd's config.
+StatusOr<std::string> start_packet(sc::Start start, const std::string& job, const std::string& config_yaml) {
+  if (job.size() > sc::kMaxJobBytes || config_yaml.size() > sc::kMaxConfigBytes)
+    return Status::InvalidArgument("job name or config too long for a session process");
+  start.magic = sc::kMagic, start.version = sc::kVersion;
+  start.job_len = static_cast<uint32_t>(job.size());
+  start.config_len = static_cast<uint32_t>(config_yaml.size());
+  std::string packet(reinterpret_cast<const char*>(&start), sizeof(start));
+  packet += job;
+  packet += config_yaml;
+  return packet;
+}
+}  // namespace
+
+StatusOr<SessionProcess> spawn_spare_session(const std::string& binary, const std::string& config_yaml,
+                                             const std::vector<std::string>& env) {
+  sc::Start start;
+  start.kind = static_cast<uint32_t>(sc::Kind::kSpare);
+  return spawn_session_process(binary, -1, start, "", config_yaml, env);
+}
+
+Status hand_to_spare(const SessionProcess& spare, int client_fd, sc::Start start, const std::string& job,
+                     const std::string& config_yaml, int dir_fd) {
+  if (client_fd < 0) return Status::InvalidArgument("a spare session process is handed a client");
+  auto packet = start_packet(start, job, config_yaml);
+  if (!packet.ok()) return packet.status();
+  // A spare sends nothing before its Start: readable means it hung up (it ended).
+  pollfd p{spare.channel.get(), POLLIN, 0};
+  if (::poll(&p, 1, 0) != 0) return Status::Unavailable("the spare session process has ended");
+  return dir_fd >= 0 ? send_with_fds(spare.channel.get(), packet->data(), packet->size(), {client_fd, dir_fd})
+                     : send_with_fds(spare.channel.get(), packet->data(), packet->size(), {client_fd});
+}
+
 StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int client_fd, sc::Start start,
                                                const std::string& job, const std::string& config_yaml,
                                                const std::vector<std::string>& env, int dir_fd) {
-  if (job.size() > sc::kMaxJobBytes || config_yaml.size() > sc::kMaxConfigBytes)
-    return Status::InvalidArgument("job name or config too long for a session process");
+  auto packet = start_packet(start, job, config_yaml);
+  if (!packet.ok()) return packet.status();
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return Status::Unavailable(std::string("socketpair: ") + std::strerror(errno));
@@ -534,13 +568,7 @@ StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int cl
     return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
   theirs.reset();
   // Sent before the process exists: the packet waits in the socket (a config is well under its buffer).
-  start.magic = sc::kMagic, start.version = sc::kVersion;
-  start.job_len = static_cast<uint32_t>(job.size());
-  start.config_len = static_cast<uint32_t>(config_yaml.size());
-  std::string packet(reinterpret_cast<const char*>(&start), sizeof(start));
-  packet += job;
-  packet += config_yaml;
-  POS_RETURN_IF_ERROR(send_packet(mine.get(), packet.data(), packet.size()));
+  POS_RETURN_IF_ERROR(send_packet(mine.get(), packet->data(), packet->size()));
 
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t at;
@@ -619,6 +647,49 @@ int wait_or_kill(pid_t pid, std::chrono::milliseconds timeout) {
   return st;
 }
 
+namespace {
+// A spare's second Start (kServe or kRestore) and its descriptors, put where a process started
+// for that client has them (kClientFd, kDirFd). False: posd closed the channel, or sent nothing
+// this build reads (then the process ends; posd starts a new one for that client).
+bool await_handover(int channel, std::vector<char>& buf, sc::Start* start, std::string* job) {
+  for (;;) {
+    pollfd p{channel, POLLIN, 0};
+    const int n = ::poll(&p, 1, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    UniqueFd fds[2];
+    const ssize_t r = recv_with_fds(channel, buf.data(), buf.size(), fds, 2);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) return false;
+    sc::Start s;
+    if (static_cast<size_t>(r) < sizeof(s)) return false;
+    std::memcpy(&s, buf.data(), sizeof(s));
+    const bool kind_ok = s.kind == static_cast<uint32_t>(sc::Kind::kServe) ||
+                         s.kind == static_cast<uint32_t>(sc::Kind::kRestore);
+    if (s.magic != sc::kMagic || s.version != sc::kVersion || !kind_ok || s.job_len > sc::kMaxJobBytes ||
+        s.config_len > sc::kMaxConfigBytes || static_cast<size_t>(r) != sizeof(s) + s.job_len + s.config_len || !fds[0] ||
+        (s.kind == static_cast<uint32_t>(sc::Kind::kRestore) && !fds[1])) {
+      log_line(LogLevel::kError, "posd-session", "the spare's start message is not one this build reads");
+      return false;
+    }
+    // Each to its place; one that arrived there already (the lowest free number) stays open.
+    auto place = [](UniqueFd& fd, int at) {
+      if (fd.get() == at) return (void)fd.release(), true;
+      return ::dup2(fd.get(), at) == at;
+    };
+    if (fds[1] && fds[1].get() == sc::kClientFd) {  // out of the client's way first
+      UniqueFd moved(::fcntl(fds[1].get(), F_DUPFD_CLOEXEC, sc::kDirFd + 1));
+      if (!moved) return false;
+      fds[1] = std::move(moved);
+    }
+    if (!place(fds[0], sc::kClientFd) || (fds[1] && !place(fds[1], sc::kDirFd))) return false;
+    *start = s;
+    job->assign(buf.data() + sizeof(s), s.job_len);
+    return true;
+  }
+}
+}  // namespace
+
 int session_process_main() {
   const int channel = sc::kChannelFd;
   (void)::fcntl(channel, F_SETFD, FD_CLOEXEC);
@@ -636,7 +707,7 @@ int session_process_main() {
     log_line(LogLevel::kError, "posd-session", "the start message is not one this build reads (another posd's?)");
     return 2;
   }
-  const std::string job(buf.data() + sizeof(start), start.job_len);
+  std::string job(buf.data() + sizeof(start), start.job_len);
   auto cfg = parse_config(std::string(buf.data() + sizeof(start) + start.job_len, start.config_len));
   if (!cfg.ok()) {
     report_status(channel, cfg.status().with_context("posd's config"), 0, "");
@@ -656,9 +727,17 @@ int session_process_main() {
     libs.push_back(h);
   }
   const bool probe = start.kind == static_cast<uint32_t>(sc::Kind::kProbe);
-  const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
   if (!probe) config.max_clients = 1;  // one client, in slot 0 of a window of its own
   StatusOr<std::unique_ptr<POSWorkspace>> ws = st.ok() ? create_workspace(config) : StatusOr<std::unique_ptr<POSWorkspace>>(st);
+  if (start.kind == static_cast<uint32_t>(sc::Kind::kSpare)) {
+    // Up ahead of its client: now the client (posd closing the channel instead: nothing to do).
+    if (!await_handover(channel, buf, &start, &job)) {
+      if (ws.ok()) ws->reset();
+      for (void* h : libs) ::dlclose(h);
+      return 0;
+    }
+  }
+  const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
   int rc = 0;
   if (probe) {
     report_status(channel, ws.ok() ? Status::Ok() : ws.status(), ws.ok() ? (*ws)->backend().device_count() : 0,

@@ -27,7 +27,10 @@ inline constexpr int kChannelFd = 3, kClientFd = 4, kDirFd = 5;
 inline constexpr uint32_t kMaxConfigBytes = 1u << 20;
 inline constexpr uint32_t kMaxJobBytes = 1024;
 
-enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3 };
+// kSpare: no client yet. The process brings its backend up, then waits for a second Start
+// (kServe or kRestore, the same layout) that brings its descriptors along (SCM_RIGHTS: the
+// client's connection, then a restore's image directory); posd.spare_session.
+enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3, kSpare = 4 };
 // kCheckpoint carries two descriptors (SCM_RIGHTS): pos-cli's connection and the image directory;
 // the session process answers pos-cli on that connection (wire::ControlEvent), not posd.
 // kDetach carries pos-cli's connection (answered by the session process); kReattach the job's new
@@ -92,6 +95,14 @@ StatusOr<SessionProcess> spawn_session_process(const std::string& binary, int cl
                                                session_channel::Start start, const std::string& job,
                                                const std::string& config_yaml, const std::vector<std::string>& env,
                                                int dir_fd = -1);
+
+// A session process started ahead of its client (Kind::kSpare): its backend comes up meanwhile.
+StatusOr<SessionProcess> spawn_spare_session(const std::string& binary, const std::string& config_yaml,
+                                             const std::vector<std::string>& env);
+// Gives a spare what spawn_session_process gives a new process: `start` (kServe or kRestore) with
+// the job and config, `client_fd` and `dir_fd` (-1: none). Fails if the spare has ended.
+Status hand_to_spare(const SessionProcess& spare, int client_fd, session_channel::Start start, const std::string& job,
+                     const std::string& config_yaml, int dir_fd = -1);
 
 // Sends a request and waits up to `timeout` for its Report. An ended process is kUnavailable.
 StatusOr<session_channel::Message> query_session(int channel, std::chrono::milliseconds timeout);
