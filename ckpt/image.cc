@@ -17,6 +17,8 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "ckpt/crc32c.h"
@@ -318,7 +320,7 @@ class DirWriter final : public ImageWriter {
  public:
   DirWriter(fs::path dir, fs::path partial, DirWriterOptions opt) : dir_(std::move(dir)), partial_(std::move(partial)), opt_(std::move(opt)) {}
   ~DirWriter() override {
-    stop_writer();
+    stop_writers();
     for (std::byte* b : all_) opt_.alloc.free(b);
     if (!committed_) abort();
   }
@@ -329,29 +331,41 @@ class DirWriter final : public ImageWriter {
     if (!fs::create_directory(partial_, ec))
       return Status(Code::kUnavailable, 0, "cannot create " + partial_.string() + ": " + ec.message());
     fault_point("dump-begin");
-    const fs::path mem = partial_ / "memory.bin";
-    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-    int fd = opt_.direct_io ? ::open(mem.c_str(), flags | O_DIRECT, 0644) : -1;
-    direct_ = fd >= 0;
-    if (fd < 0) fd = ::open(mem.c_str(), flags, 0644);
-    if (fd < 0) return errno_status("creating " + mem.string());
-    fd_.reset(fd);
-    for (uint32_t i = 0; i < std::max(2u, opt_.staging_buffers); ++i) {
+    unsigned files = opt_.memory_files;
+    if (files == 0) files = static_cast<unsigned>(std::clamp(default_crc_threads(), 2, 8));
+    nfiles_ = std::min<unsigned>(files, kMaxMemoryFiles);
+    POS_RETURN_IF_ERROR(open_file(0));  // memory.bin always; the others once a blob goes there
+    for (uint32_t i = 0; i < std::max({2u, opt_.staging_buffers, 2 * nfiles_}); ++i) {
       auto* b = static_cast<std::byte*>(opt_.alloc.alloc(kChunkSize));
       if (b == nullptr) return Status(Code::kOutOfMemory, 0, "cannot allocate checkpoint staging memory");
       all_.push_back(b);
       free_.push_back(b);
     }
-    writer_ = std::thread([this] { write_loop(); });
+    // A writer per file: each takes any chunk, but two never write one file at once (its inode
+    // lock would make the second wait anyway).
+    for (unsigned i = 0; i < nfiles_; ++i) writers_.emplace_back([this] { write_loop(); });
     return Status::Ok();
   }
 
   Status begin_blob(uint64_t length, size_t* blob) override {
-    // Under mu_: a caller may add blobs while the writer still writes earlier ones (save_to_dir).
+    // Under mu_: a caller may add blobs while the writers still write earlier ones (save_to_dir).
     std::lock_guard<std::mutex> lk(mu_);
+    // memory.bin first; past kSpreadAfter, the least filled file (so the writers share the bytes).
+    uint32_t f = 0;
+    if (ends_[0] >= kSpreadAfter)
+      for (uint32_t i = 1; i < nfiles_; ++i)
+        if ((i < files_.size() ? ends_[i] : 0) < ends_[f]) f = i;
+    if (f >= files_.size()) {
+      for (uint32_t i = static_cast<uint32_t>(files_.size()); i <= f; ++i) {
+        Status st = open_file(i);
+        if (!st.ok()) return st;
+      }
+    }
     *blob = refs_.size();
-    refs_.push_back(new_ref(end_, length));
-    end_ = align_up(end_ + length, kBlobAlign);
+    pb::BlobRef r = new_ref(ends_[f], length);
+    if (f > 0) r.set_file(f);
+    refs_.push_back(std::move(r));
+    ends_[f] = align_up(ends_[f] + length, kBlobAlign);
     return Status::Ok();
   }
   StatusOr<std::byte*> chunk(size_t, uint64_t, uint64_t) override {
@@ -375,24 +389,29 @@ class DirWriter final : public ImageWriter {
   }
   Status finish_blobs() override {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return (jobs_.empty() && !busy_) || !error_.ok(); });
+    cv_.wait(lk, [&] { return (jobs_.empty() && busy_.empty()) || !error_.ok(); });
     if (!error_.ok()) return error_;
     lk.unlock();
-    // The file ends where the last blob's aligned slot ends (memory_size in the inventory).
-    if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0) return errno_status("sizing memory.bin");
-    if (::fsync(fd_.get()) != 0) return errno_status("fsync memory.bin");
+    // Each file ends where its last blob's aligned slot ends (the inventory's sizes).
+    for (size_t i = 0; i < files_.size(); ++i) {
+      const std::string name = file_name(static_cast<uint32_t>(i));
+      if (::ftruncate(files_[i].fd.get(), static_cast<off_t>(ends_[i])) != 0) return errno_status("sizing " + name);
+      if (::fsync(files_[i].fd.get()) != 0) return errno_status("fsync " + name);
+    }
     return Status::Ok();
   }
   const pb::BlobRef& ref(size_t blob) const override { return refs_[blob]; }
   Status commit(pb::Inventory inv, const pb::ClientImage& client) override {
-    stop_writer();
-    POS_RETURN_IF_ERROR(write_records(partial_, std::move(inv), client, end_));
+    stop_writers();
+    inv.clear_memory_file_sizes();
+    for (size_t i = 1; i < files_.size(); ++i) inv.add_memory_file_sizes(ends_[i]);
+    POS_RETURN_IF_ERROR(write_records(partial_, std::move(inv), client, ends_[0]));
     POS_RETURN_IF_ERROR(publish(partial_, dir_, opt_.replace));
     committed_ = true;
     return Status::Ok();
   }
   void abort() override {
-    stop_writer();
+    stop_writers();
     std::error_code ec;
     fs::remove_all(partial_, ec);
   }
@@ -403,63 +422,97 @@ class DirWriter final : public ImageWriter {
     size_t blob;
     uint64_t off, n;
   };
+  struct File {
+    Fd fd;
+    bool direct = false;
+  };
+  static std::string file_name(uint32_t i) { return i == 0 ? "memory.bin" : "memory." + std::to_string(i) + ".bin"; }
+  // Under mu_ (or before the writers start).
+  Status open_file(uint32_t i) {
+    const fs::path mem = partial_ / file_name(i);
+    const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    int fd = opt_.direct_io ? ::open(mem.c_str(), flags | O_DIRECT, 0644) : -1;
+    const bool direct = fd >= 0;
+    if (fd < 0) fd = ::open(mem.c_str(), flags, 0644);
+    if (fd < 0) return errno_status("creating " + mem.string());
+    File f;
+    f.fd.reset(fd);
+    f.direct = direct;
+    files_.push_back(std::move(f));
+    ends_.push_back(0);
+    return Status::Ok();
+  }
   void write_loop() {
     for (;;) {
       Job j{};
       uint64_t at = 0;
+      uint32_t file = 0;
+      int fd = -1;
+      bool direct = false;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        j = jobs_.front();
-        jobs_.pop_front();
-        busy_ = true;
+        // The first job whose file no other writer is writing.
+        auto pick = jobs_.end();
+        cv_.wait(lk, [&] {
+          pick = std::find_if(jobs_.begin(), jobs_.end(),
+                              [&](const Job& x) { return busy_.count(refs_[x.blob].file()) == 0; });
+          return stop_ || pick != jobs_.end();
+        });
+        if (pick == jobs_.end()) return;  // stopping, nothing it may take
+        j = *pick;
+        jobs_.erase(pick);
+        file = refs_[j.blob].file();
+        busy_.insert(file);
         at = refs_[j.blob].offset() + j.off;
+        fd = files_[file].fd.get(), direct = files_[file].direct;
       }
       const uint32_t crc = crc32c(j.buf, j.n);
       // O_DIRECT wants whole sectors: the tail of a blob is padded with zeros up to the alignment
       // (the next blob starts there anyway).
       uint64_t len = j.n;
-      if (direct_ && len % kBlobAlign != 0) {
+      if (direct && len % kBlobAlign != 0) {
         const uint64_t padded = align_up(len, kBlobAlign);
         std::memset(j.buf + len, 0, padded - len);
         len = padded;
       }
-      Status s = write_all(fd_.get(), j.buf, len, at, "memory.bin");
+      Status s = write_all(fd, j.buf, len, at, file_name(file));
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
       set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ grows under mu_ too
       if (!s.ok() && error_.ok()) error_ = s;
       free_.push_back(j.buf);
-      busy_ = false;
+      busy_.erase(file);
       cv_.notify_all();
     }
   }
-  void stop_writer() {
+  void stop_writers() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    if (writer_.joinable()) writer_.join();
+    for (auto& w : writers_)
+      if (w.joinable()) w.join();
+    writers_.clear();
   }
 
   fs::path dir_, partial_;
   DirWriterOptions opt_;
-  Fd fd_;
-  bool direct_ = false;
+  uint32_t nfiles_ = 1;
   bool committed_ = false;
-  uint64_t end_ = 0;
-  std::vector<pb::BlobRef> refs_;  // grown by the caller and chunk crcs set by the writer, both under mu_
+  std::vector<File> files_;      // memory.bin, memory.1.bin, ... as opened; grown under mu_
+  std::vector<uint64_t> ends_;   // each file's end so far, guarded by mu_
+  std::vector<pb::BlobRef> refs_;  // grown by the caller and chunk crcs set by the writers, both under mu_
   std::vector<std::byte*> all_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::byte*> free_;  // guarded by mu_
   std::deque<std::byte*> lent_;   // guarded by mu_
   std::deque<Job> jobs_;          // guarded by mu_
-  bool busy_ = false, stop_ = false;  // guarded by mu_
+  std::set<uint32_t> busy_;       // files a writer is writing, guarded by mu_
+  bool stop_ = false;             // guarded by mu_
   Status error_;                  // guarded by mu_
-  std::thread writer_;
+  std::vector<std::thread> writers_;
 };
 
 // ---------------- memory writer ----------------
@@ -510,6 +563,7 @@ Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client
   POS_RETURN_IF_ERROR(check_text(client));
   inv.set_format_version(kFormatVersion);
   inv.set_memory_size(img_->memory_size());
+  inv.clear_memory_file_sizes();  // one segment space: "memory.bin" alone
   std::string cbytes;
   if (!client.SerializeToString(&cbytes)) return Status::Internal("cannot encode the client records");
   inv.set_client_size(cbytes.size());
@@ -591,10 +645,10 @@ StatusOr<pb::Inventory> decode_inventory(const std::string& b) {
   return inv;
 }
 
-Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_parent) {
+Status validate_client(const pb::ClientImage& c, const std::vector<uint64_t>& memory_sizes, bool has_parent) {
   if (!c.has_client()) return Status::Corrupt("client record missing");
   std::unordered_map<uint64_t, const pb::HandleRecord*> seen;
-  std::vector<std::pair<uint64_t, uint64_t>> blobs;
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t>> blobs;  // file, offset, length
   for (const pb::HandleRecord& h : c.handles()) {
     const std::string who = "handle " + std::to_string(h.id());
     if (h.id() == 0 || seen.count(h.id())) return Status::Corrupt(who + ": missing or duplicate id");
@@ -615,16 +669,22 @@ Status validate_client(const pb::ClientImage& c, uint64_t memory_size, bool has_
           return Status::Corrupt(who + ": bad chunk size");
         if (static_cast<uint64_t>(r.chunk_crc_size()) != (r.length() + r.chunk_size() - 1) / r.chunk_size())
           return Status::Corrupt(who + ": checksum count does not match the blob length");
+        if (r.file() >= memory_sizes.size())
+          return Status::Corrupt(who + ": blob in memory file " + std::to_string(r.file()) + ", which the image does not have");
+        const uint64_t memory_size = memory_sizes[r.file()];
         if (r.offset() % kBlobAlign != 0 || r.offset() > memory_size || r.length() > memory_size - r.offset())
-          return Status::Corrupt(who + ": blob outside memory.bin");
-        blobs.emplace_back(r.offset(), r.length());
+          return Status::Corrupt(who + ": blob outside " + (r.file() == 0 ? std::string("memory.bin")
+                                                                           : "memory." + std::to_string(r.file()) + ".bin"));
+        blobs.emplace_back(r.file(), r.offset(), r.length());
       }
     }
     seen[h.id()] = &h;
   }
   std::sort(blobs.begin(), blobs.end());
   for (size_t i = 1; i < blobs.size(); ++i)
-    if (blobs[i].first < blobs[i - 1].first + blobs[i - 1].second) return Status::Corrupt("blobs overlap in memory.bin");
+    if (std::get<0>(blobs[i]) == std::get<0>(blobs[i - 1]) &&
+        std::get<1>(blobs[i]) < std::get<1>(blobs[i - 1]) + std::get<2>(blobs[i - 1]))
+      return Status::Corrupt("blobs overlap in a memory file");
   if (static_cast<uint64_t>(c.pending_size()) > kMaxPendingCalls)
     return Status::Corrupt(std::to_string(c.pending_size()) + " pending calls, more than a client can have in flight (" +
                            std::to_string(kMaxPendingCalls) + ")");
@@ -719,6 +779,7 @@ Status MemoryImage::save_to_dir(const std::string& dir) const {
   if (!valid_) return Status::FailedPrecondition("the memory image holds no complete checkpoint");
   DirWriterOptions o;
   o.direct_io = false;
+  o.memory_files = 1;  // blobs keep their offsets, below
   auto w = open_dir_writer(dir, o);
   if (!w.ok()) return w.status();
   pb::ClientImage client = client_;
@@ -766,7 +827,7 @@ StatusOr<std::unique_ptr<ImageWriter>> open_memory_writer(MemoryImage* image, in
 
 // ---------------- reader ----------------
 ImageReader::~ImageReader() {
-  if (memory_fd_ >= 0) ::close(memory_fd_);
+  for (int fd : memory_fds_) ::close(fd);
 }
 
 StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir(const std::string& dir) { return open_dir_at(dir, 0); }
@@ -792,15 +853,24 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::strin
   if (crc32c(cbytes->data(), cbytes->size()) != r->inventory_.client_crc())
     return Status::Corrupt(dir + ": client.pb checksum mismatch");
   if (!r->client_.ParseFromString(*cbytes)) return Status::Corrupt(dir + ": client.pb does not decode");
-  const fs::path mem = d / "memory.bin";
-  struct stat st {};
-  auto mfd = open_regular(mem, &st);
-  if (!mfd.ok()) return mfd.status();
-  r->memory_fd_ = mfd->release();
-  r->memory_file_size_ = static_cast<uint64_t>(st.st_size);
-  if (r->memory_file_size_ < r->inventory_.memory_size())
-    return Status::Corrupt(dir + ": memory.bin is truncated (" + std::to_string(r->memory_file_size_) + " of " +
-                           std::to_string(r->inventory_.memory_size()) + " bytes)");
+  const auto& extra = r->inventory_.memory_file_sizes();
+  if (!extra.empty() && r->inventory_.format_version() < 3)
+    return Status::Corrupt(dir + ": a format version " + std::to_string(r->inventory_.format_version()) +
+                           " image has memory.bin alone");
+  if (static_cast<uint64_t>(extra.size()) >= kMaxMemoryFiles)
+    return Status::Corrupt(dir + ": " + std::to_string(extra.size() + 1) + " memory files, more than " +
+                           std::to_string(kMaxMemoryFiles));
+  for (int i = 0; i <= extra.size(); ++i) {
+    const std::string name = i == 0 ? "memory.bin" : "memory." + std::to_string(i) + ".bin";
+    const uint64_t want = i == 0 ? r->inventory_.memory_size() : extra[i - 1];
+    struct stat st {};
+    auto mfd = open_regular(d / name, &st);
+    if (!mfd.ok()) return mfd.status();
+    r->memory_fds_.push_back(mfd->release());
+    if (static_cast<uint64_t>(st.st_size) < want)
+      return Status::Corrupt(dir + ": " + name + " is truncated (" + std::to_string(st.st_size) + " of " +
+                             std::to_string(want) + " bytes)");
+  }
   POS_RETURN_IF_ERROR(r->validate(depth));
   return r;
 }
@@ -823,7 +893,9 @@ Status ImageReader::validate(int depth) {
   if (inventory_.format_version() < 2 && client_.pending_size() > 0)
     return Status::Corrupt(where + ": a format version " + std::to_string(inventory_.format_version()) +
                            " image cannot hold pending calls");
-  Status s = validate_client(client_, inventory_.memory_size(), inventory_.has_parent());
+  std::vector<uint64_t> sizes{inventory_.memory_size()};
+  for (uint64_t n : inventory_.memory_file_sizes()) sizes.push_back(n);
+  Status s = validate_client(client_, sizes, inventory_.has_parent());
   if (!s.ok()) return s.with_context(where);
   if (inventory_.has_parent()) {
     if (dir_.empty()) return Status::Unsupported("incremental memory images are not supported");
@@ -871,8 +943,9 @@ Status ImageReader::verify_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t 
       n != std::min<uint64_t>(ref.chunk_size(), ref.length() - off))
     return Status::InvalidArgument("chunk request outside the blob");
   if (crc32c(data, n) != ref.chunk_crc(static_cast<int>(idx)))
-    return Status::Corrupt((dir_.empty() ? std::string("memory image") : dir_) + ": checksum mismatch in memory.bin at offset " +
-                           std::to_string(ref.offset() + off));
+    return Status::Corrupt((dir_.empty() ? std::string("memory image") : dir_) + ": checksum mismatch in " +
+                           (ref.file() == 0 ? std::string("memory.bin") : "memory." + std::to_string(ref.file()) + ".bin") +
+                           " at offset " + std::to_string(ref.offset() + off));
   return Status::Ok();
 }
 
@@ -887,7 +960,9 @@ Status ImageReader::read_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n,
     std::memcpy(dst, p, n);
   } else {
     if (off > ref.length() || n > ref.length() - off) return Status::InvalidArgument("read past the blob");
-    POS_RETURN_IF_ERROR(read_all(memory_fd_, dst, n, ref.offset() + off, dir_ + "/memory.bin"));
+    if (ref.file() >= memory_fds_.size()) return Status::Corrupt(dir_ + ": blob in a memory file the image does not have");
+    POS_RETURN_IF_ERROR(read_all(memory_fds_[ref.file()], dst, n, ref.offset() + off,
+                                 dir_ + "/" + (ref.file() == 0 ? std::string("memory.bin") : "memory." + std::to_string(ref.file()) + ".bin")));
   }
   return verify_chunk(ref, off, n, dst);
 }

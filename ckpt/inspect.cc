@@ -172,7 +172,10 @@ std::string describe_image(const ImageReader& image, const DescribeOptions& opti
   if (inv.has_parent())
     out += fmt("  parent: %s (image %s, cut %" PRIu64 ")\n", printable(inv.parent().path()).c_str(),
                printable(inv.parent().image_id()).c_str(), inv.parent().cut_pc());
-  out += fmt("  device bytes stored here: %" PRIu64 " (memory.bin %" PRIu64 " bytes)\n", inv.blob_bytes(), inv.memory_size());
+  std::string files = fmt("memory.bin %" PRIu64 " bytes", inv.memory_size());
+  for (int i = 0; i < inv.memory_file_sizes_size(); ++i)
+    files += fmt(", memory.%d.bin %" PRIu64 " bytes", i + 1, inv.memory_file_sizes(i));
+  out += fmt("  device bytes stored here: %" PRIu64 " (%s)\n", inv.blob_bytes(), files.c_str());
   const auto& cr = c.client();
   out += fmt("client %" PRIu64 " (%s) on device %d: range 0x%" PRIx64 " + 0x%" PRIx64 ", next call %" PRIu64 "\n",
              cr.uuid(), printable(cr.job_name()).c_str(), cr.device(), cr.va_base(), cr.va_size(), cr.next_pc());

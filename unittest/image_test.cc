@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -119,6 +120,96 @@ TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentica
     ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok());
   }
   EXPECT_EQ(got, data);
+  fs::remove_all(dir);
+}
+
+// A large image spreads its blobs over memory files that the writer's threads fill side by side
+// (format 3): past kSpreadAfter in memory.bin, blobs go to the least filled file; every byte reads
+// back; a damaged byte is found and named in its own file; a truncated or missing extra file and a
+// blob naming a file the image lacks are refused.
+TEST(ImageRoundTripTest, ALargeImageSpreadOverSeveralMemoryFilesReadsBackAndDamageInAnyFileIsFound) {
+  const fs::path dir = fs::temp_directory_path() / ("pos-image-files-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::vector<uint64_t> sizes = {kSpreadAfter, 3 * uint64_t{kChunkSize} + 5, 2 * uint64_t{kChunkSize}, 4097,
+                                 kChunkSize + 1, 12345};
+  std::vector<std::vector<std::byte>> data;
+  std::mt19937 g(5);
+  for (uint64_t n : sizes) {
+    data.emplace_back(n);
+    for (auto& b : data.back()) b = static_cast<std::byte>(g());
+  }
+  DirWriterOptions o;
+  o.memory_files = 3;
+  auto w = open_dir_writer(dir.string(), o);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::vector<size_t> blobs(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) write_blob(**w, data[i], &blobs[i]);
+  ASSERT_TRUE((*w)->finish_blobs().ok());
+  std::set<uint32_t> files;
+  pb::ClientImage client;
+  client.mutable_client()->set_next_pc(10);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    files.insert((*w)->ref(blobs[i]).file());
+    auto* h = client.add_handles();
+    h->set_id((4ull << 56) | (i + 1));
+    h->set_type(4);
+    h->set_addr(0x10000000 * (i + 1));
+    h->set_size(sizes[i]);
+    h->set_version(1);
+    *h->mutable_memory() = (*w)->ref(blobs[i]);
+  }
+  EXPECT_EQ(files, (std::set<uint32_t>{0, 1, 2}));
+  EXPECT_EQ((*w)->ref(blobs[0]).file(), 0u);  // memory.bin first
+  pb::Inventory inv;
+  inv.set_cut_pc(10);
+  ASSERT_TRUE((*w)->commit(inv, client).ok());
+  ASSERT_TRUE(fs::exists(dir / "memory.1.bin"));
+  ASSERT_TRUE(fs::exists(dir / "memory.2.bin"));
+  EXPECT_FALSE(fs::exists(dir / "memory.3.bin"));
+  auto read_all_blobs = [&](const fs::path& d) -> Status {
+    auto r = ImageReader::open_dir(d.string());
+    if (!r.ok()) return r.status();
+    EXPECT_EQ((*r)->inventory().format_version(), kFormatVersion);
+    EXPECT_EQ((*r)->inventory().memory_file_sizes_size(), 2);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const pb::BlobRef& ref = (*r)->client().handles(static_cast<int>(i)).memory();
+      std::vector<std::byte> got(sizes[i]);
+      for (uint64_t off = 0; off < sizes[i]; off += ref.chunk_size()) {
+        const uint64_t n = std::min<uint64_t>(ref.chunk_size(), sizes[i] - off);
+        Status st = (*r)->read_chunk(ref, off, n, got.data() + off);
+        if (!st.ok()) return st;
+      }
+      EXPECT_EQ(got, data[i]) << "blob " << i;
+    }
+    return Status::Ok();
+  };
+  ASSERT_TRUE(read_all_blobs(dir).ok());
+  // One byte changed in memory.2.bin: found, and the file named.
+  size_t in2 = 0;
+  while ((*w)->ref(blobs[in2]).file() != 2) ++in2;
+  {
+    std::fstream f(dir / "memory.2.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>((*w)->ref(blobs[in2]).offset() + 3));
+    f.put('\x5a' ^ static_cast<char>(data[in2][3]));
+  }
+  Status bad = read_all_blobs(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("checksum mismatch in memory.2.bin"), std::string::npos) << bad.message();
+  // memory.1.bin shorter than the inventory says, then gone: the image does not open.
+  fs::resize_file(dir / "memory.1.bin", 4096);
+  auto r = ImageReader::open_dir(dir.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("memory.1.bin is truncated"), std::string::npos) << r.status().message();
+  fs::remove(dir / "memory.1.bin");
+  EXPECT_FALSE(ImageReader::open_dir(dir.string()).ok());
+  // A blob in a file the image does not have.
+  pb::ClientImage other = client;
+  other.mutable_handles(1)->mutable_memory()->set_file(7);
+  const std::vector<uint64_t> three{kSpreadAfter, 64ull << 20, 64ull << 20};
+  Status v = validate_client(other, three, false);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("memory file 7"), std::string::npos) << v.message();
+  EXPECT_TRUE(validate_client(client, three, false).ok());
   fs::remove_all(dir);
 }
 
