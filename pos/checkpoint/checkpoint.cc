@@ -234,65 +234,89 @@ Status CheckpointJob::drain_all() {
   if (req_.hold_drain != nullptr)
     while (req_.hold_drain->load(std::memory_order_acquire)) std::this_thread::yield();
   for (auto& r : regions_) POS_RETURN_IF_ERROR(writer_->begin_blob(r->size, &r->blob));
-  // Regions the worker waits for come first; the rest in order.
-  size_t next = 0;
+  // Regions the worker waits for come first; the rest in order. A writer that spreads blobs over
+  // several files (ckpt format 3) writes them side by side only if chunks of several files are
+  // queued at once: so one region per file is drained at a time, a round of each in turn.
+  struct Active {
+    DrainRegion* r;
+    uint64_t base;
+    uint32_t file;
+  };
+  std::vector<Active> active;
   std::vector<bool> taken(regions_.size(), false);
-  for (size_t left = regions_.size(); left > 0; --left) {
-    size_t pick = regions_.size();
-    for (size_t i = 0; i < regions_.size(); ++i)
+  size_t next = 0, left = regions_.size();
+  auto busy = [&](uint32_t f) {
+    return std::any_of(active.begin(), active.end(), [&](const Active& a) { return a.file == f; });
+  };
+  for (;;) {
+    for (size_t i = 0; i < regions_.size(); ++i)  // urgent ones at once, whatever their file
       if (!taken[i] && regions_[i]->urgent.load(std::memory_order_acquire)) {
-        pick = i;
-        break;
+        taken[i] = true, --left;
+        active.insert(active.begin(), Active{regions_[i].get(), 0, writer_->ref(regions_[i]->blob).file()});
       }
-    if (pick == regions_.size()) {
-      while (taken[next]) ++next;
-      pick = next;
+    for (size_t i = next; i < regions_.size() && left > 0; ++i) {  // then one per idle file
+      if (taken[i]) continue;
+      const uint32_t f = writer_->ref(regions_[i]->blob).file();
+      if (busy(f) && !active.empty()) continue;
+      taken[i] = true, --left;
+      active.push_back(Active{regions_[i].get(), 0, f});
     }
-    taken[pick] = true;
-    POS_RETURN_IF_ERROR(drain_region(*regions_[pick]));
+    while (next < regions_.size() && taken[next]) ++next;
+    if (active.empty()) break;
+    for (size_t k = 0; k < active.size();) {
+      Active& a = active[k];
+      POS_RETURN_IF_ERROR(drain_round(*a.r, a.base, &a.base));
+      if (a.base >= a.r->size) {
+        finish_region(*a.r);
+        active.erase(active.begin() + static_cast<std::ptrdiff_t>(k));
+        break;  // a file came free: fill it (and look for urgent regions) before the next turn
+      }
+      ++k;
+    }
   }
   return Status::Ok();
 }
 
-Status CheckpointJob::drain_region(DrainRegion& r) {
+Status CheckpointJob::drain_round(DrainRegion& r, uint64_t base, uint64_t* next) {
   // A few chunks per round (the writer says how many it can lend at once), copied as one batch so
   // that the copier can keep them all in flight; the region's lock is held for the round, so the
   // worker's copy-on-write sees `drained` move only past bytes that are in the image.
   const uint64_t round = static_cast<uint64_t>(std::max(1u, writer_->chunks_at_once())) * ckpt::kChunkSize;
   std::vector<HostSpan> parts;
-  for (uint64_t base = 0; base < r.size || (r.size == 0 && base == 0); base += round) {
-    const uint64_t end = std::min(r.size, base + round);
-    parts.clear();
-    for (uint64_t off = base; off < end || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
-      const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
-      auto buf = writer_->chunk(r.blob, off, n);
-      if (!buf.ok()) return buf.status();
-      parts.push_back(HostSpan{*buf, 0, n});
-      if (r.size == 0) break;
-    }
-    {
-      std::lock_guard<std::mutex> lk(r.mu);
-      if (r.is_var) {
-        for (size_t i = 0; i < parts.size(); ++i) std::memcpy(parts[i].host, r.host_copy.data() + base + i * ckpt::kChunkSize, parts[i].n);
-      } else if (r.src_img != nullptr) {
-        POS_RETURN_IF_ERROR(copy_from_image(r, base, parts));
-      } else if (end > base) {
-        for (size_t i = 0; i < parts.size(); ++i) {
-          const uint64_t off = base + i * ckpt::kChunkSize;
-          parts[i].dev = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;
-        }
-        POS_RETURN_IF_ERROR(drain_copier_->to_host_batch(parts, 0));
-      }
-      r.drained = end;
-    }
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const uint64_t off = base + i * ckpt::kChunkSize;
-      POS_RETURN_IF_ERROR(writer_->chunk_filled(r.blob, off, parts[i].n));
-      result_.bytes_stored += parts[i].n;
-      if (req_.progress) req_.progress(result_.bytes_stored, total_bytes_);
-    }
+  const uint64_t end = std::min(r.size, base + round);
+  for (uint64_t off = base; off < end || (r.size == 0 && off == 0); off += ckpt::kChunkSize) {
+    const uint64_t n = std::min<uint64_t>(ckpt::kChunkSize, r.size - off);
+    auto buf = writer_->chunk(r.blob, off, n);
+    if (!buf.ok()) return buf.status();
+    parts.push_back(HostSpan{*buf, 0, n});
     if (r.size == 0) break;
   }
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.is_var) {
+      for (size_t i = 0; i < parts.size(); ++i) std::memcpy(parts[i].host, r.host_copy.data() + base + i * ckpt::kChunkSize, parts[i].n);
+    } else if (r.src_img != nullptr) {
+      POS_RETURN_IF_ERROR(copy_from_image(r, base, parts));
+    } else if (end > base) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const uint64_t off = base + i * ckpt::kChunkSize;
+        parts[i].dev = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;
+      }
+      POS_RETURN_IF_ERROR(drain_copier_->to_host_batch(parts, 0));
+    }
+    r.drained = end;
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const uint64_t off = base + i * ckpt::kChunkSize;
+    POS_RETURN_IF_ERROR(writer_->chunk_filled(r.blob, off, parts[i].n));
+    result_.bytes_stored += parts[i].n;
+    if (req_.progress) req_.progress(result_.bytes_stored, total_bytes_);
+  }
+  *next = r.size == 0 ? 1 : end;  // an empty region is one (empty) round
+  return Status::Ok();
+}
+
+void CheckpointJob::finish_region(DrainRegion& r) {
   std::lock_guard<std::mutex> lk(r.mu);
   r.done = true;
   if (r.shadow != 0) {
@@ -302,7 +326,6 @@ Status CheckpointJob::drain_region(DrainRegion& r) {
     r.shadow = 0;
   }
   pool_cv_.notify_all();
-  return Status::Ok();
 }
 
 // The bytes of a buffer not loaded at the cut, from the image it was loading from: verified

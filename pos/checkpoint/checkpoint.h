@@ -183,7 +183,9 @@ class CheckpointJob {
  private:
   void drain_main();
   Status drain_all();
-  Status drain_region(DrainRegion& r);
+  // One round (a few chunks) of r from byte `base`; *next: where the next round starts (r.size: done).
+  Status drain_round(DrainRegion& r, uint64_t base, uint64_t* next);
+  void finish_region(DrainRegion& r);
   Status copy_from_image(const DrainRegion& r, uint64_t base, std::span<const HostSpan> parts);
   void finish(Status s);
   void protect_region(DrainRegion& r);
