@@ -1672,8 +1672,15 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   auto listen = [&](const std::string& ip, const std::string& dir) {
     return "  migration:\n    listen: " + ip + ":0\n    secret_file: " + secret + "\n    dir: " + dir + "\n    cli: " + cli_here + "\n";
   };
+  // One-shot test hooks of the target (docs/migration.md, "Fault points"): the link drops as the
+  // commit arrives, or just after the target committed (its answer lost). Armed by making the file.
+  const std::string drop_commit = base + ".drop-commit", drop_answer = base + ".drop-answer";
+  ::setenv("POS_MIGRATION_DROP_COMMIT_FILE", drop_commit.c_str(), 1);
+  ::setenv("POS_MIGRATION_DROP_ANSWER_FILE", drop_answer.c_str(), 1);
   OwnPosd a(base + "-a", listen(net.ip_here, base + ".in-a"));
   OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b"), net.in());
+  ::unsetenv("POS_MIGRATION_DROP_COMMIT_FILE");
+  ::unsetenv("POS_MIGRATION_DROP_ANSWER_FILE");
   const std::string port_a = migration_port(a), port_b = migration_port(b);
   ASSERT_FALSE(port_a.empty()) << a.log_text();
   ASSERT_FALSE(port_b.empty()) << b.log_text();
@@ -1751,9 +1758,61 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_NE(a.log_text().find("ended before it was committed"), std::string::npos) << a.log_text();
     EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's uncommitted one both end";
   }
+  auto wait_served = [&](const OwnPosd& by, const OwnPosd& not_by, std::vector<int>* reaped_so_far) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (!(serves(by, child) && !serves(not_by, child) && pos::process_running(static_cast<uint32_t>(child))) &&
+           std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(child, &st, WNOHANG) == child) reaped_so_far->push_back(st);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return serves(by, child) && !serves(not_by, child);
+  };
+  // pos-cli killed just after it sent the commit (B -> A): only A knows the outcome; pos-cli's
+  // guardian asks it (a new connection), hears "committed", and leaves the job to A.
+  {
+    const size_t before = reaped.size();
+    (void)migrate(b, to_a, secret, "POS_FAULT_POINT=migrate-commit-sent ", &code, &err, &reaped);
+    EXPECT_EQ(code, 137) << err;
+    EXPECT_TRUE(wait_served(a, b, &reaped)) << a.log_text() << b.log_text();
+    const auto logged_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (a.log_text().find(": committed") == std::string::npos && std::chrono::steady_clock::now() < logged_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_NE(a.log_text().find("ended: committed"), std::string::npos) << a.log_text();
+    EXPECT_EQ(reaped.size(), before + 1) << "only the source's copy ends";
+    const auto emptied_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::is_empty(work) && std::chrono::steady_clock::now() < emptied_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(std::filesystem::is_empty(work)) << "the guardian leaves no scratch once the target has the job";
+  }
+  // The target commits but its answer is lost (A -> B): pos-cli asks B, which says committed.
+  {
+    std::ofstream(drop_answer) << "1";
+    const size_t before = reaped.size();
+    const std::string report = migrate(a, to_b, secret, "", &code, &err, &reaped);
+    EXPECT_EQ(code, 0) << err << report << b.log_text();
+    EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    EXPECT_NE(report.find("\"commit_answer_lost\":true"), std::string::npos) << report;
+    EXPECT_FALSE(std::filesystem::exists(drop_answer)) << "the hook did not fire";
+    EXPECT_TRUE(wait_served(b, a, &reaped)) << b.log_text();
+    EXPECT_EQ(reaped.size(), before + 1);
+  }
+  // The link drops as the commit reaches the target (B -> A): A ends its held copy; pos-cli asks
+  // A, hears "ended", and restores the job on B (exit 3): one copy, under B.
+  {
+    std::ofstream(drop_commit) << "1";
+    const size_t before = reaped.size();
+    const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped);
+    EXPECT_EQ(code, 3) << err << report << a.log_text();
+    EXPECT_NE(report.find("\"where\":\"source\""), std::string::npos) << report;
+    EXPECT_FALSE(std::filesystem::exists(drop_commit)) << "the hook did not fire";
+    EXPECT_TRUE(wait_served(b, a, &reaped)) << a.log_text() << b.log_text();
+    EXPECT_NE(a.log_text().find("ended: ended"), std::string::npos) << a.log_text();
+    EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's held one both end";
+  }
   const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
   EXPECT_EQ(read_file(out_file), want);
-  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b"})
+  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b", drop_commit, drop_answer})
     std::filesystem::remove_all(p);
 }

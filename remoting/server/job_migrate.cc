@@ -63,11 +63,17 @@ std::string default_work_base() {
 // Ctrl-C meant for pos-cli does not end it too.
 class MigrateGuardian {
  public:
-  MigrateGuardian(pid_t job, const std::string& program, const std::string& work, const std::string& source) {
+  // `resolve`: with a remote target, the pos-cli command that asks it how the migration ended and
+  // restores the job on the source only if it does not run there (state 'c': commit in flight).
+  MigrateGuardian(pid_t job, const std::string& program, const std::string& work, const std::string& source,
+                  const std::vector<std::string>& resolve = {}) {
     if (program.empty()) return;
     args_ = {program, "restore", "-D", work + "/final", "--socket", source};
     for (auto& a : args_) argv_.push_back(a.data());
     argv_.push_back(nullptr);
+    resolve_args_ = resolve;
+    for (auto& a : resolve_args_) resolve_argv_.push_back(a.data());
+    resolve_argv_.push_back(nullptr);
     rm_args_ = {"/bin/rm", "-rf", "--", work};
     for (auto& a : rm_args_) rm_argv_.push_back(a.data());
     rm_argv_.push_back(nullptr);
@@ -101,6 +107,14 @@ class MigrateGuardian {
         }
       }
       if (state == 'X') ::_exit(0);  // done
+      if (state == 'c' && resolve_argv_.size() > 1) {
+        // The commit was sent (or was being sent) to the target: only it knows whether the job
+        // runs there. The resolver asks it, and restores on the source only if it does not.
+        static const char kMsg[] = "pos-cli migrate: ended early (its process was killed) after the commit was sent; asking the target how it ended\n";
+        (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+        ::execv(resolve_argv_[0], resolve_argv_.data());
+        ::_exit(127);
+      }
       if (state == 0) {  // killed during the rounds: the job never stopped; the scratch goes
         ::execv(rm_argv_[0], rm_argv_.data());
         ::_exit(127);
@@ -178,8 +192,8 @@ class MigrateGuardian {
   }
 
  private:
-  std::vector<std::string> args_, rm_args_;
-  std::vector<char*> argv_, rm_argv_;
+  std::vector<std::string> args_, rm_args_, resolve_args_;
+  std::vector<char*> argv_, rm_argv_, resolve_argv_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };
@@ -198,12 +212,14 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   // Another host's posd: its secret, a connection that proves both sides hold it, before the job
   // is touched.
   std::unique_ptr<MigrationLink> link;
+  std::string secret;
   if (remote) {
     if (o.secret_file.empty())
       return Status::InvalidArgument("--to " + o.to + " is another posd's migration address: --secret-file names the secret it shares");
-    auto secret = read_migration_secret(o.secret_file);
-    if (!secret.ok()) return secret.status();
-    auto l = MigrationLink::connect(o.to, *secret);
+    auto sec = read_migration_secret(o.secret_file);
+    if (!sec.ok()) return sec.status();
+    secret = *sec;
+    auto l = MigrationLink::connect(o.to, secret);
     if (!l.ok()) return l.status();
     link = std::move(*l);
   }
@@ -237,7 +253,11 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   };
 
   // From here a guardian watches this process (its scratch, then the job's way back).
-  MigrateGuardian guardian(pid, o.self_program, rep.work_dir, o.socket);
+  std::vector<std::string> resolve;
+  if (link)
+    resolve = {o.self_program, "migrate", "-t", std::to_string(o.pid), "--to", o.to, "--secret-file", o.secret_file,
+               "--socket", o.socket, "--resolve", link->id(), "--resolve-dir", rep.work_dir};
+  MigrateGuardian guardian(pid, o.self_program, rep.work_dir, o.socket, resolve);
   // Pre-copy: the job runs on; each round stores only what changed since the one before.
   std::string prev;
   for (uint32_t n = 1;; ++n) {
@@ -358,11 +378,31 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     target_ok = res.ok() ? Status::Ok() : res.status();
   }
   if (target_ok.ok() && link) {
-    // Held there; from the commit on it runs there. The guardian steps aside first: once the
-    // commit is sent the source must never bring the job back too.
+    // Held there; from the commit on it runs there. Once the commit may have reached the target,
+    // only the target knows where the job runs: if its answer is lost, it is asked (a new
+    // connection), and the job comes back here only if the target says it ended its copy.
     ckpt::fault_point("migrate-before-commit");
+    guardian.say("c");
+    target_ok = link->send_commit();
+    ckpt::fault_point("migrate-commit-sent");
+    if (target_ok.ok()) target_ok = link->await_commit();
+    if (!target_ok.ok()) {
+      link->close();  // the target ends a copy it holds uncommitted as this link closes
+      auto out = MigrationLink::outcome(o.to, secret, link->id(), 180);
+      if (out.ok() && *out == "committed") {
+        rep.commit_answer_lost = true;
+        target_ok = Status::Ok();
+      } else if (!out.ok() || *out != "ended") {
+        // Neither side may bring the job back without knowing: the image stays for an operator.
+        guardian.done();
+        return Status::Unavailable("the target at " + o.to + " was told to run the job (commit), but its answer was lost (" +
+                                   target_ok.message() + ") and it cannot say how it ended (" +
+                                   (out.ok() ? "it does not know migration " + link->id() : out.status().message()) +
+                                   "); look there first (pos-cli ps); if the job does not run there, restore it here: "
+                                   "pos-cli restore -D " + final_dir + " --socket " + o.socket);
+      }
+    }
     guardian.done();
-    target_ok = link->commit();
   }
   if (target_ok.ok()) {
     rep.where = "target";
@@ -387,6 +427,34 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   cleanup();
   rep.total_s = seconds_since(t0);
   return rep;
+}
+
+StatusOr<std::string> resolve_migration(const JobResolveOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.id.empty() || o.dir.empty() || o.to.empty()) return Status::InvalidArgument("--resolve needs --resolve-dir and --to");
+  auto secret = read_migration_secret(o.secret_file);
+  if (!secret.ok()) return secret.status();
+  auto out = MigrationLink::outcome(o.to, *secret, o.id, 180);
+  if (!out.ok()) return out.status().with_context("asking " + o.to + " how migration " + o.id + " ended (image kept: " + o.dir + "/final)");
+  std::error_code ec;
+  if (*out == "committed") {
+    fs::remove_all(o.dir, ec);
+    return std::string("target");
+  }
+  if (*out != "ended")
+    return Status::Unavailable("the target at " + o.to + " does not know migration " + o.id +
+                               "; look there first (pos-cli ps); if the job does not run there: pos-cli restore -D " + o.dir +
+                               "/final --socket " + o.socket);
+  // Ended there: back here, once its pid is free (the source's copy was ended at the switch).
+  if (!wait_pid_free(static_cast<pid_t>(o.pid), 60))
+    return Status::Unavailable("pid " + std::to_string(o.pid) + " is still taken; restore later: pos-cli restore -D " + o.dir +
+                               "/final --socket " + o.socket);
+  JobRestoreOptions r;
+  r.dir = o.dir + "/final", r.socket = o.socket, r.lazy = false;
+  auto back = restore_job(r);
+  if (!back.ok()) return back.status().with_context("restoring on the source (image kept: " + o.dir + "/final)");
+  fs::remove_all(o.dir, ec);
+  return std::string("source");
 }
 
 }  // namespace pos

@@ -54,6 +54,7 @@ struct JobMigrateReport {
   double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
   double total_s = 0;
   uint32_t pid = 0;
+  bool commit_answer_lost = false;  // HOST:PORT: the commit's answer was lost; the target said it committed
 };
 
 // Pre-copy rounds (pre-dumps, each holding only what changed since the one before) while the job
@@ -64,5 +65,15 @@ struct JobMigrateReport {
 // it on the source from the same image. Exactly one copy runs afterwards (CRIU restores the job
 // under its own pid, which one host gives to one process at a time).
 StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& options);
+
+// A migration to another host whose pos-cli died after it sent the commit (its guardian runs
+// `pos-cli migrate --resolve ID --resolve-dir DIR`): asks the target how migration `id` ended;
+// "committed": the scratch DIR goes, "target"; "ended": the job is restored on the source from
+// DIR/final, "source"; the target unreachable or not knowing: an error, the image kept.
+struct JobResolveOptions {
+  uint32_t pid = 0;
+  std::string id, dir, to, secret_file, socket;
+};
+StatusOr<std::string> resolve_migration(const JobResolveOptions& options);
 
 }  // namespace pos

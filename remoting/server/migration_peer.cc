@@ -13,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "ckpt/crc32c.h"
@@ -35,14 +37,15 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: kAuthOk carries the migration's id; kOutcome
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 
 enum class Type : uint16_t {
   kHello = 1, kAuth = 2, kAuthOk = 3, kDir = 4, kFile = 5, kData = 6, kSymlink = 7, kSync = 8,
-  kRestore = 9, kResult = 10, kError = 11, kCommit = 12,
+  kRestore = 9, kResult = 10, kError = 11, kCommit = 12, kOutcome = 13,
 };
+constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
 struct Header {
   uint32_t magic;
@@ -215,6 +218,13 @@ void MigrationServer::serve() {
 
 namespace {
 
+// A one-shot test hook: the environment variable names a file; if it exists it is removed and the
+// hook fires (so that a test makes one migration fail among several).
+bool test_hook(const char* var) {
+  const char* f = std::getenv(var);
+  return f != nullptr && *f != '\0' && ::unlink(f) == 0;
+}
+
 // pos-cli restore --hold, run for a migration: its stdin (the commit's "go"), its output.
 class HeldRestore {
  public:
@@ -311,21 +321,37 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   if (t != Type::kAuth || b.size() != sizeof(AuthBody)) return refuse("the first frame must be the peer's authentication");
   AuthBody auth{};
   std::memcpy(&auth, b.data(), sizeof(auth));
-  if (auth.hello.version != kVersion) return refuse("migration stream version " + std::to_string(auth.hello.version) + " is not 1");
+  if (auth.hello.version != kVersion)
+    return refuse("migration stream version " + std::to_string(auth.hello.version) + " is not " + std::to_string(kVersion));
   const Digest256 want = mac_of(opt_.secret, "source", auth.hello.nonce, hello.nonce);
   if (!equal_in_constant_time(want.data(), auth.mac, want.size()))
     return refuse("the peer does not hold this posd's migration secret");
-  const Digest256 mine = mac_of(opt_.secret, "target", hello.nonce, auth.hello.nonce);
-  if (!send_frame(fd, Type::kAuthOk, mine.data(), mine.size()).ok()) return;
-  tv = timeval{120, 0};
-  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-
+  // The migration's id: the source asks for its outcome by it (kOutcome) when it lost the answer.
   uint8_t tag[8];
   fill_random(tag, sizeof(tag));
   char hexs[17];
   for (int i = 0; i < 8; ++i) std::snprintf(hexs + 2 * i, 3, "%02x", tag[i]);
-  const std::string root = opt_.dir + "/in-" + std::string(hexs);
+  const std::string id(hexs, kIdBytes);
+  const Digest256 mine = mac_of(opt_.secret, "target", hello.nonce, auth.hello.nonce);
+  if (!send_frame(fd, Type::kAuthOk, mine.data(), mine.size(), id.data(), id.size()).ok()) return;
+  tv = timeval{120, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+  // A connection that asks how an earlier migration ended, and nothing else. The server takes one
+  // connection at a time, so that migration's own connection has ended: its outcome is final.
+  Type first;
+  std::string fb;
+  if (Status s = recv_frame(fd, &first, &fb); !s.ok()) return;
+  if (first == Type::kOutcome) {
+    const auto it = fb.size() == kIdBytes ? outcomes_.find(fb) : outcomes_.end();
+    const std::string answer = it == outcomes_.end() ? "unknown" : it->second.committed ? "committed" : "ended";
+    POS_INFO("posd", "migration from %s: asked how migration %s ended: %s", peer.c_str(), printable(fb, 40).c_str(),
+             answer.c_str());
+    (void)send_result(fd, 0, answer);
+    return;
+  }
+  const std::string root = opt_.dir + "/in-" + id;
   if (::mkdir(root.c_str(), 0700) != 0) return refuse("cannot make " + root + ": " + std::strerror(errno));
   POS_INFO("posd", "migration from %s: authenticated; receiving into %s", peer.c_str(), root.c_str());
   uint32_t restored_pid = 0;
@@ -339,9 +365,14 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     file.reset();
     file_left = 0;
   };
+  bool have = true;  // the first frame, read above
+  t = first, b = std::move(fb);
   for (;;) {
-    Status s = recv_frame(fd, &t, &b);
-    if (!s.ok()) break;  // closed, timed out or garbled: the migration ends
+    if (!have) {
+      Status s = recv_frame(fd, &t, &b);
+      if (!s.ok()) break;  // closed, timed out or garbled: the migration ends
+    }
+    have = false;
     if (t == Type::kDir || t == Type::kFile || t == Type::kSymlink) {
       if (file_left != 0) {
         fail("a new entry began before the last file's bytes were all sent");
@@ -465,11 +496,16 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         (void)send_result(fd, 1, "nothing to commit");
         break;
       }
+      // Test hook (docs/migration.md, "Fault points"): the link drops as the commit arrives, before
+      // this side acts on it (the job is ended, as for any link lost before a commit).
+      if (test_hook("POS_MIGRATION_DROP_COMMIT_FILE")) break;
       held.say("go\n");
       const int code = held.finish(120);
       committed = code == 0;
       if (committed) POS_INFO("posd", "migration from %s: committed; pid %u runs here", peer.c_str(), restored_pid);
       else POS_WARN("posd", "migration from %s: committed, but the job did not re-attach: %s", peer.c_str(), printable(held.output, 400).c_str());
+      // Test hook: committed, but the answer is lost (the source must ask, kOutcome).
+      if (test_hook("POS_MIGRATION_DROP_ANSWER_FILE")) break;
       (void)send_result(fd, committed ? 0 : 1, held.output);
       break;
     } else {
@@ -482,6 +518,16 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     POS_WARN("posd", "migration from %s ended before it was committed: ending restored pid %u", peer.c_str(), restored_pid);
     (void)held.finish(60);
   }
+  // Remembered for a source that lost the answer (the newest 256, an hour at most).
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(outcomes_, [&](const auto& e) { return now - e.second.at > std::chrono::hours(1); });
+  while (outcomes_.size() >= 256) {
+    auto oldest = outcomes_.begin();
+    for (auto it = outcomes_.begin(); it != outcomes_.end(); ++it)
+      if (it->second.at < oldest->second.at) oldest = it;
+    outcomes_.erase(oldest);
+  }
+  outcomes_[id] = Outcome{committed, now};
   std::error_code ec;
   fs::remove_all(root, ec);
   if (!failed.ok()) POS_WARN("posd", "migration from %s failed: %s", peer.c_str(), failed.message().c_str());
@@ -521,9 +567,12 @@ StatusOr<std::unique_ptr<MigrationLink>> MigrationLink::connect(const std::strin
   POS_RETURN_IF_ERROR(recv_frame(fd, &t, &b).with_context("the target at " + host_port));
   if (t == Type::kError) return Status::FailedPrecondition("the target at " + host_port + " refused: " + printable(b, 500));
   const Digest256 want = mac_of(secret, "target", theirs.nonce, auth.hello.nonce);
-  if (t != Type::kAuthOk || b.size() != want.size() ||
+  if (t != Type::kAuthOk || b.size() != want.size() + kIdBytes ||
       !equal_in_constant_time(want.data(), reinterpret_cast<const uint8_t*>(b.data()), want.size()))
     return Status::FailedPrecondition("the target at " + host_port + " does not hold the migration secret");
+  l->id_ = b.substr(want.size());
+  for (char c : l->id_)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return Status::Corrupt("the target at " + host_port + " sent a bad migration id");
   theirs.boot_id[sizeof(theirs.boot_id) - 1] = '\0';
   l->same_host_ = !my_boot.empty() && my_boot == theirs.boot_id;
   tv = timeval{600, 0};  // a restore on the target may take minutes
@@ -590,10 +639,37 @@ StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {
   return expect_result(fd_.get());
 }
 
-Status MigrationLink::commit() {
-  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kCommit, nullptr, 0));
+Status MigrationLink::send_commit() { return send_frame(fd_.get(), Type::kCommit, nullptr, 0); }
+
+Status MigrationLink::await_commit() {
   auto r = expect_result(fd_.get());
   return r.ok() ? Status::Ok() : r.status();
+}
+
+void MigrationLink::close() { fd_.reset(); }
+
+StatusOr<std::string> MigrationLink::outcome(const std::string& host_port, const std::string& secret,
+                                             const std::string& id, double seconds) {
+  if (id.size() != kIdBytes) return Status::InvalidArgument("a bad migration id");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  Status last = Status::Unavailable("not asked");
+  for (;;) {
+    auto l = connect(host_port, secret);
+    if (l.ok()) {
+      Status s = send_frame((*l)->fd_.get(), Type::kOutcome, id.data(), id.size());
+      if (s.ok()) {
+        auto r = expect_result((*l)->fd_.get());
+        if (r.ok() && (*r == "committed" || *r == "ended" || *r == "unknown")) return *r;
+        last = r.ok() ? Status::Corrupt("the target answered " + printable(*r, 80)) : r.status();
+      } else {
+        last = s;
+      }
+    } else {
+      last = l.status();
+    }
+    if (std::chrono::steady_clock::now() >= until) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 }  // namespace pos

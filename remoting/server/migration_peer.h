@@ -6,7 +6,9 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,6 +46,13 @@ class MigrationServer {
   void handle(int fd, const std::string& peer);
 
   MigrationServerOptions opt_;
+  // How each migration ended, by id (only the server thread touches it): for a source that lost
+  // the commit's answer.
+  struct Outcome {
+    bool committed = false;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::map<std::string, Outcome> outcomes_;
   std::string address_;
   UniqueFd listen_, stop_;
   std::thread thread_;
@@ -65,14 +74,30 @@ class MigrationLink {
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
   // for its permit: no step runs); its pos-cli's output so far.
   StatusOr<std::string> restore(const std::string& as, bool lazy);
-  // The held job runs on at the peer: it is let re-attach; fails if it did not (then the peer has
-  // ended it). Without a commit the peer ends the held job when the link closes.
-  Status commit();
+  // The held job runs on at the peer: it is let re-attach (send_commit); await_commit fails if it
+  // did not (then the peer has ended it) or if the answer was lost (then only the peer knows:
+  // outcome()). Without a commit the peer ends the held job when the link closes.
+  Status send_commit();
+  Status await_commit();
+  Status commit() {
+    Status s = send_commit();
+    return s.ok() ? await_commit() : s;
+  }
+  // This migration's id (the peer's), for outcome().
+  const std::string& id() const { return id_; }
+  // Closes the link (the peer then ends a job it holds uncommitted).
+  void close();
+  // How migration `id` ended at the peer, on a new connection: "committed" (the job runs there),
+  // "ended" (it does not), or "unknown" (the peer forgot or never saw it). Retried for `seconds`
+  // while the peer cannot be reached or is still busy with that migration's own connection.
+  static StatusOr<std::string> outcome(const std::string& host_port, const std::string& secret, const std::string& id,
+                                       double seconds);
   uint64_t bytes_sent() const { return bytes_; }
 
  private:
   MigrationLink() = default;
   UniqueFd fd_;
+  std::string id_;
   bool same_host_ = false;
   uint64_t bytes_ = 0;
 };
