@@ -168,6 +168,25 @@ void store_u32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const ch
 void set_chunk_crc(pb::BlobRef* ref, uint64_t off, uint32_t crc) {
   ref->set_chunk_crc(static_cast<int>(off / ref->chunk_size()), crc);
 }
+}  // namespace
+
+BlobChunkAt blob_chunk_at(const pb::BlobRef& ref, uint64_t index) {
+  if (ref.stripes() < 2) return BlobChunkAt{ref.file(), ref.offset() + index * ref.chunk_size()};
+  return BlobChunkAt{static_cast<uint32_t>(index % ref.stripes()), ref.offset() + (index / ref.stripes()) * ref.chunk_size()};
+}
+
+namespace {
+
+// Bytes of a blob in memory file `k` of its stripes (the whole blob when it is not striped).
+uint64_t stripe_bytes(const pb::BlobRef& ref, uint32_t k) {
+  if (ref.stripes() < 2) return ref.length();
+  const uint64_t cs = ref.chunk_size(), chunks = (ref.length() + cs - 1) / cs;
+  if (k >= chunks) return 0;
+  const uint64_t mine = (chunks - k + ref.stripes() - 1) / ref.stripes();  // chunks k, k+S, ...
+  const uint64_t last = (chunks - 1) % ref.stripes() == k ? ref.length() - (chunks - 1) * cs : cs;
+  return (mine - 1) * cs + last;
+}
+
 pb::BlobRef new_ref(uint64_t offset, uint64_t length) {
   pb::BlobRef r;
   r.set_offset(offset);
@@ -350,18 +369,28 @@ class DirWriter final : public ImageWriter {
   Status begin_blob(uint64_t length, size_t* blob) override {
     // Under mu_: a caller may add blobs while the writers still write earlier ones (save_to_dir).
     std::lock_guard<std::mutex> lk(mu_);
-    // memory.bin first; past kSpreadAfter, the least filled file (so the writers share the bytes).
-    uint32_t f = 0;
-    if (ends_[0] >= kSpreadAfter)
-      for (uint32_t i = 1; i < nfiles_; ++i)
-        if ((i < files_.size() ? ends_[i] : 0) < ends_[f]) f = i;
-    if (f >= files_.size()) {
-      for (uint32_t i = static_cast<uint32_t>(files_.size()); i <= f; ++i) {
+    // memory.bin first; past kSpreadAfter, a large blob striped over every file (its chunks go to
+    // the writers in turn), a small one into the least filled file.
+    const bool spread = ends_[0] >= kSpreadAfter && nfiles_ > 1;
+    if (spread)
+      for (uint32_t i = static_cast<uint32_t>(files_.size()); i < nfiles_; ++i) {
         Status st = open_file(i);
         if (!st.ok()) return st;
       }
-    }
     *blob = refs_.size();
+    if (spread && length > kStripeAfter) {
+      // One offset for all: where the fullest file ends (the others get a hole, which costs nothing).
+      const uint64_t at = *std::max_element(ends_.begin(), ends_.end());
+      pb::BlobRef r = new_ref(at, length);
+      r.set_stripes(nfiles_);
+      for (uint32_t k = 0; k < nfiles_; ++k) ends_[k] = std::max(ends_[k], align_up(at + stripe_bytes(r, k), kBlobAlign));
+      refs_.push_back(std::move(r));
+      return Status::Ok();
+    }
+    uint32_t f = 0;
+    if (spread)
+      for (uint32_t i = 1; i < nfiles_; ++i)
+        if (ends_[i] < ends_[f]) f = i;
     pb::BlobRef r = new_ref(ends_[f], length);
     if (f > 0) r.set_file(f);
     refs_.push_back(std::move(r));
@@ -454,16 +483,18 @@ class DirWriter final : public ImageWriter {
         // The first job whose file no other writer is writing.
         auto pick = jobs_.end();
         cv_.wait(lk, [&] {
-          pick = std::find_if(jobs_.begin(), jobs_.end(),
-                              [&](const Job& x) { return busy_.count(refs_[x.blob].file()) == 0; });
+          pick = std::find_if(jobs_.begin(), jobs_.end(), [&](const Job& x) {
+            return busy_.count(blob_chunk_at(refs_[x.blob], x.off / refs_[x.blob].chunk_size()).file) == 0;
+          });
           return stop_ || pick != jobs_.end();
         });
         if (pick == jobs_.end()) return;  // stopping, nothing it may take
         j = *pick;
         jobs_.erase(pick);
-        file = refs_[j.blob].file();
+        const BlobChunkAt place = blob_chunk_at(refs_[j.blob], j.off / refs_[j.blob].chunk_size());
+        file = place.file;
         busy_.insert(file);
-        at = refs_[j.blob].offset() + j.off;
+        at = place.offset;
         fd = files_[file].fd.get(), direct = files_[file].direct;
       }
       const uint32_t crc = crc32c(j.buf, j.n);
@@ -669,13 +700,21 @@ Status validate_client(const pb::ClientImage& c, const std::vector<uint64_t>& me
           return Status::Corrupt(who + ": bad chunk size");
         if (static_cast<uint64_t>(r.chunk_crc_size()) != (r.length() + r.chunk_size() - 1) / r.chunk_size())
           return Status::Corrupt(who + ": checksum count does not match the blob length");
-        if (r.file() >= memory_sizes.size())
+        if (r.stripes() >= 2 && (r.file() != 0 || r.stripes() > memory_sizes.size()))
+          return Status::Corrupt(who + ": striped over " + std::to_string(r.stripes()) + " memory files, which the image does not have");
+        if (r.stripes() < 2 && r.file() >= memory_sizes.size())
           return Status::Corrupt(who + ": blob in memory file " + std::to_string(r.file()) + ", which the image does not have");
-        const uint64_t memory_size = memory_sizes[r.file()];
-        if (r.offset() % kBlobAlign != 0 || r.offset() > memory_size || r.length() > memory_size - r.offset())
-          return Status::Corrupt(who + ": blob outside " + (r.file() == 0 ? std::string("memory.bin")
-                                                                           : "memory." + std::to_string(r.file()) + ".bin"));
-        blobs.emplace_back(r.file(), r.offset(), r.length());
+        if (r.offset() % kBlobAlign != 0) return Status::Corrupt(who + ": blob offset not aligned");
+        // Each file's share: one stretch from the blob's offset.
+        const uint32_t parts = r.stripes() >= 2 ? r.stripes() : 1;
+        for (uint32_t k = 0; k < parts; ++k) {
+          const uint32_t file = r.stripes() >= 2 ? k : r.file();
+          const uint64_t n = stripe_bytes(r, k), memory_size = memory_sizes[file];
+          if (r.offset() > memory_size || n > memory_size - r.offset())
+            return Status::Corrupt(who + ": blob outside " + (file == 0 ? std::string("memory.bin")
+                                                                        : "memory." + std::to_string(file) + ".bin"));
+          if (n > 0) blobs.emplace_back(file, r.offset(), n);
+        }
       }
     }
     seen[h.id()] = &h;
@@ -942,10 +981,12 @@ Status ImageReader::verify_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t 
   if (off % ref.chunk_size() != 0 || idx >= static_cast<uint64_t>(ref.chunk_crc_size()) ||
       n != std::min<uint64_t>(ref.chunk_size(), ref.length() - off))
     return Status::InvalidArgument("chunk request outside the blob");
-  if (crc32c(data, n) != ref.chunk_crc(static_cast<int>(idx)))
+  if (crc32c(data, n) != ref.chunk_crc(static_cast<int>(idx))) {
+    const BlobChunkAt at = blob_chunk_at(ref, idx);
     return Status::Corrupt((dir_.empty() ? std::string("memory image") : dir_) + ": checksum mismatch in " +
-                           (ref.file() == 0 ? std::string("memory.bin") : "memory." + std::to_string(ref.file()) + ".bin") +
-                           " at offset " + std::to_string(ref.offset() + off));
+                           (at.file == 0 ? std::string("memory.bin") : "memory." + std::to_string(at.file) + ".bin") +
+                           " at offset " + std::to_string(at.offset));
+  }
   return Status::Ok();
 }
 
@@ -960,9 +1001,11 @@ Status ImageReader::read_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n,
     std::memcpy(dst, p, n);
   } else {
     if (off > ref.length() || n > ref.length() - off) return Status::InvalidArgument("read past the blob");
-    if (ref.file() >= memory_fds_.size()) return Status::Corrupt(dir_ + ": blob in a memory file the image does not have");
-    POS_RETURN_IF_ERROR(read_all(memory_fds_[ref.file()], dst, n, ref.offset() + off,
-                                 dir_ + "/" + (ref.file() == 0 ? std::string("memory.bin") : "memory." + std::to_string(ref.file()) + ".bin")));
+    if (off % ref.chunk_size() != 0 || n > ref.chunk_size()) return Status::InvalidArgument("chunk request outside the blob");
+    const BlobChunkAt at = blob_chunk_at(ref, off / ref.chunk_size());
+    if (at.file >= memory_fds_.size()) return Status::Corrupt(dir_ + ": blob in a memory file the image does not have");
+    POS_RETURN_IF_ERROR(read_all(memory_fds_[at.file], dst, n, at.offset,
+                                 dir_ + "/" + (at.file == 0 ? std::string("memory.bin") : "memory." + std::to_string(at.file) + ".bin")));
   }
   return verify_chunk(ref, off, n, dst);
 }

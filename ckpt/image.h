@@ -28,11 +28,19 @@ inline constexpr char kMagic[8] = {'P', 'O', 'S', 'I', 'M', 'G', '\r', '\n'};
 // memory files beyond memory.bin (BlobRef.file, Inventory.memory_file_sizes).
 inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kMaxMemoryFiles = 64;  // memory.bin and memory.1.bin .. memory.63.bin
-// A writer spreads blobs over its files once memory.bin holds this much: small images stay one file.
-inline constexpr uint64_t kSpreadAfter = 64ull << 20;
 inline constexpr uint32_t kMinFormatVersion = 1;
 inline constexpr uint64_t kBlobAlign = 4096;
 inline constexpr uint32_t kChunkSize = 8u << 20;  // copy unit and checksum unit
+// A writer spreads blobs over its files once memory.bin holds this much: small images stay one file.
+// Then a blob of more than kStripeAfter bytes is striped chunk by chunk over all of them.
+inline constexpr uint64_t kSpreadAfter = 64ull << 20;
+inline constexpr uint64_t kStripeAfter = 2ull * kChunkSize;
+// Where chunk `index` of a blob lies: its memory file and the offset in it.
+struct BlobChunkAt {
+  uint32_t file;
+  uint64_t offset;
+};
+BlobChunkAt blob_chunk_at(const pb::BlobRef& ref, uint64_t index);
 inline constexpr int kMaxParentDepth = 64;
 inline constexpr uint64_t kMaxRecordBytes = 1ull << 30;  // client.pb: fatbins included
 // Bounds on pending calls (ClientImage.pending). A client never has more than 2 x queues.depth

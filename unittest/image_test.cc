@@ -124,9 +124,10 @@ TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentica
 }
 
 // A large image spreads its blobs over memory files that the writer's threads fill side by side
-// (format 3): past kSpreadAfter in memory.bin, blobs go to the least filled file; every byte reads
-// back; a damaged byte is found and named in its own file; a truncated or missing extra file and a
-// blob naming a file the image lacks are refused.
+// (format 3): past kSpreadAfter in memory.bin, a blob above kStripeAfter is striped chunk by chunk
+// over every file and a smaller one goes to the least filled file; every byte reads back; a
+// damaged byte is found and named in its own file (a striped chunk's too); a truncated or missing
+// extra file, a blob naming a file the image lacks and a stripe count above the files are refused.
 TEST(ImageRoundTripTest, ALargeImageSpreadOverSeveralMemoryFilesReadsBackAndDamageInAnyFileIsFound) {
   const fs::path dir = fs::temp_directory_path() / ("pos-image-files-" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -160,15 +161,22 @@ TEST(ImageRoundTripTest, ALargeImageSpreadOverSeveralMemoryFilesReadsBackAndDama
   }
   EXPECT_EQ(files, (std::set<uint32_t>{0, 1, 2}));
   EXPECT_EQ((*w)->ref(blobs[0]).file(), 0u);  // memory.bin first
+  EXPECT_EQ((*w)->ref(blobs[0]).stripes(), 0u);
+  EXPECT_EQ((*w)->ref(blobs[1]).stripes(), 3u);  // 3 chunks and 5 bytes: over all three files
+  EXPECT_EQ((*w)->ref(blobs[2]).stripes(), 0u);  // 2 chunks: not above kStripeAfter
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(blob_chunk_at((*w)->ref(blobs[1]), i).file, i % 3);
   pb::Inventory inv;
   inv.set_cut_pc(10);
   ASSERT_TRUE((*w)->commit(inv, client).ok());
   ASSERT_TRUE(fs::exists(dir / "memory.1.bin"));
   ASSERT_TRUE(fs::exists(dir / "memory.2.bin"));
   EXPECT_FALSE(fs::exists(dir / "memory.3.bin"));
+  std::vector<uint64_t> real;  // the memory files' sizes, as the inventory gives them
   auto read_all_blobs = [&](const fs::path& d) -> Status {
     auto r = ImageReader::open_dir(d.string());
     if (!r.ok()) return r.status();
+    real = {(*r)->inventory().memory_size()};
+    for (uint64_t n : (*r)->inventory().memory_file_sizes()) real.push_back(n);
     EXPECT_EQ((*r)->inventory().format_version(), kFormatVersion);
     EXPECT_EQ((*r)->inventory().memory_file_sizes_size(), 2);
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -184,9 +192,27 @@ TEST(ImageRoundTripTest, ALargeImageSpreadOverSeveralMemoryFilesReadsBackAndDama
     return Status::Ok();
   };
   ASSERT_TRUE(read_all_blobs(dir).ok());
+  // One byte of the striped blob's fourth chunk (back in memory.bin) changed: found there.
+  const BlobChunkAt fourth = blob_chunk_at((*w)->ref(blobs[1]), 3);
+  ASSERT_EQ(fourth.file, 0u);
+  {
+    std::fstream f(dir / "memory.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fourth.offset + 2));
+    const char was = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(fourth.offset + 2));
+    f.put(static_cast<char>(was ^ 0x40));
+    f.flush();
+    Status bad = read_all_blobs(dir);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.message().find("checksum mismatch in memory.bin at offset " + std::to_string(fourth.offset)),
+              std::string::npos) << bad.message();
+    f.seekp(static_cast<std::streamoff>(fourth.offset + 2));
+    f.put(was);
+  }
+  ASSERT_TRUE(read_all_blobs(dir).ok());
   // One byte changed in memory.2.bin: found, and the file named.
   size_t in2 = 0;
-  while ((*w)->ref(blobs[in2]).file() != 2) ++in2;
+  while ((*w)->ref(blobs[in2]).file() != 2 || (*w)->ref(blobs[in2]).stripes() != 0) ++in2;
   {
     std::fstream f(dir / "memory.2.bin", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>((*w)->ref(blobs[in2]).offset() + 3));
@@ -204,12 +230,18 @@ TEST(ImageRoundTripTest, ALargeImageSpreadOverSeveralMemoryFilesReadsBackAndDama
   EXPECT_FALSE(ImageReader::open_dir(dir.string()).ok());
   // A blob in a file the image does not have.
   pb::ClientImage other = client;
-  other.mutable_handles(1)->mutable_memory()->set_file(7);
-  const std::vector<uint64_t> three{kSpreadAfter, 64ull << 20, 64ull << 20};
+  other.mutable_handles(2)->mutable_memory()->set_file(7);
+  const std::vector<uint64_t> three = real;
+  ASSERT_EQ(three.size(), 3u);
   Status v = validate_client(other, three, false);
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.message().find("memory file 7"), std::string::npos) << v.message();
   EXPECT_TRUE(validate_client(client, three, false).ok());
+  pb::ClientImage wide = client;
+  wide.mutable_handles(1)->mutable_memory()->set_stripes(4);
+  Status sv = validate_client(wide, three, false);
+  ASSERT_FALSE(sv.ok());
+  EXPECT_NE(sv.message().find("striped over 4 memory files"), std::string::npos) << sv.message();
   fs::remove_all(dir);
 }
 

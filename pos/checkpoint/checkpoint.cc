@@ -245,6 +245,11 @@ Status CheckpointJob::drain_all() {
   std::vector<Active> active;
   std::vector<bool> taken(regions_.size(), false);
   size_t next = 0, left = regions_.size();
+  // A striped blob feeds every file's writer in turn on its own: it counts as a file of its own.
+  auto file_of = [&](const DrainRegion& r) {
+    const ckpt::pb::BlobRef& ref = writer_->ref(r.blob);
+    return ref.stripes() >= 2 ? UINT32_MAX : ref.file();
+  };
   auto busy = [&](uint32_t f) {
     return std::any_of(active.begin(), active.end(), [&](const Active& a) { return a.file == f; });
   };
@@ -252,11 +257,11 @@ Status CheckpointJob::drain_all() {
     for (size_t i = 0; i < regions_.size(); ++i)  // urgent ones at once, whatever their file
       if (!taken[i] && regions_[i]->urgent.load(std::memory_order_acquire)) {
         taken[i] = true, --left;
-        active.insert(active.begin(), Active{regions_[i].get(), 0, writer_->ref(regions_[i]->blob).file()});
+        active.insert(active.begin(), Active{regions_[i].get(), 0, file_of(*regions_[i])});
       }
     for (size_t i = next; i < regions_.size() && left > 0; ++i) {  // then one per idle file
       if (taken[i]) continue;
-      const uint32_t f = writer_->ref(regions_[i]->blob).file();
+      const uint32_t f = file_of(*regions_[i]);
       if (busy(f) && !active.empty()) continue;
       taken[i] = true, --left;
       active.push_back(Active{regions_[i].get(), 0, f});
