@@ -1674,22 +1674,24 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   };
   // One-shot test hooks of the target (docs/migration.md, "Fault points"): the link drops as the
   // commit arrives, or just after the target committed (its answer lost). Armed by making the file.
-  const std::string drop_commit = base + ".drop-commit", drop_answer = base + ".drop-answer";
+  const std::string drop_commit = base + ".drop-commit", drop_answer = base + ".drop-answer", drop_at = base + ".drop-at";
   ::setenv("POS_MIGRATION_DROP_COMMIT_FILE", drop_commit.c_str(), 1);
   ::setenv("POS_MIGRATION_DROP_ANSWER_FILE", drop_answer.c_str(), 1);
+  ::setenv("POS_MIGRATION_DROP_AT_FILE", drop_at.c_str(), 1);
   OwnPosd a(base + "-a", listen(net.ip_here, base + ".in-a"));
   OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b"), net.in());
   ::unsetenv("POS_MIGRATION_DROP_COMMIT_FILE");
   ::unsetenv("POS_MIGRATION_DROP_ANSWER_FILE");
+  ::unsetenv("POS_MIGRATION_DROP_AT_FILE");
   const std::string port_a = migration_port(a), port_b = migration_port(b);
   ASSERT_FALSE(port_a.empty()) << a.log_text();
   ASSERT_FALSE(port_b.empty()) << b.log_text();
   const std::string to_a = net.ip_here + ":" + port_a, to_b = net.ip_there + ":" + port_b;
   const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "netns", out_file, jobs, a);
   auto migrate = [&](const OwnPosd& from, const std::string& to, const std::string& secret_file, const std::string& env,
-                     int* code, std::string* err, std::vector<int>* reaped) {
+                     int* code, std::string* err, std::vector<int>* reaped, const std::string& extra = "") {
     return migrate_reaping(env + cli + " migrate -t " + std::to_string(child) + " --to " + to + " --secret-file " +
-                               secret_file + " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json",
+                               secret_file + " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json" + extra,
                            child, code, err, reaped);
   };
   int code = -1;
@@ -1810,9 +1812,31 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_NE(a.log_text().find("ended: ended"), std::string::npos) << a.log_text();
     EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's held one both end";
   }
+  // The link drops while a pre-copy round is sent (B -> A, round 2: a 1 ms budget keeps the rounds
+  // going): the job runs on under B, untouched. (The same drop while the stop's image is sent, the
+  // job stopped at B, is not here yet: the job ended after its permit and SIGCONT in that case;
+  // docs/migration.md, "Failure cases".)
+  for (const std::string at : {"round-2"}) {
+    std::ofstream(drop_at) << at << "\n";
+    const size_t before = reaped.size();
+    const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped, " --max-downtime 1");
+    EXPECT_EQ(code, 1) << at << ": " << err << report;
+    EXPECT_NE(err.find("sending pre-copy round 2 (the job runs on at the source)"), std::string::npos) << err;
+    EXPECT_FALSE(std::filesystem::exists(drop_at)) << "the hook did not fire at " << at;
+    EXPECT_TRUE(serves(b, child)) << b.log_text();
+    EXPECT_FALSE(serves(a, child));
+    EXPECT_EQ(reaped.size(), before) << "the job never ended";
+    EXPECT_TRUE(std::filesystem::is_empty(work)) << at;
+    // Still running: its steps go on (the output file grows).
+    const auto size0 = std::filesystem::file_size(out_file);
+    const auto grew_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::filesystem::file_size(out_file) == size0 && std::chrono::steady_clock::now() < grew_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(std::filesystem::file_size(out_file), size0) << "the job does not step after the link dropped at " << at;
+  }
   const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
   EXPECT_EQ(read_file(out_file), want);
-  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b", drop_commit, drop_answer})
+  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b", drop_commit, drop_answer, drop_at})
     std::filesystem::remove_all(p);
 }

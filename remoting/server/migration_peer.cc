@@ -224,6 +224,15 @@ bool test_hook(const char* var) {
   const char* f = std::getenv(var);
   return f != nullptr && *f != '\0' && ::unlink(f) == 0;
 }
+// The same, armed for one name: the file holds it (a line); it fires when `name` is that.
+bool test_hook_names(const char* var, const std::string& name) {
+  const char* f = std::getenv(var);
+  if (f == nullptr || *f == '\0') return false;
+  std::ifstream in(f);
+  std::string want;
+  if (!std::getline(in, want) || want != name) return false;
+  return ::unlink(f) == 0;
+}
 
 // pos-cli restore --hold, run for a migration: its stdin (the commit's "go"), its output.
 class HeldRestore {
@@ -374,6 +383,9 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     }
     have = false;
     if (t == Type::kDir || t == Type::kFile || t == Type::kSymlink) {
+      // Test hook (docs/migration.md, "Fault points"): the link drops as the image the hook file
+      // names begins to arrive ("round-2", "final").
+      if (t == Type::kDir && test_hook_names("POS_MIGRATION_DROP_AT_FILE", b)) break;
       if (file_left != 0) {
         fail("a new entry began before the last file's bytes were all sent");
         continue;
