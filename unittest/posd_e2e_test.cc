@@ -1813,15 +1813,17 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's held one both end";
   }
   // The link drops while a pre-copy round is sent (B -> A, round 2: a 1 ms budget keeps the rounds
-  // going): the job runs on under B, untouched. (The same drop while the stop's image is sent, the
-  // job stopped at B, is not here yet: the job ended after its permit and SIGCONT in that case;
-  // docs/migration.md, "Failure cases".)
-  for (const std::string at : {"round-2"}) {
+  // going), then while the stop's image is sent (the job stopped at B): each time the job runs on
+  // under B, untouched (permit and SIGCONT after the stop: the job, moved here by earlier
+  // migrations, comes back to B, not to the posd it started under).
+  for (const std::string at : {"round-2", "final"}) {
     std::ofstream(drop_at) << at << "\n";
     const size_t before = reaped.size();
     const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped, " --max-downtime 1");
     EXPECT_EQ(code, 1) << at << ": " << err << report;
-    EXPECT_NE(err.find("sending pre-copy round 2 (the job runs on at the source)"), std::string::npos) << err;
+    EXPECT_NE(err.find(at == "final" ? "sending the stop's image (the job runs on at the source)"
+                                     : "sending pre-copy round 2 (the job runs on at the source)"),
+              std::string::npos) << err;
     EXPECT_FALSE(std::filesystem::exists(drop_at)) << "the hook did not fire at " << at;
     EXPECT_TRUE(serves(b, child)) << b.log_text();
     EXPECT_FALSE(serves(a, child));

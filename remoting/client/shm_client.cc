@@ -619,6 +619,9 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
     broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "could not re-attach to posd after a detach: " + s.message());
     return;
   }
+  // The posd the job now runs under (a restore or a migration may have moved it): a later detach
+  // whose permit names no other comes back here, not to the posd it first started under.
+  socket_path_ = socket;
   detaches_.fetch_add(1, std::memory_order_release);
 }
 
