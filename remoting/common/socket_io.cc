@@ -3,6 +3,8 @@
 #include "remoting/common/socket_io.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <sys/socket.h>
@@ -107,6 +109,46 @@ StatusOr<UniqueFd> listen_tcp(const sockaddr_in& at, int backlog, const std::str
   (void)::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
   *bound = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
   return fd;
+}
+
+StatusOr<std::unique_ptr<TcpServer>> TcpServer::start(const sockaddr_in& at, int backlog, const std::string& what,
+                                                      Handler handler) {
+  std::unique_ptr<TcpServer> t(new TcpServer());
+  auto fd = listen_tcp(at, backlog, what, &t->address_);
+  if (!fd.ok()) return fd.status();
+  t->listen_ = std::move(*fd);
+  t->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  if (!t->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
+  t->handler_ = std::move(handler);
+  t->thread_ = std::thread([p = t.get()] { p->serve(); });
+  return t;
+}
+
+TcpServer::~TcpServer() {
+  if (stop_) {
+    const uint64_t one = 1;
+    (void)!::write(stop_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void TcpServer::serve() {
+  for (;;) {
+    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    sockaddr_in peer{};
+    socklen_t len = sizeof(peer);
+    UniqueFd c(::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
+    if (!c) continue;
+    char host[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &peer.sin_addr, host, sizeof(host));
+    handler_(c.get(), std::string(host) + ":" + std::to_string(ntohs(peer.sin_port)));
+  }
 }
 
 }  // namespace pos

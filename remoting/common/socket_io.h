@@ -8,8 +8,11 @@
 
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "pos/base/status.h"
 #include "remoting/common/unique_fd.h"
@@ -22,6 +25,28 @@ StatusOr<sockaddr_in> parse_ipv4_endpoint(const std::string& text, const std::st
 // A listening TCP socket (SO_REUSEADDR) on `at`; `bound` gets where it listens, "A.B.C.D:PORT"
 // (the port chosen if `at` asked for 0). `what` names it in errors ("cannot listen for WHAT on ...").
 StatusOr<UniqueFd> listen_tcp(const sockaddr_in& at, int backlog, const std::string& what, std::string* bound);
+
+// listen_tcp with a thread of its own that hands each accepted connection, one at a time, to
+// `handler` (the connection and its peer, "A.B.C.D:PORT"; closed when the handler returns), until
+// the server is destroyed. posd's metrics endpoint and migration listener.
+class TcpServer {
+ public:
+  using Handler = std::function<void(int fd, const std::string& peer)>;
+  static StatusOr<std::unique_ptr<TcpServer>> start(const sockaddr_in& at, int backlog, const std::string& what,
+                                                    Handler handler);
+  ~TcpServer();
+  TcpServer(const TcpServer&) = delete;
+  TcpServer& operator=(const TcpServer&) = delete;
+  const std::string& address() const { return address_; }
+
+ private:
+  TcpServer() = default;
+  void serve();
+  std::string address_;
+  UniqueFd listen_, stop_;
+  Handler handler_;
+  std::thread thread_;
+};
 
 // kUnavailable once the peer is gone or the socket fails; never raises SIGPIPE.
 Status send_all(int fd, const void* p, size_t n);

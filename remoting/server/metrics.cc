@@ -176,37 +176,13 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string&
   if (!endpoint.ok()) return endpoint.status();
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->body_ = std::move(body);
-  auto fd = listen_tcp(*endpoint, 16, "metrics", &m->address_);
-  if (!fd.ok()) return fd.status();
-  m->listen_ = std::move(*fd);
-  m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
-  if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-  m->thread_ = std::thread([p = m.get()] { p->serve(); });
+  auto server = TcpServer::start(*endpoint, 16, "metrics", [p = m.get()](int fd, const std::string&) { p->answer(fd); });
+  if (!server.ok()) return server.status();
+  m->server_ = std::move(*server);
   return m;
 }
 
-MetricsServer::~MetricsServer() {
-  if (stop_) {
-    const uint64_t one = 1;
-    (void)!::write(stop_.get(), &one, sizeof(one));
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void MetricsServer::serve() {
-  for (;;) {
-    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents != 0) return;
-    if ((p[0].revents & POLLIN) == 0) continue;
-    UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!c) continue;
-    answer(c.get());
-  }
-}
+MetricsServer::~MetricsServer() = default;
 
 void MetricsServer::answer(int fd) {
   const timeval tv{2, 0};

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pos/base/status.h"
+#include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/posd_server.h"
@@ -45,17 +46,14 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
   // Where it listens, "127.0.0.1:9464" (the port chosen if 0 was asked).
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return server_->address(); }
 
  private:
   MetricsServer() = default;
-  void serve();
   void answer(int fd);
 
-  std::string address_;
-  UniqueFd listen_, stop_;
   std::function<std::string()> body_;
-  std::thread thread_;
+  std::unique_ptr<TcpServer> server_;  // last: stopped (its thread joined) before body_ goes
 };
 
 }  // namespace pos

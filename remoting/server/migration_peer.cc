@@ -180,41 +180,13 @@ StatusOr<std::unique_ptr<MigrationServer>> MigrationServer::start(const Migratio
     return Status::InvalidArgument("posd.migration.dir " + o.dir + ": " + std::strerror(errno));
   std::unique_ptr<MigrationServer> m(new MigrationServer());
   m->opt_ = o;
-  auto fd = listen_tcp(*sa, 4, "migrations", &m->address_);
-  if (!fd.ok()) return fd.status();
-  m->listen_ = std::move(*fd);
-  m->stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC));
-  if (!m->stop_) return Status::Unavailable(std::string("eventfd: ") + std::strerror(errno));
-  m->thread_ = std::thread([p = m.get()] { p->serve(); });
+  auto server = TcpServer::start(*sa, 4, "migrations", [p = m.get()](int fd, const std::string& peer) { p->handle(fd, peer); });
+  if (!server.ok()) return server.status();
+  m->server_ = std::move(*server);
   return m;
 }
 
-MigrationServer::~MigrationServer() {
-  if (stop_) {
-    const uint64_t one = 1;
-    (void)!::write(stop_.get(), &one, sizeof(one));
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void MigrationServer::serve() {
-  for (;;) {
-    pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents != 0) return;
-    if ((p[0].revents & POLLIN) == 0) continue;
-    sockaddr_in peer{};
-    socklen_t len = sizeof(peer);
-    UniqueFd c(::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC));
-    if (!c) continue;
-    char host[INET_ADDRSTRLEN] = {0};
-    ::inet_ntop(AF_INET, &peer.sin_addr, host, sizeof(host));
-    handle(c.get(), std::string(host) + ":" + std::to_string(ntohs(peer.sin_port)));
-  }
-}
+MigrationServer::~MigrationServer() = default;
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "pos/base/status.h"
+#include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 
 namespace pos {
@@ -38,11 +39,10 @@ class MigrationServer {
   ~MigrationServer();
   MigrationServer(const MigrationServer&) = delete;
   MigrationServer& operator=(const MigrationServer&) = delete;
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return server_->address(); }
 
  private:
   MigrationServer() = default;
-  void serve();
   void handle(int fd, const std::string& peer);
 
   MigrationServerOptions opt_;
@@ -53,9 +53,7 @@ class MigrationServer {
     std::chrono::steady_clock::time_point at;
   };
   std::map<std::string, Outcome> outcomes_;
-  std::string address_;
-  UniqueFd listen_, stop_;
-  std::thread thread_;
+  std::unique_ptr<TcpServer> server_;  // last: stopped (its thread joined) before the rest goes
 };
 
 // The sending side (pos-cli migrate --to HOST:PORT).
