@@ -77,10 +77,6 @@ class MigrationLink {
   // outcome()). Without a commit the peer ends the held job when the link closes.
   Status send_commit();
   Status await_commit();
-  Status commit() {
-    Status s = send_commit();
-    return s.ok() ? await_commit() : s;
-  }
   // This migration's id (the peer's), for outcome().
   const std::string& id() const { return id_; }
   // Closes the link (the peer then ends a job it holds uncommitted).

@@ -399,12 +399,7 @@ void PosdServer::stop() {
     }
   }
   all.clear();  // closes their sockets
-  SessionProcess spare;
-  {
-    std::lock_guard<std::mutex> lk(spare_mu_);
-    spare = std::move(spare_);
-    spare_.pid = -1;
-  }
+  SessionProcess spare = take_spare();
   if (spare.pid > 0) {
     spare.channel.reset();  // a spare ends when its channel closes
     (void)wait_or_kill(spare.pid, std::chrono::seconds(10));
@@ -767,12 +762,7 @@ StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const se
                                                          const std::string& job, int dir_fd, bool* spare_used) {
   *spare_used = false;
   if (config_.posd_spare_session) {
-    SessionProcess spare;
-    {
-      std::lock_guard<std::mutex> lk(spare_mu_);
-      spare = std::move(spare_);
-      spare_.pid = -1;
-    }
+    SessionProcess spare = take_spare();
     if (spare.pid > 0) {
       Status handed = hand_to_spare(spare, client_fd, start, job, config_yaml_, dir_fd);
       if (handed.ok()) {
@@ -788,6 +778,13 @@ StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const se
     start_spare();
   }
   return spawn_session_process(session_binary_, client_fd, start, job, config_yaml_, session_env_, dir_fd);
+}
+
+SessionProcess PosdServer::take_spare() {
+  std::lock_guard<std::mutex> lk(spare_mu_);
+  SessionProcess s = std::move(spare_);
+  spare_.pid = -1;
+  return s;
 }
 
 void PosdServer::start_spare() {

@@ -113,6 +113,7 @@ class PosdServer {
   StatusOr<SessionProcess> session_process_for(int client_fd, const session_channel::Start& start,
                                                const std::string& job, int dir_fd, bool* spare_used);
   void start_spare();
+  SessionProcess take_spare();  // the spare, leaving none (pid -1: there was none)
   void session_main(Session* s);
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
