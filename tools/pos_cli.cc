@@ -622,7 +622,7 @@ struct MigrateArgs {
   std::string resolve, resolve_dir;  // a guardian's question to the target (docs/migration.md)
   uint32_t max_rounds = 5;
   double max_downtime_ms = 300;
-  bool eager = false, keep_images = false, json = false;
+  bool eager = false, keep_images = false, json = false, move_process = false, settle = false;
 };
 
 std::string gb(uint64_t b) {
@@ -646,6 +646,19 @@ int migrate(const MigrateArgs& a) {
                  *where == "target" ? ("at " + a.to + " (the target committed)").c_str() : "on the source again (the target ended its copy)");
     return *where == "target" ? 0 : 3;
   }
+  if (a.settle) {
+    // Run by a live switch's guardian when pos-cli died after it let the job re-attach to the target.
+    pos::JobSettleOptions so;
+    so.pid = static_cast<uint32_t>(a.pid), so.dir = a.resolve_dir, so.to = a.to, so.socket = a.socket;
+    auto where = pos::settle_migration(so);
+    if (!where.ok()) {
+      std::fprintf(stderr, "pos-cli migrate --settle: %s\n", where.status().message().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "pos-cli migrate --settle: pid %d runs %s\n", a.pid,
+                 *where == "target" ? ("under " + a.to).c_str() : "on the source again (the target gave it up)");
+    return *where == "target" ? 0 : 3;
+  }
   const JobTarget target = find_job(a.pid, a.jobs_dir);
   if (target.inproc) {
     std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run); migrating those is not built yet: "
@@ -659,6 +672,7 @@ int migrate(const MigrateArgs& a) {
   o.max_downtime_s = a.max_downtime_ms / 1e3;
   o.lazy = !a.eager;
   o.keep_images = a.keep_images;
+  o.move_process = a.move_process;
   o.self_program = self_program();
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   if (tty && !a.json) std::fprintf(stderr, "migrate: round 1 (the whole GPU state)...");
@@ -669,9 +683,9 @@ int migrate(const MigrateArgs& a) {
     if (e == "round")
       std::fprintf(stderr,
                    "\r\033[Kmigrate: round %u: %s sent (%s unchanged) in %.3f s, %.2f GB/s; about %s dirty, a stop "
-                   "now would take about %.3f s + CRIU...",
+                   "now would take about %.3f s + %s...",
                    r.n, gb(r.bytes).c_str(), gb(r.bytes_referenced).c_str(), r.seconds, r.rate / 1e9, gb(r.bytes).c_str(),
-                   r.seconds);
+                   r.seconds, a.move_process || a.to.find('/') == std::string::npos ? "CRIU" : "the restore");
     else if (e == "switch")
       std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (about %s left to copy)...", gb(r.bytes).c_str());
     else if (e == "restore")
@@ -700,13 +714,14 @@ int migrate(const MigrateArgs& a) {
     std::printf("{\"pid\":%u,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
                 "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
-                "\"commit_answer_lost\":%s}\n",
+                "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s}\n",
                 r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
                 r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false",
                 r->remote ? "true" : "false", r->same_host ? "true" : "false", (unsigned long long)r->final_sent,
-                r->commit_answer_lost ? "true" : "false");
+                r->commit_answer_lost ? "true" : "false", r->live ? "true" : "false",
+                pos::json_string(r->release_error).c_str());
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -722,6 +737,9 @@ int migrate(const MigrateArgs& a) {
     else
       std::printf("pid %u could not start on %s (%s); it runs on at the source %s after a stop of %.3f s\n", r->pid,
                   a.to.c_str(), r->target_error.c_str(), a.socket.c_str(), r->downtime_s);
+    if (!r->release_error.empty())
+      std::printf("note: the job's session at the source could not be released (%s); it ends with the job\n",
+                  r->release_error.c_str());
     if (a.keep_images) std::printf("images kept in %s\n", r->work_dir.c_str());
   }
   return r->where == "target" ? 0 : 3;
@@ -876,12 +894,16 @@ int main(int argc, char** argv) {
                           "where the rounds' images go (default: /dev/shm with 8 GB free, else $TMPDIR or /var/tmp)");
   migrate_cmd->add_flag("--eager", ma.eager, "the target loads all device memory before the job runs on (default: lazily)");
   migrate_cmd->add_flag("--keep-images", ma.keep_images, "keep the rounds' images (removed by default)");
+  migrate_cmd->add_flag("--move-process", ma.move_process,
+                        "on one host, move the job's process too (CRIU dump and restore under the target) instead of "
+                        "keeping it and moving only its GPU state (the default)");
   migrate_cmd->add_flag("--json", ma.json, "one JSON report");
   migrate_cmd->add_option("--socket", ma.socket, "the posd the job runs under")->capture_default_str();
   migrate_cmd->add_option("--jobs-dir", ma.jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
   // A guardian's (pos-cli's own) question to a target after pos-cli died past the commit: hidden.
   migrate_cmd->add_option("--resolve", ma.resolve, "")->group("");
   migrate_cmd->add_option("--resolve-dir", ma.resolve_dir, "")->group("");
+  migrate_cmd->add_flag("--settle", ma.settle, "")->group("");
 
   std::string topic;
   CLI::App* help = app.add_subcommand("help", "help on a command: pos-cli help COMMAND");

@@ -1473,7 +1473,9 @@ bool serves(const OwnPosd& posd, pid_t pid) {
 
 // ZDTM shape: the unmodified training binary under posd A is migrated to posd B, back to A and to B
 // again while it trains (pre-copy rounds, then the stop), and finishes with exactly the output of
-// an uninterrupted run; after each move one posd serves it, the target.
+// an uninterrupted run; after each move one posd serves it, the target. Moves 1 and 3 take the
+// live switch (the process stays, only its GPU state moves), move 2 moves the process too
+// (--move-process: CRIU, the way to another host).
 TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMoved) {
   become_subreaper();
   const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
@@ -1491,18 +1493,25 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
     const OwnPosd& to = i % 2 == 0 ? b : a;
     int code = -1;
     std::string err;
+    const bool live = i != 1;
     const std::string report = migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + to.socket +
-                                                   " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json",
+                                                   " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json" +
+                                                   (live ? "" : " --move-process"),
                                                child, &code, &err, &reaped);
     ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
     EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    EXPECT_NE(report.find(live ? "\"live\":true" : "\"live\":false"), std::string::npos) << report;
+    EXPECT_NE(report.find("\"release_error\":\"\""), std::string::npos) << report;
     EXPECT_NE(report.find("\"rounds\":[{\"round\":1,"), std::string::npos) << report;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(report, m, std::regex("\"final_bytes\":([0-9]+)"))) << report;
     ASSERT_TRUE(std::regex_search(report, m, std::regex("\"downtime_s\":([0-9.]+)"))) << report;
     EXPECT_GT(std::stod(m[1].str()), 0.0) << report;
-    ASSERT_EQ(reaped.size(), static_cast<size_t>(i + 1)) << "the original was not ended at the switch";
-    EXPECT_TRUE(WIFSIGNALED(reaped.back()) && WTERMSIG(reaped.back()) == SIGKILL) << reaped.back();
+    // The live switch keeps the process; moving it ends the original (CRIU restores it under B).
+    ASSERT_EQ(reaped.size(), i >= 1 ? 1u : 0u) << "move " << i;
+    if (!live) {
+      EXPECT_TRUE(WIFSIGNALED(reaped.back()) && WTERMSIG(reaped.back()) == SIGKILL) << reaped.back();
+    }
     EXPECT_TRUE(serves(to, child)) << to.ps();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (serves(from, child) && std::chrono::steady_clock::now() < until)
@@ -1535,20 +1544,28 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-migf-" + std::to_string(::getpid());
   OwnPosd a(base + "-a"), b(base + "-b"), shared(base + "-s", "  isolation: shared\n");
-  for (const std::string fault : {"migrate-round", "migrate-stopped", "job-dump-criu-done", "migrate-before-restore",
-                                  "refusing-target"}) {
+  size_t releases = 0;
+  // "+criu": the same with --move-process (the process moves too, through CRIU). The live switch's
+  // own points (after the target was told the job comes, before and after its permit) end with the
+  // job at the target: pos-cli's guardian settles it there and releases its session at A.
+  for (const std::string fault : {"migrate-round", "migrate-stopped", "migrate-stopped+criu", "job-dump-criu-done+criu",
+                                  "migrate-before-restore+criu", "refusing-target", "refusing-target+criu", "migrate-live-go",
+                                  "migrate-live-permit"}) {
     const std::string out_file = base + "." + fault + ".out", jobs = base + ".jobs", work = base + ".work";
     for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
     std::filesystem::create_directories(work);
     const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-" + fault, out_file, jobs, a);
-    const bool refusing = fault == "refusing-target";
+    const bool criu = fault.ends_with("+criu");
+    const std::string point = fault.substr(0, fault.find('+'));
+    const bool refusing = point == "refusing-target";
+    const bool lands_on_b = point == "migrate-live-go" || point == "migrate-live-permit";
     int code = -1;
     std::string err;
     std::vector<int> reaped;
     const std::string report =
-        migrate_reaping((refusing ? std::string() : "POS_FAULT_POINT=" + fault + " ") + cli + " migrate -t " +
+        migrate_reaping((refusing ? std::string() : "POS_FAULT_POINT=" + point + " ") + cli + " migrate -t " +
                             std::to_string(child) + " --to " + (refusing ? shared.socket : b.socket) + " --socket " +
-                            a.socket + " --max-rounds 2 --work-dir " + work + " --json",
+                            a.socket + " --max-rounds 2 --work-dir " + work + " --json" + (criu ? " --move-process" : ""),
                         child, &code, &err, &reaped);
     if (refusing) {
       EXPECT_EQ(code, 3) << err << report;  // back on the source, and said so
@@ -1557,18 +1574,30 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
     } else {
       EXPECT_EQ(code, 137) << fault << ": " << err << report;  // the fault point killed pos-cli
     }
-    // The job is served by A again (at once, or after the guardian's restore), never by B.
+    // The job is served by A again (at once, or after the guardian's restore), never by B; or, the
+    // live switch's late points, by B only (A's session released).
+    const OwnPosd& home = lands_on_b ? b : a;
+    const OwnPosd& other = lands_on_b ? a : b;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!(serves(a, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
+    while (!(serves(home, child) && !serves(other, child) && pos::process_running(static_cast<uint32_t>(child))) &&
+           std::chrono::steady_clock::now() < until) {
       int st = 0;
       if (waitpid(child, &st, WNOHANG) == child) reaped.push_back(st);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    EXPECT_TRUE(serves(a, child)) << fault << ": " << err << a.ps() << a.log_text();
-    EXPECT_FALSE(serves(b, child)) << fault << ": " << b.ps();
+    EXPECT_TRUE(serves(home, child)) << fault << ": " << err << home.ps() << home.log_text();
+    EXPECT_FALSE(serves(other, child)) << fault << ": " << other.ps() << other.log_text();
     EXPECT_FALSE(serves(shared, child)) << fault;
-    // Ended and restored (the image was complete) or never ended (it ran on).
-    const bool ended = fault == "migrate-before-restore" || refusing;
+    // A's detached session goes only when the job runs at B (posd logs the release).
+    if (lands_on_b) ++releases;
+    const std::string al = a.log_text();
+    size_t released = 0;
+    for (size_t at = al.find("released: the job runs under another posd"); at != std::string::npos;
+         at = al.find("released: the job runs under another posd", at + 1))
+      ++released;
+    EXPECT_EQ(released, releases) << fault << al;
+    // Ended and restored (the image was complete) or never ended (it ran on, or moved live).
+    const bool ended = criu && (point == "migrate-before-restore" || refusing);
     EXPECT_EQ(reaped.size(), ended ? 1u : 0u) << fault;
     // No scratch is left behind: pos-cli or its guardian removes the rounds' images.
     const auto clean_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -1576,7 +1605,7 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     EXPECT_TRUE(std::filesystem::is_empty(work)) << fault;
     const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << fault << " " << st << a.log_text();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << fault << " " << st << home.log_text();
     EXPECT_EQ(read_file(out_file), want) << fault;
     for (const std::string& p : {out_file, jobs}) std::filesystem::remove_all(p);
   }

@@ -615,6 +615,17 @@ void ShmSession::detach_and_return(const wire::DetachRequest& req) {
     }
   }
   Status s = reattach(socket, req.token);
+  if (!s.ok() && socket != socket_path_) {
+    // The posd the permit named would not take it (a migration target whose restore was abandoned
+    // or timed out): the posd it left may still hold its session, detached under the same token
+    // (a live switch releases it only once the job runs at the target). Back there, then.
+    Status back = reattach(socket_path_, req.token);
+    if (back.ok()) {
+      detaches_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    s = Status(s.code(), s.api_error(), s.message() + "; and the posd it left would not take it back (" + back.message() + ")");
+  }
   if (!s.ok()) {
     broken_ = Status(Code::kUnavailable, cuda::kErrorUnknown, "could not re-attach to posd after a detach: " + s.message());
     return;

@@ -158,6 +158,18 @@ struct RestoreGo {
 };
 static_assert(sizeof(RestoreGo) == 8);
 
+// pos-cli → posd, after a kControl hello whose command is "release": a job that left this posd
+// detached and re-attached to another posd of this host (pos-cli migrate's live switch) no longer
+// needs its session here; the session still detached with `token` ends and frees its device
+// memory. posd answers with a Welcome (code 0: released) or a refusal naming why.
+inline constexpr uint32_t kReleaseMagic = 0x4c525350;  // "PSRL"
+struct ReleaseBody {
+  uint32_t magic = kReleaseMagic;
+  uint32_t target_pid = 0;
+  char token[64] = {};  // the detach's token: only the one who detached the job knows it
+};
+static_assert(sizeof(ReleaseBody) == 72);
+
 // ---------------- shared memory ----------------
 // Offsets inside the session memfd. The header's fields are each written by one side only.
 struct alignas(64) ShmHeader {

@@ -195,9 +195,30 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
 }
 
 Status finish_restore(PendingRestore& p, uint32_t pid) {
+  POS_RETURN_IF_ERROR(send_restore_go(p, pid));
+  return await_restore(p);
+}
+
+Status send_restore_go(PendingRestore& p, uint32_t pid) {
   wire::RestoreGo go;
   go.pid = pid;
-  POS_RETURN_IF_ERROR(send_all(p.sock.get(), &go, sizeof(go)).with_context("telling the session the job is restored"));
+  return send_all(p.sock.get(), &go, sizeof(go)).with_context("telling the session the job is restored");
+}
+
+Status posd_release(const std::string& socket_path, uint32_t pid, const std::string& token) {
+  auto fd = open_control(socket_path, "release");
+  if (!fd.ok()) return fd.status();
+  UniqueFd sock(*fd);
+  wire::ReleaseBody body;
+  body.target_pid = pid;
+  wire::put_cstr(body.token, sizeof(body.token), token);
+  (void)send_all(sock.get(), &body, sizeof(body));  // a refusal at the hello is read below
+  wire::Welcome w;
+  POS_RETURN_IF_ERROR(recv_all(sock.get(), &w, sizeof(w)).with_context("posd's answer"));
+  return check_welcome(w);
+}
+
+Status await_restore(PendingRestore& p) {
   timeval t{75, 0};  // the session answers within a minute either way
   (void)setsockopt(p.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
   for (;;) {

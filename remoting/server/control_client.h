@@ -58,6 +58,14 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
 // Tells the session CRIU restored the job as `pid`, and waits (up to a minute) until the job has
 // re-attached to it.
 Status finish_restore(PendingRestore& pending, uint32_t pid);
+// finish_restore's two halves: the job is `pid` (from now on the session waits for it, a minute at
+// most, whoever holds `pending`), then its answer once the job has re-attached.
+Status send_restore_go(PendingRestore& pending, uint32_t pid);
+Status await_restore(PendingRestore& pending);
+
+// pos-cli migrate's live switch: the job `pid`, detached from the posd at `socket_path` with
+// `token`, re-attached to another posd; its session here ends (wire::ReleaseBody).
+Status posd_release(const std::string& socket_path, uint32_t pid, const std::string& token);
 
 // Lets a detached job re-attach: writes `permit` (atomically), naming the socket of the posd to
 // come back to (empty: the one it left), owned by `owner` (the job's uid, so that it may remove

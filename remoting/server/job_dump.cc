@@ -232,7 +232,9 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
     if (o.progress) o.progress(phase, done, total);
   };
-  auto prepared = prepare(o);
+  if (o.gpu_only && (o.leave_running || o.leave_stopped))
+    return Status::InvalidArgument("a GPU-only dump leaves the job detached: not with leave_running or leave_stopped");
+  auto prepared = prepare(o, !o.gpu_only);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
   const std::string& dir = pp.dir;
@@ -302,6 +304,22 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   if (gpu_failed()) {
     drain.join();
     return undo(gpu.status().with_context("saving the GPU state"));
+  }
+
+  if (o.gpu_only) {
+    // The process stays as it is, detached: its GPU state is all this image holds.
+    drain.join();
+    r.gpu_s = seconds_since(t0) - r.detach_s;
+    if (!gpu.ok()) return undo(gpu.status().with_context("saving the GPU state"));
+    r.gpu = *gpu;
+    if (Status s = write_small_file(dir + "/token", *token + "\n", 0600); !s.ok()) return undo(s);
+    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
+    if (!img.ok()) return undo(img.status().with_context("reading back the GPU part"));
+    r.job = printable((*img)->client().client().job_name());
+    r.token = *token, r.arena_bytes = arena_bytes, r.owner = pp.owner;
+    r.permit = permit;
+    r.total_s = seconds_since(t0);
+    return r;
   }
 
   say("criu");

@@ -26,6 +26,11 @@ struct JobDumpOptions {
   // it, and the report names its permit (migration ends it once the image is complete, or lets it
   // run on: grant_reattach + SIGCONT). A posd job's only.
   bool leave_stopped = false;
+  // No CPU part (pos-cli migrate's live switch on one host: the process stays where it is): the job
+  // is detached, its GPU state saved to DIR/gpu (+ DIR/token), and it stays detached, running but
+  // with its CUDA calls held, until its permit names the posd to re-attach to (report.permit).
+  // No manifest: the image is a migration's scratch, not a restore point. CRIU is not needed.
+  bool gpu_only = false;
   bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
   // A job still loading a lazy restore is dumped at once: what it has not loaded yet is copied from
   // the image it loads from. Else the dump waits until the load is done.
@@ -47,6 +52,11 @@ struct JobDumpReport {
   CheckpointReport gpu;
   std::string criu_dir, manifest;
   std::string permit;  // where the job looks for its permit (leave_stopped: it has none yet)
+  // gpu_only: what a restore of DIR/gpu into another posd needs (the detach's token, the job's
+  // session arena, its uid and name).
+  std::string token, job;
+  uint64_t arena_bytes = 0;
+  uint32_t owner = 0;
   double detach_s = 0;
   double cut_s = 0;  // from the GPU request to its cut (the image's content fixed)
   double gpu_s = 0;  // from the GPU request to its image durable (overlaps CRIU and the resume)

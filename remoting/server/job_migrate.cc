@@ -3,6 +3,7 @@
 #include "remoting/server/job_migrate.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -20,6 +21,7 @@
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
+#include "remoting/server/job_manifest.h"
 #include "remoting/server/job_restore.h"
 #include "remoting/server/migration_peer.h"
 
@@ -64,7 +66,8 @@ std::string default_work_base() {
 class MigrateGuardian {
  public:
   // `resolve`: with a remote target, the pos-cli command that asks it how the migration ended and
-  // restores the job on the source only if it does not run there (state 'c': commit in flight).
+  // restores the job on the source only if it does not run there (state 'c': commit in flight);
+  // with a live switch, the one that settles where the job runs (state 'm': permit to the target).
   MigrateGuardian(pid_t job, const std::string& program, const std::string& work, const std::string& source,
                   const std::vector<std::string>& resolve = {}) {
     if (program.empty()) return;
@@ -107,10 +110,11 @@ class MigrateGuardian {
         }
       }
       if (state == 'X') ::_exit(0);  // done
-      if (state == 'c' && resolve_argv_.size() > 1) {
-        // The commit was sent (or was being sent) to the target: only it knows whether the job
-        // runs there. The resolver asks it, and restores on the source only if it does not.
-        static const char kMsg[] = "pos-cli migrate: ended early (its process was killed) after the commit was sent; asking the target how it ended\n";
+      if ((state == 'c' || state == 'm') && resolve_argv_.size() > 1) {
+        // The commit was sent (or was being sent) to the target ('c'), or the job was let re-attach
+        // to the target of a live switch ('m'): only the target knows whether the job runs there.
+        // The resolver asks it, and brings the job back to the source only if it does not.
+        static const char kMsg[] = "pos-cli migrate: ended early (its process was killed) after the job was handed to the target; asking the target where it runs\n";
         (void)!::write(2, kMsg, sizeof(kMsg) - 1);
         ::execv(resolve_argv_[0], resolve_argv_.data());
         ::_exit(127);
@@ -198,6 +202,183 @@ class MigrateGuardian {
   int fd_ = -1;
 };
 
+// The state posd's `ps` gives the session of `pid` ("" when it lists none).
+std::string session_state(const std::string& ps, uint32_t pid) {
+  const size_t at = ps.find("\"pid\":" + std::to_string(pid) + ",");
+  if (at == std::string::npos) return "";
+  const size_t st = ps.find("\"state\":\"", at);
+  const size_t end = ps.find('}', at);
+  if (st == std::string::npos || (end != std::string::npos && st > end)) return "";
+  const size_t b = st + 9, e = ps.find('"', b);
+  return e == std::string::npos ? "" : ps.substr(b, e - b);
+}
+
+// Until the job took its permit (it looks every 2 ms while it waits for one).
+bool wait_permit_taken(const std::string& permit, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  struct stat st {};
+  while (::stat(permit.c_str(), &st) == 0) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+int64_t owner_of(uint32_t pid) {
+  struct stat st {};
+  return ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) == 0 ? static_cast<int64_t>(st.st_uid) : -1;
+}
+
+// After a live switch's permit named the target: where does the job run? The target either has
+// it attached (then the source's detached session goes: "target") or gave it up (its session
+// ended: it did not come within a minute, or its re-attach was refused); then the job is, or goes,
+// back to its session at the source, which still waits detached under the same token ("source").
+StatusOr<std::string> settle_live(uint32_t pid, const std::string& to, const std::string& socket, const std::string& token,
+                                  const std::string& permit, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int parked_polls = 0;  // polls (20 ms apart) with both sides detached and no permit
+  for (;;) {
+    auto tps = posd_control(to, "ps");
+    const std::string ts = tps.ok() ? session_state(*tps, pid) : "";
+    struct stat pst {};
+    if (ts == "detached" && ::stat(permit.c_str(), &pst) != 0) {
+      // The target waits, and no permit is there: either the job took it a moment ago and is
+      // re-attaching, or pos-cli died before it wrote it. Still so after a second (a re-attach
+      // takes milliseconds), the job is parked without one: it is let go on to the target.
+      auto sps = posd_control(socket, "ps");
+      if (sps.ok() && session_state(*sps, pid) == "detached") {
+        if (++parked_polls > 50) (void)grant_reattach(permit, to, owner_of(pid)), parked_polls = 0;
+      } else {
+        parked_polls = 0;
+      }
+    } else {
+      parked_polls = 0;
+    }
+    if (!ts.empty() && ts != "detached" && ts != "starting" && ts != "ending") {
+      Status rel = posd_release(socket, pid, token);
+      for (int i = 0; !rel.ok() && rel.code() != Code::kFailedPrecondition && i < 20; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        rel = posd_release(socket, pid, token);
+      }
+      if (!rel.ok())
+        return Status(rel.code(), 0, "the job runs at the target " + to + ", but its session at the source " + socket +
+                                         " could not be released (" + rel.message() + "); it ends with the job");
+      return std::string("target");
+    }
+    if (ts.empty() || ts == "ending") {
+      // Back to the source: a job still parked gets a permit naming no other posd (one that is
+      // re-attaching there by itself, its shim's fallback, ignores it; it is removed below).
+      struct stat st {};
+      if (::stat(permit.c_str(), &st) != 0) (void)grant_reattach(permit, "", owner_of(pid));
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+      std::string ss;
+      for (;;) {
+        auto sps = posd_control(socket, "ps");
+        ss = sps.ok() ? session_state(*sps, pid) : "";
+        if (ss != "detached" || std::chrono::steady_clock::now() > until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      (void)::unlink(permit.c_str());
+      if (ss.empty() || ss == "detached" || ss == "ending")
+        return Status::Unavailable("the target " + to + " gave the job up, and it did not come back to its session at the source " +
+                                   socket + " (" + (ss.empty() ? "none listed: has it ended?" : ss) + ")");
+      return std::string("source");
+    }
+    if (std::chrono::steady_clock::now() > end)
+      return Status::Unavailable("the job neither re-attached to the target " + to + " nor came back to the source within " +
+                                 std::to_string(static_cast<int>(seconds)) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// On one host (docs/migration.md, "The live switch"): the job is detached and its last dirty GPU
+// bytes saved (no CRIU: its process stays), the GPU state is restored into the target, and the job
+// is let re-attach there; its session at the source waits, detached, until the target says the job
+// re-attached, and is released then. Until then the job can always go back to it.
+template <typename Guardian, typename Event>
+Status live_switch(const JobMigrateOptions& o, const std::string& prev, const std::string& final_dir, JobMigrateReport* rep,
+                   Guardian& guardian, Event&& event) {
+  event("switch");
+  const auto t_stop = std::chrono::steady_clock::now();
+  JobDumpOptions d;
+  d.socket = o.socket, d.pid = o.pid, d.dir = final_dir, d.prev = prev, d.lazy_ok = true;
+  d.gpu_only = true;
+  auto dumped = dump_job(d);
+  if (!dumped.ok()) {
+    guardian.done();
+    return dumped.status().with_context("the stop (the job runs on at the source)");
+  }
+  rep->live = true;
+  const std::string permit = dumped->permit;
+  guardian.say("a" + permit + "\n");
+  rep->final_bytes = dumped->gpu.bytes_stored;
+  rep->dump_s = seconds_since(t_stop);
+  ckpt::fault_point("migrate-stopped");
+  event("restore");
+  const auto t_restore = std::chrono::steady_clock::now();
+  auto finish = [&] {
+    rep->restore_s = seconds_since(t_restore);
+    rep->downtime_s = seconds_since(t_stop);  // an upper bound: it counts the dump's checks before its detach
+    guardian.done();
+  };
+  // Back to its session at the source, which waits detached: the permit names no other posd.
+  auto back = [&](const std::string& why) -> Status {
+    rep->target_error = why;
+    rep->where = "source";
+    event("fallback");
+    Status s = grant_reattach(permit, "", owner_of(o.pid));
+    if (s.ok()) (void)wait_permit_taken(permit, 10);
+    finish();
+    return s.ok() ? Status::Ok() : s.with_context("the target failed (" + why + ") and the job could not be let back");
+  };
+  Status noted = write_small_file(rep->work_dir + "/permit-path", permit + "\n", 0600);  // for the guardian's settle
+  if (!noted.ok()) return back(noted.message());
+  char real[PATH_MAX];
+  if (::realpath(o.to.c_str(), real) == nullptr) return back("no posd socket at " + o.to + " (" + std::strerror(errno) + ")");
+  RestoreRequest req;
+  req.pid = o.pid, req.uid = dumped->owner, req.arena_bytes = dumped->arena_bytes;
+  req.token = dumped->token, req.job = dumped->job, req.lazy = o.lazy;
+  // A session of this job may still be ending there (it left that posd a moment ago): busy until then.
+  auto pending = begin_restore(real, final_dir, req);
+  for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pending = begin_restore(real, final_dir, req);
+  }
+  if (!pending.ok()) return back(pending.status().message());
+  // From the RestoreGo on, the target's session waits for the job (a minute at most) even if this
+  // process dies; from the permit on, the job goes there. The guardian settles either way ('m').
+  Status go = send_restore_go(*pending, o.pid);
+  if (go.ok()) {
+    guardian.say("m");
+    ckpt::fault_point("migrate-live-go");
+    go = grant_reattach(permit, real, static_cast<int64_t>(dumped->owner));
+  }
+  if (!go.ok()) {
+    guardian.say("a" + permit + "\n");
+    return back(go.message());
+  }
+  ckpt::fault_point("migrate-live-permit");
+  Status attached = await_restore(*pending);
+  if (attached.ok()) {
+    rep->where = "target";
+    Status rel = posd_release(o.socket, o.pid, dumped->token);
+    if (!rel.ok()) rep->release_error = rel.message();
+    finish();
+    return Status::Ok();
+  }
+  // The target did not take it: it went (or goes) back to its session at the source.
+  pending->sock.reset();
+  auto where = settle_live(o.pid, real, o.socket, dumped->token, permit, 90);
+  if (!where.ok()) {
+    finish();
+    return where.status().with_context("the target failed (" + attached.message() + ")");
+  }
+  rep->where = *where;
+  if (*where == "source") rep->target_error = attached.message();
+  finish();
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
@@ -257,6 +438,9 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   if (link)
     resolve = {o.self_program, "migrate", "-t", std::to_string(o.pid), "--to", o.to, "--secret-file", o.secret_file,
                "--socket", o.socket, "--resolve", link->id(), "--resolve-dir", rep.work_dir};
+  else if (!o.move_process && !o.self_program.empty())
+    resolve = {o.self_program, "migrate", "-t", std::to_string(o.pid), "--to", o.to, "--socket", o.socket, "--settle",
+               "--resolve-dir", rep.work_dir};
   MigrateGuardian guardian(pid, o.self_program, rep.work_dir, o.socket, resolve);
   // Pre-copy: the job runs on; each round stores only what changed since the one before.
   std::string prev;
@@ -316,6 +500,16 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
 
   // The stop. From the dump's detach until the target's re-attach the job's calls are held.
   const std::string final_dir = rep.work_dir + "/final";
+  if (!link && !o.move_process) {
+    auto live = live_switch(o, prev, final_dir, &rep, guardian, event);
+    if (!live.ok()) {
+      cleanup();
+      return live;
+    }
+    cleanup();
+    rep.total_s = seconds_since(t0);
+    return rep;
+  }
   event("switch");
   const auto t_stop = std::chrono::steady_clock::now();
   JobDumpOptions d;
@@ -455,6 +649,27 @@ StatusOr<std::string> resolve_migration(const JobResolveOptions& o) {
   if (!back.ok()) return back.status().with_context("restoring on the source (image kept: " + o.dir + "/final)");
   fs::remove_all(o.dir, ec);
   return std::string("source");
+}
+
+}  // namespace pos
+
+namespace pos {
+
+StatusOr<std::string> settle_migration(const JobSettleOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.pid == 0 || o.dir.empty() || o.to.empty() || o.socket.empty())
+    return Status::InvalidArgument("--settle needs -t, --to, --socket and --resolve-dir");
+  auto token = read_small_file(o.dir + "/final/token", 64);
+  if (!token.ok()) return token.status().with_context("the switch's token");
+  auto permit = read_small_file(o.dir + "/permit-path", 600);
+  if (!permit.ok()) return permit.status().with_context("the switch's permit");
+  std::string tok = *token, per = *permit;
+  while (!tok.empty() && tok.back() == '\n') tok.pop_back();
+  while (!per.empty() && per.back() == '\n') per.pop_back();
+  auto where = settle_live(o.pid, o.to, o.socket, tok, per, 90);
+  std::error_code ec;
+  if (where.ok()) fs::remove_all(o.dir, ec);
+  return where;
 }
 
 }  // namespace pos

@@ -22,6 +22,10 @@ struct JobMigrateOptions {
   double max_downtime_s = 0.3;     // the stop's budget the rounds aim at
   bool lazy = true;                // the target runs the job on while its device bytes load
   bool keep_images = false;        // leave the rounds' images behind (else removed once the job runs)
+  // On one host the job's process stays where it is (the live switch): only its GPU state moves,
+  // and its shim re-attaches to the target. true: CRIU dumps the process and restores it under the
+  // target instead (the path another host takes), e.g. to test that path on one host.
+  bool move_process = false;
   std::string self_program;        // this pos-cli, which a guardian runs to restore on the source if
                                    // this process dies between the stop and the target's confirmation
   // Events: "round" (a pre-copy round done), "switch" (the stop began), "restore" (on the target),
@@ -55,6 +59,8 @@ struct JobMigrateReport {
   double total_s = 0;
   uint32_t pid = 0;
   bool commit_answer_lost = false;  // HOST:PORT: the commit's answer was lost; the target said it committed
+  bool live = false;        // the live switch: the process stayed, its GPU state moved (no CRIU)
+  std::string release_error;  // live: the source's session could not be released (it ends with the job)
 };
 
 // Pre-copy rounds (pre-dumps, each holding only what changed since the one before) while the job
@@ -75,5 +81,16 @@ struct JobResolveOptions {
   std::string id, dir, to, secret_file, socket;
 };
 StatusOr<std::string> resolve_migration(const JobResolveOptions& options);
+
+// A live switch whose pos-cli died after the job was told it may re-attach to the target (its
+// guardian runs `pos-cli migrate --settle --resolve-dir DIR`): waits until the job runs at the
+// target (then the source's detached session is released: "target") or the target gave it up
+// (then it is let back to the source: "source"), and removes DIR. DIR/final/token and
+// DIR/permit-path say which session and which permit.
+struct JobSettleOptions {
+  uint32_t pid = 0;
+  std::string dir, to, socket;
+};
+StatusOr<std::string> settle_migration(const JobSettleOptions& options);
 
 }  // namespace pos

@@ -120,6 +120,7 @@ std::string octal_mode(mode_t m) {
 const char* state_of(const SessionInfo& s) {
   if (s.ending) return "ending";
   if (s.starting) return "starting";
+  if (s.detached) return "detached";
   return s.stats.calls_executed < s.stats.calls_submitted ? "running" : "idle";
 }
 
@@ -592,6 +593,7 @@ size_t body_size(const wire::Hello& h) {
   return c == "checkpoint" ? sizeof(wire::CheckpointBody)
          : c == "detach"   ? sizeof(wire::DetachBody)
          : c == "restore"  ? sizeof(wire::RestoreBody)
+         : c == "release"  ? sizeof(wire::ReleaseBody)
                            : 0;
 }
 
@@ -652,6 +654,7 @@ void PosdServer::on_hello(Handshake& h) {
     const std::string command = wire::get_cstr(hello.command, sizeof(hello.command));
     if (command == "checkpoint") control_checkpoint(h);
     else if (command == "detach") control_detach(h);
+    else if (command == "release") control_release(h);
     else if (command == "restore") control_restore(h);
     else control(fd, command);
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kReattach)) {
@@ -1016,6 +1019,46 @@ void PosdServer::control_detach(Handshake& h) {
            target->job.c_str(), static_cast<int>(target->child), caller);
 }
 
+// pos-cli migrate's live switch: the job it detached from here re-attached to another posd of this
+// host, so its session here (still detached, waiting with the detach's token) ends. The token
+// proves the caller is the one who detached it; the caller's uid must be the job's or root.
+void PosdServer::control_release(Handshake& h) {
+  const int fd = h.fd.get();
+  wire::ReleaseBody b;
+  std::memcpy(&b, h.body, sizeof(b));
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "release request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  const std::string token = wire::get_cstr(b.token, sizeof(b.token));
+  if (b.magic != wire::kReleaseMagic || b.target_pid == 0 || token.empty())
+    return refuse(Status::InvalidArgument("malformed release request"));
+  const uint32_t caller = caller_uid(h);
+  auto found = job_session(b.target_pid, caller);
+  if (!found.ok()) return refuse(found.status());
+  Session* const target = *found;
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(session_channel::Type::kRelease);
+  Status sent;
+  {
+    std::lock_guard<std::mutex> io(target->io);
+    if (target->token.size() != token.size() ||
+        !CRYPTO_memcmp_like(target->token.data(), token.data(), token.size())) {
+      sent = Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
+                    "pid " + std::to_string(b.target_pid) + "'s session here is not detached with that token (it runs here)");
+    } else {
+      target->token.clear();  // no re-attach is routed to it any more
+      sent = send_with_fds(target->channel.get(), &m, sizeof(m), {});
+    }
+  }
+  if (!sent.ok()) return refuse(sent.code() == Code::kFailedPrecondition ? sent
+                                : Status::Unavailable("the job's session process is gone: " + sent.message()));
+  POS_INFO("posd", "session of pid %d ('%s') released: the job runs under another posd now", target->cred.pid,
+           target->job.c_str());
+  wire::Welcome w;
+  (void)send_all(fd, &w, sizeof(w)).ok();
+}
+
 // A detached job coming back: its token names its session (once), its uid must be the session's.
 void PosdServer::reattach(Handshake& h) {
   const std::string token = wire::get_cstr(h.hello.command, sizeof(h.hello.command));
@@ -1148,6 +1191,7 @@ std::vector<SessionInfo> PosdServer::sessions() const {
       // answers too. One that does not (ended meanwhile, or stopped) is listed as ending.
       std::lock_guard<std::mutex> io(s->io);
       auto r = query_session(s->channel.get(), std::chrono::seconds(2));
+      i.detached = !s->token.empty();
       i.server_pid = static_cast<uint32_t>(s->child);
       i.uuid = r.ok() && r->uuid != 0 ? r->uuid : s->generation << 16;
       i.ending = !r.ok() || r->ending != 0;

@@ -29,6 +29,7 @@ struct SessionInfo {
   uint64_t frames = 0;  // frames handled
   bool ending = false;  // its client is being torn down
   bool starting = false;  // its session process is still setting up
+  bool detached = false;  // its job let go of it (a dump, a migration) or has not re-attached yet (a restore)
   uint32_t server_pid = 0;  // the process that serves it: its session process, or posd (shared)
   ClientStats stats;
 };
@@ -121,6 +122,7 @@ class PosdServer {
   uint32_t caller_uid(const Handshake& h) const;
   StatusOr<Session*> job_session(uint32_t pid, uint32_t caller);
   void control_detach(Handshake& h);
+  void control_release(Handshake& h);
   void reattach(Handshake& h);
   void control_restore(Handshake& h);
   void reap_finished();

@@ -303,6 +303,13 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
       if (Status s = ctl->reattach(fds[0], fds[1]); !s.ok()) refuse_connection(fds[0].get(), s);
       continue;
     }
+    if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+        req.type == static_cast<uint32_t>(sc::Type::kRelease)) {
+      // posd checked the token: the job runs under another posd now, this copy of its GPU state goes.
+      if (!ctl->cancel_if_detached("the job re-attached to another posd (pos-cli migrate), so this session was released"))
+        POS_WARN("posd-session", "a release came for a session that is not detached: kept");
+      continue;
+    }
     if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
         req.type != static_cast<uint32_t>(sc::Type::kStatsRequest)) {
       POS_ERROR("posd-session", "posd sent a request this session process does not know; ending the session");
@@ -454,6 +461,9 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
       }
       ctl.watch_pid(static_cast<int32_t>(go.pid));
       const bool attached = ctl.wait_attached(std::chrono::seconds(60));
+      // A job that did not come within the minute is not coming (its pos-cli let it go back to its
+      // source, or died before it let it come here): this copy of its GPU state is not left behind.
+      if (!attached) (void)ctl.cancel_if_detached("the restored job did not re-attach within 60 s");
       send_event(cli, result_event(attached ? Status::Ok()
                                             : Status::Unavailable("the restored job did not re-attach to its session"),
                                    "re-attached"));

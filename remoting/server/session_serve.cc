@@ -165,6 +165,15 @@ void SessionControl::cancel(const std::string& why) {
   (void)!::write(wake_.get(), &one, sizeof(one));
 }
 
+bool SessionControl::cancel_if_detached(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (state_.load() != kDetached || pending_) return false;
+  cancelled_ = why;
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+  return true;
+}
+
 bool SessionControl::wait_attached(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait_for(lk, timeout, [&] { return state_.load() == kAttached || state_.load() == kEnded; });

@@ -35,6 +35,9 @@ class SessionControl {
   void watch_pid(int32_t pid);
   // Ends a detached session's wait for its job: the restore was abandoned.
   void cancel(const std::string& why);
+  // The same, only while the session is detached with no re-attach under way (a job that came back
+  // meanwhile keeps its session): whether it was cancelled.
+  bool cancel_if_detached(const std::string& why);
   // Waits up to `timeout` for the session to be attached (a restored job's re-attach); false if it
   // ended first or the time passed.
   bool wait_attached(std::chrono::milliseconds timeout);
