@@ -5,16 +5,22 @@
 # same program run natively. Downtime is what the job sees: its longest step gap minus its median.
 # Both posd keep a spare session process (posd.spare_session): a restore does not wait for a context.
 #
-# Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [-- job args...]
+# On one host the migration is the live switch (the process stays, its GPU state moves); a third
+# move takes the CRIU path (--move-process), as a migration to another host does.
+# --gpus A,B: posd A serves GPU A and posd B GPU B (issue #23: GPU -> GPU on one host); the run also
+# measures the peer copy bandwidth between them and host <-> device (torch, where it is installed).
+#
+# Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
 # Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [-- job args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [-- job args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR=/dev/shm BACKEND=cuda BUDGET=300
+DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --gpus) GPUS="${2:?}"; [[ $GPUS =~ ^[0-9]+,[0-9]+$ ]] || usage; shift 2 ;;
     --dir) DIR="${2:?}"; shift 2 ;;
     --backend) BACKEND="${2:?}"; shift 2 ;;
     --max-downtime) BUDGET="${2:?}"; shift 2 ;;
@@ -29,7 +35,7 @@ ARGS=("$@")
 # Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
   export POS_BENCH_SUBREAPER=1
-  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" -- "${ARGS[@]}"
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} -- "${ARGS[@]}"
 fi
 CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
@@ -63,16 +69,44 @@ step_gap() {
         awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)]; else printf "0" }')
   echo "$max $med"
 }
-start_posd() {  # $1: name
+start_posd() {  # $1: name; $2: the GPU it serves (empty: all, sessions on the first)
   local sock="$TMP/$1/posd.sock"
   printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n  spare_session: true\n' "$BACKEND" "$sock" >"$TMP/$1.yaml"
+  [[ -n "${2:-}" ]] && printf '  devices: [%s]\n' "$2" >>"$TMP/$1.yaml"
   [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/$1.yaml"
+  [[ $BACKEND == host && -n "${2:-}" ]] && printf 'host_backend:\n  device_count: 2\n' >>"$TMP/$1.yaml"
   "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
   PIDS+=($!)
   for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
 }
-start_posd a; start_posd b
+if [[ -n $GPUS ]]; then start_posd a "${GPUS%,*}"; start_posd b "${GPUS#*,}"; else start_posd a; start_posd b; fi
 A="$TMP/a/posd.sock" BS="$TMP/b/posd.sock"
+PEER=""
+if [[ -n $GPUS && $BACKEND == cuda ]]; then
+  echo "== copy bandwidth between GPU ${GPUS%,*} and GPU ${GPUS#*,} (torch: 1 GiB tensors, 10 copies each)"
+  PEER=$(python3 - "${GPUS%,*}" "${GPUS#*,}" <<'PY' 2>&1
+import sys, time
+try:
+    import torch
+except ImportError:
+    print("no torch here: not measured"); sys.exit(0)
+a, b = int(sys.argv[1]), int(sys.argv[2])
+n = 1 << 30
+def rate(dst, src):
+    dst.copy_(src); torch.cuda.synchronize(a); torch.cuda.synchronize(b)
+    t = time.perf_counter()
+    for _ in range(10): dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(a); torch.cuda.synchronize(b)
+    return 10 * n / (time.perf_counter() - t) / 1e9
+x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{a}")
+y = torch.empty(n, dtype=torch.uint8, device=f"cuda:{b}")
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+print(f"peer access {a}<->{b}: {torch.cuda.can_device_access_peer(a, b)}; GPU {a} -> GPU {b} {rate(y, x):.1f} GB/s, "
+      f"GPU {b} -> GPU {a} {rate(x, y):.1f} GB/s; GPU {a} -> pinned host {rate(h, x):.1f} GB/s, pinned host -> GPU {b} {rate(y, h):.1f} GB/s")
+PY
+)
+  echo "$PEER"
+fi
 start_job() {  # $1: output file; the rest: env prefix
   local out=$1; shift
   env "$@" "$B/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >>"$out" 2>>"$out.err" &
@@ -84,13 +118,14 @@ start_job() {  # $1: output file; the rest: env prefix
 posenv() { echo POS_SOCKET="$1" POS_JOB_NAME=bench POS_ARENA_SIZE=1GiB LD_LIBRARY_PATH=/usr/local/cuda/lib64 LD_PRELOAD="$B/remoting/client/libpos_client.so"; }
 
 declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
-echo "== POS: pos-cli migrate A -> B -> A (budget $BUDGET ms)"
+echo "== POS: pos-cli migrate A -> B -> A (live), then A -> B moving the process (--move-process) (budget $BUDGET ms)"
 start_job "$TMP/job.out" $(posenv "$A") || exit 1
 FROM=$A TO=$BS
-for i in 0 1; do
+for i in 0 1 2; do
   S0=$(steps_so_far "$TMP/job.out.err")
   T0=$(now)
-  M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json)
+  M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
+      $([[ $i == 2 ]] && echo --move-process))
   MIG_TOTAL[$i]=$(sub "$(now)" "$T0")
   echo "$M"
   MIG_REPORT[$i]=$M
@@ -141,13 +176,15 @@ if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/
 fi
 
 echo
-echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | total / (state / round-1 rate) |"
-echo "|---|---|---|---|---|---|"
-for i in 0 1; do
+[[ -n $GPUS ]] && echo "posd A serves GPU ${GPUS%,*}, posd B GPU ${GPUS#*,}; the NVIDIA row stays on one GPU. ${PEER}"
+echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | pos-cli: stop + restore (s) | total / (state / round-1 rate) |"
+echo "|---|---|---|---|---|---|---|"
+for i in 0 1 2; do
   M=${MIG_REPORT[$i]}
   B1=$(grep -o '"round":1,"bytes":[0-9]*' <<<"$M" | grep -o '[0-9]*$'); S1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"seconds":([0-9.]+).*/\1/')
-  echo "| POS migrate $([[ $i == 0 ]] && echo "A -> B" || echo "B -> A") ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
+  name=("A -> B, live" "B -> A, live" "A -> B, --move-process (CRIU)")
+  echo "| POS migrate ${name[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
 done
-echo "| POS stop-and-copy (dump + restore --lazy) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - |"
-echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - |"
+echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
+echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
 grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1

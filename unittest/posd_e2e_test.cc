@@ -70,9 +70,11 @@ void start_posd(const std::string& socket, const std::string& log, pid_t* pid, c
   const std::string cfg = socket.substr(0, socket.rfind('/')) + ".yaml";  // beside posd's own directory
   {
     std::ofstream y(cfg);
+    // posd_extra last: more `posd:` keys, and after them top-level sections if it needs some.
     y << "backend: " << (on_gpu() ? "cuda" : "host") << "\nlog_level: info\nposd:\n  socket: " << socket
-      << "\n  arena: 32MiB\n" << posd_extra;
+      << "\n  arena: 32MiB\n";
     if (!on_gpu()) y << "  host_kernel_libraries: [" << env_or_fail("POS_MLP_HOST_KERNELS") << "]\n";
+    y << posd_extra;
   }
   const std::string posd = env_or_fail("POS_POSD");
   posix_spawn_file_actions_t fa;
@@ -1630,6 +1632,102 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   EXPECT_EQ(read_file(out_file), want);
   for (const std::string& p : {out_file, jobs, base + ".work"}) std::filesystem::remove_all(p);
+}
+
+// ---- two GPUs of one host (issue #23; the `multigpu` suite on a machine with two, CI on the host
+// backend presenting two devices) ----
+using PosdMultiGpu = PosdProcess;
+
+// More `posd:` YAML for a posd that serves GPU `device` only (its sessions see it as device 0).
+std::string serving_device(int device) {
+  std::string y = "  devices: [" + std::to_string(device) + "]\n  spare_session: true\n";
+  if (!on_gpu()) y += "host_backend:\n  device_count: 2\n";
+  return y;
+}
+
+// The backend device posd's `ps` gives the session of `pid` (-1 when it lists none).
+int device_of(const OwnPosd& posd, pid_t pid) {
+  const std::string ps = posd.ps();
+  std::smatch m;
+  if (!std::regex_search(ps, m, std::regex("\"pid\":" + std::to_string(pid) + ",[^}]*\"device\":(-?[0-9]+)"))) return -1;
+  return std::stoi(m[1].str());
+}
+
+// ZDTM shape: the training job under posd A, which serves GPU 0, is live-migrated to posd B, which
+// serves GPU 1, back to A (moving its process too, through CRIU) and to B again while it trains; it
+// finishes with exactly the output of an uninterrupted run, and after each move its memory is on
+// the target's GPU and one posd serves it.
+TEST_F(PosdMultiGpu, AJobMigratedFromGpu0ToGpu1AndBackFinishesAsIfNeverMoved) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-mgpu-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work";
+  for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+  std::filesystem::create_directories(work);
+  OwnPosd a(base + "-a", serving_device(0)), b(base + "-b", serving_device(1));
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "gpu-to-gpu", out_file, jobs, a);
+  const auto first = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (device_of(a, child) < 0 && std::chrono::steady_clock::now() < first) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(device_of(a, child), 0) << a.ps();
+  std::vector<int> reaped;
+  for (int i = 0; i < 3; ++i) {
+    const OwnPosd& from = i % 2 == 0 ? a : b;
+    const OwnPosd& to = i % 2 == 0 ? b : a;
+    const bool live = i != 1;
+    int code = -1;
+    std::string err;
+    const std::string report = migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + to.socket +
+                                                   " --socket " + from.socket + " --max-rounds 3 --work-dir " + work +
+                                                   " --json" + (live ? "" : " --move-process"),
+                                               child, &code, &err, &reaped);
+    ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
+    EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    EXPECT_EQ(device_of(to, child), i % 2 == 0 ? 1 : 0) << "move " << i << ": " << to.ps();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (serves(from, child) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(serves(from, child)) << "two posd serve the job\n" << from.ps();
+    ASSERT_EQ(reaped.size(), i >= 1 ? 1u : 0u) << "move " << i;
+    ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << "the job ended before move " << i + 1 << ": make it longer";
+  }
+  const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
+  EXPECT_EQ(read_file(out_file), want);
+  for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+}
+
+// ZDTM shape: the job under posd A (GPU 0) is dumped with pos-cli dump (it ends), restored with
+// pos-cli restore into posd B (GPU 1), where it finishes with exactly the output of an
+// uninterrupted run.
+TEST_F(PosdMultiGpu, AJobDumpedOnGpu0AndRestoredOnGpu1FinishesAsIfNeverStopped) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-mgpud-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", jobs = base + ".jobs", img = base + ".img";
+  for (const std::string& p : {out_file, jobs, img}) std::filesystem::remove_all(p);
+  OwnPosd a(base + "-a", serving_device(0)), b(base + "-b", serving_device(1));
+  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "gpu-dump", out_file, jobs, a);
+  // Some steps first, so that the image holds trained state.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(out_file).size() < 200 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  int code = -1;
+  std::string err;
+  std::vector<int> reaped;
+  (void)migrate_reaping(cli + " dump -t " + std::to_string(child) + " -D " + img + " --socket " + a.socket, child, &code,
+                        &err, &reaped);
+  ASSERT_EQ(code, 0) << err << a.log_text();
+  ASSERT_EQ(reaped.size(), 1u);  // the dump ended it
+  const std::string restored = shell(cli + " restore -D " + img + " --socket " + b.socket, &code, &err);
+  ASSERT_EQ(code, 0) << err << restored << b.log_text();
+  EXPECT_EQ(device_of(b, child), 1) << b.ps();
+  EXPECT_FALSE(serves(a, child)) << a.ps();
+  const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << b.log_text();
+  EXPECT_EQ(read_file(out_file), want);
+  for (const std::string& p : {out_file, jobs, img}) std::filesystem::remove_all(p);
 }
 
 // A network namespace joined to this one by a veth pair (10.231.N.1 here, .2 there, /24; nothing
