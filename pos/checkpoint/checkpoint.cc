@@ -117,6 +117,7 @@ Status CheckpointJob::start_at_cut(BackendClient* backend, double stall_start_s)
   }
   stall_start_s_ = stall_start_s;
   result_.drain_start_s = seconds_now();
+  result_.to_cut_s = result_.drain_start_s - t0_;
   drainer_ = std::thread([this] {
     name_this_thread("pos-ckpt-drain");
     drain_main();

@@ -78,6 +78,7 @@ struct CheckpointResult {
   // When the drainer started (at the cut) and when the image was durable, on the monotonic clock
   // (seconds_now()), so a caller can tell which of the job's work overlapped the drain.
   double drain_start_s = 0, drain_end_s = 0;
+  double to_cut_s = 0;  // from the request to the cut (opening the writer and the parent chain, the client quiescing)
   std::string image_id;
   uint64_t pending_calls = 0;    // stop: calls at or after the cut, kept in the image for replay
 };

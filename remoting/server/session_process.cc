@@ -202,8 +202,9 @@ class CheckpointRunner {
       r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
       r.bytes_from_image = res->bytes_from_image;
       r.stall_s = res->stall_s, r.total_s = res->total_s;
-      POS_INFO("posd-session", "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s", (unsigned long)uuid,
-               (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s);
+      POS_INFO("posd-session", "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s (cut after %.3f s, drained in %.3f s)",
+               (unsigned long)uuid, (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s,
+               res->to_cut_s, res->drain_end_s - res->drain_start_s);
     } else {
       r.code = static_cast<int32_t>(res.status().code());
       r.api_error = res.status().api_error();
