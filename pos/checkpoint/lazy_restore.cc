@@ -55,7 +55,6 @@ Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<boo
   if (!wc.ok()) return wc.status();
   worker_copier_ = std::move(*wc);
   worker_staging_ = std::make_unique<ChunkStaging>(device_);
-  worker_staging2_ = std::make_unique<ChunkStaging>(device_);
   threads = std::min(threads, regions_.size());
   for (size_t i = 0; i < threads; ++i) {
     auto c = backend.make_copier();
@@ -74,43 +73,20 @@ Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<boo
   return Status::Ok();
 }
 
-Status LazyLoader::load(const Region& r, DeviceCopier& copier, ChunkStaging& staging, ChunkStaging& staging2) const {
-  ChunkStaging* const buffers[2] = {&staging, &staging2};
-  bool in_flight[2] = {false, false};
-  Status s;
-  int lane = 0;
-  for (uint64_t off = 0; off < r.ref->length() && s.ok(); off += r.ref->chunk_size(), lane ^= 1) {
+Status LazyLoader::load(const Region& r, DeviceCopier& copier, ChunkStaging& staging) const {
+  for (uint64_t off = 0; off < r.ref->length(); off += r.ref->chunk_size()) {
     const uint64_t n = std::min<uint64_t>(r.ref->chunk_size(), r.ref->length() - off);
-    // This lane's staging buffer is free again once its last copy is done.
-    if (in_flight[lane]) {
-      in_flight[lane] = false;
-      if (s = copier.wait(lane); !s.ok()) break;
-    }
-    const std::byte* src = r.img->direct(*r.ref, off);
-    if (src != nullptr) {
-      s = r.img->verify_chunk(*r.ref, off, n, src);
-    } else {
-      auto buf = buffers[lane]->get();
-      s = buf.ok() ? r.img->read_chunk(*r.ref, off, n, *buf) : buf.status();
-      if (buf.ok()) src = *buf;
-    }
-    if (s.ok()) s = copier.to_device_async(r.addr + off, src, n, lane);
-    if (s.ok()) in_flight[lane] = true;
+    Status s = load_chunk(*r.img, *r.ref, off, n, r.addr, copier, staging);
+    if (!s.ok())
+      return s.with_context("lazy restore of buffer " + hex(r.addr) + " (" + std::to_string(r.size) +
+                            " bytes)");
   }
-  // Every copy done before the staging buffers are reused or freed, even after an error.
-  for (int l = 0; l < 2; ++l)
-    if (in_flight[l]) {
-      Status w = copier.wait(l);
-      if (s.ok()) s = w;
-    }
-  if (!s.ok())
-    return s.with_context("lazy restore of buffer " + hex(r.addr) + " (" + std::to_string(r.size) + " bytes)");
   return Status::Ok();
 }
 
 void LazyLoader::loader_main(size_t i) {
   DeviceCopier& copier = *copiers_[i];
-  ChunkStaging staging(device_), staging2(device_);
+  ChunkStaging staging(device_);
   if (hold_ != nullptr)
     while (hold_->load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire))
       std::this_thread::yield();
@@ -121,7 +97,7 @@ void LazyLoader::loader_main(size_t i) {
     Region& r = regions_[next_++];
     r.state = State::kLoading;
     lk.unlock();
-    const Status s = load(r, copier, staging, staging2);
+    const Status s = load(r, copier, staging);
     lk.lock();
     settle(r, s, /*on_demand=*/false);
   }
@@ -180,7 +156,7 @@ Status LazyLoader::before_call(const APIContext& c) {
     if (r.state == State::kPending) {
       r.state = State::kLoading;
       lk.unlock();
-      const Status s = load(r, *worker_copier_, *worker_staging_, *worker_staging2_);
+      const Status s = load(r, *worker_copier_, *worker_staging_);
       lk.lock();
       settle(r, s, /*on_demand=*/true);
     }

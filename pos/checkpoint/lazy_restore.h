@@ -100,9 +100,7 @@ class LazyLoader {
     Status error;                   // guarded by mu_ (kFailed)
   };
 
-  // Chunk by chunk, the next chunk read (into the other staging buffer) while the last one is
-  // copied to the device (on the other lane): the read and the copy overlap.
-  Status load(const Region& r, DeviceCopier& copier, ChunkStaging& staging, ChunkStaging& staging2) const;
+  Status load(const Region& r, DeviceCopier& copier, ChunkStaging& staging) const;
   void loader_main(size_t i);
   void settle(Region& r, const Status& s, bool on_demand);  // mu_ held
   void update_done();                                       // mu_ held
@@ -113,7 +111,7 @@ class LazyLoader {
   std::vector<Region> regions_;                      // the vector is fixed once started
   std::unordered_map<uint64_t, size_t> by_addr_;     // worker: live restored buffers by address
   std::unique_ptr<DeviceCopier> worker_copier_;      // worker
-  std::unique_ptr<ChunkStaging> worker_staging_, worker_staging2_;  // worker
+  std::unique_ptr<ChunkStaging> worker_staging_;     // worker
   std::vector<std::unique_ptr<DeviceCopier>> copiers_;  // one per loader thread
   std::vector<std::thread> threads_;
   std::atomic<bool>* hold_ = nullptr;
