@@ -20,7 +20,15 @@ struct LockArgs {
 struct Reserved64 {
   uint64_t reserved[8];
 };
-static_assert(sizeof(LockArgs) == 64 && sizeof(Reserved64) == 64);
+// CUcheckpointRestoreArgs: the pairs, their count, the rest reserved (zeroed).
+struct RestoreArgs {
+  const void* gpu_pairs;
+  unsigned gpu_pairs_count;
+  char reserved[52 - sizeof(void*)];
+  uint64_t reserved1;
+};
+static_assert(sizeof(LockArgs) == 64 && sizeof(Reserved64) == 64 && sizeof(RestoreArgs) == 64);
+static_assert(sizeof(DriverCheckpoint::GpuPair) == 32);  // CUcheckpointGpuPair: two CUuuid
 }  // namespace
 
 StatusOr<std::unique_ptr<DriverCheckpoint>> DriverCheckpoint::open() {
@@ -72,8 +80,14 @@ Status DriverCheckpoint::checkpoint(pid_t pid) {
   return check("cuCheckpointProcessCheckpoint", pid, checkpoint_(pid, &a));
 }
 
-Status DriverCheckpoint::restore(pid_t pid) {
-  Reserved64 a{};  // no GPU pairs: the same devices
+Status DriverCheckpoint::restore(pid_t pid) { return restore(pid, {}); }
+
+Status DriverCheckpoint::restore(pid_t pid, const std::vector<GpuPair>& pairs) {
+  RestoreArgs a{};  // no GPU pairs: the same devices
+  if (!pairs.empty()) {
+    a.gpu_pairs = pairs.data();
+    a.gpu_pairs_count = static_cast<unsigned>(pairs.size());
+  }
   return check("cuCheckpointProcessRestore", pid, restore_(pid, &a));
 }
 

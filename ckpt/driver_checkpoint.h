@@ -5,8 +5,10 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "pos/base/status.h"
 
@@ -29,6 +31,13 @@ class DriverCheckpoint {
   Status lock(pid_t pid, unsigned timeout_ms);
   Status checkpoint(pid_t pid);
   Status restore(pid_t pid);
+  // A restore onto other GPUs of the same model (CUDA 13's gpuPairs: CUuuid bytes, old → new). The
+  // driver wants every GPU the process had named, and no new GPU twice (gpu_remap_pairs builds
+  // them); empty `pairs` is restore(pid). A driver without the remap answers with its error.
+  struct GpuPair {
+    std::array<unsigned char, 16> old_uuid, new_uuid;
+  };
+  Status restore(pid_t pid, const std::vector<GpuPair>& pairs);
   Status unlock(pid_t pid);
   StatusOr<State> state(pid_t pid);
   // Whatever the state, brings the process back to running (restore, unlock) as far as the

@@ -330,6 +330,7 @@ int resume(int pid, const std::string& jobs_dir, std::string job_socket, const s
 struct RestoreArgs {
   std::string dir, socket;
   bool lazy = false, json = false, latest = false, hold = false;
+  int device = -1;  // --device N (in-process jobs): restore onto CUDA device N of this host
 };
 
 int restore(RestoreArgs a) {
@@ -342,10 +343,16 @@ int restore(RestoreArgs a) {
     if (!a.json) std::printf("restoring the newest restorable image: %s\n", latest->c_str());
     a.dir = *latest;
   }
+  // This process works on another process's GPUs: it must see them all, whatever its own
+  // environment hides (NVIDIA's restore onto other GPUs fails when the caller does not see every
+  // GPU the job had), and --device N is an ordinal of the whole host. Cleared before the driver
+  // is loaded, which reads it once.
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
   pos::JobRestoreOptions o;
   o.dir = a.dir;
   o.socket = a.socket;
   o.lazy = a.lazy;
+  o.device = a.device;
   if (a.hold) {
     // A migration target's: says the job is restored and held, then waits for "go" on stdin.
     o.hold = [](uint32_t pid) {
@@ -368,15 +375,17 @@ int restore(RestoreArgs a) {
   if (a.json) {
     std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
                 "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"load_s\":%.6f,\"total_s\":%.6f},\"handoff\":%s,"
-                "\"note\":%s}\n",
+                "\"device\":%d,\"device_uuid\":%s,\"moved\":%s,\"note\":%s}\n",
                 r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
                 (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
-                r->reattach_s, r->load_s, r->total_s, r->handoff ? "true" : "false", pos::json_string(r->note).c_str());
+                r->reattach_s, r->load_s, r->total_s, r->handoff ? "true" : "false", r->device,
+                pos::json_string(r->device_uuid).c_str(), r->moved ? "true" : "false", pos::json_string(r->note).c_str());
   } else {
     std::printf("restored pid %u from %s: GPU state %s(%llu handles, %llu bytes) in %.3f s, CPU state by CRIU in %.3f s, "
                 "re-attached in %.3f s; total %.3f s\n",
                 r->pid, a.dir.c_str(), a.lazy && r->note.empty() ? "loading lazily " : "", (unsigned long long)r->handles,
                 (unsigned long long)r->gpu_bytes, r->gpu_s, r->criu_s, r->reattach_s, r->total_s);
+    if (r->moved) std::printf("moved onto CUDA device %d (%s)\n", r->device, r->device_uuid.c_str());
   }
   if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
   return 0;
@@ -818,6 +827,10 @@ int main(int argc, char** argv) {
   restore_cmd->add_option("--socket", ra.socket, "the posd to restore into (the one dumped from or another)")
       ->capture_default_str();
   restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
+  restore_cmd->add_option("--device", ra.device,
+                          "an in-process job's image (pos run): restore it onto CUDA device N of this host (its ordinal "
+                          "with CUDA_VISIBLE_DEVICES ignored), a GPU of the model it ran on")
+      ->check(CLI::NonNegativeNumber);
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
   restore_cmd->add_flag("--hold", ra.hold,
                         "once CRIU restored the job, print {\"held\":PID} and let it re-attach only after a line "

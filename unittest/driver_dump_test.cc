@@ -28,16 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
-  return v != nullptr ? v : "";
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+std::string env(const char* name) { return pos::test::env_or_fail(name); }
+std::string read_file(const fs::path& p) { return pos::test::read_text_file(p.string()); }
 
 class DriverDump : public ::testing::Test {
  protected:
@@ -71,6 +63,7 @@ class DriverDump : public ::testing::Test {
     e.push_back("POS_JOBS_DIR=" + jobs_);
     e.push_back("POS_DRIVER_PLACE=1");
     if (copy_) e.push_back("FAKE_CUDA_NO_EXPORT=1");
+    e.insert(e.end(), fake_env_.begin(), fake_env_.end());
     std::vector<char*> envp;
     for (std::string& s : e) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -117,14 +110,25 @@ class DriverDump : public ::testing::Test {
     return read_file(result);
   }
   std::string cli(const std::string& args, int* code) {
-    return pos::test::run_shell(std::string(copy_ ? "FAKE_CUDA_NO_EXPORT=1 " : "") + "POS_REAL_LIBCUDA=" +
+    std::string fake;
+    for (const std::string& v : fake_env_) fake += v.substr(0, v.find('=') + 1) + "'" + v.substr(v.find('=') + 1) + "' ";
+    return pos::test::run_shell(std::string(copy_ ? "FAKE_CUDA_NO_EXPORT=1 " : "") + fake + "POS_REAL_LIBCUDA=" +
                                     env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args,
                                 code);
   }
+  // The fake driver's GPUs (fake_cuda.cc): `n` of them, named `names`, its restores and memory
+  // creations logged in root_/state, for the job and pos-cli alike.
+  void fake_gpus(int n, const std::string& names = "") {
+    fs::create_directories(root_ / "state");
+    fake_env_ = {"FAKE_CUDA_GPUS=" + std::to_string(n), "FAKE_CUDA_STATE=" + (root_ / "state").string()};
+    if (!names.empty()) fake_env_.push_back("FAKE_CUDA_GPU_NAMES=" + names);
+  }
+  std::string fake_log() { return read_file(root_ / "state" / "log"); }
 
   // The job's memory cannot be exported (FAKE_CUDA_NO_EXPORT): the dump falls back to the job's
   // own copy to files, and the restore to the job's own load.
   bool copy_ = false;
+  std::vector<std::string> fake_env_;  // for the job and pos-cli (fake_gpus)
   const char* handoff() const { return copy_ ? "\"handoff\":false" : "\"handoff\":true"; }
 
   void leave_running_dump();
@@ -226,6 +230,110 @@ void DriverDump::stop_dump_and_restore() {
   ASSERT_EQ(::waitpid(restored_, &st, 0), restored_);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   restored_ = -1;
+}
+
+// The fake driver's GPU i, as nvidia-smi would spell its UUID.
+std::string fake_uuid(int i) {
+  char s[48];
+  std::snprintf(s, sizeof(s), "GPU-face0000-0000-0000-0000-0000000000%02x", i);
+  return s;
+}
+
+// Restore onto another GPU of the host (--device): the dump records the job's GPUs by UUID, the
+// restore hands NVIDIA's restore the pairs that move the job there (every GPU it saw, GPU 0 and 1
+// swapped), makes the job's memory on the new GPU, checks that the job now runs there, and the
+// job reads its bytes back. Both with the hand-off and with the job loading its memory itself.
+TEST_F(DriverDump, ARestoreWithDeviceMovesAJobDumpedOnGpu0OntoGpu1WithItsMemory) {
+  for (bool copy : {false, true}) {
+    SCOPED_TRACE(copy ? "the job copies" : "hand-off");
+    copy_ = copy;
+    fake_gpus(2);
+    fs::remove(root_ / "state" / "log");
+    start();
+    const std::string img = (root_ / "img").string();
+    int code = -1;
+    std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img, &code);
+    ASSERT_EQ(code, 0) << out;
+    ASSERT_EQ(::waitpid(pid_, nullptr, 0), pid_);  // CRIU ended it
+    const pid_t dumped = std::exchange(pid_, -1);
+    const std::string manifest = read_file(img + "/manifest");
+    EXPECT_NE(manifest.find("\"gpu_uuids\":\"" + fake_uuid(0) + "\",\"gpus_visible\":\"" + fake_uuid(0) + "," +
+                            fake_uuid(1) + "\",\"gpu_name\":\"Fake GPU\""),
+              std::string::npos)
+        << manifest;
+    out = cli("restore -D " + img + " --device 1 --json", &code);
+    ASSERT_EQ(code, 0) << out << fake_log();
+    restored_ = dumped;
+    EXPECT_NE(out.find("\"device\":1,\"device_uuid\":\"" + fake_uuid(1) + "\",\"moved\":true"), std::string::npos) << out;
+    EXPECT_NE(out.find(handoff()), std::string::npos) << out;
+    const std::string log = fake_log();
+    EXPECT_NE(log.find("restore " + std::to_string(dumped) + " 0->1 1->0\n"), std::string::npos) << log;
+    // The memory was made on GPU 1: by pos-cli (in its ordinals) with the hand-off, else by the job,
+    // whose ordinal 0 now names GPU 1 (the fake moved it as the driver does; pos-cli checked).
+    if (!copy) {
+      bool on_gpu1 = false;
+      std::istringstream lines(log);
+      for (std::string l; std::getline(lines, l);) on_gpu1 = on_gpu1 || (l.rfind("create ", 0) == 0 && l.back() == '1');
+      EXPECT_TRUE(on_gpu1) << log;
+    }
+    EXPECT_EQ(check(), "rc=0 same=1\n");  // its pattern, at its addresses
+    ::kill(std::exchange(restored_, -1), SIGKILL);
+    ::waitpid(dumped, nullptr, 0);
+    fs::remove_all(img);
+  }
+}
+
+// --device is refused, before anything is restored, for a GPU that does not exist, a GPU of
+// another model, an image that does not record its GPUs (an older pos-cli's), and a posd job's
+// image; and a driver that takes the pairs but leaves the job where it was is caught after its
+// restore (the job is ended; the image is unchanged and restores as it was dumped).
+TEST_F(DriverDump, ARestoreWithDeviceIsRefusedWhereTheJobCannotMoveThereAndChangesNothing) {
+  fake_gpus(3, "Fake GPU,Fake GPU,Other GPU");
+  start();
+  const std::string img = (root_ / "img").string();
+  int code = -1;
+  std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + img, &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(::waitpid(pid_, nullptr, 0), pid_);
+  const pid_t dumped = std::exchange(pid_, -1);
+  const auto refused = [&](const std::string& args, const std::string& why) {
+    SCOPED_TRACE(args);
+    const std::string o = cli("restore -D " + img + " " + args, &code);
+    EXPECT_NE(code, 0) << o;
+    EXPECT_NE(o.find(why), std::string::npos) << o;
+    EXPECT_NE(::kill(dumped, 0), 0);  // nothing restored
+  };
+  refused("--device 3", "there is no CUDA device 3 on this host (it has 3: 0: Fake GPU " + fake_uuid(0));
+  refused("--device 2", "CUDA device 2 is a Other GPU; the job ran on a Fake GPU");
+  refused("--device -1", "--device");  // not a device number (pos-cli's own check)
+  const std::string manifest = read_file(img + "/manifest");
+  // An older pos-cli's image: no GPU keys.
+  std::string old = manifest.substr(0, manifest.find(",\"gpu_uuids\":")) + "}\n";
+  std::ofstream(img + "/manifest", std::ios::trunc) << old;
+  refused("--device 1", "the image does not record which GPU the job used");
+  // A posd job's image (its kind, arena and permit; nothing else is read before --device is refused).
+  std::string posd = old;
+  posd.replace(posd.find("\"driver-dump\""), 13, "\"dump\"");
+  posd.replace(posd.find("\"arena_bytes\":0"), 15, "\"arena_bytes\":4096");
+  posd.replace(posd.find("\"permit\":\"\""), 11, "\"permit\":\"/dev/shm/pos-permit-x\"");
+  std::ofstream(img + "/manifest", std::ios::trunc) << posd;
+  refused("--device 1", "posd.devices");
+  std::ofstream(img + "/manifest", std::ios::trunc) << manifest;
+  // A driver that ignores the pairs: the job's GPU is not the one its memory was put on.
+  fake_env_.push_back("FAKE_CUDA_REMAP_IGNORED=1");
+  out = cli("restore -D " + img + " --device 1", &code);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("after NVIDIA's restore the job's GPU is " + fake_uuid(0) + ", not " + fake_uuid(1)),
+            std::string::npos) << out;
+  for (int i = 0; i < 400 && ::waitpid(dumped, nullptr, WNOHANG) != dumped; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // ended, reaped: its pid is free again
+  fake_env_.pop_back();
+  // The image is unchanged: restored where it was dumped, the job reads its bytes.
+  out = cli("restore -D " + img + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  restored_ = dumped;
+  EXPECT_NE(out.find("\"device\":0,\"device_uuid\":\"" + fake_uuid(0) + "\",\"moved\":false"), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
 // pos-cli killed mid-dump (kill -9 at a fault point: after the job saved and unmapped its memory,

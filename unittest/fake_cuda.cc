@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "unittest/fake_cuda.h"
 
@@ -165,8 +166,14 @@ FAKE_EXPORT int cuMemAddressFree(unsigned long long p, size_t) {
   std::lock_guard<std::mutex> lk(mu);
   return reserved.erase(p) == 1 ? 0 : 1;
 }
-FAKE_EXPORT int cuMemCreate(unsigned long long* h, size_t size, const void*, unsigned long long) {
+namespace {
+void log_line(const std::string& line);
+}
+FAKE_EXPORT int cuMemCreate(unsigned long long* h, size_t size, const void* prop, unsigned long long) {
   bump("cuMemCreate");
+  // CUmemAllocationProp: type, requestedHandleTypes, location {type, id}: the device is the 4th int.
+  if (prop != nullptr)
+    log_line("create " + std::to_string(::getpid()) + " " + std::to_string(static_cast<const int*>(prop)[3]));
   if (size % kGranule != 0) return 1;
   const int fd = ::memfd_create("fake-cuda-memory", MFD_CLOEXEC);
   if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -409,8 +416,119 @@ FAKE_EXPORT int cuCheckpointProcessGetState(int, int* state) {
 }
 FAKE_EXPORT int cuCheckpointProcessLock(int, void*) { return 0; }
 FAKE_EXPORT int cuCheckpointProcessCheckpoint(int, void*) { return 0; }
-FAKE_EXPORT int cuCheckpointProcessRestore(int, void*) { return 0; }
 FAKE_EXPORT int cuCheckpointProcessUnlock(int, void*) { return 0; }
+
+// GPUs: FAKE_CUDA_GPUS of them (default 1), named by FAKE_CUDA_GPU_NAMES (comma-separated, default
+// "Fake GPU"), GPU i's UUID GPU-face0000-0000-0000-0000-0000000000ii. A restore onto other GPUs
+// (CUDA 13's gpuPairs) is checked as the driver documents it (every GPU the job saw, old → new, no
+// new GPU twice) and, with FAKE_CUDA_STATE=DIR, moves the job as the driver does: its ordinals keep
+// their numbers and name the new GPUs, which the restored job's fake (this library, loaded in it)
+// reads from DIR/remap-PID. FAKE_CUDA_REMAP_IGNORED=1: a driver that accepts the pairs but leaves
+// the job where it was. DIR/log gets one line per restore and per cuMemCreate (pid, device).
+namespace {
+int gpu_count() {
+  const char* n = std::getenv("FAKE_CUDA_GPUS");
+  const int v = n != nullptr ? std::atoi(n) : 1;
+  return v > 0 && v < 100 ? v : 1;
+}
+std::string state_file(const std::string& name) {
+  const char* d = std::getenv("FAKE_CUDA_STATE");
+  return d != nullptr && *d != '\0' ? std::string(d) + "/" + name : std::string();
+}
+void log_line(const std::string& line) {
+  const std::string f = state_file("log");
+  if (f.empty()) return;
+  if (FILE* out = std::fopen(f.c_str(), "a")) {
+    std::fprintf(out, "%s\n", line.c_str());
+    std::fclose(out);
+  }
+}
+// The physical GPU ordinal d of process `pid` names now (DIR/remap-PID: one "d gpu" line each).
+int physical(int pid, int d) {
+  const std::string f = state_file("remap-" + std::to_string(pid));
+  int at = d;
+  if (FILE* in = f.empty() ? nullptr : std::fopen(f.c_str(), "r")) {
+    int a = 0, b = 0;
+    while (std::fscanf(in, "%d %d", &a, &b) == 2)
+      if (a == d) at = b;
+    std::fclose(in);
+  }
+  return at;
+}
+int gpu_of_uuid(const unsigned char* u) {
+  static const unsigned char head[15] = {0xfa, 0xce};
+  if (std::memcmp(u, head, 15) != 0 || u[15] >= gpu_count()) return -1;
+  return u[15];
+}
+}  // namespace
+FAKE_EXPORT int cuDeviceGetCount(int* n) {
+  *n = gpu_count();
+  return 0;
+}
+FAKE_EXPORT int cuDeviceGet(int* d, int ordinal) {
+  if (ordinal < 0 || ordinal >= gpu_count()) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *d = ordinal;
+  return 0;
+}
+FAKE_EXPORT int cuDeviceGetUuid_v2(unsigned char* u, int d) {
+  if (d < 0 || d >= gpu_count()) return 101;
+  std::memset(u, 0, 16);
+  u[0] = 0xfa, u[1] = 0xce;
+  u[15] = static_cast<unsigned char>(physical(static_cast<int>(::getpid()), d));
+  return 0;
+}
+FAKE_EXPORT int cuDeviceGetName(char* name, int len, int d) {
+  if (d < 0 || d >= gpu_count() || len <= 0) return 101;
+  const char* names = std::getenv("FAKE_CUDA_GPU_NAMES");
+  std::string all = names != nullptr ? names : "", one = "Fake GPU";
+  for (int i = 0, at = 0; !all.empty(); ++i) {
+    const size_t comma = all.find(',', static_cast<size_t>(at));
+    if (i == physical(static_cast<int>(::getpid()), d)) {
+      const size_t from = static_cast<size_t>(at);
+      one = all.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+      break;
+    }
+    if (comma == std::string::npos) break;
+    at = static_cast<int>(comma) + 1;
+  }
+  std::snprintf(name, static_cast<size_t>(len), "%s", one.c_str());
+  return 0;
+}
+struct FakeRestoreArgs {  // CUcheckpointRestoreArgs
+  const unsigned char* pairs;  // 32 bytes each: old UUID, new UUID
+  unsigned count;
+};
+FAKE_EXPORT int cuCheckpointProcessRestore(int pid, void* args) {
+  const FakeRestoreArgs* a = static_cast<const FakeRestoreArgs*>(args);
+  if (a == nullptr || a->count == 0) {
+    log_line("restore " + std::to_string(pid));
+    return 0;
+  }
+  const int n = gpu_count();
+  if (a->pairs == nullptr || static_cast<int>(a->count) != n) return 1;  // CUDA_ERROR_INVALID_VALUE
+  std::vector<int> to(static_cast<size_t>(n), -1);
+  std::vector<bool> taken(static_cast<size_t>(n), false);
+  std::string line = "restore " + std::to_string(pid);
+  for (unsigned i = 0; i < a->count; ++i) {
+    const int from = gpu_of_uuid(a->pairs + 32 * i), into = gpu_of_uuid(a->pairs + 32 * i + 16);
+    if (from < 0 || into < 0 || to[static_cast<size_t>(from)] >= 0 || taken[static_cast<size_t>(into)]) return 1;
+    to[static_cast<size_t>(from)] = into;
+    taken[static_cast<size_t>(into)] = true;
+    line += " " + std::to_string(from) + "->" + std::to_string(into);
+  }
+  log_line(line);
+  const char* ignored = std::getenv("FAKE_CUDA_REMAP_IGNORED");
+  const std::string f = state_file("remap-" + std::to_string(pid));
+  if (f.empty() || (ignored != nullptr && std::strcmp(ignored, "1") == 0)) return 0;
+  std::string text;
+  for (int d = 0; d < n; ++d)
+    text += std::to_string(d) + " " + std::to_string(to[static_cast<size_t>(physical(pid, d))]) + "\n";
+  if (FILE* out = std::fopen(f.c_str(), "w")) {
+    std::fputs(text.c_str(), out);
+    std::fclose(out);
+  }
+  return 0;
+}
 // Not a driver function: the RTLD_NEXT check of driver_hooks_test looks it up from the probe.
 FAKE_EXPORT int probe_symbol() { return 2; }
 

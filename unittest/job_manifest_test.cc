@@ -110,6 +110,43 @@ TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndARelativePreviousIm
   expect_refused(manifest_json(bad), "other parts than gpu, or no control socket");
 }
 
+// The GPUs of an in-process job's dump, by UUID: written and read back; absent in an older image's
+// manifest and in a posd job's (read as unknown); a malformed list refused.
+TEST(JobManifest, AnInProcessJobsGpusAreReadBackAndAManifestWithoutThemReadsAsUnknown) {
+  JobManifest m = sample();
+  m.kind = "driver-dump";
+  m.prev.clear(), m.permit.clear();
+  m.arena_bytes = 0;
+  m.socket = "/run/pos-jobs/4242.sock";
+  m.gpu_uuids = "GPU-5b2c6f1e-0a1b-4c2d-8e3f-00112233aabb";
+  m.gpus_visible = m.gpu_uuids + ",GPU-9f00aa11-2233-4455-6677-8899aabbccdd";
+  m.gpu_name = "NVIDIA H100 80GB HBM3";
+  auto back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->gpu_uuids, m.gpu_uuids);
+  EXPECT_EQ(back->gpus_visible, m.gpus_visible);
+  EXPECT_EQ(back->gpu_name, m.gpu_name);
+  EXPECT_EQ(manifest_json(*back), manifest_json(m));  // decode, encode: the same bytes
+  // An older pos-cli's manifest has none of the three keys: unknown, not an error.
+  const std::string with = manifest_json(m);
+  const std::string without = with.substr(0, with.find(",\"gpu_uuids\":")) + "}\n";
+  back = parse_manifest(without);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->gpu_uuids.empty() && back->gpus_visible.empty() && back->gpu_name.empty());
+  // A posd job's manifest does not carry them at all.
+  EXPECT_EQ(manifest_json(sample()).find("gpu_uuids"), std::string::npos);
+  for (const char* bad : {"GPU-5B2C6F1E-0A1B-4C2D-8E3F-00112233AABB", "5b2c6f1e-0a1b-4c2d-8e3f-00112233aabb",
+                          "GPU-5b2c6f1e-0a1b-4c2d-8e3f-00112233aabb,", "GPU-5b2c6f1e0a1b4c2d8e3f00112233aabb",
+                          "GPU-5b2c6f1e-0a1b-4c2d-8e3f-00112233aabb;GPU-9f00aa11-2233-4455-6677-8899aabbccdd"}) {
+    JobManifest b = m;
+    b.gpu_uuids = bad;
+    expect_refused(manifest_json(b), "not a comma-separated list of GPU-");
+  }
+  std::string number = with;
+  number.replace(number.find("\"gpu_name\":\""), 12, "\"gpu_name\":7,\"x\":\"");
+  expect_refused(number, "\"gpu_name\" (a string) is missing or of another type");
+}
+
 TEST(JobManifest, MalformedTextIsRefusedSayingWhatIsWrong) {
   const std::string good = manifest_json(sample());
   expect_refused("", "does not start with '{'");

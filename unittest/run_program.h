@@ -9,10 +9,25 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 namespace pos::test {
+
+// A variable the test's meson entry sets: its value, or a failure and "".
+inline std::string env_or_fail(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) ADD_FAILURE() << name << " is not set (meson sets it)";
+  return v != nullptr ? v : "";
+}
+
+// A whole file as text ("" if it cannot be read).
+inline std::string read_text_file(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
 
 // Runs a shell command line; its stdout, with its stderr appended when it fails. `err`, when
 // given, receives all of stderr.

@@ -34,6 +34,7 @@
 #include "remoting/driver/app_vmm.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
+#include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/placement.h"
@@ -81,6 +82,7 @@ struct Runtime {
   std::atomic<uint64_t> marked{0};  // addresses found in launch parameters
   StreamSet streams;
   SnapCalls snap;  // the real driver's, for GPU-only checkpoints
+  GpuIdCalls ids;  // the real driver's device queries, for pos-cli's `gpus`
   std::mutex dump_mu;
   std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
   // While a GPU-only checkpoint is prepared no CUDA graph capture may begin: the checkpoint's own
@@ -756,13 +758,47 @@ std::string dump_resume(Runtime* rt, std::string dir) {
   return out;
 }
 
+// `gpus`: the GPUs this job's driver enumerates (its CUDA_VISIBLE_DEVICES applies), by UUID in its
+// ordinal order, and the ones it uses (the devices it took a context on or holds memory of): a
+// dump records them, and a restore onto another GPU checks with them that the driver's restore
+// put the job's devices where pos-cli put its memory. Asked fresh each time (a restore may have
+// moved the job), and never by pos-cli while the driver holds the job locked (the queries would
+// wait for it); `ps` asks the driver nothing for that reason.
+std::string gpus_answer(Runtime* rt) {
+  auto gpus = list_gpus(rt->ids);
+  if (!gpus.ok()) return dump_error(gpus.status().message());
+  std::vector<int> used = rt->census.devices();
+  const auto add = [&](int d) {
+    if (std::find(used.begin(), used.end(), d) == used.end()) used.push_back(d);
+  };
+  if (rt->placement)
+    for (const Placement::Region& r : rt->placement->regions()) add(r.dev);
+  if (rt->app_vmm)
+    for (const AppVmm::Region& r : rt->app_vmm->regions()) add(r.dev);
+  std::sort(used.begin(), used.end());
+  std::vector<std::string> seen, uuids;
+  for (const GpuInfo& g : *gpus) seen.push_back(g.uuid);
+  std::string name;
+  for (int d : used) {
+    if (d < 0 || static_cast<size_t>(d) >= gpus->size())
+      return dump_error("the job uses device " + std::to_string(d) + ", which its driver does not list");
+    uuids.push_back(seen[static_cast<size_t>(d)]);
+    if (name.empty()) name = (*gpus)[static_cast<size_t>(d)].name;
+  }
+  // A flat object (pos-cli reads it with the manifest's strict reader).
+  return "{\"ok\":true,\"gpus_visible\":" + pos::json_string(join_gpu_uuids(seen)) +
+         ",\"gpu_uuids\":" + pos::json_string(join_gpu_uuids(uuids)) + ",\"gpu_name\":" +
+         pos::json_string(pos::printable(name, 128)) + "}";
+}
+
 // pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object), "ps-row" (one
-// line of pos-cli ps's table of in-process jobs), "dump-save DIR" and "dump-resume [DIR]".
+// line of pos-cli ps's table of in-process jobs), "gpus", "dump-save DIR" and "dump-resume [DIR]".
 pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg);
 std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
   if (cmd == "dump-release") return dump_release(rt);
   if (cmd == "snap-release") return snap_release(rt);
+  if (cmd == "gpus") return gpus_answer(rt);
   if (cmd == "dump-resume") return dump_resume(rt, "");
   if (cmd.rfind("dump-resume ", 0) == 0) return dump_resume(rt, cmd.substr(12));
   const Census::Memory m = rt->census.memory();
@@ -781,7 +817,7 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
-                                         "' (ps, ps-row, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST, "
+                                         "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST, "
                                          "dump-resume [DIR], snap-cut, snap-release)") + "}";
 }
 
@@ -908,6 +944,7 @@ Runtime* runtime() {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->copy = copy_calls(rt->driver);
       rt->snap = snap_calls(rt->driver);
+      rt->ids = gpu_id_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
       ParamInfoCalls pi;
       pi.func_param_info = reinterpret_cast<decltype(pi.func_param_info)>(real_dlsym()(rt->driver, "cuFuncGetParamInfo"));
       pi.kernel_param_info =

@@ -2,6 +2,7 @@
 // timed, each failure undone so that the job runs on and no partial image is left behind.
 #include "remoting/server/job_dump.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "ckpt/criu.h"
 #include "ckpt/driver_checkpoint.h"
@@ -29,6 +31,7 @@
 #include "remoting/common/job_control.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
+#include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
@@ -759,13 +762,49 @@ Status sync_gpu_part(const std::string& gpu_dir, const std::string& dir) {
   return sync_files(parts);
 }
 
+// The job's GPUs as its `gpus` answer names them (asked before anything stops it: the driver's
+// lock would hold the queries), into the manifest. A job whose library predates the question, or
+// whose driver cannot say, leaves them unknown: the image then restores only onto its own GPU.
+void record_gpus(const std::string& gpus, JobManifest* m) {
+  std::map<std::string, FlatJsonValue> v;
+  if (!parse_flat_json(gpus, "the job's GPU list", &v).ok()) return;
+  const auto text = [&](const char* key) {
+    auto it = v.find(key);
+    return it != v.end() && it->second.kind == FlatJsonValue::kString ? it->second.s : std::string();
+  };
+  auto ok = v.find("ok");
+  if (ok == v.end() || ok->second.kind != FlatJsonValue::kBool || !ok->second.b) return;
+  const std::string used = text("gpu_uuids"), seen = text("gpus_visible");
+  if (!driver::split_gpu_uuids(used).ok() || !driver::split_gpu_uuids(seen).ok()) return;
+  m->gpu_uuids = used;
+  m->gpus_visible = seen;
+  m->gpu_name = printable(text("gpu_name"), 128);
+}
+
+// This process's ordinal of the GPU the job uses, found by the UUID its `gpus` answer names: the
+// job's own ordinal (`job_dev`) counts in its view, which its CUDA_VISIBLE_DEVICES may narrow.
+// `job_dev` when the job cannot say or this process cannot see that GPU.
+int local_device(void* driver, const std::string& gpus, int job_dev) {
+  JobManifest m;
+  record_gpus(gpus, &m);
+  auto used = driver::split_gpu_uuids(m.gpu_uuids);
+  if (!used.ok() || used->empty()) return job_dev;
+  auto host = driver::list_gpus(driver::gpu_id_calls([driver](const char* name) { return ::dlsym(driver, name); }));
+  if (!host.ok()) return job_dev;
+  for (size_t i = 0; i < host->size(); ++i)
+    if ((*host)[i].uuid == used->front()) return static_cast<int>(i);
+  return job_dev;
+}
+
 // The manifest of an in-process job's image (kind "driver-dump" or "driver-pre-dump"), and the
 // report's bytes: chunks left to the previous image (`same_bytes`) count as its bytes, not this
 // one's, though the table's stored regions still name them (the manifest's gpu_bytes is theirs).
-// `prev` is named when the image inherits anything.
+// `prev` is named when the image inherits anything. `gpus`: the job's answer to `gpus`.
 JobManifest driver_manifest(const char* kind, const JobDumpOptions& o, const Prepared& pp, const std::string& ps,
-                            uint64_t cut, bool inherits, uint64_t same_bytes, JobDumpReport* r) {
+                            const std::string& gpus, uint64_t cut, bool inherits, uint64_t same_bytes,
+                            JobDumpReport* r) {
   JobManifest m;
+  record_gpus(gpus, &m);
   m.kind = kind;
   m.pid = o.pid;
   m.uid = pp.owner;
@@ -832,6 +871,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   if (!driver.ok()) return driver.status();
   auto ps = ask_job(o.job_socket, "ps");
   if (!ps.ok()) return ps.status().with_context("asking the job");
+  auto asked_gpus = ask_job(o.job_socket, "gpus");
+  const std::string gpus = asked_gpus.ok() ? *asked_gpus : std::string();
   const std::string gpu_dir = dir + "/gpu";
   auto remove_parts = [&] {
     for (const char* part : {"gpu", "criu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
@@ -848,9 +889,10 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // The hand-off's side here (docs/driver_runtime.md, "Dump and restore"): this process's own
   // context on the job's device, made before the job stops. Without it the job copies.
   const int dev = job_device(*ps);
+  const int here = local_device((*driver)->library(), gpus, dev);
   std::unique_ptr<driver::HeldMemory> held;
   std::string no_handoff;
-  if (auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev); h.ok()) held = std::move(*h);
+  if (auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), here); h.ok()) held = std::move(*h);
   else no_handoff = h.status().message();
   // With --leave-running the job need not wait for its image: a device-side copy of its memory
   // (made ahead, the size from its census) is written after the memory went back.
@@ -1038,7 +1080,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   }
   r.sync_s = seconds_since(t);
   r.criu_bytes = bytes_under(r.criu_dir);
-  JobManifest m = driver_manifest("driver-dump", o, pp, *ps, cut, !inherited.empty(), same_bytes, &r);
+  JobManifest m = driver_manifest("driver-dump", o, pp, *ps, gpus, cut, !inherited.empty(), same_bytes, &r);
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   r.manifest = dir + "/manifest";
@@ -1066,8 +1108,11 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   if (!driver.ok()) return driver.status();
   auto ps = ask_job(o.job_socket, "ps");
   if (!ps.ok()) return ps.status().with_context("asking the job");
+  auto asked_gpus = ask_job(o.job_socket, "gpus");
+  const std::string gpus = asked_gpus.ok() ? *asked_gpus : std::string();
   const int dev = job_device(*ps);
-  auto held = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), dev);
+  auto held = driver::HeldMemory::open(driver::peer_calls((*driver)->library()),
+                                       local_device((*driver)->library(), gpus, dev));
   if (!held.ok()) return held.status().with_context("opening the job's device here");
   const std::string gpu_dir = dir + "/gpu";
   auto remove_parts = [&] {
@@ -1146,7 +1191,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.gpu_s = seconds_since(t0);
   r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
                 "driver's state first): this pre-dump is GPU-only";
-  JobManifest m = driver_manifest("driver-pre-dump", o, pp, *ps, json_u64(a, "cut"), !inherited.empty(),
+  JobManifest m = driver_manifest("driver-pre-dump", o, pp, *ps, gpus, json_u64(a, "cut"), !inherited.empty(),
                                   saved->same_bytes, &r);
   m.leave_running = true;
   m.criu = "";

@@ -41,12 +41,33 @@ std::string manifest_json(const JobManifest& m) {
          ",\"handles\":" + u(m.handles) + ",\"gpu_bytes_referenced\":" + u(m.gpu_bytes_referenced) +
          ",\"gpu_image_id\":" + json_string(m.gpu_image_id) + ",\"criu_track_mem\":" + b(m.criu_track_mem) +
          ",\"criu_parent\":" + b(m.criu_parent) + ",\"gpu\":" + json_string(m.gpu) + ",\"criu\":" + json_string(m.criu) +
+         (m.gpu_uuids.empty() && m.gpus_visible.empty() && m.gpu_name.empty()
+              ? std::string()
+              : ",\"gpu_uuids\":" + json_string(m.gpu_uuids) + ",\"gpus_visible\":" + json_string(m.gpus_visible) +
+                    ",\"gpu_name\":" + json_string(m.gpu_name)) +
          "}\n";
 }
 
 namespace {
 
 using Value = FlatJsonValue;
+
+// A list of GPU UUIDs as the manifest holds them: empty, or "GPU-" + 8-4-4-4-12 lowercase hex
+// digits, comma-separated (the spelling of remoting/driver/gpu_identity.h, which this layer may not
+// include; job_restore.cc parses them with it).
+bool gpu_uuid_list(const std::string& s) {
+  if (s.empty()) return true;
+  if ((s.size() + 1) % 41 != 0) return false;
+  for (size_t at = 0; at < s.size(); at += 41) {
+    if (s.compare(at, 4, "GPU-") != 0 || (at + 40 < s.size() && s[at + 40] != ',')) return false;
+    for (size_t i = 4; i < 40; ++i) {
+      const char c = s[at + i];
+      const bool dash = i == 12 || i == 17 || i == 22 || i == 27;
+      if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+  }
+  return true;
+}
 
 class Reader {
  public:
@@ -198,6 +219,18 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
     if (x == nullptr) return missing(b.key, "a boolean");
     *b.out = x->b;
   }
+  // Optional (images of older pos-cli lack them: unknown), each a string of its kind when present.
+  for (const StringField& s : {StringField{"gpu_uuids", &m.gpu_uuids}, StringField{"gpus_visible", &m.gpus_visible},
+                               StringField{"gpu_name", &m.gpu_name}}) {
+    auto it = v.find(s.key);
+    if (it == v.end()) continue;
+    if (it->second.kind != Value::kString) return missing(s.key, "a string");
+    *s.out = it->second.s;
+  }
+  if (!gpu_uuid_list(m.gpu_uuids) || !gpu_uuid_list(m.gpus_visible))
+    return Status::Corrupt("the manifest's GPU UUIDs are not a comma-separated list of GPU-xxxxxxxx-xxxx-xxxx-xxxx-"
+                           "xxxxxxxxxxxx");
+  if (printable(m.gpu_name) != m.gpu_name) return Status::Corrupt("the manifest's GPU name is not printable");
   if (m.kind == "driver-dump") {  // an in-process job's: no session, no permit
     if (m.gpu != "gpu" || m.criu != "criu" || m.socket.empty() || m.socket[0] != '/')
       return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, or no "

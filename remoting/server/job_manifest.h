@@ -33,6 +33,12 @@ struct JobManifest {
   bool criu_track_mem = false;  // CRIU tracked dirty memory: a later dump --prev saves only what changed
   bool criu_parent = false;     // the CRIU part holds only pages changed since prev's
   std::string gpu = "gpu", criu = "criu";        // the parts' directories, relative to DIR
+  // An in-process job's GPUs, by UUID as nvidia-smi spells them, comma-separated: those it used
+  // (gpu_uuids), every one its driver saw, in its CUDA ordinal order (gpus_visible: what NVIDIA's
+  // restore onto other GPUs must name), and the model of the one it used (gpu_name). Optional keys:
+  // empty means unknown (an image of an older pos-cli, or a posd job's), and then a restore onto
+  // another GPU is refused.
+  std::string gpu_uuids, gpus_visible, gpu_name;
 };
 
 // One JSON object, one line. Strings must be printable() already (paths with control characters

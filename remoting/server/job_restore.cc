@@ -2,6 +2,7 @@
 // each timed; a failure before CRIU changes nothing, one after it ends the half-restored job.
 #include "remoting/server/job_restore.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -22,6 +24,7 @@
 #include "ckpt/image.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/control_client.h"
@@ -66,6 +69,126 @@ Status check_pid_free(uint32_t pid, const std::string& criu_dir) {
   return Status::Ok();
 }
 
+// Where an in-process job's device memory is made on a restore, and the remap NVIDIA's restore
+// needs to put the job there (docs/driver_runtime.md, "Restore onto another GPU").
+struct DevicePlan {
+  int ordinal = 0;   // this process's CUDA ordinal of that GPU
+  std::string uuid;  // its UUID; empty: the image does not record its GPUs (nothing can be checked)
+  std::vector<std::string> expect;  // the job's gpus' "gpu_uuids" once the driver restored it
+  std::vector<ckpt::DriverCheckpoint::GpuPair> pairs;  // empty: the job stays on its GPUs
+  std::string note;  // for the report: what was done otherwise than the image says
+};
+
+// The plan, checked against this host's GPUs (`driver`: the loaded libcuda) before anything
+// changes. `image_dev`: the device the image's allocations name (the job's ordinal), all an image
+// without UUIDs has to go on.
+StatusOr<DevicePlan> plan_device(const JobRestoreOptions& o, const JobManifest& m, void* driver, int image_dev) {
+  DevicePlan p;
+  p.ordinal = image_dev;
+  auto used = driver::split_gpu_uuids(m.gpu_uuids);
+  auto seen = driver::split_gpu_uuids(m.gpus_visible);
+  if (!used.ok() || !seen.ok()) return Status::Corrupt("the manifest's GPU UUIDs are malformed");
+  if (used->empty()) {
+    if (o.device < 0) return p;  // an older image: the job's own ordinal, as it always was
+    return Status::FailedPrecondition(
+        "the image does not record which GPU the job used (it was dumped by an older pos-cli, or the job could not "
+        "say): it can only be restored onto the GPU it was dumped from, without --device");
+  }
+  if (o.device >= 0 && used->size() > 1)
+    return Status::Unsupported("--device moves a job of one GPU; this one used " + std::to_string(used->size()) + " (" +
+                               m.gpu_uuids + ")");
+  auto host = driver::list_gpus(driver::gpu_id_calls([driver](const char* name) { return ::dlsym(driver, name); }));
+  if (!host.ok()) {
+    if (o.device < 0) return p;  // nothing to look the GPU up with: the job's own ordinal
+    return host.status().with_context("listing this host's GPUs for --device");
+  }
+  const auto ordinal_of = [&](const std::string& uuid) {
+    for (size_t i = 0; i < host->size(); ++i)
+      if ((*host)[i].uuid == uuid) return static_cast<int>(i);
+    return -1;
+  };
+  const std::string& from = used->front();
+  const std::string model = m.gpu_name.empty() ? std::string() : " (" + m.gpu_name + ")";
+  if (o.device < 0) {
+    // By UUID: the job's ordinal is its own view (its CUDA_VISIBLE_DEVICES), not this process's.
+    for (const std::string& u : *used)
+      if (ordinal_of(u) < 0) {
+        // An image moved to another host: NVIDIA's restore without a map goes by device number, as
+        // it always did here; nothing can be checked by UUID.
+        p.note = "the GPU the job was dumped on, " + u + model +
+                 ", is not on this host: restored onto device " + std::to_string(image_dev) +
+                 " by number (--device N picks a GPU)";
+        return p;
+      }
+    p.ordinal = ordinal_of(from);
+    p.uuid = from;
+    p.expect = *used;
+    return p;
+  }
+  if (static_cast<size_t>(o.device) >= host->size()) {
+    std::string list;
+    for (size_t i = 0; i < host->size(); ++i)
+      list += (list.empty() ? "" : "; ") + std::to_string(i) + ": " + (*host)[i].name + " " + (*host)[i].uuid;
+    return Status::InvalidArgument("there is no CUDA device " + std::to_string(o.device) + " on this host (it has " +
+                                   std::to_string(host->size()) + (list.empty() ? "" : ": " + list) + ")");
+  }
+  const driver::GpuInfo& target = (*host)[static_cast<size_t>(o.device)];
+  if (m.gpu_name.empty())
+    return Status::FailedPrecondition("the image does not record the model of the job's GPU: it can only be restored "
+                                      "onto the GPU it was dumped from, without --device");
+  if (target.name != m.gpu_name)
+    return Status::FailedPrecondition("CUDA device " + std::to_string(o.device) + " is a " + target.name +
+                                      "; the job ran on a " + m.gpu_name +
+                                      ": NVIDIA's restore moves a job only to a GPU of the same model");
+  p.ordinal = o.device;
+  p.uuid = target.uuid;
+  p.expect = {target.uuid};
+  if (target.uuid == from) return p;  // its own GPU: nothing moves
+  if (seen->empty())
+    return Status::FailedPrecondition("the image does not record every GPU the job saw, which NVIDIA's restore onto "
+                                      "another GPU must name: restore it without --device");
+  auto pairs = driver::gpu_remap_pairs(*seen, from, target.uuid);
+  if (!pairs.ok()) return Status::Corrupt("the manifest's GPUs disagree: " + pairs.status().message());
+  for (const auto& [old_uuid, new_uuid] : *pairs) {
+    if (ordinal_of(new_uuid) < 0)
+      return Status::FailedPrecondition("the job saw the GPU " + new_uuid +
+                                        ", which this host does not have (or pos-cli cannot see): NVIDIA's restore "
+                                        "must place every GPU the job saw");
+    p.pairs.push_back(
+        ckpt::DriverCheckpoint::GpuPair{*driver::parse_gpu_uuid(old_uuid), *driver::parse_gpu_uuid(new_uuid)});
+  }
+  return p;
+}
+
+// After NVIDIA's restore (before the job has its memory): the GPUs the job uses now are those the
+// plan put its memory on. The job's driver answers for its own ordinals, which after a remap name
+// the new GPUs (CUDA 13's restore keeps the ordinals and moves what they refer to); that is
+// checked here rather than assumed, since the memory pos-cli made is on the new GPU whatever the
+// job's ordinals say. An answer that cannot be had is an error only when the job was moved.
+Status check_job_gpus(const std::string& socket, const DevicePlan& p, std::string* note) {
+  if (p.expect.empty()) return Status::Ok();
+  const std::string want = driver::join_gpu_uuids(p.expect);
+  auto a = ask_job(socket, "gpus", 30'000);
+  std::map<std::string, FlatJsonValue> v;
+  Status got = a.ok() ? parse_flat_json(*a, "the job's GPU list", &v) : a.status();
+  const auto text = [&](const char* key) {
+    auto it = v.find(key);
+    return it != v.end() && it->second.kind == FlatJsonValue::kString ? it->second.s : std::string();
+  };
+  const auto ok = v.find("ok");
+  if (got.ok() && (ok == v.end() || ok->second.kind != FlatJsonValue::kBool || !ok->second.b))
+    got = Status::Unavailable(text("error"));
+  if (!got.ok()) {
+    if (!p.pairs.empty()) return got.with_context("asking the restored job which GPU it runs on");
+    *note += (note->empty() ? "" : "; ") + ("the job could not say which GPU it runs on (" + got.message() + ")");
+    return Status::Ok();
+  }
+  if (text("gpu_uuids") != want)
+    return Status::FailedPrecondition("after NVIDIA's restore the job's GPU is " + text("gpu_uuids") + ", not " + want +
+                                      ", where its memory was put");
+  return Status::Ok();
+}
+
 // An in-process job's image (kind "driver-dump"): CRIU restores the process (its device memory
 // still unmapped, its driver calls held at POS's gate), NVIDIA's driver restores its driver state,
 // then POS in the job maps its memory again at the same addresses and loads it.
@@ -87,6 +210,8 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   POS_RETURN_IF_ERROR(check_pid_free(m.pid, criu_dir));
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
+  auto plan = plan_device(o, m, (*driver)->library(), allocations.empty() ? 0 : allocations.front().dev);
+  if (!plan.ok()) return plan.status();
   // The dumped process ended without removing its control socket; CRIU binds it anew.
   struct stat ss {};
   if (::lstat(m.socket.c_str(), &ss) == 0) {
@@ -97,7 +222,12 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   JobRestoreReport r;
   r.pid = m.pid;
   r.check_s = seconds_since(t0);
-  if (o.lazy) r.note = "in-process jobs load their device memory eagerly (lazy loading is not built for them yet)";
+  if (!plan->uuid.empty()) r.device = plan->ordinal, r.device_uuid = plan->uuid;
+  r.moved = !plan->pairs.empty();
+  r.note = plan->note;
+  if (o.lazy)
+    r.note += (r.note.empty() ? "" : "; ") +
+              std::string("in-process jobs load their device memory eagerly (lazy loading is not built for them yet)");
 
   // The device memory is loaded here, into memory this process makes and then hands to the job,
   // while CRIU and the driver restore the process (docs/driver_runtime.md, "Dump and restore").
@@ -109,7 +239,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   if (!allocations.empty()) {
     // Its context too (0.3-0.4 s on a GPU): none of it waits for the process.
     loader = std::thread([&] {
-      auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), allocations.front().dev);
+      auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), plan->ordinal);
       if (!h.ok()) {
         loaded = h.status();
         return;
@@ -144,10 +274,12 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   };
   say("driver");
   t = std::chrono::steady_clock::now();
-  Status d = (*driver)->restore(*pid);
+  Status d = (*driver)->restore(*pid, plan->pairs);
   if (d.ok()) d = (*driver)->unlock(*pid);
   r.reattach_s = seconds_since(t);
-  if (!d.ok()) return end(d.with_context("the driver's restore"));
+  if (!d.ok()) return end(d.with_context(plan->pairs.empty() ? "the driver's restore"
+                                                             : "the driver's restore onto " + plan->uuid));
+  if (Status g = check_job_gpus(m.socket, *plan, &r.note); !g.ok()) return end(g);
 
   say("gpu");
   t = std::chrono::steady_clock::now();
@@ -189,15 +321,19 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   };
   if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
   say("check");
-  // Everything is checked before anything changes.
-  auto criu = ckpt::find_criu();
-  if (!criu.ok()) return criu.status();
+  // Everything is checked before anything changes; what the caller asked for first.
   char real[PATH_MAX];
   if (::realpath(o.dir.c_str(), real) == nullptr)
     return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
   const std::string dir = real;
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
+  if (o.device >= 0 && m->kind == "dump")
+    return Status::InvalidArgument("--device is for in-process jobs (pos run): " + dir +
+                                   " is a posd job's image, which is restored onto the GPU of the posd it is restored "
+                                   "into (posd.devices in that posd's YAML; --socket picks the posd)");
+  auto criu = ckpt::find_criu();
+  if (!criu.ok()) return criu.status();
   if (m->kind == "driver-dump") return restore_driver_job(o, dir, *m, *criu, t0);
   if (m->kind == "driver-pre-dump")
     return Status::FailedPrecondition(dir + " is a GPU-only checkpoint of an in-process job (pos-cli pre-dump): it holds "

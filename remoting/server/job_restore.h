@@ -14,6 +14,11 @@ struct JobRestoreOptions {
   std::string dir;     // the image (pos-cli dump's -D)
   std::string socket;  // the posd to restore into (any posd of this host: the one dumped from or another)
   bool lazy = false;   // the job runs on while its device bytes load (each buffer before first use)
+  // An in-process job's image (kind "driver-dump"): restore it onto CUDA device `device` of this
+  // host (this process's ordinal; pos-cli clears CUDA_VISIBLE_DEVICES, so every GPU counts), a GPU
+  // of the model the job ran on, instead of the GPU it was dumped from. -1: that GPU. Refused for a
+  // posd job's image (its GPU is the target posd's) and for an image that does not record its GPUs.
+  int device = -1;
   // Called once CRIU restored the tree and before the job may re-attach (it waits for its permit,
   // running no CUDA call): false ends the tree and fails the restore. A migration target holds the
   // job here until its source commits (docs/migration.md).
@@ -30,6 +35,12 @@ struct JobRestoreReport {
   double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0, load_s = 0;
   std::string note;  // what the restore did otherwise than asked, or empty
   bool handoff = false;  // an in-process job's memory was loaded by pos-cli and handed over (else it loaded it)
+  // An in-process job's GPU: this process's ordinal and the UUID of the GPU its memory was put on
+  // (-1 and empty when the image does not record it), and whether NVIDIA's restore moved the job
+  // there from the GPU it was dumped on.
+  int device = -1;
+  std::string device_uuid;
+  bool moved = false;
 };
 
 // Checks the whole image first (manifest, token, the GPU part's structure and its tie to the
