@@ -131,6 +131,9 @@ for i in 0 1 2; do
   MIG_REPORT[$i]=$M
   read -r MIG_GAP[$i] MIG_MED[$i] <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
   echo "job's steps: longest around the move ${MIG_GAP[$i]} ms, median before ${MIG_MED[$i]} ms; pos-cli took ${MIG_TOTAL[$i]} s"
+  # Which GPU holds the job's memory now (its session process's), as the driver tells it.
+  [[ $BACKEND == cuda ]] && nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader 2>/dev/null | sed 's/^/  on the GPU: /'
+  [[ $BACKEND == cuda && $i == 0 ]] && nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/null | sed 's/^/  GPU: /' 
   T=$FROM FROM=$TO TO=$T
   sleep 3
 done

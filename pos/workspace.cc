@@ -165,7 +165,16 @@ StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageRead
     return Status::FailedPrecondition("image was taken on the " + inv.backend() + " backend; this workspace runs " +
                                       std::string(backend_->name()));
   const int count = backend_->device_count();
-  const int device = options.device < 0 ? cr.device() : options.device;
+  // The image's own device, unless told another; restored under a device list (posd.devices of
+  // the posd restoring it), the state goes where the list puts the job's own number for it: a job
+  // that ran on its device 0 under a posd serving GPU 0 runs on GPU 1 under one serving GPU 1.
+  int device = options.device;
+  if (device < 0) {
+    device = cr.device();
+    if (!options.devices.empty() && cr.has_device_index() && cr.device_index() >= 0 &&
+        static_cast<size_t>(cr.device_index()) < options.devices.size())
+      device = options.devices[static_cast<size_t>(cr.device_index())];
+  }
   if (device < 0 || device >= count)
     return Status::FailedPrecondition(
         (options.device < 0 ? "the image's device " + std::to_string(device) + " is not present here"

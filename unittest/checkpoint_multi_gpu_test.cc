@@ -186,6 +186,38 @@ TEST_F(MultiDeviceRestoreTest, AnImageRemembersItsDeviceAndCanBeMappedBack) {
   expect_state(0);
 }
 
+// A posd that serves another GPU (posd.devices) restores a job where its own device list puts the
+// job's number for the device it ran on: device 0 of a job that saw every device lands on device 1
+// under the list [1] and under [1, 0]; the image records that number (device_index).
+TEST_F(MultiDeviceRestoreTest, AnImageRestoredUnderADeviceListGoesWhereTheListPutsTheJobsOwnDevice) {
+  build_state();
+  ASSERT_TRUE(dump(image("on0")).ok());
+  {
+    auto img = ckpt::ImageReader::open_dir(image("on0"));
+    ASSERT_TRUE(img.ok());
+    ASSERT_TRUE((*img)->client().client().has_device_index());
+    EXPECT_EQ((*img)->client().client().device_index(), 0);
+  }
+  for (const std::vector<int32_t>& list : {std::vector<int32_t>{1}, std::vector<int32_t>{1, 0}}) {
+    RestoreOptions o;
+    o.devices = list;
+    ASSERT_TRUE(kill_and_restore(image("on0"), o).ok());
+    expect_state(1);
+  }
+  // Taken under the list [1, 0] (its state on the list's first, backend device 1), restored under
+  // [0]: the same place of the new list, device 0. (expect_state's kernel wrote a's first 1000.)
+  for (unsigned i = 0; i < 1000; ++i) a_data_[i] = 5u + i;
+  ASSERT_TRUE(dump(image("listed")).ok());
+  auto img = ckpt::ImageReader::open_dir(image("listed"));
+  ASSERT_TRUE(img.ok());
+  EXPECT_EQ((*img)->client().client().device(), 1);
+  EXPECT_EQ((*img)->client().client().device_index(), 0);
+  RestoreOptions back;
+  back.devices = {0};
+  ASSERT_TRUE(kill_and_restore(image("listed"), back).ok());
+  expect_state(0);
+}
+
 TEST_F(MultiDeviceRestoreTest, ALazyRestoreOntoDevice1LoadsEveryBufferThere) {
   build_state();
   ASSERT_TRUE(dump(image("lazy")).ok());

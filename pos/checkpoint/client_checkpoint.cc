@@ -36,6 +36,13 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   cr->set_next_pc(cut);
   cr->set_current_device(ps_.current_device);
   cr->set_device(device_);
+  {
+    // Where the state lies in the job's own numbering: a restore under another posd.devices list
+    // (another GPU) maps it through that list.
+    const auto& ds = ps_.devices;
+    const auto at = std::find(ds.begin(), ds.end(), static_cast<int32_t>(device_));
+    cr->set_device_index(ds.empty() ? static_cast<int32_t>(device_) : at != ds.end() ? static_cast<int32_t>(at - ds.begin()) : -1);
+  }
   cr->set_default_stream(key_of(ps_.default_stream));
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
     auto* m = cr->add_managers();

@@ -1177,13 +1177,6 @@ void PosdServer::control(int fd, const std::string& command) {
 }
 
 
-// A session sees posd.devices renumbered 0..k-1; an operator thinks in the backend's (the GPU's) numbers.
-int32_t PosdServer::backend_device(int32_t session_device) const {
-  const auto& d = config_.posd_devices;
-  return session_device >= 0 && static_cast<size_t>(session_device) < d.size() ? d[static_cast<size_t>(session_device)]
-                                                                               : session_device;
-}
-
 std::vector<SessionInfo> PosdServer::sessions() const {
   std::vector<SessionInfo> out;
   std::lock_guard<std::mutex> lk(mu_);
@@ -1203,7 +1196,7 @@ std::vector<SessionInfo> PosdServer::sessions() const {
       i.uuid = r.ok() && r->uuid != 0 ? r->uuid : s->generation << 16;
       i.ending = !r.ok() || r->ending != 0;
       if (r.ok()) {
-        i.device = backend_device(r->device);
+        i.device = r->device;
         i.frames = r->frames;
         i.stats = r->stats;
         if (r->uuid == 0) i.starting = true;
@@ -1218,7 +1211,7 @@ std::vector<SessionInfo> PosdServer::sessions() const {
     i.ending = !c;
     i.uuid = uuid;
     i.server_pid = static_cast<uint32_t>(::getpid());
-    if (c) i.device = backend_device(c->device());
+    if (c) i.device = c->device();
     i.frames = s->progress.frames.load();
     if (c) i.stats = c->stats();
     out.push_back(std::move(i));

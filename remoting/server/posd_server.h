@@ -123,7 +123,6 @@ class PosdServer {
   StatusOr<Session*> job_session(uint32_t pid, uint32_t caller);
   void control_detach(Handshake& h);
   void control_release(Handshake& h);
-  int32_t backend_device(int32_t session_device) const;
   void reattach(Handshake& h);
   void control_restore(Handshake& h);
   void reap_finished();
