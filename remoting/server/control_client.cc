@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -227,6 +228,14 @@ Status await_restore(PendingRestore& p) {
     if (!s.ok()) return Status::Unavailable("the restored job's session ended before it re-attached (" + s.message() + ")");
     if (e.magic != wire::kEventMagic) return Status::Corrupt("posd sent a malformed restore event");
     if (e.type == static_cast<uint32_t>(wire::EventType::kResult)) return e.code == 0 ? Status::Ok() : event_status(e);
+  }
+}
+
+void wait_until_taken(const std::string& path, uint32_t pid) {
+  struct stat st {};
+  for (int i = 0; i < 2500 && ::stat(path.c_str(), &st) == 0; ++i) {
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return;
+    ::usleep(2'000);
   }
 }
 

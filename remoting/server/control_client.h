@@ -67,6 +67,10 @@ Status await_restore(PendingRestore& pending);
 // `token`, re-attached to another posd; its session here ends (wire::ReleaseBody).
 Status posd_release(const std::string& socket_path, uint32_t pid, const std::string& token);
 
+// Waits until the job `pid` has taken (removed) the permit `path`, it is gone, or 5 s have passed
+// (a waiting job looks for its permit every 2 ms).
+void wait_until_taken(const std::string& path, uint32_t pid);
+
 // Lets a detached job re-attach: writes `permit` (atomically), naming the socket of the posd to
 // come back to (empty: the one it left), owned by `owner` (the job's uid, so that it may remove
 // the permit from a sticky directory once it has used it; -1: this process's).

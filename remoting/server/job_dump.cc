@@ -43,14 +43,6 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Waits until the job has taken (removed) the permit `path`, it is gone, or 5 s have passed.
-void wait_until_taken(const std::string& path, uint32_t pid) {
-  struct stat st {};
-  for (int i = 0; i < 2500 && ::stat(path.c_str(), &st) == 0; ++i) {
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return;
-    ::usleep(2'000);
-  }
-}
 
 // Bytes of the files under `dir` (CRIU's images), for the report.
 uint64_t bytes_under(const std::string& dir) {

@@ -213,17 +213,6 @@ std::string session_state(const std::string& ps, uint32_t pid) {
   return e == std::string::npos ? "" : ps.substr(b, e - b);
 }
 
-// Until the job took its permit (it looks every 2 ms while it waits for one).
-bool wait_permit_taken(const std::string& permit, double seconds) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  struct stat st {};
-  while (::stat(permit.c_str(), &st) == 0) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 int64_t owner_of(uint32_t pid) {
   struct stat st {};
   return ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) == 0 ? static_cast<int64_t>(st.st_uid) : -1;
@@ -327,7 +316,7 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
     rep->where = "source";
     event("fallback");
     Status s = grant_reattach(permit, "", owner_of(o.pid));
-    if (s.ok()) (void)wait_permit_taken(permit, 10);
+    if (s.ok()) wait_until_taken(permit, o.pid);
     finish();
     return s.ok() ? Status::Ok() : s.with_context("the target failed (" + why + ") and the job could not be let back");
   };
@@ -532,9 +521,7 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     if (!sent.ok()) {
       // Let it run on where it is: its permit (the job's own, so that it may remove it), SIGCONT
       // (CRIU left it stopped).
-      struct stat js {};
-      const int64_t owner = ::stat(("/proc/" + std::to_string(pid)).c_str(), &js) == 0 ? static_cast<int64_t>(js.st_uid) : -1;
-      Status back = grant_reattach(dumped->permit, "", owner);
+      Status back = grant_reattach(dumped->permit, "", owner_of(o.pid));
       (void)::kill(pid, SIGCONT);
       guardian.done();
       cleanup();
