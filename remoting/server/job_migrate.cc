@@ -653,7 +653,10 @@ StatusOr<std::string> settle_migration(const JobSettleOptions& o) {
   std::string tok = *token, per = *permit;
   while (!tok.empty() && tok.back() == '\n') tok.pop_back();
   while (!per.empty() && per.back() == '\n') per.pop_back();
-  auto where = settle_live(o.pid, o.to, o.socket, tok, per, 90);
+  // The permit it may write names the target for the job, whose working directory is not ours.
+  char real[PATH_MAX];
+  const std::string to = ::realpath(o.to.c_str(), real) != nullptr ? std::string(real) : o.to;
+  auto where = settle_live(o.pid, to, o.socket, tok, per, 90);
   std::error_code ec;
   if (where.ok()) fs::remove_all(o.dir, ec);
   return where;
