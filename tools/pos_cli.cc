@@ -292,20 +292,21 @@ int dump(const DumpArgs& a, bool pre) {
 }
 
 // `pos-cli resume -t PID`: an in-process job a dump left held brought back.
-// With --shared-fds COUNT:LIST (from a dump's guardian): the job's device memory is in
-// descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum.
-int resume(int pid, const std::string& jobs_dir, std::string job_socket, const std::string& shared) {
+// With --shared-fds COUNT:LIST:CUT (from a dump's guardian): the job's device memory is in
+// descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum, and CUT,
+// the dump's. With --start-time: only the process the dump held (not one restored under its pid).
+int resume(int pid, const std::string& jobs_dir, std::string job_socket, const std::string& shared, uint64_t started) {
   if (job_socket.empty()) {
     std::string dir = jobs_dir.empty() ? pos::jobs_dir_of_process(pid) : jobs_dir;
     job_socket = pos::job_socket_path(dir.empty() ? pos::default_jobs_dir() : dir, pid);
   }
   std::vector<int> fds;
-  unsigned long long count = 0;
+  unsigned long long count = 0, cut = 0;
   unsigned list = 0;
   if (!shared.empty()) {
     char extra = 0;
-    if (std::sscanf(shared.c_str(), "%llu:%u%c", &count, &list, &extra) != 2 || count > pos::kMaxFds) {
-      std::fprintf(stderr, "pos-cli resume: --shared-fds wants COUNT:LIST, not '%s'\n", pos::printable(shared, 64).c_str());
+    if (std::sscanf(shared.c_str(), "%llu:%u:%llu%c", &count, &list, &cut, &extra) != 3 || count > pos::kMaxFds) {
+      std::fprintf(stderr, "pos-cli resume: --shared-fds wants COUNT:LIST:CUT, not '%s'\n", pos::printable(shared, 64).c_str());
       return 2;
     }
     for (unsigned long long i = 0; i < count; ++i) {
@@ -317,7 +318,7 @@ int resume(int pid, const std::string& jobs_dir, std::string job_socket, const s
       fds.push_back(3 + static_cast<int>(i));
     }
   }
-  auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid), fds, list);
+  auto r = pos::resume_driver_job(job_socket, static_cast<uint32_t>(pid), fds, list, cut, started);
   if (!r.ok()) {
     std::fprintf(stderr, "pos-cli resume: pid %d: %s\n", pid, r.status().message().c_str());
     return 1;
@@ -855,7 +856,10 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--job-socket", resume_socket, "the job's control socket (instead of --jobs-dir)");
   std::string resume_shared;
   resume_cmd->add_option("--shared-fds", resume_shared,
-                         "COUNT:LIST: the job's device memory in descriptors 3.. (a dump's guardian passes them)");
+                         "COUNT:LIST:CUT: the job's device memory in descriptors 3.. (a dump's guardian passes them)");
+  uint64_t resume_started = 0;
+  resume_cmd->add_option("--start-time", resume_started,
+                         "resume only the process started at this time (/proc/PID/stat's; a dump's guardian passes it)");
 
   CheckpointArgs ca;
   ca.socket = pos::default_socket_path();
@@ -959,7 +963,7 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
-  if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared);
+  if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared, resume_started);
   if (ckpt_cmd->parsed()) return checkpoint(ca);
   if (migrate_cmd->parsed()) return migrate(ma);
   if (images_cmd->parsed()) {

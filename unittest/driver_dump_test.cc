@@ -360,6 +360,59 @@ TEST_F(DriverDump, APosCliKilledMidDumpLeavesTheJobRunningWithItsMemory) {
   EXPECT_NE(out.find("not held by a dump"), std::string::npos) << out;
 }
 
+// A job killed while a dump holds it, and restored from an earlier image at once, has the same pid
+// and control socket as before. The interrupted dump (here its pos-cli killed, so that its guardian
+// runs `pos-cli resume`) must leave that new process alone: it is held by its own image's cut and
+// gets its own image's memory, and runs on with the state it had then.
+TEST_F(DriverDump, ADumpInterruptedByTheJobsEndLeavesTheJobRestoredUnderItsPidAlone) {
+  start();
+  const std::string a = (root_ / "a").string(), b = (root_ / "b").string();
+  int code = -1;
+  std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + a + " --leave-running --jobs-dir " + jobs_, &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(write(), "rc=0\n");  // after a: the memory b holds differs from a's
+  // In the background, stopped at its fault point; the shell answers with its pid.
+  const auto background = [&](const std::string& point, const std::string& args, const std::string& log) {
+    int c = -1;
+    const std::string pid = pos::test::run_shell("POS_FAULT_POINT=" + point + ":stop POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
+                                                     " " + env("POS_CLI") + " " + args + " >" + log + " 2>&1 & echo $!",
+                                                 &c);
+    EXPECT_EQ(c, 0) << pid;
+    return static_cast<pid_t>(std::atoi(pid.c_str()));
+  };
+  const auto wait_for = [&](const std::string& log, const std::string& text) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (read_file(log).find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  };
+  const std::string dump_log = (root_ / "dump.log").string(), restore_log = (root_ / "restore.log").string();
+  const pid_t dumper = background("driver-dump-saved", "dump -t " + std::to_string(pid_) + " -D " + b + " --jobs-dir " + jobs_,
+                                  dump_log);
+  ASSERT_TRUE(wait_for(dump_log, "stopping the process")) << read_file(dump_log);
+  ::kill(pid_, SIGKILL);  // held by b's dump
+  ::waitpid(pid_, nullptr, 0);
+  const pid_t restorer = background("driver-restore-gpu", "restore -D " + a + " --json", restore_log);
+  ASSERT_TRUE(wait_for(restore_log, "stopping the process")) << read_file(restore_log);
+  // The new process holds the pid and waits for a's memory. b's pos-cli dies: its guardian resumes.
+  ::kill(dumper, SIGKILL);
+  ::waitpid(dumper, nullptr, 0);
+  ASSERT_TRUE(wait_for(dump_log, "pos-cli resume: pid")) << read_file(dump_log);
+  EXPECT_NE(read_file(dump_log).find("is not the process the dump held"), std::string::npos) << read_file(dump_log);
+  ::kill(restorer, SIGCONT);
+  int st = 0;
+  ASSERT_EQ(::waitpid(restorer, &st, 0), restorer);
+  out = read_file(restore_log);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  ASSERT_NE(out.find("\"pid\":"), std::string::npos) << out;
+  restored_ = pid_ = static_cast<pid_t>(std::stoi(out.substr(out.find("\"pid\":") + 6)));
+  EXPECT_NE(out.find("\"handoff\":true"), std::string::npos) << out;  // a's memory, handed over
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // the state of a, CPU and GPU alike
+  EXPECT_FALSE(fs::exists(b + "/manifest"));
+}
+
 TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage) {
   start();
   const std::string img = (root_ / "img").string();

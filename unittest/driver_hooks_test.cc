@@ -592,8 +592,9 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
 }
 
 // The hand-off (dump-share, dump-release, dump-take): the job's memory leaves as descriptors, its
-// calls wait, and it comes back only with as many descriptors as it has allocations and the
-// checksum of its allocation list; the bytes are the ones that left.
+// calls wait, and it comes back only with as many descriptors as it has allocations, the checksum
+// of its allocation list and the dump's cut (memory of another cut is not taken, nor a resume of
+// another cut done); the bytes are the ones that left.
 TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenTheyAreItsOwn) {
   const std::string dir = jobs_dir() + "-share";
   std::filesystem::remove_all(dir);
@@ -609,6 +610,8 @@ TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenT
   ASSERT_EQ(shared->fds.size(), 2u);
   const std::string list = std::to_string(static_cast<uint64_t>(
       std::stoull(shared->text.substr(shared->text.find("\"list\":") + 7))));
+  const uint64_t cut_id = std::stoull(shared->text.substr(shared->text.find("\"cut\":") + 6));
+  const std::string cut = std::to_string(cut_id), other_cut = std::to_string(cut_id ^ 1);
   job.say("check\n");
   EXPECT_EQ(job.line_within(300), "");  // held
   auto twice = pos::ask_job_fds(sock, "dump-share", {}, 10000);
@@ -624,13 +627,20 @@ TEST_F(Preloaded, AHandOffSendsTheMemoryAwayAsDescriptorsAndTakesItBackOnlyWhenT
   EXPECT_NE(no_dir->find("dump-take brings it back"), std::string::npos) << *no_dir;
   const std::vector<int> both = {shared->fds[0].get(), shared->fds[1].get()};
   for (const auto& [cmd, fds] : std::vector<std::pair<std::string, std::vector<int>>>{
-           {"dump-take 1 " + list, {both[0]}}, {"dump-take 2 12345", both}, {"dump-take 2", both}}) {
+           {"dump-take 1 " + list + " " + cut, {both[0]}},
+           {"dump-take 2 12345 " + cut, both},
+           {"dump-take 2 " + list, both},  // no cut
+           {"dump-take 2 " + list + " " + other_cut, both}}) {
     auto bad = pos::ask_job_fds(sock, cmd, fds, 10000);
     ASSERT_TRUE(bad.ok()) << cmd;
     EXPECT_NE(bad->text.find("\"ok\":false"), std::string::npos) << cmd << ": " << bad->text;
     EXPECT_EQ(job.line_within(100), "") << cmd;  // still held
   }
-  auto taken = pos::ask_job_fds(sock, "dump-take 2 " + list, both, 10000);
+  auto other = pos::ask_job(sock, "dump-resume @" + other_cut, 10000);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->find("does not hold this job"), std::string::npos) << *other;
+  EXPECT_EQ(job.line_within(100), "");  // still held
+  auto taken = pos::ask_job_fds(sock, "dump-take 2 " + list + " " + cut, both, 10000);
   ASSERT_TRUE(taken.ok());
   EXPECT_NE(taken->text.find("\"ok\":true,\"count\":2"), std::string::npos) << taken->text;
   EXPECT_EQ(job.line_within(5000), "rc=0 same=1\n");  // the held call ran, on the bytes that left

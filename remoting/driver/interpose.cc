@@ -476,19 +476,24 @@ std::string dump_release(Runtime* rt) {
   return out;
 }
 
-// `dump-take COUNT LIST` with COUNT descriptors: the memory handed out comes back (after dump-share
-// and dump-release, or after a restore of such a dump, the descriptors then pos-cli's new memory
-// holding the image's bytes); COUNT and LIST (the allocation list's checksum) must match this
-// job's. Mapped again at the same addresses, the gate opened. Without dump-release first the
-// memory never left: the descriptors are dropped and the gate opens.
+// `dump-take COUNT LIST CUT` with COUNT descriptors: the memory handed out comes back (after
+// dump-share and dump-release, or after a restore of such a dump, the descriptors then pos-cli's
+// new memory holding the image's bytes); COUNT and LIST (the allocation list's checksum) must match
+// this job's, and CUT the cut that holds it: a process restored under the same pid must not take
+// the memory an earlier incarnation's dump still held (that dump's undo, or its guardian, reaches
+// the same socket). Mapped again at the same addresses, the gate opened. Without dump-release first
+// the memory never left: the descriptors are dropped and the gate opens.
 std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::UniqueFd>& in) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   if (!rt->saved && !rt->shared) return dump_error("no dump holds this job: nothing to take back");
-  unsigned long long count = 0;
+  unsigned long long count = 0, cut = 0;
   unsigned list = 0;
   char extra = 0;
-  if (std::sscanf(args.c_str(), "%llu %u %c", &count, &list, &extra) != 2)
-    return dump_error("dump-take wants COUNT LIST (the allocation count and the list's checksum)");
+  if (std::sscanf(args.c_str(), "%llu %u %llu %c", &count, &list, &cut, &extra) != 3)
+    return dump_error("dump-take wants COUNT LIST CUT (the allocation count, the list's checksum and the dump's cut)");
+  if (cut != rt->last_cut)
+    return dump_error("the memory offered is from cut " + std::to_string(cut) + ", and cut " +
+                      std::to_string(rt->last_cut) + " holds this job (an earlier incarnation's dump?): not taken");
   const std::vector<Placement::Region> regions = rt->placement ? rt->placement->regions() : std::vector<Placement::Region>{};
   if (count != in.size() || count != regions.size() || list != list_checksum(regions))
     return dump_error("the memory offered (" + std::to_string(in.size()) + " descriptor(s), list " + std::to_string(list) +
@@ -800,6 +805,17 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd == "snap-release") return snap_release(rt);
   if (cmd == "gpus") return gpus_answer(rt);
   if (cmd == "dump-resume") return dump_resume(rt, "");
+  if (cmd.rfind("dump-resume @", 0) == 0) {  // "dump-resume @CUT [DIR]": only the dump of that cut
+    unsigned long long cut = 0;
+    int used = 0;
+    if (std::sscanf(cmd.c_str() + 13, "%llu%n", &cut, &used) != 1 || (cmd[13 + used] != '\0' && cmd[13 + used] != ' '))
+      return dump_error("dump-resume @CUT wants the cut as a number");
+    if (std::lock_guard<std::mutex> lk(rt->dump_mu); cut != rt->last_cut)
+      return dump_error("cut " + std::to_string(cut) + " does not hold this job (cut " + std::to_string(rt->last_cut) +
+                        " does; an earlier incarnation's dump?): nothing resumed");
+    const std::string rest = cmd.substr(13 + static_cast<size_t>(used));
+    return dump_resume(rt, rest.empty() ? rest : rest.substr(1));
+  }
   if (cmd.rfind("dump-resume ", 0) == 0) return dump_resume(rt, cmd.substr(12));
   const Census::Memory m = rt->census.memory();
   if (cmd == "ps")
@@ -817,8 +833,8 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
-                                         "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST, "
-                                         "dump-resume [DIR], snap-cut, snap-release)") + "}";
+                                         "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT, "
+                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release)") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every

@@ -33,6 +33,7 @@
 #include "remoting/common/unique_fd.h"
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
 
@@ -523,8 +524,9 @@ class DriverJobGuardian {
  public:
   DriverJobGuardian(const std::string& program, uint32_t pid, const std::string& job_socket) {
     if (program.empty()) return;
-    args_ = {program, "resume", "-t", std::to_string(pid), "--job-socket", job_socket, "--shared-fds",
-             std::string(24, '\0')};
+    // The job's start time: a process restored (or started) later under this pid is not resumed.
+    args_ = {program, "resume", "-t", std::to_string(pid), "--job-socket", job_socket, "--start-time",
+             std::to_string(process_start_time(pid)), "--shared-fds", std::string(48, '\0')};
     for (std::string& a : args_) argv_.push_back(a.data());
     argv_.push_back(nullptr);
     held_.assign(kMaxFds, -1);
@@ -554,12 +556,13 @@ class DriverJobGuardian {
   DriverJobGuardian& operator=(const DriverJobGuardian&) = delete;
 
   // The guardian holds `fds` (duplicates) before the job lets go of its memory; `list` is the
-  // job's allocation-list checksum. kUnavailable without a guardian or when it did not confirm.
-  Status hold(const std::vector<int>& fds, uint32_t list) {
+  // job's allocation-list checksum, `cut` the dump's cut. kUnavailable without a guardian or when it
+  // did not confirm.
+  Status hold(const std::vector<int>& fds, uint32_t list, uint64_t cut) {
     if (pid_ <= 0) return Status::Unavailable("no guardian");
-    char head[16];
-    std::snprintf(head, sizeof(head), "L%010u", list);
-    POS_RETURN_IF_ERROR(send_all(fd_, head, 11));
+    char head[40];
+    std::snprintf(head, sizeof(head), "L%010u%020llu", list, static_cast<unsigned long long>(cut));
+    POS_RETURN_IF_ERROR(send_all(fd_, head, 31));
     for (size_t i = 0; i < fds.size(); i += kFdsPerByte) {
       const std::vector<int> part(fds.begin() + static_cast<long>(i),
                                   fds.begin() + static_cast<long>(std::min(fds.size(), i + kFdsPerByte)));
@@ -576,7 +579,8 @@ class DriverJobGuardian {
   // The child: only system calls and memory made before the fork.
   [[noreturn]] void serve(int sock) {
     size_t n = 0;
-    char list[10] = {'0', '0', '0', '0', '0', '0', '0', '0', '0', '0'};
+    char list[30];  // the list's checksum (10 digits) and the cut (20)
+    for (char& d : list) d = '0';
     alignas(cmsghdr) char ctl[CMSG_SPACE(kFdsPerByte * sizeof(int))];
     for (;;) {
       char c = 0;
@@ -613,8 +617,8 @@ class DriverJobGuardian {
       if (held_[i] >= 0) (void)::dup2(held_[i], 3 + static_cast<int>(i));
       ::close(held_[i]);
     }
-    // "--shared-fds COUNT:LIST" in the argument made before the fork.
-    char* out = argv_[7];
+    // "--shared-fds COUNT:LIST:CUT" in the argument made before the fork.
+    char* out = argv_[9];
     char digits[24];
     int k = 0;
     size_t v = n;
@@ -622,9 +626,11 @@ class DriverJobGuardian {
     while (v > 0);
     while (k > 0) *out++ = digits[--k];
     *out++ = ':';
-    for (char d : list) *out++ = d;
+    for (int i = 0; i < 10; ++i) *out++ = list[i];
+    *out++ = ':';
+    for (int i = 10; i < 30; ++i) *out++ = list[i];
     *out = '\0';
-    if (n == 0) argv_[6] = nullptr;  // nothing was handed off: a plain resume
+    if (n == 0) argv_[8] = nullptr;  // nothing was handed off: a plain resume
     ::execv(argv_[0], argv_.data());
     ::_exit(127);
   }
@@ -683,30 +689,37 @@ void give_files(const std::string& dir, uid_t owner) {
 
 }  // namespace
 
-StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list) {
-  auto a = ask_job_fds(socket, "dump-take " + std::to_string(fds.size()) + " " + std::to_string(list), fds, 600'000);
+StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list,
+                                       uint64_t cut) {
+  auto a = ask_job_fds(socket, "dump-take " + std::to_string(fds.size()) + " " + std::to_string(list) + " " + std::to_string(cut),
+                       fds, 600'000);
   if (!a.ok()) return a.status();
   if (a->text.find("\"ok\":true") == std::string::npos)
     return Status::FailedPrecondition(json_text(a->text, "error").empty() ? printable(a->text, 200) : json_text(a->text, "error"));
   return std::move(a->text);
 }
 
-StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list) {
+StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list,
+                                       uint64_t cut) {
   auto fds = held.descriptors();
   if (!fds.ok()) return Status::FailedPrecondition(fds.status().message() + ": nothing handed back");
   std::vector<int> give;
   for (const UniqueFd& f : *fds) give.push_back(f.get());
-  return hand_back_memory(socket, give, list);
+  return hand_back_memory(socket, give, list, cut);
 }
 
 StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid, const std::vector<int>& shared_fds,
-                                        uint32_t list) {
+                                        uint32_t list, uint64_t cut, uint64_t start_time) {
+  if (start_time != 0 && process_start_time(pid) != start_time)
+    return Status::FailedPrecondition("pid " + std::to_string(pid) +
+                                      " is not the process the dump held (it ended; the pid now names a process started "
+                                      "later, a restore of the job, say): nothing resumed");
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
   POS_RETURN_IF_ERROR((*driver)->release(static_cast<pid_t>(pid)).with_context("the driver's restore"));
   // The memory was handed off: these descriptors are all that hold it.
-  if (!shared_fds.empty()) return hand_back_memory(job_socket, shared_fds, list);
-  auto a = ask_job(job_socket, "dump-resume", 600'000);
+  if (!shared_fds.empty()) return hand_back_memory(job_socket, shared_fds, list, cut);
+  auto a = ask_job(job_socket, cut != 0 ? "dump-resume @" + std::to_string(cut) : std::string("dump-resume"), 600'000);
   if (!a.ok()) return a.status();
   if (a->find("nothing to resume") != std::string::npos) return std::string("not held");
   if (a->find("\"ok\":true") == std::string::npos)
@@ -877,6 +890,10 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   }
   JobDumpReport r;
   const pid_t pid = static_cast<pid_t>(o.pid);
+  // What gives the job back checks first that the pid still names it: killed mid-dump and restored
+  // from an image, a new process has the pid and the socket, and is not this dump's to touch.
+  const uint64_t started = process_start_time(o.pid);
+  const auto same_job = [&] { return started != 0 && process_start_time(o.pid) == started; };
   DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
   // The hand-off's side here (docs/driver_runtime.md, "Dump and restore"): this process's own
   // context on the job's device, made before the job stops. Without it the job copies.
@@ -927,29 +944,29 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       r.detach_s = json_number(a, "quiesce_s");
       r.job_save_s = json_number(a, "export_s");
       r.note = json_text(a, "note");
+      cut = json_u64(a, "cut");
       // From here until dump-release the job holds its memory too: giving up is dump-resume.
       auto back_out = [&](const Status& why) -> Status {
-        (void)ask_dump(o.job_socket, "dump-resume");
+        if (same_job()) (void)ask_dump(o.job_socket, "dump-resume @" + std::to_string(cut));
         remove_parts();
         return why;
       };
       std::vector<bool> marked;
       auto regions = shared_regions(a, dev, &marked);
       if (!regions.ok()) return back_out(regions.status());
-      cut = json_u64(a, "cut");
       std::string whole;
       inherited = inheritable(pp, *prev_table, json_u64(a, "since"), *regions, marked, &whole);
       if (!whole.empty()) r.note = r.note.empty() ? whole : r.note + "; " + whole;
       std::vector<int> raw;
       for (const UniqueFd& f : shared->fds) raw.push_back(f.get());
-      if (Status g = guardian.hold(raw, list); !g.ok() && !o.resume_program.empty())
+      if (Status g = guardian.hold(raw, list, cut); !g.ok() && !o.resume_program.empty())
         return back_out(g.with_context("the guardian could not hold the job's device memory"));
       if (Status im = held->import(*regions, std::move(shared->fds)); !im.ok())
         return back_out(im.with_context("importing the job's device memory"));
       auto rel = ask_dump(o.job_socket, "dump-release");
       if (!rel.ok()) {
         // Whatever was unmapped comes back from the descriptors held here.
-        (void)hand_back_memory(o.job_socket, *held, list);
+        if (same_job()) (void)hand_back_memory(o.job_socket, *held, list, cut);
         remove_parts();
         return rel.status().with_context("the job could not let go of its device memory");
       }
@@ -1003,12 +1020,16 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   };
   // The job's memory back: from the descriptors held here (hand-off), else from its image.
   const auto give_back = [&]() -> StatusOr<std::string> {
-    if (!handed) return ask_dump(o.job_socket, "dump-resume " + gpu_dir);
-    return hand_back_memory(o.job_socket, *held, list);
+    if (!handed) return ask_dump(o.job_socket, "dump-resume @" + std::to_string(cut) + " " + gpu_dir);
+    return hand_back_memory(o.job_socket, *held, list, cut);
   };
   // From here a failure brings the job back: its driver state restored, its memory given back.
   auto undo = [&](const Status& why) -> Status {
     join_writer();
+    if (!same_job()) {  // gone (killed mid-dump): nothing to bring back, and its pid is not ours
+      remove_parts();
+      return Status::Unavailable("the job ended during the dump (" + why.message() + "); nothing under its pid was touched");
+    }
     Status back = (*driver)->release(pid);
     if (back.ok()) back = give_back().status();
     remove_parts();
@@ -1016,6 +1037,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   };
   say("driver");
   t = std::chrono::steady_clock::now();
+  if (!same_job()) return undo(Status::Unavailable("its process is gone"));
   Status d = (*driver)->lock(pid, 10'000);
   if (d.ok()) d = (*driver)->checkpoint(pid);
   r.driver_s = seconds_since(t);
@@ -1028,6 +1050,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   ckpt::CriuDumpOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("criu", dn, n); };
   co.leave_running = o.leave_running;
+  if (!same_job()) return undo(Status::Unavailable("its process is gone"));
   co.shell_job = ::getsid(pid) != pid;
   Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, pid, r.criu_dir, co)
                                                      : Status::Unavailable("cannot create " + r.criu_dir);

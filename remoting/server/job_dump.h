@@ -113,18 +113,24 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
 // restorable, and not yet a --prev. Any failure leaves the job running and no image.
 StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& options);
 
+// `dump-take` to the in-process job at `socket`: its device memory as `fds` (in its allocation
+// order), `list`, its allocation list's checksum, and `cut`, the dump's cut (a process restored
+// under the same pid refuses memory of another cut). The job's answer; kFailedPrecondition with
+// the job's reason when it refused them (nothing taken).
+StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list,
+                                       uint64_t cut);
+// The same for memory held in this process (duplicates of its descriptors go).
+StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list,
+                                       uint64_t cut);
+
 // `pos-cli resume`: an in-process job left held by a dump that did not finish (its pos-cli killed)
 // brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the
-// job's memory mapped and loaded again from where the dump saved it. Its answer, or why not. A job
-// that no dump holds is left alone ("not held").
-// `dump-take` to the in-process job at `socket`: its device memory as `fds` (in its allocation
-// order) and `list`, its allocation list's checksum. The job's answer; kFailedPrecondition with
-// the job's reason when it refused them (nothing taken).
-StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list);
-// The same for memory held in this process (duplicates of its descriptors go).
-StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list);
-
+// job's memory given back (`shared_fds`, with `list` and `cut`) or mapped and loaded again from where
+// the dump saved it. `start_time` (/proc/PID/stat's, 0: unchecked): the process the dump held; a
+// process with that pid started at another time (the job restored from an image, or the pid reused)
+// is left alone. Its answer, or why not. A job that no dump holds is left alone ("not held").
 StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid,
-                                        const std::vector<int>& shared_fds = {}, uint32_t list = 0);
+                                        const std::vector<int>& shared_fds = {}, uint32_t list = 0, uint64_t cut = 0,
+                                        uint64_t start_time = 0);
 
 }  // namespace pos

@@ -282,26 +282,29 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   if (Status g = check_job_gpus(m.socket, *plan, &r.note); !g.ok()) return end(g);
 
   say("gpu");
+  ckpt::fault_point("driver-restore-gpu");  // the process back, its memory not yet handed to it
   t = std::chrono::steady_clock::now();
   join_loader();
   r.load_s = load_s;
   bool taken = false;
+  std::string refused;  // the job's own words when it did not take the memory
   if (loaded.ok()) {
-    auto a = hand_back_memory(m.socket, *held, driver::allocation_list_checksum(held->regions()));
+    auto a = hand_back_memory(m.socket, *held, driver::allocation_list_checksum(held->regions()), m.cut);
     taken = r.handoff = a.ok();
     // Refused (an image with memory the job mapped itself, say): the job loads it below.
     if (!a.ok() && a.status().code() != Code::kFailedPrecondition)
       return end(a.status().with_context("handing the device memory to the job"));
-    if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + a.status().message());
+    if (!taken) refused = a.status().message();
+    if (!taken) r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + refused);
   } else if (!allocations.empty()) {
     r.note += (r.note.empty() ? "" : "; ") + ("the job loaded its memory itself: " + loaded.message());
   }
   held.reset();  // the job holds what it took; anything else is freed before the job loads its own
   if (!taken && !table->inherited.empty())  // the job loads one image only
     return end(Status::FailedPrecondition("an incremental image's memory must be handed to the job, and it could not be (" +
-                                          (loaded.ok() ? std::string("the job refused it") : loaded.message()) + ")"));
+                                          (loaded.ok() ? "the job refused it: " + refused : loaded.message()) + ")"));
   if (!taken) {
-    auto a = ask_job(m.socket, "dump-resume " + gpu_dir, 600'000);
+    auto a = ask_job(m.socket, "dump-resume @" + std::to_string(m.cut) + " " + gpu_dir, 600'000);
     if (a.ok() && a->find("\"ok\":true") == std::string::npos)
       a = Status::Corrupt("the job answered: " + printable(*a, 300));
     if (!a.ok()) return end(a.status().with_context("loading the device memory"));
