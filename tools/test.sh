@@ -57,7 +57,8 @@ build() {
 cd "$ROOT"
 TARGETS=()
 log "building (warnings are errors)..."
-if build "$ROOT/build-test" --buildtype=debugoptimized; then
+# -O2 without debug info: a third less compile time than debugoptimized; asserts stay on.
+if build "$ROOT/build-test" -Doptimization=2 -Ddebug=false; then
   log "running the unit and e2e suites..."
   meson test -C "$ROOT/build-test" --no-rebuild --suite unit --suite e2e --print-errorlogs
   count "$ROOT/build-test/meson-logs/testlog.json"
@@ -75,7 +76,8 @@ if ((QUICK == 0)); then
   for san in asan tsan; do
     if [[ $san == asan ]]; then opt=(-Db_sanitize=address,undefined); else opt=(-Db_sanitize=thread); fi
     log "building the lock-free code with $san..."
-    if build "$ROOT/build-$san" --buildtype=debug "${opt[@]}" -Db_lundef=false -Dwith_cuda=disabled; then
+    # -g1: line tables for the reports, less compile time than -g.
+    if build "$ROOT/build-$san" --buildtype=debug -Dcpp_args=-g1 "${opt[@]}" -Db_lundef=false -Dwith_cuda=disabled; then
       meson test -C "$ROOT/build-$san" --no-rebuild --setup "$san" --print-errorlogs "${SAN_TESTS[@]}"
       count "$ROOT/build-$san/meson-logs/testlog-$san.json"
     else

@@ -389,21 +389,29 @@ TEST_F(DriverDump, ADumpInterruptedByTheJobsEndLeavesTheJobRestoredUnderItsPidAl
     return true;
   };
   const std::string dump_log = (root_ / "dump.log").string(), restore_log = (root_ / "restore.log").string();
-  const pid_t dumper = background("driver-dump-saved", "dump -t " + std::to_string(pid_) + " -D " + b + " --jobs-dir " + jobs_,
-                                  dump_log);
+  pid_t dumper = -1, restorer = -1;
+  struct Reap {  // a failed assertion leaves no stopped pos-cli behind
+    pid_t* p[2];
+    ~Reap() {
+      for (pid_t* q : p)
+        if (*q > 0) ::kill(*q, SIGKILL), ::kill(*q, SIGCONT), ::waitpid(*q, nullptr, 0);
+    }
+  } reap{{&dumper, &restorer}};
+  dumper = background("driver-dump-saved", "dump -t " + std::to_string(pid_) + " -D " + b + " --jobs-dir " + jobs_, dump_log);
   ASSERT_TRUE(wait_for(dump_log, "stopping the process")) << read_file(dump_log);
   ::kill(pid_, SIGKILL);  // held by b's dump
   ::waitpid(pid_, nullptr, 0);
-  const pid_t restorer = background("driver-restore-gpu", "restore -D " + a + " --json", restore_log);
+  restorer = background("driver-restore-gpu", "restore -D " + a + " --json", restore_log);
   ASSERT_TRUE(wait_for(restore_log, "stopping the process")) << read_file(restore_log);
   // The new process holds the pid and waits for a's memory. b's pos-cli dies: its guardian resumes.
   ::kill(dumper, SIGKILL);
-  ::waitpid(dumper, nullptr, 0);
+  ::waitpid(std::exchange(dumper, -1), nullptr, 0);
   ASSERT_TRUE(wait_for(dump_log, "pos-cli resume: pid")) << read_file(dump_log);
   EXPECT_NE(read_file(dump_log).find("is not the process the dump held"), std::string::npos) << read_file(dump_log);
   ::kill(restorer, SIGCONT);
   int st = 0;
   ASSERT_EQ(::waitpid(restorer, &st, 0), restorer);
+  restorer = -1;
   out = read_file(restore_log);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
   ASSERT_NE(out.find("\"pid\":"), std::string::npos) << out;

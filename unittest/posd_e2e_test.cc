@@ -1189,7 +1189,7 @@ double metric(const std::string& text, const std::string& name, uint32_t pid) {
 // posd where posd died), from which the job prints exactly what an uninterrupted run prints.
 TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWhateverIsKilledWhen) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "30000" : "8000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "30000" : "4000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const unsigned seed = static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::srand(seed);
@@ -1270,7 +1270,7 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
 // and finishes untouched. posd's metrics agree with what happened.
 TEST_F(PosdProcess, AFullDiskFailsTicksWithTheReasonKeepsEveryRestorePointAndTheJobRunsOn) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "60000" : "6000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "60000" : "3000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-full-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", mnt = base + ".tmpfs", dir = mnt + "/points", jobs = base + ".jobs";
@@ -1480,7 +1480,7 @@ bool serves(const OwnPosd& posd, pid_t pid) {
 // (--move-process: CRIU, the way to another host).
 TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMoved) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-mig-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work";
@@ -1542,7 +1542,7 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
 // uninterrupted run. Bad targets are refused before anything is asked of the job.
 TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-migf-" + std::to_string(::getpid());
   OwnPosd a(base + "-a"), b(base + "-b"), shared(base + "-s", "  isolation: shared\n");
