@@ -1117,7 +1117,11 @@ Status CudaClient::free_at(uint64_t addr, uint64_t size) {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  CudaBackend(const StagingOptions& staging, uint64_t spin_ns) : staging_(staging), spin_ns_(spin_ns) {}
+  // `home`: the device whose context serves the control thread and pinned host memory (posd's first
+  // of posd.devices): a posd serving GPU 1 makes no context on GPU 0 (518 MiB there, and a restore
+  // into GPU 1 waited for it).
+  CudaBackend(const StagingOptions& staging, uint64_t spin_ns, int home)
+      : staging_(staging), spin_ns_(spin_ns), home_(home) {}
   ~CudaBackend() override {
     for (int d = 0; d < static_cast<int>(ctx_.size()); ++d)
       if (ctx_[d] != nullptr) cuDevicePrimaryCtxRelease(devs_[d]);
@@ -1132,21 +1136,24 @@ class CudaBackend final : public DeviceBackend {
     devs_.resize(n);
     ctx_.assign(n, nullptr);
     for (int d = 0; d < n; ++d) POS_CU(cuDeviceGet(&devs_[d], d), "device " + std::to_string(d));
-    // The allocation granularity is the same for every device of a kind; take device 0's.
+    // A home device this process cannot see is device 0 (posd refuses such a posd.devices itself).
+    if (home_ < 0 || home_ >= n) home_ = 0;
+    const std::string home = "device " + std::to_string(home_);
+    // The allocation granularity is the same for every device of a kind; take the home device's.
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = devs_[0];
+    prop.location.id = devs_[home_];
     size_t g = 0;
-    POS_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "device 0");
+    POS_CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), home);
     granule_ = g;
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     size_t free_b = 0, total_b = 0;
-    POS_CU(cuMemGetInfo(&free_b, &total_b), "device 0");
+    POS_CU(cuMemGetInfo(&free_b, &total_b), home);
     // What clients may reserve: free memory now, less room for the driver, cuBLAS workspaces and
     // the granule rounding of small buffers.
     const uint64_t margin = std::min<uint64_t>(free_b / 16, 2ull << 30);
-    // Clients open on device 0 (one device per job for now), so its memory is what they share.
+    // Clients open on the home device (one device per job for now), so its memory is what they share.
     set_memory_capacity(free_b > margin ? free_b - margin : 0);
     return Status::Ok();
   }
@@ -1226,7 +1233,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   StatusOr<void*> host_alloc(uint64_t bytes) override {
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     void* p = nullptr;
     // Portable: every context of the process may DMA from it (clients share the primary one).
     POS_CU(cuMemHostAlloc(&p, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE), std::to_string(bytes) + " bytes");
@@ -1234,17 +1241,17 @@ class CudaBackend final : public DeviceBackend {
   }
   Status host_free(void* p) override {
     if (p == nullptr) return Status::Ok();
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     POS_CU(cuMemFreeHost(p), "pinned host memory");
     return Status::Ok();
   }
   Status host_register(void* p, uint64_t bytes) override {
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     POS_CU(cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE), "registering " + std::to_string(bytes) + " bytes of host memory");
     return Status::Ok();
   }
   Status host_unregister(void* p) override {
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     POS_CU(cuMemHostUnregister(p), "unregistering host memory");
     return Status::Ok();
   }
@@ -1253,7 +1260,7 @@ class CudaBackend final : public DeviceBackend {
     return Status::Ok();
   }
   Status host_unregister_on_use(void* p) override {
-    POS_RETURN_IF_ERROR(use_device(0));
+    POS_RETURN_IF_ERROR(use_device(home_));
     if (!pins_.remove(static_cast<std::byte*>(p))) return Status::NotFound("no host memory registered on use at that address");
     return Status::Ok();
   }
@@ -1274,6 +1281,7 @@ class CudaBackend final : public DeviceBackend {
   const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
   const uint64_t spin_ns_;
   OnUsePins pins_;  // session arenas, page-locked as copies name them (outlives every client)
+  int home_ = 0;
   int driver_version_ = 0;
   uint64_t granule_ = 2u << 20;
   std::vector<CUdevice> devs_;
@@ -1299,7 +1307,8 @@ extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_b
     staging.ckpt_staging_bytes = config->ckpt_staging_bytes;
   }
   const uint64_t spin_ns = config != nullptr ? config->spin_ns : pos::Config{}.spin_ns;
-  auto b = std::make_unique<pos::cudabk::CudaBackend>(staging, spin_ns);
+  const int home = config != nullptr && !config->posd_devices.empty() ? config->posd_devices.front() : 0;
+  auto b = std::make_unique<pos::cudabk::CudaBackend>(staging, spin_ns, home);
   *status = b->init();
   if (!status->ok()) return nullptr;
   return b.release();
