@@ -29,6 +29,7 @@
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_migrate.h"
 #include "remoting/server/job_restore.h"
+#include "pos/base/parse.h"
 #include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
@@ -142,8 +143,8 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   if (text.ok()) std::fputs(text->c_str(), stdout);
   else std::fprintf(stderr, "pos-cli ps: posd: %s\n", text.status().message().c_str());
   if (!jobs.empty()) {
-    std::printf("\n%-8s %-8s %-24s %-8s %14s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
-                "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
+    std::printf("\n%-8s %-8s %-24s %-8s %14s %14s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
+                "MEMORY LIMIT", "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
     for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
     std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
   }
@@ -295,6 +296,58 @@ int dump(const DumpArgs& a, bool pre) {
 // With --shared-fds COUNT:LIST:CUT (from a dump's guardian): the job's device memory is in
 // descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum, and CUT,
 // the dump's. With --start-time: only the process the dump held (not one restored under its pid).
+// `pos-cli limit -t PID [--memory SIZE]`: an in-process job's limits, shown, or changed first
+// (docs/limits.md). "0" removes the memory limit.
+int limit(int pid, const std::string& jobs_dir, const std::string& memory, bool json) {
+  const JobTarget t = find_job(pid, jobs_dir);
+  if (!t.inproc) {
+    std::fprintf(stderr,
+                 "pos-cli limit: pid %d is no in-process job (pos run) in %s; per-job limits of jobs under posd are not "
+                 "built yet (posd.memory_quota applies to each of its clients)\n",
+                 pid, t.jobs_dir.c_str());
+    return 1;
+  }
+  std::string cmd = "limit";
+  if (!memory.empty()) {
+    uint64_t bytes = 0;
+    if (memory != "0") {
+      auto b = pos::parse_size(memory);
+      if (!b.ok()) {
+        std::fprintf(stderr, "pos-cli limit: --memory %s: %s\n", pos::printable(memory, 64).c_str(), b.status().message().c_str());
+        return 2;
+      }
+      bytes = *b;
+    }
+    cmd += " memory=" + std::to_string(bytes);
+  }
+  auto a = pos::ask_job(t.job_socket, cmd, 10000);
+  if (!a.ok()) {
+    std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid, a.status().message().c_str());
+    return 1;
+  }
+  if (a->find("\"ok\":true") == std::string::npos) {
+    const size_t e = a->find("\"error\":\"");
+    std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid,
+                 e == std::string::npos ? pos::printable(*a, 200).c_str()
+                                        : a->substr(e + 9, a->find('"', e + 9) - e - 9).c_str());
+    return 1;
+  }
+  if (json) {
+    std::printf("%s\n", a->c_str());
+    return 0;
+  }
+  const auto number = [&](const char* key) {
+    const size_t at = a->find(std::string("\"") + key + "\":");
+    return at == std::string::npos ? 0ull : std::strtoull(a->c_str() + at + std::strlen(key) + 3, nullptr, 10);
+  };
+  const unsigned long long lim = number("memory"), used = number("memory_used"), refused = number("memory_refused");
+  if (lim == 0) std::printf("pid %d: no memory limit; it holds %llu bytes of device memory\n", pid, used);
+  else
+    std::printf("pid %d: memory limit %llu bytes; it holds %llu (%.1f%%); %llu allocation(s) refused at the limit\n", pid,
+                lim, used, 100.0 * static_cast<double>(used) / static_cast<double>(lim), refused);
+  return 0;
+}
+
 int resume(int pid, const std::string& jobs_dir, std::string job_socket, const std::string& shared, uint64_t started) {
   if (job_socket.empty()) {
     std::string dir = jobs_dir.empty() ? pos::jobs_dir_of_process(pid) : jobs_dir;
@@ -846,6 +899,15 @@ int main(int argc, char** argv) {
   images_cmd->add_option("DIR", images_dir, "the directory that holds the images")->required();
   images_cmd->add_flag("--json", images_json, "one JSON object");
 
+  int limit_pid = 0;
+  std::string limit_jobs_dir, limit_memory;
+  bool limit_json = false;
+  CLI::App* limit_cmd = app.add_subcommand("limit", "show or change an in-process job's limits (pos run --memory)");
+  limit_cmd->add_option("-t,--tree", limit_pid, "the job's pid")->required()->check(CLI::PositiveNumber);
+  limit_cmd->add_option("--memory", limit_memory, "its device-memory limit (8GiB, 512MiB; 0: none)");
+  limit_cmd->add_option("--jobs-dir", limit_jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
+  limit_cmd->add_flag("--json", limit_json, "the job's answer as JSON");
+
   int resume_pid = 0;
   std::string resume_jobs_dir, resume_socket;
   CLI::App* resume_cmd = app.add_subcommand(
@@ -950,12 +1012,12 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, migrate_cmd, resume_cmd, images_cmd, ckpt_cmd, help})
+    for (CLI::App* c : {ins, ps_cmd, dump_cmd, pre_cmd, restore_cmd, migrate_cmd, resume_cmd, images_cmd, ckpt_cmd, limit_cmd, help})
       if (c->get_name() == topic) {
         std::fputs(c->help("pos-cli").c_str(), stdout);
         return 0;
       }
-    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, migrate, resume, images, checkpoint, help)\n", topic.c_str());
+    std::fprintf(stderr, "pos-cli help: unknown command '%s' (commands: inspect, ps, dump, pre-dump, restore, migrate, resume, images, checkpoint, limit, help)\n", topic.c_str());
     return 2;
   }
   if (ins->parsed()) return inspect(dir, json, summary, !no_verify);
@@ -963,6 +1025,7 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
+  if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_memory, limit_json);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared, resume_started);
   if (ckpt_cmd->parsed()) return checkpoint(ca);
   if (migrate_cmd->parsed()) return migrate(ma);

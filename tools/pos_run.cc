@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "pos/base/parse.h"
+#include "pos/base/text.h"
 #include "remoting/server/checkpoint_policy.h"
 
 #ifndef POS_VERSION_STRING
@@ -98,6 +100,10 @@ int main(int argc, char** argv) {
   run->add_option("--full-every", full_every, "with --checkpoint-every: every K-th restore point is whole")
       ->check(CLI::Range(1u, 64u));
   run->add_flag("--with-cpu", with_cpu, "with --checkpoint-every: each restore point a whole process (CRIU)");
+  std::string memory;
+  run->add_option("--memory", memory,
+                  "the program's device-memory limit (8GiB, 512MiB): allocations past it fail as out of memory; "
+                  "pos-cli limit changes it (docs/limits.md)");
   run->prefix_command();  // everything from CMD on is the program's, options included
   // What follows `--` is the program's, never parsed here; CLI11 sees only what comes before.
   std::vector<std::string> cmd;
@@ -161,6 +167,18 @@ int main(int argc, char** argv) {
   if (every.empty() != ckpt_dir.empty()) {
     std::fprintf(stderr, "pos run: --checkpoint-every and -D go together\n");
     return 2;
+  }
+  if (!memory.empty()) {
+    auto bytes = pos::parse_size(memory);
+    if (!bytes.ok() || *bytes == 0) {
+      std::fprintf(stderr, "pos run: --memory %s: %s\n", pos::printable(memory, 64).c_str(),
+                   bytes.ok() ? "a limit of 0 bytes would refuse every allocation" : bytes.status().message().c_str());
+      return 2;
+    }
+    if (::setenv("POS_MEMORY_LIMIT", std::to_string(*bytes).c_str(), 1) != 0) {
+      std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
+      return 1;
+    }
   }
   if (!every.empty()) {
     if (auto iv = pos::parse_interval(every); !iv.ok()) {

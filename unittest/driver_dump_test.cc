@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "unittest/run_program.h"
@@ -419,6 +420,39 @@ TEST_F(DriverDump, ADumpInterruptedByTheJobsEndLeavesTheJobRestoredUnderItsPidAl
   EXPECT_NE(out.find("\"handoff\":true"), std::string::npos) << out;  // a's memory, handed over
   EXPECT_EQ(check(), "rc=0 same=1\n");  // the state of a, CPU and GPU alike
   EXPECT_FALSE(fs::exists(b + "/manifest"));
+}
+
+// pos run --memory: the job runs under its device-memory limit; pos-cli limit shows what it holds
+// against it and changes it; bad values are refused with the limit unchanged, and a pid that is no
+// in-process job is said to be none.
+TEST_F(DriverDump, PosRunWithAMemoryLimitRunsTheJobUnderItAndPosCliLimitShowsAndChangesIt) {
+  start({"--memory", "12MiB"});
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const std::string t = "limit -t " + std::to_string(pid_) + " --jobs-dir " + jobs_;
+  int code = -1;
+  std::string out = cli(t, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("memory limit 12582912 bytes; it holds 8388608 (66.7%)"), std::string::npos) << out;
+  out = cli(t + " --memory 1GiB --json", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"memory\":1073741824,\"memory_used\":8388608"), std::string::npos) << out;
+  for (const auto& [arg, want, says] : std::vector<std::tuple<std::string, int, std::string>>{
+           {" --memory 200GiB", 1, "more than the job's GPUs have"}, {" --memory zz", 2, "--memory zz"}}) {
+    out = cli(t + arg, &code);
+    EXPECT_EQ(code, want) << arg << ": " << out;
+    EXPECT_NE(out.find(says), std::string::npos) << arg << ": " << out;
+  }
+  out = cli(t + " --json", &code);
+  EXPECT_NE(out.find("\"memory\":1073741824,"), std::string::npos) << out;  // unchanged
+  out = cli("limit -t 1 --jobs-dir " + jobs_, &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("is no in-process job"), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  for (const char* bad : {"0", "abc"}) {
+    out = pos::test::run_shell(env("POS_RUN") + " run --memory " + bad + " -- /bin/true", &code);
+    EXPECT_EQ(code, 2) << bad;
+    EXPECT_NE(out.find("pos run: --memory"), std::string::npos) << out;
+  }
 }
 
 TEST_F(DriverDump, ADumpOfAJobThatCannotBeDumpedIsRefusedByNameAndLeavesNoImage) {

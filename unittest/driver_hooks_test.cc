@@ -591,6 +591,62 @@ TEST_F(Preloaded, ADumpSavesPlacedMemoryHoldsTheJobsCallsAndAResumeBringsTheSame
   std::filesystem::remove_all(img);
 }
 
+// A memory limit (POS_MEMORY_LIMIT, as `pos run --memory` sets it): allocations of every kind that
+// would pass it get CUDA_ERROR_OUT_OF_MEMORY without reaching the driver, frees and releases give
+// room back, cuMemGetInfo reports the limit; `limit memory=N` changes it on the running job, and
+// bad values (not a number, more than the GPUs have, no key) are refused with the limit unchanged.
+TEST_F(Preloaded, AMemoryLimitRefusesWhatWouldPassItAsTheDriverWouldAndCanBeChangedWhileTheJobRuns) {
+  const std::string dir = jobs_dir() + "-limit";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "limit", {{"POS_MEMORY_LIMIT", "10MiB"}});
+  std::string seen;
+  char line[256];
+  while (job.out != nullptr && std::fgets(line, sizeof(line), job.out) != nullptr && std::string(line) != "ready\n")
+    seen += line;
+  EXPECT_EQ(seen,
+            "a=0\nover=2\nasync=0\ninfo=0 free_mib=2 total_mib=10\nfree_a=0\nb=0\ncreate_over=2\nfree_async=0\n"
+            "create=0\nd=2\nrelease=0\nd_after_release=0\ninfo=0 free_mib=0 total_mib=10\n");
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  auto shown = pos::ask_job(sock, "limit", 10000);
+  ASSERT_TRUE(shown.ok()) << shown.status().to_string();
+  EXPECT_NE(shown->find("\"memory\":10485760,\"memory_used\":10485760,\"memory_refused\":3"), std::string::npos) << *shown;
+  auto ps = pos::ask_job(sock, "ps", 10000);
+  ASSERT_TRUE(ps.ok());
+  EXPECT_NE(ps->find("\"limits\":{\"memory\":10485760,"), std::string::npos) << *ps;
+  job.say("try\n");
+  EXPECT_EQ(job.line_within(5000), "rc=2\n");  // 8 MiB more does not fit in 10
+  auto raised = pos::ask_job(sock, "limit memory=" + std::to_string(20u << 20), 10000);
+  ASSERT_TRUE(raised.ok());
+  EXPECT_NE(raised->find("\"ok\":true,\"limits\":{\"memory\":20971520,"), std::string::npos) << *raised;
+  job.say("try\n");
+  EXPECT_EQ(job.line_within(5000), "rc=0\n");
+  for (const std::string& bad : std::vector<std::string>{"limit memory=abc", "limit memory=" + std::to_string(100ull << 30),
+                                                        "limit cpu=1", "limit memory="}) {
+    auto r = pos::ask_job(sock, bad, 10000);
+    ASSERT_TRUE(r.ok()) << bad;
+    EXPECT_NE(r->find("\"ok\":false"), std::string::npos) << bad << ": " << *r;
+  }
+  auto big = pos::ask_job(sock, "limit memory=" + std::to_string(100ull << 30), 10000);
+  EXPECT_NE(big->find("more than the job's GPUs have"), std::string::npos) << *big;
+  job.say("try\n");
+  EXPECT_EQ(job.line_within(5000), "rc=0\n");  // still 20 MiB
+  auto none = pos::ask_job(sock, "limit memory=0", 10000);  // 0: no limit
+  ASSERT_TRUE(none.ok());
+  EXPECT_NE(none->find("\"memory\":0,"), std::string::npos) << *none;
+  EXPECT_EQ(job.stop(), 0);
+  // A limit that does not parse is no limit, and the job says why.
+  RunningProbe loose(dir, "limit", {{"POS_MEMORY_LIMIT", "lots"}});
+  seen.clear();
+  while (loose.out != nullptr && std::fgets(line, sizeof(line), loose.out) != nullptr && std::string(line) != "ready\n")
+    seen += line;
+  EXPECT_NE(seen.find("over=0\n"), std::string::npos) << seen;
+  auto why = pos::ask_job(pos::job_socket_path(dir, loose.pid), "ps", 10000);
+  ASSERT_TRUE(why.ok());
+  EXPECT_NE(why->find("\"memory_error\":\"POS_MEMORY_LIMIT='lots'"), std::string::npos) << *why;
+  EXPECT_EQ(loose.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 // The hand-off (dump-share, dump-release, dump-take): the job's memory leaves as descriptors, its
 // calls wait, and it comes back only with as many descriptors as it has allocations, the checksum
 // of its allocation list and the dump's cut (memory of another cut is not taken, nor a resume of

@@ -137,6 +137,50 @@ int main(int argc, char** argv) {
                 fake_calls("cuMemFree_v2"), fake_calls("cuCtxSynchronize"));
     return 0;
   }
+  if (what == "limit") {
+    // Under POS_MEMORY_LIMIT=10MiB: what fits is given, what does not gets CUDA_ERROR_OUT_OF_MEMORY
+    // (2), cuMemGetInfo says what the limit leaves, frees give room back; then "ready", and per
+    // stdin line an 8 MiB allocation tried (and freed) under whatever limit holds now.
+    auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
+    auto alloc_async = reinterpret_cast<int (*)(unsigned long long*, size_t, void*)>(sym("cuMemAllocAsync"));
+    auto free_async = reinterpret_cast<int (*)(unsigned long long, void*)>(sym("cuMemFreeAsync"));
+    auto info = reinterpret_cast<int (*)(size_t*, size_t*)>(sym("cuMemGetInfo_v2"));
+    using CreateFn = int (*)(unsigned long long*, size_t, const void*, unsigned long long);
+    auto create = reinterpret_cast<CreateFn>(sym("cuMemCreate"));
+    auto release = reinterpret_cast<int (*)(unsigned long long)>(sym("cuMemRelease"));
+    struct Loc { int type, id; };
+    struct Prop { int type, handles; Loc loc; void* win32; unsigned char flags[8]; } prop{1, 0, {1, 0}, nullptr, {}};
+    const size_t mib = 1 << 20;
+    unsigned long long a = 0, b = 0, c = 0, d = 0, h = 0;
+    size_t fr = 0, tot = 0;
+    int irc = 0;
+    std::printf("a=%d\n", cuMemAlloc_v2(&a, 4 * mib));
+    std::printf("over=%d\n", cuMemAlloc_v2(&b, 8 * mib));
+    std::printf("async=%d\n", alloc_async(&c, 4 * mib, nullptr));
+    irc = info(&fr, &tot);
+    std::printf("info=%d free_mib=%zu total_mib=%zu\n", irc, fr / mib, tot / mib);
+    std::printf("free_a=%d\n", cuMemFree_v2(a));
+    std::printf("b=%d\n", cuMemAlloc_v2(&b, 6 * mib));
+    std::printf("create_over=%d\n", create(&h, 2 * mib, &prop, 0));
+    std::printf("free_async=%d\n", free_async(c, nullptr));
+    std::printf("create=%d\n", create(&h, 2 * mib, &prop, 0));
+    std::printf("d=%d\n", cuMemAlloc_v2(&d, 4 * mib));
+    std::printf("release=%d\n", release(h));
+    std::printf("d_after_release=%d\n", cuMemAlloc_v2(&d, 4 * mib));
+    irc = info(&fr, &tot);
+    std::printf("info=%d free_mib=%zu total_mib=%zu\n", irc, fr / mib, tot / mib);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      unsigned long long e = 0;
+      const int rc = cuMemAlloc_v2(&e, 8 * mib);
+      if (rc == 0) cuMemFree_v2(e);
+      std::printf("rc=%d\n", rc);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   if (what == "wait") {
     // A job that stays: two allocations, then "ready", then it runs until its stdin closes.
     unsigned long long a = 0, b = 0;

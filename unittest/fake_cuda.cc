@@ -52,6 +52,25 @@ FAKE_EXPORT int cuMemFree_v2(unsigned long long) {
   bump("cuMemFree_v2");
   return 0;
 }
+// Each fake GPU has 80 GiB, all of it free (what a job's memory limit narrows).
+constexpr unsigned long long kFakeGpuBytes = 80ull << 30;
+FAKE_EXPORT int cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  bump("cuMemGetInfo_v2");
+  *free_bytes = kFakeGpuBytes, *total_bytes = kFakeGpuBytes;
+  return 0;
+}
+FAKE_EXPORT int cuDeviceTotalMem_v2(size_t* bytes, int) {
+  *bytes = kFakeGpuBytes;
+  return 0;
+}
+FAKE_EXPORT int cuMemAllocAsync(unsigned long long* p, size_t n, void*) {
+  bump("cuMemAllocAsync");
+  return cuMemAlloc_v2(p, n);
+}
+FAKE_EXPORT int cuMemFreeAsync(unsigned long long p, void*) {
+  bump("cuMemFreeAsync");
+  return cuMemFree_v2(p);
+}
 namespace {
 int run_kernel(void* f, void** params, void** extra);  // below, with the memory it writes
 }

@@ -40,6 +40,7 @@ struct CUmemAccessDesc;      // only passed by pointer
 
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kErrorNotInitialized = 3;
+inline constexpr CUresult kErrorOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY: what a job over its limit gets
 inline constexpr uint64_t kProcAddressPerThread = 1u << 1;  // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
 // What a hook does beyond counting its calls.
@@ -97,6 +98,8 @@ enum class Role : uint8_t {
     (CUmemGenericAllocationHandle * h, void* os_handle, int type), (h, os_handle, type), -1)                        \
   X(cuMemSetAccess, cuMemSetAccess, false, 10020, kCount, CUresult,                                                \
     (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count), (ptr, size, desc, count), -1)      \
+  X(cuMemGetInfo_v2, cuMemGetInfo, false, 3020, kCount, CUresult, (size_t * free_bytes, size_t * total_bytes),     \
+    (free_bytes, total_bytes), -1)                                                                                 \
   X(cuMemAllocHost_v2, cuMemAllocHost, false, 3020, kCount, CUresult, (void** pp, size_t bytes), (pp, bytes), -1) \
   X(cuMemHostAlloc, cuMemHostAlloc, false, 2020, kCount, CUresult, (void** pp, size_t bytes, unsigned int flags), \
     (pp, bytes, flags), -1)                                                                                        \

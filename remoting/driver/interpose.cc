@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "pos/base/gate.h"
+#include "pos/base/parse.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/driver/app_vmm.h"
@@ -37,6 +38,7 @@
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/driver/launch_params.h"
+#include "remoting/driver/memory_limit.h"
 #include "remoting/driver/placement.h"
 #include "remoting/driver/snapshot.h"
 
@@ -72,6 +74,10 @@ struct Runtime {
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
   std::string job;  // POS_JOB_NAME, else the process's name
+  // Device memory the job holds, against its limit (POS_MEMORY_LIMIT, `pos-cli limit`): docs/limits.md.
+  MemoryLimit memory;
+  std::string memory_error;  // why POS_MEMORY_LIMIT was not taken (empty when it was, or is unset)
+  CUresult (*total_mem)(size_t* bytes, CUdevice d) = nullptr;  // the real cuDeviceTotalMem_v2
   // The job's driver work passes this gate (every hook but cuGetProcAddress); a dump closes it so
   // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
   pos::Gate gate;
@@ -153,6 +159,17 @@ std::string job_name() {
 
 // The census with what only the runtime knows: why the driver or the control socket is missing,
 // and where device memory was placed.
+// The job's limits and what it holds against them (ps, `limit`).
+std::string limits_json(Runtime* rt) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "{\"memory\":%llu,\"memory_used\":%llu,\"memory_refused\":%llu",
+                static_cast<unsigned long long>(rt->memory.limit()), static_cast<unsigned long long>(rt->memory.used()),
+                static_cast<unsigned long long>(rt->memory.refused()));
+  std::string out = buf;
+  if (!rt->memory_error.empty()) out += ",\"memory_error\":" + pos::json_string(rt->memory_error);
+  return out + "}";
+}
+
 std::string census_json(Runtime* rt) {
   std::string text = rt->census.json(rt->driver_path);
   if (!rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
@@ -160,6 +177,7 @@ std::string census_json(Runtime* rt) {
   if (!rt->placement_error.empty())
     text.insert(text.size() - 1, ",\"placement_error\":" + pos::json_string(rt->placement_error));
   if (!rt->control_error.empty()) text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
+  text.insert(text.size() - 1, ",\"limits\":" + limits_json(rt));
   if (rt->scanner) {
     const LaunchScanner::Stats w = rt->scanner->stats();
     char buf[224];
@@ -796,6 +814,33 @@ std::string gpus_answer(Runtime* rt) {
          pos::json_string(pos::printable(name, 128)) + "}";
 }
 
+// `limit [memory=BYTES]`: the job's limits and what it holds, after setting the memory limit when
+// asked (0: none). A limit above every device's memory is refused (when the driver can say it); one
+// below what the job holds is taken: its next allocations fail until it frees enough.
+std::string limit_answer(Runtime* rt, const std::string& args) {
+  if (!args.empty()) {
+    if (args.rfind("memory=", 0) != 0) return dump_error("limit wants memory=BYTES, not '" + pos::printable(args, 64) + "'");
+    auto bytes = pos::parse_uint(args.substr(7));
+    if (!bytes.ok()) return dump_error("memory=" + pos::printable(args.substr(7), 32) + ": " + bytes.status().message());
+    int n = 0;
+    uint64_t largest = 0;
+    if (*bytes != 0 && rt->ids.device_get_count != nullptr && rt->ids.device_get != nullptr && rt->total_mem != nullptr &&
+        rt->ids.device_get_count(&n) == kSuccess) {
+      for (int i = 0; i < n; ++i) {
+        CUdevice d = 0;
+        size_t total = 0;
+        if (rt->ids.device_get(&d, i) == kSuccess && rt->total_mem(&total, d) == kSuccess) largest = std::max<uint64_t>(largest, total);
+      }
+      if (largest != 0 && *bytes > largest)
+        return dump_error("a memory limit of " + std::to_string(*bytes) + " bytes is more than the job's GPUs have (" +
+                          std::to_string(largest) + " bytes): not set");
+    }
+    rt->memory.set(*bytes);
+    rt->memory_error.clear();
+  }
+  return "{\"ok\":true,\"limits\":" + limits_json(rt) + "}";
+}
+
 // pos-cli's questions (remoting/common/job_control.h): "ps" (one JSON object), "ps-row" (one
 // line of pos-cli ps's table of in-process jobs), "gpus", "dump-save DIR" and "dump-resume [DIR]".
 pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg);
@@ -804,6 +849,7 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd == "dump-release") return dump_release(rt);
   if (cmd == "snap-release") return snap_release(rt);
   if (cmd == "gpus") return gpus_answer(rt);
+  if (cmd == "limit" || cmd.rfind("limit ", 0) == 0) return limit_answer(rt, cmd.size() > 6 ? cmd.substr(6) : std::string());
   if (cmd == "dump-resume") return dump_resume(rt, "");
   if (cmd.rfind("dump-resume @", 0) == 0) {  // "dump-resume @CUT [DIR]": only the dump of that cut
     unsigned long long cut = 0;
@@ -825,16 +871,17 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     std::string devices, blocked;
     for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
     for (const std::string& w : rt->census.not_checkpointable()) blocked += (blocked.empty() ? "" : "; ") + w;
-    char row[256];
-    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %8llu %12llu  ", static_cast<int>(::getpid()),
+    char row[288], limit[24] = "-";
+    if (rt->memory.limit() != 0) std::snprintf(limit, sizeof(limit), "%llu", static_cast<unsigned long long>(rt->memory.limit()));
+    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %14s %8llu %12llu  ", static_cast<int>(::getpid()),
                   static_cast<unsigned>(::geteuid()), pos::fit_columns(rt->job, 24).c_str(),
-                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes),
+                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes), limit,
                   static_cast<unsigned long long>(m.live), static_cast<unsigned long long>(rt->census.launches()));
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT, "
-                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release)") + "}";
+                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release, limit [memory=BYTES])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
@@ -956,11 +1003,20 @@ Runtime* runtime() {
     }
     rt->resolver.set_real(real, hook_addresses());
     rt->job = job_name();
+    // The job's memory limit from `pos run --memory` (a size: "8GiB"); one that does not parse is
+    // no limit, said in ps and on stderr, and the job runs.
+    if (const char* lim = std::getenv("POS_MEMORY_LIMIT"); lim != nullptr && *lim != '\0') {
+      auto bytes = pos::parse_size(lim);
+      if (bytes.ok()) rt->memory.set(*bytes);
+      else rt->memory_error = "POS_MEMORY_LIMIT='" + pos::printable(lim, 64) + "': " + bytes.status().message() + ": no limit set";
+      if (!bytes.ok()) std::fprintf(stderr, "pos: %s\n", rt->memory_error.c_str());
+    }
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->copy = copy_calls(rt->driver);
       rt->snap = snap_calls(rt->driver);
       rt->ids = gpu_id_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
+      rt->total_mem = reinterpret_cast<decltype(rt->total_mem)>(real_dlsym()(rt->driver, "cuDeviceTotalMem_v2"));
       ParamInfoCalls pi;
       pi.func_param_info = reinterpret_cast<decltype(pi.func_param_info)>(real_dlsym()(rt->driver, "cuFuncGetParamInfo"));
       pi.kernel_param_info =
@@ -1012,6 +1068,55 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
     return true;
   } else {
     return false;
+  }
+}
+
+// The job's memory limit (docs/limits.md): an allocation is charged before the driver is asked and
+// refused as the driver refuses memory it lacks when it would pass the limit; what fails or is
+// freed is given back. Only the outermost hook charges (a driver calling its own exports re-enters).
+template <HookId kId>
+constexpr bool allocates() {
+  using H = HookId;
+  return kId == H::cuMemAlloc_v2 || kId == H::cuMemAllocManaged || kId == H::cuMemAllocAsync ||
+         kId == H::cuMemAllocAsync_ptsz || kId == H::cuMemAllocFromPoolAsync || kId == H::cuMemAllocFromPoolAsync_ptsz ||
+         kId == H::cuMemCreate;
+}
+template <HookId kId>
+constexpr bool frees() {
+  using H = HookId;
+  return kId == H::cuMemFree_v2 || kId == H::cuMemFreeAsync || kId == H::cuMemFreeAsync_ptsz;
+}
+template <HookId kId, typename... A>
+inline bool admit(Runtime* rt, uint64_t* bytes, A... a) {
+  if constexpr (allocates<kId>() || frees<kId>() || kId == HookId::cuMemRelease) {
+    if (t_hook_depth != 1) return true;
+    auto t = std::make_tuple(a...);
+    if constexpr (allocates<kId>()) {
+      *bytes = static_cast<uint64_t>(std::get<1>(t));
+      return rt->memory.charge(*bytes);
+    } else if constexpr (frees<kId>()) {
+      *bytes = rt->census.allocation_at(std::get<0>(t));
+    } else {
+      *bytes = rt->memory.size_of(std::get<0>(t));
+    }
+  }
+  return true;
+}
+template <HookId kId, typename... A>
+inline void settle(Runtime* rt, CUresult rc, uint64_t bytes, A... a) {
+  if constexpr (allocates<kId>() || frees<kId>() || kId == HookId::cuMemRelease || kId == HookId::cuMemGetInfo_v2) {
+    if (t_hook_depth != 1) return;
+    auto t = std::make_tuple(a...);
+    if constexpr (allocates<kId>()) {
+      if (rc != kSuccess) rt->memory.uncharge(bytes);
+      else if constexpr (kId == HookId::cuMemCreate) rt->memory.created(*std::get<0>(t), bytes);
+    } else if constexpr (frees<kId>()) {
+      if (rc == kSuccess) rt->memory.uncharge(bytes);
+    } else if constexpr (kId == HookId::cuMemRelease) {
+      if (rc == kSuccess && rt->memory.released(std::get<0>(t)) != 0) rt->memory.uncharge(bytes);
+    } else {
+      if (rc == kSuccess) rt->memory.narrow(std::get<0>(t), std::get<1>(t));
+    }
   }
 }
 
@@ -1110,9 +1215,12 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
     GatePass pass(rt->gate, begins_capture(HookId::name) ? rt : nullptr);                    \
+    uint64_t pos_charged = 0;                                                                \
+    if (!admit<HookId::name>(rt, &pos_charged, POS_EXPAND args)) return kErrorOutOfMemory;   \
     before_call<HookId::name>(rt, POS_EXPAND args);                                          \
     R rc{};                                                                                  \
     if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \
+    settle<HookId::name>(rt, rc, pos_charged, POS_EXPAND args);                              \
     learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \
     after_call<HookId::name>(rt, rc, POS_EXPAND args);                                       \
     return rc;                                                                               \

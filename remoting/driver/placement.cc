@@ -14,7 +14,6 @@
 namespace pos::driver {
 
 namespace {
-constexpr CUresult kErrorOutOfMemory = 2;
 constexpr CUresult kErrorInvalidValue = 1;
 constexpr CUresult kErrorNotPermitted = 800;
 constexpr int kPosixFd = 1;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
