@@ -30,6 +30,7 @@
 #include "remoting/server/job_migrate.h"
 #include "remoting/server/job_restore.h"
 #include "pos/base/parse.h"
+#include "remoting/common/usage_region.h"
 #include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
@@ -120,11 +121,28 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   }
   std::vector<std::string> unread;
   const std::vector<pos::PolicyStatus> policies = pos::list_policy_statuses(jobs_dir, &unread);
+  // The jobs' shared accounting (docs/limits.md), when there is one: read, never made here.
+  std::vector<pos::UsageRegion::Entry> usage;
+  const std::string usage_path = pos::usage_region_path(jobs_dir);
+  if (::access(usage_path.c_str(), F_OK) == 0) {
+    auto region = pos::UsageRegion::open(usage_path);
+    if (region.ok()) usage = (*region)->list();
+    else std::fprintf(stderr, "pos-cli ps: %s\n", region.status().message().c_str());
+  }
+  std::string usage_json = "[";
+  uint64_t usage_bytes = 0;
+  for (const pos::UsageRegion::Entry& e : usage) {
+    usage_json += (usage_json.size() > 1 ? "," : "") + std::string("{\"pid\":") + std::to_string(e.pid) +
+                  ",\"device\":" + std::to_string(e.device) + ",\"memory_used\":" + std::to_string(e.memory_used) +
+                  ",\"memory_limit\":" + std::to_string(e.memory_limit) + "}";
+    usage_bytes += e.memory_used;
+  }
+  usage_json += "]";
   for (const std::string& u : unread) std::fprintf(stderr, "pos-cli ps: not read: %s\n", u.c_str());
   if (json) {
     std::string arr = "[";
     for (const pos::JobAnswer& j : jobs) arr += (arr.size() > 1 ? "," : "") + j.text;
-    arr += "],\"checkpoint_policies\":" + policies_text(policies, true);
+    arr += "],\"checkpoint_policies\":" + policies_text(policies, true) + ",\"usage\":" + usage_json;
     std::string out;
     if (text.ok()) {
       out = *text;
@@ -148,6 +166,9 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
     for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
     std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
   }
+  if (!usage.empty())
+    std::printf("%zu process(es) hold %llu bytes of device memory (%s)\n", usage.size(),
+                static_cast<unsigned long long>(usage_bytes), usage_path.c_str());
   if (!policies.empty()) std::fputs(policies_text(policies, false).c_str(), stdout);
   return 0;
 }

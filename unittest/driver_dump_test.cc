@@ -221,6 +221,8 @@ void DriverDump::stop_dump_and_restore() {
   EXPECT_NE(out.find("region table"), std::string::npos) << out;
   EXPECT_NE(::kill(dumped, 0), 0);  // nothing restored
   std::ofstream(table, std::ios::trunc) << good;
+  // The jobs' usage region the job mapped is gone too (a reboot, say): the restore makes it again.
+  ASSERT_TRUE(fs::remove(fs::path(jobs_) / "usage"));
   out = cli("restore -D " + img + " --json", &code);
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("\"pid\":" + std::to_string(dumped)), std::string::npos) << out;
@@ -444,10 +446,21 @@ TEST_F(DriverDump, PosRunWithAMemoryLimitRunsTheJobUnderItAndPosCliLimitShowsAnd
   }
   out = cli(t + " --json", &code);
   EXPECT_NE(out.find("\"memory\":1073741824,"), std::string::npos) << out;  // unchanged
+  // The jobs' shared accounting lists it with what it holds and its limit, and forgets it once it
+  // is killed.
+  const std::string in_region = "{\"pid\":" + std::to_string(pid_) + ",\"device\":";
+  out = cli("ps --json --jobs-dir " + jobs_ + " --socket " + (root_ / "no-posd.sock").string(), &code);
+  ASSERT_NE(out.find(in_region), std::string::npos) << out;
+  EXPECT_NE(out.find("\"memory_used\":8388608,\"memory_limit\":1073741824}", out.find(in_region)), std::string::npos) << out;
   out = cli("limit -t 1 --jobs-dir " + jobs_, &code);
   EXPECT_EQ(code, 1);
   EXPECT_NE(out.find("is no in-process job"), std::string::npos) << out;
   EXPECT_EQ(check(), "rc=0 same=1\n");
+  const pid_t job = std::exchange(pid_, -1);
+  ::kill(job, SIGKILL);
+  ::waitpid(job, nullptr, 0);
+  out = cli("ps --json --jobs-dir " + jobs_ + " --socket " + (root_ / "no-posd.sock").string(), &code);
+  EXPECT_EQ(out.find(in_region), std::string::npos) << out;
   for (const char* bad : {"0", "abc"}) {
     out = pos::test::run_shell(env("POS_RUN") + " run --memory " + bad + " -- /bin/true", &code);
     EXPECT_EQ(code, 2) << bad;

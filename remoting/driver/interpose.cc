@@ -32,6 +32,8 @@
 #include "pos/base/parse.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/common/process_info.h"
+#include "remoting/common/usage_region.h"
 #include "remoting/driver/app_vmm.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
@@ -78,6 +80,12 @@ struct Runtime {
   MemoryLimit memory;
   std::string memory_error;  // why POS_MEMORY_LIMIT was not taken (empty when it was, or is unset)
   CUresult (*total_mem)(size_t* bytes, CUdevice d) = nullptr;  // the real cuDeviceTotalMem_v2
+  // This user's jobs' shared accounting (remoting/common/usage_region.h), and this process's slot
+  // in it (under usage_mu: rejoined when it is not this process's any more, after a CRIU restore).
+  std::unique_ptr<pos::UsageRegion> usage;
+  std::string usage_error;
+  std::mutex usage_mu;
+  int usage_slot = -1;
   // The job's driver work passes this gate (every hook but cuGetProcAddress); a dump closes it so
   // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
   pos::Gate gate;
@@ -159,6 +167,29 @@ std::string job_name() {
 
 // The census with what only the runtime knows: why the driver or the control socket is missing,
 // and where device memory was placed.
+// What the job holds and its limit, published in the usage region (a process restored under this
+// pid has another start time: its slot was freed, or is about to be, and it joins anew).
+void publish_usage(Runtime* rt) {
+  if (!rt->usage) return;
+  std::lock_guard<std::mutex> lk(rt->usage_mu);
+  const uint32_t pid = static_cast<uint32_t>(::getpid());
+  const uint64_t start = pos::process_start_time(pid);
+  if (!rt->usage->holds(rt->usage_slot, pid, start)) {
+    pos::UsageRegion::Entry e;
+    e.pid = pid, e.start_time = start;
+    auto slot = rt->usage->join(e);
+    rt->usage_slot = slot.ok() ? *slot : -1;
+    if (!slot.ok()) {
+      rt->usage_error = slot.status().message();
+      return;
+    }
+  }
+  const std::vector<int> devices = rt->census.devices();
+  rt->usage->set_device(rt->usage_slot, devices.empty() ? -1 : devices.front());
+  rt->usage->set_used(rt->usage_slot, rt->memory.used());
+  rt->usage->set_limit(rt->usage_slot, rt->memory.limit());
+}
+
 // The job's limits and what it holds against them (ps, `limit`).
 std::string limits_json(Runtime* rt) {
   char buf[160];
@@ -167,6 +198,8 @@ std::string limits_json(Runtime* rt) {
                 static_cast<unsigned long long>(rt->memory.refused()));
   std::string out = buf;
   if (!rt->memory_error.empty()) out += ",\"memory_error\":" + pos::json_string(rt->memory_error);
+  if (rt->usage) out += ",\"usage_region\":" + pos::json_string(rt->usage->path());
+  if (!rt->usage_error.empty()) out += ",\"usage_error\":" + pos::json_string(rt->usage_error);
   return out + "}";
 }
 
@@ -837,6 +870,7 @@ std::string limit_answer(Runtime* rt, const std::string& args) {
     }
     rt->memory.set(*bytes);
     rt->memory_error.clear();
+    publish_usage(rt);
   }
   return "{\"ok\":true,\"limits\":" + limits_json(rt) + "}";
 }
@@ -1034,6 +1068,14 @@ Runtime* runtime() {
       if (server.ok()) rt->control = std::move(*server);
       else rt->control_error = server.status().message();
     }
+    // The shared accounting of this user's jobs (POS_USAGE=0: none). A region that cannot be used
+    // is said in ps; the job runs as it would without it.
+    if (const char* u = std::getenv("POS_USAGE"); rt->driver != nullptr && (u == nullptr || std::strcmp(u, "0") != 0)) {
+      auto region = pos::UsageRegion::open(pos::usage_region_path(pos::default_jobs_dir()));
+      if (region.ok()) rt->usage = std::move(*region);
+      else rt->usage_error = region.status().message();
+      publish_usage(rt);
+    }
     g_runtime.store(rt, std::memory_order_release);  // complete before any other thread sees it
     t_starting = false;
   });
@@ -1110,10 +1152,12 @@ inline void settle(Runtime* rt, CUresult rc, uint64_t bytes, A... a) {
     if constexpr (allocates<kId>()) {
       if (rc != kSuccess) rt->memory.uncharge(bytes);
       else if constexpr (kId == HookId::cuMemCreate) rt->memory.created(*std::get<0>(t), bytes);
+      if (rc == kSuccess) publish_usage(rt);
     } else if constexpr (frees<kId>()) {
       if (rc == kSuccess) rt->memory.uncharge(bytes);
+      if (rc == kSuccess && bytes != 0) publish_usage(rt);
     } else if constexpr (kId == HookId::cuMemRelease) {
-      if (rc == kSuccess && rt->memory.released(std::get<0>(t)) != 0) rt->memory.uncharge(bytes);
+      if (rc == kSuccess && rt->memory.released(std::get<0>(t)) != 0) rt->memory.uncharge(bytes), publish_usage(rt);
     } else {
       if (rc == kSuccess) rt->memory.narrow(std::get<0>(t), std::get<1>(t));
     }

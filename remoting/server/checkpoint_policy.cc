@@ -60,17 +60,6 @@ Status sync_dir(const std::string& dir) {
 
 }  // namespace
 
-bool process_running(uint32_t pid) {
-  if (pid == 0) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  // A zombie is gone for every purpose here (its parent has not reaped it yet).
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return true;  // another user's /proc may be hidden: kill said it exists
-  const size_t close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
-}
-
 StatusOr<double> parse_interval(const std::string& text) {
   if (text.empty() || text.size() > 32) return Status::InvalidArgument("an interval such as 30s, 500ms, 2m or 1h is expected");
   size_t used = 0;
@@ -182,20 +171,6 @@ std::vector<PolicyStatus> list_policy_statuses(const std::string& jobs_dir, std:
 }
 
 bool checkpointer_alive(const PolicyStatus& s) { return process_running(s.checkpointer); }
-
-uint64_t process_start_time(uint32_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return 0;
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  // Fields after the command: state is field 3, starttime field 22.
-  std::istringstream rest(line.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  return 0;
-}
 
 std::function<bool()> same_process(uint32_t pid) {
   const uint64_t start = process_start_time(pid);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pos/base/status.h"
+#include "remoting/common/process_info.h"
 #include "remoting/common/unique_fd.h"
 
 namespace pos {
@@ -79,10 +80,6 @@ StatusOr<PolicyStatus> parse_policy_status(const std::string& text);
 StatusOr<PolicyStatus> read_policy_status(const std::string& path);
 // Every status file under JOBS_DIR/checkpoints (unreadable ones named in *skipped), by pid.
 std::vector<PolicyStatus> list_policy_statuses(const std::string& jobs_dir, std::vector<std::string>* skipped = nullptr);
-// Whether process `pid` runs: it exists and is no zombie (a job killed but not yet reaped is gone).
-bool process_running(uint32_t pid);
-// When process `pid` started (clock ticks since boot, /proc/PID/stat), or 0 if unknown.
-uint64_t process_start_time(uint32_t pid);
 // A check that process `pid`, as it is now, still runs: the same pid started later (reused, or the
 // job restored from a dump by CRIU) is another process, whose policy starts anew.
 std::function<bool()> same_process(uint32_t pid);

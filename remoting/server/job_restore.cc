@@ -24,6 +24,7 @@
 #include "ckpt/image.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
+#include "remoting/common/usage_region.h"
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/server/job_dump.h"
@@ -258,6 +259,12 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
     if (loader.joinable()) loader.join();
   };
 
+  // The job mapped its jobs' usage region (docs/limits.md); CRIU maps that file again by its path,
+  // so it must be there (after a reboot, or on another machine, it may not be yet): made, the job's.
+  if (const std::string usage = usage_region_path(m.socket.substr(0, m.socket.rfind('/')));
+      ::access(usage.c_str(), F_OK) != 0 && ::access(m.socket.substr(0, m.socket.rfind('/')).c_str(), F_OK) == 0) {
+    if (UsageRegion::open(usage).ok() && m.uid != ::geteuid()) (void)::chown(usage.c_str(), m.uid, static_cast<gid_t>(-1));
+  }
   say("criu");
   auto t = std::chrono::steady_clock::now();
   ckpt::CriuRestoreOptions co;
