@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -34,7 +36,11 @@ inline std::string read_text_file(const std::string& path) {
 inline std::string run_shell(std::string cmd, int* exit_code, std::string* err = nullptr) {
   *exit_code = -1;
   if (err != nullptr) err->clear();
-  const std::string err_file = ::testing::TempDir() + "run_program_stderr.txt";
+  // One file per call: test programs run side by side (and CI beside a developer's runs), and a test
+  // may run commands from several threads.
+  static std::atomic<unsigned> calls{0};
+  const std::string err_file = ::testing::TempDir() + "run_program_stderr-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(calls.fetch_add(1)) + ".txt";
   cmd += " 2>" + err_file;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
@@ -52,6 +58,7 @@ inline std::string run_shell(std::string cmd, int* exit_code, std::string* err =
     while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) err_text.append(buf.data(), n);
     std::fclose(f);
   }
+  std::remove(err_file.c_str());
   if (*exit_code != 0) out += err_text;
   if (err != nullptr) *err = std::move(err_text);
   return out;
