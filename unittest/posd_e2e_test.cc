@@ -715,7 +715,7 @@ TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoI
 // ends). No session is left behind, and the image, unchanged, restores to a job that finishes right.
 TEST_F(PosdProcess, PosCliKilledMidRestoreLeavesNoSessionAndTheImageStillRestores) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "3000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "1500"};
   const std::string base = ::testing::TempDir() + "posd-e2e-rfault-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", dir = base + ".img", saved = base + ".saved", cli = env_or_fail("POS_CLI");
   std::filesystem::remove_all(dir);
@@ -1659,7 +1659,7 @@ int device_of(const OwnPosd& posd, pid_t pid) {
 // the target's GPU and one posd serves it.
 TEST_F(PosdMultiGpu, AJobMigratedFromGpu0ToGpu1AndBackFinishesAsIfNeverMoved) {
   become_subreaper();
-  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-mgpu-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work";
@@ -1783,7 +1783,7 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   become_subreaper();
   NetnsPeer net;
   ASSERT_TRUE(net.ok);
-  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "6000"};
+  const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-migx-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", jobs = base + ".jobs", work = base + ".work", secret = base + ".secret",
