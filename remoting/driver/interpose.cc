@@ -183,6 +183,7 @@ void publish_usage(Runtime* rt) {
       rt->usage_error = slot.status().message();
       return;
     }
+    rt->usage_error.clear();
   }
   const std::vector<int> devices = rt->census.devices();
   rt->usage->set_device(rt->usage_slot, devices.empty() ? -1 : devices.front());
@@ -199,6 +200,7 @@ std::string limits_json(Runtime* rt) {
   std::string out = buf;
   if (!rt->memory_error.empty()) out += ",\"memory_error\":" + pos::json_string(rt->memory_error);
   if (rt->usage) out += ",\"usage_region\":" + pos::json_string(rt->usage->path());
+  std::lock_guard<std::mutex> lk(rt->usage_mu);  // the job's threads may set usage_error meanwhile
   if (!rt->usage_error.empty()) out += ",\"usage_error\":" + pos::json_string(rt->usage_error);
   return out + "}";
 }

@@ -893,7 +893,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // What gives the job back checks first that the pid still names it: killed mid-dump and restored
   // from an image, a new process has the pid and the socket, and is not this dump's to touch.
   const uint64_t started = process_start_time(o.pid);
-  const auto same_job = [&] { return started != 0 && process_start_time(o.pid) == started; };
+  // (Unknown start time: /proc unreadable here. Then the pid is taken to be the job, as before.)
+  const auto same_job = [&] { return started == 0 || process_start_time(o.pid) == started; };
   DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
   // The hand-off's side here (docs/driver_runtime.md, "Dump and restore"): this process's own
   // context on the job's device, made before the job stops. Without it the job copies.
