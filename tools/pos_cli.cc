@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -31,6 +32,7 @@
 #include "remoting/server/job_restore.h"
 #include "pos/base/parse.h"
 #include "remoting/common/usage_region.h"
+#include "remoting/server/job_manifest.h"
 #include "pos/base/text.h"
 
 #ifndef POS_VERSION_STRING
@@ -357,9 +359,19 @@ int limit(int pid, const std::string& jobs_dir, const std::string& memory, bool 
     std::printf("%s\n", a->c_str());
     return 0;
   }
+  // The job's "limits" object is flat: read strictly, as manifests are.
+  const size_t at = a->find("\"limits\":{");
+  std::map<std::string, pos::FlatJsonValue> v;
+  const pos::Status read = at == std::string::npos
+                          ? pos::Status::Corrupt("the job's answer has no limits")
+                          : pos::parse_flat_json(a->substr(at + 9, a->find('}', at) - at - 8), "the job's limits", &v);
+  if (!read.ok()) {
+    std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid, read.message().c_str());
+    return 1;
+  }
   const auto number = [&](const char* key) {
-    const size_t at = a->find(std::string("\"") + key + "\":");
-    return at == std::string::npos ? 0ull : std::strtoull(a->c_str() + at + std::strlen(key) + 3, nullptr, 10);
+    auto it = v.find(key);
+    return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
   };
   const unsigned long long lim = number("memory"), used = number("memory_used"), refused = number("memory_refused");
   if (lim == 0) std::printf("pid %d: no memory limit; it holds %llu bytes of device memory\n", pid, used);
