@@ -148,4 +148,55 @@ TEST(TorchUnderPos, PosCliPsShowsATrainingJobWhileItRuns) {
   std::filesystem::remove(out_file);
 }
 
+// #24: under `pos run --memory 1GiB` PyTorch sees the limit as the card's total
+// (torch.cuda.mem_get_info), an allocation past it raises torch.OutOfMemoryError (its caching
+// allocator frees and retries first), and after emptying its cache the job allocates again. A
+// second job beside it, with no limit, trains to the checksum it prints natively.
+TEST(TorchUnderPos, UnderAMemoryLimitPyTorchRaisesOutOfMemoryErrorAtItWhileAJobBesideItFinishes) {
+  const std::string args = "--steps 40 --layers 2 --dim 256";
+  int code = -1;
+  const std::string native = train("", args, &code);
+  ASSERT_EQ(code, 0) << native;
+  const std::string script = ::testing::TempDir() + "torch_oom_" + std::to_string(::getpid()) + ".py";
+  const std::string out_file = script + ".out";
+  {
+    std::ofstream py(script);
+    py << "import torch\n"
+          "free, total = torch.cuda.mem_get_info()\n"
+          "print('total', total, 'free_le_total', free <= total, flush=True)\n"
+          "xs = []\n"
+          "try:\n"
+          "    for i in range(4096):\n"
+          "        xs.append(torch.full((64 << 20,), 1, dtype=torch.uint8, device='cuda'))\n"
+          "    print('no oom', flush=True)\n"
+          "except torch.OutOfMemoryError as e:\n"
+          "    print('oom after', len(xs), 'chunks', flush=True)\n"
+          "del xs[-1]\n"  // cached by PyTorch, not freed: the sums' small blocks make it free and retry
+          "held = sum(int(x.sum().item()) for x in xs)\n"
+          "print('held', held)\n"
+          "del xs\n"
+          "torch.cuda.empty_cache()\n"
+          "y = torch.ones((64 << 20) // 4, device='cuda')\n"
+          "print('after', int(y.sum().item()))\n";
+  }
+  const std::string under = train(env("POS_RUN") + " run --memory 1GiB -- python3 " + script + " >" + out_file +
+                                      " 2>&1 & " + env("POS_RUN") + " run -- ",
+                                  args + "; wait", &code);
+  ASSERT_EQ(code, 0) << under;
+  EXPECT_EQ(under, native);
+  std::ifstream f(out_file);
+  const std::string o((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(o.find("total 1073741824 free_le_total True"), std::string::npos) << o;
+  const size_t at = o.find("oom after ");
+  ASSERT_NE(at, std::string::npos) << o;
+  const int chunks = std::atoi(o.c_str() + at + 10);
+  // 16 chunks of 64 MiB are the whole GiB; what cudart and PyTorch keep for themselves may take some.
+  EXPECT_GE(chunks, 10) << o;
+  EXPECT_LE(chunks, 16) << o;
+  EXPECT_NE(o.find("held " + std::to_string(uint64_t(chunks - 1) << 26) + "\n"), std::string::npos) << o;
+  EXPECT_NE(o.find("after 16777216"), std::string::npos) << o;
+  std::filesystem::remove(script);
+  std::filesystem::remove(out_file);
+}
+
 }  // namespace
