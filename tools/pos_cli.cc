@@ -136,7 +136,8 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   for (const pos::UsageRegion::Entry& e : usage) {
     usage_json += (usage_json.size() > 1 ? "," : "") + std::string("{\"pid\":") + std::to_string(e.pid) +
                   ",\"device\":" + std::to_string(e.device) + ",\"memory_used\":" + std::to_string(e.memory_used) +
-                  ",\"memory_limit\":" + std::to_string(e.memory_limit) + "}";
+                  ",\"memory_limit\":" + std::to_string(e.memory_limit) + ",\"gpu_share\":" + std::to_string(e.share) +
+                  ",\"recent_gpu_share\":" + std::to_string(e.recent_share) + ",\"turn_ns\":" + std::to_string(e.gpu_ns) + "}";
     usage_bytes += e.memory_used;
   }
   usage_json += "]";
@@ -163,14 +164,27 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   if (text.ok()) std::fputs(text->c_str(), stdout);
   else std::fprintf(stderr, "pos-cli ps: posd: %s\n", text.status().message().c_str());
   if (!jobs.empty()) {
-    std::printf("\n%-8s %-8s %-24s %-8s %14s %14s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
-                "MEMORY LIMIT", "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
+    std::printf("\n%-8s %-8s %-24s %-8s %14s %14s %9s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
+                "MEMORY LIMIT", "GPU SHARE", "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
     for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
     std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
   }
-  if (!usage.empty())
+  if (!usage.empty()) {
     std::printf("%zu process(es) hold %llu bytes of device memory (%s)\n", usage.size(),
                 static_cast<unsigned long long>(usage_bytes), usage_path.c_str());
+    // Where GPU time is shared: each process's share against what it had of its GPU's recent turns.
+    bool shares = false;
+    for (const pos::UsageRegion::Entry& e : usage) shares |= e.share != 0 || e.recent_share >= 0;
+    if (shares) {
+      std::printf("%-8s %4s %9s %13s %12s\n", "PID", "GPU", "GPU SHARE", "RECENT SHARE", "TURNS (s)");
+      for (const pos::UsageRegion::Entry& e : usage) {
+        char share[16] = "-", recent[16] = "-";
+        if (e.share != 0) std::snprintf(share, sizeof(share), "%u.%u%%", e.share / 10, e.share % 10);
+        if (e.recent_share >= 0) std::snprintf(recent, sizeof(recent), "%d.%d%%", e.recent_share / 10, e.recent_share % 10);
+        std::printf("%-8u %4d %9s %13s %12.1f\n", e.pid, e.device, share, recent, static_cast<double>(e.gpu_ns) / 1e9);
+      }
+    }
+  }
   if (!policies.empty()) std::fputs(policies_text(policies, false).c_str(), stdout);
   return 0;
 }
@@ -319,9 +333,9 @@ int dump(const DumpArgs& a, bool pre) {
 // With --shared-fds COUNT:LIST:CUT (from a dump's guardian): the job's device memory is in
 // descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum, and CUT,
 // the dump's. With --start-time: only the process the dump held (not one restored under its pid).
-// `pos-cli limit -t PID [--memory SIZE]`: an in-process job's limits, shown, or changed first
-// (docs/limits.md). "0" removes the memory limit.
-int limit(int pid, const std::string& jobs_dir, const std::string& memory, bool json) {
+// `pos-cli limit -t PID [--memory SIZE] [--gpu-share PCT]`: an in-process job's limits, shown, or
+// changed first (docs/limits.md). "0" removes the memory limit or the share.
+int limit(int pid, const std::string& jobs_dir, const std::string& memory, const std::string& gpu_share, bool json) {
   const JobTarget t = find_job(pid, jobs_dir);
   if (!t.inproc) {
     std::fprintf(stderr,
@@ -342,6 +356,27 @@ int limit(int pid, const std::string& jobs_dir, const std::string& memory, bool 
       bytes = *b;
     }
     cmd += " memory=" + std::to_string(bytes);
+  }
+  if (!gpu_share.empty()) {
+    uint32_t pm = 0;
+    if (gpu_share != "0" && gpu_share != "0%") {
+      auto p = pos::parse_share(gpu_share);
+      if (!p.ok()) {
+        std::fprintf(stderr, "pos-cli limit: --gpu-share %s\n", p.status().message().c_str());
+        return 2;
+      }
+      pm = *p;
+    }
+    if (!memory.empty()) {
+      // One change per question: the memory limit first, then the share.
+      auto first = pos::ask_job(t.job_socket, cmd, 10000);
+      if (!first.ok() || first->find("\"ok\":true") == std::string::npos) {
+        std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid,
+                     first.ok() ? pos::printable(*first, 200).c_str() : first.status().message().c_str());
+        return 1;
+      }
+    }
+    cmd = "limit share=" + std::to_string(pm);
   }
   auto a = pos::ask_job(t.job_socket, cmd, 10000);
   if (!a.ok()) {
@@ -378,6 +413,15 @@ int limit(int pid, const std::string& jobs_dir, const std::string& memory, bool 
   else
     std::printf("pid %d: memory limit %llu bytes; it holds %llu (%.1f%%); %llu allocation(s) refused at the limit\n", pid,
                 lim, used, 100.0 * static_cast<double>(used) / static_cast<double>(lim), refused);
+  const unsigned long long share = number("gpu_share"), asked = number("gpu_share_asked");
+  const auto err = v.find("gpu_share_error");
+  if (share != 0)
+    std::printf("pid %d: GPU-time share %llu.%llu%%; it waited for its turn %llu time(s), %.3f s in all\n", pid, share / 10,
+                share % 10, number("turn_waits"), static_cast<double>(number("turn_wait_ns")) / 1e9);
+  else if (asked != 0)
+    std::printf("pid %d: GPU-time share %llu.%llu%% asked, not in force: %s\n", pid, asked / 10, asked % 10,
+                err != v.end() ? err->second.s.c_str() : "it counts once the job uses a GPU");
+  else std::printf("pid %d: no GPU-time share\n", pid);
   return 0;
 }
 
@@ -933,11 +977,13 @@ int main(int argc, char** argv) {
   images_cmd->add_flag("--json", images_json, "one JSON object");
 
   int limit_pid = 0;
-  std::string limit_jobs_dir, limit_memory;
+  std::string limit_jobs_dir, limit_memory, limit_share;
   bool limit_json = false;
   CLI::App* limit_cmd = app.add_subcommand("limit", "show or change an in-process job's limits (pos run --memory)");
   limit_cmd->add_option("-t,--tree", limit_pid, "the job's pid")->required()->check(CLI::PositiveNumber);
   limit_cmd->add_option("--memory", limit_memory, "its device-memory limit (8GiB, 512MiB; 0: none)");
+  limit_cmd->add_option("--gpu-share", limit_share,
+                        "its share of its GPU's time while other jobs want it too (30%, 12.5%; 0: none)");
   limit_cmd->add_option("--jobs-dir", limit_jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
   limit_cmd->add_flag("--json", limit_json, "the job's answer as JSON");
 
@@ -1058,7 +1104,7 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
-  if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_memory, limit_json);
+  if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_memory, limit_share, limit_json);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared, resume_started);
   if (ckpt_cmd->parsed()) return checkpoint(ca);
   if (migrate_cmd->parsed()) return migrate(ma);

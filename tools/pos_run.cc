@@ -104,6 +104,10 @@ int main(int argc, char** argv) {
   run->add_option("--memory", memory,
                   "the program's device-memory limit (8GiB, 512MiB): allocations past it fail as out of memory; "
                   "pos-cli limit changes it (docs/limits.md)");
+  std::string gpu_share;
+  run->add_option("--gpu-share", gpu_share,
+                  "the program's share of its GPU's time while other jobs want it too (30%, 12.5%): launches past "
+                  "it wait; alone it runs at full speed (docs/limits.md)");
   run->prefix_command();  // everything from CMD on is the program's, options included
   // What follows `--` is the program's, never parsed here; CLI11 sees only what comes before.
   std::vector<std::string> cmd;
@@ -176,6 +180,18 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (::setenv("POS_MEMORY_LIMIT", std::to_string(*bytes).c_str(), 1) != 0) {
+      std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
+      return 1;
+    }
+  }
+  if (!gpu_share.empty()) {
+    auto pm = pos::parse_share(gpu_share);
+    if (!pm.ok()) {
+      std::fprintf(stderr, "pos run: --gpu-share %s\n", pm.status().message().c_str());
+      return 2;
+    }
+    const std::string pct = std::to_string(*pm / 10) + "." + std::to_string(*pm % 10) + "%";
+    if (::setenv("POS_GPU_SHARE", pct.c_str(), 1) != 0) {
       std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
       return 1;
     }

@@ -140,6 +140,16 @@ TEST(Config, SizesAcceptBinaryAndDecimalUnits) {
   EXPECT_FALSE(parse_size("12 parsecs").ok());
 }
 
+TEST(Config, GpuSharesArePerCentsAboveZeroAndAtMostAHundredWithOneDecimal) {
+  EXPECT_EQ(parse_share("30%").value(), 300u);
+  EXPECT_EQ(parse_share("30").value(), 300u);
+  EXPECT_EQ(parse_share("12.5%").value(), 125u);
+  EXPECT_EQ(parse_share("100%").value(), 1000u);
+  EXPECT_EQ(parse_share("0.1").value(), 1u);
+  for (const char* bad : {"", "%", "0", "0%", "100.1", "101%", "-5%", "1e1", "30%%", "12.55", ".5", "5.", "abc", "1000"})
+    EXPECT_FALSE(parse_share(bad).ok()) << bad;
+}
+
 TEST(Config, EnvironmentNamesTheFileAndOverridesTheBackend) {
   const std::string path = ::testing::TempDir() + "/pos_config_test.yaml";
   std::ofstream(path) << "log_level: info\nclient: {memory_quota: 1MiB}\n";

@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|features|place|wait|other|next   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|place|wait|other|next|limit|share|...   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "unittest/fake_cuda.h"
@@ -177,6 +178,36 @@ int main(int argc, char** argv) {
       const int rc = cuMemAlloc_v2(&e, 8 * mib);
       if (rc == 0) cuMemFree_v2(e);
       std::printf("rc=%d\n", rc);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (what == "share") {
+    // A job that wants the GPU all the time: its context on device 0, an allocation (the job
+    // publishes its device), "ready"; per "go MS" line on stdin, launches for MS milliseconds, each
+    // standing for 100 µs of the GPU's time, then "launches=N". EOF ends it.
+    auto retain = reinterpret_cast<int (*)(void**, int)>(dlsym(RTLD_DEFAULT, "cuDevicePrimaryCtxRetain"));
+    auto launch = reinterpret_cast<LaunchFn>(dlsym(RTLD_DEFAULT, "cuLaunchKernel"));
+    void* ctx = nullptr;
+    unsigned long long a = 0;
+    const int rc = retain(&ctx, 0) | cuMemAlloc_v2(&a, 1 << 20);
+    std::printf("rc=%d\nready\n", rc);
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+      const long ms = std::strtol(line + 3, nullptr, 10);
+      timespec t0{}, t{};
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      long n = 0;
+      for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= ms) break;
+        launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+        timespec k{0, 100000};
+        nanosleep(&k, nullptr);
+        ++n;
+      }
+      std::printf("launches=%ld\n", n);
       std::fflush(stdout);
     }
     return 0;

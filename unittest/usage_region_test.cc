@@ -1,6 +1,8 @@
 // usage_region_test.cc — the shared usage region (remoting/common/usage_region.h) across real
 // processes: joins, a process killed with SIGKILL forgotten at once, a lock holder killed mid-hold,
-// a process restored under its pid, a full region, and files that are not a region.
+// a process restored under its pid, a full region, and files that are not a region; and the
+// GPU-time scheduler's turns, driven with a clock of the test's own (shares, idle and busy holders,
+// a holder killed, the shares' sum).
 #include "remoting/common/usage_region.h"
 
 #include <gtest/gtest.h>
@@ -205,6 +207,207 @@ TEST_F(UsageRegionTest, FilesThatAreNotThisUsersRegionAreRefusedByNameAndLeftAsT
   fs::create_symlink("/etc/passwd", path_);
   auto linked = pos::UsageRegion::open(path_);
   EXPECT_FALSE(linked.ok());
+}
+
+// ---- GPU-time shares -----------------------------------------------------------------------
+
+class ShareTest : public UsageRegionTest {
+ protected:
+  void SetUp() override {
+    UsageRegionTest::SetUp();
+    auto r = pos::UsageRegion::open(path_);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    r_ = std::move(*r);
+  }
+  // A slot of this process (slots of one pid are as good as slots of several for the turns).
+  int job(int device, uint32_t share) {
+    pos::UsageRegion::Entry e;
+    e.pid = static_cast<uint32_t>(::getpid());
+    e.start_time = pos::process_start_time(e.pid);
+    auto slot = r_->join(e);
+    EXPECT_TRUE(slot.ok());
+    r_->set_device(*slot, device);
+    if (share != 0) {
+      EXPECT_TRUE(r_->set_share(*slot, share).ok());
+    }
+    return *slot;
+  }
+  // Jobs that always want the GPU, asking every 100 µs of the test's clock from `from` for
+  // `seconds`; a job told to yield does so at once (its queued work done). Per job, the time it
+  // held the turn.
+  std::vector<uint64_t> contend(const std::vector<int>& jobs, uint64_t from, double seconds) {
+    std::vector<uint64_t> held(jobs.size(), 0);
+    const uint64_t step = 100'000;
+    for (uint64_t now = from; now < from + uint64_t(seconds * 1e9); now += step) {
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        auto p = r_->pass(jobs[j], 0, now);
+        if (p == pos::UsageRegion::Pass::kYield) r_->yield(jobs[j], 0, now);
+      }
+      const int h = r_->holder(0);
+      for (size_t j = 0; j < jobs.size(); ++j)
+        if (jobs[j] == h) held[j] += step;
+    }
+    return held;
+  }
+  std::unique_ptr<pos::UsageRegion> r_;
+};
+
+TEST_F(ShareTest, TheSharesOfOneGpuCannotAddUpPastTheWholeGpuAndEachGpuCountsApart) {
+  const int a = job(0, 700), b = job(0, 0), c = job(0, 0), d = job(1, 0);
+  EXPECT_TRUE(r_->set_share(b, 300).ok());
+  pos::Status over = r_->set_share(c, 100);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.message().find("GPU 0's time is already shared out"), std::string::npos) << over.to_string();
+  EXPECT_NE(over.message().find("would make 110%"), std::string::npos) << over.to_string();
+  EXPECT_EQ(r_->set_share(c, 1001).code(), pos::Code::kInvalidArgument);
+  EXPECT_TRUE(r_->set_share(d, 900).ok());  // GPU 1 is another GPU
+  EXPECT_TRUE(r_->set_share(b, 200).ok());  // a job's own share is not counted twice
+  EXPECT_TRUE(r_->set_share(c, 100).ok());
+  r_->leave(a);
+  EXPECT_TRUE(r_->set_share(c, 800).ok());
+  bool seen = false;
+  for (const auto& e : r_->list())
+    if (e.device == 1) seen = e.share == 900;
+  EXPECT_TRUE(seen);
+}
+
+TEST_F(ShareTest, AGpuIsContendedOnlyWithTwoJobsOnItAndAShareAmongThem) {
+  const int a = job(0, 0);
+  EXPECT_FALSE(r_->contended(0));
+  const int b = job(0, 0);
+  EXPECT_FALSE(r_->contended(0));  // no shares: the GPU's own time-slicing
+  ASSERT_TRUE(r_->set_share(a, 300).ok());
+  EXPECT_TRUE(r_->contended(0));
+  EXPECT_FALSE(r_->contended(1));
+  r_->leave(b);
+  EXPECT_FALSE(r_->contended(0));  // alone: never held back
+  EXPECT_FALSE(r_->contended(-1));
+  EXPECT_FALSE(r_->contended(int(pos::UsageRegion::kDevices)));
+}
+
+TEST_F(ShareTest, TwoJobsThatAlwaysWantTheGpuHoldItForTheirSharesAndPsSeesTheRecentShares) {
+  const int a = job(0, 700), b = job(0, 300);
+  const uint64_t from = pos::steady_now_ns() - 10'000'000'000ull;  // ten seconds ago, to end "now"
+  const auto held = contend({a, b}, from, 9.9);
+  const double share_a = double(held[0]) / double(held[0] + held[1]);
+  EXPECT_NEAR(share_a, 0.70, 0.01) << held[0] << " " << held[1];
+  int32_t recent_a = -1, recent_b = -1;
+  uint64_t gpu_a = 0;
+  // Both slots are this process's: the ring tells them apart by pid only, so check the sum.
+  for (const auto& e : r_->list()) {
+    if (e.share == 700) recent_a = e.recent_share, gpu_a = e.gpu_ns;
+    if (e.share == 300) recent_b = e.recent_share;
+  }
+  EXPECT_EQ(recent_a, recent_b);  // one pid: all of the turns
+  EXPECT_GE(recent_a, 990);
+  EXPECT_NEAR(double(gpu_a), double(held[0]), 0.02 * double(held[0]));
+}
+
+TEST_F(ShareTest, FourJobsGetTheirSharesAndOneWithoutAShareGetsWhatIsLeft) {
+  const int a = job(0, 400), b = job(0, 300), c = job(0, 200), d = job(0, 0);
+  const auto held = contend({a, b, c, d}, 1'000'000'000ull, 10);
+  uint64_t all = 0;
+  for (uint64_t h : held) all += h;
+  const double want[] = {0.4, 0.3, 0.2, 0.1};
+  for (size_t j = 0; j < 4; ++j) EXPECT_NEAR(double(held[j]) / double(all), want[j], 0.015) << j;
+}
+
+TEST_F(ShareTest, AJobThatOverranItsTurnGetsLessNextSoThatTheSharesHoldOverTime) {
+  const int a = job(0, 500), b = job(0, 500);
+  // a's queued work takes 40 ms to finish every time it yields (its turn is 25 ms): the time it
+  // holds counts to the end of that, and b gets the turns a took.
+  std::vector<uint64_t> held(2, 0);
+  const uint64_t step = 100'000;
+  uint64_t now = 1'000'000'000ull;
+  for (int i = 0; i < 100000; ++i, now += step) {
+    for (int j : {a, b}) {
+      if (r_->pass(j, 0, now) != pos::UsageRegion::Pass::kYield) continue;
+      if (j == a) {
+        r_->begin_drain(a, 0);
+        EXPECT_EQ(r_->pass(b, 0, now + 30'000'000), pos::UsageRegion::Pass::kWait);  // draining: not idle
+        held[0] += 40'000'000;
+        now += 40'000'000;
+      }
+      r_->yield(j, 0, now);
+    }
+    const int h = r_->holder(0);
+    held[h == a ? 0 : 1] += step;
+  }
+  EXPECT_NEAR(double(held[0]) / double(held[0] + held[1]), 0.5, 0.03) << held[0] << " " << held[1];
+}
+
+TEST_F(ShareTest, AnIdleHolderLosesItsTurnToAWaitingJobAndAJobAloneKeepsItsTurnPastItsEnd) {
+  const int a = job(0, 300), b = job(0, 700);
+  const uint64_t t0 = 5'000'000'000ull;
+  ASSERT_EQ(r_->pass(a, 0, t0), pos::UsageRegion::Pass::kGo);  // nobody's turn: a's
+  ASSERT_EQ(r_->holder(0), a);
+  // Alone in wanting the GPU, a goes on past its 15 ms turn.
+  EXPECT_EQ(r_->pass(a, 0, t0 + 100'000'000), pos::UsageRegion::Pass::kGo);
+  EXPECT_EQ(r_->holder(0), a);
+  // b asks while a is launching: it waits; a stops launching: 2 ms later b has the turn.
+  EXPECT_EQ(r_->pass(b, 0, t0 + 100'500'000), pos::UsageRegion::Pass::kWait);
+  EXPECT_EQ(r_->pass(b, 0, t0 + 101'900'000), pos::UsageRegion::Pass::kWait);
+  EXPECT_EQ(r_->pass(b, 0, t0 + 102'200'000), pos::UsageRegion::Pass::kGo);
+  EXPECT_EQ(r_->holder(0), b);
+  EXPECT_EQ(r_->pass(a, 0, t0 + 102'300'000), pos::UsageRegion::Pass::kWait);
+}
+
+TEST_F(ShareTest, AHolderWaitingOnItsOwnWorkKeepsItsTurnButNotForMoreThanASecondPastItsEnd) {
+  const int a = job(0, 500), b = job(0, 500);
+  const uint64_t t0 = 5'000'000'000ull;
+  ASSERT_EQ(r_->pass(a, 0, t0), pos::UsageRegion::Pass::kGo);
+  r_->busy(a, +1, t0);  // a synchronize that does not come back (a stopped job, say)
+  EXPECT_EQ(r_->pass(b, 0, t0 + 20'000'000), pos::UsageRegion::Pass::kWait);
+  EXPECT_EQ(r_->pass(b, 0, t0 + 900'000'000), pos::UsageRegion::Pass::kWait);
+  EXPECT_EQ(r_->pass(b, 0, t0 + 25'000'000 + 1'000'000'000 + 1), pos::UsageRegion::Pass::kGo);
+  r_->busy(a, -1, t0 + 1'100'000'000);
+  EXPECT_EQ(r_->pass(b, 0, t0 + 1'099'000'000), pos::UsageRegion::Pass::kGo);  // b launches in its turn
+  EXPECT_EQ(r_->pass(a, 0, t0 + 1'100'000'000), pos::UsageRegion::Pass::kWait);
+  // b leaves (its process ends): the turn goes to a, which waits, at once.
+  r_->leave(b);
+  EXPECT_EQ(r_->holder(0), a);
+}
+
+TEST_F(ShareTest, ATurnHeldByAProcessKilledWithSigkillGoesToTheWaitingJob) {
+  const int mine = job(0, 400);
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  const pid_t c = ::fork();
+  if (c == 0) {
+    ::close(p[0]);
+    auto r = pos::UsageRegion::open(path_);
+    char ok = 'n';
+    if (r.ok()) {
+      pos::UsageRegion::Entry e;
+      e.pid = static_cast<uint32_t>(::getpid());
+      e.start_time = pos::process_start_time(e.pid);
+      auto slot = (*r)->join(e);
+      if (slot.ok()) {
+        (*r)->set_device(*slot, 0);
+        const uint64_t now = pos::steady_now_ns();
+        if ((*r)->set_share(*slot, 600).ok() && (*r)->pass(*slot, 0, now) == pos::UsageRegion::Pass::kGo) {
+          (*r)->busy(*slot, +1, now);  // killed inside a launch
+          ok = 'y';
+        }
+      }
+    }
+    (void)!::write(p[1], &ok, 1);
+    for (;;) ::pause();
+  }
+  ::close(p[1]);
+  char ok = 0;
+  ASSERT_EQ(::read(p[0], &ok, 1), 1);
+  ::close(p[0]);
+  ASSERT_EQ(ok, 'y');
+  children_.push_back(c);
+  const uint64_t now = pos::steady_now_ns();
+  EXPECT_EQ(r_->pass(mine, 0, now), pos::UsageRegion::Pass::kWait);
+  ::kill(c, SIGKILL);
+  ::waitpid(c, nullptr, 0);
+  // Gone: the next reaping (anyone's join or list) frees its slot and its turn.
+  EXPECT_EQ(r_->list().size(), 1u);
+  EXPECT_EQ(r_->pass(mine, 0, now + 1'000'000), pos::UsageRegion::Pass::kGo);
+  EXPECT_EQ(r_->holder(0), mine);
 }
 
 }  // namespace

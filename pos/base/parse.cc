@@ -39,6 +39,25 @@ StatusOr<uint64_t> parse_uint(const std::string& text) {
   return v;
 }
 
+StatusOr<uint32_t> parse_share(const std::string& text) {
+  const auto bad = [&] {
+    return Status::InvalidArgument("'" + text + "' is not a GPU-time share: a per cent above 0 and at most 100, "
+                                   "with at most one decimal (30%, 12.5%)");
+  };
+  std::string t = text;
+  if (!t.empty() && t.back() == '%') t.pop_back();
+  const size_t dot = t.find('.');
+  const std::string whole = t.substr(0, dot), tenth = dot == std::string::npos ? "" : t.substr(dot + 1);
+  if (whole.empty() || whole.size() > 3 || (dot != std::string::npos && tenth.size() != 1)) return bad();
+  uint32_t v = 0;
+  for (char c : whole + (tenth.empty() ? "0" : tenth)) {
+    if (!is_digit(c)) return bad();
+    v = v * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (v == 0 || v > 1000) return bad();
+  return v;
+}
+
 StatusOr<uint64_t> parse_size(const std::string& text) {
   const auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("'" + text + "' is not a size: " + why);

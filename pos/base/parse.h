@@ -19,4 +19,8 @@ StatusOr<uint64_t> parse_size(const std::string& text);
 // (no sign, no spaces, no suffix). Values past 2^64 - 1 are errors.
 StatusOr<uint64_t> parse_uint(const std::string& text);
 
+// A share of a GPU's time as people write it: "30%", "30", "12.5%" (per cent, at most one
+// decimal) → per mille (300, 300, 125). Above 0 and at most 100; anything else is an error.
+StatusOr<uint32_t> parse_share(const std::string& text);
+
 }  // namespace pos

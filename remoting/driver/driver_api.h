@@ -149,6 +149,11 @@ enum class Role : uint8_t {
     (CUcontext * ctx, CUdevice dev), (ctx, dev), -1)                                                               \
   X(cuGraphLaunch, cuGraphLaunch, false, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)        \
   X(cuGraphLaunch_ptsz, cuGraphLaunch, true, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)    \
+  X(cuStreamSynchronize, cuStreamSynchronize, false, 2000, kCount, CUresult, (CUstream s), (s), -1)               \
+  X(cuStreamSynchronize_ptsz, cuStreamSynchronize, true, 7000, kCount, CUresult, (CUstream s), (s), -1)           \
+  X(cuEventSynchronize, cuEventSynchronize, false, 2000, kCount, CUresult, (CUevent e), (e), -1)                   \
+  X(cuCtxSynchronize, cuCtxSynchronize, false, 2000, kCount, CUresult, (), (), -1)                                \
+  X(cuCtxSynchronize_v2, cuCtxSynchronize, false, 13000, kCount, CUresult, (CUcontext ctx), (ctx), -1)            \
   X(cuLibraryLoadData, cuLibraryLoadData, false, 12000, kCount, CUresult,                                          \
     (CUlibrary * lib, const void* code, CUjit_option* jit_opts, void** jit_vals, unsigned int n_jit,               \
      CUlibraryOption* lib_opts, void** lib_vals, unsigned int n_lib),                                              \

@@ -41,6 +41,7 @@
 #include "remoting/driver/held_memory.h"
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/memory_limit.h"
+#include "remoting/driver/share_gate.h"
 #include "remoting/driver/placement.h"
 #include "remoting/driver/snapshot.h"
 
@@ -86,6 +87,12 @@ struct Runtime {
   std::string usage_error;
   std::mutex usage_mu;
   int usage_slot = -1;
+  uint64_t usage_start = 0;  // under usage_mu: the start time the slot was joined with
+  // The job's GPU-time share (POS_GPU_SHARE, `pos-cli limit --gpu-share`), per mille, as asked and
+  // as the region took it (it refuses shares that add up past the GPU): under usage_mu.
+  uint32_t share_wanted = 0, share_set = 0;
+  std::string share_error;  // under usage_mu
+  ShareGate share;          // launches wait here for the job's turn when its GPU is contended
   // The job's driver work passes this gate (every hook but cuGetProcAddress); a dump closes it so
   // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
   pos::Gate gate;
@@ -179,16 +186,38 @@ void publish_usage(Runtime* rt) {
     e.pid = pid, e.start_time = start;
     auto slot = rt->usage->join(e);
     rt->usage_slot = slot.ok() ? *slot : -1;
+    rt->usage_start = start;
+    rt->share_set = 0;
     if (!slot.ok()) {
       rt->usage_error = slot.status().message();
+      rt->share.attach(nullptr, -1, -1);
       return;
     }
     rt->usage_error.clear();
   }
   const std::vector<int> devices = rt->census.devices();
-  rt->usage->set_device(rt->usage_slot, devices.empty() ? -1 : devices.front());
+  const int device = devices.empty() ? -1 : devices.front();
+  rt->usage->set_device(rt->usage_slot, device);
   rt->usage->set_used(rt->usage_slot, rt->memory.used());
   rt->usage->set_limit(rt->usage_slot, rt->memory.limit());
+  // The share counts once the job's GPU is known (the shares of one GPU must not pass 100 %).
+  if (device >= 0 && rt->share_wanted != rt->share_set) {
+    const pos::Status st = rt->usage->set_share(rt->usage_slot, rt->share_wanted);
+    if (st.ok()) rt->share_set = rt->share_wanted, rt->share_error.clear();
+    else rt->share_error = st.message() + ": no share set";
+  }
+  rt->share.attach(rt->usage.get(), rt->usage_slot, device);
+}
+
+// The share gate's check, every 10 ms of launches: the slot still this process's (else, after a
+// CRIU restore under the same pid, it joins anew).
+void verify_usage(Runtime* rt) {
+  bool ours = false;
+  {
+    std::lock_guard<std::mutex> lk(rt->usage_mu);
+    ours = rt->usage->holds(rt->usage_slot, static_cast<uint32_t>(::getpid()), rt->usage_start);
+  }
+  if (!ours) publish_usage(rt);
 }
 
 // The job's limits and what it holds against them (ps, `limit`).
@@ -202,6 +231,12 @@ std::string limits_json(Runtime* rt) {
   if (rt->usage) out += ",\"usage_region\":" + pos::json_string(rt->usage->path());
   std::lock_guard<std::mutex> lk(rt->usage_mu);  // the job's threads may set usage_error meanwhile
   if (!rt->usage_error.empty()) out += ",\"usage_error\":" + pos::json_string(rt->usage_error);
+  out += ",\"gpu_share\":" + std::to_string(rt->share_set) + ",\"gpu_share_asked\":" + std::to_string(rt->share_wanted);
+  if (!rt->share_error.empty()) out += ",\"gpu_share_error\":" + pos::json_string(rt->share_error);
+  std::snprintf(buf, sizeof(buf), ",\"turn_waits\":%llu,\"turn_wait_ns\":%llu,\"turn_yields\":%llu",
+                static_cast<unsigned long long>(rt->share.waits()), static_cast<unsigned long long>(rt->share.wait_ns()),
+                static_cast<unsigned long long>(rt->share.yields()));
+  out += buf;
   return out + "}";
 }
 
@@ -849,12 +884,33 @@ std::string gpus_answer(Runtime* rt) {
          pos::json_string(pos::printable(name, 128)) + "}";
 }
 
-// `limit [memory=BYTES]`: the job's limits and what it holds, after setting the memory limit when
-// asked (0: none). A limit above every device's memory is refused (when the driver can say it); one
+// `limit [memory=BYTES | share=PERMILLE]`: the job's limits and what it holds, after setting the
+// memory limit or the GPU-time share when asked (0: none). A limit above every device's memory is refused (when the driver can say it); one
 // below what the job holds is taken: its next allocations fail until it frees enough.
 std::string limit_answer(Runtime* rt, const std::string& args) {
+  if (args.rfind("share=", 0) == 0) {
+    // `share=PERMILLE` (0: none): taken only if the shares of the job's GPU stay within it.
+    auto pm = pos::parse_uint(args.substr(6));
+    if (!pm.ok() || *pm > pos::UsageRegion::kMaxShare)
+      return dump_error("share=" + pos::printable(args.substr(6), 32) + ": a share is 0 to 1000 per mille");
+    if (!rt->usage) return dump_error("this job has no usage region (" + rt->usage_error + "): no share can be set");
+    {
+      std::lock_guard<std::mutex> lk(rt->usage_mu);
+      if (rt->usage_slot >= 0 && rt->usage->holds(rt->usage_slot, static_cast<uint32_t>(::getpid()), rt->usage_start) &&
+          !rt->census.devices().empty()) {
+        const pos::Status st = rt->usage->set_share(rt->usage_slot, static_cast<uint32_t>(*pm));
+        if (!st.ok()) return dump_error(st.message() + ": not set");
+        rt->share_set = static_cast<uint32_t>(*pm);
+        rt->share_error.clear();
+      }
+      rt->share_wanted = static_cast<uint32_t>(*pm);
+    }
+    publish_usage(rt);
+    return "{\"ok\":true,\"limits\":" + limits_json(rt) + "}";
+  }
   if (!args.empty()) {
-    if (args.rfind("memory=", 0) != 0) return dump_error("limit wants memory=BYTES, not '" + pos::printable(args, 64) + "'");
+    if (args.rfind("memory=", 0) != 0)
+      return dump_error("limit wants memory=BYTES or share=PERMILLE, not '" + pos::printable(args, 64) + "'");
     auto bytes = pos::parse_uint(args.substr(7));
     if (!bytes.ok()) return dump_error("memory=" + pos::printable(args.substr(7), 32) + ": " + bytes.status().message());
     int n = 0;
@@ -907,17 +963,22 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     std::string devices, blocked;
     for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
     for (const std::string& w : rt->census.not_checkpointable()) blocked += (blocked.empty() ? "" : "; ") + w;
-    char row[288], limit[24] = "-";
+    char row[320], limit[24] = "-", share[16] = "-";
     if (rt->memory.limit() != 0) std::snprintf(limit, sizeof(limit), "%llu", static_cast<unsigned long long>(rt->memory.limit()));
-    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %14s %8llu %12llu  ", static_cast<int>(::getpid()),
+    {
+      std::lock_guard<std::mutex> lk(rt->usage_mu);
+      if (rt->share_set != 0) std::snprintf(share, sizeof(share), "%u.%u%%", rt->share_set / 10, rt->share_set % 10);
+      else if (rt->share_wanted != 0) std::snprintf(share, sizeof(share), "(%u.%u%%)", rt->share_wanted / 10, rt->share_wanted % 10);
+    }
+    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %14s %9s %8llu %12llu  ", static_cast<int>(::getpid()),
                   static_cast<unsigned>(::geteuid()), pos::fit_columns(rt->job, 24).c_str(),
-                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes), limit,
+                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes), limit, share,
                   static_cast<unsigned long long>(m.live), static_cast<unsigned long long>(rt->census.launches()));
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT, "
-                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release, limit [memory=BYTES])") + "}";
+                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
@@ -1047,6 +1108,14 @@ Runtime* runtime() {
       else rt->memory_error = "POS_MEMORY_LIMIT='" + pos::printable(lim, 64) + "': " + bytes.status().message() + ": no limit set";
       if (!bytes.ok()) std::fprintf(stderr, "pos: %s\n", rt->memory_error.c_str());
     }
+    // The job's GPU-time share from `pos run --gpu-share` ("30%"); one that does not parse is none.
+    if (const char* sh = std::getenv("POS_GPU_SHARE"); sh != nullptr && *sh != '\0') {
+      auto pm = pos::parse_share(sh);
+      if (pm.ok()) rt->share_wanted = *pm;
+      else rt->share_error = "POS_GPU_SHARE='" + pos::printable(sh, 64) + "': " + pm.status().message() + ": no share set";
+      if (!pm.ok()) std::fprintf(stderr, "pos: %s\n", rt->share_error.c_str());
+    }
+    rt->share.set_verify([rt] { verify_usage(rt); });
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->copy = copy_calls(rt->driver);
@@ -1084,7 +1153,9 @@ Runtime* runtime() {
   return g_runtime.load(std::memory_order_acquire);
 }
 
-#define POS_EXPAND(...) __VA_ARGS__
+// ", a, b" for (a, b) and nothing for (): a hook's arguments after the runtime's own (some have none).
+#define POS_TAIL_(...) __VA_OPT__(, ) __VA_ARGS__
+#define POS_TAIL(args) POS_TAIL_ args
 
 // Before the driver: a hook that answers the call itself (device memory placed by POS) says so.
 template <HookId kId, typename... A>
@@ -1163,6 +1234,29 @@ inline void settle(Runtime* rt, CUresult rc, uint64_t bytes, A... a) {
     } else {
       if (rc == kSuccess) rt->memory.narrow(std::get<0>(t), std::get<1>(t));
     }
+  }
+}
+
+// The GPU-time scheduler (share_gate.h): a launch waits for the job's turn when its GPU is
+// contended; a call that waits on the job's own work marks it busy (a holder inside one is not
+// idle). Only the outermost hook: a driver calling its own exports does not wait twice.
+template <HookId kId>
+inline int share_enter(Runtime* rt) {
+  using H = HookId;
+  if (t_hook_depth != 1) return 0;
+  if constexpr (kId == H::cuLaunchKernel || kId == H::cuLaunchKernel_ptsz || kId == H::cuLaunchKernelEx ||
+                kId == H::cuLaunchKernelEx_ptsz || kId == H::cuLaunchCooperativeKernel ||
+                kId == H::cuLaunchCooperativeKernel_ptsz || kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
+    return rt->share.enter([rt] {
+      if (rt->copy.ctx_synchronize != nullptr) (void)rt->copy.ctx_synchronize();
+    });
+  } else if constexpr (kId == H::cuStreamSynchronize || kId == H::cuStreamSynchronize_ptsz ||
+                       kId == H::cuEventSynchronize || kId == H::cuCtxSynchronize || kId == H::cuCtxSynchronize_v2 || kId == H::cuMemcpyDtoH_v2 || kId == H::cuMemcpyDtoH_v2_ptds ||
+                       kId == H::cuMemcpy || kId == H::cuMemcpy_ptds || kId == H::cuMemcpyDtoD_v2 ||
+                       kId == H::cuMemcpyDtoD_v2_ptds || kId == H::cuMemcpyHtoD_v2 || kId == H::cuMemcpyHtoD_v2_ptds) {
+    return rt->share.busy_begin();
+  } else {
+    return 0;
   }
 }
 
@@ -1262,13 +1356,15 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     rt->census.count(HookId::name);                                                          \
     GatePass pass(rt->gate, begins_capture(HookId::name) ? rt : nullptr);                    \
     uint64_t pos_charged = 0;                                                                \
-    if (!admit<HookId::name>(rt, &pos_charged, POS_EXPAND args)) return kErrorOutOfMemory;   \
-    before_call<HookId::name>(rt, POS_EXPAND args);                                          \
+    if (!admit<HookId::name>(rt, &pos_charged POS_TAIL(args))) return kErrorOutOfMemory;   \
+    before_call<HookId::name>(rt POS_TAIL(args));                                            \
+    const int pos_turn = share_enter<HookId::name>(rt);                                      \
     R rc{};                                                                                  \
-    if (!answer_here<HookId::name>(rt, &rc, POS_EXPAND args)) rc = real args;                \
-    settle<HookId::name>(rt, rc, pos_charged, POS_EXPAND args);                              \
-    learn<Role::role, size_idx>(rt->census, rc, POS_EXPAND args);                            \
-    after_call<HookId::name>(rt, rc, POS_EXPAND args);                                       \
+    if (!answer_here<HookId::name>(rt, &rc POS_TAIL(args))) rc = real args;                \
+    rt->share.done(pos_turn);                                                                \
+    settle<HookId::name>(rt, rc, pos_charged POS_TAIL(args));                                \
+    learn<Role::role, size_idx>(rt->census, rc POS_TAIL(args));                              \
+    after_call<HookId::name>(rt, rc POS_TAIL(args));                                         \
     return rc;                                                                               \
   }
 #define POS_DEFINE_HOOK_kCount POS_DEFINE_HOOK
