@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
       in.policies = pos::policies_for(in.sessions, jobs_dir);
       in.now = static_cast<uint64_t>(std::time(nullptr));
       in.posd_rss_bytes = pos::own_rss_bytes();
+      in.usage = pos::usage_for(jobs_dir);
       return pos::render_metrics(in);
     });
     if (!m.ok()) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "remoting/common/process_info.h"
+#include "remoting/server/metrics.h"
 
 namespace {
 
@@ -408,6 +409,30 @@ TEST_F(ShareTest, ATurnHeldByAProcessKilledWithSigkillGoesToTheWaitingJob) {
   EXPECT_EQ(r_->list().size(), 1u);
   EXPECT_EQ(r_->pass(mine, 0, now + 1'000'000), pos::UsageRegion::Pass::kGo);
   EXPECT_EQ(r_->holder(0), mine);
+}
+
+// posd's metrics endpoint exports what the region holds: each in-process job's memory against its
+// limit and its share (docs/metrics.md).
+TEST_F(ShareTest, PosdsMetricsCarryEachJobsMemoryLimitAndShareFromTheRegion) {
+  const int a = job(0, 700), b = job(0, 0);
+  r_->set_used(a, 3 << 20);
+  r_->set_limit(a, 8 << 20);
+  (void)b;
+  pos::MetricsInput in;
+  in.backend = "host";
+  in.usage = pos::usage_for(dir_.string());
+  ASSERT_EQ(in.usage.size(), 2u);
+  const std::string text = pos::render_metrics(in);
+  const std::string me = "{pid=\"" + std::to_string(::getpid()) + "\",device=\"0\"} ";
+  EXPECT_NE(text.find("# TYPE pos_job_gpu_share gauge\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pos_job_memory_limit_bytes" + me + "8388608\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pos_job_device_memory_bytes" + me + "3145728\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pos_job_gpu_share" + me + "0.69999999999999996\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pos_job_gpu_share" + me + "0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pos_job_recent_gpu_share" + me + "-1\n"), std::string::npos) << text;
+  // No region: no samples, and none is made.
+  EXPECT_TRUE(pos::usage_for(dir_.string() + "/none").empty());
+  EXPECT_FALSE(fs::exists(dir_ / "none"));
 }
 
 }  // namespace

@@ -147,7 +147,39 @@ std::string render_metrics(const MetricsInput& in) {
     w.family(f.name, f.type, f.help);
     for (const PolicyStatus& p : in.policies) w.sample(f.name, policy_labels(p), f.value(p, in.now));
   }
+  // In-process jobs' limits (issue #24): from their shared usage region.
+  struct UsageFamily {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const UsageRegion::Entry&);
+  };
+  const UsageFamily ufam[] = {
+      {"pos_job_device_memory_bytes", "gauge", "Device memory an in-process job holds (its allocations).",
+       [](const UsageRegion::Entry& e) { return static_cast<double>(e.memory_used); }},
+      {"pos_job_memory_limit_bytes", "gauge", "An in-process job's device-memory limit (0: none).",
+       [](const UsageRegion::Entry& e) { return static_cast<double>(e.memory_limit); }},
+      {"pos_job_gpu_share", "gauge", "An in-process job's GPU-time share, 0 to 1 (0: none).",
+       [](const UsageRegion::Entry& e) { return static_cast<double>(e.share) / 1000.0; }},
+      {"pos_job_recent_gpu_share", "gauge",
+       "The part of its GPU's turns an in-process job held in the last 3 s, 0 to 1 (-1: its GPU not contended).",
+       [](const UsageRegion::Entry& e) { return e.recent_share < 0 ? -1.0 : static_cast<double>(e.recent_share) / 1000.0; }},
+      {"pos_job_gpu_turn_seconds_total", "counter", "Time an in-process job held its GPU's turn while jobs contended for it.",
+       [](const UsageRegion::Entry& e) { return static_cast<double>(e.gpu_ns) / 1e9; }},
+  };
+  for (const UsageFamily& f : ufam) {
+    w.family(f.name, f.type, f.help);
+    for (const UsageRegion::Entry& e : in.usage)
+      w.sample(f.name, "pid=\"" + std::to_string(e.pid) + "\",device=\"" + std::to_string(e.device) + "\"", f.value(e));
+  }
   return w.take();
+}
+
+std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir) {
+  const std::string path = usage_region_path(jobs_dir);
+  if (::access(path.c_str(), F_OK) != 0) return {};
+  auto region = UsageRegion::open(path);
+  return region.ok() ? (*region)->list() : std::vector<UsageRegion::Entry>{};
 }
 
 std::vector<PolicyStatus> policies_for(const std::vector<SessionInfo>& sessions, const std::string& jobs_dir) {

@@ -13,6 +13,7 @@
 #include "pos/base/status.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
+#include "remoting/common/usage_region.h"
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/posd_server.h"
 
@@ -24,6 +25,9 @@ struct MetricsInput {
   std::vector<PolicyStatus> policies;
   uint64_t now = 0;             // seconds since the epoch (the age of each newest restore point)
   uint64_t posd_rss_bytes = 0;  // posd's own resident memory
+  // The in-process jobs of posd's user (their usage region, docs/limits.md): memory against their
+  // limits and GPU-time shares.
+  std::vector<UsageRegion::Entry> usage;
 };
 // The exposition text (text format 0.0.4): HELP and TYPE lines, then the samples; label values
 // escaped as the format wants (a job's name is a client's bytes).
@@ -32,6 +36,10 @@ std::string render_metrics(const MetricsInput& in);
 // The checkpoint policies of these sessions' jobs (each job's status file, in the jobs directory
 // its environment names) and every policy in `jobs_dir` (in-process jobs of posd's user), by pid.
 std::vector<PolicyStatus> policies_for(const std::vector<SessionInfo>& sessions, const std::string& jobs_dir);
+
+// The usage region of `jobs_dir`'s jobs, read (never made); empty when there is none or it cannot
+// be used.
+std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir);
 
 // Resident memory of this process, bytes.
 uint64_t own_rss_bytes();
