@@ -177,7 +177,7 @@ Status POSClient::init_state() {
     for (int d = 0; d < backend_->device_count(); ++d) ps_.devices.push_back(d);
   }
   ps_.device_count = static_cast<int32_t>(ps_.devices.size());
-  ps_.memory_quota = config_.memory_quota;
+  ps_.memory_quota = quota_option_ != ClientOptions::kConfigQuota ? quota_option_ : config_.memory_quota;
   ps_.window_base = config_.va_base;
   ps_.window_size = config_.va_size * config_.max_clients;
   const uint64_t opaque = base + mem_size;
@@ -281,6 +281,7 @@ ClientStats POSClient::stats() const {
   s.calls_executed = executed_.load();
   s.memory_in_use = memory_in_use_.load();
   s.live_handles = live_handles_.load();
+  s.memory_quota = memory_quota();
   return s;
 }
 

@@ -79,6 +79,7 @@ struct ClientStats {
   uint64_t calls_executed = 0;
   uint64_t memory_in_use = 0;  // bytes reserved for the client's buffers
   uint64_t live_handles = 0;
+  uint64_t memory_quota = 0;  // bytes of device memory it may hold (0: no quota)
 };
 
 class POSClient;
@@ -94,6 +95,10 @@ struct ClientOptions {
   // The uuid's generation (uuid = generation << 16 | slot); 0: the workspace's next. A posd session
   // process names its one client after posd's session number, so uuids stay unique across posd.
   uint64_t generation = 0;
+  // Its device-memory quota (0: none); kConfigQuota: the workspace's client.memory_quota. posd sets
+  // it from posd.limits for the job's name (docs/limits.md).
+  static constexpr uint64_t kConfigQuota = UINT64_MAX;
+  uint64_t memory_quota = kConfigQuota;
 };
 
 // Parser-thread state handed to parser functions (confined to the parser thread).
@@ -108,7 +113,8 @@ struct ParserScope {
   int32_t current_device = 0;  // the app's number (cudaSetDevice), an index into `devices`
   int32_t device_count = 1;    // = devices.size()
   std::vector<int32_t> devices;  // the app's device i is backend device devices[i]
-  uint64_t memory_quota = 0;  // 0 = none
+  // 0 = none. Atomic: `pos-cli limit` changes it from another thread while the parser runs.
+  std::atomic<uint64_t> memory_quota{0};
   uint64_t memory_in_use = 0;
   uint64_t va_base = 0, va_size = 0;
 
@@ -178,7 +184,12 @@ class POSClient {
   void set_options(const ClientOptions& o) {
     ps_.host_base = o.host_base, ps_.host_size = o.host_size;
     ps_.devices = o.devices;
+    quota_option_ = o.memory_quota;
   }
+  // The device-memory quota, changed while the client runs (0: none): allocations past it fail
+  // from the next one on; what it holds is kept.
+  void set_memory_quota(uint64_t bytes) { ps_.memory_quota.store(bytes, std::memory_order_relaxed); }
+  uint64_t memory_quota() const { return ps_.memory_quota.load(std::memory_order_relaxed); }
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an
@@ -345,6 +356,7 @@ class POSClient {
 
   // Parser thread state.
   ParserScope ps_;
+  uint64_t quota_option_ = ClientOptions::kConfigQuota;  // set_options' memory_quota
   uint64_t last_parsed_pc_ = 0;
   std::unordered_set<Handle*> dirty_;  // parser thread
   Command* parser_cmd_ = nullptr;      // parser thread: command waiting for the worker

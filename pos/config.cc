@@ -3,6 +3,8 @@
 // key path and the line, so a bad file is fixed from the message alone.
 #include "pos/config.h"
 
+#include <fnmatch.h>
+
 #include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
@@ -332,6 +334,7 @@ class Reader {
         {"spare_session", [this](const Entry& e) { return store(read_bool(e), &c_->posd_spare_session); }},
         {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
         {"migration", [this](const Entry& e) { return walk(e, migration_keys()); }},
+        {"limits", [this](const Entry& e) { return limits(e); }},
         {"metrics",
          [this](const Entry& e) -> Status {
            if (e.value.IsNull()) {  // like "": off
@@ -402,6 +405,48 @@ class Reader {
         {"with_cpu", [&p](const Entry& e) { return store(read_bool(e), &p.with_cpu); }},
         {"cli", [&p](const Entry& e) { return store(text_of(e), &p.cli); }},
     };
+  }
+
+  // posd.limits: a list of {jobs: [patterns], memory: SIZE}.
+  Status limits(const Entry& e) {
+    if (e.value.IsNull()) {
+      c_->posd_limits.clear();
+      return Status::Ok();
+    }
+    if (!e.value.IsSequence())
+      return e.error(" must be a list of rules, e.g. [{jobs: [\"train*\"], memory: 8GiB}]");
+    c_->posd_limits.clear();
+    for (size_t i = 0; i < e.value.size(); ++i) {
+      const YAML::Node item = e.value[i];
+      const Entry one{e.path + "[" + std::to_string(i) + "]", item, !item.IsNull() && line_of(item) > 0 ? line_of(item) : e.line};
+      if (!item.IsMap()) return one.error(" must be a mapping with jobs and memory");
+      Config::JobLimits rule;
+      bool memory_given = false;
+      POS_RETURN_IF_ERROR(walk(one, {
+          {"jobs",
+           [&rule](const Entry& j) -> Status {
+             if (!j.value.IsSequence()) return j.error(" must be a list of job-name patterns, e.g. [\"train*\"]");
+             for (size_t k = 0; k < j.value.size(); ++k) {
+               const YAML::Node p = j.value[k];
+               const Entry pe{j.path + "[" + std::to_string(k) + "]", p, !p.IsNull() && line_of(p) > 0 ? line_of(p) : j.line};
+               auto t = text_of(pe);
+               if (!t.ok()) return t.status();
+               if (t->empty()) return pe.error(" is an empty pattern");
+               rule.jobs.push_back(*t);
+             }
+             return Status::Ok();
+           }},
+          {"memory",
+           [&rule, &memory_given](const Entry& m) -> Status {
+             memory_given = true;
+             return store(read_size(m, 0), &rule.memory);
+           }},
+      }));
+      if (rule.jobs.empty()) return one.error(" names no jobs (jobs: [\"pattern\", ...])");
+      if (!memory_given) return one.error(" sets no limit (memory: SIZE)");
+      c_->posd_limits.push_back(std::move(rule));
+    }
+    return Status::Ok();
   }
 
   std::vector<Key> migration_keys() {
@@ -547,6 +592,13 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
   y << YAML::Key << "spare_session" << YAML::Value << c.posd_spare_session;
   y << YAML::Key << "metrics" << YAML::Value << YAML::DoubleQuoted << c.posd_metrics;
+  y << YAML::Key << "limits" << YAML::Value << YAML::BeginSeq;
+  for (const Config::JobLimits& r : c.posd_limits) {
+    y << YAML::BeginMap << YAML::Key << "jobs" << YAML::Value << YAML::BeginSeq;
+    for (const std::string& j : r.jobs) y << YAML::DoubleQuoted << j;
+    y << YAML::EndSeq << YAML::Key << "memory" << YAML::Value << r.memory << YAML::EndMap;
+  }
+  y << YAML::EndSeq;
   y << YAML::EndMap;
   y << YAML::EndMap;
   return std::string(y.c_str()) + "\n";
@@ -593,6 +645,13 @@ StatusOr<Config> config_from_environment() {
   }
   POS_RETURN_IF_ERROR(apply_environment_overrides(&c));
   return c;
+}
+
+uint64_t memory_quota_for_job(const Config& c, const std::string& job) {
+  for (const Config::JobLimits& r : c.posd_limits)
+    for (const std::string& pattern : r.jobs)
+      if (::fnmatch(pattern.c_str(), job.c_str(), 0) == 0) return r.memory;
+  return c.memory_quota;
 }
 
 }  // namespace pos

@@ -101,6 +101,14 @@ struct Config {
     bool async = true, with_cpu = false;
     std::string cli;  // the pos-cli to run; empty: beside posd, else on PATH
   } posd_policy;
+  // posd.limits: per-job limits by job name (docs/limits.md): the first rule whose `jobs` patterns
+  // (shell: "train*", against the session's job name, the program's full file name) match gives
+  // the job's device-memory quota in place of client.memory_quota (0: none).
+  struct JobLimits {
+    std::vector<std::string> jobs;
+    uint64_t memory = 0;
+  };
+  std::vector<JobLimits> posd_limits;
   // posd.migration: jobs migrated in from posd on other hosts (pos-cli migrate --to HOST:PORT):
   // where posd listens (IPv4 HOST:PORT; empty: it accepts none), the file holding the secret a
   // peer must prove it shares, where incoming images go, and the pos-cli that restores them
@@ -127,5 +135,9 @@ StatusOr<Config> load_config_file(const std::string& path);
 Status apply_environment_overrides(Config* c);
 // POS_CONFIG names a file if set; otherwise defaults. Then apply_environment_overrides.
 StatusOr<Config> config_from_environment();
+
+// The device-memory quota of a job named `job` (posd.limits' first matching rule; else
+// client.memory_quota). 0: none.
+uint64_t memory_quota_for_job(const Config& c, const std::string& job);
 
 }  // namespace pos

@@ -333,17 +333,63 @@ int dump(const DumpArgs& a, bool pre) {
 // With --shared-fds COUNT:LIST:CUT (from a dump's guardian): the job's device memory is in
 // descriptors 3 .. 3+COUNT-1, handed back with LIST, the job's allocation-list checksum, and CUT,
 // the dump's. With --start-time: only the process the dump held (not one restored under its pid).
-// `pos-cli limit -t PID [--memory SIZE] [--gpu-share PCT]`: an in-process job's limits, shown, or
-// changed first (docs/limits.md). "0" removes the memory limit or the share.
-int limit(int pid, const std::string& jobs_dir, const std::string& memory, const std::string& gpu_share, bool json) {
-  const JobTarget t = find_job(pid, jobs_dir);
-  if (!t.inproc) {
-    std::fprintf(stderr,
-                 "pos-cli limit: pid %d is no in-process job (pos run) in %s; per-job limits of jobs under posd are not "
-                 "built yet (posd.memory_quota applies to each of its clients)\n",
-                 pid, t.jobs_dir.c_str());
+// `pos-cli limit -t PID [--memory SIZE] [--gpu-share PCT]`: a job's limits, shown, or changed first
+// (docs/limits.md): an in-process job's through its control socket, a posd job's through posd.
+// "0" removes the memory limit or the share.
+// A job under posd: its session's device-memory quota, through posd (`limit PID [memory=BYTES]`).
+int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, const std::string& memory,
+               const std::string& gpu_share, bool json) {
+  if (!gpu_share.empty()) {
+    std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job (pos run) in %s; GPU-time shares of jobs under posd "
+                         "are not built yet (docs/limits.md)\n", pid, jobs_dir.c_str());
     return 1;
   }
+  std::string cmd = "limit " + std::to_string(pid);
+  if (!memory.empty()) {
+    uint64_t bytes = 0;
+    if (memory != "0") {
+      auto b = pos::parse_size(memory);
+      if (!b.ok()) {
+        std::fprintf(stderr, "pos-cli limit: --memory %s: %s\n", pos::printable(memory, 64).c_str(), b.status().message().c_str());
+        return 2;
+      }
+      bytes = *b;
+    }
+    cmd += " memory=" + std::to_string(bytes);
+  }
+  auto a = pos::posd_control(socket, cmd);
+  if (!a.ok()) {
+    std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job in %s, and posd (%s) says: %s\n", pid,
+                 jobs_dir.c_str(), socket.c_str(), a.status().message().c_str());
+    return 1;
+  }
+  if (json) {
+    std::fputs(a->c_str(), stdout);
+    return 0;
+  }
+  std::map<std::string, pos::FlatJsonValue> v;
+  std::string body = *a;
+  while (!body.empty() && (body.back() == '\n' || body.back() == ' ')) body.pop_back();
+  if (const pos::Status read = pos::parse_flat_json(body, "posd's answer", &v); !read.ok()) {
+    std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid, read.message().c_str());
+    return 1;
+  }
+  const auto number = [&](const char* key) {
+    auto it = v.find(key);
+    return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
+  };
+  const unsigned long long quota = number("memory_quota"), used = number("memory_bytes");
+  if (quota == 0) std::printf("pid %d (under posd): no device-memory quota; it holds %llu bytes\n", pid, used);
+  else
+    std::printf("pid %d (under posd): device-memory quota %llu bytes; it holds %llu (%.1f%%)\n", pid, quota, used,
+                100.0 * static_cast<double>(used) / static_cast<double>(quota));
+  return 0;
+}
+
+int limit(int pid, const std::string& jobs_dir, const std::string& socket, const std::string& memory,
+          const std::string& gpu_share, bool json) {
+  const JobTarget t = find_job(pid, jobs_dir);
+  if (!t.inproc) return limit_posd(pid, socket, t.jobs_dir, memory, gpu_share, json);
   std::string cmd = "limit";
   if (!memory.empty()) {
     uint64_t bytes = 0;
@@ -979,13 +1025,15 @@ int main(int argc, char** argv) {
   int limit_pid = 0;
   std::string limit_jobs_dir, limit_memory, limit_share;
   bool limit_json = false;
-  CLI::App* limit_cmd = app.add_subcommand("limit", "show or change an in-process job's limits (pos run --memory)");
+  CLI::App* limit_cmd = app.add_subcommand("limit", "show or change a job's limits (pos run --memory / --gpu-share, posd.limits)");
   limit_cmd->add_option("-t,--tree", limit_pid, "the job's pid")->required()->check(CLI::PositiveNumber);
   limit_cmd->add_option("--memory", limit_memory, "its device-memory limit (8GiB, 512MiB; 0: none)");
   limit_cmd->add_option("--gpu-share", limit_share,
                         "its share of its GPU's time while other jobs want it too (30%, 12.5%; 0: none)");
   limit_cmd->add_option("--jobs-dir", limit_jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
   limit_cmd->add_flag("--json", limit_json, "the job's answer as JSON");
+  std::string limit_socket = pos::default_socket_path();
+  limit_cmd->add_option("--socket", limit_socket, "posd's socket, for a job under posd")->capture_default_str();
 
   int resume_pid = 0;
   std::string resume_jobs_dir, resume_socket;
@@ -1104,7 +1152,7 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
-  if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_memory, limit_share, limit_json);
+  if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_socket, limit_memory, limit_share, limit_json);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared, resume_started);
   if (ckpt_cmd->parsed()) return checkpoint(ca);
   if (migrate_cmd->parsed()) return migrate(ma);

@@ -446,6 +446,36 @@ TEST(Config, PosdSpareSessionIsOffUnlessSaidAndOnlyABoolean) {
 namespace pos {
 namespace {
 
+// posd.limits (docs/limits.md): the first rule whose patterns match a job's name gives its quota;
+// other jobs get client.memory_quota. Each malformed rule is refused by its place in the list.
+TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefusedByPlace) {
+  auto c = parse_config(
+      "client: {memory_quota: 2GiB}\n"
+      "posd:\n  limits:\n    - jobs: [\"train*\", \"*/bench/*\"]\n      memory: 8GiB\n"
+      "    - jobs: [\"train-big\"]\n      memory: 16GiB\n    - jobs: [\"free\"]\n      memory: 0\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(memory_quota_for_job(*c, "train-big"), 8ull << 30);  // the first rule that matches
+  EXPECT_EQ(memory_quota_for_job(*c, "/opt/bench/x"), 8ull << 30);
+  EXPECT_EQ(memory_quota_for_job(*c, "free"), 0u);
+  EXPECT_EQ(memory_quota_for_job(*c, "eval"), 2ull << 30);  // client.memory_quota
+  struct Case {
+    std::string yaml, says;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"posd: {limits: {jobs: [a], memory: 1GiB}}", "posd.limits must be a list of rules"},
+           {"posd: {limits: [{memory: 1GiB}]}", "posd.limits[0] names no jobs"},
+           {"posd: {limits: [{jobs: [a]}]}", "posd.limits[0] sets no limit"},
+           {"posd: {limits: [{jobs: [a], memory: 1GiB}, {jobs: [b], memory: lots}]}", "posd.limits[1].memory"},
+           {"posd: {limits: [{jobs: [a], memory: 1GiB, cpu: 2}]}", "unknown config key 'posd.limits[0].cpu'"},
+           {"posd: {limits: [{jobs: a, memory: 1GiB}]}", "posd.limits[0].jobs must be a list"},
+           {"posd: {limits: [{jobs: [\"\"], memory: 1GiB}]}", "posd.limits[0].jobs[0] is an empty pattern"},
+           {"posd: {limits: [a]}", "posd.limits[0] must be a mapping"}}) {
+    auto r = parse_config(k.yaml);
+    ASSERT_FALSE(r.ok()) << k.yaml;
+    EXPECT_NE(r.status().message().find(k.says), std::string::npos) << k.yaml << ": " << r.status().to_string();
+  }
+}
+
 // posd hands its config to each session process as config_to_yaml's text: every field must come
 // back as it was, including strings a YAML scalar would misread.
 TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads) {
@@ -475,6 +505,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
   c.posd_spare_session = true;
+  c.posd_limits = {{{"train*", "a: b"}, 8ull << 30}, {{"*"}, 0}};
   const std::string text = config_to_yaml(c);
   auto back = parse_config(text);
   ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
@@ -504,6 +535,11 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   EXPECT_EQ(b.posd_isolation, c.posd_isolation);
   EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
   EXPECT_EQ(b.posd_spare_session, c.posd_spare_session);
+  ASSERT_EQ(b.posd_limits.size(), 2u);
+  EXPECT_EQ(b.posd_limits[0].jobs, c.posd_limits[0].jobs);
+  EXPECT_EQ(b.posd_limits[0].memory, c.posd_limits[0].memory);
+  EXPECT_EQ(b.posd_limits[1].jobs, c.posd_limits[1].jobs);
+  EXPECT_EQ(b.posd_limits[1].memory, 0u);
   // The defaults round-trip too (the empty device list, auto shadow pool, process isolation).
   auto d = parse_config(config_to_yaml(Config{}));
   ASSERT_TRUE(d.ok()) << d.status().to_string();

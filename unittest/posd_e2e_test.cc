@@ -875,6 +875,87 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   std::filesystem::remove(out_file);
 }
 
+// posd.limits (#24, docs/limits.md): a job whose name matches a rule gets the rule's device-memory
+// quota in place of client.memory_quota, and its first allocation past it fails as CUDA fails
+// them; `pos-cli limit` shows and changes a running posd job's quota (the job's owner or root only,
+// bad values refused with nothing changed), and the job finishes as it would have.
+TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItForItsOwnerOnly) {
+  const uint32_t kUid = 65534, kGid = 65533;
+  const std::string base = ::testing::TempDir() + "posd-e2e-limits-" + std::to_string(::getpid());
+  const std::string out_file = base + ".out", cli = env_or_fail("POS_CLI");
+  const OwnPosd posd(base, "  group: " + std::to_string(kGid) +
+                               "\n  limits:\n    - jobs: [\"tiny*\"]\n      memory: 1MiB\n"
+                               "    - jobs: [\"roomy\"]\n      memory: 0\n");
+  const std::string env = "POS_SOCKET=" + posd.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+                          " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  // 4 MiB of weights in a 1 MiB quota: the job's cudaMalloc fails, and it says so.
+  int code = -1;
+  std::string err;
+  pos::test::run_shell(env + "POS_JOB_NAME=tiny-one " + train_cmd("--hidden 1024 --steps 3"), &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("error: cudaMalloc: cudaErrorMemoryAllocation"), std::string::npos) << err;
+  // The same job under a name no rule matches: client.memory_quota (none here), and it runs.
+  pos::test::run_shell(env + "POS_JOB_NAME=big-one " + train_cmd("--hidden 1024 --steps 3"), &code, &err);
+  EXPECT_EQ(code, 0) << err;
+  // A job the second rule names: no quota; pos-cli limit sets one, shows it, and takes it away.
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const pid_t job = start_job(env, train_cmd(args[0] + " " + args[1]), "roomy", out_file, [&] { return posd.ps(); },
+                              [&] { return posd.log_text(); });
+  const std::string t = cli + " limit -t " + std::to_string(job) + " --socket " + posd.socket + " --jobs-dir " + base + "-jobs";
+  std::string out = pos::test::run_shell(t, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("(under posd): no device-memory quota; it holds "), std::string::npos) << out;
+  out = pos::test::run_shell(t + " --memory 64MiB", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("device-memory quota 67108864 bytes; it holds "), std::string::npos) << out;
+  EXPECT_NE(posd.ps().find("\"memory_quota\":67108864,"), std::string::npos) << posd.ps();
+  out = pos::test::run_shell(t + " --json", &code);
+  EXPECT_NE(out.find("\"ok\":true,\"pid\":" + std::to_string(job) + ",\"job\":\"roomy\",\"memory_quota\":67108864,"),
+            std::string::npos) << out;
+  out = pos::test::run_shell(t + " --memory lots", &code);
+  EXPECT_EQ(code, 2) << out;
+  out = pos::test::run_shell(t + " --gpu-share 30%", &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("GPU-time shares of jobs under posd are not built yet"), std::string::npos) << out;
+  out = pos::test::run_shell(cli + " limit -t 4000000 --socket " + posd.socket + " --jobs-dir " + base + "-jobs", &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("has no session on this posd"), std::string::npos) << out;
+  for (const std::string& bad : {std::string("limit x memory=1"), "limit " + std::to_string(job) + " cpu=1",
+                                "limit " + std::to_string(job) + " memory=-1"}) {
+    auto r = pos::posd_control(posd.socket, bad);
+    EXPECT_FALSE(r.ok()) << bad;
+  }
+  EXPECT_NE(posd.ps().find("\"memory_quota\":67108864,"), std::string::npos) << posd.ps();  // unchanged
+  // Another user may not change it.
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t other = fork();
+  if (other == 0) {
+    close(p[0]);
+    if (setgroups(0, nullptr) != 0 || setresgid(kGid, kGid, kGid) != 0 || setresuid(kUid, kUid, kUid) != 0) _exit(3);
+    const std::string said = pos::posd_control(posd.socket, "limit " + std::to_string(job) + " memory=1").status().message();
+    (void)!write(p[1], said.data(), said.size());
+    _exit(0);
+  }
+  close(p[1]);
+  std::string said;
+  char buf[1024];
+  ssize_t n;
+  while ((n = read(p[0], buf, sizeof(buf))) > 0) said.append(buf, static_cast<size_t>(n));
+  close(p[0]);
+  int st = 0;
+  ASSERT_EQ(waitpid(other, &st, 0), other);
+  EXPECT_NE(said.find("uid 65534 may not change the limits of a job of uid 0"), std::string::npos) << said;
+  out = pos::test::run_shell(t + " --memory 0", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(posd.ps().find("\"memory_quota\":0,"), std::string::npos) << posd.ps();
+  st = 0;
+  ASSERT_EQ(waitpid(job, &st, 0), job);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(read_file(out_file), expected(args));
+  std::filesystem::remove(out_file);
+}
+
 // A job that is not root (uid 65534, admitted through posd.group). Detached, it comes back as soon
 // as a permit appears (in /dev/shm, where it can read it; its own, so it may remove it there) and
 // not for a permit of another user; it finishes exactly as an uninterrupted run. pos-cli dump of it

@@ -102,7 +102,7 @@ Status work_device_sync(WorkerScope& ws, APIContext&) {
 // cudaMemGetInfo: the device's numbers, narrowed to the client's quota.
 Status parse_mem_get_info(ParserScope& ps, APIContext& c) {
   POS_RETURN_IF_ERROR(c.expect_params(0));
-  c.u[0] = ps.memory_quota;
+  c.u[0] = ps.memory_quota.load(std::memory_order_relaxed);
   c.u[1] = ps.memory_in_use;
   c.u[2] = static_cast<uint64_t>(backend_device(ps, ps.current_device));
   return Status::Ok();

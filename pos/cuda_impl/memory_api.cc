@@ -19,11 +19,12 @@ Status parse_malloc(ParserScope& ps, APIContext& c) {
   HandleManager& mem = ps.mgr(ResourceType::kMemory);
   const uint64_t charge = mem.round_up(size);  // what the allocation really takes
   if (charge < size) return cuda_error(cuda::kErrorMemoryAllocation, "allocation size out of range");
-  if (ps.memory_quota != 0 && (charge > ps.memory_quota || ps.memory_in_use > ps.memory_quota - charge))
+  const uint64_t quota = ps.memory_quota.load(std::memory_order_relaxed);
+  if (quota != 0 && (charge > quota || ps.memory_in_use > quota - charge))
     return cuda_error(cuda::kErrorMemoryAllocation, "allocation of " + std::to_string(size) +
                                                         " bytes exceeds the client's quota (" +
                                                         std::to_string(ps.memory_in_use) + " of " +
-                                                        std::to_string(ps.memory_quota) + " in use)");
+                                                        std::to_string(quota) + " in use)");
   StatusOr<Handle*> h = Status::Internal("unset");
   if (c.replay_ret != nullptr) {
     // Replay (restore): the address the app got. First fit could pick another one here, as the

@@ -24,9 +24,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 
 #include "pos/base/cuda_errors.h"
 #include "pos/base/log.h"
+#include "pos/base/parse.h"
 #include "pos/base/sync.h"
 #include "pos/base/text.h"
 #include "pos/base/thread.h"
@@ -656,6 +658,7 @@ void PosdServer::on_hello(Handshake& h) {
     else if (command == "detach") control_detach(h);
     else if (command == "release") control_release(h);
     else if (command == "restore") control_restore(h);
+    else if (command.rfind("limit ", 0) == 0) control_limit(h, command);
     else control(fd, command);
   } else if (hello.kind == static_cast<uint32_t>(wire::HelloKind::kReattach)) {
     set_blocking(fd);
@@ -889,6 +892,7 @@ void PosdServer::session_main(Session* s) {
   spec.job = s->job;
   spec.arena_bytes = s->arena_bytes;
   spec.devices = config_.posd_devices;
+  spec.memory_quota = memory_quota_for_job(config_, s->job);
   spec.stop_fd = stop_fd_;
   spec.keep_spinning = [this] { return sessions_gate_.is_open(); };
   serve_session(*ws_, spec, &s->progress);
@@ -902,7 +906,7 @@ uint32_t PosdServer::caller_uid(const Handshake& h) const {
 }
 
 // The one live session of the job with client pid `pid`, if `caller` may dump it.
-StatusOr<PosdServer::Session*> PosdServer::job_session(uint32_t pid, uint32_t caller) {
+StatusOr<PosdServer::Session*> PosdServer::job_session(uint32_t pid, uint32_t caller, const std::string& what) {
   Session* target = nullptr;
   size_t matches = 0;
   {
@@ -916,7 +920,7 @@ StatusOr<PosdServer::Session*> PosdServer::job_session(uint32_t pid, uint32_t ca
   if (matches > 1)
     return Status::InvalidArgument("pid " + std::to_string(pid) + " has " + std::to_string(matches) +
                                    " sessions on this posd; a dump takes a job with one");
-  POS_RETURN_IF_ERROR(authorize_job_control(caller, target->cred.uid, "dump"));
+  POS_RETURN_IF_ERROR(authorize_job_control(caller, target->cred.uid, what));
   return target;
 }
 
@@ -1161,6 +1165,62 @@ void PosdServer::control_restore(Handshake& h) {
   sessions_.push_back(std::move(s));
 }
 
+// `limit PID [memory=BYTES]` (pos-cli limit for a job under posd): the session's device-memory
+// quota, set first when asked (0: none); the job's owner or root only. The answer is one JSON
+// object: {"ok":true,"pid":P,"job":J,"memory_quota":Q,"memory_bytes":U}.
+void PosdServer::control_limit(Handshake& h, const std::string& command) {
+  const int fd = h.fd.get();
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "limit request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  std::istringstream in(command.substr(6));
+  std::string pid_text, arg, extra;
+  in >> pid_text >> arg >> extra;
+  auto pid = parse_uint(pid_text);
+  if (!pid.ok() || *pid == 0 || *pid > INT32_MAX || !extra.empty())
+    return refuse(Status::InvalidArgument("limit wants a pid and at most memory=BYTES, not '" + printable(command, 64) + "'"));
+  bool set = false;
+  uint64_t bytes = 0;
+  if (!arg.empty()) {
+    auto v = arg.rfind("memory=", 0) == 0 ? parse_uint(arg.substr(7)) : StatusOr<uint64_t>(Status::InvalidArgument("unknown limit"));
+    if (!v.ok()) return refuse(Status::InvalidArgument("limit wants memory=BYTES, not '" + printable(arg, 64) + "'"));
+    set = true, bytes = *v;
+  }
+  auto found = job_session(static_cast<uint32_t>(*pid), caller_uid(h), "change the limits of");
+  if (!found.ok()) return refuse(found.status());
+  Session* const target = *found;
+  uint64_t quota = 0, used = 0;
+  if (target->child > 0) {
+    session_channel::Message m;
+    m.type = static_cast<uint32_t>(set ? session_channel::Type::kLimit : session_channel::Type::kStatsRequest);
+    m.stats.memory_quota = bytes;
+    StatusOr<session_channel::Message> r = Status::Unavailable("not asked");
+    {
+      std::lock_guard<std::mutex> io(target->io);
+      Status sent = send_with_fds(target->channel.get(), &m, sizeof(m), {});
+      r = sent.ok() ? await_report(target->channel.get(), std::chrono::seconds(2)) : StatusOr<session_channel::Message>(sent);
+    }
+    if (!r.ok()) return refuse(Status::Unavailable("the job's session process did not answer: " + r.status().message()));
+    if (r->uuid == 0 || r->ending != 0)
+      return refuse(Status::FailedPrecondition("pid " + std::to_string(*pid) + "'s session is starting or ending"));
+    quota = r->stats.memory_quota, used = r->stats.memory_in_use;
+  } else {
+    auto c = ws_->find_client(target->progress.uuid.load(std::memory_order_acquire));
+    if (!c) return refuse(Status::FailedPrecondition("pid " + std::to_string(*pid) + "'s session is starting or ending"));
+    if (set) c->set_memory_quota(bytes);
+    quota = c->memory_quota(), used = c->stats().memory_in_use;
+  }
+  if (set)
+    POS_INFO("posd", "pid %u ('%s'): device-memory quota set to %lu bytes by uid %u", static_cast<unsigned>(*pid),
+             target->job.c_str(), (unsigned long)quota, caller_uid(h));
+  const std::string text = "{\"ok\":true,\"pid\":" + std::to_string(*pid) + ",\"job\":" + json_string(target->job) +
+                           ",\"memory_quota\":" + std::to_string(quota) + ",\"memory_bytes\":" + std::to_string(used) + "}\n";
+  wire::Welcome w;
+  w.control_bytes = text.size();
+  if (send_all(fd, &w, sizeof(w)).ok()) (void)send_all(fd, text.data(), text.size()).ok();
+}
+
 void PosdServer::control(int fd, const std::string& command) {
   std::string text;
   if (command == "ps") {
@@ -1168,7 +1228,7 @@ void PosdServer::control(int fd, const std::string& command) {
   } else if (command == "ps-table") {
     text = sessions_table();
   } else {
-    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table, checkpoint)"));
+    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table, checkpoint, limit)"));
     return;
   }
   wire::Welcome w;
@@ -1233,6 +1293,7 @@ std::string PosdServer::sessions_json() const {
     o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
          ",\"job\":" + json_string(s.job) + ",\"device\":" + std::to_string(s.device) +
          ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
+         ",\"memory_quota\":" + std::to_string(s.stats.memory_quota) +
          ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
          ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) + ",\"server_pid\":" + std::to_string(s.server_pid) +
          ",\"state\":\"" + state_of(s) + "\"}";

@@ -119,8 +119,9 @@ class PosdServer {
   void reap_process(Session* s);
   void control(int fd, const std::string& command);
   void control_checkpoint(Handshake& h);
+  void control_limit(Handshake& h, const std::string& command);
   uint32_t caller_uid(const Handshake& h) const;
-  StatusOr<Session*> job_session(uint32_t pid, uint32_t caller);
+  StatusOr<Session*> job_session(uint32_t pid, uint32_t caller, const std::string& what = "dump");
   void control_detach(Handshake& h);
   void control_release(Handshake& h);
   void reattach(Handshake& h);

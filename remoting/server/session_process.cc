@@ -311,8 +311,10 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
         POS_WARN("posd-session", "a release came for a session that is not detached: kept");
       continue;
     }
-    if (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
-        req.type != static_cast<uint32_t>(sc::Type::kStatsRequest)) {
+    const bool limit = static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+                       req.type == static_cast<uint32_t>(sc::Type::kLimit);
+    if (!limit && (static_cast<size_t>(r) != sizeof(req) || req.magic != sc::kMagic ||
+                   req.type != static_cast<uint32_t>(sc::Type::kStatsRequest))) {
       POS_ERROR("posd-session", "posd sent a request this session process does not know; ending the session");
       end_session();
       return;
@@ -323,6 +325,7 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     m.frames = progress->frames.load(std::memory_order_relaxed);
     if (m.uuid != 0) {
       if (auto c = ws->find_client(m.uuid)) {
+        if (limit) c->set_memory_quota(req.stats.memory_quota);
         m.stats = c->stats();
         m.device = c->device();
       } else {
@@ -360,6 +363,7 @@ SessionSpec spec_from_start(const sc::Start& start, const std::string& job, cons
   spec.arena_bytes = start.arena_bytes;
   spec.devices = config.posd_devices;
   spec.generation = start.generation;
+  spec.memory_quota = memory_quota_for_job(config, job);
   spec.stop_fd = stop_fd;
   spec.keep_spinning = [stopping] { return !stopping->load(std::memory_order_acquire); };
   spec.control = control;
@@ -415,6 +419,7 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
     e.type = static_cast<uint32_t>(wire::EventType::kProgress);
     wire::put_cstr(e.phase, sizeof(e.phase), "restored");
     if (auto c = ws.find_client(*uuid)) {
+      c->set_memory_quota(memory_quota_for_job(config, job));  // posd.limits, as for a new session
       const ClientStats st = c->stats();
       e.total = st.memory_in_use, e.handles = st.live_handles;
     }

@@ -36,7 +36,11 @@ enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3, kSpare = 4 };
 // kDetach carries pos-cli's connection (answered by the session process); kReattach the job's new
 // connection and the session memfd the job maps.
 // kRelease: the detached job re-attached to another posd (migrate's live switch): the session ends.
-enum class Type : uint32_t { kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5, kRelease = 6 };
+// kLimit: the client's device-memory quota becomes stats.memory_quota (pos-cli limit); answered
+// with a report, as kStatsRequest is.
+enum class Type : uint32_t {
+  kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5, kRelease = 6, kLimit = 7
+};
 
 // posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of
 // config_to_yaml's text, in the same packet.

@@ -100,6 +100,7 @@ ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_
   o.host_size = arena_bytes;
   o.devices = spec.devices;
   o.generation = spec.generation;
+  o.memory_quota = spec.memory_quota;
   return o;
 }
 

@@ -74,6 +74,7 @@ struct SessionSpec {
   uint64_t arena_bytes = 0;
   std::vector<int32_t> devices;  // posd.devices
   uint64_t generation = 0;       // the client's uuid generation; 0: the workspace's next
+  uint64_t memory_quota = ClientOptions::kConfigQuota;  // posd.limits' for the job (0: none)
   int stop_fd = -1;              // readable once the session is to end (posd stopping)
   SessionControl* control = nullptr;  // detach and re-attach; none: a hang-up always ends the session
   // A restored session (pos-cli restore): its client exists already (restored from the image) and
