@@ -875,6 +875,11 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   std::filesystem::remove(out_file);
 }
 
+}  // namespace
+std::string scrape_metrics(const std::string& posd_log);
+double metric(const std::string& text, const std::string& name, uint32_t pid);
+namespace {
+
 // posd.limits (#24, docs/limits.md): a job whose name matches a rule gets the rule's device-memory
 // quota in place of client.memory_quota, and its first allocation past it fails as CUDA fails
 // them; `pos-cli limit` shows and changes a running posd job's quota (the job's owner or root only,
@@ -883,7 +888,7 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   const uint32_t kUid = 65534, kGid = 65533;
   const std::string base = ::testing::TempDir() + "posd-e2e-limits-" + std::to_string(::getpid());
   const std::string out_file = base + ".out", cli = env_or_fail("POS_CLI");
-  const OwnPosd posd(base, "  group: " + std::to_string(kGid) +
+  const OwnPosd posd(base, "  group: " + std::to_string(kGid) + "\n  metrics: 127.0.0.1:0" +
                                "\n  limits:\n    - jobs: [\"tiny*\"]\n      memory: 1MiB\n"
                                "    - jobs: [\"roomy\"]\n      memory: 0\n");
   const std::string env = "POS_SOCKET=" + posd.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
@@ -909,6 +914,7 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("device-memory quota 67108864 bytes; it holds "), std::string::npos) << out;
   EXPECT_NE(posd.ps().find("\"memory_quota\":67108864,"), std::string::npos) << posd.ps();
+  EXPECT_EQ(metric(scrape_metrics(posd.log), "pos_session_memory_quota_bytes", static_cast<uint32_t>(job)), 67108864.0);
   out = pos::test::run_shell(t + " --json", &code);
   EXPECT_NE(out.find("\"ok\":true,\"pid\":" + std::to_string(job) + ",\"job\":\"roomy\",\"memory_quota\":67108864,"),
             std::string::npos) << out;

@@ -78,6 +78,8 @@ std::string render_metrics(const MetricsInput& in) {
   const SessionFamily families[] = {
       {"pos_session_device_memory_bytes", "gauge", "Device memory a session's job holds.",
        [](const SessionInfo& s) { return s.stats.memory_in_use; }},
+      {"pos_session_memory_quota_bytes", "gauge", "A session's device-memory quota (posd.limits, pos-cli limit; 0: none).",
+       [](const SessionInfo& s) { return s.stats.memory_quota; }},
       {"pos_session_handles", "gauge", "Live handles (buffers, streams, events, ...) of a session.",
        [](const SessionInfo& s) { return s.stats.live_handles; }},
       {"pos_session_arena_bytes", "gauge", "A session's shared-memory arena.",
