@@ -202,15 +202,22 @@ class MigrateGuardian {
   int fd_ = -1;
 };
 
-// The state posd's `ps` gives the session of `pid` ("" when it lists none).
+// The state posd's `ps` gives the session of `pid` ("" when it lists none). A posd may list two
+// for one pid for a moment: the one a job left (a move away and back) still ending while its new
+// one starts; the new one's state is the answer then.
 std::string session_state(const std::string& ps, uint32_t pid) {
-  const size_t at = ps.find("\"pid\":" + std::to_string(pid) + ",");
-  if (at == std::string::npos) return "";
-  const size_t st = ps.find("\"state\":\"", at);
-  const size_t end = ps.find('}', at);
-  if (st == std::string::npos || (end != std::string::npos && st > end)) return "";
-  const size_t b = st + 9, e = ps.find('"', b);
-  return e == std::string::npos ? "" : ps.substr(b, e - b);
+  const std::string key = "\"pid\":" + std::to_string(pid) + ",";
+  std::string found;
+  for (size_t at = ps.find(key); at != std::string::npos; at = ps.find(key, at + 1)) {
+    const size_t st = ps.find("\"state\":\"", at);
+    const size_t end = ps.find('}', at);
+    if (st == std::string::npos || (end != std::string::npos && st > end)) continue;
+    const size_t b = st + 9, e = ps.find('"', b);
+    if (e == std::string::npos) continue;
+    found = ps.substr(b, e - b);
+    if (found != "ending") return found;
+  }
+  return found;
 }
 
 int64_t owner_of(uint32_t pid) {
@@ -225,6 +232,7 @@ int64_t owner_of(uint32_t pid) {
 StatusOr<std::string> settle_live(uint32_t pid, const std::string& to, const std::string& socket, const std::string& token,
                                   const std::string& permit, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const auto listed_by = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   int parked_polls = 0;  // polls (20 ms apart) with both sides detached and no permit
   for (;;) {
     auto tps = posd_control(to, "ps");
@@ -253,6 +261,12 @@ StatusOr<std::string> settle_live(uint32_t pid, const std::string& to, const std
         return Status(rel.code(), 0, "the job runs at the target " + to + ", but its session at the source " + socket +
                                          " could not be released (" + rel.message() + "); it ends with the job");
       return std::string("target");
+    }
+    // Not listed yet: the target's session process can report the restore to pos-cli a moment
+    // before posd lists its session. Only a session that stays unlisted for 2 s is gone.
+    if (ts.empty() && tps.ok() && std::chrono::steady_clock::now() < listed_by) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
     }
     if (ts.empty() || ts == "ending") {
       // Back to the source: a job still parked gets a permit naming no other posd (one that is
