@@ -846,6 +846,13 @@ void POSClient::worker_main() {
   }
 }
 
+// On the worker thread, when its turn of the GPU is over and another job waits (TurnGate): the
+// client's queued work finished, so that the next job's kernels do not queue behind it.
+void POSClient::drain_for_turn(void* self) {
+  auto* c = static_cast<POSClient*>(self);
+  if (c->ws_.backend != nullptr) (void)c->ws_.backend->synchronize_all();
+}
+
 void POSClient::execute_call(APIContext* c) {
   if (cow_job_ != nullptr) {
     if (cow_job_->drained()) cow_job_.reset();
@@ -861,8 +868,11 @@ void POSClient::execute_call(APIContext* c) {
   }
   const ApiFunctions& f = table_->get(c->api_id);
   const uint64_t t_profile = profile_ ? now_ns() : 0;
+  TurnGate* const gate = turn_gate_.load(std::memory_order_acquire);
+  const int turn = gate != nullptr && s.ok() ? gate->enter(&POSClient::drain_for_turn, this) : 0;
   if (s.ok())
     s = f.work != nullptr ? f.work(ws_, *c) : Status::Unsupported(std::string(c->info->name) + " has no worker function");
+  if (turn != 0) gate->done(turn);
   if (profile_) {
     const uint64_t t = now_ns();
     profile_->add_work(static_cast<uint32_t>(c->api_id), t - t_profile);

@@ -84,6 +84,16 @@ struct ClientStats {
 
 class POSClient;
 
+// A gate the worker passes before each call it executes: posd's GPU-time shares (docs/limits.md)
+// wait there for the client's turn of its GPU. `drain(ctx)` finishes the client's queued device
+// work (before its turn is handed on). enter's token goes to done() after the call.
+class TurnGate {
+ public:
+  virtual ~TurnGate() = default;
+  virtual int enter(void (*drain)(void*), void* ctx) = 0;
+  virtual void done(int token) = 0;
+};
+
 // How a client is set up at creation.
 struct ClientOptions {
   // Host memory the client's calls may name (ParserScope::host_ok); size 0: its own process's.
@@ -190,6 +200,9 @@ class POSClient {
   // from the next one on; what it holds is kept.
   void set_memory_quota(uint64_t bytes) { ps_.memory_quota.store(bytes, std::memory_order_relaxed); }
   uint64_t memory_quota() const { return ps_.memory_quota.load(std::memory_order_relaxed); }
+  // The gate the worker passes before each call (null: none). The gate must outlive the client's
+  // worker: clear it only once the client is removed.
+  void set_turn_gate(TurnGate* g) { turn_gate_.store(g, std::memory_order_release); }
   // Opens the device state and starts the parser and worker threads.
   Status start();
   // Same, with the state of an image (handles at their addresses, device bytes) instead of an
@@ -357,6 +370,8 @@ class POSClient {
   // Parser thread state.
   ParserScope ps_;
   uint64_t quota_option_ = ClientOptions::kConfigQuota;  // set_options' memory_quota
+  std::atomic<TurnGate*> turn_gate_{nullptr};
+  static void drain_for_turn(void* self);
   uint64_t last_parsed_pc_ = 0;
   std::unordered_set<Handle*> dirty_;  // parser thread
   Command* parser_cmd_ = nullptr;      // parser thread: command waiting for the worker

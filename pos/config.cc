@@ -441,9 +441,18 @@ class Reader {
              memory_given = true;
              return store(read_size(m, 0), &rule.memory);
            }},
+          {"gpu_share",
+           [&rule](const Entry& g) -> Status {
+             auto t = text_of(g);
+             if (!t.ok()) return t.status();
+             auto pm = parse_share(*t);
+             if (!pm.ok()) return g.error(": " + pm.status().message());
+             rule.gpu_share = *pm;
+             return Status::Ok();
+           }},
       }));
       if (rule.jobs.empty()) return one.error(" names no jobs (jobs: [\"pattern\", ...])");
-      if (!memory_given) return one.error(" sets no limit (memory: SIZE)");
+      if (!memory_given && rule.gpu_share == 0) return one.error(" sets no limit (memory: SIZE, gpu_share: PCT)");
       c_->posd_limits.push_back(std::move(rule));
     }
     return Status::Ok();
@@ -596,7 +605,12 @@ std::string config_to_yaml(const Config& c) {
   for (const Config::JobLimits& r : c.posd_limits) {
     y << YAML::BeginMap << YAML::Key << "jobs" << YAML::Value << YAML::BeginSeq;
     for (const std::string& j : r.jobs) y << YAML::DoubleQuoted << j;
-    y << YAML::EndSeq << YAML::Key << "memory" << YAML::Value << r.memory << YAML::EndMap;
+    y << YAML::EndSeq;
+    if (r.memory != UINT64_MAX) y << YAML::Key << "memory" << YAML::Value << r.memory;
+    if (r.gpu_share != 0)
+      y << YAML::Key << "gpu_share" << YAML::Value
+        << (std::to_string(r.gpu_share / 10) + "." + std::to_string(r.gpu_share % 10) + "%");
+    y << YAML::EndMap;
   }
   y << YAML::EndSeq;
   y << YAML::EndMap;
@@ -647,11 +661,23 @@ StatusOr<Config> config_from_environment() {
   return c;
 }
 
-uint64_t memory_quota_for_job(const Config& c, const std::string& job) {
+namespace {
+const Config::JobLimits* rule_for_job(const Config& c, const std::string& job) {
   for (const Config::JobLimits& r : c.posd_limits)
     for (const std::string& pattern : r.jobs)
-      if (::fnmatch(pattern.c_str(), job.c_str(), 0) == 0) return r.memory;
-  return c.memory_quota;
+      if (::fnmatch(pattern.c_str(), job.c_str(), 0) == 0) return &r;
+  return nullptr;
+}
+}  // namespace
+
+uint64_t memory_quota_for_job(const Config& c, const std::string& job) {
+  const Config::JobLimits* r = rule_for_job(c, job);
+  return r != nullptr && r->memory != UINT64_MAX ? r->memory : c.memory_quota;
+}
+
+uint32_t gpu_share_for_job(const Config& c, const std::string& job) {
+  const Config::JobLimits* r = rule_for_job(c, job);
+  return r != nullptr ? r->gpu_share : 0;
 }
 
 }  // namespace pos

@@ -103,10 +103,11 @@ struct Config {
   } posd_policy;
   // posd.limits: per-job limits by job name (docs/limits.md): the first rule whose `jobs` patterns
   // (shell: "train*", against the session's job name, the program's full file name) match gives
-  // the job's device-memory quota in place of client.memory_quota (0: none).
+  // the job's device-memory quota in place of client.memory_quota (0: none) and its GPU-time share.
   struct JobLimits {
     std::vector<std::string> jobs;
-    uint64_t memory = 0;
+    uint64_t memory = UINT64_MAX;  // UINT64_MAX: not set by this rule (client.memory_quota)
+    uint32_t gpu_share = 0;        // per mille of its GPU's time (0: none)
   };
   std::vector<JobLimits> posd_limits;
   // posd.migration: jobs migrated in from posd on other hosts (pos-cli migrate --to HOST:PORT):
@@ -139,5 +140,7 @@ StatusOr<Config> config_from_environment();
 // The device-memory quota of a job named `job` (posd.limits' first matching rule; else
 // client.memory_quota). 0: none.
 uint64_t memory_quota_for_job(const Config& c, const std::string& job);
+// Its GPU-time share, per mille (posd.limits' first matching rule; 0: none).
+uint32_t gpu_share_for_job(const Config& c, const std::string& job);
 
 }  // namespace pos

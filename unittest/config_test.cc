@@ -452,12 +452,16 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
   auto c = parse_config(
       "client: {memory_quota: 2GiB}\n"
       "posd:\n  limits:\n    - jobs: [\"train*\", \"*/bench/*\"]\n      memory: 8GiB\n"
-      "    - jobs: [\"train-big\"]\n      memory: 16GiB\n    - jobs: [\"free\"]\n      memory: 0\n");
+      "    - jobs: [\"train-big\"]\n      memory: 16GiB\n    - jobs: [\"free\"]\n      memory: 0\n"
+      "    - jobs: [\"shared*\"]\n      gpu_share: 12.5%\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(memory_quota_for_job(*c, "train-big"), 8ull << 30);  // the first rule that matches
   EXPECT_EQ(memory_quota_for_job(*c, "/opt/bench/x"), 8ull << 30);
   EXPECT_EQ(memory_quota_for_job(*c, "free"), 0u);
   EXPECT_EQ(memory_quota_for_job(*c, "eval"), 2ull << 30);  // client.memory_quota
+  EXPECT_EQ(memory_quota_for_job(*c, "shared-1"), 2ull << 30);  // a rule with a share only
+  EXPECT_EQ(gpu_share_for_job(*c, "shared-1"), 125u);
+  EXPECT_EQ(gpu_share_for_job(*c, "train-big"), 0u);
   struct Case {
     std::string yaml, says;
   };
@@ -469,7 +473,9 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
            {"posd: {limits: [{jobs: [a], memory: 1GiB, cpu: 2}]}", "unknown config key 'posd.limits[0].cpu'"},
            {"posd: {limits: [{jobs: a, memory: 1GiB}]}", "posd.limits[0].jobs must be a list"},
            {"posd: {limits: [{jobs: [\"\"], memory: 1GiB}]}", "posd.limits[0].jobs[0] is an empty pattern"},
-           {"posd: {limits: [a]}", "posd.limits[0] must be a mapping"}}) {
+           {"posd: {limits: [a]}", "posd.limits[0] must be a mapping"},
+           {"posd: {limits: [{jobs: [a], gpu_share: 120%}]}", "posd.limits[0].gpu_share"},
+           {"posd: {limits: [{jobs: [a], gpu_share: 0}]}", "posd.limits[0].gpu_share"}}) {
     auto r = parse_config(k.yaml);
     ASSERT_FALSE(r.ok()) << k.yaml;
     EXPECT_NE(r.status().message().find(k.says), std::string::npos) << k.yaml << ": " << r.status().to_string();
@@ -505,7 +511,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
   c.posd_spare_session = true;
-  c.posd_limits = {{{"train*", "a: b"}, 8ull << 30}, {{"*"}, 0}};
+  c.posd_limits = {{{"train*", "a: b"}, 8ull << 30, 0}, {{"*"}, 0, 305}, {{"eval"}, UINT64_MAX, 1000}};
   const std::string text = config_to_yaml(c);
   auto back = parse_config(text);
   ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
@@ -535,11 +541,12 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   EXPECT_EQ(b.posd_isolation, c.posd_isolation);
   EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
   EXPECT_EQ(b.posd_spare_session, c.posd_spare_session);
-  ASSERT_EQ(b.posd_limits.size(), 2u);
-  EXPECT_EQ(b.posd_limits[0].jobs, c.posd_limits[0].jobs);
-  EXPECT_EQ(b.posd_limits[0].memory, c.posd_limits[0].memory);
-  EXPECT_EQ(b.posd_limits[1].jobs, c.posd_limits[1].jobs);
-  EXPECT_EQ(b.posd_limits[1].memory, 0u);
+  ASSERT_EQ(b.posd_limits.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(b.posd_limits[i].jobs, c.posd_limits[i].jobs) << i;
+    EXPECT_EQ(b.posd_limits[i].memory, c.posd_limits[i].memory) << i;
+    EXPECT_EQ(b.posd_limits[i].gpu_share, c.posd_limits[i].gpu_share) << i;
+  }
   // The defaults round-trip too (the empty device list, auto shadow pool, process isolation).
   auto d = parse_config(config_to_yaml(Config{}));
   ASSERT_TRUE(d.ok()) << d.status().to_string();

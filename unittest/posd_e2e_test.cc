@@ -962,6 +962,49 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   std::filesystem::remove(out_file);
 }
 
+// posd.limits' GPU-time shares (#24, docs/limits.md): two posd jobs that always want their device,
+// with shares of 70 % and 30 %, execute calls in about that ratio (their session processes take
+// turns through posd's user's usage region, which lists both with their shares).
+TEST_F(PosdProcess, PosdJobsWithGpuSharesExecuteInTheRatioOfTheirShares) {
+  const std::string base = ::testing::TempDir() + "posd-e2e-shares-" + std::to_string(::getpid());
+  const std::string jobs_dir = base + "-jobs";
+  std::filesystem::remove_all(jobs_dir);
+  const OwnPosd posd(base, "  limits:\n    - jobs: [\"heavy\"]\n      gpu_share: 70%\n"
+                           "    - jobs: [\"light\"]\n      gpu_share: 30%\n",
+                     {"env", "POS_JOBS_DIR=" + jobs_dir});
+  const std::string env = "POS_SOCKET=" + posd.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+                          " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  const std::string train = train_cmd("--steps 1000000");
+  const pid_t heavy = start_job(env, train, "heavy", base + ".heavy", [&] { return posd.ps(); }, [&] { return posd.log_text(); });
+  const pid_t light = start_job(env, train, "light", base + ".light", [&] { return posd.ps(); }, [&] { return posd.log_text(); });
+  // Calls executed per session, from posd's ps.
+  const auto executed = [&](const std::string& job) {
+    const std::string ps = posd.ps();
+    const size_t at = ps.find("\"job\":\"" + job + "\"");
+    const size_t e = at == std::string::npos ? at : ps.find("\"calls_executed\":", at);
+    return e == std::string::npos ? -1LL : std::atoll(ps.c_str() + e + 17);
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both past their start
+  const long long h0 = executed("heavy"), l0 = executed("light");
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const long long dh = executed("heavy") - h0, dl = executed("light") - l0;
+  ASSERT_GT(dh, 0) << posd.ps();
+  ASSERT_GT(dl, 0) << posd.ps();
+  EXPECT_NEAR(double(dh) / double(dh + dl), 0.70, 0.10) << dh << " " << dl;
+  // Both session processes are in the region with their shares.
+  int code = -1;
+  const std::string ps = pos::test::run_shell(env_or_fail("POS_CLI") + " ps --json --socket " + posd.socket +
+                                                  " --jobs-dir " + jobs_dir, &code);
+  EXPECT_NE(ps.find("\"gpu_share\":700,"), std::string::npos) << ps;
+  EXPECT_NE(ps.find("\"gpu_share\":300,"), std::string::npos) << ps;
+  for (pid_t p : {heavy, light}) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  std::filesystem::remove(base + ".heavy");
+  std::filesystem::remove(base + ".light");
+}
+
 // A job that is not root (uid 65534, admitted through posd.group). Detached, it comes back as soon
 // as a permit appears (in /dev/shm, where it can read it; its own, so it may remove it there) and
 // not for a permit of another user; it finishes exactly as an uninterrupted run. pos-cli dump of it

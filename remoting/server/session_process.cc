@@ -364,6 +364,8 @@ SessionSpec spec_from_start(const sc::Start& start, const std::string& job, cons
   spec.devices = config.posd_devices;
   spec.generation = start.generation;
   spec.memory_quota = memory_quota_for_job(config, job);
+  spec.join_usage = true;
+  spec.gpu_share = gpu_share_for_job(config, job);
   spec.stop_fd = stop_fd;
   spec.keep_spinning = [stopping] { return !stopping->load(std::memory_order_acquire); };
   spec.control = control;

@@ -1,6 +1,8 @@
 // session_serve.cc — one session's serving, shared by posd's session threads (posd.isolation:
 // shared) and session processes (process): shared memory, welcome, frame loop, teardown on hang-up.
 #include "remoting/server/session_serve.h"
+#include "remoting/common/job_control.h"
+#include "remoting/server/session_share.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -255,6 +257,20 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     return;
   }
   progress->uuid.store(*uuid, std::memory_order_release);
+  // A session process joins posd's user's usage region: one accounting with that user's in-process
+  // jobs, and its GPU-time share (docs/limits.md). Without the region it runs as before.
+  std::unique_ptr<SessionShare> share;
+  if (spec.join_usage) {
+    if (auto c = ws.find_client(*uuid)) {
+      std::string why;
+      share = SessionShare::join(default_jobs_dir(), c.get(), spec.gpu_share, &why);
+      if (share) c->set_turn_gate(share.get());
+      else if (spec.gpu_share != 0)
+        POS_WARN("posd", "session %lu (pid %d, '%s'): no GPU-time share: %s", (unsigned long)*uuid, spec.pid,
+                 spec.job.c_str(), why.c_str());
+      else POS_DEBUG("posd", "session %lu: not in the usage region: %s", (unsigned long)*uuid, why.c_str());
+    }
+  }
   const Config& cfg = ws.config();
   // The welcome of an attachment: the session memory (memfd, eventfd) and where things are.
   auto welcome = [&](int to) {
@@ -505,6 +521,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   const ClientStats st2 = client ? client->stats() : ClientStats{};
   client.reset();  // the workspace alone owns it while it is removed
   Status rm = ws.remove_client(*uuid);
+  share.reset();  // its worker is gone: the gate goes, and the slot
   const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
   POS_INFO("posd", "session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",
            (unsigned long)*uuid, spec.pid, spec.job.c_str(), end_reason.c_str(), (unsigned long)progress->frames.load(),

@@ -75,6 +75,10 @@ struct SessionSpec {
   std::vector<int32_t> devices;  // posd.devices
   uint64_t generation = 0;       // the client's uuid generation; 0: the workspace's next
   uint64_t memory_quota = ClientOptions::kConfigQuota;  // posd.limits' for the job (0: none)
+  // A session process: it joins posd's user's usage region (one accounting with that user's
+  // in-process jobs) with posd.limits' GPU-time share for the job, per mille (0: none).
+  bool join_usage = false;
+  uint32_t gpu_share = 0;
   int stop_fd = -1;              // readable once the session is to end (posd stopping)
   SessionControl* control = nullptr;  // detach and re-attach; none: a hang-up always ends the session
   // A restored session (pos-cli restore): its client exists already (restored from the image) and
