@@ -145,7 +145,11 @@ Status SessionControl::detach(const wire::DetachRequest& request, std::chrono::m
 
 Status SessionControl::reattach(UniqueFd& fd, UniqueFd& memfd) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (state_.load() != kDetached) return Status::FailedPrecondition("the session is not detached");
+  // A restored session is still starting for a moment after its process told pos-cli the restore
+  // is done (the job, let go at once, may already be here): its re-attach waits for the serving
+  // loop, as one to a detached session does. New sessions have no token, so none comes to them.
+  const int st = state_.load();
+  if (st != kDetached && st != kStarting) return Status::FailedPrecondition("the session is not detached");
   if (pending_) return Status::Busy("another re-attach is under way");
   pending_ = std::move(fd);
   pending_memfd_ = std::move(memfd);
