@@ -336,6 +336,23 @@ int dump(const DumpArgs& a, bool pre) {
 // `pos-cli limit -t PID [--memory SIZE] [--gpu-share PCT]`: a job's limits, shown, or changed first
 // (docs/limits.md): an in-process job's through its control socket, a posd job's through posd.
 // "0" removes the memory limit or the share.
+// " memory=BYTES" after `cmd` for --memory SIZE ("0": none; empty: nothing); false, said on
+// stderr, when SIZE does not parse.
+bool append_memory(const std::string& memory, std::string* cmd) {
+  if (memory.empty()) return true;
+  uint64_t bytes = 0;
+  if (memory != "0") {
+    auto b = pos::parse_size(memory);
+    if (!b.ok()) {
+      std::fprintf(stderr, "pos-cli limit: --memory %s: %s\n", pos::printable(memory, 64).c_str(), b.status().message().c_str());
+      return false;
+    }
+    bytes = *b;
+  }
+  *cmd += " memory=" + std::to_string(bytes);
+  return true;
+}
+
 // A job under posd: its session's device-memory quota, through posd (`limit PID [memory=BYTES]`).
 int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, const std::string& memory,
                const std::string& gpu_share, bool json) {
@@ -345,18 +362,7 @@ int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, 
     return 1;
   }
   std::string cmd = "limit " + std::to_string(pid);
-  if (!memory.empty()) {
-    uint64_t bytes = 0;
-    if (memory != "0") {
-      auto b = pos::parse_size(memory);
-      if (!b.ok()) {
-        std::fprintf(stderr, "pos-cli limit: --memory %s: %s\n", pos::printable(memory, 64).c_str(), b.status().message().c_str());
-        return 2;
-      }
-      bytes = *b;
-    }
-    cmd += " memory=" + std::to_string(bytes);
-  }
+  if (!append_memory(memory, &cmd)) return 2;
   auto a = pos::posd_control(socket, cmd);
   if (!a.ok()) {
     std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job in %s, and posd (%s) says: %s\n", pid,
@@ -391,18 +397,7 @@ int limit(int pid, const std::string& jobs_dir, const std::string& socket, const
   const JobTarget t = find_job(pid, jobs_dir);
   if (!t.inproc) return limit_posd(pid, socket, t.jobs_dir, memory, gpu_share, json);
   std::string cmd = "limit";
-  if (!memory.empty()) {
-    uint64_t bytes = 0;
-    if (memory != "0") {
-      auto b = pos::parse_size(memory);
-      if (!b.ok()) {
-        std::fprintf(stderr, "pos-cli limit: --memory %s: %s\n", pos::printable(memory, 64).c_str(), b.status().message().c_str());
-        return 2;
-      }
-      bytes = *b;
-    }
-    cmd += " memory=" + std::to_string(bytes);
-  }
+  if (!append_memory(memory, &cmd)) return 2;
   if (!gpu_share.empty()) {
     uint32_t pm = 0;
     if (gpu_share != "0" && gpu_share != "0%") {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -40,8 +41,9 @@ class UsageRegionTest : public ::testing::Test {
     }
     fs::remove_all(dir_);
   }
-  // A child that joins with `used` bytes, says so on a pipe, and stays until killed.
-  pid_t joined_child(uint64_t used) {
+  // A child that joins with `used` bytes on device 0, does `then` with its slot (which must say
+  // yes), says so on a pipe, and stays until killed.
+  pid_t joined_child(uint64_t used, const std::function<bool(pos::UsageRegion&, int)>& then = {}) {
     int p[2];
     EXPECT_EQ(::pipe(p), 0);
     const pid_t c = ::fork();
@@ -55,7 +57,8 @@ class UsageRegionTest : public ::testing::Test {
         e.start_time = pos::process_start_time(e.pid);
         e.device = 0;
         e.memory_used = used;
-        if ((*r)->join(e).ok()) ok = 'y';
+        auto slot = (*r)->join(e);
+        if (slot.ok() && (!then || then(**r, *slot))) ok = 'y';
       }
       (void)!::write(p[1], &ok, 1);
       for (;;) ::pause();
@@ -371,36 +374,12 @@ TEST_F(ShareTest, AHolderWaitingOnItsOwnWorkKeepsItsTurnButNotForMoreThanASecond
 
 TEST_F(ShareTest, ATurnHeldByAProcessKilledWithSigkillGoesToTheWaitingJob) {
   const int mine = job(0, 400);
-  int p[2];
-  ASSERT_EQ(::pipe(p), 0);
-  const pid_t c = ::fork();
-  if (c == 0) {
-    ::close(p[0]);
-    auto r = pos::UsageRegion::open(path_);
-    char ok = 'n';
-    if (r.ok()) {
-      pos::UsageRegion::Entry e;
-      e.pid = static_cast<uint32_t>(::getpid());
-      e.start_time = pos::process_start_time(e.pid);
-      auto slot = (*r)->join(e);
-      if (slot.ok()) {
-        (*r)->set_device(*slot, 0);
-        const uint64_t now = pos::steady_now_ns();
-        if ((*r)->set_share(*slot, 600).ok() && (*r)->pass(*slot, 0, now) == pos::UsageRegion::Pass::kGo) {
-          (*r)->busy(*slot, +1, now);  // killed inside a launch
-          ok = 'y';
-        }
-      }
-    }
-    (void)!::write(p[1], &ok, 1);
-    for (;;) ::pause();
-  }
-  ::close(p[1]);
-  char ok = 0;
-  ASSERT_EQ(::read(p[0], &ok, 1), 1);
-  ::close(p[0]);
-  ASSERT_EQ(ok, 'y');
-  children_.push_back(c);
+  const pid_t c = joined_child(0, [](pos::UsageRegion& r, int slot) {
+    const uint64_t now = pos::steady_now_ns();
+    if (!r.set_share(slot, 600).ok() || r.pass(slot, 0, now) != pos::UsageRegion::Pass::kGo) return false;
+    r.busy(slot, +1, now);  // killed inside a launch
+    return true;
+  });
   const uint64_t now = pos::steady_now_ns();
   EXPECT_EQ(r_->pass(mine, 0, now), pos::UsageRegion::Pass::kWait);
   ::kill(c, SIGKILL);
