@@ -33,6 +33,7 @@
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/process_info.h"
+#include "remoting/common/share_gate.h"
 #include "remoting/common/usage_region.h"
 #include "remoting/driver/app_vmm.h"
 #include "remoting/driver/device_image.h"
@@ -41,7 +42,6 @@
 #include "remoting/driver/held_memory.h"
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/memory_limit.h"
-#include "remoting/driver/share_gate.h"
 #include "remoting/driver/placement.h"
 #include "remoting/driver/snapshot.h"
 
@@ -92,7 +92,7 @@ struct Runtime {
   // as the region took it (it refuses shares that add up past the GPU): under usage_mu.
   uint32_t share_wanted = 0, share_set = 0;
   std::string share_error;  // under usage_mu
-  ShareGate share;          // launches wait here for the job's turn when its GPU is contended
+  pos::ShareGate share;     // launches wait here for the job's turn when its GPU is contended
   // The job's driver work passes this gate (every hook but cuGetProcAddress); a dump closes it so
   // that nothing touches device memory while POS saves and unmaps it (docs/driver_runtime.md).
   pos::Gate gate;

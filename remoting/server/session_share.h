@@ -3,7 +3,7 @@
 // one accounting, and its worker passes the GPU-time scheduler's gate before each call.
 //
 // The TurnGate (pos/client.h) the session's client passes; the scheduler is the in-process jobs'
-// (remoting/driver/share_gate.h on remoting/common/usage_region.h). The slot is the session
+// (remoting/common/share_gate.h on remoting/common/usage_region.h). The slot is the session
 // process's (its pid lives as long as the session's device state).
 #pragma once
 
@@ -13,7 +13,7 @@
 
 #include "pos/client.h"
 #include "remoting/common/usage_region.h"
-#include "remoting/driver/share_gate.h"
+#include "remoting/common/share_gate.h"
 
 namespace pos {
 
@@ -37,7 +37,7 @@ class SessionShare final : public TurnGate {
   std::unique_ptr<UsageRegion> region_;
   int slot_;
   POSClient* client_;  // outlived by this gate's users only (set_turn_gate's rule)
-  driver::ShareGate gate_;
+  ShareGate gate_;
 };
 
 }  // namespace pos
