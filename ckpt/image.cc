@@ -692,7 +692,12 @@ Status validate_client(const pb::ClientImage& c, const std::vector<uint64_t>& me
     if (has_bytes != h.has_memory()) return Status::Corrupt(who + ": device bytes missing or unexpected");
     if (has_bytes) {
       const pb::BlobRef& r = h.memory();
-      if (r.in_parent()) {
+      if (r.in_peer()) {
+        // Held by the source session of a migration: a buffer's, and nothing else said of it.
+        if (h.type() != kTypeMemory || r.in_parent() || r.offset() != 0 || r.length() != 0 || r.chunk_size() != 0 ||
+            r.chunk_crc_size() != 0 || r.file() != 0 || r.stripes() != 0)
+          return Status::Corrupt(who + ": bytes in a peer session, but the record says more (or is a variable)");
+      } else if (r.in_parent()) {
         if (!has_parent) return Status::Corrupt(who + ": refers to a parent image, but the image has none");
       } else {
         if (r.length() != h.size()) return Status::Corrupt(who + ": blob length differs from the buffer size");
@@ -963,6 +968,10 @@ StatusOr<std::pair<const ImageReader*, const pb::BlobRef*>> ImageReader::resolve
   const ImageReader* img = this;
   const pb::HandleRecord* rec = &h;
   for (int depth = 0; depth <= kMaxParentDepth; ++depth) {
+    if (rec->memory().in_peer())
+      return Status::FailedPrecondition("handle " + std::to_string(h.id()) +
+                                        ": its bytes were handed over by a peer session (a migration's scratch image), "
+                                        "not stored in the image");
     if (!rec->memory().in_parent()) return std::make_pair(img, &rec->memory());
     img = img->parent_.get();
     if (img == nullptr) return Status::Corrupt("handle " + std::to_string(h.id()) + ": no parent image holds its bytes");

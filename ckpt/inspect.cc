@@ -70,6 +70,7 @@ std::string handle_json(const pb::HandleRecord& h) {
   }
   if (h.has_memory()) {
     if (h.memory().in_parent()) o += ",\"memory\":{\"in_parent\":true}";
+    else if (h.memory().in_peer()) o += ",\"memory\":{\"in_peer\":true}";
     else
       o += fmt(",\"memory\":{\"in_parent\":false,\"offset\":%" PRIu64 ",\"length\":%" PRIu64 ",\"chunks\":%d}",
                h.memory().offset(), h.memory().length(), h.memory().chunk_crc_size());
@@ -91,7 +92,7 @@ StatusOr<VerifyReport> verify_image(const ImageReader& image,
     ++r.images;
     const std::string where = img->dir().empty() ? std::string("memory image") : img->dir();
     for (const auto& h : img->client().handles()) {
-      if (!h.has_memory() || h.memory().in_parent()) continue;
+      if (!h.has_memory() || h.memory().in_parent() || h.memory().in_peer()) continue;
       const pb::BlobRef& ref = h.memory();
       ++r.blobs;
       const uint64_t chunk = ref.chunk_size();
@@ -199,6 +200,7 @@ std::string describe_image(const ImageReader& image, const DescribeOptions& opti
     out += fmt(" v%" PRIu64, h.version());
     if (h.has_memory()) {
       if (h.memory().in_parent()) out += " [in parent]";
+      else if (h.memory().in_peer()) out += " [in peer session]";
       else out += fmt(" [blob @%" PRIu64 ", %d chunks]", h.memory().offset(), h.memory().chunk_crc_size());
     }
     out += "\n";

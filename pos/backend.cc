@@ -2,11 +2,57 @@
 // The backends themselves live in pos/backends/; pos/backends/factory.cc picks one.
 #include "pos/backend.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 
+#include "pos/base/hex.h"
 
 namespace pos {
+
+void PeerMemory::close_fd() {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+StatusOr<std::vector<size_t>> check_peer_memory(const std::vector<PeerMemory>& ranges,
+                                                const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
+                                                uint64_t align) {
+  if (align == 0) align = 1;
+  std::vector<size_t> order(ranges.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a].addr < ranges[b].addr; });
+  uint64_t end = 0;
+  for (size_t i : order) {
+    const PeerMemory& r = ranges[i];
+    const std::string what = "peer memory " + hex(r.addr) + " + " + std::to_string(r.size);
+    if (r.fd < 0) return Status::InvalidArgument(what + " came without its descriptor");
+    if (r.size == 0 || r.addr % align != 0 || r.size % align != 0)
+      return Status::InvalidArgument(what + " is empty or not aligned to " + std::to_string(align) + " bytes");
+    if (r.addr < base || r.size > span || r.addr - base > span - r.size)
+      return Status::InvalidArgument(what + " lies outside the client's range " + hex(base) + " + " + hex(span));
+    if (r.addr < end) return Status::InvalidArgument(what + " overlaps another range");
+    end = r.addr + r.size;
+  }
+  std::vector<size_t> at;
+  at.reserve(buffers.size());
+  for (const PeerBuffer& b : buffers) {
+    // The last range starting at or below the buffer must hold all of it.
+    auto it = std::upper_bound(order.begin(), order.end(), b.addr,
+                               [&](uint64_t a, size_t i) { return a < ranges[i].addr; });
+    if (it == order.begin())
+      return Status::InvalidArgument("buffer " + hex(b.addr) + " is in none of the memory handed over");
+    const PeerMemory& r = ranges[*std::prev(it)];
+    if (b.size == 0 || b.addr - r.addr > r.size || b.size > r.size - (b.addr - r.addr))
+      return Status::InvalidArgument("buffer " + hex(b.addr) + " + " + std::to_string(b.size) +
+                                     " is not inside the memory handed over");
+    at.push_back(*std::prev(it));
+  }
+  return at;
+}
 
 bool DeviceBackend::try_reserve(uint64_t bytes) {
   uint64_t cur = reserved_.load();

@@ -22,6 +22,44 @@ struct Config;
 // client's legacy default stream.
 using BackendObj = uint64_t;
 
+// Device memory one client hands to another of this host (pos-cli migrate's peer switch,
+// docs/migration.md): `fd` is a shareable descriptor (the CUDA backend: a POSIX-descriptor handle of
+// a VMM allocation; the host backend: a memfd holding a copy) of the memory that backs
+// [addr, addr + size) in the exporting client. Move-only; owns fd.
+struct PeerMemory {
+  uint64_t addr = 0, size = 0;
+  int fd = -1;
+  PeerMemory() = default;
+  PeerMemory(uint64_t a, uint64_t n, int f) : addr(a), size(n), fd(f) {}
+  PeerMemory(PeerMemory&& o) noexcept : addr(o.addr), size(o.size), fd(o.fd) { o.fd = -1; }
+  PeerMemory& operator=(PeerMemory&& o) noexcept {
+    if (this != &o) {
+      close_fd();
+      addr = o.addr, size = o.size, fd = o.fd;
+      o.fd = -1;
+    }
+    return *this;
+  }
+  PeerMemory(const PeerMemory&) = delete;
+  PeerMemory& operator=(const PeerMemory&) = delete;
+  ~PeerMemory() { close_fd(); }
+
+ private:
+  void close_fd();
+};
+
+// A buffer to fill from peer memory: [addr, addr + size) at the same addresses in both clients.
+struct PeerBuffer {
+  uint64_t addr = 0, size = 0;
+};
+
+// Checks what a peer hands over before anything is mapped (both backends): ranges inside
+// [base, base + span), `align`-aligned, not overlapping, each with a descriptor; every buffer inside
+// one range. Returns, per buffer, the index of its range.
+StatusOr<std::vector<size_t>> check_peer_memory(const std::vector<PeerMemory>& ranges,
+                                                const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
+                                                uint64_t align);
+
 struct FunctionInfo {
   BackendObj obj = 0;
   bool found = false;  // false: the device has no such kernel (launch fails, registration does not)
@@ -118,6 +156,20 @@ class BackendClient {
 
   // A copier for the checkpoint engine (see DeviceCopier); may be handed to another thread.
   virtual StatusOr<std::unique_ptr<DeviceCopier>> make_copier() = 0;
+
+  // pos-cli migrate's peer switch (docs/migration.md). export_memory: descriptors of all the memory
+  // that backs this client's allocations, once its work is done (the caller synchronized).
+  // copy_from_peer: each buffer's bytes, from another client's exported memory at the same
+  // addresses, into this client's (its allocations exist: a restore made them). Ranges are checked
+  // (check_peer_memory) before anything is mapped; a failure leaves this client's memory as it was
+  // or partly copied, never anything else touched.
+  virtual StatusOr<std::vector<PeerMemory>> export_memory() {
+    return Status::Unsupported("this backend cannot hand its device memory to another session");
+  }
+  virtual Status copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) {
+    (void)ranges, (void)buffers;
+    return Status::Unsupported("this backend cannot take device memory from another session");
+  }
 };
 
 // A device backend. Thread-safe: clients are opened from the workspace's control thread and used

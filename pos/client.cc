@@ -729,6 +729,14 @@ Status POSClient::lost_device() const {
                 "client " + std::to_string(uuid_) + " lost its device state in a failed device move");
 }
 
+StatusOr<std::vector<PeerMemory>> POSClient::export_peer_memory() {
+  if (lazy_) POS_RETURN_IF_ERROR(lazy_->wait().with_context("its lazy restore did not load every buffer"));
+  Command cmd;
+  cmd.type = CommandType::kExportMemory;
+  POS_RETURN_IF_ERROR(run_command(cmd).with_context("handing out the device memory of client " + std::to_string(uuid_)));
+  return std::move(cmd.peer);
+}
+
 void POSClient::note_device_stays(int to) {
   if (told_device_stays_) return;
   told_device_stays_ = true;
@@ -917,6 +925,12 @@ void POSClient::execute_command(Command* cmd) {
     return;
   }
   cmd->status = backend_client_->synchronize_all();
+  if (cmd->type == CommandType::kExportMemory && cmd->status.ok()) {
+    auto peer = backend_client_->export_memory();
+    if (peer.ok()) cmd->peer = std::move(*peer);
+    else cmd->status = peer.status();
+    return;
+  }
   if (cmd->type != CommandType::kCheckpoint || !cmd->status.ok()) return;
   CheckpointJob& job = *cmd->job;
   // The device of every call before the cut (a cudaSetDevice may have moved the client).

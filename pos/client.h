@@ -35,6 +35,7 @@ enum class CommandType : uint8_t {
   kQuiesce,       // cut at N: every call < N has executed on the device, none >= N has started
   kCollectDirty,  // cut at N and report (then clear) the handles written since the last collection
   kCheckpoint,    // cut at N and drain the client's state into job's image (sync or async)
+  kExportMemory,  // cut at N and hand out descriptors of the client's device memory (peer switch)
 };
 
 struct DirtyRecord {
@@ -52,6 +53,7 @@ struct Command {
   std::vector<DirtyRecord> dirty;  // kCollectDirty, sorted by handle id
   uint64_t generation = 0;         // set by run_command; completion is signalled per client
   std::shared_ptr<CheckpointJob> job;  // kCheckpoint
+  std::vector<PeerMemory> peer;        // kExportMemory: the answer
 };
 
 // pos_process → worker-completion latency: 50 ns buckets up to 2 ms, then 10 us buckets up to 2 s.
@@ -225,6 +227,11 @@ class POSClient {
   // A client still being restored lazily finishes loading first; if a buffer could not be
   // loaded, the checkpoint is refused with that error (the image would not be the job's state).
   StatusOr<CheckpointResult> checkpoint(CheckpointRequest request);
+  // pos-cli migrate's peer switch: descriptors of all of the client's device memory, at a cut
+  // (every call before it done on the device). Meant for a client whose job is detached, so that
+  // nothing writes the memory while another session copies it. A lazily restored client finishes
+  // loading first.
+  StatusOr<std::vector<PeerMemory>> export_peer_memory();
   // A lazily restored client: waits until every buffer is loaded (the error of one that could
   // not be, if any). Ok at once for any other client. Thread-safe.
   Status wait_restored();

@@ -804,6 +804,7 @@ struct MigrateArgs {
   uint32_t max_rounds = 5;
   double max_downtime_ms = 300;
   bool eager = false, keep_images = false, json = false, move_process = false, settle = false;
+  bool no_peer = false;
 };
 
 std::string gb(uint64_t b) {
@@ -854,9 +855,13 @@ int migrate(const MigrateArgs& a) {
   o.lazy = !a.eager;
   o.keep_images = a.keep_images;
   o.move_process = a.move_process;
+  o.peer = !a.no_peer;
   o.self_program = self_program();
   const bool tty = ::isatty(STDERR_FILENO) == 1;
-  if (tty && !a.json) std::fprintf(stderr, "migrate: round 1 (the whole GPU state)...");
+  // One host, the process kept: the peer switch needs no rounds.
+  const bool peer = o.peer && !a.move_process && a.to.find('/') != std::string::npos;
+  if (tty && !a.json)
+    std::fprintf(stderr, peer ? "migrate: detaching the job..." : "migrate: round 1 (the whole GPU state)...");
   o.progress = [&](const char* ev, const pos::JobMigrateOptions::Round& r) {
     if (!tty || a.json) return;
     const std::string e = ev;
@@ -867,6 +872,8 @@ int migrate(const MigrateArgs& a) {
                    "now would take about %.3f s + %s...",
                    r.n, gb(r.bytes).c_str(), gb(r.bytes_referenced).c_str(), r.seconds, r.rate / 1e9, gb(r.bytes).c_str(),
                    r.seconds, a.move_process || a.to.find('/') == std::string::npos ? "CRIU" : "the restore");
+    else if (e == "switch" && peer)
+      std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (its device memory goes device to device)...");
     else if (e == "switch")
       std::fprintf(stderr, "\r\033[Kmigrate: stopping the job (about %s left to copy)...", gb(r.bytes).c_str());
     else if (e == "restore")
@@ -895,14 +902,16 @@ int migrate(const MigrateArgs& a) {
     std::printf("{\"pid\":%u,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
                 "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
-                "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s}\n",
+                "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s,\"peer\":%s,\"peer_bytes\":%llu,"
+                "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f}\n",
                 r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
                 r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false",
                 r->remote ? "true" : "false", r->same_host ? "true" : "false", (unsigned long long)r->final_sent,
                 r->commit_answer_lost ? "true" : "false", r->live ? "true" : "false",
-                pos::json_string(r->release_error).c_str());
+                pos::json_string(r->release_error).c_str(), r->peer ? "true" : "false",
+                (unsigned long long)r->peer_bytes, r->peer_export_s, r->target_copy_s);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -910,7 +919,12 @@ int migrate(const MigrateArgs& a) {
     const char* why = r->stop_reason == "budget"      ? "the last round fits the downtime budget"
                       : r->stop_reason == "converged" ? "the rounds stopped shrinking"
                                                       : "the round limit";
-    if (r->where == "target")
+    if (r->where == "target" && r->peer)
+      std::printf("migrated pid %u to %s device to device: %s of GPU memory handed over (export %.3f s, the "
+                  "target's copy and handles %.3f s); downtime %.3f s, total %.3f s\n",
+                  r->pid, a.to.c_str(), gb(r->peer_bytes).c_str(), r->peer_export_s, r->target_copy_s, r->downtime_s,
+                  r->total_s);
+    else if (r->where == "target")
       std::printf("migrated pid %u to %s after %zu round(s) (%s): stop %.3f s (%s of GPU state), restore %.3f s; "
                   "downtime %.3f s, total %.3f s\n",
                   r->pid, a.to.c_str(), r->rounds.size(), why, r->dump_s, gb(r->final_bytes).c_str(), r->restore_s,
@@ -1098,6 +1112,9 @@ int main(int argc, char** argv) {
   migrate_cmd->add_flag("--move-process", ma.move_process,
                         "on one host, move the job's process too (CRIU dump and restore under the target) instead of "
                         "keeping it and moving only its GPU state (the default)");
+  migrate_cmd->add_flag("--no-peer", ma.no_peer,
+                        "on one host with the process kept: copy the GPU state in pre-copy rounds through image files "
+                        "instead of handing the job's device memory to the target device to device (the default)");
   migrate_cmd->add_flag("--json", ma.json, "one JSON report");
   migrate_cmd->add_option("--socket", ma.socket, "the posd the job runs under")->capture_default_str();
   migrate_cmd->add_option("--jobs-dir", ma.jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");

@@ -1,5 +1,7 @@
 // checkpoint_test.cc — the checkpoint engine end to end: sync, async copy-on-write and incremental
 // images, restore at the same addresses, bad images refused, and crashes mid-dump (fault points).
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,11 +14,15 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
+#include "pos/base/hex.h"
 #include "pos/base/text.h"
 #include "pos/checkpoint/restore_gate.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
+#include "remoting/common/socket_io.h"
+#include "remoting/common/wire.h"
 #include "remoting/inproc/inproc_transport.h"
+#include "remoting/server/peer_transfer.h"
 
 namespace pos::test {
 namespace {
@@ -606,6 +612,196 @@ TEST_F(CheckpointTest, ASecondCheckpointWhileOneIsDrainingIsBusy) {
   t.join();
   EXPECT_TRUE(first.ok()) << first.status().to_string();
   EXPECT_FALSE(fs::exists(temp_dir("busy2")));
+}
+
+// pos-cli migrate's peer switch (docs/migration.md): a peer image stores no buffer bytes (each is
+// marked in_peer), the client hands out its memory as descriptors, and a restore given that memory
+// copies every buffer from it; the same image without it, or lazily, is refused.
+TEST_F(CheckpointTest, APeerImageStoresNoBufferBytesAndRestoresOnlyFromTheMemoryHandedOver) {
+  build_state();
+  const std::string d = temp_dir("peer");
+  CheckpointRequest req = to_dir(d);
+  req.peer = true;
+  auto r = dump(std::move(req));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GE(r->bytes_referenced, 4096u + (20u << 20) + 777 * 4);
+  {
+    auto img = ckpt::ImageReader::open_dir(d);
+    ASSERT_TRUE(img.ok()) << img.status().to_string();
+    int peer = 0;
+    for (const auto& h : (*img)->client().handles())
+      if (h.has_memory() && h.type() == static_cast<uint32_t>(ResourceType::kMemory)) {
+        EXPECT_TRUE(h.memory().in_peer()) << h.addr();
+        EXPECT_EQ(h.memory().length(), 0u);
+        ++peer;
+      }
+    EXPECT_EQ(peer, 3);
+    const auto& f = (*img)->inventory().features();
+    EXPECT_NE(std::find(f.begin(), f.end(), "peer"), f.end());
+  }
+  auto mem = live_client().export_peer_memory();
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  uint64_t bytes = 0;
+  for (const PeerMemory& m : *mem) {
+    EXPECT_GE(m.fd, 0);
+    bytes += m.size;
+  }
+  EXPECT_GE(bytes, 4096u + (20u << 20) + 777 * 4);
+  ASSERT_TRUE(ws_->remove_client(client().uuid).ok());
+  // From files: refused by name, nothing restored.
+  Status files = restore_from(d);
+  EXPECT_EQ(files.code(), Code::kFailedPrecondition) << files.to_string();
+  EXPECT_NE(files.message().find("peer session"), std::string::npos) << files.to_string();
+  RestoreOptions lazy;
+  lazy.lazy = true;
+  lazy.peer = &*mem;
+  EXPECT_EQ(restore_from(d, lazy).code(), Code::kInvalidArgument);
+  // Memory that lacks a buffer: refused before anything is copied.
+  std::vector<PeerMemory> partial;
+  for (PeerMemory& m : *mem)
+    if (!(m.addr <= big_ && big_ < m.addr + m.size)) partial.emplace_back(m.addr, m.size, ::dup(m.fd));
+  RestoreOptions some;
+  some.peer = &partial;
+  Status lacking = restore_from(d, some);
+  EXPECT_EQ(lacking.code(), Code::kInvalidArgument) << lacking.to_string();
+  EXPECT_NE(lacking.message().find(pos::hex(big_)), std::string::npos) << lacking.to_string();
+  RestoreOptions all;
+  all.peer = &*mem;
+  Status s = restore_from(d, all);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_state();
+}
+
+// A record that claims its bytes are in a peer session and also says where they are stored (or is
+// a variable, whose bytes are always stored) is damage: refused at open.
+TEST_F(CheckpointTest, AnInPeerRecordThatAlsoNamesStoredBytesIsRefusedAsCorrupt) {
+  build_state();
+  const std::string d = temp_dir("peer-damaged-src");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  const std::string c = edited_copy(d, "peer-damaged", [&](ckpt::pb::Inventory&, ckpt::pb::ClientImage& img) {
+    for (auto& h : *img.mutable_handles())
+      if (h.addr() == big_) h.mutable_memory()->set_in_peer(true);  // offset, length and checksums stay
+  });
+  auto img = ckpt::ImageReader::open_dir(c);
+  ASSERT_FALSE(img.ok());
+  EXPECT_EQ(img.status().code(), Code::kCorrupt) << img.status().to_string();
+  EXPECT_NE(img.status().message().find("peer session"), std::string::npos) << img.status().to_string();
+}
+
+TEST(PeerMemoryCheck, RangesOutsideTheClientOverlappingUnalignedOrWithoutADescriptorAndBuffersOutsideThemAreRefused) {
+  const uint64_t base = 1ull << 40, span = 1ull << 30, g = 2u << 20;
+  auto ranges = [](std::initializer_list<std::tuple<uint64_t, uint64_t, int>> l) {
+    std::vector<PeerMemory> v;
+    for (const auto& [a, n, fd] : l) v.emplace_back(a, n, fd < 0 ? -1 : ::dup(fd));
+    return v;
+  };
+  const int fd = 0;  // any open descriptor: check_peer_memory never reads it
+  auto ok = check_peer_memory(ranges({{base + 4 * g, g, fd}, {base, 2 * g, fd}}),
+                              {{base + 4 * g + 16, 64}, {base + g, g}, {base, 8}}, base, span, g);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok, (std::vector<size_t>{0, 1, 1}));
+  struct Bad {
+    std::vector<PeerMemory> rs;
+    std::vector<PeerBuffer> bs;
+    std::string says;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({ranges({{base - g, g, fd}}), {}, "outside the client's range"});
+  bad.push_back({ranges({{base + span - g, 2 * g, fd}}), {}, "outside the client's range"});
+  bad.push_back({ranges({{base, 2 * g, fd}, {base + g, g, fd}}), {}, "overlaps"});
+  bad.push_back({ranges({{base + 4096, g, fd}}), {}, "not aligned"});
+  bad.push_back({ranges({{base, 0, fd}}), {}, "empty"});
+  bad.push_back({ranges({{base, g, -1}}), {}, "without its descriptor"});
+  bad.push_back({ranges({{base + g, g, fd}}), {{base, 8}}, "in none of the memory"});
+  bad.push_back({ranges({{base, g, fd}}), {{base + g - 8, 16}}, "not inside the memory"});
+  bad.push_back({ranges({{base, g, fd}}), {{base, 0}}, "not inside the memory"});
+  for (const Bad& b : bad) {
+    auto r = check_peer_memory(b.rs, b.bs, base, span, g);
+    ASSERT_FALSE(r.ok()) << b.says;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << r.status().to_string();
+  }
+}
+
+// The peer table on a socket: what send_peer_table sends arrives whole, each range with a working
+// descriptor; a failure header, a range without its descriptor, ranges out of order and a byte count
+// that does not add up are refused.
+TEST(PeerTable, ATableArrivesWithEveryDescriptorAndMalformedTablesAreRefused) {
+  auto pair = [] {
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    return std::make_pair(UniqueFd(sv[0]), UniqueFd(sv[1]));
+  };
+  auto memfd_with = [](char c) {
+    const int fd = ::memfd_create("peer-test", MFD_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::pwrite(fd, &c, 1, 0), 1);
+    return fd;
+  };
+  {
+    auto [a, b] = pair();
+    std::vector<PeerMemory> out;
+    out.emplace_back(0x1000, 4096, memfd_with('x'));
+    out.emplace_back(0x3000, 8192, memfd_with('y'));
+    ASSERT_TRUE(send_peer_table(a.get(), out).ok());
+    auto in = recv_peer_table(b.get());
+    ASSERT_TRUE(in.ok()) << in.status().to_string();
+    ASSERT_EQ(in->size(), 2u);
+    EXPECT_EQ((*in)[1].addr, 0x3000u);
+    EXPECT_EQ((*in)[1].size, 8192u);
+    char c = 0;
+    EXPECT_EQ(::pread((*in)[1].fd, &c, 1, 0), 1);
+    EXPECT_EQ(c, 'y');
+  }
+  {
+    auto [a, b] = pair();
+    ASSERT_TRUE(send_peer_failure(a.get(), Status::Unsupported("no shareable handle")).ok());
+    auto in = recv_peer_table(b.get());
+    EXPECT_EQ(in.status().code(), Code::kUnsupported);
+    EXPECT_NE(in.status().message().find("no shareable handle"), std::string::npos);
+  }
+  auto header = [](uint32_t count, uint64_t bytes) {
+    wire::PeerHeader h;
+    h.count = count, h.bytes = bytes;
+    return h;
+  };
+  {  // a range without its descriptor
+    auto [a, b] = pair();
+    wire::PeerHeader h = header(1, 4096);
+    wire::PeerRange r;
+    r.addr = 0x1000, r.size = 4096;
+    ASSERT_TRUE(send_all(a.get(), &h, sizeof(h)).ok());
+    ASSERT_TRUE(send_all(a.get(), &r, sizeof(r)).ok());
+    auto in = recv_peer_table(b.get());
+    EXPECT_EQ(in.status().code(), Code::kInvalidArgument) << in.status().to_string();
+    EXPECT_NE(in.status().message().find("without its descriptor"), std::string::npos);
+  }
+  {  // out of order
+    auto [a, b] = pair();
+    wire::PeerHeader h = header(1, 4096);
+    wire::PeerRange r;
+    r.index = 5, r.addr = 0x1000, r.size = 4096;
+    const int fd = memfd_with('z');
+    ASSERT_TRUE(send_all(a.get(), &h, sizeof(h)).ok());
+    ASSERT_TRUE(send_with_fds(a.get(), &r, sizeof(r), {fd}).ok());
+    ::close(fd);
+    EXPECT_EQ(recv_peer_table(b.get()).status().code(), Code::kCorrupt);
+  }
+  {  // bytes that do not add up, and a count past the limit
+    auto [a, b] = pair();
+    wire::PeerHeader h = header(1, 1);
+    wire::PeerRange r;
+    r.addr = 0x1000, r.size = 4096;
+    const int fd = memfd_with('z');
+    ASSERT_TRUE(send_all(a.get(), &h, sizeof(h)).ok());
+    ASSERT_TRUE(send_with_fds(a.get(), &r, sizeof(r), {fd}).ok());
+    ::close(fd);
+    EXPECT_EQ(recv_peer_table(b.get()).status().code(), Code::kCorrupt);
+    auto [c, e] = pair();
+    wire::PeerHeader big = header(wire::kMaxPeerRanges + 1, 0);
+    ASSERT_TRUE(send_all(c.get(), &big, sizeof(big)).ok());
+    EXPECT_EQ(recv_peer_table(e.get()).status().code(), Code::kInvalidArgument);
+  }
 }
 
 TEST_F(CheckpointTest, AnIncrementalChainStoresOnlyWrittenBuffersAndRestoresThemAll) {

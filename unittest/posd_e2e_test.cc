@@ -820,7 +820,8 @@ TEST_F(PosdProcess, PosdKilledMidDumpFailsTheDumpAndTheLastGoodImageStillRestore
 }
 
 // Only root and the job's own user may dump or restore it: a user posd admits (its group) who asks to
-// detach, checkpoint or restore root's job is refused with the reason, and the job runs on untouched.
+// detach, checkpoint, restore or hand out the memory of root's job is refused with the reason, and
+// the job runs on untouched; root without the detach's token gets no memory either.
 TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   const uint32_t kUid = 65534, kGid = 65533;
   const std::string base = ::testing::TempDir() + "posd-e2e-uid-" + std::to_string(::getpid());
@@ -849,6 +850,7 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
     pos::RestoreRequest r;
     r.pid = 4000000, r.uid = 0, r.arena_bytes = 32u << 20, r.token = std::string(32, 'a'), r.job = "roots";
     out += pos::begin_restore(socket, img, r).status().message() + "\n";
+    out += pos::posd_peer_export(socket, static_cast<uint32_t>(job), std::string(32, 'b')).status().message() + "\n";
     (void)!write(p[1], out.data(), out.size());
     _exit(0);
   }
@@ -865,8 +867,13 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   EXPECT_NE(said.find("uid 65534 may not restore a job of uid 0"), std::string::npos) << said << logtext();
   size_t refusals = 0;
   for (size_t at = 0; (at = said.find("may not", at)) != std::string::npos; ++at) ++refusals;
-  EXPECT_EQ(refusals, 3u) << said;
+  EXPECT_EQ(refusals, 4u) << said;
   EXPECT_FALSE(std::filesystem::exists(img + "/gpu"));
+  // The job's own user (root here) without the detach's token gets no memory either: the job is
+  // not detached, and only its detacher knows the token.
+  auto mem = pos::posd_peer_export(socket, static_cast<uint32_t>(job), std::string(32, 'b'));
+  EXPECT_EQ(mem.status().code(), pos::Code::kFailedPrecondition) << mem.status().to_string();
+  EXPECT_NE(mem.status().message().find("not detached with that token"), std::string::npos) << mem.status().to_string();
   st = 0;
   ASSERT_EQ(waitpid(job, &st, 0), job);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
@@ -1604,10 +1611,11 @@ bool serves(const OwnPosd& posd, pid_t pid) {
 }
 
 // ZDTM shape: the unmodified training binary under posd A is migrated to posd B, back to A and to B
-// again while it trains (pre-copy rounds, then the stop), and finishes with exactly the output of
-// an uninterrupted run; after each move one posd serves it, the target. Moves 1 and 3 take the
-// live switch (the process stays, only its GPU state moves), move 2 moves the process too
-// (--move-process: CRIU, the way to another host).
+// again while it trains, and finishes with exactly the output of an uninterrupted run; after each
+// move one posd serves it, the target. Moves 1 and 3 take the live switch (the process stays, only
+// its GPU state moves): move 1 the peer switch (the default: no rounds, the device memory handed
+// over), move 3 pre-copy rounds through image files (--no-peer); move 2 moves the process too
+// (--move-process: pre-copy rounds, then CRIU, the way to another host).
 TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMoved) {
   become_subreaper();
   const std::vector<std::string> args{"--steps", on_gpu() ? "40000" : "4000"};
@@ -1625,17 +1633,26 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
     const OwnPosd& to = i % 2 == 0 ? b : a;
     int code = -1;
     std::string err;
-    const bool live = i != 1;
+    const bool live = i != 1, peer = i == 0;
     const std::string report = migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + to.socket +
                                                    " --socket " + from.socket + " --max-rounds 3 --work-dir " + work + " --json" +
-                                                   (live ? "" : " --move-process"),
+                                                   (live ? "" : " --move-process") + (i == 2 ? " --no-peer" : ""),
                                                child, &code, &err, &reaped);
     ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
     EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
     EXPECT_NE(report.find(live ? "\"live\":true" : "\"live\":false"), std::string::npos) << report;
     EXPECT_NE(report.find("\"release_error\":\"\""), std::string::npos) << report;
-    EXPECT_NE(report.find("\"rounds\":[{\"round\":1,"), std::string::npos) << report;
+    EXPECT_NE(report.find(peer ? "\"peer\":true" : "\"peer\":false"), std::string::npos) << report;
     std::smatch m;
+    if (peer) {
+      // No rounds: the source's session handed its device memory to B's, which copied it.
+      EXPECT_NE(report.find("\"rounds\":[],\"stop_reason\":\"peer\""), std::string::npos) << report;
+      ASSERT_TRUE(std::regex_search(report, m, std::regex("\"peer_bytes\":([0-9]+)"))) << report;
+      EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
+      EXPECT_NE(to.log_text().find("from the peer session's memory"), std::string::npos) << to.log_text();
+    } else {
+      EXPECT_NE(report.find("\"rounds\":[{\"round\":1,"), std::string::npos) << report;
+    }
     ASSERT_TRUE(std::regex_search(report, m, std::regex("\"final_bytes\":([0-9]+)"))) << report;
     ASSERT_TRUE(std::regex_search(report, m, std::regex("\"downtime_s\":([0-9.]+)"))) << report;
     EXPECT_GT(std::stod(m[1].str()), 0.0) << report;
@@ -1666,8 +1683,9 @@ TEST_F(PosdMigrate, AJobMigratedBackAndForthBetweenTwoPosdsFinishesAsIfNeverMove
 }
 
 // Every failure leaves exactly one running copy: pos-cli killed after a pre-copy round, after the
-// stop with the job left stopped, after CRIU but before the image is complete, and after the
-// source's copy ended but before the target's restore; and a target that refuses the restore. In
+// stop with the job left stopped, after CRIU but before the image is complete, after the source
+// handed its device memory over (the peer switch), and after the source's copy ended but before the
+// target's restore; and a target that refuses the restore. In
 // each case the job runs on (or comes back) under posd A only, and finishes with the output of an
 // uninterrupted run. Bad targets are refused before anything is asked of the job.
 TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce) {
@@ -1680,14 +1698,17 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   // "+criu": the same with --move-process (the process moves too, through CRIU). The live switch's
   // own points (after the target was told the job comes, before and after its permit) end with the
   // job at the target: pos-cli's guardian settles it there and releases its session at A.
-  for (const std::string fault : {"migrate-round", "migrate-stopped", "migrate-stopped+criu", "job-dump-criu-done+criu",
-                                  "migrate-before-restore+criu", "refusing-target", "refusing-target+criu", "migrate-live-go",
+  // "+files": the live switch through pre-copy rounds and image files (--no-peer); without a suffix,
+  // the peer switch (no rounds).
+  for (const std::string fault : {"migrate-round+files", "migrate-stopped", "migrate-stopped+files", "migrate-peer-exported",
+                                  "migrate-stopped+criu", "job-dump-criu-done+criu", "migrate-before-restore+criu",
+                                  "refusing-target", "refusing-target+criu", "migrate-live-go", "migrate-live-go+files",
                                   "migrate-live-permit"}) {
     const std::string out_file = base + "." + fault + ".out", jobs = base + ".jobs", work = base + ".work";
     for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
     std::filesystem::create_directories(work);
     const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-" + fault, out_file, jobs, a);
-    const bool criu = fault.ends_with("+criu");
+    const bool criu = fault.ends_with("+criu"), files = fault.ends_with("+files");
     const std::string point = fault.substr(0, fault.find('+'));
     const bool refusing = point == "refusing-target";
     const bool lands_on_b = point == "migrate-live-go" || point == "migrate-live-permit";
@@ -1697,7 +1718,8 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
     const std::string report =
         migrate_reaping((refusing ? std::string() : "POS_FAULT_POINT=" + point + " ") + cli + " migrate -t " +
                             std::to_string(child) + " --to " + (refusing ? shared.socket : b.socket) + " --socket " +
-                            a.socket + " --max-rounds 2 --work-dir " + work + " --json" + (criu ? " --move-process" : ""),
+                            a.socket + " --max-rounds 2 --work-dir " + work + " --json" + (criu ? " --move-process" : "") +
+                            (files ? " --no-peer" : ""),
                         child, &code, &err, &reaped);
     if (refusing) {
       EXPECT_EQ(code, 3) << err << report;  // back on the source, and said so

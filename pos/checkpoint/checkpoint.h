@@ -54,6 +54,10 @@ struct CheckpointRequest {
   // buffers not loaded at the cut are copied from the image they are loading from (their bytes
   // are the image's until a call names them), not from the device (`pos-cli dump --lazy-ok`).
   bool lazy_ok = false;
+  // Peer (pos-cli migrate's peer switch, docs/migration.md): the buffers' bytes are not stored but
+  // marked `in_peer`: they stay in this client's device memory, which export_peer_memory then hands
+  // to the target session. Variables are stored as usual. The image is a migration's scratch.
+  bool peer = false;
   // Called by the drainer after each chunk (bytes stored so far, bytes to store).
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
@@ -99,6 +103,9 @@ struct RestoreOptions {
   // names its session arena and posd.devices, as the session it was dumped from did.
   uint64_t host_base = 0, host_size = 0;
   std::vector<int32_t> devices;
+  // An image whose buffers are `in_peer`: the exporting session's memory, as descriptors
+  // (DeviceBackend's PeerMemory); every such buffer is copied from it. Not with lazy.
+  const std::vector<PeerMemory>* peer = nullptr;
   // Test hook: the background loaders wait while *hold_loader is true before their first buffer.
   std::atomic<bool>* hold_loader = nullptr;
 };

@@ -88,6 +88,12 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
         *job.referenced_bytes() += h->size;
         continue;
       }
+      // A peer switch's image: the bytes go to the target as device memory, not through the image.
+      if (!is_var && job.request().peer) {
+        r->mutable_memory()->set_in_peer(true);
+        *job.referenced_bytes() += h->size;
+        continue;
+      }
       job.add_region(key_of(h), h->client_addr, h->size, is_var, img.handles_size() - 1);
     }
   }
@@ -104,6 +110,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
   inv.add_features("handles");
   inv.add_features("device-memory");
   if (job.request().stop) inv.add_features("stopped");
+  if (job.request().peer) inv.add_features("peer");
   if (const ckpt::ImageReader* p = job.parent()) {
     inv.add_features("incremental");
     auto* pp = inv.mutable_parent();
@@ -178,12 +185,29 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     bool is_var;
   };
   std::vector<Piece> pieces;
+  std::vector<PeerBuffer> from_peer;  // a peer switch's buffers: copied from the source's memory
   for (const auto& r : img.handles()) {
     if (!r.has_memory()) continue;
+    if (r.memory().in_peer()) {
+      from_peer.push_back(PeerBuffer{r.addr(), r.size()});
+      continue;
+    }
     auto src = image.resolve(r);
     if (!src.ok()) return src.status();
     pieces.push_back(Piece{src->first, src->second, r.addr(),
                            types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable});
+  }
+  if (!from_peer.empty() || options.peer != nullptr) {
+    if (options.peer == nullptr)
+      return Status::FailedPrecondition("the image's buffers were handed over by a peer session (a migration's "
+                                        "scratch image, docs/migration.md): it cannot be restored from files");
+    if (options.lazy) return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
+    const auto tp = std::chrono::steady_clock::now();
+    POS_RETURN_IF_ERROR(bc.copy_from_peer(*options.peer, from_peer).with_context("copying from the peer session's memory"));
+    uint64_t bytes = 0;
+    for (const PeerBuffer& b : from_peer) bytes += b.size;
+    POS_INFO(log_name_, "copied %zu buffers (%lu bytes) from the peer session's memory in %.3f s", from_peer.size(),
+             (unsigned long)bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count());
   }
   // Variables go through the worker's backend (their device address is the module's).
   std::vector<std::byte> buf;

@@ -84,7 +84,10 @@ inline constexpr uint32_t kCheckpointIncremental = 1;
 // `pos-cli dump --lazy-ok`: a job still loading a lazy restore is dumped at once, the buffers it has
 // not loaded yet copied from the image they are loading from (else the dump waits for the load).
 inline constexpr uint32_t kCheckpointLazyOk = 2;
-inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk;
+// pos-cli migrate's peer switch (docs/migration.md): the job is detached; buffers are marked
+// `in_peer` instead of stored (their bytes go to the target as device memory: "peer-export").
+inline constexpr uint32_t kCheckpointPeer = 4;
+inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer;
 
 enum class EventType : uint32_t { kProgress = 1, kResult = 2 };
 struct ControlEvent {
@@ -138,7 +141,10 @@ static_assert(sizeof(DetachAck) == 16);
 // is a Welcome (a refusal ends it), ControlEvents ("load" progress, then "restored" once the GPU
 // state is up), and, after pos-cli's RestoreGo, one result once the job has re-attached.
 inline constexpr uint32_t kRestoreMagic = 0x53525350;  // "PSRS"
-enum RestoreFlags : uint32_t { kRestoreLazy = 1 };
+// kRestorePeer: after posd's Welcome, pos-cli sends a peer table (PeerHeader, then its PeerRanges,
+// each with its descriptor): the source session's memory, from which the image's `in_peer` buffers
+// are copied. Not with kRestoreLazy.
+enum RestoreFlags : uint32_t { kRestoreLazy = 1, kRestorePeer = 2 };
 struct RestoreBody {
   uint32_t magic = kRestoreMagic;
   uint32_t target_pid = 0;  // the dumped job's pid, which CRIU gives it back
@@ -169,6 +175,36 @@ struct ReleaseBody {
   char token[64] = {};  // the detach's token: only the one who detached the job knows it
 };
 static_assert(sizeof(ReleaseBody) == 72);
+
+// ---------------- peer memory (pos-cli migrate's peer switch) ----------------
+// pos-cli → posd, after a kControl hello whose command is "peer-export": the job detached with
+// `token` (only its detacher knows it) hands out its device memory. The session process answers on
+// the connection: a Welcome (a refusal ends it), then a peer table.
+inline constexpr uint32_t kPeerMagic = 0x52505350;  // "PSPR"
+struct PeerExportBody {
+  uint32_t magic = kPeerMagic;
+  uint32_t target_pid = 0;
+  char token[64] = {};
+};
+static_assert(sizeof(PeerExportBody) == 72);
+// A peer table: one header, then `count` ranges, each sent alone with one descriptor attached
+// (SCM_RIGHTS): the memory that backs [addr, addr + size) in the exporting session. The same table
+// goes from pos-cli to the target's restoring session (kRestorePeer).
+inline constexpr uint32_t kMaxPeerRanges = 1u << 16;
+struct PeerHeader {
+  uint32_t magic = kPeerMagic;
+  int32_t code = 0, api_error = 0;  // the export's outcome (pos::Code; 0: ranges follow)
+  uint32_t count = 0;
+  uint64_t bytes = 0;               // the ranges' sizes, summed
+  char message[496] = {};           // why it failed
+};
+static_assert(sizeof(PeerHeader) == 520);
+struct PeerRange {
+  uint32_t magic = kPeerMagic;
+  uint32_t index = 0;  // 0, 1, ... in order
+  uint64_t addr = 0, size = 0;
+};
+static_assert(sizeof(PeerRange) == 24);
 
 // ---------------- shared memory ----------------
 // Offsets inside the session memfd. The header's fields are each written by one side only.

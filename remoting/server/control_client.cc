@@ -18,6 +18,7 @@
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
 #include "remoting/common/wire.h"
+#include "remoting/server/peer_transfer.h"
 
 namespace pos {
 
@@ -54,7 +55,7 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress,
                                            const std::function<void(uint64_t)>& on_cut,
-                                           const std::string& prev_dir, bool lazy_ok) {
+                                           const std::string& prev_dir, bool lazy_ok, bool peer) {
   if (dir.empty()) return Status::InvalidArgument("no image directory given");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
@@ -82,6 +83,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
     wire::put_cstr(body.parent_path, sizeof(body.parent_path), rel);
   }
   if (lazy_ok) body.flags |= wire::kCheckpointLazyOk;
+  if (peer) body.flags |= wire::kCheckpointPeer;
   auto fd = open_control(socket_path, "checkpoint");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
@@ -168,7 +170,9 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
   wire::RestoreBody body;
   body.target_pid = r.pid;
   body.uid = r.uid;
+  if (r.lazy && r.peer != nullptr) return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
   body.flags = r.lazy ? static_cast<uint32_t>(wire::kRestoreLazy) : 0u;
+  if (r.peer != nullptr) body.flags |= wire::kRestorePeer;
   body.arena_bytes = r.arena_bytes;
   wire::put_cstr(body.token, sizeof(body.token), r.token);
   wire::put_cstr(body.job, sizeof(body.job), r.job);
@@ -179,6 +183,8 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
   wire::Welcome w;
   POS_RETURN_IF_ERROR(recv_all(p.sock.get(), &w, sizeof(w)).with_context("posd's answer"));
   POS_RETURN_IF_ERROR(check_welcome(w));
+  if (r.peer != nullptr)  // the source's memory, to the restoring session (it copies, then answers)
+    POS_RETURN_IF_ERROR(send_peer_table(p.sock.get(), *r.peer).with_context("handing the job's memory to the target"));
   for (;;) {
     wire::ControlEvent e;
     Status s = recv_all(p.sock.get(), &e, sizeof(e));
@@ -217,6 +223,22 @@ Status posd_release(const std::string& socket_path, uint32_t pid, const std::str
   wire::Welcome w;
   POS_RETURN_IF_ERROR(recv_all(sock.get(), &w, sizeof(w)).with_context("posd's answer"));
   return check_welcome(w);
+}
+
+StatusOr<std::vector<PeerMemory>> posd_peer_export(const std::string& socket_path, uint32_t pid, const std::string& token) {
+  auto fd = open_control(socket_path, "peer-export");
+  if (!fd.ok()) return fd.status();
+  UniqueFd sock(*fd);
+  wire::PeerExportBody body;
+  body.target_pid = pid;
+  wire::put_cstr(body.token, sizeof(body.token), token);
+  (void)send_all(sock.get(), &body, sizeof(body));  // a refusal at the hello is read below
+  timeval t{60, 0};  // the session synchronizes the job's device work first
+  (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+  wire::Welcome w;
+  POS_RETURN_IF_ERROR(recv_all(sock.get(), &w, sizeof(w)).with_context("posd's answer"));
+  POS_RETURN_IF_ERROR(check_welcome(w));
+  return recv_peer_table(sock.get());
 }
 
 Status await_restore(PendingRestore& p) {

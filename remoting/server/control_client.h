@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "pos/backend.h"
 #include "pos/base/status.h"
 #include "remoting/common/unique_fd.h"
 
@@ -30,7 +32,8 @@ struct CheckpointReport {
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress = {},
                                            const std::function<void(uint64_t)>& on_cut = {},
-                                           const std::string& prev_dir = {}, bool lazy_ok = false);
+                                           const std::string& prev_dir = {}, bool lazy_ok = false,
+                                           bool peer = false);
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's
@@ -45,6 +48,9 @@ struct RestoreRequest {
   uint64_t arena_bytes = 0;
   std::string token, job;
   bool lazy = false;
+  // pos-cli migrate's peer switch: the source session's memory (posd_peer_export), from which the
+  // image's in_peer buffers are copied. Not with lazy.
+  const std::vector<PeerMemory>* peer = nullptr;
 };
 struct PendingRestore {
   UniqueFd sock;        // open until finish_restore; closing it abandons the restore
@@ -66,6 +72,9 @@ Status await_restore(PendingRestore& pending);
 // pos-cli migrate's live switch: the job `pid`, detached from the posd at `socket_path` with
 // `token`, re-attached to another posd; its session here ends (wire::ReleaseBody).
 Status posd_release(const std::string& socket_path, uint32_t pid, const std::string& token);
+// pos-cli migrate's peer switch: the job detached with `token` hands out its device memory, as
+// descriptors (wire::PeerExportBody); its session stays detached.
+StatusOr<std::vector<PeerMemory>> posd_peer_export(const std::string& socket_path, uint32_t pid, const std::string& token);
 
 // Waits until the job `pid` has taken (removed) the permit `path`, it is gone, or 5 s have passed
 // (a waiting job looks for its permit every 2 ms).

@@ -230,6 +230,8 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   };
   if (o.gpu_only && (o.leave_running || o.leave_stopped))
     return Status::InvalidArgument("a GPU-only dump leaves the job detached: not with leave_running or leave_stopped");
+  if (o.peer && (!o.gpu_only || o.async || !o.prev.empty()))
+    return Status::InvalidArgument("a peer dump is a GPU-only, synchronous, whole one (pos-cli migrate's peer switch)");
   auto prepared = prepare(o, !o.gpu_only);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
@@ -281,7 +283,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
           cut = true;
           cv.notify_all();
         },
-        pp.prev_dir, o.lazy_ok);
+        pp.prev_dir, o.lazy_ok, o.peer);
     std::lock_guard<std::mutex> lk(mu);
     gpu = std::move(res);
     finished = true;

@@ -31,6 +31,9 @@ struct JobDumpOptions {
   // with its CUDA calls held, until its permit names the posd to re-attach to (report.permit).
   // No manifest: the image is a migration's scratch, not a restore point. CRIU is not needed.
   bool gpu_only = false;
+  // With gpu_only (pos-cli migrate's peer switch): buffers are marked in_peer, not stored; their
+  // bytes go to the target as device memory (posd_peer_export). Variables are stored.
+  bool peer = false;
   bool async = false;  // the GPU drain copy-on-write (the job is parked until CRIU is done either way)
   // A job still loading a lazy restore is dumped at once: what it has not loaded yet is copied from
   // the image it loads from. Else the dump waits until the load is done.

@@ -306,6 +306,7 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   JobDumpOptions d;
   d.socket = o.socket, d.pid = o.pid, d.dir = final_dir, d.prev = prev, d.lazy_ok = true;
   d.gpu_only = true;
+  d.peer = o.peer;
   auto dumped = dump_job(d);
   if (!dumped.ok()) {
     guardian.done();
@@ -341,13 +342,32 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   RestoreRequest req;
   req.pid = o.pid, req.uid = dumped->owner, req.arena_bytes = dumped->arena_bytes;
   req.token = dumped->token, req.job = dumped->job, req.lazy = o.lazy;
+  // The peer path: the job's memory itself, from the source's session (it stays detached, holding
+  // it, until the release), to the target's, which copies it before it answers "restored".
+  std::vector<PeerMemory> peer;
+  if (o.peer) {
+    rep->peer = true;
+    const auto te = std::chrono::steady_clock::now();
+    auto mem = posd_peer_export(o.socket, o.pid, dumped->token);
+    if (!mem.ok())
+      return back("the source could not hand over the job's device memory: " + mem.status().message() +
+                  " (pos-cli migrate --no-peer copies it through image files instead)");
+    peer = std::move(*mem);
+    rep->peer_export_s = seconds_since(te);
+    for (const PeerMemory& m : peer) rep->peer_bytes += m.size;
+    ckpt::fault_point("migrate-peer-exported");
+    req.peer = &peer;
+    req.lazy = false;
+  }
   // A session of this job may still be ending there (it left that posd a moment ago): busy until then.
   auto pending = begin_restore(real, final_dir, req);
   for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     pending = begin_restore(real, final_dir, req);
   }
+  peer.clear();  // the target copied it (or failed): the source's session alone holds it again
   if (!pending.ok()) return back(pending.status().message());
+  rep->target_copy_s = pending->gpu_s;
   // From the RestoreGo on, the target's session waits for the job (a minute at most) even if this
   // process dies; from the permit on, the job goes there. The guardian settles either way ('m').
   Status go = send_restore_go(*pending, o.pid);
@@ -445,9 +465,12 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
     resolve = {o.self_program, "migrate", "-t", std::to_string(o.pid), "--to", o.to, "--socket", o.socket, "--settle",
                "--resolve-dir", rep.work_dir};
   MigrateGuardian guardian(pid, o.self_program, rep.work_dir, o.socket, resolve);
-  // Pre-copy: the job runs on; each round stores only what changed since the one before.
+  // Pre-copy: the job runs on; each round stores only what changed since the one before. The peer
+  // switch needs none: its stop hands the memory over device to device.
   std::string prev;
-  for (uint32_t n = 1;; ++n) {
+  const bool peer_switch = !link && !o.move_process && o.peer;
+  if (peer_switch) rep.stop_reason = "peer";
+  for (uint32_t n = 1; !peer_switch; ++n) {
     JobDumpOptions d;
     d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = true, d.lazy_ok = true;
     d.dir = rep.work_dir + "/round-" + std::to_string(n);
@@ -504,7 +527,9 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   // The stop. From the dump's detach until the target's re-attach the job's calls are held.
   const std::string final_dir = rep.work_dir + "/final";
   if (!link && !o.move_process) {
-    auto live = live_switch(o, prev, final_dir, &rep, guardian, event);
+    JobMigrateOptions lo = o;
+    lo.peer = peer_switch;
+    auto live = live_switch(lo, prev, final_dir, &rep, guardian, event);
     if (!live.ok()) {
       cleanup();
       return live;

@@ -26,6 +26,11 @@ struct JobMigrateOptions {
   // and its shim re-attaches to the target. true: CRIU dumps the process and restores it under the
   // target instead (the path another host takes), e.g. to test that path on one host.
   bool move_process = false;
+  // The live switch's peer path (docs/migration.md, "The peer switch"): no pre-copy rounds; at the
+  // stop the source session hands the job's device memory to pos-cli as descriptors, and the
+  // target's session copies it device to device (the same GPU, or another one by peer access).
+  // false: pre-copy rounds and the stop through image files (--no-peer).
+  bool peer = true;
   std::string self_program;        // this pos-cli, which a guardian runs to restore on the source if
                                    // this process dies between the stop and the target's confirmation
   // Events: "round" (a pre-copy round done), "switch" (the stop began), "restore" (on the target),
@@ -60,6 +65,10 @@ struct JobMigrateReport {
   uint32_t pid = 0;
   bool commit_answer_lost = false;  // HOST:PORT: the commit's answer was lost; the target said it committed
   bool live = false;        // the live switch: the process stayed, its GPU state moved (no CRIU)
+  bool peer = false;        // live, the peer path: device memory handed over, no rounds
+  uint64_t peer_bytes = 0;  // peer: device memory handed over (the source's allocations, whole)
+  double peer_export_s = 0; // peer: the source's export, until pos-cli held the descriptors
+  double target_copy_s = 0; // peer: the target's restore of the handles and its copy
   std::string release_error;  // live: the source's session could not be released (it ends with the job)
 };
 

@@ -596,6 +596,7 @@ size_t body_size(const wire::Hello& h) {
          : c == "detach"   ? sizeof(wire::DetachBody)
          : c == "restore"  ? sizeof(wire::RestoreBody)
          : c == "release"  ? sizeof(wire::ReleaseBody)
+         : c == "peer-export" ? sizeof(wire::PeerExportBody)
                            : 0;
 }
 
@@ -657,6 +658,7 @@ void PosdServer::on_hello(Handshake& h) {
     if (command == "checkpoint") control_checkpoint(h);
     else if (command == "detach") control_detach(h);
     else if (command == "release") control_release(h);
+    else if (command == "peer-export") control_peer_export(h);
     else if (command == "restore") control_restore(h);
     else if (command.rfind("limit ", 0) == 0) control_limit(h, command);
     else control(fd, command);
@@ -1063,6 +1065,43 @@ void PosdServer::control_release(Handshake& h) {
   (void)send_all(fd, &w, sizeof(w)).ok();
 }
 
+// pos-cli migrate's peer switch: the job it detached from here hands its device memory to pos-cli
+// (descriptors), which gives it to the target's restoring session. As for release, the token proves
+// the caller detached the job, and the caller's uid must be the job's or root; the session process
+// answers on the connection. The session stays detached.
+void PosdServer::control_peer_export(Handshake& h) {
+  const int fd = h.fd.get();
+  wire::PeerExportBody b;
+  std::memcpy(&b, h.body, sizeof(b));
+  auto refuse = [&](const Status& why) {
+    POS_WARN("posd", "peer-export request of pid %d (uid %u) refused: %s", h.cred.pid, h.cred.uid, why.message().c_str());
+    refuse_connection(fd, why);
+  };
+  const std::string token = wire::get_cstr(b.token, sizeof(b.token));
+  if (b.magic != wire::kPeerMagic || b.target_pid == 0 || token.empty())
+    return refuse(Status::InvalidArgument("malformed peer-export request"));
+  const uint32_t caller = caller_uid(h);
+  auto found = job_session(b.target_pid, caller);
+  if (!found.ok()) return refuse(found.status());
+  Session* const target = *found;
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(session_channel::Type::kPeerExport);
+  Status sent;
+  {
+    std::lock_guard<std::mutex> io(target->io);
+    if (target->token.size() != token.size() ||
+        !CRYPTO_memcmp_like(target->token.data(), token.data(), token.size()))
+      sent = Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
+                    "pid " + std::to_string(b.target_pid) + "'s session here is not detached with that token");
+    else
+      sent = send_with_fds(target->channel.get(), &m, sizeof(m), {fd});
+  }
+  if (!sent.ok()) return refuse(sent.code() == Code::kFailedPrecondition ? sent
+                                : Status::Unavailable("the job's session process is gone: " + sent.message()));
+  POS_INFO("posd", "peer export of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,
+           target->job.c_str(), static_cast<int>(target->child), caller);
+}
+
 // A detached job coming back: its token names its session (once), its uid must be the session's.
 void PosdServer::reattach(Handshake& h) {
   const std::string token = wire::get_cstr(h.hello.command, sizeof(h.hello.command));
@@ -1115,7 +1154,9 @@ void PosdServer::control_restore(Handshake& h) {
   };
   const std::string token = wire::get_cstr(b.token, sizeof(b.token));
   if (b.magic != wire::kRestoreMagic || b.target_pid == 0 || b.target_pid > static_cast<uint32_t>(INT32_MAX) ||
-      (b.flags & ~static_cast<uint32_t>(wire::kRestoreLazy)) != 0 || !hex_token(token))
+      (b.flags & ~static_cast<uint32_t>(wire::kRestoreLazy | wire::kRestorePeer)) != 0 ||
+      (b.flags & (wire::kRestoreLazy | wire::kRestorePeer)) == (wire::kRestoreLazy | wire::kRestorePeer) ||
+      !hex_token(token))
     return refuse(Status::InvalidArgument("malformed restore request"));
   if (b.arena_bytes < (1u << 20) || b.arena_bytes > config_.posd_arena_max)
     return refuse(Status::InvalidArgument("the image's session arena (" + std::to_string(b.arena_bytes) +

@@ -124,6 +124,7 @@ class PosdServer {
   StatusOr<Session*> job_session(uint32_t pid, uint32_t caller, const std::string& what = "dump");
   void control_detach(Handshake& h);
   void control_release(Handshake& h);
+  void control_peer_export(Handshake& h);
   void reattach(Handshake& h);
   void control_restore(Handshake& h);
   void reap_finished();

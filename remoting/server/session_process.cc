@@ -29,6 +29,7 @@
 #include "pos/runtime.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/wire.h"
+#include "remoting/server/peer_transfer.h"
 #include "remoting/server/session_serve.h"
 
 extern char** environ;
@@ -167,6 +168,7 @@ class CheckpointRunner {
       CheckpointRequest req;
       req.mode = mode == static_cast<uint32_t>(wire::CheckpointKind::kAsync) ? CheckpointMode::kAsync : CheckpointMode::kSync;
       req.lazy_ok = (flags & wire::kCheckpointLazyOk) != 0;
+      req.peer = (flags & wire::kCheckpointPeer) != 0;
       // Through the caller's own descriptor: posd's user never resolves the caller's path.
       req.dir = "/proc/self/fd/" + std::to_string(dir) + "/gpu";
       if (prev >= 0) {
@@ -219,6 +221,35 @@ class CheckpointRunner {
   std::set<std::string> ids_;  // guarded by ids_mu_: GPU images of this client (see check_parent)
   OneAtATime one_;  // last: joined first, while the rest is alive
 };
+
+// pos-cli migrate's peer switch: the detached job's device memory, as descriptors, to pos-cli on
+// `client` (a Welcome, then a peer table). Only while detached: then nothing writes that memory
+// until the job re-attaches (here, if the switch fails, or at the target).
+void export_peer(int client, POSWorkspace* ws, uint64_t uuid, SessionControl* ctl) {
+  int fl = ::fcntl(client, F_GETFL);
+  if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
+  timeval tv{10, 0};
+  (void)setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  wire::Welcome w;
+  (void)send_packet(client, &w, sizeof(w)).ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<std::vector<PeerMemory>> mem = Status::FailedPrecondition("the job is not detached from this session");
+  if (ctl->detached()) {
+    auto c = uuid != 0 ? ws->find_client(uuid) : nullptr;
+    if (c != nullptr) mem = c->export_peer_memory();
+    else mem = Status::Unavailable("the job's session has no client (it is starting or ending)");
+  }
+  Status sent = mem.ok() ? send_peer_table(client, *mem) : send_peer_failure(client, mem.status());
+  if (mem.ok()) {
+    uint64_t bytes = 0;
+    for (const PeerMemory& m : *mem) bytes += m.size;
+    POS_INFO("posd-session", "handed %zu ranges (%lu bytes) of device memory to pos-cli in %.3f s%s", mem->size(),
+             (unsigned long)bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             sent.ok() ? "" : " (it did not take them)");
+  } else {
+    POS_WARN("posd-session", "peer export refused: %s", mem.status().to_string().c_str());
+  }
+}
 
 // Answers posd's requests until posd closes the channel (then the session is told to end) or
 // `done` fires (the session ended by itself).
@@ -302,6 +333,11 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
         req.type == static_cast<uint32_t>(sc::Type::kReattach) && fds[0]) {
       if (Status s = ctl->reattach(fds[0], fds[1]); !s.ok()) refuse_connection(fds[0].get(), s);
+      continue;
+    }
+    if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
+        req.type == static_cast<uint32_t>(sc::Type::kPeerExport) && fds[0]) {
+      export_peer(fds[0].get(), ws, progress->uuid.load(std::memory_order_acquire), ctl);
       continue;
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&
@@ -403,6 +439,17 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   if (at == MAP_FAILED) return fail(Status::Unavailable(std::string("reserving the session memory: ") + std::strerror(errno)));
   RestoreOptions ro;
   ro.lazy = (start.flags & wire::kRestoreLazy) != 0;
+  // A peer switch: the source session's memory comes from pos-cli, right after the Welcome.
+  std::vector<PeerMemory> peer;
+  if ((start.flags & wire::kRestorePeer) != 0) {
+    auto got = recv_peer_table(cli);
+    if (!got.ok()) {
+      ::munmap(at, layout.total);
+      return fail(got.status().with_context("the source session's memory"));
+    }
+    peer = std::move(*got);
+    ro.peer = &peer;
+  }
   // Test hook (docs/dump_restore.md, "Fault points"): POS_FAULT_POINT=lazy-loaders-held keeps a lazy
   // restore's background loaders from loading anything, so that a test meets a job still loading.
   static std::atomic<bool> loaders_held{true};
@@ -412,6 +459,8 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   ro.host_size = layout.arena_bytes;
   ro.devices = config.posd_devices;
   auto uuid = ws.restore(image, ro);
+  peer.clear();  // copied (or failed): the source's memory is not held here any longer
+  ro.peer = nullptr;
   if (!uuid.ok()) {
     ::munmap(at, layout.total);
     return fail(uuid.status());

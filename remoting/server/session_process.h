@@ -38,8 +38,11 @@ enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3, kSpare = 4 };
 // kRelease: the detached job re-attached to another posd (migrate's live switch): the session ends.
 // kLimit: the client's device-memory quota becomes stats.memory_quota (pos-cli limit); answered
 // with a report, as kStatsRequest is.
+// kPeerExport carries pos-cli's connection: the detached job's device memory goes to pos-cli as a
+// peer table (posd checked the detach's token; answered by the session process).
 enum class Type : uint32_t {
-  kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5, kRelease = 6, kLimit = 7
+  kStatsRequest = 1, kReport = 2, kCheckpoint = 3, kDetach = 4, kReattach = 5, kRelease = 6, kLimit = 7,
+  kPeerExport = 8
 };
 
 // posd → session process, once: then `job_len` bytes of job name and `config_len` bytes of

@@ -42,6 +42,8 @@ class SessionControl {
   // ended first or the time passed.
   bool wait_attached(std::chrono::milliseconds timeout);
   bool detaching() const { return state_.load(std::memory_order_acquire) == kDetaching; }
+  // Detached and no re-attach under way: nothing writes the job's device memory now.
+  bool detached() const { return state_.load(std::memory_order_acquire) == kDetached; }
 
   // For the serving loop.
   void attached(int fd);

@@ -106,6 +106,7 @@ struct Chunk {
   uint64_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
   uint32_t refs = 0;
+  bool shareable = false;  // made with a POSIX-descriptor handle type: export_memory can hand it out
 };
 
 thread_local CUcontext t_current = nullptr;
@@ -511,6 +512,8 @@ class CudaClient final : public BackendClient {
 
   Status alloc_at(uint64_t addr, uint64_t size) override;
   Status free_at(uint64_t addr, uint64_t size) override;
+  StatusOr<std::vector<PeerMemory>> export_memory() override;
+  Status copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) override;
 
   StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
     auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_);
@@ -1036,8 +1039,18 @@ Status CudaClient::map_chunk(uint64_t start, uint64_t size) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev_;
+  // Shareable as a POSIX descriptor, so that pos-cli migrate can hand the memory to another session
+  // (export_memory); a driver that cannot gets plain memory (the peer switch is then refused).
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h = 0;
-  POS_CU(cuMemCreate(&h, size, &prop, 0), std::to_string(size) + " bytes at " + hex(start));
+  bool shareable = true;
+  CUresult made = cuMemCreate(&h, size, &prop, 0);
+  if (made == CUDA_ERROR_NOT_SUPPORTED || made == CUDA_ERROR_INVALID_VALUE) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    shareable = false;
+    made = cuMemCreate(&h, size, &prop, 0);
+  }
+  POS_CU(made, std::to_string(size) + " bytes at " + hex(start));
   if (CUresult r = cuMemMap(start, size, 0, h, 0); r != CUDA_SUCCESS) {
     cuMemRelease(h);
     return cu_status(r, "cuMemMap", hex(start));
@@ -1050,8 +1063,102 @@ Status CudaClient::map_chunk(uint64_t start, uint64_t size) {
     cuMemRelease(h);
     return cu_status(r, "cuMemSetAccess", hex(start));
   }
-  chunks_[start] = Chunk{size, h, 1};
+  chunks_[start] = Chunk{size, h, 1, shareable};
   return Status::Ok();
+}
+
+StatusOr<std::vector<PeerMemory>> CudaClient::export_memory() {
+  POS_RETURN_IF_ERROR(bind());
+  std::vector<PeerMemory> out;
+  out.reserve(chunks_.size());
+  for (const auto& [start, c] : chunks_) {
+    if (!c.shareable)
+      return Status::Unsupported("device memory at " + hex(start) +
+                                 " was made without a shareable handle (the driver offered none): it cannot be handed "
+                                 "to another session");
+    int fd = -1;
+    POS_CU(cuMemExportToShareableHandle(&fd, c.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+           "exporting " + hex(start));
+    out.emplace_back(start, c.size, fd);
+  }
+  return out;
+}
+
+// The peer's memory is imported and mapped at a scratch reservation of this context (its own
+// addresses are this client's buffers), readable by this client's device: the same GPU, or another
+// one that reaches it (peer access: NVLink or PCIe). Copies run on one stream per range.
+Status CudaClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) {
+  POS_RETURN_IF_ERROR(bind());
+  auto at = check_peer_memory(ranges, buffers, base_, size_, granule_);
+  if (!at.ok()) return at.status();
+  struct Mapped {
+    CUdeviceptr va = 0;
+    uint64_t size = 0;
+    CUmemGenericAllocationHandle h = 0;
+    bool mapped = false;
+    CUstream stream = nullptr;
+  };
+  std::vector<Mapped> maps(ranges.size());
+  auto unwind = [&] {
+    for (Mapped& m : maps) {
+      if (m.stream != nullptr) {
+        cuStreamSynchronize(m.stream);
+        cuStreamDestroy(m.stream);
+      }
+      if (m.mapped) cuMemUnmap(m.va, m.size);
+      if (m.va != 0) cuMemAddressFree(m.va, m.size);
+      if (m.h != 0) cuMemRelease(m.h);
+    }
+  };
+  Status st;
+  for (size_t i = 0; i < ranges.size() && st.ok(); ++i) {
+    Mapped& m = maps[i];
+    const PeerMemory& r = ranges[i];
+    const std::string what = "peer memory " + hex(r.addr);
+    m.size = r.size;
+    CUresult e = cuMemImportFromShareableHandle(&m.h, reinterpret_cast<void*>(static_cast<uintptr_t>(r.fd)),
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (e != CUDA_SUCCESS) {
+      m.h = 0;
+      st = cu_status(e, "cuMemImportFromShareableHandle", what);
+      break;
+    }
+    if ((e = cuMemAddressReserve(&m.va, r.size, granule_, 0, 0)) != CUDA_SUCCESS) {
+      m.va = 0;
+      st = cu_status(e, "cuMemAddressReserve", what);
+      break;
+    }
+    // A descriptor of less memory than it claims fails here, before anything is read.
+    if ((e = cuMemMap(m.va, r.size, 0, m.h, 0)) != CUDA_SUCCESS) {
+      st = cu_status(e, "cuMemMap", what + " (is it as large as it says?)");
+      break;
+    }
+    m.mapped = true;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((e = cuMemSetAccess(m.va, r.size, &access, 1)) != CUDA_SUCCESS) {
+      st = cu_status(e, "cuMemSetAccess", what + " (can this GPU reach the GPU it is on? peer access is needed)");
+      break;
+    }
+    if ((e = cuStreamCreate(&m.stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+      m.stream = nullptr;
+      st = cu_status(e, "cuStreamCreate", what);
+    }
+  }
+  for (size_t b = 0; b < buffers.size() && st.ok(); ++b) {
+    const PeerBuffer& x = buffers[b];
+    const Mapped& m = maps[(*at)[b]];
+    const uint64_t off = x.addr - ranges[(*at)[b]].addr;
+    if (CUresult e = cuMemcpyDtoDAsync(x.addr, m.va + off, x.size, m.stream); e != CUDA_SUCCESS)
+      st = cu_status(e, "cuMemcpyDtoDAsync", "buffer " + hex(x.addr));
+  }
+  for (Mapped& m : maps)
+    if (m.stream != nullptr && st.ok())
+      if (CUresult e = cuStreamSynchronize(m.stream); e != CUDA_SUCCESS) st = cu_status(e, "cuStreamSynchronize", "peer copy");
+  unwind();
+  return st;
 }
 
 Status CudaClient::alloc_at(uint64_t addr, uint64_t size) {

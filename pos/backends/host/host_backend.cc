@@ -3,6 +3,8 @@
 #include "pos/backends/host/host_backend.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -97,6 +99,8 @@ class HostClient final : public BackendClient {
 
   Status alloc_at(uint64_t addr, uint64_t size) override;
   Status free_at(uint64_t addr, uint64_t size) override;
+  StatusOr<std::vector<PeerMemory>> export_memory() override;
+  Status copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) override;
   StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
     return std::unique_ptr<DeviceCopier>(std::make_unique<HostCopier>());
   }
@@ -551,6 +555,60 @@ Status HostClient::free_at(uint64_t addr, uint64_t bytes) {
   mprotect(reinterpret_cast<void*>(addr), size, PROT_NONE);
   allocations_.erase(it);
   return Status::Ok();
+}
+
+// The host backend's "device memory" is this process's private memory: what it hands another
+// session is a memfd holding a copy of each allocation (the CUDA backend hands the memory itself).
+StatusOr<std::vector<PeerMemory>> HostClient::export_memory() {
+  POS_RETURN_IF_ERROR(synchronize_all());
+  std::vector<PeerMemory> out;
+  out.reserve(allocations_.size());
+  for (const auto& [addr, bytes] : allocations_) {
+    const uint64_t size = (bytes + kPage - 1) / kPage * kPage;
+    const int fd = ::memfd_create("pos-peer", MFD_CLOEXEC);
+    if (fd < 0) return Status::Unavailable(std::string("memfd_create: ") + std::strerror(errno));
+    PeerMemory m(addr, size, fd);
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0)
+      return Status::Unavailable("sizing the copy of " + hex(addr) + ": " + std::strerror(errno));
+    for (uint64_t off = 0; off < size;) {
+      const ssize_t w = ::pwrite(fd, reinterpret_cast<const char*>(addr) + off, size - off, static_cast<off_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Status::Unavailable("copying " + hex(addr) + ": " + std::strerror(errno));
+      off += static_cast<uint64_t>(w);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+Status HostClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) {
+  auto at = check_peer_memory(ranges, buffers, base_, size_, kPage);
+  if (!at.ok()) return at.status();
+  for (const PeerBuffer& b : buffers) {
+    auto it = allocations_.upper_bound(b.addr);
+    if (it == allocations_.begin() || b.addr + b.size > std::prev(it)->first + std::prev(it)->second)
+      return Status::InvalidArgument("buffer " + hex(b.addr) + " is not allocated in this client");
+  }
+  std::vector<void*> maps(ranges.size(), nullptr);
+  Status st;
+  for (size_t i = 0; i < ranges.size() && st.ok(); ++i) {
+    struct stat sb {};
+    if (::fstat(ranges[i].fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < ranges[i].size) {
+      st = Status::InvalidArgument("peer memory " + hex(ranges[i].addr) + " is smaller than it says");
+      break;
+    }
+    void* p = ::mmap(nullptr, ranges[i].size, PROT_READ, MAP_SHARED, ranges[i].fd, 0);
+    if (p == MAP_FAILED) st = Status::Unavailable("mapping peer memory " + hex(ranges[i].addr) + ": " + std::strerror(errno));
+    else maps[i] = p;
+  }
+  for (size_t b = 0; b < buffers.size() && st.ok(); ++b) {
+    const size_t i = (*at)[b];
+    std::memcpy(reinterpret_cast<void*>(buffers[b].addr),
+                static_cast<const char*>(maps[i]) + (buffers[b].addr - ranges[i].addr), buffers[b].size);
+  }
+  for (size_t i = 0; i < maps.size(); ++i)
+    if (maps[i] != nullptr) ::munmap(maps[i], ranges[i].size);
+  return st;
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+// peer_transfer.cc — sending and receiving a peer table (wire::PeerHeader, PeerRange) with one
+// descriptor per range; used by posd's session processes and by pos-cli migrate.
+#include "remoting/server/peer_transfer.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "remoting/common/socket_io.h"
+#include "remoting/common/wire.h"
+
+namespace pos {
+
+Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges) {
+  if (ranges.size() > wire::kMaxPeerRanges)
+    return Status::Unsupported("the job's device memory lies in " + std::to_string(ranges.size()) +
+                               " pieces, more than a peer table carries (" + std::to_string(wire::kMaxPeerRanges) + ")");
+  wire::PeerHeader h;
+  h.count = static_cast<uint32_t>(ranges.size());
+  for (const PeerMemory& r : ranges) h.bytes += r.size;
+  POS_RETURN_IF_ERROR(send_all(sock, &h, sizeof(h)));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    wire::PeerRange r;
+    r.index = static_cast<uint32_t>(i);
+    r.addr = ranges[i].addr, r.size = ranges[i].size;
+    POS_RETURN_IF_ERROR(send_with_fds(sock, &r, sizeof(r), {ranges[i].fd}));
+  }
+  return Status::Ok();
+}
+
+Status send_peer_failure(int sock, const Status& why) {
+  wire::PeerHeader h;
+  h.code = static_cast<int32_t>(why.ok() ? Code::kInternal : why.code());
+  h.api_error = why.api_error();
+  wire::put_cstr(h.message, sizeof(h.message), why.ok() ? std::string("no memory handed out") : why.message());
+  return send_all(sock, &h, sizeof(h));
+}
+
+namespace {
+
+// One range and the descriptor that came with its first byte.
+Status recv_range(int sock, wire::PeerRange* r, UniqueFd* fd) {
+  msghdr msg{};
+  iovec iov{r, sizeof(*r)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
+  ssize_t got = 0;
+  do got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (got < 0 && errno == EINTR);
+  if (got == 0) return Status::Unavailable("the peer closed the connection in the middle of its memory table");
+  if (got < 0) return Status::Unavailable(std::string("receiving the peer's memory table: ") + std::strerror(errno));
+  int kept = 0;
+  for_each_received_fd(&msg, [&](int f) {
+    if (kept++ == 0) fd->reset(f);
+    else ::close(f);
+  });
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || kept > 1)
+    return Status::InvalidArgument("a range of the peer's memory table came with more than one descriptor");
+  if (static_cast<size_t>(got) < sizeof(*r))
+    POS_RETURN_IF_ERROR(recv_all(sock, reinterpret_cast<char*>(r) + got, sizeof(*r) - static_cast<size_t>(got)));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::vector<PeerMemory>> recv_peer_table(int sock) {
+  wire::PeerHeader h;
+  POS_RETURN_IF_ERROR(recv_all(sock, &h, sizeof(h)).with_context("the peer's memory table"));
+  if (h.magic != wire::kPeerMagic) return Status::Corrupt("a malformed peer memory table");
+  if (h.code != 0) {
+    const std::string why = wire::get_cstr(h.message, sizeof(h.message));
+    const int32_t c = h.code;
+    const Code code = c > 0 && c <= static_cast<int32_t>(Code::kInternal) ? static_cast<Code>(c) : Code::kInternal;
+    return Status(code, h.api_error, why.empty() ? std::string("the peer handed out no memory") : why);
+  }
+  if (h.count > wire::kMaxPeerRanges)
+    return Status::InvalidArgument("a peer memory table of " + std::to_string(h.count) + " ranges (at most " +
+                                   std::to_string(wire::kMaxPeerRanges) + ")");
+  std::vector<PeerMemory> out;
+  out.reserve(h.count);
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < h.count; ++i) {
+    wire::PeerRange r;
+    UniqueFd fd;
+    POS_RETURN_IF_ERROR(recv_range(sock, &r, &fd));
+    if (r.magic != wire::kPeerMagic || r.index != i)
+      return Status::Corrupt("range " + std::to_string(i) + " of the peer's memory table is malformed or out of order");
+    if (!fd) return Status::InvalidArgument("range " + std::to_string(i) + " of the peer's memory table came without its descriptor");
+    if (r.size == 0 || r.size > (uint64_t{1} << 50) || bytes + r.size < bytes)
+      return Status::InvalidArgument("range " + std::to_string(i) + " of the peer's memory table has a bad size");
+    bytes += r.size;
+    out.emplace_back(r.addr, r.size, fd.release());
+  }
+  if (bytes != h.bytes) return Status::Corrupt("the peer's memory table does not add up to the bytes it announced");
+  return out;
+}
+
+}  // namespace pos

@@ -1,0 +1,21 @@
+// peer_transfer.h — a peer table on a socket: device memory handed between sessions of one host as
+// descriptors (pos-cli migrate's peer switch; wire::PeerHeader / PeerRange, docs/wire_format.md).
+#pragma once
+
+#include <vector>
+
+#include "pos/backend.h"
+#include "pos/base/status.h"
+
+namespace pos {
+
+// The header (code 0, the ranges' count and bytes), then each range alone with its descriptor.
+Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges);
+// A failed export: the header alone, with the reason.
+Status send_peer_failure(int sock, const Status& why);
+// Reads a table sent by send_peer_table (blocking; the socket's receive timeout applies): a header
+// with an error gives that error; a range without its descriptor, out of order, more than
+// wire::kMaxPeerRanges, or sizes that do not add up to the header's bytes are refused.
+StatusOr<std::vector<PeerMemory>> recv_peer_table(int sock);
+
+}  // namespace pos
