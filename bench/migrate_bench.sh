@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # migrate_bench.sh — issue #22's bench in one run: a job with ~8 GB of device state under posd A is
-# live-migrated to posd B and back (pos-cli migrate: pre-copy rounds, then the stop), against a
-# stop-and-copy through pos-cli dump + restore into B, and NVIDIA's driver checkpoint + CRIU on the
-# same program run natively. Downtime is what the job sees: its longest step gap minus its median.
-# Both posd keep a spare session process (posd.spare_session): a restore does not wait for a context.
+# live-migrated to posd B and back, against a stop-and-copy through pos-cli dump + restore into B,
+# and NVIDIA's driver checkpoint + CRIU on the same program run natively. Downtime is what the job
+# sees: its longest step gap minus its median. Both posd keep a spare session process
+# (posd.spare_session): a restore does not wait for a context.
 #
-# On one host the migration is the live switch (the process stays, its GPU state moves); a third
-# move takes the CRIU path (--move-process), as a migration to another host does.
+# On one host the migration is the live switch (the process stays, its GPU state moves): moves 1
+# and 2 take the peer switch (the default: the device memory handed to the target and copied device
+# to device, no rounds), move 3 pre-copy rounds through image files (--no-peer), and move 4 the
+# CRIU path (--move-process), as a migration to another host does.
 # --gpus A,B: posd A serves GPU A and posd B GPU B (issue #23: GPU -> GPU on one host); the run also
 # measures the peer copy bandwidth between them and host <-> device (torch, where it is installed).
 #
@@ -118,14 +120,19 @@ start_job() {  # $1: output file; the rest: env prefix
 posenv() { echo POS_SOCKET="$1" POS_JOB_NAME=bench POS_ARENA_SIZE=1GiB LD_LIBRARY_PATH=/usr/local/cuda/lib64 LD_PRELOAD="$B/remoting/client/libpos_client.so"; }
 
 declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
-echo "== POS: pos-cli migrate A -> B -> A (live), then A -> B moving the process (--move-process) (budget $BUDGET ms)"
+# Moves: A -> B and B -> A with the peer switch (the default on one host: the device memory handed
+# over, copied device to device), A -> B live with pre-copy rounds through image files (--no-peer),
+# B -> A moving the process (--move-process: rounds, then CRIU).
+MOVE_FLAGS=("" "" "--no-peer" "--move-process")
+MOVE_NAME=("A -> B, peer switch" "B -> A, peer switch" "A -> B, live, rounds through files (--no-peer)" "B -> A, --move-process (CRIU)")
+echo "== POS: pos-cli migrate A -> B -> A (peer switch), A -> B (--no-peer), B -> A (--move-process) (budget $BUDGET ms)"
 start_job "$TMP/job.out" $(posenv "$A") || exit 1
 FROM=$A TO=$BS
-for i in 0 1 2; do
+for i in 0 1 2 3; do
   S0=$(steps_so_far "$TMP/job.out.err")
   T0=$(now)
   M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
-      $([[ $i == 2 ]] && echo --move-process))
+      ${MOVE_FLAGS[$i]})
   MIG_TOTAL[$i]=$(sub "$(now)" "$T0")
   echo "$M"
   MIG_REPORT[$i]=$M
@@ -182,11 +189,17 @@ echo
 [[ -n $GPUS ]] && echo "posd A serves GPU ${GPUS%,*}, posd B GPU ${GPUS#*,}; the NVIDIA row stays on one GPU. ${PEER}"
 echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | pos-cli: stop + restore (s) | total / (state / round-1 rate) |"
 echo "|---|---|---|---|---|---|---|"
-for i in 0 1 2; do
+for i in 0 1 2 3; do
   M=${MIG_REPORT[$i]}
   B1=$(grep -o '"round":1,"bytes":[0-9]*' <<<"$M" | grep -o '[0-9]*$'); S1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"seconds":([0-9.]+).*/\1/')
-  name=("A -> B, live" "B -> A, live" "A -> B, --move-process (CRIU)")
-  echo "| POS migrate ${name[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
+  if grep -q '"peer":true' <<<"$M"; then
+    stop=$(awk -v b="$(json "$M" peer_bytes)" -v e="$(json "$M" peer_export_s)" -v c="$(json "$M" target_copy_s)" \
+      'BEGIN { printf "%.2f GB handed over (export %.3f s, target handles + copy %.3f s)", b / 1e9, e, c }')
+  else
+    stop=$(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }')
+  fi
+  grep -q '"where":"target"' <<<"$M" || stop="FAILED, the job stayed at the source: $(sed -n 's/.*"target_error":"\([^"]*\)".*/\1/p' <<<"$M")"
+  echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
 done
 echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
 echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"

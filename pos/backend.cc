@@ -18,9 +18,9 @@ void PeerMemory::close_fd() {
   fd = -1;
 }
 
-StatusOr<std::vector<size_t>> check_peer_memory(const std::vector<PeerMemory>& ranges,
-                                                const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
-                                                uint64_t align) {
+StatusOr<std::vector<PeerPiece>> check_peer_memory(const std::vector<PeerMemory>& ranges,
+                                                   const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
+                                                   uint64_t align) {
   if (align == 0) align = 1;
   std::vector<size_t> order(ranges.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -37,21 +37,25 @@ StatusOr<std::vector<size_t>> check_peer_memory(const std::vector<PeerMemory>& r
     if (r.addr < end) return Status::InvalidArgument(what + " overlaps another range");
     end = r.addr + r.size;
   }
-  std::vector<size_t> at;
-  at.reserve(buffers.size());
+  std::vector<PeerPiece> pieces;
+  pieces.reserve(buffers.size());
   for (const PeerBuffer& b : buffers) {
-    // The last range starting at or below the buffer must hold all of it.
-    auto it = std::upper_bound(order.begin(), order.end(), b.addr,
-                               [&](uint64_t a, size_t i) { return a < ranges[i].addr; });
-    if (it == order.begin())
-      return Status::InvalidArgument("buffer " + hex(b.addr) + " is in none of the memory handed over");
-    const PeerMemory& r = ranges[*std::prev(it)];
-    if (b.size == 0 || b.addr - r.addr > r.size || b.size > r.size - (b.addr - r.addr))
-      return Status::InvalidArgument("buffer " + hex(b.addr) + " + " + std::to_string(b.size) +
-                                     " is not inside the memory handed over");
-    at.push_back(*std::prev(it));
+    if (b.size == 0 || b.addr + b.size < b.addr)
+      return Status::InvalidArgument("buffer " + hex(b.addr) + " + " + std::to_string(b.size) + " is empty or wraps");
+    // From the buffer's start, range after range: the last range starting at or below `at` must
+    // hold it, up to its end or the buffer's.
+    for (uint64_t at = b.addr, stop = b.addr + b.size; at < stop;) {
+      auto it = std::upper_bound(order.begin(), order.end(), at, [&](uint64_t a, size_t i) { return a < ranges[i].addr; });
+      const PeerMemory* r = it == order.begin() ? nullptr : &ranges[*std::prev(it)];
+      if (r == nullptr || at - r->addr >= r->size)
+        return Status::InvalidArgument("buffer " + hex(b.addr) + " + " + std::to_string(b.size) +
+                                       " is not wholly inside the memory handed over (nothing at " + hex(at) + ")");
+      const uint64_t n = std::min(stop, r->addr + r->size) - at;
+      pieces.push_back(PeerPiece{*std::prev(it), at, n});
+      at += n;
+    }
   }
-  return at;
+  return pieces;
 }
 
 bool DeviceBackend::try_reserve(uint64_t bytes) {

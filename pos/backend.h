@@ -53,12 +53,19 @@ struct PeerBuffer {
   uint64_t addr = 0, size = 0;
 };
 
+// A stretch of one buffer that lies in one range (a buffer may span several adjoining ranges: the
+// CUDA backend maps memory in granule-aligned chunks that neighbours share).
+struct PeerPiece {
+  size_t range = 0;
+  uint64_t addr = 0, size = 0;
+};
+
 // Checks what a peer hands over before anything is mapped (both backends): ranges inside
-// [base, base + span), `align`-aligned, not overlapping, each with a descriptor; every buffer inside
-// one range. Returns, per buffer, the index of its range.
-StatusOr<std::vector<size_t>> check_peer_memory(const std::vector<PeerMemory>& ranges,
-                                                const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
-                                                uint64_t align);
+// [base, base + span), `align`-aligned, not overlapping, each with a descriptor; every byte of every
+// buffer inside some range. Returns the buffers cut at range boundaries, in buffer order.
+StatusOr<std::vector<PeerPiece>> check_peer_memory(const std::vector<PeerMemory>& ranges,
+                                                   const std::vector<PeerBuffer>& buffers, uint64_t base, uint64_t span,
+                                                   uint64_t align);
 
 struct FunctionInfo {
   BackendObj obj = 0;

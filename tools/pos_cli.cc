@@ -859,7 +859,8 @@ int migrate(const MigrateArgs& a) {
   o.self_program = self_program();
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   // One host, the process kept: the peer switch needs no rounds.
-  const bool peer = o.peer && !a.move_process && a.to.find('/') != std::string::npos;
+  const bool remote = a.to.find('/') == std::string::npos && a.to.find(':') != std::string::npos;  // as migrate_job
+  const bool peer = o.peer && !a.move_process && !remote;
   if (tty && !a.json)
     std::fprintf(stderr, peer ? "migrate: detaching the job..." : "migrate: round 1 (the whole GPU state)...");
   o.progress = [&](const char* ev, const pos::JobMigrateOptions::Round& r) {

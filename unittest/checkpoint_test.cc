@@ -656,10 +656,11 @@ TEST_F(CheckpointTest, APeerImageStoresNoBufferBytesAndRestoresOnlyFromTheMemory
   lazy.lazy = true;
   lazy.peer = &*mem;
   EXPECT_EQ(restore_from(d, lazy).code(), Code::kInvalidArgument);
-  // Memory that lacks a buffer: refused before anything is copied.
+  // Memory that lacks the end of a buffer: refused before anything is copied.
+  const uint64_t big_last = big_ + (20u << 20) - 1;
   std::vector<PeerMemory> partial;
   for (PeerMemory& m : *mem)
-    if (!(m.addr <= big_ && big_ < m.addr + m.size)) partial.emplace_back(m.addr, m.size, ::dup(m.fd));
+    if (!(m.addr <= big_last && big_last < m.addr + m.size)) partial.emplace_back(m.addr, m.size, ::dup(m.fd));
   RestoreOptions some;
   some.peer = &partial;
   Status lacking = restore_from(d, some);
@@ -696,10 +697,17 @@ TEST(PeerMemoryCheck, RangesOutsideTheClientOverlappingUnalignedOrWithoutADescri
     return v;
   };
   const int fd = 0;  // any open descriptor: check_peer_memory never reads it
-  auto ok = check_peer_memory(ranges({{base + 4 * g, g, fd}, {base, 2 * g, fd}}),
-                              {{base + 4 * g + 16, 64}, {base + g, g}, {base, 8}}, base, span, g);
+  auto ok = check_peer_memory(ranges({{base + 4 * g, g, fd}, {base, 2 * g, fd}, {base + 2 * g, g, fd}}),
+                              {{base + 4 * g + 16, 64}, {base + g, g}, {base, 8}, {base + g + 8, g + 16}}, base, span, g);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
-  EXPECT_EQ(*ok, (std::vector<size_t>{0, 1, 1}));
+  // A buffer across two adjoining ranges comes in two pieces.
+  std::vector<std::tuple<size_t, uint64_t, uint64_t>> got;
+  for (const PeerPiece& x : *ok) got.emplace_back(x.range, x.addr, x.size);
+  EXPECT_EQ(got, (std::vector<std::tuple<size_t, uint64_t, uint64_t>>{{0, base + 4 * g + 16, 64},
+                                                                      {1, base + g, g},
+                                                                      {1, base, 8},
+                                                                      {1, base + g + 8, g - 8},
+                                                                      {2, base + 2 * g, 24}}));
   struct Bad {
     std::vector<PeerMemory> rs;
     std::vector<PeerBuffer> bs;
@@ -712,9 +720,10 @@ TEST(PeerMemoryCheck, RangesOutsideTheClientOverlappingUnalignedOrWithoutADescri
   bad.push_back({ranges({{base + 4096, g, fd}}), {}, "not aligned"});
   bad.push_back({ranges({{base, 0, fd}}), {}, "empty"});
   bad.push_back({ranges({{base, g, -1}}), {}, "without its descriptor"});
-  bad.push_back({ranges({{base + g, g, fd}}), {{base, 8}}, "in none of the memory"});
-  bad.push_back({ranges({{base, g, fd}}), {{base + g - 8, 16}}, "not inside the memory"});
-  bad.push_back({ranges({{base, g, fd}}), {{base, 0}}, "not inside the memory"});
+  bad.push_back({ranges({{base + g, g, fd}}), {{base, 8}}, "not wholly inside the memory"});
+  bad.push_back({ranges({{base, g, fd}}), {{base + g - 8, 16}}, "not wholly inside the memory"});
+  bad.push_back({ranges({{base, g, fd}, {base + 2 * g, g, fd}}), {{base + g - 8, g + 16}}, "nothing at " + pos::hex(base + g)});
+  bad.push_back({ranges({{base, g, fd}}), {{base, 0}}, "empty"});
   for (const Bad& b : bad) {
     auto r = check_peer_memory(b.rs, b.bs, base, span, g);
     ASSERT_FALSE(r.ok()) << b.says;

@@ -871,6 +871,9 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   EXPECT_FALSE(std::filesystem::exists(img + "/gpu"));
   // The job's own user (root here) without the detach's token gets no memory either: the job is
   // not detached, and only its detacher knows the token.
+  auto peer_ckpt = pos::posd_checkpoint(socket, static_cast<uint32_t>(job), img, false, {}, {}, {}, false, true);
+  EXPECT_EQ(peer_ckpt.status().code(), pos::Code::kFailedPrecondition) << peer_ckpt.status().to_string();
+  EXPECT_NE(peer_ckpt.status().message().find("for a detached job"), std::string::npos) << peer_ckpt.status().to_string();
   auto mem = pos::posd_peer_export(socket, static_cast<uint32_t>(job), std::string(32, 'b'));
   EXPECT_EQ(mem.status().code(), pos::Code::kFailedPrecondition) << mem.status().to_string();
   EXPECT_NE(mem.status().message().find("not detached with that token"), std::string::npos) << mem.status().to_string();
@@ -1835,6 +1838,8 @@ TEST_F(PosdMultiGpu, AJobMigratedFromGpu0ToGpu1AndBackFinishesAsIfNeverMoved) {
                                                child, &code, &err, &reaped);
     ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
     EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+    // The live moves take the peer switch: the memory is copied GPU to GPU.
+    EXPECT_NE(report.find(live ? "\"peer\":true" : "\"peer\":false"), std::string::npos) << report;
     EXPECT_EQ(device_of(to, child), i % 2 == 0 ? 1 : 0) << "move " << i << ": " << to.ps();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (serves(from, child) && std::chrono::steady_clock::now() < until)

@@ -2,6 +2,7 @@
 // descriptor per range; used by posd's session processes and by pos-cli migrate.
 #include "remoting/server/peer_transfer.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,10 +15,22 @@
 
 namespace pos {
 
+void raise_descriptor_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
 Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges) {
-  if (ranges.size() > wire::kMaxPeerRanges)
-    return Status::Unsupported("the job's device memory lies in " + std::to_string(ranges.size()) +
-                               " pieces, more than a peer table carries (" + std::to_string(wire::kMaxPeerRanges) + ")");
+  if (ranges.size() > wire::kMaxPeerRanges) {
+    const Status why = Status::Unsupported("the job's device memory lies in " + std::to_string(ranges.size()) +
+                                           " pieces, more than a peer table carries (" +
+                                           std::to_string(wire::kMaxPeerRanges) + ")");
+    (void)send_peer_failure(sock, why);  // the receiver learns why
+    return why;
+  }
   wire::PeerHeader h;
   h.count = static_cast<uint32_t>(ranges.size());
   for (const PeerMemory& r : ranges) h.bytes += r.size;
@@ -56,6 +69,9 @@ Status recv_range(int sock, wire::PeerRange* r, UniqueFd* fd) {
     if (kept++ == 0) fd->reset(f);
     else ::close(f);
   });
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 && kept == 0)
+    return Status::Unavailable("a range of the peer's memory table lost its descriptor on the way (this process's open-file "
+                               "limit, RLIMIT_NOFILE, is reached?)");
   if ((msg.msg_flags & MSG_CTRUNC) != 0 || kept > 1)
     return Status::InvalidArgument("a range of the peer's memory table came with more than one descriptor");
   if (static_cast<size_t>(got) < sizeof(*r))
@@ -66,6 +82,7 @@ Status recv_range(int sock, wire::PeerRange* r, UniqueFd* fd) {
 }  // namespace
 
 StatusOr<std::vector<PeerMemory>> recv_peer_table(int sock) {
+  raise_descriptor_limit();  // one open descriptor per range
   wire::PeerHeader h;
   POS_RETURN_IF_ERROR(recv_all(sock, &h, sizeof(h)).with_context("the peer's memory table"));
   if (h.magic != wire::kPeerMagic) return Status::Corrupt("a malformed peer memory table");

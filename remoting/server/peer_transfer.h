@@ -9,7 +9,11 @@
 
 namespace pos {
 
+// Raises this process's soft open-file limit to its hard one: a peer table holds one descriptor per
+// range in the exporter, pos-cli and the importer at once.
+void raise_descriptor_limit();
 // The header (code 0, the ranges' count and bytes), then each range alone with its descriptor.
+// Too many ranges: a failure header saying so, and that error.
 Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges);
 // A failed export: the header alone, with the reason.
 Status send_peer_failure(int sock, const Status& why);

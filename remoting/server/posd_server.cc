@@ -961,10 +961,19 @@ void PosdServer::control_checkpoint(Handshake& h) {
   if (config_.posd_isolation != Isolation::kProcess)
     return refuse(Status::FailedPrecondition(
         "this posd runs with posd.isolation: shared; checkpoints of its jobs are taken with session processes only"));
+  const bool peer = (b.flags & wire::kCheckpointPeer) != 0;
+  if (peer && (incremental || b.mode != static_cast<uint32_t>(wire::CheckpointKind::kSync)))
+    return refuse(Status::InvalidArgument("a peer checkpoint (pos-cli migrate's peer switch) is synchronous and whole"));
   const uint32_t caller = caller_uid(h);
   auto found = job_session(b.target_pid, caller);
   if (!found.ok()) return refuse(found.status());
   Session* const target = *found;
+  if (peer) {
+    // Its buffers stay only in the session's memory: meaningful for a job detached for a switch.
+    std::lock_guard<std::mutex> io(target->io);
+    if (target->token.empty())
+      return refuse(Status::FailedPrecondition("a peer checkpoint is for a detached job (pos-cli migrate's peer switch)"));
+  }
   session_channel::Message m;
   m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
   m.mode = b.mode;
@@ -1269,7 +1278,7 @@ void PosdServer::control(int fd, const std::string& command) {
   } else if (command == "ps-table") {
     text = sessions_table();
   } else {
-    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table, checkpoint, limit)"));
+    refuse_connection(fd, Status::InvalidArgument("unknown posd command '" + command + "' (known: ps, ps-table, checkpoint, detach, restore, release, peer-export, limit)"));
     return;
   }
   wire::Welcome w;

@@ -235,6 +235,7 @@ void export_peer(int client, POSWorkspace* ws, uint64_t uuid, SessionControl* ct
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<std::vector<PeerMemory>> mem = Status::FailedPrecondition("the job is not detached from this session");
   if (ctl->detached()) {
+    raise_descriptor_limit();  // one descriptor per range until pos-cli has them
     auto c = uuid != 0 ? ws->find_client(uuid) : nullptr;
     if (c != nullptr) mem = c->export_peer_memory();
     else mem = Status::Unavailable("the job's session has no client (it is starting or ending)");

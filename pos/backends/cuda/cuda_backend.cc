@@ -997,6 +997,7 @@ class CudaClient final : public BackendClient {
     chunks_.erase(it);
   }
   Status map_chunk(uint64_t start, uint64_t size);
+  bool unshareable_ = false;  // the driver made no shareable chunk: the peer switch is refused
 
   CUcontext ctx_;
   CUdevice dev_;
@@ -1041,14 +1042,15 @@ Status CudaClient::map_chunk(uint64_t start, uint64_t size) {
   prop.location.id = dev_;
   // Shareable as a POSIX descriptor, so that pos-cli migrate can hand the memory to another session
   // (export_memory); a driver that cannot gets plain memory (the peer switch is then refused).
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h = 0;
-  bool shareable = true;
+  bool shareable = !unshareable_;
+  prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   CUresult made = cuMemCreate(&h, size, &prop, 0);
-  if (made == CUDA_ERROR_NOT_SUPPORTED || made == CUDA_ERROR_INVALID_VALUE) {
+  if (shareable && (made == CUDA_ERROR_NOT_SUPPORTED || made == CUDA_ERROR_INVALID_VALUE)) {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    shareable = false;
     made = cuMemCreate(&h, size, &prop, 0);
+    shareable = false;
+    if (made == CUDA_SUCCESS) unshareable_ = true;  // not asked again
   }
   POS_CU(made, std::to_string(size) + " bytes at " + hex(start));
   if (CUresult r = cuMemMap(start, size, 0, h, 0); r != CUDA_SUCCESS) {
@@ -1147,12 +1149,12 @@ Status CudaClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const s
       st = cu_status(e, "cuStreamCreate", what);
     }
   }
-  for (size_t b = 0; b < buffers.size() && st.ok(); ++b) {
-    const PeerBuffer& x = buffers[b];
-    const Mapped& m = maps[(*at)[b]];
-    const uint64_t off = x.addr - ranges[(*at)[b]].addr;
+  for (size_t k = 0; k < at->size() && st.ok(); ++k) {
+    const PeerPiece& x = (*at)[k];
+    const Mapped& m = maps[x.range];
+    const uint64_t off = x.addr - ranges[x.range].addr;
     if (CUresult e = cuMemcpyDtoDAsync(x.addr, m.va + off, x.size, m.stream); e != CUDA_SUCCESS)
-      st = cu_status(e, "cuMemcpyDtoDAsync", "buffer " + hex(x.addr));
+      st = cu_status(e, "cuMemcpyDtoDAsync", "buffer piece " + hex(x.addr));
   }
   for (Mapped& m : maps)
     if (m.stream != nullptr && st.ok())

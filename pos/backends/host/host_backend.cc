@@ -601,10 +601,10 @@ Status HostClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const s
     if (p == MAP_FAILED) st = Status::Unavailable("mapping peer memory " + hex(ranges[i].addr) + ": " + std::strerror(errno));
     else maps[i] = p;
   }
-  for (size_t b = 0; b < buffers.size() && st.ok(); ++b) {
-    const size_t i = (*at)[b];
-    std::memcpy(reinterpret_cast<void*>(buffers[b].addr),
-                static_cast<const char*>(maps[i]) + (buffers[b].addr - ranges[i].addr), buffers[b].size);
+  for (size_t k = 0; k < at->size() && st.ok(); ++k) {
+    const PeerPiece& x = (*at)[k];
+    std::memcpy(reinterpret_cast<void*>(x.addr), static_cast<const char*>(maps[x.range]) + (x.addr - ranges[x.range].addr),
+                x.size);
   }
   for (size_t i = 0; i < maps.size(); ++i)
     if (maps[i] != nullptr) ::munmap(maps[i], ranges[i].size);
