@@ -317,6 +317,7 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   guardian.say("a" + permit + "\n");
   rep->final_bytes = dumped->gpu.bytes_stored;
   rep->dump_s = seconds_since(t_stop);
+  rep->detach_s = dumped->detach_s, rep->stop_image_s = dumped->gpu_s;
   ckpt::fault_point("migrate-stopped");
   event("restore");
   const auto t_restore = std::chrono::steady_clock::now();
@@ -381,7 +382,9 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
     return back(go.message());
   }
   ckpt::fault_point("migrate-live-permit");
+  const auto t_permit = std::chrono::steady_clock::now();
   Status attached = await_restore(*pending);
+  rep->reattach_s = seconds_since(t_permit);
   if (attached.ok()) {
     rep->where = "target";
     Status rel = posd_release(o.socket, o.pid, dumped->token);
