@@ -81,6 +81,8 @@ start_posd() {  # $1: name; $2: the GPU it serves (empty: all, sessions on the f
   PIDS+=($!)
   for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
 }
+# The jobs print CLOCK_MONOTONIC seconds, the logs wall time: one pair of readings relates them.
+echo "clocks: wall $(date +%s.%N) monotonic $(cut -d' ' -f1 /proc/uptime)"
 if [[ -n $GPUS ]]; then start_posd a "${GPUS%,*}"; start_posd b "${GPUS#*,}"; else start_posd a; start_posd b; fi
 A="$TMP/a/posd.sock" BS="$TMP/b/posd.sock"
 PEER=""

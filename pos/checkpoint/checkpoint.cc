@@ -65,6 +65,13 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
     ckpt::DirWriterOptions o;
     o.replace = req_.replace;
     o.alloc = pinned_allocator(device_);
+    if (req_.peer) {
+      // A peer switch's image holds handles and variables only, and is taken while the job waits:
+      // no page-locked staging (allocating it costs tens of milliseconds), one memory file.
+      o.alloc = ckpt::HostAllocator::plain();
+      o.staging_buffers = 2;
+      o.memory_files = 1;
+    }
     auto w = ckpt::open_dir_writer(req_.dir, o);
     if (!w.ok()) return w.status();
     writer_ = std::move(*w);

@@ -442,6 +442,7 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   ro.lazy = (start.flags & wire::kRestoreLazy) != 0;
   // A peer switch: the source session's memory comes from pos-cli, right after the Welcome.
   std::vector<PeerMemory> peer;
+  const auto t_table = std::chrono::steady_clock::now();
   if ((start.flags & wire::kRestorePeer) != 0) {
     auto got = recv_peer_table(cli);
     if (!got.ok()) {
@@ -459,7 +460,9 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   ro.host_base = reinterpret_cast<uint64_t>(at) + layout.arena_offset;
   ro.host_size = layout.arena_bytes;
   ro.devices = config.posd_devices;
+  const auto t_client = std::chrono::steady_clock::now();
   auto uuid = ws.restore(image, ro);
+  const auto t_restored = std::chrono::steady_clock::now();
   peer.clear();  // copied (or failed): the source's memory is not held here any longer
   ro.peer = nullptr;
   if (!uuid.ok()) {
@@ -478,9 +481,15 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
     e.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     send_event(cli, e);
   }
-  POS_INFO("posd-session", "restored client %lu of pid %d (%s)%s in %.3f s; waiting for the job to re-attach",
-           (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  {
+    using sec = std::chrono::duration<double>;
+    POS_INFO("posd-session",
+             "restored client %lu of pid %d (%s)%s in %.3f s (image %.3f s, peer table %.3f s, client %.3f s); waiting "
+             "for the job to re-attach",
+             (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "",
+             sec(std::chrono::steady_clock::now() - t0).count(), sec(t_table - t0).count(),
+             sec(t_client - t_table).count(), sec(t_restored - t_client).count());
+  }
 
   UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
   std::atomic<bool> stopping{false};

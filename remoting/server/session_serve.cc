@@ -347,6 +347,8 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   };
   // A restored session starts where a dump left its job: detached, waiting for it to re-attach.
   bool serving = !restored;
+  int first_answers = 0;  // after a re-attach: the first answers are logged with their delay
+  auto t_reattach = std::chrono::steady_clock::now();
   if (restored) {
     end_reason = "detached";
     ctl->mark_detached();
@@ -394,6 +396,15 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
                   r.to_string().c_str());
       // pos_process copied the parameters: the ring space may be reused.
       consumed(f.h.total_len, f.h.seq);
+      if ((f.h.flags & wire::kFlagReply) && first_answers > 0) {
+        // A move's cost to the job does not end at the re-attach: what its first calls wait for
+        // (lazily loaded kernels, a cold context) is logged, to be measured.
+        --first_answers;
+        POS_INFO("posd", "session %lu ('%s'): %s answered %.1f ms after the re-attach (%lu frames)", (unsigned long)*uuid,
+                 spec.job.c_str(), std::string(api_name(static_cast<ApiId>(f.h.api_id))).c_str(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_reattach).count(),
+                 (unsigned long)f.h.seq);
+      }
       if (f.h.flags & wire::kFlagReply) {
         reply->seq = f.h.seq;
         reply->code = static_cast<int32_t>(r.code());
@@ -518,6 +529,8 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
     head = 0, last_seq = 0;
     end_reason = "client disconnected";
     ctl->attached(fd);
+    t_reattach = std::chrono::steady_clock::now();
+    first_answers = 3;
     POS_INFO("posd", "session %lu (pid %d, '%s'): re-attached", (unsigned long)*uuid, spec.pid, spec.job.c_str());
   }
   if (ctl != nullptr) ctl->ended();
