@@ -1400,8 +1400,8 @@ class CudaBackend final : public DeviceBackend {
               CUmemAccessDesc access{};
               access.location = prop.location;
               access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+              // No access through it: work still queued on unmapped memory would fault the context.
               (void)cuMemSetAccess(va, granule_, &access, 1);
-              (void)cuMemsetD8(va, 0, 4096);
               (void)cuMemUnmap(va, granule_);
             }
             (void)cuMemAddressFree(va, granule_);
