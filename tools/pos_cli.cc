@@ -353,16 +353,24 @@ bool append_memory(const std::string& memory, std::string* cmd) {
   return true;
 }
 
-// A job under posd: its session's device-memory quota, through posd (`limit PID [memory=BYTES]`).
+// A job under posd: its session's device-memory quota and GPU-time share, through posd
+// (`limit PID [memory=BYTES] [share=PERMILLE]`).
 int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, const std::string& memory,
                const std::string& gpu_share, bool json) {
-  if (!gpu_share.empty()) {
-    std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job (pos run) in %s; GPU-time shares of jobs under posd "
-                         "are not built yet (docs/limits.md)\n", pid, jobs_dir.c_str());
-    return 1;
-  }
   std::string cmd = "limit " + std::to_string(pid);
   if (!append_memory(memory, &cmd)) return 2;
+  if (!gpu_share.empty()) {
+    uint32_t pm = 0;
+    if (gpu_share != "0" && gpu_share != "0%") {
+      auto p = pos::parse_share(gpu_share);
+      if (!p.ok()) {
+        std::fprintf(stderr, "pos-cli limit: --gpu-share %s\n", p.status().message().c_str());
+        return 2;
+      }
+      pm = *p;
+    }
+    cmd += " share=" + std::to_string(pm);
+  }
   auto a = pos::posd_control(socket, cmd);
   if (!a.ok()) {
     std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job in %s, and posd (%s) says: %s\n", pid,
@@ -384,11 +392,13 @@ int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, 
     auto it = v.find(key);
     return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
   };
-  const unsigned long long quota = number("memory_quota"), used = number("memory_bytes");
-  if (quota == 0) std::printf("pid %d (under posd): no device-memory quota; it holds %llu bytes\n", pid, used);
+  const unsigned long long quota = number("memory_quota"), used = number("memory_bytes"), share = number("gpu_share");
+  if (quota == 0) std::printf("pid %d (under posd): no device-memory quota; it holds %llu bytes", pid, used);
   else
-    std::printf("pid %d (under posd): device-memory quota %llu bytes; it holds %llu (%.1f%%)\n", pid, quota, used,
+    std::printf("pid %d (under posd): device-memory quota %llu bytes; it holds %llu (%.1f%%)", pid, quota, used,
                 100.0 * static_cast<double>(used) / static_cast<double>(quota));
+  if (share == 0) std::printf("; no GPU-time share\n");
+  else std::printf("; GPU-time share %llu.%llu%%\n", share / 10, share % 10);
   return 0;
 }
 

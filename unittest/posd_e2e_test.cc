@@ -930,14 +930,25 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
             std::string::npos) << out;
   out = pos::test::run_shell(t + " --memory lots", &code);
   EXPECT_EQ(code, 2) << out;
+  // A GPU-time share for the running job (its session process's slot in the usage region), shown
+  // and taken away again; a bad one refused with nothing changed.
   out = pos::test::run_shell(t + " --gpu-share 30%", &code);
-  EXPECT_EQ(code, 1) << out;
-  EXPECT_NE(out.find("GPU-time shares of jobs under posd are not built yet"), std::string::npos) << out;
+  EXPECT_EQ(code, 0) << out << posd.log_text();
+  EXPECT_NE(out.find("; GPU-time share 30.0%"), std::string::npos) << out;
+  out = pos::test::run_shell(t + " --json", &code);
+  EXPECT_NE(out.find("\"gpu_share\":300}"), std::string::npos) << out;
+  out = pos::test::run_shell(t + " --gpu-share 130%", &code);
+  EXPECT_EQ(code, 2) << out;
+  out = pos::test::run_shell(t + " --gpu-share 0", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("; no GPU-time share"), std::string::npos) << out;
   out = pos::test::run_shell(cli + " limit -t 4000000 --socket " + posd.socket + " --jobs-dir " + base + "-jobs", &code);
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("has no session on this posd"), std::string::npos) << out;
   for (const std::string& bad : {std::string("limit x memory=1"), "limit " + std::to_string(job) + " cpu=1",
-                                "limit " + std::to_string(job) + " memory=-1"}) {
+                                "limit " + std::to_string(job) + " memory=-1", "limit " + std::to_string(job) + " share=1001",
+                                "limit " + std::to_string(job) + " share=1 share=2",
+                                "limit " + std::to_string(job) + " memory=1 share=1 memory=2"}) {
     auto r = pos::posd_control(posd.socket, bad);
     EXPECT_FALSE(r.ok()) << bad;
   }
@@ -1007,6 +1018,21 @@ TEST_F(PosdProcess, PosdJobsWithGpuSharesExecuteInTheRatioOfTheirShares) {
                                                   " --jobs-dir " + jobs_dir, &code);
   EXPECT_NE(ps.find("\"gpu_share\":700,"), std::string::npos) << ps;
   EXPECT_NE(ps.find("\"gpu_share\":300,"), std::string::npos) << ps;
+  // pos-cli limit changes a running posd job's share: one that would make the GPU's shares pass
+  // 100 % is refused naming the holder, with nothing changed; a smaller one moves the ratio.
+  const std::string lim = env_or_fail("POS_CLI") + " limit -t " + std::to_string(light) + " --socket " + posd.socket +
+                          " --jobs-dir " + jobs_dir;
+  std::string out = pos::test::run_shell(lim + " --gpu-share 40%", &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("already shared out"), std::string::npos) << out;
+  out = pos::test::run_shell(lim + " --gpu-share 10%", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("; GPU-time share 10.0%"), std::string::npos) << out;
+  const long long h1 = executed("heavy"), l1 = executed("light");
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const long long dh1 = executed("heavy") - h1, dl1 = executed("light") - l1;
+  ASSERT_GT(dl1, 0) << posd.ps();
+  EXPECT_NEAR(double(dh1) / double(dh1 + dl1), 0.875, 0.10) << dh1 << " " << dl1;
   for (pid_t p : {heavy, light}) {
     ::kill(p, SIGKILL);
     ::waitpid(p, nullptr, 0);

@@ -1225,26 +1225,35 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
     refuse_connection(fd, why);
   };
   std::istringstream in(command.substr(6));
-  std::string pid_text, arg, extra;
-  in >> pid_text >> arg >> extra;
+  std::string pid_text, arg, arg2, extra;
+  in >> pid_text >> arg >> arg2 >> extra;
   auto pid = parse_uint(pid_text);
   if (!pid.ok() || *pid == 0 || *pid > INT32_MAX || !extra.empty())
-    return refuse(Status::InvalidArgument("limit wants a pid and at most memory=BYTES, not '" + printable(command, 64) + "'"));
-  bool set = false;
-  uint64_t bytes = 0;
-  if (!arg.empty()) {
-    auto v = arg.rfind("memory=", 0) == 0 ? parse_uint(arg.substr(7)) : StatusOr<uint64_t>(Status::InvalidArgument("unknown limit"));
-    if (!v.ok()) return refuse(Status::InvalidArgument("limit wants memory=BYTES, not '" + printable(arg, 64) + "'"));
-    set = true, bytes = *v;
+    return refuse(Status::InvalidArgument("limit wants a pid and at most memory=BYTES and share=PERMILLE, not '" +
+                                          printable(command, 64) + "'"));
+  bool set_memory = false, set_share = false;
+  uint64_t bytes = 0, per_mille = 0;
+  for (const std::string& a : {arg, arg2}) {
+    if (a.empty()) continue;
+    const bool mem = a.rfind("memory=", 0) == 0, sh = a.rfind("share=", 0) == 0;
+    auto v = mem ? parse_uint(a.substr(7)) : sh ? parse_uint(a.substr(6)) : StatusOr<uint64_t>(Status::InvalidArgument("unknown limit"));
+    if (!v.ok() || (mem && set_memory) || (sh && set_share) || (sh && *v > 1000))
+      return refuse(Status::InvalidArgument("limit wants memory=BYTES and share=PERMILLE (0 to 1000), not '" +
+                                            printable(a, 64) + "'"));
+    if (mem) set_memory = true, bytes = *v;
+    else set_share = true, per_mille = *v;
   }
+  const bool set = set_memory || set_share;
   auto found = job_session(static_cast<uint32_t>(*pid), caller_uid(h), "change the limits of");
   if (!found.ok()) return refuse(found.status());
   Session* const target = *found;
-  uint64_t quota = 0, used = 0;
+  uint64_t quota = 0, used = 0, share = 0;
   if (target->child > 0) {
     session_channel::Message m;
     m.type = static_cast<uint32_t>(set ? session_channel::Type::kLimit : session_channel::Type::kStatsRequest);
     m.stats.memory_quota = bytes;
+    m.share = static_cast<uint32_t>(per_mille);
+    m.flags = (set_memory ? session_channel::kLimitMemory : 0u) | (set_share ? session_channel::kLimitShare : 0u);
     StatusOr<session_channel::Message> r = Status::Unavailable("not asked");
     {
       std::lock_guard<std::mutex> io(target->io);
@@ -1254,18 +1263,29 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
     if (!r.ok()) return refuse(Status::Unavailable("the job's session process did not answer: " + r.status().message()));
     if (r->uuid == 0 || r->ending != 0)
       return refuse(Status::FailedPrecondition("pid " + std::to_string(*pid) + "'s session is starting or ending"));
-    quota = r->stats.memory_quota, used = r->stats.memory_in_use;
+    if (r->code != 0) {  // the change was refused (a share past 100 %, no usage region): nothing changed
+      const int32_t c = r->code > 0 && r->code <= static_cast<int32_t>(Code::kInternal) ? r->code : static_cast<int32_t>(Code::kInternal);
+      return refuse(Status(static_cast<Code>(c), 0, wire::get_cstr(r->message, sizeof(r->message))));
+    }
+    quota = r->stats.memory_quota, used = r->stats.memory_in_use, share = r->share;
   } else {
     auto c = ws_->find_client(target->progress.uuid.load(std::memory_order_acquire));
     if (!c) return refuse(Status::FailedPrecondition("pid " + std::to_string(*pid) + "'s session is starting or ending"));
-    if (set) c->set_memory_quota(bytes);
+    if (set_share)
+      return refuse(Status::FailedPrecondition("GPU-time shares are for session processes (posd.isolation: process); "
+                                               "this posd runs its sessions in one process"));
+    if (set_memory) c->set_memory_quota(bytes);
     quota = c->memory_quota(), used = c->stats().memory_in_use;
   }
-  if (set)
+  if (set_memory)
     POS_INFO("posd", "pid %u ('%s'): device-memory quota set to %lu bytes by uid %u", static_cast<unsigned>(*pid),
              target->job.c_str(), (unsigned long)quota, caller_uid(h));
+  if (set_share)
+    POS_INFO("posd", "pid %u ('%s'): GPU-time share set to %lu per mille by uid %u", static_cast<unsigned>(*pid),
+             target->job.c_str(), (unsigned long)share, caller_uid(h));
   const std::string text = "{\"ok\":true,\"pid\":" + std::to_string(*pid) + ",\"job\":" + json_string(target->job) +
-                           ",\"memory_quota\":" + std::to_string(quota) + ",\"memory_bytes\":" + std::to_string(used) + "}\n";
+                           ",\"memory_quota\":" + std::to_string(quota) + ",\"memory_bytes\":" + std::to_string(used) +
+                           ",\"gpu_share\":" + std::to_string(share) + "}\n";
   wire::Welcome w;
   w.control_bytes = text.size();
   if (send_all(fd, &w, sizeof(w)).ok()) (void)send_all(fd, text.data(), text.size()).ok();

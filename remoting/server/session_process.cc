@@ -362,9 +362,16 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
     m.frames = progress->frames.load(std::memory_order_relaxed);
     if (m.uuid != 0) {
       if (auto c = ws->find_client(m.uuid)) {
-        if (limit) c->set_memory_quota(req.stats.memory_quota);
+        Status changed;
+        if (limit && (req.flags & sc::kLimitShare) != 0) changed = ctl->set_gpu_share(req.share);
+        if (limit && changed.ok() && (req.flags & sc::kLimitMemory) != 0) c->set_memory_quota(req.stats.memory_quota);
+        if (!changed.ok()) {
+          m.code = static_cast<int32_t>(changed.code());
+          wire::put_cstr(m.message, sizeof(m.message), changed.message());
+        }
         m.stats = c->stats();
         m.device = c->device();
+        m.share = ctl->gpu_share();
       } else {
         m.ending = 1;
       }

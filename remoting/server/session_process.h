@@ -36,8 +36,9 @@ enum class Kind : uint32_t { kServe = 1, kProbe = 2, kRestore = 3, kSpare = 4 };
 // kDetach carries pos-cli's connection (answered by the session process); kReattach the job's new
 // connection and the session memfd the job maps.
 // kRelease: the detached job re-attached to another posd (migrate's live switch): the session ends.
-// kLimit: the client's device-memory quota becomes stats.memory_quota (pos-cli limit); answered
-// with a report, as kStatsRequest is.
+// kLimit: what flags says changes (pos-cli limit): kLimitMemory, the client's device-memory quota
+// becomes stats.memory_quota; kLimitShare, its GPU-time share becomes `share` (per mille). Answered
+// with a report, as kStatsRequest is (code and message: a refused change; share: the share now).
 // kPeerExport carries pos-cli's connection: the detached job's device memory goes to pos-cli as a
 // peer table (posd checked the detach's token; answered by the session process).
 enum class Type : uint32_t {
@@ -77,7 +78,10 @@ struct Message {
   ClientStats stats{};
   char backend[32] = {};
   char message[512] = {};
+  uint32_t share = 0;  // kLimit (kLimitShare) and its report: the GPU-time share, per mille
+  uint32_t reserved = 0;
 };
+inline constexpr uint32_t kLimitMemory = 1, kLimitShare = 2;
 }  // namespace session_channel
 
 // The session process's program: posd.session_binary, else $POS_SESSION_BINARY, else posd-session

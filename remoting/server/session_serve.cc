@@ -108,6 +108,24 @@ ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_
 
 }  // namespace
 
+void SessionControl::set_share_slot(SessionShare* share) {
+  std::lock_guard<std::mutex> lk(share_mu_);
+  share_ = share;
+}
+
+Status SessionControl::set_gpu_share(uint32_t per_mille) {
+  std::lock_guard<std::mutex> lk(share_mu_);
+  if (share_ == nullptr)
+    return Status::FailedPrecondition("this job's session is in no usage region (its posd user's region could not be "
+                                      "opened, or the session is starting or ending): no GPU-time share can be set");
+  return share_->set_share(per_mille);
+}
+
+uint32_t SessionControl::gpu_share() const {
+  std::lock_guard<std::mutex> lk(share_mu_);
+  return share_ != nullptr ? share_->share() : 0;
+}
+
 SessionControl::SessionControl() : wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 void SessionControl::attached(int fd) {
@@ -269,6 +287,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
       std::string why;
       share = SessionShare::join(default_jobs_dir(), c.get(), spec.gpu_share, &why);
       if (share) c->set_turn_gate(share.get());
+      if (share && spec.control != nullptr) spec.control->set_share_slot(share.get());
       else if (spec.gpu_share != 0)
         POS_WARN("posd", "session %lu (pid %d, '%s'): no GPU-time share: %s", (unsigned long)*uuid, spec.pid,
                  spec.job.c_str(), why.c_str());
@@ -538,6 +557,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   const ClientStats st2 = client ? client->stats() : ClientStats{};
   client.reset();  // the workspace alone owns it while it is removed
   Status rm = ws.remove_client(*uuid);
+  if (ctl != nullptr) ctl->set_share_slot(nullptr);
   share.reset();  // its worker is gone: the gate goes, and the slot
   const std::string rm_note = rm.ok() ? "" : " (" + rm.to_string() + ")";
   POS_INFO("posd", "session %lu (pid %d, '%s') ended: %s; %lu frames, freed %lu bytes of device memory%s",

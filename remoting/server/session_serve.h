@@ -42,6 +42,11 @@ class SessionControl {
   // ended first or the time passed.
   bool wait_attached(std::chrono::milliseconds timeout);
   bool detaching() const { return state_.load(std::memory_order_acquire) == kDetaching; }
+  // The session's place in the usage region (pos-cli limit --gpu-share), while the serving loop has
+  // one: set by the loop, used by the control thread.
+  void set_share_slot(class SessionShare* share);
+  Status set_gpu_share(uint32_t per_mille);
+  uint32_t gpu_share() const;
   // Detached and no re-attach under way: nothing writes the job's device memory now.
   bool detached() const { return state_.load(std::memory_order_acquire) == kDetached; }
 
@@ -60,6 +65,8 @@ class SessionControl {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<int> state_{kStarting};
+  mutable std::mutex share_mu_;
+  class SessionShare* share_ = nullptr;  // guarded by share_mu_
   int fd_ = -1;         // the current attachment's connection (kAttached, kDetaching)
   UniqueFd pending_, pending_memfd_;  // a re-attaching connection and its memfd, for the loop
   UniqueFd wake_;       // eventfd: the loop waits on it while detached

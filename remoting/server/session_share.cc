@@ -37,6 +37,7 @@ std::unique_ptr<SessionShare> SessionShare::join(const std::string& jobs_dir, PO
     }
   }
   std::unique_ptr<SessionShare> out(new SessionShare(std::move(*region), *slot, client));
+  out->share_.store(share, std::memory_order_relaxed);
   // Every 10 ms of calls: what the session holds, its quota and its device, for ps and the others.
   SessionShare* self = out.get();
   out->gate_.set_verify([self] {
@@ -47,6 +48,12 @@ std::unique_ptr<SessionShare> SessionShare::join(const std::string& jobs_dir, PO
   });
   out->gate_.attach(out->region_.get(), *slot, e.device);
   return out;
+}
+
+Status SessionShare::set_share(uint32_t per_mille) {
+  POS_RETURN_IF_ERROR(region_->set_share(slot_, per_mille));
+  share_.store(per_mille, std::memory_order_relaxed);
+  return Status::Ok();
 }
 
 SessionShare::~SessionShare() {

@@ -7,6 +7,7 @@
 // process's (its pid lives as long as the session's device state).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +27,11 @@ class SessionShare final : public TurnGate {
                                             std::string* why);
   ~SessionShare() override;
 
+  // pos-cli limit --gpu-share for a posd job: the slot's share changes (0: none); refused, with
+  // nothing changed, when its GPU's shares would pass 100 % (the holders named).
+  Status set_share(uint32_t per_mille);
+  uint32_t share() const { return share_.load(std::memory_order_relaxed); }
+
   int enter(void (*drain)(void*), void* ctx) override {
     return gate_.enter([drain, ctx] { drain(ctx); });
   }
@@ -37,6 +43,7 @@ class SessionShare final : public TurnGate {
   std::unique_ptr<UsageRegion> region_;
   int slot_;
   POSClient* client_;  // outlived by this gate's users only (set_turn_gate's rule)
+  std::atomic<uint32_t> share_{0};
   ShareGate gate_;
 };
 
