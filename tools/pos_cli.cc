@@ -353,24 +353,28 @@ bool append_memory(const std::string& memory, std::string* cmd) {
   return true;
 }
 
+// --gpu-share PCT in per mille ("0" or "0%": none; empty: not asked); false (said) when it does not parse.
+bool parse_gpu_share(const std::string& gpu_share, uint32_t* per_mille) {
+  *per_mille = 0;
+  if (gpu_share.empty() || gpu_share == "0" || gpu_share == "0%") return true;
+  auto p = pos::parse_share(gpu_share);
+  if (!p.ok()) {
+    std::fprintf(stderr, "pos-cli limit: --gpu-share %s\n", p.status().message().c_str());
+    return false;
+  }
+  *per_mille = *p;
+  return true;
+}
+
 // A job under posd: its session's device-memory quota and GPU-time share, through posd
 // (`limit PID [memory=BYTES] [share=PERMILLE]`).
 int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, const std::string& memory,
                const std::string& gpu_share, bool json) {
   std::string cmd = "limit " + std::to_string(pid);
   if (!append_memory(memory, &cmd)) return 2;
-  if (!gpu_share.empty()) {
-    uint32_t pm = 0;
-    if (gpu_share != "0" && gpu_share != "0%") {
-      auto p = pos::parse_share(gpu_share);
-      if (!p.ok()) {
-        std::fprintf(stderr, "pos-cli limit: --gpu-share %s\n", p.status().message().c_str());
-        return 2;
-      }
-      pm = *p;
-    }
-    cmd += " share=" + std::to_string(pm);
-  }
+  uint32_t pm = 0;
+  if (!parse_gpu_share(gpu_share, &pm)) return 2;
+  if (!gpu_share.empty()) cmd += " share=" + std::to_string(pm);
   auto a = pos::posd_control(socket, cmd);
   if (!a.ok()) {
     std::fprintf(stderr, "pos-cli limit: pid %d is no in-process job in %s, and posd (%s) says: %s\n", pid,
@@ -408,16 +412,9 @@ int limit(int pid, const std::string& jobs_dir, const std::string& socket, const
   if (!t.inproc) return limit_posd(pid, socket, t.jobs_dir, memory, gpu_share, json);
   std::string cmd = "limit";
   if (!append_memory(memory, &cmd)) return 2;
+  uint32_t pm = 0;
+  if (!parse_gpu_share(gpu_share, &pm)) return 2;
   if (!gpu_share.empty()) {
-    uint32_t pm = 0;
-    if (gpu_share != "0" && gpu_share != "0%") {
-      auto p = pos::parse_share(gpu_share);
-      if (!p.ok()) {
-        std::fprintf(stderr, "pos-cli limit: --gpu-share %s\n", p.status().message().c_str());
-        return 2;
-      }
-      pm = *p;
-    }
     if (!memory.empty()) {
       // One change per question: the memory limit first, then the share.
       auto first = pos::ask_job(t.job_socket, cmd, 10000);

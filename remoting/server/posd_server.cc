@@ -1034,6 +1034,23 @@ void PosdServer::control_detach(Handshake& h) {
            target->job.c_str(), static_cast<int>(target->child), caller);
 }
 
+// A request only the job's detacher may make (release, peer-export): `token` must be the detach's;
+// then `type` goes to the session process, with `fd` (pos-cli's connection) when it is >= 0, and,
+// with `forget`, the token is dropped (no re-attach is routed to the session after it).
+Status PosdServer::to_detached_session(Session* target, const std::string& token, session_channel::Type type, int fd,
+                                       bool forget) {
+  session_channel::Message m;
+  m.type = static_cast<uint32_t>(type);
+  std::lock_guard<std::mutex> io(target->io);
+  if (target->token.size() != token.size() || !CRYPTO_memcmp_like(target->token.data(), token.data(), token.size()))
+    return Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
+                  "pid " + std::to_string(target->cred.pid) + "'s session here is not detached with that token");
+  if (forget) target->token.clear();
+  Status sent = fd >= 0 ? send_with_fds(target->channel.get(), &m, sizeof(m), {fd})
+                        : send_with_fds(target->channel.get(), &m, sizeof(m), {});
+  return sent.ok() ? sent : Status::Unavailable("the job's session process is gone: " + sent.message());
+}
+
 // pos-cli migrate's live switch: the job it detached from here re-attached to another posd of this
 // host, so its session here (still detached, waiting with the detach's token) ends. The token
 // proves the caller is the one who detached it; the caller's uid must be the job's or root.
@@ -1052,22 +1069,9 @@ void PosdServer::control_release(Handshake& h) {
   auto found = job_session(b.target_pid, caller);
   if (!found.ok()) return refuse(found.status());
   Session* const target = *found;
-  session_channel::Message m;
-  m.type = static_cast<uint32_t>(session_channel::Type::kRelease);
-  Status sent;
-  {
-    std::lock_guard<std::mutex> io(target->io);
-    if (target->token.size() != token.size() ||
-        !CRYPTO_memcmp_like(target->token.data(), token.data(), token.size())) {
-      sent = Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
-                    "pid " + std::to_string(b.target_pid) + "'s session here is not detached with that token (it runs here)");
-    } else {
-      target->token.clear();  // no re-attach is routed to it any more
-      sent = send_with_fds(target->channel.get(), &m, sizeof(m), {});
-    }
-  }
-  if (!sent.ok()) return refuse(sent.code() == Code::kFailedPrecondition ? sent
-                                : Status::Unavailable("the job's session process is gone: " + sent.message()));
+  // No re-attach is routed to it any more once it is told.
+  if (Status sent = to_detached_session(target, token, session_channel::Type::kRelease, -1, true); !sent.ok())
+    return refuse(sent);
   POS_INFO("posd", "session of pid %d ('%s') released: the job runs under another posd now", target->cred.pid,
            target->job.c_str());
   wire::Welcome w;
@@ -1093,20 +1097,8 @@ void PosdServer::control_peer_export(Handshake& h) {
   auto found = job_session(b.target_pid, caller);
   if (!found.ok()) return refuse(found.status());
   Session* const target = *found;
-  session_channel::Message m;
-  m.type = static_cast<uint32_t>(session_channel::Type::kPeerExport);
-  Status sent;
-  {
-    std::lock_guard<std::mutex> io(target->io);
-    if (target->token.size() != token.size() ||
-        !CRYPTO_memcmp_like(target->token.data(), token.data(), token.size()))
-      sent = Status(Code::kFailedPrecondition, cuda::kErrorInvalidValue,
-                    "pid " + std::to_string(b.target_pid) + "'s session here is not detached with that token");
-    else
-      sent = send_with_fds(target->channel.get(), &m, sizeof(m), {fd});
-  }
-  if (!sent.ok()) return refuse(sent.code() == Code::kFailedPrecondition ? sent
-                                : Status::Unavailable("the job's session process is gone: " + sent.message()));
+  if (Status sent = to_detached_session(target, token, session_channel::Type::kPeerExport, fd, false); !sent.ok())
+    return refuse(sent);
   POS_INFO("posd", "peer export of pid %d ('%s') handed to its session process %d for uid %u", target->cred.pid,
            target->job.c_str(), static_cast<int>(target->child), caller);
 }

@@ -125,6 +125,7 @@ class PosdServer {
   void control_detach(Handshake& h);
   void control_release(Handshake& h);
   void control_peer_export(Handshake& h);
+  Status to_detached_session(Session* target, const std::string& token, session_channel::Type type, int fd, bool forget);
   void reattach(Handshake& h);
   void control_restore(Handshake& h);
   void reap_finished();
