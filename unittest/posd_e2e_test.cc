@@ -1723,6 +1723,8 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   const std::string want = expected(args), cli = env_or_fail("POS_CLI");
   const std::string base = ::testing::TempDir() + "posd-e2e-migf-" + std::to_string(::getpid());
   OwnPosd a(base + "-a"), b(base + "-b"), shared(base + "-s", "  isolation: shared\n");
+  // A target whose restoring session dies right after it copied the source's memory (the peer switch).
+  OwnPosd dying(base + "-d", "", {"env", "POS_FAULT_POINT=restore-peer-copied"});
   size_t releases = 0;
   // "+criu": the same with --move-process (the process moves too, through CRIU). The live switch's
   // own points (after the target was told the job comes, before and after its permit) end with the
@@ -1731,22 +1733,23 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   // the peer switch (no rounds).
   for (const std::string fault : {"migrate-round+files", "migrate-stopped", "migrate-stopped+files", "migrate-peer-exported",
                                   "migrate-stopped+criu", "job-dump-criu-done+criu", "migrate-before-restore+criu",
-                                  "refusing-target", "refusing-target+criu", "migrate-live-go", "migrate-live-go+files",
-                                  "migrate-live-permit"}) {
+                                  "refusing-target", "refusing-target+criu", "dying-target", "migrate-live-go",
+                                  "migrate-live-go+files", "migrate-live-permit"}) {
     const std::string out_file = base + "." + fault + ".out", jobs = base + ".jobs", work = base + ".work";
     for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
     std::filesystem::create_directories(work);
     const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-" + fault, out_file, jobs, a);
     const bool criu = fault.ends_with("+criu"), files = fault.ends_with("+files");
     const std::string point = fault.substr(0, fault.find('+'));
-    const bool refusing = point == "refusing-target";
+    const bool refusing = point == "refusing-target", dies = point == "dying-target";
     const bool lands_on_b = point == "migrate-live-go" || point == "migrate-live-permit";
     int code = -1;
     std::string err;
     std::vector<int> reaped;
     const std::string report =
-        migrate_reaping((refusing ? std::string() : "POS_FAULT_POINT=" + point + " ") + cli + " migrate -t " +
-                            std::to_string(child) + " --to " + (refusing ? shared.socket : b.socket) + " --socket " +
+        migrate_reaping((refusing || dies ? std::string() : "POS_FAULT_POINT=" + point + " ") + cli + " migrate -t " +
+                            std::to_string(child) + " --to " + (refusing ? shared.socket : dies ? dying.socket : b.socket) +
+                            " --socket " +
                             a.socket + " --max-rounds 2 --work-dir " + work + " --json" + (criu ? " --move-process" : "") +
                             (files ? " --no-peer" : ""),
                         child, &code, &err, &reaped);
@@ -1754,6 +1757,11 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
       EXPECT_EQ(code, 3) << err << report;  // back on the source, and said so
       EXPECT_NE(report.find("\"where\":\"source\""), std::string::npos) << report;
       EXPECT_NE(report.find("isolation: shared"), std::string::npos) << report;
+    } else if (dies) {
+      EXPECT_EQ(code, 3) << err << report;  // the target's session died: back on the source
+      EXPECT_NE(report.find("\"where\":\"source\""), std::string::npos) << report;
+      EXPECT_NE(report.find("\"peer\":true"), std::string::npos) << report;
+      EXPECT_NE(report.find("the restoring session ended before the GPU state was up"), std::string::npos) << report;
     } else {
       EXPECT_EQ(code, 137) << fault << ": " << err << report;  // the fault point killed pos-cli
     }
@@ -1771,6 +1779,7 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
     EXPECT_TRUE(serves(home, child)) << fault << ": " << err << home.ps() << home.log_text();
     EXPECT_FALSE(serves(other, child)) << fault << ": " << other.ps() << other.log_text();
     EXPECT_FALSE(serves(shared, child)) << fault;
+    EXPECT_FALSE(serves(dying, child)) << fault;
     // A's detached session goes only when the job runs at B (posd logs the release).
     if (lands_on_b) ++releases;
     const std::string al = a.log_text();

@@ -470,6 +470,8 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   const auto t_client = std::chrono::steady_clock::now();
   auto uuid = ws.restore(image, ro);
   const auto t_restored = std::chrono::steady_clock::now();
+  // Test hook: the target's session dies with the source's memory copied, before it says so.
+  if (!peer.empty() && uuid.ok()) ckpt::fault_point("restore-peer-copied");
   peer.clear();  // copied (or failed): the source's memory is not held here any longer
   ro.peer = nullptr;
   if (!uuid.ok()) {
