@@ -1379,9 +1379,10 @@ class CudaBackend final : public DeviceBackend {
  private:
   // First uses that cost a process tens of milliseconds, paid at start rather than inside a move's
   // stop (a spare session starts long before the restore it serves): the driver's first export,
-  // import and mapping of a shareable allocation (measured on the H200: 24-35 ms for the first
-  // export of a session's memory, 4 ms later), and cuBLAS's first handle and GEMM. Best effort:
-  // a failure here only means the first real use pays.
+  // import and mapping of a shareable allocation, the first mapping of another GPU's memory, and
+  // cuBLAS's first handle and GEMM (without them the job's first step at a migration's target was
+  // about 50 ms slower on the H200). The first export of each of a session's own chunks still costs
+  // about 0.5 ms (docs/migration.md). Best effort: a failure here only means the first real use pays.
   void warm_up() {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
