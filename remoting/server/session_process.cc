@@ -451,6 +451,8 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   std::vector<PeerMemory> peer;
   const auto t_table = std::chrono::steady_clock::now();
   if ((start.flags & wire::kRestorePeer) != 0) {
+    timeval rt{10, 0};  // pos-cli sends it right after the Welcome: a pos-cli that stalls is not waited for
+    (void)setsockopt(cli, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof(rt));
     auto got = recv_peer_table(cli);
     if (!got.ok()) {
       ::munmap(at, layout.total);
