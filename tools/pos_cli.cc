@@ -353,6 +353,12 @@ bool append_memory(const std::string& memory, std::string* cmd) {
   return true;
 }
 
+// A number of a flat JSON answer (0 when it is missing or not a number).
+unsigned long long flat_number(const std::map<std::string, pos::FlatJsonValue>& v, const char* key) {
+  auto it = v.find(key);
+  return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
+}
+
 // --gpu-share PCT in per mille ("0" or "0%": none; empty: not asked); false (said) when it does not parse.
 bool parse_gpu_share(const std::string& gpu_share, uint32_t* per_mille) {
   *per_mille = 0;
@@ -392,10 +398,7 @@ int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, 
     std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid, read.message().c_str());
     return 1;
   }
-  const auto number = [&](const char* key) {
-    auto it = v.find(key);
-    return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
-  };
+  const auto number = [&](const char* key) { return flat_number(v, key); };
   const unsigned long long quota = number("memory_quota"), used = number("memory_bytes"), share = number("gpu_share");
   if (quota == 0) std::printf("pid %d (under posd): no device-memory quota; it holds %llu bytes", pid, used);
   else
@@ -452,10 +455,7 @@ int limit(int pid, const std::string& jobs_dir, const std::string& socket, const
     std::fprintf(stderr, "pos-cli limit: pid %d: %s\n", pid, read.message().c_str());
     return 1;
   }
-  const auto number = [&](const char* key) {
-    auto it = v.find(key);
-    return it != v.end() && it->second.kind == pos::FlatJsonValue::kNumber ? static_cast<unsigned long long>(it->second.n) : 0ull;
-  };
+  const auto number = [&](const char* key) { return flat_number(v, key); };
   const unsigned long long lim = number("memory"), used = number("memory_used"), refused = number("memory_refused");
   if (lim == 0) std::printf("pid %d: no memory limit; it holds %llu bytes of device memory\n", pid, used);
   else
