@@ -11,21 +11,24 @@
 # CRIU path (--move-process), as a migration to another host does.
 # --gpus A,B: posd A serves GPU A and posd B GPU B (issue #23: GPU -> GPU on one host); the run also
 # measures the peer copy bandwidth between them and host <-> device (torch, where it is installed).
+# --peer-moves N: only the peer switch, N moves back and forth (its spread; no other rows).
 #
-# Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [-- job args...]
+# Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B]
+#        [--peer-moves N] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
 # Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [-- job args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [-- job args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS=""
+DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --gpus) GPUS="${2:?}"; [[ $GPUS =~ ^[0-9]+,[0-9]+$ ]] || usage; shift 2 ;;
     --dir) DIR="${2:?}"; shift 2 ;;
     --backend) BACKEND="${2:?}"; shift 2 ;;
     --max-downtime) BUDGET="${2:?}"; shift 2 ;;
+    --peer-moves) PEER_MOVES="${2:?}"; [[ $PEER_MOVES =~ ^[1-9][0-9]?$ ]] || usage; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -37,7 +40,7 @@ ARGS=("$@")
 # Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
   export POS_BENCH_SUBREAPER=1
-  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} -- "${ARGS[@]}"
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") -- "${ARGS[@]}"
 fi
 CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
@@ -127,10 +130,18 @@ declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
 # B -> A moving the process (--move-process: rounds, then CRIU).
 MOVE_FLAGS=("" "" "--no-peer" "--move-process")
 MOVE_NAME=("A -> B, peer switch" "B -> A, peer switch" "A -> B, live, rounds through files (--no-peer)" "B -> A, --move-process (CRIU)")
-echo "== POS: pos-cli migrate A -> B -> A (peer switch), A -> B (--no-peer), B -> A (--move-process) (budget $BUDGET ms)"
+if [[ $PEER_MOVES -gt 0 ]]; then
+  MOVE_FLAGS=() MOVE_NAME=()
+  for ((i = 0; i < PEER_MOVES; ++i)); do
+    MOVE_FLAGS+=(""); if ((i % 2 == 0)); then MOVE_NAME+=("A -> B, peer switch"); else MOVE_NAME+=("B -> A, peer switch"); fi
+  done
+  echo "== POS: pos-cli migrate, $PEER_MOVES moves by the peer switch, A -> B -> A ... (budget $BUDGET ms)"
+else
+  echo "== POS: pos-cli migrate A -> B -> A (peer switch), A -> B (--no-peer), B -> A (--move-process) (budget $BUDGET ms)"
+fi
 start_job "$TMP/job.out" $(posenv "$A") || exit 1
 FROM=$A TO=$BS
-for i in 0 1 2 3; do
+for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   S0=$(steps_so_far "$TMP/job.out.err")
   T0=$(now)
   M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
@@ -152,6 +163,8 @@ rounds() {  # "bytes@seconds" per round, from a report
     awk '{ printf "%s%.2f GB in %.2f s", (NR > 1 ? "; " : ""), $1 / 1e9, $2 }'
 }
 
+D="" SC_GAP="" SC_MED="" SC_TOTAL="" NV_GAP="" NV_MED="" NV_TOTAL=""
+if [[ $PEER_MOVES -eq 0 ]]; then
 echo "== POS: stop-and-copy, pos-cli dump (the job ends) then restore --lazy into B"
 start_job "$TMP/sc.out" $(posenv "$A") || exit 1
 S0=$(steps_so_far "$TMP/sc.out.err")
@@ -166,7 +179,6 @@ echo "job's steps: longest around the stop ${SC_GAP} ms, median ${SC_MED} ms; du
 kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; rm -rf "$WORK/img-stop"; sleep 1
 
 echo "== NVIDIA: cuda checkpoint API + CRIU, stop and copy, on the same program run natively"
-NV_GAP="" NV_MED="" NV_TOTAL=""
 if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/cuda/lib64; then
   NJ=$JOB
   mkdir -p "$WORK/img-nv"
@@ -187,11 +199,13 @@ if [[ $BACKEND == cuda ]] && start_job "$TMP/nv.out" LD_LIBRARY_PATH=/usr/local/
   kill -KILL "$NJ" 2>/dev/null; gone "$NJ"
 fi
 
+fi  # not --peer-moves
+
 echo
 [[ -n $GPUS ]] && echo "posd A serves GPU ${GPUS%,*}, posd B GPU ${GPUS#*,}; the NVIDIA row stays on one GPU. ${PEER}"
 echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | pos-cli: stop + restore (s) | total / (state / round-1 rate) |"
 echo "|---|---|---|---|---|---|---|"
-for i in 0 1 2 3; do
+for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   M=${MIG_REPORT[$i]}
   B1=$(grep -o '"round":1,"bytes":[0-9]*' <<<"$M" | grep -o '[0-9]*$'); S1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"seconds":([0-9.]+).*/\1/')
   if grep -q '"peer":true' <<<"$M"; then
@@ -203,6 +217,6 @@ for i in 0 1 2 3; do
   grep -q '"where":"target"' <<<"$M" || stop="FAILED, the job stayed at the source: $(sed -n 's/.*"target_error":"\([^"]*\)".*/\1/p' <<<"$M")"
   echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
 done
-echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
-echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
+[[ $PEER_MOVES -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
+[[ $PEER_MOVES -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
 grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1

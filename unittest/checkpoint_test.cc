@@ -762,6 +762,23 @@ TEST(PeerTable, ATableArrivesWithEveryDescriptorAndMalformedTablesAreRefused) {
     EXPECT_EQ(::pread((*in)[1].fd, &c, 1, 0), 1);
     EXPECT_EQ(c, 'y');
   }
+  {  // a table of several batches (wire::kPeerBatch ranges each, the last one shorter), in order
+    auto [a, b] = pair();
+    std::vector<PeerMemory> out;
+    const uint32_t n = 3 * wire::kPeerBatch + 5;
+    for (uint32_t i = 0; i < n; ++i) out.emplace_back(0x100000 + 0x2000ull * i, 4096, memfd_with(static_cast<char>('a' + i % 26)));
+    std::thread sender([&] { EXPECT_TRUE(send_peer_table(a.get(), out).ok()); });
+    auto in = recv_peer_table(b.get());
+    sender.join();
+    ASSERT_TRUE(in.ok()) << in.status().to_string();
+    ASSERT_EQ(in->size(), n);
+    for (uint32_t i = 0; i < n; ++i) {
+      EXPECT_EQ((*in)[i].addr, 0x100000 + 0x2000ull * i);
+      char c = 0;
+      ASSERT_EQ(::pread((*in)[i].fd, &c, 1, 0), 1);
+      EXPECT_EQ(c, static_cast<char>('a' + i % 26)) << "range " << i << " came with another range's descriptor";
+    }
+  }
   {
     auto [a, b] = pair();
     ASSERT_TRUE(send_peer_failure(a.get(), Status::Unsupported("no shareable handle")).ok());

@@ -187,10 +187,12 @@ struct PeerExportBody {
   char token[64] = {};
 };
 static_assert(sizeof(PeerExportBody) == 72);
-// A peer table: one header, then `count` ranges, each sent alone with one descriptor attached
-// (SCM_RIGHTS): the memory that backs [addr, addr + size) in the exporting session. The same table
-// goes from pos-cli to the target's restoring session (kRestorePeer).
+// A peer table: one header, then `count` ranges in batches of kPeerBatch (the last one shorter),
+// each batch one message with one descriptor per range attached in order (SCM_RIGHTS): the memory
+// that backs [addr, addr + size) in the exporting session. The same table goes from pos-cli to the
+// target's restoring session (kRestorePeer).
 inline constexpr uint32_t kMaxPeerRanges = 1u << 16;
+inline constexpr uint32_t kPeerBatch = 64;  // under the kernel's 253 descriptors per message
 struct PeerHeader {
   uint32_t magic = kPeerMagic;
   int32_t code = 0, api_error = 0;  // the export's outcome (pos::Code; 0: ranges follow)

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -35,11 +36,30 @@ Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges) {
   h.count = static_cast<uint32_t>(ranges.size());
   for (const PeerMemory& r : ranges) h.bytes += r.size;
   POS_RETURN_IF_ERROR(send_all(sock, &h, sizeof(h)));
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    wire::PeerRange r;
-    r.index = static_cast<uint32_t>(i);
-    r.addr = ranges[i].addr, r.size = ranges[i].size;
-    POS_RETURN_IF_ERROR(send_with_fds(sock, &r, sizeof(r), {ranges[i].fd}));
+  // In batches of kPeerBatch ranges, each batch one message with its descriptors in order: one
+  // message per range cost the receiver a wake-up each (a stop's table has tens to thousands).
+  wire::PeerRange batch[wire::kPeerBatch];
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(wire::kPeerBatch * sizeof(int))];
+  for (size_t i = 0; i < ranges.size(); i += wire::kPeerBatch) {
+    const size_t k = std::min<size_t>(wire::kPeerBatch, ranges.size() - i);
+    for (size_t j = 0; j < k; ++j) {
+      batch[j] = wire::PeerRange{};
+      batch[j].index = static_cast<uint32_t>(i + j);
+      batch[j].addr = ranges[i + j].addr, batch[j].size = ranges[i + j].size;
+    }
+    std::memset(cbuf, 0, sizeof(cbuf));
+    msghdr msg{};
+    iovec iov{batch, k * sizeof(wire::PeerRange)};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(k * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(k * sizeof(int));
+    for (size_t j = 0; j < k; ++j) std::memcpy(CMSG_DATA(c) + j * sizeof(int), &ranges[i + j].fd, sizeof(int));
+    ssize_t w = 0;
+    do w = ::sendmsg(sock, &msg, MSG_NOSIGNAL); while (w < 0 && errno == EINTR);
+    if (w < 0) return Status::Unavailable(std::string("sending the peer memory table: ") + std::strerror(errno));
+    // The descriptors went with the first byte; the rest of a short send is plain bytes.
+    if (static_cast<size_t>(w) < iov.iov_len)
+      POS_RETURN_IF_ERROR(send_all(sock, reinterpret_cast<const char*>(batch) + w, iov.iov_len - static_cast<size_t>(w)));
   }
   return Status::Ok();
 }
@@ -54,28 +74,27 @@ Status send_peer_failure(int sock, const Status& why) {
 
 namespace {
 
-// One range and the descriptor that came with its first byte.
-Status recv_range(int sock, wire::PeerRange* r, UniqueFd* fd) {
+// One batch of `k` ranges and the descriptors that came with its first byte, in order.
+Status recv_batch(int sock, wire::PeerRange* r, size_t k, std::vector<UniqueFd>* fds) {
   msghdr msg{};
-  iovec iov{r, sizeof(*r)};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+  iovec iov{r, k * sizeof(*r)};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE((wire::kPeerBatch + 4) * sizeof(int))];
   msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = sizeof(cbuf);
   ssize_t got = 0;
   do got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (got < 0 && errno == EINTR);
   if (got == 0) return Status::Unavailable("the peer closed the connection in the middle of its memory table");
   if (got < 0) return Status::Unavailable(std::string("receiving the peer's memory table: ") + std::strerror(errno));
-  int kept = 0;
-  for_each_received_fd(&msg, [&](int f) {
-    if (kept++ == 0) fd->reset(f);
-    else ::close(f);
-  });
-  if ((msg.msg_flags & MSG_CTRUNC) != 0 && kept == 0)
-    return Status::Unavailable("a range of the peer's memory table lost its descriptor on the way (this process's open-file "
-                               "limit, RLIMIT_NOFILE, is reached?)");
-  if ((msg.msg_flags & MSG_CTRUNC) != 0 || kept > 1)
-    return Status::InvalidArgument("a range of the peer's memory table came with more than one descriptor");
-  if (static_cast<size_t>(got) < sizeof(*r))
-    POS_RETURN_IF_ERROR(recv_all(sock, reinterpret_cast<char*>(r) + got, sizeof(*r) - static_cast<size_t>(got)));
+  fds->clear();
+  for_each_received_fd(&msg, [&](int f) { fds->emplace_back(f); });
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 && fds->size() < k)
+    return Status::Unavailable("ranges of the peer's memory table lost their descriptors on the way (this process's "
+                               "open-file limit, RLIMIT_NOFILE, is reached?)");
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || fds->size() != k)
+    return Status::InvalidArgument("a range of the peer's memory table came without its descriptor (a batch of " +
+                                   std::to_string(k) + " ranges brought " + std::to_string(fds->size()) + ")");
+  const size_t want = k * sizeof(*r);
+  if (static_cast<size_t>(got) < want)
+    POS_RETURN_IF_ERROR(recv_all(sock, reinterpret_cast<char*>(r) + got, want - static_cast<size_t>(got)));
   return Status::Ok();
 }
 
@@ -98,17 +117,21 @@ StatusOr<std::vector<PeerMemory>> recv_peer_table(int sock) {
   std::vector<PeerMemory> out;
   out.reserve(h.count);
   uint64_t bytes = 0;
-  for (uint32_t i = 0; i < h.count; ++i) {
-    wire::PeerRange r;
-    UniqueFd fd;
-    POS_RETURN_IF_ERROR(recv_range(sock, &r, &fd));
-    if (r.magic != wire::kPeerMagic || r.index != i)
-      return Status::Corrupt("range " + std::to_string(i) + " of the peer's memory table is malformed or out of order");
-    if (!fd) return Status::InvalidArgument("range " + std::to_string(i) + " of the peer's memory table came without its descriptor");
-    if (r.size == 0 || r.size > (uint64_t{1} << 50) || bytes + r.size < bytes)
-      return Status::InvalidArgument("range " + std::to_string(i) + " of the peer's memory table has a bad size");
-    bytes += r.size;
-    out.emplace_back(r.addr, r.size, fd.release());
+  wire::PeerRange batch[wire::kPeerBatch];
+  std::vector<UniqueFd> fds;
+  for (uint32_t i = 0; i < h.count; i += wire::kPeerBatch) {
+    const uint32_t k = std::min<uint32_t>(wire::kPeerBatch, h.count - i);
+    POS_RETURN_IF_ERROR(recv_batch(sock, batch, k, &fds));
+    for (uint32_t j = 0; j < k; ++j) {
+      const wire::PeerRange& r = batch[j];
+      const uint32_t n = i + j;
+      if (r.magic != wire::kPeerMagic || r.index != n)
+        return Status::Corrupt("range " + std::to_string(n) + " of the peer's memory table is malformed or out of order");
+      if (r.size == 0 || r.size > (uint64_t{1} << 50) || bytes + r.size < bytes)
+        return Status::InvalidArgument("range " + std::to_string(n) + " of the peer's memory table has a bad size");
+      bytes += r.size;
+      out.emplace_back(r.addr, r.size, fds[j].release());
+    }
   }
   if (bytes != h.bytes) return Status::Corrupt("the peer's memory table does not add up to the bytes it announced");
   return out;
