@@ -912,7 +912,7 @@ int migrate(const MigrateArgs& a) {
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
                 "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s,\"peer\":%s,\"peer_bytes\":%llu,"
                 "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f,\"detach_s\":%.6f,\"stop_image_s\":%.6f,"
-                "\"reattach_s\":%.6f}\n",
+                "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f}\n",
                 r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
@@ -921,7 +921,7 @@ int migrate(const MigrateArgs& a) {
                 r->commit_answer_lost ? "true" : "false", r->live ? "true" : "false",
                 pos::json_string(r->release_error).c_str(), r->peer ? "true" : "false",
                 (unsigned long long)r->peer_bytes, r->peer_export_s, r->target_copy_s, r->detach_s, r->stop_image_s,
-                r->reattach_s);
+                r->reattach_s, r->target_welcome_s, r->peer_send_s);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),

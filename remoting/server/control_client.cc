@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <climits>
 #include <filesystem>
@@ -163,6 +164,7 @@ Status event_status(const wire::ControlEvent& e) {
 StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std::string& dir, const RestoreRequest& r) {
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!d) return Status::InvalidArgument("cannot open " + dir + ": " + std::strerror(errno));
+  const auto t0 = std::chrono::steady_clock::now();
   auto fd = open_control(socket_path, "restore");
   if (!fd.ok()) return fd.status();
   PendingRestore p;
@@ -183,8 +185,12 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
   wire::Welcome w;
   POS_RETURN_IF_ERROR(recv_all(p.sock.get(), &w, sizeof(w)).with_context("posd's answer"));
   POS_RETURN_IF_ERROR(check_welcome(w));
-  if (r.peer != nullptr)  // the source's memory, to the restoring session (it copies, then answers)
+  const auto t_welcome = std::chrono::steady_clock::now();
+  p.welcome_s = std::chrono::duration<double>(t_welcome - t0).count();
+  if (r.peer != nullptr) {  // the source's memory, to the restoring session (it copies, then answers)
     POS_RETURN_IF_ERROR(send_peer_table(p.sock.get(), *r.peer).with_context("handing the job's memory to the target"));
+    p.table_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_welcome).count();
+  }
   for (;;) {
     wire::ControlEvent e;
     Status s = recv_all(p.sock.get(), &e, sizeof(e));

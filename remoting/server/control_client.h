@@ -56,6 +56,8 @@ struct PendingRestore {
   UniqueFd sock;        // open until finish_restore; closing it abandons the restore
   double gpu_s = 0;     // posd's time to rebuild the GPU state
   uint64_t bytes = 0, handles = 0;  // device memory and handles of the restored client
+  double welcome_s = 0;  // from the connect to the session's Welcome
+  double table_s = 0;    // kRestorePeer: sending the peer table
 };
 // Asks posd to rebuild the job's GPU state from `dir`/gpu (through this process's descriptor of
 // `dir`) in a new session process, which then waits for the job to re-attach with `token`. Returns

@@ -369,6 +369,7 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   peer.clear();  // the target copied it (or failed): the source's session alone holds it again
   if (!pending.ok()) return back(pending.status().message());
   rep->target_copy_s = pending->gpu_s;
+  rep->target_welcome_s = pending->welcome_s, rep->peer_send_s = pending->table_s;
   // From the RestoreGo on, the target's session waits for the job (a minute at most) even if this
   // process dies; from the permit on, the job goes there. The guardian settles either way ('m').
   Status go = send_restore_go(*pending, o.pid);

@@ -69,6 +69,8 @@ struct JobMigrateReport {
   uint64_t peer_bytes = 0;  // peer: device memory handed over (the source's allocations, whole)
   double peer_export_s = 0; // peer: the source's export, until pos-cli held the descriptors
   double target_copy_s = 0; // peer: the target's restore of the handles and its copy
+  double target_welcome_s = 0;  // live: from the connect to the target's restoring session's Welcome
+  double peer_send_s = 0;   // peer: sending the table of descriptors to the target
   double detach_s = 0;      // live: of dump_s, the detach (the job's calls in flight finishing)
   double stop_image_s = 0;  // live: of dump_s, the stop's GPU image (handles, and buffers unless peer)
   double reattach_s = 0;    // live: from the permit to the target's "re-attached"

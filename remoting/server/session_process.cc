@@ -450,9 +450,13 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   // A peer switch: the source session's memory comes from pos-cli, right after the Welcome.
   std::vector<PeerMemory> peer;
   const auto t_table = std::chrono::steady_clock::now();
+  auto t_table_first = t_table;
   if ((start.flags & wire::kRestorePeer) != 0) {
     timeval rt{10, 0};  // pos-cli sends it right after the Welcome: a pos-cli that stalls is not waited for
     (void)setsockopt(cli, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof(rt));
+    pollfd pf{cli, POLLIN, 0};
+    (void)::poll(&pf, 1, 10000);  // for the log: when its first bytes came, apart from reading them all
+    t_table_first = std::chrono::steady_clock::now();
     auto got = recv_peer_table(cli);
     if (!got.ok()) {
       ::munmap(at, layout.total);
@@ -495,11 +499,11 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   {
     using sec = std::chrono::duration<double>;
     POS_INFO("posd-session",
-             "restored client %lu of pid %d (%s)%s in %.3f s (image %.3f s, peer table %.3f s, client %.3f s); waiting "
-             "for the job to re-attach",
+             "restored client %lu of pid %d (%s)%s in %.3f s (image %.3f s, peer table %.3f s of which waiting for its "
+             "start %.3f s, client %.3f s); waiting for the job to re-attach",
              (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "",
              sec(std::chrono::steady_clock::now() - t0).count(), sec(t_table - t0).count(),
-             sec(t_client - t_table).count(), sec(t_restored - t_client).count());
+             sec(t_client - t_table).count(), sec(t_table_first - t_table).count(), sec(t_restored - t_client).count());
   }
 
   UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));

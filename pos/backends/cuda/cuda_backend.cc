@@ -141,6 +141,7 @@ class ChunkExporter {
     std::lock_guard<std::mutex> l(mu_);
     if (fds_.size() + queue_.size() >= kMaxKept) return;
     queue_.emplace_back(start, h);
+    last_add_ = std::chrono::steady_clock::now();
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     cv_.notify_one();
   }
@@ -176,7 +177,12 @@ class ChunkExporter {
     std::unique_lock<std::mutex> l(mu_);
     for (;;) {
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      // Only once no chunk was made for a while: exports beside a burst of allocations (a job's
+      // start, a restore) slowed the driver's other calls there (a peer switch's target: its
+      // allocations, imports and unmaps, 2-10x on the H200).
+      while (!stop_ && std::chrono::steady_clock::now() - last_add_ < kQuiet) cv_.wait_until(l, last_add_ + kQuiet);
       if (stop_) return;
+      if (queue_.empty()) continue;
       const auto [start, h] = queue_.front();
       queue_.pop_front();
       int fd = -1;
@@ -190,6 +196,8 @@ class ChunkExporter {
   std::condition_variable cv_;
   std::deque<std::pair<uint64_t, CUmemGenericAllocationHandle>> queue_;
   std::unordered_map<uint64_t, int> fds_;  // chunk start -> its kept descriptor
+  static constexpr std::chrono::milliseconds kQuiet{1000};
+  std::chrono::steady_clock::time_point last_add_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -567,6 +575,29 @@ class CudaCopier final : public DeviceCopier {
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
   bool no_pool_ = false;  // the device has no stream-ordered allocator
+};
+
+// A peer switch's scratch mapping of the source session's memory (CudaClient::copy_from_peer):
+// one reservation, each range imported and mapped side by side, and the copy streams.
+struct PeerScratch {
+  CUdeviceptr va = 0;
+  uint64_t total = 0;
+  std::vector<uint64_t> offset, size;
+  std::vector<CUmemGenericAllocationHandle> handles;
+  std::vector<bool> mapped;
+  std::vector<CUstream> streams;
+  void release() {
+    for (CUstream x : streams) {
+      cuStreamSynchronize(x);
+      cuStreamDestroy(x);
+    }
+    for (size_t i = 0; i < handles.size(); ++i) {
+      if (mapped[i]) cuMemUnmap(va + offset[i], size[i]);
+      if (handles[i] != 0) cuMemRelease(handles[i]);
+    }
+    if (va != 0) cuMemAddressFree(va, total);
+    streams.clear(), handles.clear(), mapped.clear(), va = 0;
+  }
 };
 
 class CudaClient final : public BackendClient {
@@ -1106,10 +1137,12 @@ class CudaClient final : public BackendClient {
   const uint64_t spin_ns_;                       // the copier threads spin this long between chunks
   OnUsePins* const pins_;                        // the backend's: session arenas locked on first use
   std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
+  std::thread scratch_release_;                  // the last peer switch's scratch, unmapped after the restore
   ChunkExporter exporter_{ctx_};                 // last: made after ctx_; the destructor's body releases chunks through it
 };
 
 CudaClient::~CudaClient() {
+  if (scratch_release_.joinable()) scratch_release_.join();
   if (!bind().ok()) return;
   (void)synchronize_all();
   staging_.reset();
@@ -1183,25 +1216,23 @@ Status CudaClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const s
   auto at = check_peer_memory(ranges, buffers, base_, size_, granule_);
   if (!at.ok()) return at.status();
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<uint64_t> offset(ranges.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) offset[i] = total, total += ranges[i].size;  // granule multiples (checked)
-  std::vector<CUmemGenericAllocationHandle> handles(ranges.size(), 0);
-  std::vector<bool> mapped(ranges.size(), false);
+  if (scratch_release_.joinable()) scratch_release_.join();  // the last switch's scratch, gone
+  PeerScratch sc;
+  sc.offset.resize(ranges.size());
+  sc.size.resize(ranges.size());
+  uint64_t& total = sc.total;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    sc.offset[i] = total, sc.size[i] = ranges[i].size;
+    total += ranges[i].size;  // granule multiples (checked)
+  }
+  std::vector<uint64_t>& offset = sc.offset;
+  sc.handles.assign(ranges.size(), 0);
+  sc.mapped.assign(ranges.size(), false);
+  std::vector<CUmemGenericAllocationHandle>& handles = sc.handles;
+  std::vector<bool>& mapped = sc.mapped;
   constexpr size_t kStreams = 8;
-  std::vector<CUstream> streams;
-  CUdeviceptr va = 0;
-  auto unwind = [&] {
-    for (CUstream x : streams) {
-      cuStreamSynchronize(x);
-      cuStreamDestroy(x);
-    }
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      if (mapped[i]) cuMemUnmap(va + offset[i], ranges[i].size);
-      if (handles[i] != 0) cuMemRelease(handles[i]);
-    }
-    if (va != 0) cuMemAddressFree(va, total);
-  };
+  std::vector<CUstream>& streams = sc.streams;
+  CUdeviceptr& va = sc.va;
   Status st;
   if (total > 0) {
     if (CUresult e = cuMemAddressReserve(&va, total, granule_, 0, 0); e != CUDA_SUCCESS) {
@@ -1250,13 +1281,19 @@ Status CudaClient::copy_from_peer(const std::vector<PeerMemory>& ranges, const s
     if (st.ok())
       if (CUresult e = cuStreamSynchronize(x); e != CUDA_SUCCESS) st = cu_status(e, "cuStreamSynchronize", "peer copy");
   const auto t_copied = std::chrono::steady_clock::now();
-  unwind();
   using ms = std::chrono::duration<double, std::milli>;
-  if (st.ok())
-    POS_INFO("cuda", "peer copy: %zu ranges, %zu pieces, %.1f MB: import and map %.1f ms, copy %.1f ms, unmap %.1f ms",
-             ranges.size(), at->size(), static_cast<double>(total) / 1e6, ms(t_mapped - t0).count(),
-             ms(t_copied - t_mapped).count(), ms(std::chrono::steady_clock::now() - t_copied).count());
-  return st;
+  if (!st.ok()) {
+    sc.release();
+    return st;
+  }
+  POS_INFO("cuda", "peer copy: %zu ranges, %zu pieces, %.1f MB: import and map %.1f ms, copy %.1f ms", ranges.size(),
+           at->size(), static_cast<double>(total) / 1e6, ms(t_mapped - t0).count(), ms(t_copied - t_mapped).count());
+  // Unmapping the peer's memory took 2-60 ms on the H200: done on a thread of its own, after the
+  // restore has answered (the copies are complete; nothing of this client reads the scratch).
+  scratch_release_ = std::thread([ctx = ctx_, sc = std::move(sc)]() mutable {
+    if (cuCtxSetCurrent(ctx) == CUDA_SUCCESS) sc.release();
+  });
+  return Status::Ok();
 }
 
 Status CudaClient::alloc_at(uint64_t addr, uint64_t size) {
