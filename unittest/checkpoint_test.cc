@@ -11,6 +11,8 @@
 #include <tuple>
 #include <fstream>
 #include <thread>
+#include <fcntl.h>
+#include <sys/resource.h>
 
 #include "ckpt/crc32c.h"
 #include "ckpt/inspect.h"
@@ -828,6 +830,28 @@ TEST(PeerTable, ATableArrivesWithEveryDescriptorAndMalformedTablesAreRefused) {
     ASSERT_TRUE(send_all(c.get(), &big, sizeof(big)).ok());
     EXPECT_EQ(recv_peer_table(e.get()).status().code(), Code::kInvalidArgument);
   }
+}
+
+// The descriptor table is grown ahead of a peer switch (the kernel's FDSize in /proc/self/status),
+// and growing it takes no descriptor: the next one opened is still the lowest free.
+TEST(PeerTable, ThePreparedDescriptorTableIsLargeAndHoldsNoExtraDescriptor) {
+  auto fd_size = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("FDSize:", 0) == 0) return std::stol(line.substr(7));
+    return 0L;
+  };
+  const int before = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(before, 0);
+  ::close(before);
+  prepare_descriptor_table(2048);
+  rlimit r{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &r), 0);
+  EXPECT_GE(fd_size(), static_cast<long>(std::min<rlim_t>(r.rlim_cur, 2048)));
+  const int after = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  EXPECT_EQ(after, before);
+  ::close(after);
 }
 
 TEST_F(CheckpointTest, AnIncrementalChainStoresOnlyWrittenBuffersAndRestoresThemAll) {

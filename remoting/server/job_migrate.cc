@@ -24,6 +24,7 @@
 #include "remoting/server/job_manifest.h"
 #include "remoting/server/job_restore.h"
 #include "remoting/server/migration_peer.h"
+#include "remoting/server/peer_transfer.h"
 
 namespace pos {
 namespace {
@@ -412,6 +413,7 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (o.pid == 0) return Status::InvalidArgument("no job pid given");
+  if (o.peer) prepare_descriptor_table();  // the peer table passes through here (peer_transfer.h)
   if (o.to.empty()) return Status::InvalidArgument("no target given (--to: another posd's socket on this host)");
   const bool remote = o.to.find('/') == std::string::npos && o.to.find(':') != std::string::npos;
   if (o.max_rounds == 0 || o.max_rounds > 100) return Status::InvalidArgument("--max-rounds must be 1 to 100");

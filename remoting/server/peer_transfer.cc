@@ -3,6 +3,7 @@
 #include "remoting/server/peer_transfer.h"
 
 #include <sys/resource.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +23,20 @@ void raise_descriptor_limit() {
     r.rlim_cur = r.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &r);
   }
+}
+
+void prepare_descriptor_table(int entries) {
+  raise_descriptor_limit();
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t top = std::min<rlim_t>(r.rlim_cur, static_cast<rlim_t>(entries)) - 1;
+  // A descriptor at the top grows the table once; closing it leaves the table as large.
+  if (top < 3 || ::fcntl(static_cast<int>(top), F_GETFD) >= 0) return;  // in use: the table is that large
+  const int any = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (any < 0) return;
+  const int fd = ::fcntl(any, F_DUPFD_CLOEXEC, static_cast<int>(top));
+  if (fd >= 0) ::close(fd);
+  ::close(any);
 }
 
 Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges) {

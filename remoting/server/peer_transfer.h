@@ -12,6 +12,11 @@ namespace pos {
 // Raises this process's soft open-file limit to its hard one: a peer table holds one descriptor per
 // range in the exporter, pos-cli and the importer at once.
 void raise_descriptor_limit();
+// raise_descriptor_limit, and the kernel's descriptor table grown to `entries` (or the limit) now:
+// growing it later, in a process of several threads, waits for an RCU grace period each time (the
+// kernel's expand_fdtable), which cost a peer switch 20-40 ms in the exporter and in the target on
+// the H200 machine. Call it at start, while nothing waits on this process.
+void prepare_descriptor_table(int entries = 4096);
 // The header (code 0, the ranges' count and bytes), then each range alone with its descriptor.
 // Too many ranges: a failure header saying so, and that error.
 Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges);

@@ -240,13 +240,15 @@ void export_peer(int client, POSWorkspace* ws, uint64_t uuid, SessionControl* ct
     if (c != nullptr) mem = c->export_peer_memory();
     else mem = Status::Unavailable("the job's session has no client (it is starting or ending)");
   }
+  const auto t_exported = std::chrono::steady_clock::now();
   Status sent = mem.ok() ? send_peer_table(client, *mem) : send_peer_failure(client, mem.status());
   if (mem.ok()) {
     uint64_t bytes = 0;
     for (const PeerMemory& m : *mem) bytes += m.size;
-    POS_INFO("posd-session", "handed %zu ranges (%lu bytes) of device memory to pos-cli in %.3f s%s", mem->size(),
-             (unsigned long)bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-             sent.ok() ? "" : " (it did not take them)");
+    using sec = std::chrono::duration<double>;
+    POS_INFO("posd-session", "handed %zu ranges (%lu bytes) of device memory to pos-cli in %.3f s (export %.3f s)%s",
+             mem->size(), (unsigned long)bytes, sec(std::chrono::steady_clock::now() - t0).count(),
+             sec(t_exported - t0).count(), sent.ok() ? "" : " (it did not take them)");
   } else {
     POS_WARN("posd-session", "peer export refused: %s", mem.status().to_string().c_str());
   }
@@ -807,6 +809,7 @@ int session_process_main() {
   }
   Config config = *cfg;
   set_log_level(config.log_level);
+  prepare_descriptor_table();  // a peer switch's table lands here without growing it then
   // Host kernels run here, where the client's memory is: the libraries are loaded in this process.
   std::vector<void*> libs;
   Status st;

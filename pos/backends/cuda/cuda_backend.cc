@@ -177,9 +177,10 @@ class ChunkExporter {
     std::unique_lock<std::mutex> l(mu_);
     for (;;) {
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      // Only once no chunk was made for a while: exports beside a burst of allocations (a job's
+      // Only once no chunk was made for a moment: exports beside a burst of allocations (a job's
       // start, a restore) slowed the driver's other calls there (a peer switch's target: its
-      // allocations, imports and unmaps, 2-10x on the H200).
+      // allocations, imports and unmaps, 2-10x on the H200). Not longer: a job that allocates
+      // every step would never be quiet for long, and its chunks would be exported at the stop.
       while (!stop_ && std::chrono::steady_clock::now() - last_add_ < kQuiet) cv_.wait_until(l, last_add_ + kQuiet);
       if (stop_) return;
       if (queue_.empty()) continue;
@@ -196,7 +197,7 @@ class ChunkExporter {
   std::condition_variable cv_;
   std::deque<std::pair<uint64_t, CUmemGenericAllocationHandle>> queue_;
   std::unordered_map<uint64_t, int> fds_;  // chunk start -> its kept descriptor
-  static constexpr std::chrono::milliseconds kQuiet{1000};
+  static constexpr std::chrono::milliseconds kQuiet{100};
   std::chrono::steady_clock::time_point last_add_;
   bool stop_ = false;
   std::thread thread_;
