@@ -1515,7 +1515,7 @@ class CudaBackend final : public DeviceBackend {
   // import and mapping of a shareable allocation, the first mapping of another GPU's memory, and
   // cuBLAS's first handle and GEMM (without them the job's first step at a migration's target was
   // about 50 ms slower on the H200). The first export of each of a session's own chunks still costs
-  // about 0.5 ms (docs/migration.md). Best effort: a failure here only means the first real use pays.
+  // about 0.5 ms: ChunkExporter pays it ahead. Best effort: a failure here only means the first real use pays.
   void warm_up() {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
