@@ -1,0 +1,244 @@
+// stream_pool.cc — stream-ordered allocations carved out of placed segments (stream_pool.h): best
+// fit among the free blocks a stream may use, split on allocation, merged with free neighbours on
+// free, whole free segments given back on trim.
+#include "remoting/driver/stream_pool.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace pos::driver {
+
+namespace {
+constexpr CUresult kErrorInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+constexpr int kMaxScan = 64;                // free blocks looked at per allocation, smallest fit first
+constexpr unsigned int kEventDisableTiming = 0x2;
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+StreamPool::Fence::~Fence() {
+  if (event != nullptr && calls != nullptr) (void)calls->event_destroy(event);
+}
+
+StreamPool::StreamPool(const StreamPoolCalls& calls, SegmentSource segments)
+    : calls_(calls), segments_(std::move(segments)) {}
+
+StreamPool::~StreamPool() = default;  // segments stay with Placement; the fences' events are destroyed
+
+void StreamPool::index(uint64_t addr) { by_size_.emplace(blocks_.at(addr).size, addr); }
+void StreamPool::unindex(uint64_t addr) { by_size_.erase({blocks_.at(addr).size, addr}); }
+
+bool StreamPool::usable(Block& b, CUstream s, bool per_thread, bool* same) {
+  *same = false;
+  if (!b.fence) return true;
+  if (!per_thread && !b.per_thread && b.stream == s) {  // the stream orders the free before this use
+    *same = true;
+    return true;
+  }
+  if (calls_.event_query(b.fence->event) == kSuccess) {
+    b.fence.reset();
+    return true;
+  }
+  return false;
+}
+
+CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_thread, bool* placed) {
+  *placed = false;
+  CUdevice dev = 0;
+  if (calls_.ctx_get_device(&dev) != kSuccess) return kSuccess;  // the driver answers (and says why)
+  const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kBlockAlign);
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t addr = 0;
+  bool found = false, same = false, fenced = false;
+  int scanned = 0;
+  for (auto it = by_size_.lower_bound({size, 0}); it != by_size_.end() && scanned < kMaxScan; ++it) {
+    Block& b = blocks_.at(it->second);
+    if (b.dev != dev) continue;
+    ++scanned;
+    fenced = b.fence != nullptr;
+    if (usable(b, s, per_thread, &same)) {
+      addr = it->second, found = true;
+      break;
+    }
+  }
+  if (!found) {
+    const uint64_t seg_bytes = std::max(kSegmentBytes, round_up(size, kSegmentAlign));
+    CUdeviceptr seg = 0;
+    bool seg_placed = false;
+    const CUresult r = segments_.alloc(&seg, seg_bytes, &seg_placed);
+    if (!seg_placed) return r;  // placement is off for this device: the driver's own pool serves it
+    *placed = true;
+    if (r != kSuccess) return r;  // out of memory (or the job's limit), as the driver would say
+    segs_[seg] = {dev, seg_bytes};
+    Block b;
+    b.dev = dev, b.seg = seg, b.size = seg_bytes, b.free = true;
+    blocks_[seg] = b;
+    index(seg);
+    addr = seg;
+    stats_.reserved += seg_bytes, ++stats_.segments;
+    stats_.reserved_high = std::max(stats_.reserved_high, stats_.reserved);
+  } else if (same) {
+    ++stats_.reused_same_stream;
+  } else if (fenced) {
+    ++stats_.reused_after_event;
+  }
+  unindex(addr);
+  Block& b = blocks_.at(addr);
+  if (b.size - size >= kBlockAlign) {  // the rest stays free, under the same ordering
+    Block rest = b;
+    rest.size = b.size - size;
+    blocks_[addr + size] = rest;
+    index(addr + size);
+    b.size = size;
+  }
+  b.free = false, b.fence.reset(), b.stream = nullptr, b.per_thread = false;
+  stats_.used += b.size, ++stats_.allocs;
+  stats_.used_high = std::max(stats_.used_high, stats_.used);
+  *placed = true;
+  *out = addr;
+  return kSuccess;
+}
+
+void StreamPool::merge_around(uint64_t addr) {
+  // `addr` was freed last: its ordering is the newest. A neighbour joins it when the merged block
+  // can carry one ordering: the neighbour has none, or the same stream's, or its event completed.
+  auto joinable = [&](Block& recent, Block& n) {
+    if (!n.free || n.seg != recent.seg) return false;
+    if (!n.fence) return true;
+    if (!recent.fence) {
+      recent.fence = n.fence, recent.stream = n.stream, recent.per_thread = n.per_thread;
+      return true;
+    }
+    if (!recent.per_thread && !n.per_thread && recent.stream == n.stream) return true;
+    return calls_.event_query(n.fence->event) == kSuccess;
+  };
+  auto it = blocks_.find(addr);
+  Block& b = it->second;
+  if (auto nx = std::next(it); nx != blocks_.end() && nx->first == addr + b.size && joinable(b, nx->second)) {
+    unindex(nx->first);
+    b.size += nx->second.size;
+    blocks_.erase(nx);
+  }
+  if (it != blocks_.begin()) {
+    auto pv = std::prev(it);
+    if (pv->first + pv->second.size == addr && joinable(b, pv->second)) {
+      unindex(pv->first);
+      pv->second.size += b.size;
+      pv->second.fence = b.fence, pv->second.stream = b.stream, pv->second.per_thread = b.per_thread;
+      blocks_.erase(it);
+      addr = pv->first;
+    }
+  }
+  index(addr);
+}
+
+CUresult StreamPool::release(uint64_t addr, bool deferred, CUstream s, bool per_thread) {
+  auto it = blocks_.find(addr);
+  if (it == blocks_.end() || it->second.free) return kErrorInvalidValue;  // not a live block's start
+  Block& b = it->second;
+  b.free = true;
+  stats_.used -= b.size, ++stats_.frees;
+  if (deferred) {  // not indexed: no allocation takes it before a trim
+    b.deferred = true;
+    return kSuccess;
+  }
+  b.fence.reset();
+  if (s != nullptr || per_thread) {
+    CUevent e = nullptr;
+    const CUstream on = per_thread ? reinterpret_cast<CUstream>(kStreamPerThread) : s;
+    if (calls_.event_create(&e, kEventDisableTiming) == kSuccess) {
+      auto f = std::make_shared<Fence>();
+      f->event = e, f->calls = &calls_;
+      if (calls_.event_record(e, on) == kSuccess) b.fence = std::move(f), b.stream = s, b.per_thread = per_thread;
+      else b.fence.reset();
+    }
+    // No event to order the reuse: the device finishes what was queued before the free first.
+    if (!b.fence) (void)calls_.synchronize();
+  }
+  merge_around(addr);
+  return kSuccess;
+}
+
+bool StreamPool::owns(CUdeviceptr p) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = segs_.upper_bound(p);
+  if (it == segs_.begin()) return false;
+  --it;
+  return p - it->first < it->second.second;
+}
+
+CUresult StreamPool::free_async(CUdeviceptr p, CUstream s, bool per_thread, bool* ours) {
+  *ours = owns(p);
+  if (!*ours) return kSuccess;
+  std::lock_guard<std::mutex> lk(mu_);
+  // A null stream here is the legacy default stream, which is a stream like any other for ordering.
+  return release(p, false, s == nullptr && !per_thread ? reinterpret_cast<CUstream>(kStreamLegacy) : s, per_thread);
+}
+
+CUresult StreamPool::free_now(CUdeviceptr p, bool* ours) {
+  *ours = owns(p);
+  if (!*ours) return kSuccess;
+  (void)calls_.synchronize();
+  std::lock_guard<std::mutex> lk(mu_);
+  return release(p, false, nullptr, false);
+}
+
+CUresult StreamPool::free_deferred(CUdeviceptr p, bool* ours) {
+  *ours = owns(p);
+  if (!*ours) return kSuccess;
+  std::lock_guard<std::mutex> lk(mu_);
+  return release(p, true, nullptr, false);
+}
+
+CUresult StreamPool::trim(size_t keep) {
+  const CUresult r = calls_.synchronize();  // every pending free has completed after this
+  if (r != kSuccess) return r;
+  std::lock_guard<std::mutex> lk(mu_);
+  // Every free block is usable anywhere now: orderings dropped, deferred blocks back, neighbours merged.
+  for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+    Block& b = it->second;
+    if (!b.free) continue;
+    if (b.deferred) {
+      b.deferred = false;
+      index(it->first);
+    }
+    b.fence.reset();
+    for (auto nx = std::next(it); nx != blocks_.end() && nx->second.free && nx->second.seg == b.seg &&
+                                  nx->first == it->first + b.size;
+         nx = std::next(it)) {
+      unindex(it->first);
+      if (nx->second.deferred) nx->second.deferred = false;
+      else unindex(nx->first);
+      b.size += nx->second.size;
+      blocks_.erase(nx);
+      index(it->first);
+    }
+  }
+  // Whole free segments go back, largest first, until at most `keep` bytes are held.
+  std::vector<std::pair<uint64_t, uint64_t>> empty;  // (size, start)
+  for (const auto& [start, ds] : segs_) {
+    auto b = blocks_.find(start);
+    if (b != blocks_.end() && b->second.free && b->second.size == ds.second) empty.emplace_back(ds.second, start);
+  }
+  std::sort(empty.rbegin(), empty.rend());
+  CUresult out = kSuccess;
+  for (const auto& [size, start] : empty) {
+    if (stats_.reserved <= keep) break;
+    const CUresult f = segments_.free(start);
+    if (f != kSuccess) {
+      out = f;
+      continue;
+    }
+    unindex(start);
+    blocks_.erase(start);
+    segs_.erase(start);
+    stats_.reserved -= size, --stats_.segments;
+  }
+  return out;
+}
+
+StreamPool::Stats StreamPool::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+}  // namespace pos::driver
