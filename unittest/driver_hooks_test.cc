@@ -406,6 +406,33 @@ TEST_F(Preloaded, WithPlacementOnDeviceMemoryLivesAtPosChosenAddressesAndFreedRa
   EXPECT_NE(c.find("\"allocations\":4,\"frees\":4,\"unknown_frees\":0"), std::string::npos) << c;
 }
 
+// Stream-ordered memory (cuMemAllocAsync, PyTorch's backend:cudaMallocAsync) from the device's
+// default pool comes out of placed segments: the driver's pool is never asked, a block freed on a
+// stream is the next one that stream gets, and a trim gives the segments back.
+TEST_F(Preloaded, WithPlacementStreamOrderedMemoryComesFromPlacedSegments) {
+  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=300000000000");
+  EXPECT_EQ(m["rc"], "0");
+  EXPECT_EQ(m["a"], "300000000000");  // the first segment, at the range's base
+  EXPECT_EQ(m["b"], m["a"]);          // freed on stream 7, reused by stream 7
+  EXPECT_EQ(m["c"], "300000100000");  // beside it, in the same 32 MiB segment
+  EXPECT_EQ(m["mapped_mib"], "32");
+  EXPECT_EQ(m["bad_free"], "1");      // CUDA_ERROR_INVALID_VALUE, as the driver says
+  EXPECT_EQ(m["mapped_after"], "0");  // the trim gave the segment back
+  EXPECT_EQ(m["fake_alloc_async"], "0");
+  EXPECT_EQ(m["fake_free_async"], "0");
+  EXPECT_EQ(m["fake_trim"], "1");     // the driver trims its own pool too
+  const std::string c = census();
+  EXPECT_NE(c.find("\"allocations\":3,\"frees\":3,"), std::string::npos) << c;
+}
+
+// A pool the job made itself stays the driver's (so does memory allocated inside a graph capture).
+TEST_F(Preloaded, StreamOrderedMemoryFromAnotherPoolIsLeftToTheDriver) {
+  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1 FAKE_CUDA_OTHER_POOL=1");
+  EXPECT_EQ(m["mapped_mib"], "0");
+  EXPECT_EQ(m["fake_alloc_async"], "3");
+  EXPECT_EQ(m["fake_free_async"], "3");  // the bad free among them: the driver's to refuse
+}
+
 TEST_F(Preloaded, WhenItsRangeIsTakenPlacementStandsAsideAndTheDriverAllocatesAsUsual) {
   auto m = probe("place", true, "POS_DRIVER_PLACE=1 FAKE_CUDA_VA_MOVE=1");
   EXPECT_EQ(m["rc"], "0");

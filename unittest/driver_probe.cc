@@ -138,6 +138,30 @@ int main(int argc, char** argv) {
                 fake_calls("cuMemFree_v2"), fake_calls("cuCtxSynchronize"));
     return 0;
   }
+  if (what == "async-place") {
+    // Stream-ordered memory: 1 MiB on stream 7, freed there and asked for again on 7 (the same
+    // bytes), 1 MiB on stream 8 (beside them); a synchronous free of pool memory; a trim.
+    auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
+    auto alloc_async = reinterpret_cast<int (*)(unsigned long long*, size_t, void*)>(sym("cuMemAllocAsync"));
+    auto free_async = reinterpret_cast<int (*)(unsigned long long, void*)>(sym("cuMemFreeAsync"));
+    auto trim = reinterpret_cast<int (*)(void*, size_t)>(sym("cuMemPoolTrimTo"));
+    void* s7 = reinterpret_cast<void*>(7);
+    void* s8 = reinterpret_cast<void*>(8);
+    unsigned long long a = 0, b = 0, c = 0;
+    int rc = alloc_async(&a, 1 << 20, s7);
+    rc |= free_async(a, s7);
+    rc |= alloc_async(&b, 1 << 20, s7);
+    rc |= alloc_async(&c, 1 << 20, s8);
+    std::printf("a=%llx\nb=%llx\nc=%llx\nmapped_mib=%d\n", a, b, c,
+                reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "fake_mapped_bytes"))());
+    const int bad = free_async(c + 512, s8);  // not a block's start
+    rc |= free_async(b, s7) | cuMemFree_v2(c);
+    rc |= trim(nullptr, 0);
+    std::printf("rc=%d\nbad_free=%d\nmapped_after=%d\nfake_alloc_async=%d\nfake_free_async=%d\nfake_trim=%d\n", rc,
+                bad, reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "fake_mapped_bytes"))(),
+                fake_calls("cuMemAllocAsync"), fake_calls("cuMemFreeAsync"), fake_calls("cuMemPoolTrimTo"));
+    return 0;
+  }
   if (what == "limit") {
     // Under POS_MEMORY_LIMIT=10MiB: what fits is given, what does not gets CUDA_ERROR_OUT_OF_MEMORY
     // (2), cuMemGetInfo says what the limit leaves, frees give room back; then "ready", and per

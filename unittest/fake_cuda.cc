@@ -63,13 +63,18 @@ FAKE_EXPORT int cuDeviceTotalMem_v2(size_t* bytes, int) {
   *bytes = kFakeGpuBytes;
   return 0;
 }
+// The driver's own pool: addresses of its own (not through the exported cuMemAlloc_v2, which a
+// preloaded runtime would take for the job's own call).
 FAKE_EXPORT int cuMemAllocAsync(unsigned long long* p, size_t n, void*) {
   bump("cuMemAllocAsync");
-  return cuMemAlloc_v2(p, n);
+  std::lock_guard<std::mutex> lk(mu);
+  *p = next_address;
+  next_address += (n + 0xfffff) & ~0xfffffull;
+  return 0;
 }
-FAKE_EXPORT int cuMemFreeAsync(unsigned long long p, void*) {
+FAKE_EXPORT int cuMemFreeAsync(unsigned long long, void*) {
   bump("cuMemFreeAsync");
-  return cuMemFree_v2(p);
+  return 0;
 }
 namespace {
 int run_kernel(void* f, void** params, void** extra);  // below, with the memory it writes
@@ -348,6 +353,24 @@ FAKE_EXPORT int cuEventDestroy_v2(void* e) {
 }
 FAKE_EXPORT int cuEventRecord(void*, void*) {
   bump("cuEventRecord");
+  return 0;
+}
+FAKE_EXPORT int cuEventQuery(void*) {
+  bump("cuEventQuery");
+  return 0;  // complete: the fake runs every call at once
+}
+// Each device's default stream-ordered pool, and its current one (the default unless set).
+FAKE_EXPORT int cuDeviceGetDefaultMemPool(void** pool, int dev) {
+  *pool = reinterpret_cast<void*>(static_cast<uintptr_t>(0x9000 + dev));
+  return 0;
+}
+FAKE_EXPORT int cuDeviceGetMemPool(void** pool, int dev) {
+  const char* other = std::getenv("FAKE_CUDA_OTHER_POOL");  // 1: a pool the job made is current
+  *pool = reinterpret_cast<void*>(static_cast<uintptr_t>((other != nullptr && *other == '1' ? 0xa000 : 0x9000) + dev));
+  return 0;
+}
+FAKE_EXPORT int cuMemPoolTrimTo(void*, size_t) {
+  bump("cuMemPoolTrimTo");
   return 0;
 }
 FAKE_EXPORT int cuEventSynchronize(void*) {

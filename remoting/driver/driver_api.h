@@ -98,6 +98,8 @@ enum class Role : uint8_t {
     (CUmemGenericAllocationHandle * h, void* os_handle, int type), (h, os_handle, type), -1)                        \
   X(cuMemSetAccess, cuMemSetAccess, false, 10020, kCount, CUresult,                                                \
     (CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count), (ptr, size, desc, count), -1)      \
+  X(cuMemPoolTrimTo, cuMemPoolTrimTo, false, 11020, kCount, CUresult, (CUmemoryPool pool, size_t keep),            \
+    (pool, keep), -1)                                                                                              \
   X(cuMemGetInfo_v2, cuMemGetInfo, false, 3020, kCount, CUresult, (size_t * free_bytes, size_t * total_bytes),     \
     (free_bytes, total_bytes), -1)                                                                                 \
   X(cuMemAllocHost_v2, cuMemAllocHost, false, 3020, kCount, CUresult, (void** pp, size_t bytes), (pp, bytes), -1) \

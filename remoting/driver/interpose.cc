@@ -44,6 +44,7 @@
 #include "remoting/driver/memory_limit.h"
 #include "remoting/driver/placement.h"
 #include "remoting/driver/snapshot.h"
+#include "remoting/driver/stream_pool.h"
 
 #define POS_DRIVER_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -73,6 +74,11 @@ struct Runtime {
   Census census;
   std::unique_ptr<Placement> placement;             // device memory at POS's addresses (null: off)
   std::unique_ptr<AppVmm> app_vmm;                  // device memory the job maps itself
+  // Stream-ordered memory (cuMemAllocAsync from the device's default pool) carved out of placed
+  // segments (stream_pool.h; null: placement off, or POS_DRIVER_PLACE_ASYNC=0).
+  std::unique_ptr<StreamPool> pool;
+  CUresult (*device_mem_pool)(CUmemoryPool* pool, CUdevice dev) = nullptr;   // cuDeviceGetMemPool
+  CUresult (*default_mem_pool)(CUmemoryPool* pool, CUdevice dev) = nullptr;  // cuDeviceGetDefaultMemPool
   std::string placement_error;                      // why placement is off although asked for
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
@@ -121,6 +127,18 @@ struct Runtime {
   std::string saved_dir;  // under dump_mu
   int saved_dev = 0;      // under dump_mu
 };
+
+// Device allocations POS placed, as the census counts them: Placement's, with the stream pool's
+// segments counted as the blocks carved out of them.
+uint64_t placed_live(Runtime* rt) {
+  if (!rt->placement) return 0;
+  uint64_t n = rt->placement->stats().live;
+  if (rt->pool) {
+    const StreamPool::Stats st = rt->pool->stats();
+    n = n - st.segments + (st.allocs - st.frees);
+  }
+  return n;
+}
 
 // The hook depth of this thread: a driver that calls its own exports (through the preload's
 // symbols) re-enters the hooks, and an inner call must not wait at a gate its outer call holds.
@@ -314,9 +332,9 @@ std::string dump_notes(Runtime* rt) {
   if (!rt->placement)
     add("placement is off (" + (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) +
         "): NVIDIA's checkpoint copies all device memory");
-  else if (m.live > ps.live)
-    add(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, pitched " +
-        "memory) went through NVIDIA's checkpoint");
+  else if (const uint64_t placed = placed_live(rt); m.live > placed)
+    add(std::to_string(m.live - placed) + " device allocation(s) POS did not place (pitched memory, stream-ordered " +
+        "pools other than the device's default, allocations inside graph captures) went through NVIDIA's checkpoint");
   const uint64_t graphs = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
                           rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) + rt->census.calls(HookId::cuGraphLaunch) +
                           rt->census.calls(HookId::cuGraphLaunch_ptsz);
@@ -634,9 +652,10 @@ pos::ControlMessage snap_cut(Runtime* rt) {
                   (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) + ")");
   const Census::Memory m = rt->census.memory();
   const Placement::Stats ps = rt->placement->stats();
-  if (m.live > ps.live)
-    return refuse(std::to_string(m.live - ps.live) + " device allocation(s) POS did not place (stream-ordered pools, "
-                  "pitched memory): a GPU-only checkpoint cannot take them; use pos-cli dump");
+  if (const uint64_t placed = placed_live(rt); m.live > placed)
+    return refuse(std::to_string(m.live - placed) + " device allocation(s) POS did not place (pitched memory, "
+                  "stream-ordered pools other than the device's default, allocations inside graph captures): a "
+                  "GPU-only checkpoint cannot take them; use pos-cli dump");
   // A job that captures CUDA graphs is cut only between captures (CaptureHold below).
   const bool captures = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
                             rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0;
@@ -1039,6 +1058,30 @@ std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
   return std::make_unique<Placement>(vmm_calls(driver), base, 1ull << 40);
 }
 
+// With placement on, stream-ordered allocations come from placed segments too, unless
+// POS_DRIVER_PLACE_ASYNC=0 (then the driver's pools serve them, and dumps take them through
+// NVIDIA's checkpoint).
+std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement) {
+  if (placement == nullptr) return nullptr;
+  if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on != nullptr && std::strcmp(on, "0") == 0) return nullptr;
+  StreamPoolCalls c;
+  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  get(&c.ctx_get_device, "cuCtxGetDevice");
+  get(&c.event_create, "cuEventCreate");
+  get(&c.event_record, "cuEventRecord");
+  get(&c.event_query, "cuEventQuery");
+  get(&c.event_destroy, "cuEventDestroy_v2");
+  get(&c.synchronize, "cuCtxSynchronize");
+  if (!c.complete()) return nullptr;
+  SegmentSource src;
+  src.alloc = [placement](CUdeviceptr* out, size_t bytes, bool* placed) { return placement->alloc(out, bytes, placed); };
+  src.free = [placement](CUdeviceptr p) {
+    bool ours = false;
+    return placement->free(p, &ours);
+  };
+  return std::make_unique<StreamPool>(c, std::move(src));
+}
+
 // The real driver's copy calls (device_image.h), looked up once.
 CopyCalls copy_calls(void* driver) {
   CopyCalls c;
@@ -1118,6 +1161,10 @@ Runtime* runtime() {
     rt->share.set_verify([rt] { verify_usage(rt); });
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
+      rt->pool = make_stream_pool(rt->driver, rt->placement.get());
+      rt->device_mem_pool = reinterpret_cast<decltype(rt->device_mem_pool)>(real_dlsym()(rt->driver, "cuDeviceGetMemPool"));
+      rt->default_mem_pool =
+          reinterpret_cast<decltype(rt->default_mem_pool)>(real_dlsym()(rt->driver, "cuDeviceGetDefaultMemPool"));
       rt->copy = copy_calls(rt->driver);
       rt->snap = snap_calls(rt->driver);
       rt->ids = gpu_id_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
@@ -1157,6 +1204,32 @@ Runtime* runtime() {
 #define POS_TAIL_(...) __VA_OPT__(, ) __VA_ARGS__
 #define POS_TAIL(args) POS_TAIL_ args
 
+// A stream argument that names this thread's per-thread default stream: a null one of a _ptsz
+// entry point, or CU_STREAM_PER_THREAD itself.
+inline bool per_thread_stream(bool ptsz, CUstream s) {
+  return (ptsz && s == nullptr) || s == reinterpret_cast<CUstream>(StreamPool::kStreamPerThread);
+}
+// Whether `s` is capturing a CUDA graph (an unanswerable query counts as capturing): its
+// allocations become the graph's memory nodes, which the driver keeps.
+inline bool capturing(Runtime* rt, bool ptsz, CUstream s) {
+  if (rt->snap.is_capturing == nullptr) return true;
+  int status = 0;
+  const CUstream q = ptsz && s == nullptr ? reinterpret_cast<CUstream>(StreamPool::kStreamPerThread) : s;
+  return rt->snap.is_capturing(q, &status) != kSuccess || status != 0;
+}
+// Whether the stream pool serves this allocation: the device's default pool (for cuMemAllocAsync,
+// the device's current pool is that one), and no capture on the stream.
+inline bool pool_serves(Runtime* rt, bool from_pool, CUmemoryPool asked, bool ptsz, CUstream s) {
+  if (rt->default_mem_pool == nullptr || rt->snap.vmm.ctx_get_device == nullptr) return false;
+  CUdevice dev = 0;
+  CUmemoryPool def = nullptr;
+  if (rt->snap.vmm.ctx_get_device(&dev) != kSuccess || rt->default_mem_pool(&def, dev) != kSuccess) return false;
+  if (!from_pool) {
+    if (rt->device_mem_pool == nullptr || rt->device_mem_pool(&asked, dev) != kSuccess) return false;
+  }
+  return asked == def && !capturing(rt, ptsz, s);
+}
+
 // Before the driver: a hook that answers the call itself (device memory placed by POS) says so.
 template <HookId kId, typename... A>
 inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
@@ -1169,8 +1242,41 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
   } else if constexpr (kId == HookId::cuMemFree_v2) {
     if (!rt->placement) return false;
     bool ours = false;
-    *rc = rt->placement->free(std::get<0>(std::make_tuple(a...)), &ours);
+    const CUdeviceptr p = std::get<0>(std::make_tuple(a...));
+    if (rt->pool) {  // stream-ordered memory freed synchronously: a block of a segment, not the segment
+      *rc = rt->pool->free_now(p, &ours);
+      if (ours) return true;
+    }
+    *rc = rt->placement->free(p, &ours);
     return ours;
+  } else if constexpr (kId == HookId::cuMemAllocAsync || kId == HookId::cuMemAllocAsync_ptsz ||
+                       kId == HookId::cuMemAllocFromPoolAsync || kId == HookId::cuMemAllocFromPoolAsync_ptsz) {
+    if (!rt->pool) return false;
+    auto t = std::make_tuple(a...);
+    constexpr bool from_pool = kId == HookId::cuMemAllocFromPoolAsync || kId == HookId::cuMemAllocFromPoolAsync_ptsz;
+    constexpr bool ptsz = kId == HookId::cuMemAllocAsync_ptsz || kId == HookId::cuMemAllocFromPoolAsync_ptsz;
+    const CUstream s = std::get<std::tuple_size_v<decltype(t)> - 1>(t);
+    CUmemoryPool asked = nullptr;
+    if constexpr (from_pool) asked = std::get<2>(t);
+    if (!pool_serves(rt, from_pool, asked, ptsz, s)) return false;
+    bool placed = false;
+    *rc = rt->pool->alloc(std::get<0>(t), std::get<1>(t), s, per_thread_stream(ptsz, s), &placed);
+    return placed;
+  } else if constexpr (kId == HookId::cuMemFreeAsync || kId == HookId::cuMemFreeAsync_ptsz) {
+    if (!rt->pool) return false;
+    auto t = std::make_tuple(a...);
+    constexpr bool ptsz = kId == HookId::cuMemFreeAsync_ptsz;
+    const CUdeviceptr p = std::get<0>(t);
+    const CUstream s = std::get<1>(t);
+    bool ours = false;
+    if (!rt->pool->owns(p)) return false;
+    if (capturing(rt, ptsz, s)) *rc = rt->pool->free_deferred(p, &ours);
+    else *rc = rt->pool->free_async(p, s, per_thread_stream(ptsz, s), &ours);
+    return ours;
+  } else if constexpr (kId == HookId::cuMemPoolTrimTo) {
+    // The pool's wholly free segments go back too; the driver trims its own pool as well.
+    if (rt->pool) (void)rt->pool->trim(std::get<1>(std::make_tuple(a...)));
+    return false;
   } else if constexpr (kId == HookId::cuMemCreate || kId == HookId::cuMemRelease || kId == HookId::cuMemMap ||
                        kId == HookId::cuMemUnmap || kId == HookId::cuMemSetAccess) {
     // The job's own VMM memory: recorded, and its handles translated after a resume (app_vmm.h).
