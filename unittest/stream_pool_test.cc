@@ -117,11 +117,12 @@ TEST_F(StreamPoolTest, AllocationsComeFromOnePlacedSegmentRoundedTo512Bytes) {
 TEST_F(StreamPoolTest, ABlockFreedOnAStreamIsReusedAtOnceOnThatStreamButElsewhereOnlyAfterItsEvent) {
   const CUdeviceptr a = alloc(1 << 20, 7);
   free_on(a, 7);
-  ASSERT_EQ(stub_.recorded_on.size(), 1u);
-  EXPECT_EQ(stub_.recorded_on.begin()->second, stream(7));
+  EXPECT_EQ(stub_.recorded_on.size(), 0u);  // no event until another stream asks
   // Another stream may not take it while the free's event is pending.
   const CUdeviceptr other = alloc(1 << 20, 8);
   EXPECT_NE(other, a);
+  ASSERT_EQ(stub_.recorded_on.size(), 1u);  // recorded on the freeing stream when stream 8 asked
+  EXPECT_EQ(stub_.recorded_on.begin()->second, stream(7));
   free_on(other, 8);
   // The same stream takes the same bytes back.
   EXPECT_EQ(alloc(1 << 20, 7), a);
@@ -191,7 +192,29 @@ TEST_F(StreamPoolTest, TrimSynchronizesAndGivesBackOnlyWhollyFreeSegmentsDownToW
   EXPECT_EQ(segments_.size(), 1u);  // the one in use stays
   EXPECT_TRUE(pool_->owns(c));
   EXPECT_EQ(pool_->stats().reserved, StreamPool::kSegmentBytes);
-  EXPECT_EQ(stub_.done.size(), 0u);  // every free's event destroyed with its ordering
+  pool_.reset();
+  EXPECT_EQ(stub_.done.size(), 0u);  // every event destroyed with the pool
+}
+
+TEST_F(StreamPoolTest, AJobOnOneStreamRecordsNoEvents) {
+  for (int i = 0; i < 100; ++i) {
+    const CUdeviceptr a = alloc(4096 * (1 + i % 7), 7), b = alloc(100000, 7);
+    free_on(b, 7);
+    free_on(a, 7);
+  }
+  EXPECT_EQ(pool_->stats().events_recorded, 0u);
+  EXPECT_EQ(stub_.recorded_on.size(), 0u);
+  EXPECT_EQ(pool_->stats().used, 0u);
+}
+
+TEST_F(StreamPoolTest, AStreamAboutToBeDestroyedGetsItsFreesEventsFirst) {
+  const CUdeviceptr a = alloc(StreamPool::kSegmentBytes, 7);
+  free_on(a, 7);
+  pool_->stream_ending(stream(7));
+  ASSERT_EQ(stub_.recorded_on.size(), 1u);
+  EXPECT_EQ(stub_.recorded_on.begin()->second, stream(7));
+  // A new stream that reuses the handle value does not count as the freeing stream: its event does.
+  EXPECT_NE(alloc(StreamPool::kSegmentBytes, 7), a);
 }
 
 TEST_F(StreamPoolTest, ABlockFreedInACaptureIsNotReusedBeforeATrim) {
@@ -208,8 +231,9 @@ TEST_F(StreamPoolTest, WithoutAnEventTheFreeWaitsForTheDeviceAndTheBlockIsFreeAn
   const CUdeviceptr a = alloc(StreamPool::kSegmentBytes, 7);
   stub_.fail_events = true;
   free_on(a, 7);
+  EXPECT_EQ(stub_.syncs, 0);
+  EXPECT_EQ(alloc(StreamPool::kSegmentBytes, 8), a);  // asked for the event, got a synchronize
   EXPECT_EQ(stub_.syncs, 1);
-  EXPECT_EQ(alloc(StreamPool::kSegmentBytes, 8), a);
 }
 
 TEST_F(StreamPoolTest, DevicesKeepTheirOwnSegments) {

@@ -79,6 +79,7 @@ struct Runtime {
   std::unique_ptr<StreamPool> pool;
   CUresult (*device_mem_pool)(CUmemoryPool* pool, CUdevice dev) = nullptr;   // cuDeviceGetMemPool
   CUresult (*default_mem_pool)(CUmemoryPool* pool, CUdevice dev) = nullptr;  // cuDeviceGetDefaultMemPool
+  std::array<std::atomic<CUmemoryPool>, 16> default_pools{};  // each device's, once asked (it never changes)
   std::string placement_error;                      // why placement is off although asked for
   std::unique_ptr<pos::JobControlServer> control;  // pos-cli's way in (null: off or failed)
   std::string control_error;
@@ -652,8 +653,16 @@ pos::ControlMessage snap_cut(Runtime* rt) {
                   (rt->placement_error.empty() ? std::string("POS_DRIVER_PLACE=0") : rt->placement_error) + ")");
   const Census::Memory m = rt->census.memory();
   const Placement::Stats ps = rt->placement->stats();
-  if (const uint64_t placed = placed_live(rt); m.live > placed)
-    return refuse(std::to_string(m.live - placed) + " device allocation(s) POS did not place (pitched memory, "
+  uint64_t placed = placed_live(rt);
+  uint64_t live = m.live;
+  if (live > placed && close_gate(rt).empty()) {
+    // Read while the job runs, the two counts may straddle a free (the pool's counted, the
+    // census's not yet): read again with the job held.
+    placed = placed_live(rt), live = rt->census.memory().live;
+    rt->gate.reopen();
+  }
+  if (live > placed)
+    return refuse(std::to_string(live - placed) + " device allocation(s) POS did not place (pitched memory, "
                   "stream-ordered pools other than the device's default, allocations inside graph captures): a "
                   "GPU-only checkpoint cannot take them; use pos-cli dump");
   // A job that captures CUDA graphs is cut only between captures (CaptureHold below).
@@ -1223,7 +1232,13 @@ inline bool pool_serves(Runtime* rt, bool from_pool, CUmemoryPool asked, bool pt
   if (rt->default_mem_pool == nullptr || rt->snap.vmm.ctx_get_device == nullptr) return false;
   CUdevice dev = 0;
   CUmemoryPool def = nullptr;
-  if (rt->snap.vmm.ctx_get_device(&dev) != kSuccess || rt->default_mem_pool(&def, dev) != kSuccess) return false;
+  if (rt->snap.vmm.ctx_get_device(&dev) != kSuccess) return false;
+  const bool cached = dev >= 0 && dev < static_cast<int>(rt->default_pools.size());
+  if (cached) def = rt->default_pools[dev].load(std::memory_order_relaxed);
+  if (def == nullptr) {
+    if (rt->default_mem_pool(&def, dev) != kSuccess) return false;
+    if (cached) rt->default_pools[dev].store(def, std::memory_order_relaxed);
+  }
   if (!from_pool) {
     if (rt->device_mem_pool == nullptr || rt->device_mem_pool(&asked, dev) != kSuccess) return false;
   }
@@ -1418,6 +1433,7 @@ inline void before_call(Runtime* rt, A... a) {
     rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
   } else if constexpr (kId == H::cuStreamDestroy_v2) {
     rt->streams.remove(std::get<0>(t));
+    if (rt->pool) rt->pool->stream_ending(std::get<0>(t));  // its pending frees get their events now
   } else if constexpr (kId == H::cuModuleUnload || kId == H::cuLibraryUnload) {
     rt->scanner->forget();  // their function handles may be handed out again for other kernels
   }

@@ -16,13 +16,50 @@ uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 StreamPool::Fence::~Fence() {
-  if (event != nullptr && calls != nullptr) (void)calls->event_destroy(event);
+  // Fences die under the pool's lock (or in its destructor): the event goes back for reuse.
+  if (event != nullptr && pool != nullptr) {
+    if (pool->spare_events_.size() < 1024) pool->spare_events_.push_back(event);
+    else (void)pool->calls_.event_destroy(event);
+  }
 }
 
 StreamPool::StreamPool(const StreamPoolCalls& calls, SegmentSource segments)
     : calls_(calls), segments_(std::move(segments)) {}
 
-StreamPool::~StreamPool() = default;  // segments stay with Placement; the fences' events are destroyed
+StreamPool::~StreamPool() {
+  std::lock_guard<std::mutex> lk(mu_);
+  blocks_.clear();  // the fences' events go to spare_events_
+  for (CUevent e : spare_events_) (void)calls_.event_destroy(e);
+  spare_events_.clear();
+}  // segments stay with Placement
+
+bool StreamPool::record(Fence& f) {
+  if (f.event != nullptr || f.done) return true;
+  CUevent e = nullptr;
+  if (!spare_events_.empty()) {
+    e = spare_events_.back();
+    spare_events_.pop_back();
+  } else if (calls_.event_create(&e, kEventDisableTiming) != kSuccess) {
+    e = nullptr;
+  }
+  const CUstream on = f.per_thread ? reinterpret_cast<CUstream>(kStreamPerThread) : f.stream;
+  if (e != nullptr && calls_.event_record(e, on) == kSuccess) {
+    f.event = e;
+    ++stats_.events_recorded;
+    return true;
+  }
+  if (e != nullptr) spare_events_.push_back(e);
+  // No event to order the reuse: the device finishes what was queued before the free first.
+  (void)calls_.synchronize();
+  f.done = true;
+  return false;
+}
+
+bool StreamPool::complete(Fence& f) {
+  if (f.done) return true;
+  (void)record(f);
+  return f.done || calls_.event_query(f.event) == kSuccess;
+}
 
 void StreamPool::index(uint64_t addr) { by_size_.emplace(blocks_.at(addr).size, addr); }
 void StreamPool::unindex(uint64_t addr) { by_size_.erase({blocks_.at(addr).size, addr}); }
@@ -30,11 +67,11 @@ void StreamPool::unindex(uint64_t addr) { by_size_.erase({blocks_.at(addr).size,
 bool StreamPool::usable(Block& b, CUstream s, bool per_thread, bool* same) {
   *same = false;
   if (!b.fence) return true;
-  if (!per_thread && !b.per_thread && b.stream == s) {  // the stream orders the free before this use
+  if (!per_thread && !b.fence->per_thread && !b.fence->stream_ended && b.fence->stream == s) {  // the stream orders the free before this use
     *same = true;
     return true;
   }
-  if (calls_.event_query(b.fence->event) == kSuccess) {
+  if (complete(*b.fence)) {
     b.fence.reset();
     return true;
   }
@@ -90,7 +127,7 @@ CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_
     index(addr + size);
     b.size = size;
   }
-  b.free = false, b.fence.reset(), b.stream = nullptr, b.per_thread = false;
+  b.free = false, b.fence.reset();
   stats_.used += b.size, ++stats_.allocs;
   stats_.used_high = std::max(stats_.used_high, stats_.used);
   *placed = true;
@@ -102,14 +139,17 @@ void StreamPool::merge_around(uint64_t addr) {
   // `addr` was freed last: its ordering is the newest. A neighbour joins it when the merged block
   // can carry one ordering: the neighbour has none, or the same stream's, or its event completed.
   auto joinable = [&](Block& recent, Block& n) {
-    if (!n.free || n.seg != recent.seg) return false;
+    if (!n.free || n.deferred || n.seg != recent.seg) return false;
     if (!n.fence) return true;
     if (!recent.fence) {
-      recent.fence = n.fence, recent.stream = n.stream, recent.per_thread = n.per_thread;
+      recent.fence = n.fence;
       return true;
     }
-    if (!recent.per_thread && !n.per_thread && recent.stream == n.stream) return true;
-    return calls_.event_query(n.fence->event) == kSuccess;
+    const Fence& a = *recent.fence;
+    const Fence& c = *n.fence;
+    if (!a.per_thread && !c.per_thread && !a.stream_ended && !c.stream_ended && a.stream == c.stream) return true;
+    // Another stream's: only once its event has completed (not recorded here just to merge).
+    return c.done || (c.event != nullptr && calls_.event_query(c.event) == kSuccess);
   };
   auto it = blocks_.find(addr);
   Block& b = it->second;
@@ -123,7 +163,7 @@ void StreamPool::merge_around(uint64_t addr) {
     if (pv->first + pv->second.size == addr && joinable(b, pv->second)) {
       unindex(pv->first);
       pv->second.size += b.size;
-      pv->second.fence = b.fence, pv->second.stream = b.stream, pv->second.per_thread = b.per_thread;
+      pv->second.fence = b.fence;
       blocks_.erase(it);
       addr = pv->first;
     }
@@ -143,16 +183,10 @@ CUresult StreamPool::release(uint64_t addr, bool deferred, CUstream s, bool per_
   }
   b.fence.reset();
   if (s != nullptr || per_thread) {
-    CUevent e = nullptr;
-    const CUstream on = per_thread ? reinterpret_cast<CUstream>(kStreamPerThread) : s;
-    if (calls_.event_create(&e, kEventDisableTiming) == kSuccess) {
-      auto f = std::make_shared<Fence>();
-      f->event = e, f->calls = &calls_;
-      if (calls_.event_record(e, on) == kSuccess) b.fence = std::move(f), b.stream = s, b.per_thread = per_thread;
-      else b.fence.reset();
-    }
-    // No event to order the reuse: the device finishes what was queued before the free first.
-    if (!b.fence) (void)calls_.synchronize();
+    auto f = std::make_shared<Fence>();
+    f->pool = this, f->stream = s, f->per_thread = per_thread;
+    if (per_thread) (void)record(*f);  // only this thread can name its per-thread stream
+    if (!f->done) b.fence = std::move(f);
   }
   merge_around(addr);
   return kSuccess;
@@ -234,6 +268,15 @@ CUresult StreamPool::trim(size_t keep) {
     stats_.reserved -= size, --stats_.segments;
   }
   return out;
+}
+
+void StreamPool::stream_ending(CUstream s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [addr, b] : blocks_)
+    if (b.free && b.fence && !b.fence->per_thread && !b.fence->stream_ended && b.fence->stream == s) {
+      (void)record(*b.fence);
+      b.fence->stream_ended = true;
+    }
 }
 
 StreamPool::Stats StreamPool::stats() const {

@@ -71,19 +71,29 @@ class StreamPool {
   // Gives wholly free segments back until at most `keep` bytes are held (cuMemPoolTrimTo); the
   // device is synchronized first, so every pending free has completed.
   CUresult trim(size_t keep);
+  // Before cuStreamDestroy(s): frees on `s` whose event was not recorded yet get it now.
+  void stream_ending(CUstream s);
 
   struct Stats {
     uint64_t reserved = 0, used = 0, reserved_high = 0, used_high = 0;
     uint64_t allocs = 0, frees = 0, reused_same_stream = 0, reused_after_event = 0, segments = 0;
+    uint64_t events_recorded = 0;
   };
   Stats stats() const;
 
  private:
-  // A pending free's ordering: the block may be used on `stream` at once, elsewhere once `event`
-  // has completed (shared by the pieces a block is split into).
+  // A pending free's ordering: the block may be used on `stream` at once, elsewhere once an event
+  // recorded on `stream` after the free has completed (shared by the pieces a block is split into).
+  // The event is recorded only when another stream asks (an event recorded later on the same
+  // stream waits for at least as much): a job on one stream never pays for events. A free on a
+  // per-thread default stream records at once (only its own thread can name that stream).
   struct Fence {
-    CUevent event = nullptr;
-    const StreamPoolCalls* calls = nullptr;
+    StreamPool* pool = nullptr;
+    CUstream stream = nullptr;
+    bool per_thread = false;
+    CUevent event = nullptr;  // null until recorded
+    bool done = false;        // no event could be had: the device was synchronized instead
+    bool stream_ended = false;  // `stream` was destroyed: its handle may name another stream now
     ~Fence();
   };
   struct Block {
@@ -92,10 +102,10 @@ class StreamPool {
     uint64_t size = 0;
     bool free = false;
     bool deferred = false;  // freed in a capture: waits for a trim
-    CUstream stream = nullptr;
-    bool per_thread = false;
     std::shared_ptr<Fence> fence;  // null: usable anywhere
   };
+  bool record(Fence& f);      // under mu_: f's event recorded now (false: synchronized instead)
+  bool complete(Fence& f);    // under mu_: whether f's event has completed (recording it if need be)
   bool usable(Block& b, CUstream s, bool per_thread, bool* same);  // under mu_
   void index(uint64_t addr);    // under mu_: a free block into the best-fit index
   void unindex(uint64_t addr);  // under mu_
@@ -105,6 +115,7 @@ class StreamPool {
   const StreamPoolCalls calls_;
   const SegmentSource segments_;
   mutable std::mutex mu_;
+  std::vector<CUevent> spare_events_;                 // under mu_: recycled (before blocks_: outlives their fences)
   std::map<uint64_t, Block> blocks_;                  // address -> block, every block of every segment
   std::set<std::pair<uint64_t, uint64_t>> by_size_;   // free blocks: (size, address)
   std::map<uint64_t, std::pair<int, uint64_t>> segs_;  // segment start -> (device, size)
