@@ -335,7 +335,7 @@ std::string dump_notes(Runtime* rt) {
         "): NVIDIA's checkpoint copies all device memory");
   else if (const uint64_t placed = placed_live(rt); m.live > placed)
     add(std::to_string(m.live - placed) + " device allocation(s) POS did not place (pitched memory, stream-ordered " +
-        "pools other than the device's default, allocations inside graph captures) went through NVIDIA's checkpoint");
+        "pools, allocations inside graph captures) went through NVIDIA's checkpoint");
   const uint64_t graphs = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
                           rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) + rt->census.calls(HookId::cuGraphLaunch) +
                           rt->census.calls(HookId::cuGraphLaunch_ptsz);
@@ -663,8 +663,9 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   }
   if (live > placed)
     return refuse(std::to_string(live - placed) + " device allocation(s) POS did not place (pitched memory, "
-                  "stream-ordered pools other than the device's default, allocations inside graph captures): a "
-                  "GPU-only checkpoint cannot take them; use pos-cli dump");
+                  "stream-ordered pools, allocations inside graph captures): a GPU-only checkpoint cannot take "
+                  "them; use pos-cli dump, or start the job with POS_DRIVER_PLACE_ASYNC=1 to place stream-ordered "
+                  "memory from the device's default pool");
   // A job that captures CUDA graphs is cut only between captures (CaptureHold below).
   const bool captures = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
                             rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0;
@@ -1067,12 +1068,13 @@ std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
   return std::make_unique<Placement>(vmm_calls(driver), base, 1ull << 40);
 }
 
-// With placement on, stream-ordered allocations come from placed segments too, unless
-// POS_DRIVER_PLACE_ASYNC=0 (then the driver's pools serve them, and dumps take them through
-// NVIDIA's checkpoint).
+// With placement on and POS_DRIVER_PLACE_ASYNC=1, stream-ordered allocations come from placed
+// segments too. Off by default: on the H200 it cost a small PyTorch model on cudaMallocAsync 43 % of
+// its step time (docs/driver_runtime.md); off, the driver's pools serve them, dumps take them
+// through NVIDIA's checkpoint, and GPU-only checkpoints refuse the job.
 std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement) {
   if (placement == nullptr) return nullptr;
-  if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on != nullptr && std::strcmp(on, "0") == 0) return nullptr;
+  if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on == nullptr || std::strcmp(on, "1") != 0) return nullptr;
   StreamPoolCalls c;
   const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
   get(&c.ctx_get_device, "cuCtxGetDevice");
