@@ -812,6 +812,7 @@ struct MigrateArgs {
   double max_downtime_ms = 300;
   bool eager = false, keep_images = false, json = false, move_process = false, settle = false;
   bool no_peer = false;
+  bool no_fallback = false;
 };
 
 std::string gb(uint64_t b) {
@@ -863,6 +864,7 @@ int migrate(const MigrateArgs& a) {
   o.keep_images = a.keep_images;
   o.move_process = a.move_process;
   o.peer = !a.no_peer;
+  o.peer_fallback = !a.no_fallback;
   o.self_program = self_program();
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   // One host, the process kept: the peer switch needs no rounds.
@@ -889,6 +891,8 @@ int migrate(const MigrateArgs& a) {
 
     else if (e == "fallback")
       std::fprintf(stderr, "\r\033[Kmigrate: the target failed; restoring on the source...");
+    else if (e == "peer-fallback")
+      std::fprintf(stderr, "\r\033[Kmigrate: the source could not hand its memory over; round 1 through files...");
   };
   auto r = pos::migrate_job(o);
   if (tty && !a.json) std::fputs("\r\033[K", stderr);
@@ -912,7 +916,7 @@ int migrate(const MigrateArgs& a) {
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
                 "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s,\"peer\":%s,\"peer_bytes\":%llu,"
                 "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f,\"detach_s\":%.6f,\"stop_image_s\":%.6f,"
-                "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f}\n",
+                "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f,\"peer_fallback\":%s}\n",
                 r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
@@ -921,7 +925,7 @@ int migrate(const MigrateArgs& a) {
                 r->commit_answer_lost ? "true" : "false", r->live ? "true" : "false",
                 pos::json_string(r->release_error).c_str(), r->peer ? "true" : "false",
                 (unsigned long long)r->peer_bytes, r->peer_export_s, r->target_copy_s, r->detach_s, r->stop_image_s,
-                r->reattach_s, r->target_welcome_s, r->peer_send_s);
+                r->reattach_s, r->target_welcome_s, r->peer_send_s, pos::json_string(r->peer_fallback).c_str());
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -945,6 +949,10 @@ int migrate(const MigrateArgs& a) {
     if (!r->release_error.empty())
       std::printf("note: the job's session at the source could not be released (%s); it ends with the job\n",
                   r->release_error.c_str());
+    if (!r->peer_fallback.empty())
+      std::printf("note: the source could not hand the job's device memory over (%s); it moved through image files "
+                  "instead, after a first pause at the source\n",
+                  r->peer_fallback.c_str());
     if (a.keep_images) std::printf("images kept in %s\n", r->work_dir.c_str());
   }
   return r->where == "target" ? 0 : 3;
@@ -1125,6 +1133,9 @@ int main(int argc, char** argv) {
   migrate_cmd->add_flag("--no-peer", ma.no_peer,
                         "on one host with the process kept: copy the GPU state in pre-copy rounds through image files "
                         "instead of handing the job's device memory to the target device to device (the default)");
+  migrate_cmd->add_flag("--no-fallback", ma.no_fallback,
+                        "if the source cannot hand the job's device memory over (the peer switch), stop there (exit 3) "
+                        "instead of migrating through image files");
   migrate_cmd->add_flag("--json", ma.json, "one JSON report");
   migrate_cmd->add_option("--socket", ma.socket, "the posd the job runs under")->capture_default_str();
   migrate_cmd->add_option("--jobs-dir", ma.jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");

@@ -1824,6 +1824,58 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   for (const std::string& p : {out_file, jobs, base + ".work"}) std::filesystem::remove_all(p);
 }
 
+// A source that cannot hand the job's device memory over (POS_FAULT_POINT=peer-export-refused in
+// its posd, as memory without a shareable handle): the peer switch lets the job back at the source
+// and pos-cli migrates it through image files instead, saying why; with --no-fallback it stops
+// there (exit 3, the job at the source). Either way the job finishes as if never moved.
+TEST_F(PosdMigrate, APeerSwitchTheSourceCannotServeFallsBackToImageFilesUnlessToldNot) {
+  become_subreaper();
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const std::string want = expected(args), cli = env_or_fail("POS_CLI");
+  const std::string base = ::testing::TempDir() + "posd-e2e-migfb-" + std::to_string(::getpid());
+  OwnPosd a(base + "-a", "", {"env", "POS_FAULT_POINT=peer-export-refused"}), b(base + "-b");
+  for (const bool fallback : {true, false}) {
+    const std::string name = fallback ? "fallback" : "no-fallback";
+    const std::string out_file = base + "." + name + ".out", jobs = base + ".jobs", work = base + ".work";
+    for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+    std::filesystem::create_directories(work);
+    const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "mig-" + name, out_file, jobs, a);
+    int code = -1;
+    std::string err;
+    std::vector<int> reaped;
+    const std::string report = migrate_reaping(cli + " migrate -t " + std::to_string(child) + " --to " + b.socket +
+                                                   " --socket " + a.socket + " --max-rounds 2 --work-dir " + work +
+                                                   " --json" + (fallback ? "" : " --no-fallback"),
+                                               child, &code, &err, &reaped);
+    EXPECT_TRUE(reaped.empty()) << name;  // the process stayed: the live switch, both times
+    if (fallback) {
+      EXPECT_EQ(code, 0) << err << report;
+      EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
+      EXPECT_NE(report.find("\"peer\":false"), std::string::npos) << report;
+      EXPECT_NE(report.find("\"peer_fallback\":\"the export was refused (fault point peer-export-refused)\""),
+                std::string::npos)
+          << report;
+      EXPECT_NE(report.find("\"round\":1,"), std::string::npos) << report;  // through pre-copy rounds
+    } else {
+      EXPECT_EQ(code, 3) << err << report;
+      EXPECT_NE(report.find("\"where\":\"source\""), std::string::npos) << report;
+      EXPECT_NE(report.find("\"peer_fallback\":\"\""), std::string::npos) << report;
+      EXPECT_NE(report.find("--no-peer copies it through image files instead"), std::string::npos) << report;
+    }
+    const OwnPosd& home = fallback ? b : a;
+    const OwnPosd& other = fallback ? a : b;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!(serves(home, child) && !serves(other, child)) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(serves(home, child)) << name << ": " << home.ps() << home.log_text();
+    EXPECT_FALSE(serves(other, child)) << name << ": " << other.ps();
+    const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << name << " " << st << home.log_text();
+    EXPECT_EQ(read_file(out_file), want) << name;
+    for (const std::string& p : {out_file, jobs, work}) std::filesystem::remove_all(p);
+  }
+}
+
 // ---- two GPUs of one host (issue #23; the `multigpu` suite on a machine with two, CI on the host
 // backend presenting two devices) ----
 using PosdMultiGpu = PosdProcess;

@@ -351,9 +351,11 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
     rep->peer = true;
     const auto te = std::chrono::steady_clock::now();
     auto mem = posd_peer_export(o.socket, o.pid, dumped->token);
-    if (!mem.ok())
+    if (!mem.ok()) {
+      rep->peer_export_error = mem.status().message();
       return back("the source could not hand over the job's device memory: " + mem.status().message() +
                   " (pos-cli migrate --no-peer copies it through image files instead)");
+    }
     peer = std::move(*mem);
     rep->peer_export_s = seconds_since(te);
     for (const PeerMemory& m : peer) rep->peer_bytes += m.size;
@@ -407,9 +409,7 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   return Status::Ok();
 }
 
-}  // namespace
-
-StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
+StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (o.pid == 0) return Status::InvalidArgument("no job pid given");
@@ -653,6 +653,23 @@ StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
   cleanup();
   rep.total_s = seconds_since(t0);
   return rep;
+}
+
+}  // namespace
+
+StatusOr<JobMigrateReport> migrate_job(const JobMigrateOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto first = migrate_once(o);
+  if (!first.ok() || !o.peer_fallback || first->where != "source" || first->peer_export_error.empty()) return first;
+  // The peer switch could not start (the job is back at the source): through image files instead.
+  JobMigrateOptions again = o;
+  again.peer = false, again.peer_fallback = false;
+  if (o.progress) o.progress("peer-fallback", JobMigrateOptions::Round{});
+  auto second = migrate_once(again);
+  if (!second.ok()) return second.status().with_context("after the peer switch failed (" + first->peer_export_error + ")");
+  second->peer_fallback = first->peer_export_error;
+  second->total_s = seconds_since(t0);
+  return second;
 }
 
 StatusOr<std::string> resolve_migration(const JobResolveOptions& o) {

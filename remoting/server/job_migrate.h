@@ -31,6 +31,10 @@ struct JobMigrateOptions {
   // target's session copies it device to device (the same GPU, or another one by peer access).
   // false: pre-copy rounds and the stop through image files (--no-peer).
   bool peer = true;
+  // When the peer switch fails because the source cannot hand its memory over (the job is then
+  // back at the source, after a pause of a few milliseconds), migrate again through rounds and
+  // image files; false: stop there, exit 3 (--no-fallback).
+  bool peer_fallback = true;
   std::string self_program;        // this pos-cli, which a guardian runs to restore on the source if
                                    // this process dies between the stop and the target's confirmation
   // Events: "round" (a pre-copy round done), "switch" (the stop began), "restore" (on the target),
@@ -75,6 +79,8 @@ struct JobMigrateReport {
   double stop_image_s = 0;  // live: of dump_s, the stop's GPU image (handles, and buffers unless peer)
   double reattach_s = 0;    // live: from the permit to the target's "re-attached"
   std::string release_error;  // live: the source's session could not be released (it ends with the job)
+  std::string peer_export_error;  // the peer switch: why the source could not hand its memory over
+  std::string peer_fallback;  // why this migration went through image files after a peer switch failed
 };
 
 // Pre-copy rounds (pre-dumps, each holding only what changed since the one before) while the job

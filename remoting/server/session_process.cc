@@ -237,7 +237,12 @@ void export_peer(int client, POSWorkspace* ws, uint64_t uuid, SessionControl* ct
   if (ctl->detached()) {
     raise_descriptor_limit();  // one descriptor per range until pos-cli has them
     auto c = uuid != 0 ? ws->find_client(uuid) : nullptr;
-    if (c != nullptr) mem = c->export_peer_memory();
+    // Test hook (docs/migration.md, "Fault points"): POS_FAULT_POINT=peer-export-refused in this
+    // posd's environment fails every export, as memory without a shareable handle does.
+    const char* fp = std::getenv("POS_FAULT_POINT");
+    if (fp != nullptr && std::strcmp(fp, "peer-export-refused") == 0)
+      mem = Status::Unsupported("the export was refused (fault point peer-export-refused)");
+    else if (c != nullptr) mem = c->export_peer_memory();
     else mem = Status::Unavailable("the job's session has no client (it is starting or ending)");
   }
   const auto t_exported = std::chrono::steady_clock::now();
