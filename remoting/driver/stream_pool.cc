@@ -83,6 +83,9 @@ CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_
   CUdevice dev = 0;
   if (calls_.ctx_get_device(&dev) != kSuccess) return kSuccess;  // the driver answers (and says why)
   const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kBlockAlign);
+  // A null stream here is the legacy default stream, named as free_async names it: else a job on
+  // the default stream would never meet its own frees and grow a segment at every step.
+  if (s == nullptr && !per_thread) s = reinterpret_cast<CUstream>(kStreamLegacy);
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t addr = 0;
   bool found = false, same = false, fenced = false;
