@@ -144,7 +144,7 @@ TEST_F(StreamPoolTest, OnceTheFreesEventCompletesAnyStreamReusesTheBlock) {
 }
 
 // The legacy default stream is named by a null handle in both calls: a job on it reuses its own
-// frees at once. (Before 9170ede's successor the allocation named it otherwise than the free, so
+// frees at once. (Before 7ca6ff0 the allocation named it otherwise than the free, so
 // such a job grew new segments while its frees' events were pending: the likely cause of the 43 %
 // the H200 measured.)
 TEST_F(StreamPoolTest, AJobOnTheDefaultStreamReusesItsOwnFreesAtOnce) {
