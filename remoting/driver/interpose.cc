@@ -1230,9 +1230,9 @@ inline bool capturing(Runtime* rt, bool ptsz, CUstream s) {
 }
 // Whether the stream pool serves this allocation: the device's default pool (for cuMemAllocAsync,
 // the device's current pool is that one), and no capture on the stream.
-inline bool pool_serves(Runtime* rt, bool from_pool, CUmemoryPool asked, bool ptsz, CUstream s) {
+inline bool pool_serves(Runtime* rt, bool from_pool, CUmemoryPool asked, bool ptsz, CUstream s, CUdevice* out_dev) {
   if (rt->default_mem_pool == nullptr || rt->snap.vmm.ctx_get_device == nullptr) return false;
-  CUdevice dev = 0;
+  CUdevice& dev = *out_dev;
   CUmemoryPool def = nullptr;
   if (rt->snap.vmm.ctx_get_device(&dev) != kSuccess) return false;
   const bool cached = dev >= 0 && dev < static_cast<int>(rt->default_pools.size());
@@ -1275,9 +1275,10 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
     const CUstream s = std::get<std::tuple_size_v<decltype(t)> - 1>(t);
     CUmemoryPool asked = nullptr;
     if constexpr (from_pool) asked = std::get<2>(t);
-    if (!pool_serves(rt, from_pool, asked, ptsz, s)) return false;
+    CUdevice dev = 0;
+    if (!pool_serves(rt, from_pool, asked, ptsz, s, &dev)) return false;
     bool placed = false;
-    *rc = rt->pool->alloc(std::get<0>(t), std::get<1>(t), s, per_thread_stream(ptsz, s), &placed);
+    *rc = rt->pool->alloc(std::get<0>(t), std::get<1>(t), s, per_thread_stream(ptsz, s), &placed, dev);
     return placed;
   } else if constexpr (kId == HookId::cuMemFreeAsync || kId == HookId::cuMemFreeAsync_ptsz) {
     if (!rt->pool) return false;

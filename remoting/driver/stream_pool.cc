@@ -78,10 +78,9 @@ bool StreamPool::usable(Block& b, CUstream s, bool per_thread, bool* same) {
   return false;
 }
 
-CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_thread, bool* placed) {
+CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_thread, bool* placed, int dev) {
   *placed = false;
-  CUdevice dev = 0;
-  if (calls_.ctx_get_device(&dev) != kSuccess) return kSuccess;  // the driver answers (and says why)
+  if (dev < 0 && calls_.ctx_get_device(&dev) != kSuccess) return kSuccess;  // the driver answers (and says why)
   const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kBlockAlign);
   // A null stream here is the legacy default stream, named as free_async names it: else a job on
   // the default stream would never meet its own frees and grow a segment at every step.

@@ -58,7 +58,8 @@ class StreamPool {
   // thread's per-thread default stream (the _ptsz entry points with a null stream): never reused
   // by identity, only through its event. *placed false: no segment could be placed (the caller
   // leaves the allocation to the driver).
-  CUresult alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_thread, bool* placed);
+  // `dev`: the current device if the caller knows it (-1: asked of the driver).
+  CUresult alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_thread, bool* placed, int dev = -1);
   // Frees `p` in stream order on `s` (*ours false: not this pool's; the caller passes it on). A
   // pointer that is not a live block's start is CUDA_ERROR_INVALID_VALUE, as the driver says.
   CUresult free_async(CUdeviceptr p, CUstream s, bool per_thread, bool* ours);
