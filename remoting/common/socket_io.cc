@@ -41,21 +41,25 @@ Status recv_all(int fd, void* p, size_t n) {
 }
 
 Status send_with_fds(int fd, const void* data, size_t n, std::initializer_list<int> fds) {
-  if (fds.size() > 4) return Status::InvalidArgument("too many descriptors for one message");
+  return send_with_fds(fd, data, n, std::span<const int>(fds.begin(), fds.size()));
+}
+
+Status send_with_fds(int fd, const void* data, size_t n, std::span<const int> fds) {
+  if (fds.size() > kMaxFdsPerMessage) return Status::InvalidArgument("too many descriptors for one message");
+  if (n == 0) return Status::InvalidArgument("descriptors need at least one byte to travel with");
   msghdr msg{};
   iovec iov{const_cast<void*>(data), n};
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(4 * sizeof(int))] = {};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(kMaxFdsPerMessage * sizeof(int))] = {};
   msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-  size_t i = 0;
-  for (const int f : fds) std::memcpy(CMSG_DATA(c) + (i++) * sizeof(int), &f, sizeof(int));
-  for (;;) {
-    const ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w != static_cast<ssize_t>(n)) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
-    return Status::Ok();
-  }
+  if (!fds.empty()) std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  ssize_t w = 0;
+  do w = ::sendmsg(fd, &msg, MSG_NOSIGNAL); while (w < 0 && errno == EINTR);
+  if (w <= 0) return Status::Unavailable(std::string("sendmsg: ") + std::strerror(errno));
+  // The descriptors went with the first byte; the rest of a short send is plain bytes.
+  if (static_cast<size_t>(w) < n) return send_all(fd, static_cast<const char*>(data) + w, n - static_cast<size_t>(w));
+  return Status::Ok();
 }
 
 ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max) {

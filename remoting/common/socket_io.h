@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -53,9 +54,12 @@ Status send_all(int fd, const void* p, size_t n);
 // All n bytes, or kUnavailable ("the peer closed the connection" when it hung up first).
 Status recv_all(int fd, void* p, size_t n);
 
-// One message (a packet, or a stream's bytes) with descriptors attached (SCM_RIGHTS, at most 4);
-// the caller's descriptors stay open.
+// One message (a packet, or a stream's bytes) with descriptors attached (SCM_RIGHTS); the caller's
+// descriptors stay open.
 Status send_with_fds(int fd, const void* data, size_t n, std::initializer_list<int> fds);
+// The same for up to kMaxFdsPerMessage descriptors, all attached to the message's first byte.
+inline constexpr size_t kMaxFdsPerMessage = 64;
+Status send_with_fds(int fd, const void* data, size_t n, std::span<const int> fds);
 // recv without waiting, keeping up to `max` descriptors that came along in fds[0..max) (each only if
 // that slot is empty); any others are closed at once. recv's result.
 ssize_t recv_with_fds(int fd, void* buf, size_t n, UniqueFd* fds, size_t max);

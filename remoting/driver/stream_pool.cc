@@ -61,6 +61,13 @@ bool StreamPool::complete(Fence& f) {
   return f.done || calls_.event_query(f.event) == kSuccess;
 }
 
+// A null stream (not a per-thread one) is the legacy default stream: one name for it at allocation
+// and at free, else a job on the default stream would never meet its own frees (and took a new
+// segment while their events were pending).
+CUstream StreamPool::named(CUstream s, bool per_thread) {
+  return s == nullptr && !per_thread ? reinterpret_cast<CUstream>(kStreamLegacy) : s;
+}
+
 void StreamPool::index(uint64_t addr) { by_size_.emplace(blocks_.at(addr).size, addr); }
 void StreamPool::unindex(uint64_t addr) { by_size_.erase({blocks_.at(addr).size, addr}); }
 
@@ -82,9 +89,7 @@ CUresult StreamPool::alloc(CUdeviceptr* out, size_t bytes, CUstream s, bool per_
   *placed = false;
   if (dev < 0 && calls_.ctx_get_device(&dev) != kSuccess) return kSuccess;  // the driver answers (and says why)
   const uint64_t size = round_up(std::max<uint64_t>(bytes, 1), kBlockAlign);
-  // A null stream here is the legacy default stream, named as free_async names it: else a job on
-  // the default stream would never meet its own frees and grow a segment at every step.
-  if (s == nullptr && !per_thread) s = reinterpret_cast<CUstream>(kStreamLegacy);
+  s = named(s, per_thread);
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t addr = 0;
   bool found = false, same = false, fenced = false;
@@ -206,8 +211,7 @@ CUresult StreamPool::free_async(CUdeviceptr p, CUstream s, bool per_thread, bool
   *ours = owns(p);
   if (!*ours) return kSuccess;
   std::lock_guard<std::mutex> lk(mu_);
-  // A null stream here is the legacy default stream, which is a stream like any other for ordering.
-  return release(p, false, s == nullptr && !per_thread ? reinterpret_cast<CUstream>(kStreamLegacy) : s, per_thread);
+  return release(p, false, named(s, per_thread), per_thread);
 }
 
 CUresult StreamPool::free_now(CUdeviceptr p, bool* ours) {

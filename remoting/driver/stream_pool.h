@@ -107,6 +107,7 @@ class StreamPool {
   };
   bool record(Fence& f);      // under mu_: f's event recorded now (false: synchronized instead)
   bool complete(Fence& f);    // under mu_: whether f's event has completed (recording it if need be)
+  static CUstream named(CUstream s, bool per_thread);  // the legacy stream's one name
   bool usable(Block& b, CUstream s, bool per_thread, bool* same);  // under mu_
   void index(uint64_t addr);    // under mu_: a free block into the best-fit index
   void unindex(uint64_t addr);  // under mu_

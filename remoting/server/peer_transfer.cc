@@ -53,28 +53,19 @@ Status send_peer_table(int sock, const std::vector<PeerMemory>& ranges) {
   POS_RETURN_IF_ERROR(send_all(sock, &h, sizeof(h)));
   // In batches of kPeerBatch ranges, each batch one message with its descriptors in order: one
   // message per range cost the receiver a wake-up each (a stop's table has tens to thousands).
+  static_assert(wire::kPeerBatch <= kMaxFdsPerMessage);
   wire::PeerRange batch[wire::kPeerBatch];
-  alignas(cmsghdr) char cbuf[CMSG_SPACE(wire::kPeerBatch * sizeof(int))];
+  int fds[wire::kPeerBatch];
   for (size_t i = 0; i < ranges.size(); i += wire::kPeerBatch) {
     const size_t k = std::min<size_t>(wire::kPeerBatch, ranges.size() - i);
     for (size_t j = 0; j < k; ++j) {
       batch[j] = wire::PeerRange{};
       batch[j].index = static_cast<uint32_t>(i + j);
       batch[j].addr = ranges[i + j].addr, batch[j].size = ranges[i + j].size;
+      fds[j] = ranges[i + j].fd;
     }
-    std::memset(cbuf, 0, sizeof(cbuf));
-    msghdr msg{};
-    iovec iov{batch, k * sizeof(wire::PeerRange)};
-    msg.msg_iov = &iov, msg.msg_iovlen = 1, msg.msg_control = cbuf, msg.msg_controllen = CMSG_SPACE(k * sizeof(int));
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(k * sizeof(int));
-    for (size_t j = 0; j < k; ++j) std::memcpy(CMSG_DATA(c) + j * sizeof(int), &ranges[i + j].fd, sizeof(int));
-    ssize_t w = 0;
-    do w = ::sendmsg(sock, &msg, MSG_NOSIGNAL); while (w < 0 && errno == EINTR);
-    if (w < 0) return Status::Unavailable(std::string("sending the peer memory table: ") + std::strerror(errno));
-    // The descriptors went with the first byte; the rest of a short send is plain bytes.
-    if (static_cast<size_t>(w) < iov.iov_len)
-      POS_RETURN_IF_ERROR(send_all(sock, reinterpret_cast<const char*>(batch) + w, iov.iov_len - static_cast<size_t>(w)));
+    POS_RETURN_IF_ERROR(send_with_fds(sock, batch, k * sizeof(wire::PeerRange), std::span<const int>(fds, k))
+                            .with_context("sending the peer memory table"));
   }
   return Status::Ok();
 }
