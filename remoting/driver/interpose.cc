@@ -1023,10 +1023,16 @@ pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg) {
 
 std::array<void*, kHookCount> hook_addresses();
 
+// *fn = the real driver's `name` (null if it lacks it).
+template <typename Fn>
+void lookup(void* driver, Fn* fn, const char* name) {
+  *fn = reinterpret_cast<Fn>(real_dlsym()(driver, name));
+}
+
 // The real driver's virtual memory calls (placement.h), looked up once.
 VmmCalls vmm_calls(void* driver) {
   VmmCalls c;
-  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
   get(&c.ctx_get_device, "cuCtxGetDevice");
   get(&c.reserve, "cuMemAddressReserve");
   get(&c.address_free, "cuMemAddressFree");
@@ -1076,7 +1082,7 @@ std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement)
   if (placement == nullptr) return nullptr;
   if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on == nullptr || std::strcmp(on, "1") != 0) return nullptr;
   StreamPoolCalls c;
-  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
   get(&c.ctx_get_device, "cuCtxGetDevice");
   get(&c.event_create, "cuEventCreate");
   get(&c.event_record, "cuEventRecord");
@@ -1096,7 +1102,7 @@ std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement)
 // The real driver's copy calls (device_image.h), looked up once.
 CopyCalls copy_calls(void* driver) {
   CopyCalls c;
-  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
   get(&c.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
   get(&c.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
   get(&c.ctx_set_current, "cuCtxSetCurrent");
@@ -1116,7 +1122,7 @@ SnapCalls snap_calls(void* driver) {
   SnapCalls c;
   c.vmm = vmm_calls(driver);
   c.copy = copy_calls(driver);
-  const auto get = [&](auto* fn, const char* name) { *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(real_dlsym()(driver, name)); };
+  const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
   get(&c.stream_create, "cuStreamCreate");
   get(&c.stream_destroy, "cuStreamDestroy_v2");
   get(&c.event_create, "cuEventCreate");
@@ -1173,9 +1179,8 @@ Runtime* runtime() {
     if (rt->driver != nullptr) {
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->pool = make_stream_pool(rt->driver, rt->placement.get());
-      rt->device_mem_pool = reinterpret_cast<decltype(rt->device_mem_pool)>(real_dlsym()(rt->driver, "cuDeviceGetMemPool"));
-      rt->default_mem_pool =
-          reinterpret_cast<decltype(rt->default_mem_pool)>(real_dlsym()(rt->driver, "cuDeviceGetDefaultMemPool"));
+      lookup(rt->driver, &rt->device_mem_pool, "cuDeviceGetMemPool");
+      lookup(rt->driver, &rt->default_mem_pool, "cuDeviceGetDefaultMemPool");
       rt->copy = copy_calls(rt->driver);
       rt->snap = snap_calls(rt->driver);
       rt->ids = gpu_id_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
