@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,7 +34,20 @@ namespace {
 struct Ran {
   int status = -1;
   std::string output;  // stdout and stderr, at most 64 KiB
+  bool abandoned = false;  // ended by the caller's `abandon`
 };
+
+constexpr std::chrono::seconds kGoneGrace{5};
+
+// Whether `pid` runs: it exists and is no zombie (/proc/PID/stat's state).
+bool process_alive(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  const char state = stat[close + 2];
+  return state != 'Z' && state != 'X';
+}
 
 // Runs argv[0] with argv; stdout and stderr captured (bounded). CRIU dies with this thread (a
 // parent-death signal): a pos-cli killed mid-dump must not leave a CRIU behind that goes on to end
@@ -40,8 +55,11 @@ struct Ran {
 // `mid` says so (polled every millisecond, 5 s at most; without it, 50 ms after CRIU started), CRIU
 // is stopped (SIGSTOP) so that it cannot finish before the fault point kills this process, and with
 // it CRIU (its parent-death signal). `tick`: called about every 100 ms while the program runs.
+// `abandon`, asked every 100 ms while the program runs: true ends it (SIGKILL) and stops waiting
+// for its output; the result then says so (Ran::abandoned).
 StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage = nullptr,
-                  const std::function<void()>& tick = {}, const std::function<bool()>& mid = {}) {
+                  const std::function<void()>& tick = {}, const std::function<bool()>& mid = {},
+                  const std::function<bool()>& abandon = {}) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return Status::Unavailable(std::string("pipe: ") + std::strerror(errno));
   std::vector<char*> args;
@@ -78,11 +96,16 @@ StatusOr<Ran> run(const std::vector<std::string>& argv, const char* fault_stage 
   Ran r;
   char buf[4096];
   for (;;) {
-    if (tick) {
+    if (tick || abandon) {
       pollfd pf{p[0], POLLIN, 0};
       const int ready = ::poll(&pf, 1, 100);
+      if (abandon && abandon()) {
+        (void)::kill(pid, SIGKILL);
+        r.abandoned = true;
+        break;  // a helper it forked may hold the pipe open: no waiting for its end
+      }
       if (ready == 0 || (ready < 0 && errno == EINTR)) {
-        tick();
+        if (tick) tick();
         continue;
       }
     }
@@ -379,6 +402,17 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
   }
   // Mid-dump: CRIU has seized the tree and written its first image; ending the dumped tree is the
   // last thing it does, after all of them.
+  // A dumped process that is killed in the middle can leave CRIU waiting forever (CRIU 4.1.1 was
+  // seen blocked on a futex after "killed by 9 unexpectedly"): once the process has been gone for
+  // kGoneGrace, CRIU is ended and the dump fails. (Without --leave-running CRIU ends the process
+  // itself as its last step, and exits well within the grace.)
+  std::chrono::steady_clock::time_point gone_since{};
+  const auto abandon = [&] {
+    if (process_alive(pid)) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (gone_since == std::chrono::steady_clock::time_point{}) gone_since = now;
+    return now - gone_since >= kGoneGrace;
+  };
   auto r = run(argv, "criu-dump-running", tick, [&] {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return false;
@@ -389,8 +423,12 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
     }
     ::closedir(d);
     return img;
-  });
+  }, abandon);
   if (!r.ok()) return r.status();
+  if (r->abandoned)
+    return Status::Unavailable(std::string("criu ") + (o.pre_dump ? "pre-dump" : "dump") + " of pid " +
+                               std::to_string(pid) + " abandoned: the process ended during the dump and CRIU did not " +
+                               "return within " + std::to_string(kGoneGrace.count()) + " s (log: " + dir + "/" + log + ")");
   if (tick && exited_ok(r->status)) tick();  // the last word: what was written, as the total
   if (r->status == 127 << 8 && r->output.empty()) return Status::Unavailable("cannot run " + criu);
   if (!exited_ok(r->status))

@@ -185,6 +185,41 @@ TEST_F(Criu, ADumpOfAPidThatDoesNotExistFailsWithCriusReason) {
   EXPECT_NE(s.message().find("dump.log"), std::string::npos) << s.message();
 }
 
+// A dumped process killed in the middle of the dump can leave CRIU blocked for good (seen with
+// CRIU 4.1.1 in CI): once the process has been gone a few seconds, CRIU is ended and the dump
+// fails, saying so. The "CRIU" here is a script that never returns.
+TEST(CriuHang, ADumpWhoseProcessDiesWhileCriuHangsIsAbandoned) {
+  const fs::path dir = fs::temp_directory_path() / ("pos-criu-hang-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "img");
+  const fs::path fake = dir / "criu";
+  {
+    std::ofstream f(fake);
+    f << "#!/bin/sh\nexec sleep 600\n";
+  }
+  fs::permissions(fake, fs::perms::owner_all);
+  const pid_t victim = ::fork();
+  if (victim == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(victim, 0);
+  std::thread killer([victim] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(victim, SIGKILL);  // left unreaped: a zombie counts as gone
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = criu_dump(fake.string(), victim, (dir / "img").string(), {});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  killer.join();
+  ::waitpid(victim, nullptr, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("abandoned: the process ended during the dump"), std::string::npos) << s.message();
+  EXPECT_GE(took, 5.0);  // the grace
+  EXPECT_LT(took, 30.0);
+  fs::remove_all(dir);
+}
+
 TEST(CriuFind, AMissingOrTooOldCriuIsAnErrorNamingTheFix) {
   ::setenv("POS_CRIU", "/nonexistent/criu", 1);
   auto c = find_criu();
