@@ -553,12 +553,19 @@ int restore(RestoreArgs a) {
   }
   if (a.json) {
     std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
-                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"load_s\":%.6f,\"total_s\":%.6f},\"handoff\":%s,"
+                "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"load_s\":%.6f,\"resumed_s\":%.6f,"
+                "\"total_s\":%.6f},\"handoff\":%s,\"loaded_while_running\":%s,"
                 "\"device\":%d,\"device_uuid\":%s,\"moved\":%s,\"note\":%s}\n",
                 r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
                 (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
-                r->reattach_s, r->load_s, r->total_s, r->handoff ? "true" : "false", r->device,
+                r->reattach_s, r->load_s, r->resumed_s, r->total_s, r->handoff ? "true" : "false", r->lazy ? "true" : "false", r->device,
                 pos::json_string(r->device_uuid).c_str(), r->moved ? "true" : "false", pos::json_string(r->note).c_str());
+  } else if (r->lazy) {
+    std::printf("restored pid %u from %s: running again after %.3f s (CPU state by CRIU in %.3f s, re-attached in %.3f s); "
+                "its device memory (%llu handles, %llu bytes) loaded while it ran, done after %.3f s\n",
+                r->pid, a.dir.c_str(), r->resumed_s, r->criu_s, r->reattach_s, (unsigned long long)r->handles,
+                (unsigned long long)r->gpu_bytes, r->total_s);
+    if (r->moved) std::printf("moved onto CUDA device %d (%s)\n", r->device, r->device_uuid.c_str());
   } else {
     std::printf("restored pid %u from %s: GPU state %s(%llu handles, %llu bytes) in %.3f s, CPU state by CRIU in %.3f s, "
                 "re-attached in %.3f s; total %.3f s\n",
@@ -1030,7 +1037,7 @@ int main(int argc, char** argv) {
   restore_cmd->add_option("-D,--images-dir", ra.dir, "the image (pos-cli dump's -D)")->required();
   restore_cmd->add_option("--socket", ra.socket, "the posd to restore into (the one dumped from or another)")
       ->capture_default_str();
-  restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (each buffer before its first use)");
+  restore_cmd->add_flag("--lazy", ra.lazy, "run on while device memory loads (posd jobs: each buffer before its first use; in-process jobs: their GPU work waits on the device until the load ends)");
   restore_cmd->add_option("--device", ra.device,
                           "an in-process job's image (pos run): restore it onto CUDA device N of this host (its ordinal "
                           "with CUDA_VISIBLE_DEVICES ignored), a GPU of the model it ran on")

@@ -125,6 +125,38 @@ class DriverDump : public ::testing::Test {
     if (!names.empty()) fake_env_.push_back("FAKE_CUDA_GPU_NAMES=" + names);
   }
   std::string fake_log() { return read_file(root_ / "state" / "log"); }
+  // pos-cli ARGS in the background, stopped at its fault point POINT; its pid.
+  pid_t background(const std::string& point, const std::string& args, const std::string& log) {
+    int c = -1;
+    const std::string pid = pos::test::run_shell("POS_FAULT_POINT=" + point + ":stop POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
+                                                     " " + env("POS_CLI") + " " + args + " >" + log + " 2>&1 & echo $!",
+                                                 &c);
+    EXPECT_EQ(c, 0) << pid;
+    return static_cast<pid_t>(std::atoi(pid.c_str()));
+  }
+  // Whether `log` says `text` within 30 s.
+  static bool wait_for(const std::string& log, const std::string& text) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (read_file(log).find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+  // A stop dump of a fresh probe job into root_/img; the dumped (ended) job's pid.
+  pid_t stop_dump() {
+    start();
+    int code = -1;
+    const std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + (root_ / "img").string() + " --jobs-dir " + jobs_, &code);
+    EXPECT_EQ(code, 0) << out;
+    ::waitpid(pid_, nullptr, 0);  // CRIU ended it
+    return std::exchange(pid_, -1);
+  }
+  // Asks the job for check N without waiting; where its answer will be.
+  std::string ask_check(int n) {
+    { std::ofstream(root_ / "work" / ("check-" + std::to_string(n))); }
+    return (root_ / "work" / ("result-" + std::to_string(n))).string();
+  }
 
   // The job's memory cannot be exported (FAKE_CUDA_NO_EXPORT): the dump falls back to the job's
   // own copy to files, and the restore to the job's own load.
@@ -374,23 +406,6 @@ TEST_F(DriverDump, ADumpInterruptedByTheJobsEndLeavesTheJobRestoredUnderItsPidAl
   std::string out = cli("dump -t " + std::to_string(pid_) + " -D " + a + " --leave-running --jobs-dir " + jobs_, &code);
   ASSERT_EQ(code, 0) << out;
   ASSERT_EQ(write(), "rc=0\n");  // after a: the memory b holds differs from a's
-  // In the background, stopped at its fault point; the shell answers with its pid.
-  const auto background = [&](const std::string& point, const std::string& args, const std::string& log) {
-    int c = -1;
-    const std::string pid = pos::test::run_shell("POS_FAULT_POINT=" + point + ":stop POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
-                                                     " " + env("POS_CLI") + " " + args + " >" + log + " 2>&1 & echo $!",
-                                                 &c);
-    EXPECT_EQ(c, 0) << pid;
-    return static_cast<pid_t>(std::atoi(pid.c_str()));
-  };
-  const auto wait_for = [&](const std::string& log, const std::string& text) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (read_file(log).find(text) == std::string::npos) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return true;
-  };
   const std::string dump_log = (root_ / "dump.log").string(), restore_log = (root_ / "restore.log").string();
   pid_t dumper = -1, restorer = -1;
   struct Reap {  // a failed assertion leaves no stopped pos-cli behind
@@ -736,3 +751,97 @@ TEST_F(DriverDump, PosRunWithACheckpointPolicyLeavesRestorePointsTheNewestOfWhic
 }
 
 }  // namespace
+
+namespace {
+// Waits up to 10 s for `pid` to end (it may be this process's child, reparented here, or not).
+bool ends_within_10s(pid_t pid, int* status) {
+  for (int i = 0; i < 1000; ++i) {
+    const pid_t r = ::waitpid(pid, status, WNOHANG);
+    if (r == pid) return true;
+    if (r < 0 && ::kill(pid, 0) != 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+}  // namespace
+
+// restore --lazy: the job runs again before its memory is loaded; its GPU work (here a copy that
+// reads its memory back) waits on the device until pos-cli's load has ended, then sees the bytes of
+// its image. While the load runs the job cannot be dumped. With pos-cli stopped mid-load the job
+// runs but its copy does not complete; with pos-cli killed there the job ends itself (its memory
+// will never be whole) and the image restores again.
+TEST_F(DriverDump, ALazyRestoreRunsTheJobBeforeItsMemoryIsLoadedAndItsGpuWorkWaitsForTheLoad) {
+  pid_t dumped = stop_dump();
+  const std::string img = (root_ / "img").string(), log = (root_ / "restore.log").string();
+  pid_t restorer = background("driver-lazy-load", "restore -D " + img + " --lazy --json", log);
+  struct Reap {  // a failed assertion leaves no stopped pos-cli behind
+    pid_t* p;
+    ~Reap() {
+      if (*p > 0) ::kill(*p, SIGKILL), ::kill(*p, SIGCONT), ::waitpid(*p, nullptr, 0);
+    }
+  } reap{&restorer};
+  ASSERT_TRUE(wait_for(log, "stopping the process")) << read_file(log);
+  restored_ = dumped;
+  ASSERT_EQ(::kill(dumped, 0), 0);  // running, its memory handed over but not loaded
+  const std::string result = ask_check(++checks_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_FALSE(fs::exists(result)) << "the job's copy ran before the load ended";
+  int code = -1;
+  std::string out = cli("dump -t " + std::to_string(dumped) + " -D " + (root_ / "img2").string() + " --jobs-dir " + jobs_, &code);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("still loading its device memory after a lazy restore"), std::string::npos) << out;
+  EXPECT_EQ(::kill(dumped, 0), 0);
+  ::kill(restorer, SIGCONT);
+  int st = 0;
+  ASSERT_EQ(::waitpid(restorer, &st, 0), restorer);
+  restorer = -1;
+  out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_NE(out.find("\"loaded_while_running\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"handoff\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"resumed_s\":"), std::string::npos) << out;
+  for (int i = 0; i < 2000 && !fs::exists(result); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(read_file(result), "rc=0 same=1\n");  // the copy waited for the load, then read the image's bytes
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // Done loading: it can be dumped again (a stop dump), and that image restores eagerly.
+  fs::remove_all(img);
+  out = cli("dump -t " + std::to_string(dumped) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_TRUE(ends_within_10s(dumped, &st));
+  restored_ = -1;
+
+  // pos-cli killed mid-load: the job ends itself; the image is unchanged and restores again.
+  restorer = background("driver-lazy-load", "restore -D " + img + " --lazy --json", log);
+  ASSERT_TRUE(wait_for(log, "stopping the process")) << read_file(log);
+  restored_ = dumped;
+  ::kill(restorer, SIGKILL);
+  ::kill(restorer, SIGCONT);
+  ::waitpid(std::exchange(restorer, -1), nullptr, 0);
+  ASSERT_TRUE(ends_within_10s(dumped, &st)) << "the job ran on without its loader";
+  out = cli("restore -D " + img + " --json", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
+// A job whose driver cannot wait on memory (no stream memory operations) is held at POS's gate
+// until the load ends instead; one whose driver cannot register the flag is loaded before it runs.
+// Either way the restore says so, and the job reads its image's bytes.
+TEST_F(DriverDump, ALazyRestoreOnADriverWithoutStreamWaitsHoldsTheJobOrLoadsItFirstAndSaysSo) {
+  for (const auto& [knob, says] : std::vector<std::pair<std::string, std::string>>{
+           {"FAKE_CUDA_NO_STREAM_WAIT=1", "its driver calls waited instead"},
+           {"FAKE_CUDA_NO_HOST_REGISTER=1", "loaded before the job ran (not lazily)"}}) {
+    SCOPED_TRACE(knob);
+    fake_env_ = {knob};
+    const pid_t dumped = stop_dump();
+    int code = -1;
+    const std::string out = cli("restore -D " + (root_ / "img").string() + " --lazy --json", &code);
+    ASSERT_EQ(code, 0) << out;
+    restored_ = dumped;
+    EXPECT_NE(out.find(says), std::string::npos) << out;
+    EXPECT_EQ(check(), "rc=0 same=1\n");
+    ::kill(std::exchange(restored_, -1), SIGKILL);
+    int st = 0;
+    ASSERT_TRUE(ends_within_10s(dumped, &st));
+    fs::remove_all(root_ / "img");
+  }
+}

@@ -31,6 +31,21 @@ void bump(const char* name) {
   ++counts()[name];
 }
 unsigned long long next_address = 0x7f0000000000ull;
+
+// Stream waits on a memory word (cuStreamWaitValue32, "greater or equal"): the fake runs work at
+// once, so work enqueued after a wait runs only once every pending wait is satisfied, a stand-in
+// for stream order (every stream counts as one).
+std::vector<std::pair<const volatile uint32_t*, uint32_t>> waits;  // under mu
+void drain_waits() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      std::erase_if(waits, [](const auto& w) { return static_cast<int32_t>(*w.first - w.second) >= 0; });
+      if (waits.empty()) return;
+    }
+    usleep(1000);
+  }
+}
 }  // namespace
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -82,6 +97,7 @@ int run_kernel(void* f, void** params, void** extra);  // below, with the memory
 FAKE_EXPORT int cuLaunchKernel(void* f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                                void** params, void** extra) {
   bump("cuLaunchKernel");
+  drain_waits();
   return run_kernel(f, params, extra);
 }
 FAKE_EXPORT int cuLaunchKernel_ptsz(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
@@ -163,6 +179,7 @@ unsigned long long next_handle = 1;
 }  // namespace
 FAKE_EXPORT int cuCtxSynchronize() {
   bump("cuCtxSynchronize");
+  drain_waits();
   return 0;
 }
 FAKE_EXPORT int cuMemGetAllocationGranularity(size_t* g, const void*, int) {
@@ -375,6 +392,7 @@ FAKE_EXPORT int cuMemPoolTrimTo(void*, size_t) {
 }
 FAKE_EXPORT int cuEventSynchronize(void*) {
   bump("cuEventSynchronize");
+  drain_waits();
   return 0;
 }
 FAKE_EXPORT int cuStreamWaitEvent(void*, void*, unsigned) {
@@ -383,12 +401,14 @@ FAKE_EXPORT int cuStreamWaitEvent(void*, void*, unsigned) {
 }
 FAKE_EXPORT int cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, size_t n, void*) {
   bump("cuMemcpyDtoDAsync_v2");
+  drain_waits();
   if (!in_mapping(dst, n) || !in_mapping(src, n)) return 1;
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
   return 0;
 }
 FAKE_EXPORT int cuMemsetD8_v2(unsigned long long dst, unsigned char v, size_t n) {
   bump("cuMemsetD8_v2");
+  drain_waits();
   if (!in_mapping(dst, n)) return 1;
   std::memset(reinterpret_cast<void*>(dst), v, n);
   return 0;
@@ -400,7 +420,33 @@ FAKE_EXPORT int cuStreamCreate(void** s, unsigned) {
   return 0;
 }
 FAKE_EXPORT int cuStreamDestroy_v2(void*) { return 0; }
-FAKE_EXPORT int cuStreamSynchronize(void*) { return 0; }
+FAKE_EXPORT int cuStreamSynchronize(void*) {
+  drain_waits();
+  return 0;
+}
+// FAKE_CUDA_NO_HOST_REGISTER=1: host memory cannot be registered (CUDA_ERROR_NOT_SUPPORTED).
+FAKE_EXPORT int cuMemHostRegister_v2(void* p, size_t n, unsigned) {
+  bump("cuMemHostRegister_v2");
+  if (const char* e = std::getenv("FAKE_CUDA_NO_HOST_REGISTER"); e != nullptr && e[0] == '1') return 801;
+  return p != nullptr && n != 0 ? 0 : 1;
+}
+FAKE_EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long* d, void* p, unsigned) {
+  *d = reinterpret_cast<uintptr_t>(p);
+  return 0;
+}
+FAKE_EXPORT int cuMemHostUnregister(void*) {
+  bump("cuMemHostUnregister");
+  return 0;
+}
+// FAKE_CUDA_NO_STREAM_WAIT=1: a driver without stream memory operations (CUDA_ERROR_NOT_SUPPORTED).
+FAKE_EXPORT int cuStreamWaitValue32_v2(void*, unsigned long long addr, uint32_t value, unsigned flags) {
+  bump("cuStreamWaitValue32_v2");
+  if (const char* e = std::getenv("FAKE_CUDA_NO_STREAM_WAIT"); e != nullptr && e[0] == '1') return 801;
+  if (flags != 0 || addr == 0) return 1;
+  std::lock_guard<std::mutex> lk(mu);
+  waits.emplace_back(reinterpret_cast<const volatile uint32_t*>(addr), value);
+  return 0;
+}
 FAKE_EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned) {
   bump("cuMemHostAlloc");
   *p = std::malloc(n);
@@ -412,18 +458,21 @@ FAKE_EXPORT int cuMemFreeHost(void* p) {
 }
 FAKE_EXPORT int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t n, void*) {
   bump("cuMemcpyDtoHAsync_v2");
+  drain_waits();
   if (!in_mapping(src, n)) return 1;
   std::memcpy(dst, reinterpret_cast<const void*>(src), n);
   return 0;
 }
 FAKE_EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t n, void*) {
   bump("cuMemcpyHtoDAsync_v2");
+  drain_waits();
   if (!in_mapping(dst, n)) return 1;
   std::memcpy(reinterpret_cast<void*>(dst), src, n);
   return 0;
 }
 FAKE_EXPORT int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n) {
   bump("cuMemcpyDtoD_v2");
+  drain_waits();
   if (!in_mapping(dst, n) || !in_mapping(src, n)) return 1;
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
   return 0;

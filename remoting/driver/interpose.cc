@@ -8,6 +8,7 @@
 // real driver's export; what it knows (device allocations today) goes to the census. Everything
 // not hooked is the driver's own function, so it costs nothing.
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@
 #include "remoting/driver/driver_hooks.h"
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/driver/lazy_load.h"
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/memory_limit.h"
 #include "remoting/driver/placement.h"
@@ -127,6 +129,17 @@ struct Runtime {
   uint32_t shared_list = 0;  // under dump_mu: the checksum of the allocation list handed out
   std::string saved_dir;  // under dump_mu
   int saved_dev = 0;      // under dump_mu
+  // A lazy restore's load (lazy_load.h): while `lazy` is set, pos-cli (pid lazy_loader) is still
+  // loading the memory the job runs on; every stream waits on the device for its flag. Under
+  // lazy_mu (taken after dump_mu where both are); lazy_pending is read without it by the
+  // stream-creating hooks first.
+  LazyCalls lazy_calls;
+  std::mutex lazy_mu;
+  std::condition_variable lazy_cv;
+  std::unique_ptr<LazyLoad> lazy;
+  std::atomic<bool> lazy_pending{false};  // the flag not yet seen set: new streams must wait too
+  bool lazy_gate_held = false;            // a stream could not be made to wait: the gate stays closed until loaded
+  pid_t lazy_loader = 0;
 };
 
 // Device allocations POS placed, as the census counts them: Placement's, with the stream pool's
@@ -319,6 +332,12 @@ std::string dump_blockers(Runtime* rt) {
   if (!rt->app_vmm) add("the driver lacks a virtual memory call");
   else if (std::string w = rt->app_vmm->blocker(); !w.empty()) add(w);
   if (!rt->copy.complete()) add("the driver lacks a call POS copies device memory with");
+  {
+    std::lock_guard<std::mutex> lk(rt->lazy_mu);
+    if (rt->lazy)
+      add("it is still loading its device memory after a lazy restore (pos-cli pid " + std::to_string(rt->lazy_loader) +
+          " loads it): try again once that is done");
+  }
   return why;
 }
 
@@ -583,6 +602,39 @@ std::string dump_release(Runtime* rt) {
   return out;
 }
 
+const CUstream kLegacyStream = reinterpret_cast<CUstream>(uintptr_t{1});  // CU_STREAM_LEGACY
+
+// A lazy load's watcher, on a thread of its own from dump-take on: once pos-cli sets the flag, new
+// streams stop waiting, a held gate opens, and once the job's queued work is done (no wait pending
+// on the device) the flag is let go. If pos-cli ends before it set the flag, the job's memory will
+// never be whole: the job is ended rather than let run on wrong bytes (its image is unchanged).
+void watch_lazy_load(Runtime* rt, int dev) {
+  {
+    std::unique_lock<std::mutex> lz(rt->lazy_mu);
+    while (!rt->lazy->loaded()) {
+      rt->lazy_cv.wait_for(lz, std::chrono::milliseconds(20));
+      if (rt->lazy->loaded()) break;
+      if (::kill(rt->lazy_loader, 0) != 0 && errno == ESRCH) {
+        std::fprintf(stderr,
+                     "pos: pos-cli (pid %d), which was loading this job's device memory after a lazy restore, ended "
+                     "before the load did: ending the job (its image is unchanged: restore it again)\n",
+                     static_cast<int>(rt->lazy_loader));
+        ::kill(::getpid(), SIGKILL);
+      }
+    }
+    rt->lazy_pending.store(false, std::memory_order_release);
+    if (rt->lazy_gate_held) rt->gate.reopen();
+    rt->lazy_gate_held = false;
+    rt->lazy_cv.notify_all();
+  }
+  {
+    CurrentContext ctx(rt->copy, dev);
+    if (ctx.ok()) (void)rt->copy.ctx_synchronize();
+  }
+  std::lock_guard<std::mutex> lz(rt->lazy_mu);
+  rt->lazy.reset();
+}
+
 // `dump-take COUNT LIST CUT` with COUNT descriptors: the memory handed out comes back (after
 // dump-share and dump-release, or after a restore of such a dump, the descriptors then pos-cli's
 // new memory holding the image's bytes); COUNT and LIST (the allocation list's checksum) must match
@@ -595,9 +647,25 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
   if (!rt->saved && !rt->shared) return dump_error("no dump holds this job: nothing to take back");
   unsigned long long count = 0, cut = 0;
   unsigned list = 0;
-  char extra = 0;
-  if (std::sscanf(args.c_str(), "%llu %u %llu %c", &count, &list, &cut, &extra) != 3)
-    return dump_error("dump-take wants COUNT LIST CUT (the allocation count, the list's checksum and the dump's cut)");
+  int used = 0;
+  if (std::sscanf(args.c_str(), "%llu %u %llu%n", &count, &list, &cut, &used) != 3)
+    return dump_error("dump-take wants COUNT LIST CUT [lazy PID] (the allocation count, the list's checksum, the dump's cut)");
+  // "lazy PID": the memory is still being loaded by pos-cli (pid PID); the last descriptor is the
+  // flag it sets once it is (lazy_load.h).
+  long loader = 0;
+  const std::string tail = args.substr(static_cast<size_t>(used));
+  const bool lazy = !tail.empty();
+  if (lazy) {
+    char extra = 0;
+    if (std::sscanf(tail.c_str(), " lazy %ld %c", &loader, &extra) != 1 || loader <= 0 || tail.rfind(" lazy ", 0) != 0)
+      return dump_error("dump-take's tail must be 'lazy PID' (the loading pos-cli's pid)");
+    if (in.size() != count + 1) return dump_error("dump-take ... lazy wants the allocations' descriptors and the flag's");
+  }
+  pos::UniqueFd flag;
+  if (lazy) {
+    flag = std::move(in.back());
+    in.pop_back();
+  }
   if (cut != rt->last_cut)
     return dump_error("the memory offered is from cut " + std::to_string(cut) + ", and cut " +
                       std::to_string(rt->last_cut) + " holds this job (an earlier incarnation's dump?): not taken");
@@ -610,6 +678,16 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
   if (rt->saved) {
     if (rt->app_vmm && !rt->app_vmm->regions().empty())
       return dump_error("the job maps device memory itself: dump-resume DIR brings it back");
+    std::unique_ptr<LazyLoad> waits;
+    std::unique_ptr<CurrentContext> ctx;
+    if (lazy) {  // the flag registered before anything is taken: refused, the memory stays with pos-cli
+      ctx = std::make_unique<CurrentContext>(rt->copy, rt->saved_dev);
+      auto l = ctx->ok() ? LazyLoad::open(rt->lazy_calls, std::move(flag))
+                         : StatusOr<std::unique_ptr<LazyLoad>>(Status::FailedPrecondition("the job's context cannot be made current"));
+      if (!l.ok())
+        return "{\"ok\":false,\"lazy\":false,\"error\":" + pos::json_string("cannot load lazily: " + l.status().message()) + "}";
+      waits = std::move(*l);
+    }
     std::vector<int> fds;
     for (const pos::UniqueFd& f : in) fds.push_back(f.get());
     // Right after NVIDIA's restore + unlock the driver has once answered CUDA_ERROR_DEINITIALIZED
@@ -623,13 +701,45 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
     if (rc != kSuccess)
       return dump_error("mapping the memory handed back failed: CUDA driver error " + std::to_string(rc) +
                         " (the job stays stopped; dump-take again)");
+    if (waits) {
+      // Every stream the job has waits for the flag before its next work: the legacy default one
+      // (which blocking streams order themselves after) and each one the job made; streams made
+      // from now until the flag is set get the same wait (after_call). The job's threads are all
+      // at the gate, so no stream appears meanwhile.
+      std::lock_guard<std::mutex> lz(rt->lazy_mu);
+      bool all = waits->hold(kLegacyStream) == kSuccess;
+      for (CUstream st : rt->streams.list()) all = waits->hold(st) == kSuccess && all;
+      rt->lazy = std::move(waits);
+      rt->lazy_loader = static_cast<pid_t>(loader);
+      rt->lazy_gate_held = !all;  // one could not wait: the job's calls wait at the gate instead
+      rt->lazy_pending.store(true, std::memory_order_release);
+      std::thread(watch_lazy_load, rt, rt->saved_dev).detach();
+    }
   }
   rt->saved = false;
   rt->shared = false;
-  rt->gate.reopen();
-  char out[96];
-  std::snprintf(out, sizeof(out), "{\"ok\":true,\"count\":%llu,\"take_s\":%.6f}", count, seconds_since(t0));
+  bool gate_held = false;
+  uint64_t holds = 0;
+  if (lazy) {
+    std::lock_guard<std::mutex> lz(rt->lazy_mu);
+    gate_held = rt->lazy_gate_held;
+    holds = rt->lazy ? rt->lazy->holds() : 0;
+  }
+  if (!gate_held) rt->gate.reopen();
+  char out[160];
+  std::snprintf(out, sizeof(out), "{\"ok\":true,\"count\":%llu,\"take_s\":%.6f,\"lazy\":%s,\"waits\":%llu,\"gate_held\":%s}",
+                count, seconds_since(t0), lazy ? "true" : "false", static_cast<unsigned long long>(holds),
+                gate_held ? "true" : "false");
   return out;
+}
+
+// `lazy-done`: pos-cli set the flag (its load complete); the job's watcher lets go of it.
+std::string lazy_done(Runtime* rt) {
+  std::lock_guard<std::mutex> lz(rt->lazy_mu);
+  if (!rt->lazy) return dump_error("no lazy load is in progress");
+  if (!rt->lazy->loaded()) return dump_error("the lazy load's flag is not set: the memory is not loaded yet");
+  rt->lazy_cv.notify_all();
+  return "{\"ok\":true,\"waits\":" + std::to_string(rt->lazy->holds()) + "}";
 }
 
 // `snap-cut`: a GPU-only checkpoint's cut (snapshot.h). A shadow as large as the placed memory is
@@ -969,6 +1079,7 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
   if (cmd == "dump-release") return dump_release(rt);
   if (cmd == "snap-release") return snap_release(rt);
+  if (cmd == "lazy-done") return lazy_done(rt);
   if (cmd == "gpus") return gpus_answer(rt);
   if (cmd == "limit" || cmd.rfind("limit ", 0) == 0) return limit_answer(rt, cmd.size() > 6 ? cmd.substr(6) : std::string());
   if (cmd == "dump-resume") return dump_resume(rt, "");
@@ -1006,8 +1117,8 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
-                                         "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT, "
-                                         "dump-resume [@CUT] [DIR], snap-cut, snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
+                                         "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT [lazy PID], "
+                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut, snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
@@ -1183,6 +1294,10 @@ Runtime* runtime() {
       lookup(rt->driver, &rt->default_mem_pool, "cuDeviceGetDefaultMemPool");
       rt->copy = copy_calls(rt->driver);
       rt->snap = snap_calls(rt->driver);
+      lookup(rt->driver, &rt->lazy_calls.host_register, "cuMemHostRegister_v2");
+      lookup(rt->driver, &rt->lazy_calls.host_device_pointer, "cuMemHostGetDevicePointer_v2");
+      lookup(rt->driver, &rt->lazy_calls.host_unregister, "cuMemHostUnregister");
+      lookup(rt->driver, &rt->lazy_calls.wait_value32, "cuStreamWaitValue32_v2");
       rt->ids = gpu_id_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
       rt->total_mem = reinterpret_cast<decltype(rt->total_mem)>(real_dlsym()(rt->driver, "cuDeviceTotalMem_v2"));
       ParamInfoCalls pi;
@@ -1452,7 +1567,16 @@ template <HookId kId, typename... A>
 inline void after_call(Runtime* rt, CUresult rc, A... a) {
   if constexpr (kId == HookId::cuStreamCreate || kId == HookId::cuStreamCreateWithPriority) {
     auto t = std::make_tuple(a...);
-    if (rc == kSuccess && std::get<0>(t) != nullptr) rt->streams.add(*std::get<0>(t));
+    if (rc == kSuccess && std::get<0>(t) != nullptr) {
+      rt->streams.add(*std::get<0>(t));
+      // A lazy restore still loading: the new stream waits for the load too, or, if it cannot,
+      // this thread waits until the load is done before the job may use the stream.
+      if (rt->lazy_pending.load(std::memory_order_acquire)) {
+        std::unique_lock<std::mutex> lz(rt->lazy_mu);
+        if (rt->lazy_pending.load(std::memory_order_relaxed) && rt->lazy && rt->lazy->hold(*std::get<0>(t)) != kSuccess)
+          rt->lazy_cv.wait(lz, [rt] { return !rt->lazy_pending.load(std::memory_order_relaxed); });
+      }
+    }
   }
 }
 

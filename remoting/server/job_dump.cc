@@ -691,23 +691,35 @@ void give_files(const std::string& dir, uid_t owner) {
 
 }  // namespace
 
-StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list,
-                                       uint64_t cut) {
-  auto a = ask_job_fds(socket, "dump-take " + std::to_string(fds.size()) + " " + std::to_string(list) + " " + std::to_string(cut),
-                       fds, 600'000);
+namespace {
+StatusOr<std::string> take_command(const std::string& socket, const std::vector<int>& fds, uint32_t list, uint64_t cut,
+                                   int lazy_flag) {
+  std::string cmd = "dump-take " + std::to_string(fds.size()) + " " + std::to_string(list) + " " + std::to_string(cut);
+  std::vector<int> give = fds;
+  if (lazy_flag >= 0) {
+    cmd += " lazy " + std::to_string(::getpid());
+    give.push_back(lazy_flag);
+  }
+  auto a = ask_job_fds(socket, cmd, give, 600'000);
   if (!a.ok()) return a.status();
   if (a->text.find("\"ok\":true") == std::string::npos)
     return Status::FailedPrecondition(json_text(a->text, "error").empty() ? printable(a->text, 200) : json_text(a->text, "error"));
   return std::move(a->text);
 }
+}  // namespace
+
+StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list,
+                                       uint64_t cut) {
+  return take_command(socket, fds, list, cut, -1);
+}
 
 StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list,
-                                       uint64_t cut) {
+                                       uint64_t cut, int lazy_flag) {
   auto fds = held.descriptors();
   if (!fds.ok()) return Status::FailedPrecondition(fds.status().message() + ": nothing handed back");
   std::vector<int> give;
   for (const UniqueFd& f : *fds) give.push_back(f.get());
-  return hand_back_memory(socket, give, list, cut);
+  return take_command(socket, give, list, cut, lazy_flag);
 }
 
 StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t pid, const std::vector<int>& shared_fds,

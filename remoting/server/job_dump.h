@@ -122,9 +122,10 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& options);
 // the job's reason when it refused them (nothing taken).
 StatusOr<std::string> hand_back_memory(const std::string& socket, const std::vector<int>& fds, uint32_t list,
                                        uint64_t cut);
-// The same for memory held in this process (duplicates of its descriptors go).
+// The same for memory held in this process (duplicates of its descriptors go). `lazy_flag` >= 0:
+// the memory is still loading, and this is the flag the job's streams wait for (driver/lazy_load.h).
 StatusOr<std::string> hand_back_memory(const std::string& socket, const driver::HeldMemory& held, uint32_t list,
-                                       uint64_t cut);
+                                       uint64_t cut, int lazy_flag = -1);
 
 // `pos-cli resume`: an in-process job left held by a dump that did not finish (its pos-cli killed)
 // brought back: the driver's state restored and unlocked if it is checkpointed or locked, then the

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <future>
 #include <thread>
 
 #include "ckpt/criu.h"
@@ -27,6 +28,7 @@
 #include "remoting/common/usage_region.h"
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
+#include "remoting/driver/lazy_load.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_inspect.h"
@@ -226,14 +228,14 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   if (!plan->uuid.empty()) r.device = plan->ordinal, r.device_uuid = plan->uuid;
   r.moved = !plan->pairs.empty();
   r.note = plan->note;
-  if (o.lazy)
-    r.note += (r.note.empty() ? "" : "; ") +
-              std::string("in-process jobs load their device memory eagerly (lazy loading is not built for them yet)");
-
   // The device memory is loaded here, into memory this process makes and then hands to the job,
   // while CRIU and the driver restore the process (docs/driver_runtime.md, "Dump and restore").
+  // With --lazy the memory is handed over as soon as it exists, and the job's GPU work waits on the
+  // device for the load to end (driver/lazy_load.h); `made` says when it exists.
   std::unique_ptr<driver::HeldMemory> held;
   Status loaded = Status::Unavailable("not tried");
+  std::promise<Status> made_promise;
+  std::future<Status> made = made_promise.get_future();
   std::thread loader;
   const auto t_load = std::chrono::steady_clock::now();
   double load_s = 0;
@@ -243,17 +245,21 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
       auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), plan->ordinal);
       if (!h.ok()) {
         loaded = h.status();
+        made_promise.set_value(loaded);
         return;
       }
-      held = std::move(*h);
       std::vector<ckpt::SavedRegion> regions = allocations;
       for (ckpt::SavedRegion& g : regions) g.crcs.clear(), g.offset = 0;
-      loaded = held->create(regions);
+      Status c = (*h)->create(regions);
+      held = std::move(*h);
+      made_promise.set_value(c);
       driver::CopyOptions lo;
       lo.parents = *parents;  // inherited allocations come from the previous images
-      if (loaded.ok()) loaded = held->load(gpu_dir, lo).status();
+      loaded = c.ok() ? held->load(gpu_dir, lo).status() : c;
       load_s = seconds_since(t_load);
     });
+  } else {
+    made_promise.set_value(Status::FailedPrecondition("no device memory"));
   }
   const auto join_loader = [&] {
     if (loader.joinable()) loader.join();
@@ -291,10 +297,53 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   say("gpu");
   ckpt::fault_point("driver-restore-gpu");  // the process back, its memory not yet handed to it
   t = std::chrono::steady_clock::now();
-  join_loader();
-  r.load_s = load_s;
   bool taken = false;
   std::string refused;  // the job's own words when it did not take the memory
+  if (o.lazy && !allocations.empty()) {
+    // The memory goes to the job now, with the flag its streams wait for; the job runs on while
+    // this process loads. Refused (the driver cannot make the job's streams wait, say): eager.
+    std::string why_eager;
+    std::unique_ptr<driver::LazyFlag> flag;
+    if (Status mk = made.get(); !mk.ok()) {
+      why_eager = mk.message();
+    } else if (auto f = driver::LazyFlag::make(); !f.ok()) {
+      why_eager = f.status().message();
+    } else {
+      flag = std::move(*f);
+      auto a = hand_back_memory(m.socket, *held, driver::allocation_list_checksum(held->regions()), m.cut, flag->fd());
+      if (!a.ok() && a.status().code() != Code::kFailedPrecondition)
+        return end(a.status().with_context("handing the device memory to the job"));
+      if (!a.ok()) {
+        why_eager = a.status().message();
+      } else {
+        taken = r.handoff = r.lazy = true;
+        if (a->find("\"gate_held\":true") != std::string::npos)
+          r.note += (r.note.empty() ? "" : "; ") + std::string("a stream of the job could not wait on the device: its driver calls waited instead");
+      }
+    }
+    if (!r.lazy) {
+      r.note += (r.note.empty() ? "" : "; ") + ("loaded before the job ran (not lazily): " + why_eager);
+    } else {
+      r.gpu_s = seconds_since(t);
+      r.resumed_s = seconds_since(t0);
+      say("loading");
+      ckpt::fault_point("driver-lazy-load");  // the job running, its memory handed over, not yet loaded
+      join_loader();
+      r.load_s = load_s;
+      // The job runs on memory that will never be whole: it is ended (the image is unchanged).
+      if (!loaded.ok()) return end(loaded.with_context("loading the device memory while the job ran (--lazy)"));
+      flag->set();  // every copy has completed: the job's streams go on
+      auto done = ask_job(m.socket, "lazy-done", 10'000);
+      if (!done.ok() || done->find("\"ok\":true") == std::string::npos)
+        r.note += (r.note.empty() ? "" : "; ") + ("the job did not confirm the end of the load: " +
+                                                  (done.ok() ? printable(*done, 200) : done.status().message()));
+      r.gpu_bytes = table->bytes(), r.handles = allocations.size();
+      r.total_s = seconds_since(t0);
+      return r;
+    }
+  }
+  join_loader();
+  r.load_s = load_s;
   if (loaded.ok()) {
     auto a = hand_back_memory(m.socket, *held, driver::allocation_list_checksum(held->regions()), m.cut);
     taken = r.handoff = a.ok();
@@ -318,7 +367,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   }
   r.gpu_s = seconds_since(t);
   r.gpu_bytes = table->bytes(), r.handles = allocations.size();
-  r.total_s = seconds_since(t0);
+  r.total_s = r.resumed_s = seconds_since(t0);
   return r;
 }
 

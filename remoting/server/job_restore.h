@@ -35,6 +35,11 @@ struct JobRestoreReport {
   double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0, load_s = 0;
   std::string note;  // what the restore did otherwise than asked, or empty
   bool handoff = false;  // an in-process job's memory was loaded by pos-cli and handed over (else it loaded it)
+  // An in-process job's --lazy: the memory went to the job before it was loaded (its GPU work
+  // waited on the device for the load), and when the job ran again (resumed_s; total_s is when
+  // the load ended). Without --lazy, or when the load could not be lazy, resumed_s = total_s.
+  bool lazy = false;
+  double resumed_s = 0;
   // An in-process job's GPU: this process's ordinal and the UUID of the GPU its memory was put on
   // (-1 and empty when the image does not record it), and whether NVIDIA's restore moved the job
   // there from the GPU it was dumped on.
