@@ -97,6 +97,7 @@ struct Runtime {
   std::mutex usage_mu;
   int usage_slot = -1;
   uint64_t usage_start = 0;  // under usage_mu: the start time the slot was joined with
+  int attached_slot = -1, attached_device = -1;  // under usage_mu: what the share gate was last attached with
   // The job's GPU-time share (POS_GPU_SHARE, `pos-cli limit --gpu-share`), per mille, as asked and
   // as the region took it (it refuses shares that add up past the GPU): under usage_mu.
   uint32_t share_wanted = 0, share_set = 0;
@@ -208,24 +209,34 @@ std::string job_name() {
 // and where device memory was placed.
 // What the job holds and its limit, published in the usage region (a process restored under this
 // pid has another start time: its slot was freed, or is about to be, and it joins anew).
+// Called on every allocation and free (a cudaMallocAsync job makes hundreds per step), so the
+// process's start time (a read of /proc, ~10 us) is read only when the slot is not this
+// process's under the start time it joined with, and the share gate is re-attached only when
+// something it uses changed (re-attaching makes its next launch check the region).
 void publish_usage(Runtime* rt) {
   if (!rt->usage) return;
   std::lock_guard<std::mutex> lk(rt->usage_mu);
   const uint32_t pid = static_cast<uint32_t>(::getpid());
-  const uint64_t start = pos::process_start_time(pid);
-  if (!rt->usage->holds(rt->usage_slot, pid, start)) {
-    pos::UsageRegion::Entry e;
-    e.pid = pid, e.start_time = start;
-    auto slot = rt->usage->join(e);
-    rt->usage_slot = slot.ok() ? *slot : -1;
-    rt->usage_start = start;
-    rt->share_set = 0;
-    if (!slot.ok()) {
-      rt->usage_error = slot.status().message();
-      rt->share.attach(nullptr, -1, -1);
-      return;
+  bool changed = false;
+  if (rt->usage_slot < 0 || !rt->usage->holds(rt->usage_slot, pid, rt->usage_start)) {
+    const uint64_t start = pos::process_start_time(pid);
+    if (!rt->usage->holds(rt->usage_slot, pid, start)) {
+      pos::UsageRegion::Entry e;
+      e.pid = pid, e.start_time = start;
+      auto slot = rt->usage->join(e);
+      rt->usage_slot = slot.ok() ? *slot : -1;
+      rt->share_set = 0;
+      if (!slot.ok()) {
+        rt->usage_start = start;
+        rt->usage_error = slot.status().message();
+        rt->share.attach(nullptr, -1, -1);
+        rt->attached_slot = -1;
+        return;
+      }
+      rt->usage_error.clear();
     }
-    rt->usage_error.clear();
+    rt->usage_start = start;
+    changed = true;
   }
   const std::vector<int> devices = rt->census.devices();
   const int device = devices.empty() ? -1 : devices.front();
@@ -237,8 +248,23 @@ void publish_usage(Runtime* rt) {
     const pos::Status st = rt->usage->set_share(rt->usage_slot, rt->share_wanted);
     if (st.ok()) rt->share_set = rt->share_wanted, rt->share_error.clear();
     else rt->share_error = st.message() + ": no share set";
+    changed = true;
   }
-  rt->share.attach(rt->usage.get(), rt->usage_slot, device);
+  if (changed || rt->attached_slot != rt->usage_slot || rt->attached_device != device) {
+    rt->share.attach(rt->usage.get(), rt->usage_slot, device);
+    rt->attached_slot = rt->usage_slot, rt->attached_device = device;
+  }
+}
+
+// After the memory comes back from a dump (dump-take, dump-resume): this may be a process CRIU
+// restored under the same pid, which must join under its own start time.
+void rejoin_usage(Runtime* rt) {
+  if (!rt->usage) return;
+  {
+    std::lock_guard<std::mutex> lk(rt->usage_mu);
+    rt->usage_start = 0;
+  }
+  publish_usage(rt);
 }
 
 // The share gate's check, every 10 ms of launches: the slot still this process's (else, after a
@@ -725,6 +751,7 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
     gate_held = rt->lazy_gate_held;
     holds = rt->lazy ? rt->lazy->holds() : 0;
   }
+  rejoin_usage(rt);
   if (!gate_held) rt->gate.reopen();
   char out[160];
   std::snprintf(out, sizeof(out), "{\"ok\":true,\"count\":%llu,\"take_s\":%.6f,\"lazy\":%s,\"waits\":%llu,\"gate_held\":%s}",
@@ -982,6 +1009,7 @@ std::string dump_resume(Runtime* rt, std::string dir) {
     return dump_error("loading device memory failed: " + loaded.status().message() + " (the job stays stopped)");
   rt->saved = false;
   rt->shared = false;
+  rejoin_usage(rt);
   rt->gate.reopen();
   char out[192];
   std::snprintf(out, sizeof(out), "{\"ok\":true,\"bytes\":%llu,\"regions\":%llu,\"remap_s\":%.6f,\"load_s\":%.6f}",
