@@ -8,19 +8,25 @@
 # --incremental: each POS dump is preceded by a pos-cli pre-dump (a GPU-only checkpoint) and takes it
 # as --prev, so that it stores only what the job wrote since; the restore reads through the chain.
 #
-# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [--incremental] [-- torch_train.py args...]
+# --lazy: the stop dump's image is restored a second time, with pos-cli restore --lazy (the job runs
+# while its device memory loads); its output must equal the native run's too. --cold: the image's
+# files are dropped from the page cache before each restore (as after a reboot, or on another host).
+#
+# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [--incremental] [--lazy] [--cold] [-- torch_train.py args...]
 # Needs a GPU, PyTorch (python3) and CRIU (tools/install_criu.sh); run as root or the job's user.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [--incremental] [-- torch_train.py args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [--incremental] [--lazy] [--cold] [-- torch_train.py args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
 B="$(cd "$B" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-AT=20 NVIDIA=1 INC=0
+AT=20 NVIDIA=1 INC=0 LAZY=0 COLD=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --at) AT="${2:?}"; shift 2 ;;
     --no-nvidia) NVIDIA=0; shift ;;
     --incremental) INC=1; shift ;;
+    --lazy) LAZY=1; shift ;;
+    --cold) COLD=1; shift ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -59,6 +65,8 @@ start() {  # start OUT PREFIX...: the job in the background, its pid in JOB
   JOB=$!; PIDS+=("$JOB")
 }
 FAIL=0
+# The files under $1 dropped from the page cache (clean pages only: pos-cli fsyncs its images).
+evict() { [[ $COLD == 1 ]] || return 0; find "$1" -type f -exec dd if={} iflag=nocache count=0 status=none \; ; }
 # With --incremental: a pre-dump of job $JOB into $1, then step K+3 awaited in file $2; PREV names it.
 PREV=() PRE_JSON=""
 predump() {
@@ -105,6 +113,9 @@ if ST=$("$CLI" dump -t "$JOB" -D "$TMP/img-stop" --json "${PREV[@]}"); then
     echo "the stop dump landed after the job's last step ($N of $(lines "$TMP/ref.out")): give it more --steps"; FAIL=1
   fi
   "$CLI" inspect "$TMP/img-stop" --summary | head -12
+  # What the job had written when it was dumped: a second restore needs its files as they were then.
+  cp "$TMP/st.out" "$TMP/st.dumped"; cp "$TMP/st.out.err" "$TMP/st.dumped.err"
+  evict "$TMP/img-stop"
   T0=$(now)
   if RS=$("$CLI" restore -D "$TMP/img-stop" --json); then
     RS_BACK=$(until_next_step "$TMP/st.out" "$N" "$T0")
@@ -118,6 +129,26 @@ else
 fi
 du -sh "$TMP/img-stop/gpu" "$TMP/img-stop/criu" 2>/dev/null
 kill -KILL "$(json "$RS" pid)" 2>/dev/null
+
+RL="" RL_BACK=""
+if [[ $LAZY == 1 && -n "$RS" ]]; then
+  echo "== the same image restored again, with --lazy"
+  gone "$(json "$RS" pid)"
+  cp "$TMP/st.dumped" "$TMP/st.out"; cp "$TMP/st.dumped.err" "$TMP/st.out.err"
+  evict "$TMP/img-stop"
+  T0=$(now)
+  # In the background: pos-cli stays until the load ends, and the job may step before that.
+  "$CLI" restore -D "$TMP/img-stop" --lazy --json >"$TMP/rl.json" 2>"$TMP/rl.err" & RP=$!
+  RL_BACK=$(until_next_step "$TMP/st.out" "$N" "$T0")
+  if wait "$RP"; then
+    RL=$(cat "$TMP/rl.json"); echo "$RL"; echo "next step $RL_BACK s after the restore began"
+    grep -q '"loaded_while_running":true' <<<"$RL" || { echo "the restore did not load lazily"; FAIL=1; }
+    wait_end "$TMP/st.out"; same "stop + restore --lazy" "$TMP/st.out"
+  else
+    echo "restore --lazy failed: $(cat "$TMP/rl.err")"; FAIL=1
+  fi
+  kill -KILL "$(json "$RL" pid)" 2>/dev/null
+fi
 
 NV_STOP="" NV_BACK="" NV_CKPT="" NV_CRIU_D="" NV_CRIU_R="" NV_RESTORE=""
 if [[ $NVIDIA == 1 ]]; then
@@ -154,6 +185,10 @@ echo "| — of which: device memory written (from the hold, alongside the rest),
 echo "| — inside the job: hold, export or copy to files, unmap (s) | $(json "$ST" detach_s), $(json "$ST" job_save_s), $(json "$ST" job_unmap_s) | — |"
 echo "| device memory handed off (dump --leave-running, stop dump, restore) | $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$LR"), $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$ST"), $(sed -n 's/.*"handoff":\([a-z]*\).*/\1/p' <<<"$RS") | — |"
 echo "| restore: back to its next step (s) | $RS_BACK (CRIU $(json "$RS" criu_s), driver $(json "$RS" reattach_s), hand-over $(json "$RS" gpu_s); pos-cli's load alongside $(json "$RS" load_s)) | ${NV_BACK:-—} (CRIU ${NV_CRIU_R:-—}, driver ${NV_RESTORE:-—}) |"
+if [[ $LAZY == 1 ]]; then
+  echo "| restore --lazy: running again / back to its next step / load done (s) | $(json "$RL" resumed_s) / $RL_BACK / $(json "$RL" total_s) (CRIU $(json "$RL" criu_s), driver $(json "$RL" reattach_s), hand-over $(json "$RL" gpu_s), pos-cli's load $(json "$RL" load_s)) | — |"
+fi
+[[ $COLD == 1 ]] && echo "| (both restores from a cold page cache: the image's files dropped first) | | |"
 echo "| device memory saved by POS (bytes) / CRIU's part (bytes) | $(json "$ST" gpu_bytes) / $(json "$ST" criu_bytes) | — |"
 if [[ $INC == 1 ]]; then
   echo "| --incremental: pre-dump stall (ms), its bytes; stored / left in the pre-dump by the dumps (leave-running, stop) | $(awk -v s="$(json "$PRE_JSON" gpu_stall_s)" 'BEGIN{printf "%.3f", s*1000}'), $(json "$PRE_JSON" gpu_bytes); $(json "$LR" gpu_bytes) / $(json "$LR" gpu_bytes_referenced), $(json "$ST" gpu_bytes) / $(json "$ST" gpu_bytes_referenced) | — |"
