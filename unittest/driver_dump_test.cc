@@ -800,6 +800,7 @@ TEST_F(DriverDump, ALazyRestoreRunsTheJobBeforeItsMemoryIsLoadedAndItsGpuWorkWai
   EXPECT_NE(out.find("\"loaded_while_running\":true"), std::string::npos) << out;
   EXPECT_NE(out.find("\"handoff\":true"), std::string::npos) << out;
   EXPECT_NE(out.find("\"resumed_s\":"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"note\":\"\""), std::string::npos) << out;  // the job confirmed the load's end
   for (int i = 0; i < 2000 && !fs::exists(result); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(read_file(result), "rc=0 same=1\n");  // the copy waited for the load, then read the image's bytes
   EXPECT_EQ(check(), "rc=0 same=1\n");

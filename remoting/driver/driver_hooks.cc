@@ -3,6 +3,7 @@
 #include "remoting/driver/driver_hooks.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <utility>
 
@@ -138,6 +139,11 @@ uint64_t Census::launches() const {
 
 void Census::device_used(int dev) {
   if (dev >= 0 && dev < 64) devices_.fetch_or(1ull << dev, std::memory_order_relaxed);
+}
+
+int Census::first_device() const {
+  const uint64_t m = devices_.load(std::memory_order_relaxed);
+  return m == 0 ? -1 : std::countr_zero(m);
 }
 
 std::vector<int> Census::devices() const {

@@ -98,6 +98,8 @@ class Census {
   void device_used(int dev);
   // The devices the job used (0..63), ascending.
   std::vector<int> devices() const;
+  // The lowest of them, or -1: without building the list (asked on every allocation).
+  int first_device() const;
   // What the job did that POS cannot checkpoint yet, each named for an operator ("CUDA IPC memory
   // handles (2 calls)", "several GPUs (0, 1)", ...): a dump refuses these by name.
   std::vector<std::string> not_checkpointable() const;

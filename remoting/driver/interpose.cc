@@ -141,6 +141,7 @@ struct Runtime {
   std::atomic<bool> lazy_pending{false};  // the flag not yet seen set: new streams must wait too
   bool lazy_gate_held = false;            // a stream could not be made to wait: the gate stays closed until loaded
   pid_t lazy_loader = 0;
+  bool lazy_finished = false;  // the last lazy load ended and its flag was let go
 };
 
 // Device allocations POS placed, as the census counts them: Placement's, with the stream pool's
@@ -238,9 +239,8 @@ void publish_usage(Runtime* rt) {
     rt->usage_start = start;
     changed = true;
   }
-  const std::vector<int> devices = rt->census.devices();
-  const int device = devices.empty() ? -1 : devices.front();
-  rt->usage->set_device(rt->usage_slot, device);
+  const int device = rt->census.first_device();
+  if (changed || rt->attached_device != device) rt->usage->set_device(rt->usage_slot, device);
   rt->usage->set_used(rt->usage_slot, rt->memory.used());
   rt->usage->set_limit(rt->usage_slot, rt->memory.limit());
   // The share counts once the job's GPU is known (the shares of one GPU must not pass 100 %).
@@ -659,6 +659,7 @@ void watch_lazy_load(Runtime* rt, int dev) {
   }
   std::lock_guard<std::mutex> lz(rt->lazy_mu);
   rt->lazy.reset();
+  rt->lazy_finished = true;
 }
 
 // `dump-take COUNT LIST CUT` with COUNT descriptors: the memory handed out comes back (after
@@ -736,6 +737,7 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
       bool all = waits->hold(kLegacyStream) == kSuccess;
       for (CUstream st : rt->streams.list()) all = waits->hold(st) == kSuccess && all;
       rt->lazy = std::move(waits);
+      rt->lazy_finished = false;
       rt->lazy_loader = static_cast<pid_t>(loader);
       rt->lazy_gate_held = !all;  // one could not wait: the job's calls wait at the gate instead
       rt->lazy_pending.store(true, std::memory_order_release);
@@ -763,6 +765,7 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
 // `lazy-done`: pos-cli set the flag (its load complete); the job's watcher lets go of it.
 std::string lazy_done(Runtime* rt) {
   std::lock_guard<std::mutex> lz(rt->lazy_mu);
+  if (!rt->lazy && rt->lazy_finished) return "{\"ok\":true,\"waits\":0,\"finished\":true}";  // the watcher was quicker
   if (!rt->lazy) return dump_error("no lazy load is in progress");
   if (!rt->lazy->loaded()) return dump_error("the lazy load's flag is not set: the memory is not loaded yet");
   rt->lazy_cv.notify_all();
