@@ -410,7 +410,7 @@ TEST_F(Preloaded, WithPlacementOnDeviceMemoryLivesAtPosChosenAddressesAndFreedRa
 // default pool comes out of placed segments: the driver's pool is never asked, a block freed on a
 // stream is the next one that stream gets, and a trim gives the segments back.
 TEST_F(Preloaded, WithPlacementStreamOrderedMemoryComesFromPlacedSegments) {
-  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1 POS_DRIVER_PLACE_ASYNC=1 POS_DRIVER_VA_BASE=300000000000");
+  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1 POS_DRIVER_VA_BASE=300000000000");  // on by default
   EXPECT_EQ(m["rc"], "0");
   EXPECT_EQ(m["a"], "300000000000");  // the first segment, at the range's base
   EXPECT_EQ(m["b"], m["a"]);          // freed on stream 7, reused by stream 7
@@ -433,9 +433,9 @@ TEST_F(Preloaded, StreamOrderedMemoryFromAnotherPoolIsLeftToTheDriver) {
   EXPECT_EQ(m["fake_free_async"], "3");  // the bad free among them: the driver's to refuse
 }
 
-// By default (no POS_DRIVER_PLACE_ASYNC=1) the driver's own pool serves stream-ordered memory.
-TEST_F(Preloaded, WithoutPlaceAsyncStreamOrderedMemoryIsTheDrivers) {
-  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1");
+// POS_DRIVER_PLACE_ASYNC=0: the driver's own pool serves stream-ordered memory.
+TEST_F(Preloaded, WithPlaceAsyncOffStreamOrderedMemoryIsTheDrivers) {
+  auto m = probe("async-place", true, "POS_DRIVER_PLACE=1 POS_DRIVER_PLACE_ASYNC=0");
   EXPECT_EQ(m["mapped_mib"], "0");
   EXPECT_EQ(m["fake_alloc_async"], "3");
 }

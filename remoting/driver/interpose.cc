@@ -804,8 +804,8 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   if (live > placed)
     return refuse(std::to_string(live - placed) + " device allocation(s) POS did not place (pitched memory, "
                   "stream-ordered pools, allocations inside graph captures): a GPU-only checkpoint cannot take "
-                  "them; use pos-cli dump, or start the job with POS_DRIVER_PLACE_ASYNC=1 to place stream-ordered "
-                  "memory from the device's default pool");
+                  "them; use pos-cli dump, or start the job without POS_DRIVER_PLACE_ASYNC=0 so that stream-ordered "
+                  "memory from the device's default pool is placed");
   // A job that captures CUDA graphs is cut only between captures (CaptureHold below).
   const bool captures = rt->census.calls(HookId::cuStreamBeginCapture_v2) +
                             rt->census.calls(HookId::cuStreamBeginCapture_v2_ptsz) > 0;
@@ -1216,13 +1216,13 @@ std::unique_ptr<Placement> make_placement(void* driver, std::string* error) {
   return std::make_unique<Placement>(vmm_calls(driver), base, 1ull << 40);
 }
 
-// With placement on and POS_DRIVER_PLACE_ASYNC=1, stream-ordered allocations come from placed
-// segments too. Off by default: on the H200 it cost a small PyTorch model on cudaMallocAsync 43 % of
-// its step time (docs/driver_runtime.md); off, the driver's pools serve them, dumps take them
-// through NVIDIA's checkpoint, and GPU-only checkpoints refuse the job.
+// With placement on, stream-ordered allocations come from placed segments too (POS_DRIVER_PLACE_ASYNC=0:
+// the driver's pools serve them; dumps then take them through NVIDIA's checkpoint, and GPU-only
+// checkpoints refuse the job). On by default since its cost measured within the noise of the H200
+// (docs/BENCHMARKS.md); the 40 % a cudaMallocAsync job paid before was a /proc read per allocation.
 std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement) {
   if (placement == nullptr) return nullptr;
-  if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on == nullptr || std::strcmp(on, "1") != 0) return nullptr;
+  if (const char* on = std::getenv("POS_DRIVER_PLACE_ASYNC"); on != nullptr && std::strcmp(on, "0") == 0) return nullptr;
   StreamPoolCalls c;
   const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
   get(&c.ctx_get_device, "cuCtxGetDevice");
