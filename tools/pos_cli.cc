@@ -811,6 +811,12 @@ std::string policies_text(const std::vector<pos::PolicyStatus>& ps, bool json) {
 
 // ---- pos-cli migrate (docs/migration.md) ----
 
+std::string gb(uint64_t b) {
+  char t[32];
+  std::snprintf(t, sizeof(t), "%.2f GB", static_cast<double>(b) / 1e9);
+  return t;
+}
+
 struct MigrateArgs {
   int pid = 0;
   std::string to, socket, work_dir, jobs_dir, secret_file;
@@ -820,12 +826,41 @@ struct MigrateArgs {
   bool eager = false, keep_images = false, json = false, move_process = false, settle = false;
   bool no_peer = false;
   bool no_fallback = false;
+  int device = -1;  // --device N: an in-process job moved to this host's CUDA device N
 };
 
-std::string gb(uint64_t b) {
-  char t[32];
-  std::snprintf(t, sizeof(t), "%.2f GB", static_cast<double>(b) / 1e9);
-  return t;
+// pos-cli migrate -t PID --device N of an in-process job: its GPU moves, its process stays.
+int move_inproc(const MigrateArgs& a, const std::string& job_socket) {
+  // As for restore: N counts every GPU of this host, and NVIDIA's restore must see them all.
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  pos::JobMoveOptions o;
+  o.pid = static_cast<uint32_t>(a.pid), o.job_socket = job_socket, o.device = a.device;
+  o.resume_program = self_program();
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  o.progress = [&](const char* phase) {
+    if (tty && !a.json) std::fprintf(stderr, "\r\033[Kmigrate: %s...", phase);
+  };
+  auto r = pos::move_driver_job(o);
+  if (tty && !a.json) std::fputs("\r\033[K", stderr);
+  if (!r.ok()) {
+    std::fprintf(stderr, "pos-cli migrate: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  if (a.json) {
+    std::printf("{\"pid\":%u,\"inproc\":true,\"from\":%d,\"from_uuid\":%s,\"to\":%d,\"to_uuid\":%s,\"gpu_bytes\":%llu,"
+                "\"handles\":%llu,\"paused_s\":%.6f,\"phases\":{\"hold_s\":%.6f,\"checkpoint_s\":%.6f,\"copy_s\":%.6f,"
+                "\"restore_s\":%.6f,\"take_s\":%.6f,\"total_s\":%.6f},\"note\":%s}\n",
+                r->pid, r->from, pos::json_string(r->from_uuid).c_str(), r->to, pos::json_string(r->to_uuid).c_str(),
+                (unsigned long long)r->bytes, (unsigned long long)r->handles, r->paused_s, r->hold_s, r->checkpoint_s,
+                r->copy_s, r->restore_s, r->take_s, r->total_s, pos::json_string(r->note).c_str());
+  } else {
+    std::printf("moved pid %u from CUDA device %d to %d (%s): %s of GPU memory copied device to device in %.3f s; the "
+                "job was held %.3f s (NVIDIA's checkpoint %.3f s, restore %.3f s)\n",
+                r->pid, r->from, r->to, r->to_uuid.c_str(), gb(r->bytes).c_str(), r->copy_s, r->paused_s,
+                r->checkpoint_s, r->restore_s);
+    if (!r->note.empty()) std::printf("note: %s\n", r->note.c_str());
+  }
+  return 0;
 }
 
 int migrate(const MigrateArgs& a) {
@@ -858,9 +893,19 @@ int migrate(const MigrateArgs& a) {
   }
   const JobTarget target = find_job(a.pid, a.jobs_dir);
   if (target.inproc) {
-    std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run); migrating those is not built yet: "
-                 "pos-cli dump, then pos-cli restore on the other machine's POS\n", a.pid);
-    return 1;
+    if (a.device >= 0) return move_inproc(a, target.job_socket);
+    std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run): --device N moves it to another GPU "
+                 "of this host; to another host, pos-cli dump, then pos-cli restore there\n", a.pid);
+    return 2;
+  }
+  if (a.device >= 0) {
+    std::fprintf(stderr, "pos-cli migrate: --device is for in-process jobs (pos run); pid %d runs under posd: --to the "
+                 "posd that serves the other GPU\n", a.pid);
+    return 2;
+  }
+  if (a.to.empty()) {
+    std::fprintf(stderr, "pos-cli migrate: --to is required (the target posd)\n");
+    return 2;
   }
   pos::JobMigrateOptions o;
   o.socket = a.socket, o.to = a.to, o.pid = static_cast<uint32_t>(a.pid), o.work_dir = a.work_dir;
@@ -1120,7 +1165,11 @@ int main(int argc, char** argv) {
       "migrate", "move a running job under posd to another posd of this host: pre-copy rounds while it runs, then a short stop");
   migrate_cmd->add_option("-t,--tree", ma.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
       CLI::PositiveNumber);
-  migrate_cmd->add_option("--to", ma.to, "the target posd: its socket on this host, or HOST:PORT where a posd accepts migrations")->required();
+  migrate_cmd->add_option("--to", ma.to, "the target posd: its socket on this host, or HOST:PORT where a posd accepts migrations");
+  migrate_cmd->add_option("--device", ma.device,
+                          "an in-process job (pos run): move it to CUDA device N of this host, its process kept "
+                          "(N counts every GPU, CUDA_VISIBLE_DEVICES ignored)")
+      ->check(CLI::NonNegativeNumber);
   migrate_cmd->add_option("--secret-file", ma.secret_file,
                           "with --to HOST:PORT: the file holding the secret that posd shares (0600, at least 16 bytes)");
   migrate_cmd->add_option("--max-rounds", ma.max_rounds, "pre-copy rounds at most (the first copies everything)")

@@ -128,7 +128,9 @@ class DriverDump : public ::testing::Test {
   // pos-cli ARGS in the background, stopped at its fault point POINT; its pid.
   pid_t background(const std::string& point, const std::string& args, const std::string& log) {
     int c = -1;
-    const std::string pid = pos::test::run_shell("POS_FAULT_POINT=" + point + ":stop POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
+    std::string fake;  // the fake driver's GPUs, as cli() passes them
+    for (const std::string& v : fake_env_) fake += v.substr(0, v.find('=') + 1) + "'" + v.substr(v.find('=') + 1) + "' ";
+    const std::string pid = pos::test::run_shell(fake + "POS_FAULT_POINT=" + point + ":stop POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
                                                      " " + env("POS_CLI") + " " + args + " >" + log + " 2>&1 & echo $!",
                                                  &c);
     EXPECT_EQ(c, 0) << pid;
@@ -845,4 +847,56 @@ TEST_F(DriverDump, ALazyRestoreOnADriverWithoutStreamWaitsHoldsTheJobOrLoadsItFi
     ASSERT_TRUE(ends_within_10s(dumped, &st));
     fs::remove_all(root_ / "img");
   }
+}
+
+// pos-cli migrate --device N of an in-process job: its process stays, its driver state moves with
+// NVIDIA's restore (the pairs for every GPU it sees), its memory is copied onto GPU N by pos-cli and
+// taken at the same addresses; the job reads its pattern back. Refused before anything changes:
+// a device that does not exist, the GPU it runs on. pos-cli killed after the copy: its guardian
+// gives the job its driver state and its old memory back, and it runs on.
+TEST_F(DriverDump, MigrateWithDeviceMovesARunningJobToAnotherGpuAndKeepsItsProcess) {
+  fake_gpus(2);
+  start();
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const std::string pid = std::to_string(pid_);
+  int code = -1;
+  std::string out = cli("migrate -t " + pid + " --device 1 --json", &code);
+  ASSERT_EQ(code, 0) << out << fake_log();
+  EXPECT_NE(out.find("\"inproc\":true,\"from\":0,\"from_uuid\":\"" + fake_uuid(0) + "\",\"to\":1,\"to_uuid\":\"" +
+                     fake_uuid(1) + "\",\"gpu_bytes\":10485760,\"handles\":2"),
+            std::string::npos)
+      << out;
+  std::string log = fake_log();
+  EXPECT_NE(log.find("restore " + pid + " 0->1 1->0\n"), std::string::npos) << log;
+  bool on_gpu1 = false;
+  std::istringstream lines(log);
+  for (std::string l; std::getline(lines, l);) on_gpu1 = on_gpu1 || (l.rfind("create ", 0) == 0 && l.back() == '1');
+  EXPECT_TRUE(on_gpu1) << log;
+  EXPECT_EQ(::kill(pid_, 0), 0);        // the same process
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // its pattern, at its addresses, on GPU 1
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {" --device 1", "runs on CUDA device 1 already"}, {" --device 5", "there is no CUDA device 5"}}) {
+    out = cli("migrate -t " + pid + args, &code);
+    EXPECT_EQ(code, 1) << args << ": " << out;
+    EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
+  }
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // Back to GPU 0, pos-cli killed once the memory is copied: the guardian brings the job back.
+  const std::string log_file = (root_ / "move.log").string();
+  pid_t mover = background("driver-move-copied", "migrate -t " + pid + " --device 0", log_file);
+  ASSERT_TRUE(wait_for(log_file, "stopping the process")) << read_file(log_file);
+  ::kill(mover, SIGKILL);
+  ::kill(mover, SIGCONT);
+  ::waitpid(mover, nullptr, 0);
+  EXPECT_TRUE(wait_for(log_file, "pid " + pid + " runs on:")) << read_file(log_file);  // the guardian resumed it
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // running, with its memory
+  // And the move done after all.
+  out = cli("migrate -t " + pid + " --device 0 --json", &code);
+  ASSERT_EQ(code, 0) << out << fake_log();
+  EXPECT_NE(out.find("\"to\":0,"), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // A posd job's flag is refused for in-process jobs and the other way round.
+  out = cli("migrate -t " + pid + " --to /nonexistent.sock", &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--device N moves it to another GPU"), std::string::npos) << out;
 }

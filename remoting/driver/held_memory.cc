@@ -242,6 +242,32 @@ Status HeldMemory::snapshot() {
   return Status::Ok();
 }
 
+Status HeldMemory::copy_from(const HeldMemory& src) {
+  if (mapped_ != regions_.size() || src.mapped_ != src.regions_.size())
+    return Status::FailedPrecondition("the memory is not all mapped here");
+  if (src.regions_.size() != regions_.size()) return Status::InvalidArgument("the two sets of memory differ");
+  for (size_t i = 0; i < regions_.size(); ++i)
+    if (src.regions_[i].addr != regions_[i].addr || src.regions_[i].size != regions_[i].size)
+      return Status::InvalidArgument("the two sets of memory differ (region " + std::to_string(i) + ")");
+  if (calls_.dtod == nullptr) return Status::Unsupported("the driver lacks cuMemcpyDtoD");
+  // This device may read the source's mappings (their own device's access is left as it is).
+  CUmemAccessDesc access{};
+  access.location = prop_of(dev_).location;
+  access.flags = 3;
+  const std::string peer = "cuMemSetAccess (GPU " + std::to_string(dev_) + " reading GPU " + std::to_string(src.dev_) +
+                           "'s memory: no peer access between them?)";
+  for (size_t i = 0; i < src.regions_.size() && src.dev_ != dev_; ++i)
+    if (const CUresult rc = calls_.vmm.set_access(src.at_[i], src.regions_[i].size, &access, 1); rc != kSuccess)
+      return Status::Unavailable(cu_error(peer.c_str(), rc));
+  (void)calls_.copy.ctx_set_current(ctx_);
+  for (size_t i = 0; i < regions_.size(); ++i)
+    if (const CUresult rc = calls_.dtod(at_[i], src.at_[i], regions_[i].size); rc != kSuccess)
+      return Status::Unavailable(cu_error("cuMemcpyDtoD (to the new GPU)", rc));
+  if (const CUresult rc = calls_.copy.ctx_synchronize(); rc != kSuccess)
+    return Status::Unavailable(cu_error("cuCtxSynchronize (the copy to the new GPU)", rc));
+  return Status::Ok();
+}
+
 CopyOptions HeldMemory::with_addresses(CopyOptions o) const {
   // Regions are in address order (a region table's): the one holding `addr` by binary search.
   o.address = [this](uint64_t addr) {

@@ -60,6 +60,12 @@ class HeldMemory {
   Status reserve_shadow(uint64_t bytes);
   Status snapshot();
   bool snapshotted() const { return snapped_; }
+  // The bytes of `src` (the same regions, held on another device of this process) copied into the
+  // memory held here, device to device: `src`'s mappings are opened to this device first (peer
+  // access over NVLink or PCIe; kUnavailable naming the call when the driver refuses). Moves a
+  // job's memory to another GPU (pos-cli migrate --device).
+  Status copy_from(const HeldMemory& src);
+  int device() const { return dev_; }
   // Descriptors of the memory held, in region order, for the job (dump-take); this keeps its own.
   StatusOr<std::vector<UniqueFd>> descriptors() const;
   // Kept descriptors, for a guardian that must be able to hand them back if this process dies.

@@ -36,6 +36,7 @@
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
+#include "remoting/server/job_restore.h"
 
 namespace pos {
 namespace {
@@ -1230,6 +1231,124 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     remove_parts();
     return s;
   }
+  r.total_s = seconds_since(t0);
+  return r;
+}
+
+StatusOr<JobMoveReport> move_driver_job(const JobMoveOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const char* phase) {
+    if (o.progress) o.progress(phase);
+  };
+  if (o.device < 0) return Status::InvalidArgument("no target device given");
+  auto driver = ckpt::DriverCheckpoint::open();
+  if (!driver.ok()) return driver.status();
+  auto ps = ask_job(o.job_socket, "ps");
+  if (!ps.ok()) return ps.status().with_context("asking the job");
+  auto gpus = ask_job(o.job_socket, "gpus");
+  if (!gpus.ok()) return gpus.status().with_context("asking the job which GPUs it uses");
+  JobManifest m;  // the job's GPUs, as a dump would record them
+  record_gpus(*gpus, &m);
+  if (m.gpu_uuids.empty()) return Status::FailedPrecondition("the job cannot say which GPU it uses: it cannot be moved");
+  const int dev = job_device(*ps);
+  JobRestoreOptions ro;
+  ro.device = o.device;
+  auto plan = plan_device(ro, m, (*driver)->library(), dev);
+  if (!plan.ok()) return plan.status();
+  const int here = local_device((*driver)->library(), *gpus, dev);
+  JobMoveReport r;
+  r.pid = o.pid, r.from = here, r.to = plan->ordinal, r.to_uuid = plan->uuid;
+  r.from_uuid = driver::split_gpu_uuids(m.gpu_uuids).ok() ? driver::split_gpu_uuids(m.gpu_uuids)->front() : std::string();
+  if (plan->pairs.empty()) return Status::InvalidArgument("the job runs on CUDA device " + std::to_string(o.device) + " already");
+  // Both contexts here before the job is touched (the costly part: 0.3-0.4 s each on a GPU).
+  const driver::PeerCalls calls = driver::peer_calls((*driver)->library());
+  auto src = driver::HeldMemory::open(calls, here);
+  if (!src.ok()) return src.status().with_context("a context on the job's GPU");
+  auto dst = driver::HeldMemory::open(calls, plan->ordinal);
+  if (!dst.ok()) return dst.status().with_context("a context on CUDA device " + std::to_string(plan->ordinal));
+  const pid_t pid = static_cast<pid_t>(o.pid);
+  const uint64_t started = process_start_time(o.pid);
+  const auto same_job = [&] { return started == 0 || process_start_time(o.pid) == started; };
+  DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
+
+  say("hold");
+  const auto t_stop = std::chrono::steady_clock::now();
+  auto shared = ask_job_fds(o.job_socket, "dump-share", {}, 600'000);
+  if (!shared.ok()) return shared.status().with_context("asking the job for its device memory");
+  if (shared->text.find("\"ok\":true") == std::string::npos) {
+    const std::string why = json_text(shared->text, "error");
+    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(shared->text, 200) : why)
+        .with_context("handing the job's device memory over");
+  }
+  const std::string& a = shared->text;
+  const uint32_t list = static_cast<uint32_t>(json_number(a, "list"));
+  const uint64_t cut = json_u64(a, "cut");
+  r.note = json_text(a, "note");
+  auto back_out = [&](const Status& why) -> Status {  // before dump-release: the job still has its memory
+    if (same_job()) (void)ask_dump(o.job_socket, "dump-resume @" + std::to_string(cut));
+    return why;
+  };
+  std::vector<bool> written;  // (the answer's marks: a move copies everything)
+  auto regions = shared_regions(a, dev, &written);
+  if (!regions.ok()) return back_out(regions.status());
+  std::vector<int> raw;
+  for (const UniqueFd& f : shared->fds) raw.push_back(f.get());
+  if (Status g = guardian.hold(raw, list, cut); !g.ok() && !o.resume_program.empty())
+    return back_out(g.with_context("the guardian could not hold the job's device memory"));
+  if (Status im = (*src)->import(*regions, std::move(shared->fds)); !im.ok())
+    return back_out(im.with_context("importing the job's device memory"));
+  auto rel = ask_dump(o.job_socket, "dump-release");
+  if (!rel.ok()) {
+    if (same_job()) (void)hand_back_memory(o.job_socket, **src, list, cut);
+    return rel.status().with_context("the job could not let go of its device memory");
+  }
+  r.hold_s = seconds_since(t_stop);
+  r.bytes = (*src)->bytes(), r.handles = regions->size();
+  ckpt::fault_point("driver-move-held");
+  // The new GPU's memory is made and filled while NVIDIA's driver checkpoints the job.
+  Status copied = Status::Unavailable("not tried");
+  std::thread copier([&] {
+    const auto t = std::chrono::steady_clock::now();
+    copied = (*dst)->create(*regions);
+    if (copied.ok()) copied = (*dst)->copy_from(**src);
+    r.copy_s = seconds_since(t);
+  });
+  // From here a failure gives the job its old memory back, after its driver state (on whichever
+  // GPU the driver's restore left it).
+  bool restored = false;
+  auto undo = [&](const Status& why) -> Status {
+    if (copier.joinable()) copier.join();
+    if (!same_job()) return Status::Unavailable("the job ended during the move (" + why.message() + ")");
+    Status back = restored ? Status::Ok() : (*driver)->release(pid);
+    if (back.ok()) back = hand_back_memory(o.job_socket, **src, list, cut).status();
+    return back.ok() ? why.with_context("the job runs on with its memory, on " +
+                                        std::string(restored ? "the new GPU (its memory still on the old one)" : "its old GPU"))
+                     : why.with_context("the job could not be brought back (" + back.message() + ")");
+  };
+  say("checkpoint");
+  auto t = std::chrono::steady_clock::now();
+  Status d = (*driver)->lock(pid, 10'000);
+  if (d.ok()) d = (*driver)->checkpoint(pid);
+  r.checkpoint_s = seconds_since(t);
+  if (!d.ok()) return undo(d.with_context("the driver's checkpoint"));
+  say("copy");
+  copier.join();
+  if (!copied.ok()) return undo(copied.with_context("copying the device memory onto CUDA device " + std::to_string(plan->ordinal)));
+  ckpt::fault_point("driver-move-copied");
+  say("restore");
+  t = std::chrono::steady_clock::now();
+  Status b = (*driver)->restore(pid, plan->pairs);
+  if (b.ok()) b = (*driver)->unlock(pid);
+  r.restore_s = seconds_since(t);
+  if (!b.ok()) return undo(b.with_context("the driver's restore onto " + plan->uuid));
+  restored = true;
+  if (Status g = check_job_gpus(o.job_socket, *plan, &r.note); !g.ok()) return undo(g);
+  say("take");
+  t = std::chrono::steady_clock::now();
+  auto taken = hand_back_memory(o.job_socket, **dst, list, cut);
+  r.take_s = seconds_since(t);
+  if (!taken.ok()) return undo(taken.status().with_context("handing the job its memory on the new GPU"));
+  r.paused_s = seconds_since(t_stop);
   r.total_s = seconds_since(t0);
   return r;
 }

@@ -137,4 +137,32 @@ StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t 
                                         const std::vector<int>& shared_fds = {}, uint32_t list = 0, uint64_t cut = 0,
                                         uint64_t start_time = 0);
 
+// `pos-cli migrate -t PID --device N` of an in-process job (pos run): the job moves to CUDA device
+// N of this host while its process keeps running, without CRIU (docs/driver_runtime.md, "Moving a
+// running job to another GPU"). Its device memory is handed to this process (dump-share), NVIDIA's
+// driver checkpoints the emptied context, the memory is copied device to device onto GPU N while
+// that runs, NVIDIA's restore puts the context on GPU N (gpuPairs), and the job takes the new
+// memory at the same addresses. Any failure before the job took the new memory gives it its old
+// memory back on its old GPU (or, past the driver's restore, on the new one); pos-cli killed
+// midway: its guardian does the same (`pos-cli resume`).
+struct JobMoveOptions {
+  uint32_t pid = 0;
+  std::string job_socket;
+  int device = -1;             // this host's CUDA ordinal (CUDA_VISIBLE_DEVICES ignored)
+  std::string resume_program;  // this pos-cli, for its guardian
+  std::function<void(const char* phase)> progress;
+};
+struct JobMoveReport {
+  uint32_t pid = 0;
+  int from = -1, to = -1;  // this host's ordinals
+  std::string from_uuid, to_uuid;
+  uint64_t bytes = 0, handles = 0;
+  // The job's calls were held from the hold to the take (paused_s): the hand-over of its memory
+  // (hold_s), NVIDIA's checkpoint (checkpoint_s), the copy onto the new GPU (copy_s, alongside
+  // the checkpoint), NVIDIA's restore with the remap (restore_s), the take (take_s).
+  double hold_s = 0, checkpoint_s = 0, copy_s = 0, restore_s = 0, take_s = 0, paused_s = 0, total_s = 0;
+  std::string note;
+};
+StatusOr<JobMoveReport> move_driver_job(const JobMoveOptions& o);
+
 }  // namespace pos

@@ -72,19 +72,8 @@ Status check_pid_free(uint32_t pid, const std::string& criu_dir) {
   return Status::Ok();
 }
 
-// Where an in-process job's device memory is made on a restore, and the remap NVIDIA's restore
-// needs to put the job there (docs/driver_runtime.md, "Restore onto another GPU").
-struct DevicePlan {
-  int ordinal = 0;   // this process's CUDA ordinal of that GPU
-  std::string uuid;  // its UUID; empty: the image does not record its GPUs (nothing can be checked)
-  std::vector<std::string> expect;  // the job's gpus' "gpu_uuids" once the driver restored it
-  std::vector<ckpt::DriverCheckpoint::GpuPair> pairs;  // empty: the job stays on its GPUs
-  std::string note;  // for the report: what was done otherwise than the image says
-};
+}  // namespace
 
-// The plan, checked against this host's GPUs (`driver`: the loaded libcuda) before anything
-// changes. `image_dev`: the device the image's allocations name (the job's ordinal), all an image
-// without UUIDs has to go on.
 StatusOr<DevicePlan> plan_device(const JobRestoreOptions& o, const JobManifest& m, void* driver, int image_dev) {
   DevicePlan p;
   p.ordinal = image_dev;
@@ -163,11 +152,6 @@ StatusOr<DevicePlan> plan_device(const JobRestoreOptions& o, const JobManifest& 
   return p;
 }
 
-// After NVIDIA's restore (before the job has its memory): the GPUs the job uses now are those the
-// plan put its memory on. The job's driver answers for its own ordinals, which after a remap name
-// the new GPUs (CUDA 13's restore keeps the ordinals and moves what they refer to); that is
-// checked here rather than assumed, since the memory pos-cli made is on the new GPU whatever the
-// job's ordinals say. An answer that cannot be had is an error only when the job was moved.
 Status check_job_gpus(const std::string& socket, const DevicePlan& p, std::string* note) {
   if (p.expect.empty()) return Status::Ok();
   const std::string want = driver::join_gpu_uuids(p.expect);
@@ -191,6 +175,8 @@ Status check_job_gpus(const std::string& socket, const DevicePlan& p, std::strin
                                       ", where its memory was put");
   return Status::Ok();
 }
+
+namespace {
 
 // An in-process job's image (kind "driver-dump"): CRIU restores the process (its device memory
 // still unmapped, its driver calls held at POS's gate), NVIDIA's driver restores its driver state,

@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "ckpt/driver_checkpoint.h"
 #include "pos/base/status.h"
+#include "remoting/server/job_manifest.h"
 
 namespace pos {
 
@@ -54,5 +57,26 @@ struct JobRestoreReport {
 // re-attaches to that session with the image's token and runs on from its cut. A failure after
 // CRIU restored the tree ends the restored tree (the image stays as it was: restore it again).
 StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& options);
+
+// Where an in-process job's device memory is made on a restore (or a move, pos-cli migrate
+// --device), and the remap NVIDIA's restore needs to put the job there (docs/driver_runtime.md,
+// "Restore onto another GPU").
+struct DevicePlan {
+  int ordinal = 0;   // this process's CUDA ordinal of that GPU
+  std::string uuid;  // its UUID; empty: the image does not record its GPUs (nothing can be checked)
+  std::vector<std::string> expect;  // the job's gpus' "gpu_uuids" once the driver restored it
+  std::vector<ckpt::DriverCheckpoint::GpuPair> pairs;  // empty: the job stays on its GPUs
+  std::string note;  // for the report: what was done otherwise than the image says
+};
+// The plan for `o.device` (-1: the job's own GPU), checked against this host's GPUs (`driver`:
+// the loaded libcuda) before anything changes; `m` holds the job's GPUs as its `gpus` answer named
+// them (gpu_uuids, gpus_visible, gpu_name). `image_dev`: the job's ordinal of its memory, all an
+// image without UUIDs has to go on.
+StatusOr<DevicePlan> plan_device(const JobRestoreOptions& o, const JobManifest& m, void* driver, int image_dev);
+// After NVIDIA's restore (before the job has its memory): the GPUs the job uses now are those the
+// plan put its memory on. The job's driver answers for its own ordinals, which after a remap name
+// the new GPUs (CUDA 13's restore keeps the ordinals and moves what they refer to); that is
+// checked rather than assumed. An answer that cannot be had is an error only when the job moved.
+Status check_job_gpus(const std::string& socket, const DevicePlan& p, std::string* note);
 
 }  // namespace pos
