@@ -93,6 +93,23 @@ class TorchOnAnotherGpu : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     fs::remove_all(dir_);
   }
+  // torch_train.py ARGS under pos run with every GPU visible, its output to OUT; its pid in job_.
+  void start_job(const std::string& args, const fs::path& out) {
+    FILE* p = ::popen((kUnset + jobs_env() + env("POS_RUN") + " run -- python3 " + env("POS_TORCH_TRAIN") + " " + args +
+                       " >" + out.string() + " 2>" + out.string() + ".err </dev/null & echo $!")
+                          .c_str(),
+                      "r");
+    ASSERT_NE(p, nullptr);
+    char pid_text[32] = {};
+    ASSERT_NE(std::fgets(pid_text, sizeof(pid_text), p), nullptr);
+    ::pclose(p);
+    job_ = std::atoi(pid_text);
+    ASSERT_GT(job_, 0);
+  }
+  std::string jobs_env() const { return "POS_JOBS_DIR=" + (dir_ / "jobs").string() + " "; }
+  std::string cli() const { return kUnset + jobs_env() + env("POS_CLI"); }
+  // Every GPU visible (the job sees both: NVIDIA's restore then swaps the two), the job on device 0.
+  static inline const std::string kUnset = "env -u CUDA_VISIBLE_DEVICES ";
   fs::path dir_;
   pid_t job_ = -1;
 };
@@ -104,30 +121,17 @@ TEST_F(TorchOnAnotherGpu, AJobDumpedOnGpu0AndRestoredWithDevice1RunsOnGpu1AndPri
   ASSERT_EQ(names[0], names[1]) << "GPU 0 and 1 are of different models";
   // Long enough that the job still trains for seconds after its restore (nvidia-smi looks then).
   const std::string args = "--steps 5000 --layers 2 --dim 256";
-  // Every GPU visible (the job sees both: NVIDIA's restore then swaps the two), the job on device 0.
-  const std::string unset = "env -u CUDA_VISIBLE_DEVICES ";
   int code = -1;
-  const std::string native = pos::test::run_shell(unset + "python3 " + env("POS_TORCH_TRAIN") + " " + args, &code);
+  const std::string native = pos::test::run_shell(kUnset + "python3 " + env("POS_TORCH_TRAIN") + " " + args, &code);
   ASSERT_EQ(code, 0) << native;
   ASSERT_NE(native.find("checksum "), std::string::npos) << native;
 
-  const fs::path out = dir_ / "train.out", img = dir_ / "img", jobs = dir_ / "jobs";
-  const std::string jobs_env = "POS_JOBS_DIR=" + jobs.string() + " ";
-  FILE* p = ::popen((unset + jobs_env + env("POS_RUN") + " run -- python3 " + env("POS_TORCH_TRAIN") + " " + args + " >" +
-                     out.string() + " 2>" + out.string() + ".err </dev/null & echo $!")
-                        .c_str(),
-                    "r");
-  ASSERT_NE(p, nullptr);
-  char pid_text[32] = {};
-  ASSERT_NE(std::fgets(pid_text, sizeof(pid_text), p), nullptr);
-  ::pclose(p);
-  job_ = std::atoi(pid_text);
-  ASSERT_GT(job_, 0);
+  const fs::path out = dir_ / "train.out", img = dir_ / "img";
+  start_job(args, out);
   ASSERT_TRUE(wait_for(out, "step 15 loss", 600)) << read_file(out) << read_file(out.string() + ".err");
   EXPECT_EQ(gpus_of(job_), std::vector<std::string>{uuids[0]});  // where it started
 
-  const std::string cli = unset + jobs_env + env("POS_CLI");
-  std::string r = pos::test::run_shell(cli + " dump -t " + std::to_string(job_) + " -D " + img.string() + " --json", &code);
+  std::string r = pos::test::run_shell(cli() + " dump -t " + std::to_string(job_) + " -D " + img.string() + " --json", &code);
   ASSERT_EQ(code, 0) << r;
   int st = 0;
   ASSERT_EQ(::waitpid(job_, &st, 0), job_);  // CRIU ended it: its pid is free for the restore
@@ -136,7 +140,7 @@ TEST_F(TorchOnAnotherGpu, AJobDumpedOnGpu0AndRestoredWithDevice1RunsOnGpu1AndPri
   EXPECT_NE(manifest.find("\"gpu_uuids\":\"" + uuids[0] + "\""), std::string::npos) << manifest;
   ASSERT_EQ(read_file(out).find("checksum "), std::string::npos) << "the dump landed after the job's last step";
 
-  r = pos::test::run_shell(cli + " restore -D " + img.string() + " --device 1 --json", &code);
+  r = pos::test::run_shell(cli() + " restore -D " + img.string() + " --device 1 --json", &code);
   ASSERT_EQ(code, 0) << r;
   job_ = dumped;
   EXPECT_NE(r.find("\"device\":1,"), std::string::npos) << r;
@@ -154,6 +158,43 @@ TEST_F(TorchOnAnotherGpu, AJobDumpedOnGpu0AndRestoredWithDevice1RunsOnGpu1AndPri
   EXPECT_EQ(seen, std::vector<std::string>{uuids[1]}) << "nvidia-smi: the restored job's GPUs";
 
   ASSERT_EQ(::waitpid(dumped, &st, 0), dumped);
+  job_ = -1;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << read_file(out.string() + ".err");
+  EXPECT_EQ(read_file(out), native);
+}
+
+// pos-cli migrate --device: the same job moved while it trains, its process kept, from GPU 0 to GPU
+// 1 and back; it prints exactly what an uninterrupted run prints, and between the moves nvidia-smi
+// sees it on GPU 1 only. The reports (pause, copy) go to the test's log.
+TEST_F(TorchOnAnotherGpu, AJobMovedWithMigrateDeviceToGpu1AndBackKeepsItsProcessAndPrintsWhatAnUninterruptedRunPrints) {
+  const std::vector<std::string> uuids = gpu_uuids();
+  ASSERT_GE(uuids.size(), 2u) << "needs two GPUs; nvidia-smi lists " << uuids.size();
+  const std::string args = "--steps 5000 --layers 2 --dim 256";
+  int code = -1;
+  const std::string native = pos::test::run_shell(kUnset + "python3 " + env("POS_TORCH_TRAIN") + " " + args, &code);
+  ASSERT_EQ(code, 0) << native;
+  const fs::path out = dir_ / "train.out";
+  start_job(args, out);
+  ASSERT_TRUE(wait_for(out, "step 15 loss", 600)) << read_file(out) << read_file(out.string() + ".err");
+  const pid_t job = job_;
+  std::string r = pos::test::run_shell(cli() + " migrate -t " + std::to_string(job) + " --device 1 --json", &code);
+  ASSERT_EQ(code, 0) << r;
+  std::printf("move 0 -> 1: %s\n", r.c_str());
+  EXPECT_EQ(json_text(r, "to_uuid"), uuids[1]) << r;
+  std::vector<std::string> seen;
+  for (int i = 0; i < 50; ++i) {
+    seen = gpus_of(job);
+    if (seen.size() == 1 && seen[0] == uuids[1]) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(read_file(out).find("checksum "), std::string::npos) << "the job ended before nvidia-smi saw it";
+  EXPECT_EQ(seen, std::vector<std::string>{uuids[1]}) << "nvidia-smi: the moved job's GPUs";
+  r = pos::test::run_shell(cli() + " migrate -t " + std::to_string(job) + " --device 0 --json", &code);
+  ASSERT_EQ(code, 0) << r;
+  std::printf("move 1 -> 0: %s\n", r.c_str());
+  EXPECT_EQ(json_text(r, "to_uuid"), uuids[0]) << r;
+  int st = 0;
+  ASSERT_EQ(::waitpid(job, &st, 0), job);
   job_ = -1;
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << read_file(out.string() + ".err");
   EXPECT_EQ(read_file(out), native);
