@@ -4,6 +4,9 @@
 // (reference: the same binary run natively).
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <signal.h>
 #include <spawn.h>
 #include <grp.h>
@@ -13,6 +16,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <deque>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -2002,6 +2009,124 @@ struct NetnsPeer {
   std::vector<std::string> in() const { return {"ip", "netns", "exec", ns}; }
 };
 
+// A TCP relay with delay and loss, in this process: the CI kernel has no netem, so the migration
+// link's impairments are made here. Each chunk read on one side is written on the other `delay_ms`
+// after it arrived (in order, so the link keeps its rate); every `lose_every`-th chunk is "lost":
+// it and all after it wait 200 ms more, as TCP's retransmission after a lost segment holds the
+// stream (deterministic, so that a test can count on losses). Connections are relayed to
+// TO_IP:TO_PORT; listens on LISTEN_IP, port().
+class ImpairedLink {
+ public:
+  ImpairedLink(const std::string& listen_ip, const std::string& to_ip, int to_port, int delay_ms, int lose_every)
+      : to_ip_(to_ip), to_port_(to_port), delay_(delay_ms), lose_every_(lose_every) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, listen_ip.c_str(), &a.sin_addr);
+    socklen_t n = sizeof(a);
+    if (listen_ < 0 || ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(listen_, 8) != 0 ||
+        ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &n) != 0)
+      return;
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~ImpairedLink() {
+    stop_ = true;
+    ::shutdown(listen_, SHUT_RDWR);
+    if (acceptor_.joinable()) acceptor_.join();  // no pump starts after this
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(listen_);
+  }
+  int port() const { return port_; }
+  uint64_t lost() const { return lost_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Chunk {
+    std::chrono::steady_clock::time_point due;
+    std::string data;
+  };
+  void accept_loop() {
+    for (;;) {
+      const int in = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (in < 0 || stop_) return;
+      const int out = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(to_port_));
+      ::inet_pton(AF_INET, to_ip_.c_str(), &a.sin_addr);
+      if (::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(in), ::close(out);
+        continue;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      fds_.push_back(in), fds_.push_back(out);
+      threads_.emplace_back([this, in, out] { pump(in, out); });
+      threads_.emplace_back([this, in, out] { pump(out, in); });
+    }
+  }
+  // One direction: a reader queues chunks with their due time, this thread's writer sends them.
+  void pump(int from, int to) {
+    std::mutex qmu;
+    std::condition_variable qcv;
+    std::deque<Chunk> q;
+    bool eof = false;
+    uint64_t chunks = 0;
+    std::thread reader([&] {
+      char buf[65536];
+      for (;;) {
+        const ssize_t n = ::read(from, buf, sizeof(buf));
+        std::lock_guard<std::mutex> lk(qmu);
+        if (n <= 0) {
+          eof = true;
+          qcv.notify_all();
+          return;
+        }
+        auto due = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_);
+        if (lose_every_ > 0 && ++chunks % static_cast<uint64_t>(lose_every_) == 0) {
+          due += std::chrono::milliseconds(200);
+          ++lost_;
+        }
+        if (!q.empty() && q.back().due > due) due = q.back().due;  // in order
+        q.push_back(Chunk{due, std::string(buf, static_cast<size_t>(n))});
+        bytes_ += static_cast<uint64_t>(n);
+        qcv.notify_all();
+      }
+    });
+    for (;;) {
+      std::unique_lock<std::mutex> lk(qmu);
+      qcv.wait(lk, [&] { return !q.empty() || eof; });
+      if (q.empty()) break;
+      Chunk c = std::move(q.front());
+      q.pop_front();
+      lk.unlock();
+      std::this_thread::sleep_until(c.due);
+      size_t off = 0;
+      while (off < c.data.size()) {
+        const ssize_t w = ::send(to, c.data.data() + off, c.data.size() - off, MSG_NOSIGNAL);
+        if (w <= 0) break;
+        off += static_cast<size_t>(w);
+      }
+      if (off < c.data.size()) break;
+    }
+    ::shutdown(to, SHUT_WR);
+    ::shutdown(from, SHUT_RD);
+    reader.join();
+  }
+  std::string to_ip_;
+  int to_port_, delay_, lose_every_;
+  std::thread acceptor_;
+  int listen_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> lost_{0}, bytes_{0};
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> threads_;
+};
+
 // The port a posd says it accepts migrations on (its log, within 10 s: posd answers `ps` first), or "".
 std::string migration_port(const OwnPosd& p) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -2017,7 +2142,8 @@ std::string migration_port(const OwnPosd& p) {
 // ZDTM shape across "hosts": posd A in this network namespace and posd B in another, joined only
 // by a veth pair; the job under A is migrated to B over the migration stream (B authenticating
 // pos-cli by the shared secret), back to A, and to B again, the last time over a link throttled to
-// 400 Mbit/s each way; it finishes with exactly the output of an uninterrupted run. A
+// 400 Mbit/s each way, delayed and with losses (ImpairedLink); it finishes with exactly the output
+// of an uninterrupted run. A
 // peer with another secret is refused and logged, the job untouched. pos-cli killed after the
 // target restored the job but before it committed leaves it running once: the target ends its
 // copy as the link closes, pos-cli's guardian brings it back to the source. (CRIU must run in the
@@ -2075,20 +2201,30 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   EXPECT_NE(b.log_text().find("refused: the peer does not hold"), std::string::npos) << b.log_text();
   EXPECT_TRUE(reaped.empty());
   EXPECT_TRUE(serves(a, child));
-  // A -> B, B -> A, A -> B (the last on a slow link).
+  // A -> B, B -> A, A -> B (the last on a slow, delayed and lossy link).
+  std::unique_ptr<ImpairedLink> impaired;
   for (int i = 0; i < 3; ++i) {
     const bool toward_b = i % 2 == 0;
     const OwnPosd& from = toward_b ? a : b;
     const OwnPosd& to = toward_b ? b : a;
+    std::string where = toward_b ? to_b : to_a;
     if (i == 2) {
-      // (The CI kernel has no netem for delay and loss: the link is throttled instead.)
+      // The CI kernel has no netem: the veth is throttled (tbf), and the stream goes through a relay
+      // here that delays it 20 ms each way and holds it 200 ms at every 20th chunk (a lost segment).
       (void)shell("tc qdisc add dev " + net.dev_here + " root tbf rate 400mbit burst 64kb latency 200ms && tc -n " + net.ns +
                       " qdisc add dev " + net.dev_there + " root tbf rate 400mbit burst 64kb latency 200ms",
                   &code, &err);
       ASSERT_EQ(code, 0) << err;
+      impaired = std::make_unique<ImpairedLink>(net.ip_here, net.ip_there, std::stoi(port_b), 20, 20);
+      ASSERT_GT(impaired->port(), 0);
+      where = net.ip_here + ":" + std::to_string(impaired->port());
     }
     const size_t before = reaped.size();
-    const std::string report = migrate(from, toward_b ? to_b : to_a, secret, "", &code, &err, &reaped);
+    const std::string report = migrate(from, where, secret, "", &code, &err, &reaped);
+    if (impaired) {
+      EXPECT_GT(impaired->lost(), 0u) << impaired->bytes() << " bytes relayed";  // the losses happened
+      impaired.reset();
+    }
     ASSERT_EQ(code, 0) << "move " << i << ": " << err << report << from.log_text() << to.log_text();
     EXPECT_NE(report.find("\"where\":\"target\""), std::string::npos) << report;
     EXPECT_NE(report.find("\"remote\":true,\"same_host\":true"), std::string::npos) << report;
