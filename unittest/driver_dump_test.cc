@@ -900,3 +900,28 @@ TEST_F(DriverDump, MigrateWithDeviceMovesARunningJobToAnotherGpuAndKeepsItsProce
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--device N moves it to another GPU"), std::string::npos) << out;
 }
+
+// A move that fails after the job let go of its memory gives it back, and the job runs on where it
+// was: the copy onto the new GPU failing (before NVIDIA's restore: the job's driver state is
+// restored in place), and NVIDIA's restore not moving the job (after it: pos-cli's check catches it).
+TEST_F(DriverDump, AMoveThatFailsMidwayLeavesTheJobRunningOnItsGpuWithItsMemory) {
+  for (const auto& [knob, says] : std::vector<std::pair<std::string, std::string>>{
+           {"FAKE_CUDA_FAIL_DTOD=1", "copying the device memory onto CUDA device 1"},
+           {"FAKE_CUDA_REMAP_IGNORED=1", "after NVIDIA's restore the job's GPU is " + fake_uuid(0)}}) {
+    SCOPED_TRACE(knob);
+    fake_gpus(2);
+    fake_env_.push_back(knob);
+    start();
+    int code = -1;
+    const std::string out = cli("migrate -t " + std::to_string(pid_) + " --device 1", &code);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find(says), std::string::npos) << out;
+    EXPECT_NE(out.find("the job runs on with its memory"), std::string::npos) << out;
+    EXPECT_EQ(::kill(pid_, 0), 0);
+    EXPECT_EQ(check(), "rc=0 same=1\n");  // its pattern, at its addresses
+    const std::string gpus = cli("ps --json --jobs-dir " + jobs_ + " --socket " + (root_ / "no-posd.sock").string(), &code);
+    EXPECT_NE(gpus.find("\"pid\":" + std::to_string(pid_)), std::string::npos) << gpus;
+    ::kill(std::exchange(pid_, -1), SIGKILL);
+    ::waitpid(-1, nullptr, 0);
+  }
+}

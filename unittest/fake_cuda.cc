@@ -470,8 +470,10 @@ FAKE_EXPORT int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, si
   std::memcpy(reinterpret_cast<void*>(dst), src, n);
   return 0;
 }
+// FAKE_CUDA_FAIL_DTOD=1: device-to-device copies fail (a GPU pair without peer access, say).
 FAKE_EXPORT int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n) {
   bump("cuMemcpyDtoD_v2");
+  if (const char* e = std::getenv("FAKE_CUDA_FAIL_DTOD"); e != nullptr && e[0] == '1') return 1;
   drain_waits();
   if (!in_mapping(dst, n) || !in_mapping(src, n)) return 1;
   std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
