@@ -793,6 +793,11 @@ TEST_F(DriverDump, ALazyRestoreRunsTheJobBeforeItsMemoryIsLoadedAndItsGpuWorkWai
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("still loading its device memory after a lazy restore"), std::string::npos) << out;
   EXPECT_EQ(::kill(dumped, 0), 0);
+  // ps says so, in both forms.
+  out = cli("ps --json --jobs-dir " + jobs_ + " --socket " + (root_ / "no-posd.sock").string(), &code);
+  EXPECT_NE(out.find("\"lazy_load\":{\"loader\":" + std::to_string(restorer) + ","), std::string::npos) << out;
+  out = cli("ps --jobs-dir " + jobs_ + " --socket " + (root_ / "no-posd.sock").string(), &code);
+  EXPECT_NE(out.find("loading its memory (restore --lazy)"), std::string::npos) << out;
   ::kill(restorer, SIGCONT);
   int st = 0;
   ASSERT_EQ(::waitpid(restorer, &st, 0), restorer);

@@ -298,6 +298,17 @@ std::string limits_json(Runtime* rt) {
   return out + "}";
 }
 
+// A lazy restore still loading (lazy_load.h), for ps: {"loader":PID,"waits":N,"gate_held":B}, or
+// empty when none is.
+std::string lazy_state(Runtime* rt) {
+  std::lock_guard<std::mutex> lz(rt->lazy_mu);
+  if (!rt->lazy || !rt->lazy_pending.load(std::memory_order_relaxed)) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "{\"loader\":%d,\"waits\":%llu,\"gate_held\":%s}", static_cast<int>(rt->lazy_loader),
+                static_cast<unsigned long long>(rt->lazy->holds()), rt->lazy_gate_held ? "true" : "false");
+  return buf;
+}
+
 std::string census_json(Runtime* rt) {
   std::string text = rt->census.json(rt->driver_path);
   if (!rt->error.empty()) text.insert(text.size() - 1, ",\"error\":" + pos::json_string(rt->error));
@@ -306,6 +317,7 @@ std::string census_json(Runtime* rt) {
     text.insert(text.size() - 1, ",\"placement_error\":" + pos::json_string(rt->placement_error));
   if (!rt->control_error.empty()) text.insert(text.size() - 1, ",\"control_error\":" + pos::json_string(rt->control_error));
   text.insert(text.size() - 1, ",\"limits\":" + limits_json(rt));
+  if (const std::string l = lazy_state(rt); !l.empty()) text.insert(text.size() - 1, ",\"lazy_load\":" + l);
   if (rt->scanner) {
     const LaunchScanner::Stats w = rt->scanner->stats();
     char buf[224];
@@ -1134,6 +1146,7 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     std::string devices, blocked;
     for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
     for (const std::string& w : rt->census.not_checkpointable()) blocked += (blocked.empty() ? "" : "; ") + w;
+    if (!lazy_state(rt).empty()) blocked += (blocked.empty() ? "" : "; ") + std::string("loading its memory (restore --lazy)");
     char row[320], limit[24] = "-", share[16] = "-";
     if (rt->memory.limit() != 0) std::snprintf(limit, sizeof(limit), "%llu", static_cast<unsigned long long>(rt->memory.limit()));
     {
