@@ -607,7 +607,7 @@ class DriverJobGuardian {
       }
       break;  // end-of-file (or an error): this process is gone without saying the dump is over
     }
-    static const char kMsg[] = "pos-cli: the dump ended early (its process was killed); bringing the job back\n";
+    static const char kMsg[] = "pos-cli: the dump or move ended early (its process was killed); bringing the job back\n";
     (void)!::write(2, kMsg, sizeof(kMsg) - 1);
     // The descriptors as 3, 4, ...: first all above that range, then into it.
     const int top = 3 + static_cast<int>(n);
