@@ -694,14 +694,12 @@ std::string dump_take(Runtime* rt, const std::string& args, std::vector<pos::Uni
   long loader = 0;
   const std::string tail = args.substr(static_cast<size_t>(used));
   const bool lazy = !tail.empty();
+  pos::UniqueFd flag;
   if (lazy) {
     char extra = 0;
     if (std::sscanf(tail.c_str(), " lazy %ld %c", &loader, &extra) != 1 || loader <= 0 || tail.rfind(" lazy ", 0) != 0)
       return dump_error("dump-take's tail must be 'lazy PID' (the loading pos-cli's pid)");
     if (in.size() != count + 1) return dump_error("dump-take ... lazy wants the allocations' descriptors and the flag's");
-  }
-  pos::UniqueFd flag;
-  if (lazy) {
     flag = std::move(in.back());
     in.pop_back();
   }
