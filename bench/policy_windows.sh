@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# policy_windows.sh — what a checkpoint policy costs one running job, measured inside one run: the
+# policy is switched on and off in alternating windows (off, on, off, on, ..., off), so drift
+# between runs (clocks, placement, the VM's neighbours) cannot be mistaken for the policy's cost.
+#
+# usage: bench/policy_windows.sh BUILD [--job mlp|torch] [--every 10s] [--ticks 3] [--pairs 6]
+#                                [--warm S] [--dir DIR] [-- JOB ARGS...]
+#   --job mlp    workloads/mlp_train_native under posd (CUDA backend), the job of continuous_bench.sh
+#                (default args: 8.84 GB of parameters, half the layers frozen)
+#   --job torch  workloads/torch_train.py under `pos run` (in-process; default: 4 layers, --state-gib 8)
+#   --every      the policy's interval; --ticks: ticks per "on" window, which lasts ticks x every
+#                minus 0.5 s (a tick runs at the policy's start, then every interval: the window
+#                holds exactly that many ticks, and the stop finds none running); "off" windows
+#                last as long
+#   --pairs      "on" windows; each is compared with the mean of the "off" windows either side
+#   --warm       seconds of training before the first window (default 20)
+#   --backend    posd's backend for --job mlp (default cuda; host: a smoke test without a GPU)
+# Policy: pos-cli checkpoint --every T --keep 1 --full-every 3 (GPU state only), a fresh directory
+# per window (its first point whole, as a policy's first point is). A step belongs to the window
+# its start falls in; the steps of the switch itself (start or stop command to its answer) to none.
+# Prints: per window the mean and median step, per "on" window its ratio to its neighbours, the
+# mean ratio with a 95 % confidence interval (Student's t over the "on" windows), worst step / median
+# for on and off, and the policy's ticks and pauses. Needs a GPU (CUDA backend).
+set -uo pipefail
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,23p "$0" >&2; exit 2; }
+BUILD="$(cd "$1" && pwd)"; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --job) JOB="$2"; shift 2 ;;
+    --every) EVERY="$2"; shift 2 ;;
+    --ticks) TICKS="$2"; shift 2 ;;
+    --pairs) PAIRS="$2"; shift 2 ;;
+    --warm) WARM="$2"; shift 2 ;;
+    --dir) DIR="$2"; shift 2 ;;
+    --backend) BACKEND="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "policy_windows: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ $JOB == mlp || $JOB == torch ]] || { echo "policy_windows: --job is mlp or torch" >&2; exit 2; }
+ARGS=("$@")
+if [[ ${#ARGS[@]} -eq 0 ]]; then
+  if [[ $JOB == mlp ]]; then ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
+  else ARGS=(--layers 4 --state-gib 8); fi
+fi
+for f in tools/posd tools/pos-cli tools/pos workloads/mlp_train_native remoting/client/libpos_client.so; do
+  [[ -e "$BUILD/$f" ]] || { echo "policy_windows: $BUILD/$f is missing" >&2; exit 2; }
+done
+TMP=$(mktemp -d)
+if [[ -z "$DIR" ]]; then
+  SHM_GB=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2{printf "%d", $4/1048576}')
+  if [[ -n "$SHM_GB" && "$SHM_GB" -gt 40 ]]; then DIR=/dev/shm; else DIR="${TMPDIR:-/tmp}"; fi
+fi
+WORK=$(mktemp -d "$DIR/policy-windows-XXXXXX")
+POSD_PID=""
+cleanup() { [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null; rm -rf "$TMP" "$WORK"; }
+trap cleanup EXIT
+SOCK="$TMP/posd/posd.sock"
+if [[ $JOB == mlp ]]; then
+  printf 'backend: %s\nposd:\n  socket: %s\n' "$BACKEND" "$SOCK" >"$TMP/posd.yaml"
+  [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
+  "$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
+  POSD_PID=$!
+  for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $TICKS ticks per window, $PAIRS on-windows; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
+BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
+PAIRS="$PAIRS" WARM="$WARM" python3 - "${ARGS[@]}" <<'PY'
+import os, re, signal, statistics, subprocess, sys, threading, time
+E = os.environ
+B, TMP, WORK, kind = E["BUILD"], E["TMP"], E["WORK"], E["JOB"]
+cli = B + "/tools/pos-cli"
+every = E["EVERY"]
+m = re.fullmatch(r"([0-9.]+)(ms|s|m)?", every)
+if not m: sys.exit(f"policy_windows: cannot read the interval '{every}'")
+every_s = float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, None: 1}[m.group(2)]
+ticks, pairs, warm = int(E["TICKS"]), int(E["PAIRS"]), float(E["WARM"])
+window = ticks * every_s - 0.5
+env = dict(os.environ, POS_JOBS_DIR=TMP + "/jobs")
+if kind == "mlp":
+    env.update(POS_SOCKET=E["SOCK"], LD_LIBRARY_PATH="/usr/local/cuda/lib64",
+               LD_PRELOAD=B + "/remoting/client/libpos_client.so", POS_ARENA_SIZE="1GiB")
+    cmd = [B + "/workloads/mlp_train_native", *sys.argv[1:], "--steps", "1000000", "--step-times"]
+    now = time.monotonic  # mlp_train prints start_s on CLOCK_MONOTONIC
+    cli_extra = ["--socket", E["SOCK"]]
+else:
+    cmd = [B + "/tools/pos", "run", "--", "python3", E["ROOT"] + "/workloads/torch_train.py", *sys.argv[1:],
+           "--steps", "1000000", "--step-times"]
+    now = time.time  # torch_train.py prints start_s from time.time()
+    cli_extra = []
+out = open(TMP + "/job.out", "w")
+job = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+starts, tail = [], []
+def reader():
+    for line in job.stderr:
+        mm = re.match(r"step (\d+) .*start_s ([0-9.]+)", line)
+        if mm: starts.append(float(mm.group(2)))
+        else: tail.append(line); del tail[:-40]
+threading.Thread(target=reader, daemon=True).start()
+def fail(msg):
+    job.kill()
+    sys.exit(f"policy_windows: {msg}\n{''.join(tail)}")
+t0 = time.monotonic()
+while len(starts) < 20:
+    if job.poll() is not None: fail(f"the job ended (exit {job.returncode}) before its 20th step")
+    if time.monotonic() - t0 > 600: fail("no 20th step within 600 s")
+    time.sleep(0.1)
+time.sleep(warm)
+windows, logs = [], []  # windows: (kind, begin, end) on the job's clock
+def off_window():
+    b = now(); time.sleep(window); windows.append(("off", b, now()))
+def on_window(i):
+    d = f"{WORK}/w{i}"
+    c = [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", "1", "--full-every", "3",
+         "--jobs-dir", TMP + "/jobs", *cli_extra]
+    r = subprocess.run(c, env=env, capture_output=True, text=True)
+    if r.returncode != 0: fail(f"pos-cli checkpoint failed: {r.stderr.strip()}")
+    b = now(); time.sleep(window); e = now()
+    r = subprocess.run([cli, "checkpoint", "-t", str(job.pid), "--stop", "--jobs-dir", TMP + "/jobs", *cli_extra],
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0: fail(f"pos-cli checkpoint --stop failed: {r.stderr.strip()}")
+    # The stop returns once the checkpointer has stopped (the tick in progress, if any, finished).
+    windows.append(("on", b, e))
+    for _ in range(200):
+        if os.path.exists(d + "/checkpoint.log") and "stopped" in open(d + "/checkpoint.log").read(): break
+        time.sleep(0.05)
+    logs.append(open(d + "/checkpoint.log").read() if os.path.exists(d + "/checkpoint.log") else "")
+    subprocess.run(["rm", "-rf", d])
+off_window()
+for i in range(pairs):
+    on_window(i)
+    off_window()
+    if job.poll() is not None: fail(f"the job ended (exit {job.returncode}) during the windows")
+job.send_signal(signal.SIGKILL)
+job.wait()
+steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
+def in_window(w):
+    return [ms for s, ms in steps if w[1] <= s and s + ms / 1e3 <= w[2]]
+per = [(w[0], in_window(w)) for w in windows]
+if any(len(t) < 5 for _, t in per): fail("a window holds fewer than 5 steps: make the windows longer")
+print("| window | steps | mean step ms | median | max | max / median | on / mean of the off windows either side |")
+print("|---|---|---|---|---|---|---|")
+ratios = []
+for i, (k, t) in enumerate(per):
+    rel = ""
+    if k == "on":
+        r = statistics.mean(t) / statistics.mean([statistics.mean(per[i - 1][1]), statistics.mean(per[i + 1][1])])
+        ratios.append(r); rel = f"{r:.4f}"
+    med = statistics.median(t)
+    print(f"| {i}: {k} | {len(t)} | {statistics.mean(t):.3f} | {med:.3f} | "
+          f"{max(t):.3f} | {max(t) / med:.2f} | {rel} |")
+T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+     11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086}
+mr = statistics.mean(ratios)
+half = T.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
+on = [x for k, t in per if k == "on" for x in t]
+off = [x for k, t in per if k == "off" for x in t]
+tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", "\n".join(logs))]
+print()
+print(f"policy on / off, mean of {len(ratios)} windows: {mr:.4f} (overhead {100 * (mr - 1):+.2f} %, 95 % CI "
+      f"{100 * (mr - half - 1):+.2f} % to {100 * (mr + half - 1):+.2f} %)")
+print(f"pooled steps: on {statistics.mean(on):.3f} ms mean (median {statistics.median(on):.3f}, max / median "
+      f"{max(on) / statistics.median(on):.2f}); off {statistics.mean(off):.3f} ms mean (median "
+      f"{statistics.median(off):.3f}, max / median {max(off) / statistics.median(off):.2f})")
+if tk:
+    print(f"ticks: {len(tk)} in {len(ratios)} on-windows of {window:.1f} s; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; "
+          f"job paused median {statistics.median(b for _, b in tk):.3f} ms, max {max(b for _, b in tk):.3f} ms")
+else:
+    print("ticks: none found in the checkpoint logs")
+    sys.exit(1)
+PY
