@@ -164,8 +164,8 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   if (text.ok()) std::fputs(text->c_str(), stdout);
   else std::fprintf(stderr, "pos-cli ps: posd: %s\n", text.status().message().c_str());
   if (!jobs.empty()) {
-    std::printf("\n%-8s %-8s %-24s %-8s %14s %14s %9s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
-                "MEMORY LIMIT", "GPU SHARE", "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
+    std::printf("\n%-8s %-8s %-24s %-8s %14s %14s %9s %5s %8s %12s  %s\n", "PID", "UID", "JOB (pos run)", "DEVICES", "MEMORY",
+                "MEMORY LIMIT", "GPU SHARE", "SMS", "BUFFERS", "LAUNCHES", "NOT CHECKPOINTABLE");
     for (const pos::JobAnswer& j : jobs) std::printf("%s\n", j.text.c_str());
     std::printf("%zu in-process job(s) in %s\n", jobs.size(), jobs_dir.c_str());
   }
@@ -470,6 +470,12 @@ int limit(int pid, const std::string& jobs_dir, const std::string& socket, const
     std::printf("pid %d: GPU-time share %llu.%llu%% asked, not in force: %s\n", pid, asked / 10, asked % 10,
                 err != v.end() ? err->second.s.c_str() : "it counts once the job uses a GPU");
   else std::printf("pid %d: no GPU-time share\n", pid);
+  const auto sms_err = v.find("sms_error");
+  if (const unsigned long long sms = number("sms"); sms != 0 && number("sms_granted") != 0)
+    std::printf("pid %d: SM limit %llu: its kernels run on %llu of the GPU's %llu SMs\n", pid, sms, number("sms_granted"),
+                number("sms_total"));
+  else if (sms_err != v.end()) std::printf("pid %d: no SM limit: %s\n", pid, sms_err->second.s.c_str());
+  else if (sms != 0) std::printf("pid %d: SM limit %llu asked: in force once the job makes its context\n", pid, sms);
   return 0;
 }
 
@@ -1109,6 +1115,8 @@ int main(int argc, char** argv) {
   limit_cmd->add_option("--memory", limit_memory, "its device-memory limit (8GiB, 512MiB; 0: none)");
   limit_cmd->add_option("--gpu-share", limit_share,
                         "its share of its GPU's time while other jobs want it too (30%, 12.5%; 0: none)");
+  std::string limit_sms;
+  limit_cmd->add_option("--sms", limit_sms, "refused: an SM limit is set when the job starts (pos run --sms N)");
   limit_cmd->add_option("--jobs-dir", limit_jobs_dir, "where in-process jobs put their control sockets (default: the job's own)");
   limit_cmd->add_flag("--json", limit_json, "the job's answer as JSON");
   std::string limit_socket = pos::default_socket_path();
@@ -1241,6 +1249,12 @@ int main(int argc, char** argv) {
   if (dump_cmd->parsed()) return dump(da, false);
   if (pre_cmd->parsed()) return dump(pa, true);
   if (restore_cmd->parsed()) return restore(ra);
+  if (limit_cmd->parsed() && !limit_sms.empty()) {
+    std::fprintf(stderr,
+                 "pos-cli limit: --sms: an SM limit is fixed when the job starts (pos run --sms N): its streams and "
+                 "kernels belong to the context it was given then, which cannot change SMs; nothing changed\n");
+    return 2;
+  }
   if (limit_cmd->parsed()) return limit(limit_pid, limit_jobs_dir, limit_socket, limit_memory, limit_share, limit_json);
   if (resume_cmd->parsed()) return resume(resume_pid, resume_jobs_dir, resume_socket, resume_shared, resume_started);
   if (ckpt_cmd->parsed()) return checkpoint(ca);

@@ -108,6 +108,11 @@ int main(int argc, char** argv) {
   run->add_option("--gpu-share", gpu_share,
                   "the program's share of its GPU's time while other jobs want it too (30%, 12.5%): launches past "
                   "it wait; alone it runs at full speed (docs/limits.md)");
+  unsigned sms = 0;
+  run->add_option("--sms", sms,
+                  "the SMs the program's kernels may run on (40): its contexts are green contexts of that many SMs, "
+                  "rounded up to the GPU's SM group; fixed for the program's life (docs/limits.md)")
+      ->check(CLI::Range(1u, 100000u));
   run->prefix_command();  // everything from CMD on is the program's, options included
   // What follows `--` is the program's, never parsed here; CLI11 sees only what comes before.
   std::vector<std::string> cmd;
@@ -195,6 +200,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
       return 1;
     }
+  }
+  if (sms != 0 && ::setenv("POS_SM_LIMIT", std::to_string(sms).c_str(), 1) != 0) {
+    std::fprintf(stderr, "pos run: cannot set the environment: %s\n", std::strerror(errno));
+    return 1;
   }
   if (!every.empty()) {
     if (auto iv = pos::parse_interval(every); !iv.ok()) {

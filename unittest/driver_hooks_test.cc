@@ -682,6 +682,60 @@ TEST_F(Preloaded, AMemoryLimitRefusesWhatWouldPassItAsTheDriverWouldAndCanBeChan
   std::filesystem::remove_all(dir);
 }
 
+// #24's SM limit (POS_SM_LIMIT, as `pos run --sms` sets it; docs/limits.md): the job's primary
+// context is a green context of the SMs asked for, made once, and the multiprocessor count says so
+// before any context exists; ps and limit show it. A limit larger than the GPU, one that does not
+// parse, and a driver without green contexts are each said, and the job runs on the whole GPU.
+TEST_F(Preloaded, AnSmLimitGivesTheJobAGreenContextAndSaysWhyWhenItCannot) {
+  const std::string dir = jobs_dir() + "-sms";
+  std::filesystem::remove_all(dir);
+  const auto lines = [](RunningProbe& p) {
+    std::string seen;
+    char line[256];
+    while (p.out != nullptr && std::fgets(line, sizeof(line), p.out) != nullptr && std::string(line) != "ready\n")
+      seen += line;
+    return seen;
+  };
+  {
+    RunningProbe job(dir, "sms", {{"POS_SM_LIMIT", "36"}});  // rounded up to the group size: 40
+    EXPECT_EQ(lines(job),
+              "attr=0 sms=40\ngreen_before=0\nretain=0 ctx=7000\nretain=0 ctx=7000\nattr=0 threads=1024\n"
+              "green=1 real_retains=2\n");
+    auto shown = pos::ask_job(pos::job_socket_path(dir, job.pid), "limit", 10000);
+    ASSERT_TRUE(shown.ok()) << shown.status().to_string();
+    EXPECT_NE(shown->find("\"sms\":36,\"sms_granted\":40,\"sms_total\":132"), std::string::npos) << *shown;
+    EXPECT_EQ(shown->find("sms_error"), std::string::npos) << *shown;
+    auto row = pos::ask_job(pos::job_socket_path(dir, job.pid), "ps-row", 10000);
+    ASSERT_TRUE(row.ok());
+    EXPECT_NE(row->find("    40 "), std::string::npos) << *row;
+    EXPECT_EQ(job.stop(), 0);
+  }
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> env;
+    const char* error;  // what ps says; nullptr: nothing
+    int sms;            // the multiprocessor count the job sees
+  };
+  for (const Case& c : std::vector<Case>{
+           {{{"POS_SM_LIMIT", "200"}}, "POS_SM_LIMIT=200 on GPU 0: the GPU has 132 SMs: it runs on all its SMs", 132},
+           {{{"POS_SM_LIMIT", "forty"}}, "POS_SM_LIMIT='forty': not a number of SMs from 1 to 100000", 132},
+           {{{"POS_SM_LIMIT", "0"}}, "POS_SM_LIMIT='0': not a number of SMs", 132},
+           {{{"POS_SM_LIMIT", "16"}, {"FAKE_CUDA_NO_GREEN", "1"}},
+            "POS_SM_LIMIT=16 on GPU 0: cuGreenCtxCreate failed (CUresult 801): it runs on all its SMs", 16},
+           {{{"POS_SM_LIMIT", "132"}}, nullptr, 132}}) {
+    RunningProbe job(dir, "sms", c.env);
+    const std::string seen = lines(job);
+    // The primary context itself (0x1000 + device), every time.
+    EXPECT_NE(seen.find("attr=0 sms=" + std::to_string(c.sms) + "\n"), std::string::npos) << c.env[0].second << ": " << seen;
+    EXPECT_NE(seen.find("retain=0 ctx=1000\nretain=0 ctx=1000\n"), std::string::npos) << c.env[0].second << ": " << seen;
+    auto ps = pos::ask_job(pos::job_socket_path(dir, job.pid), "ps", 10000);
+    ASSERT_TRUE(ps.ok());
+    if (c.error != nullptr) EXPECT_NE(ps->find("\"sms_error\":\"" + std::string(c.error)), std::string::npos) << *ps;
+    else EXPECT_EQ(ps->find("sms_error"), std::string::npos) << *ps;
+    EXPECT_EQ(job.stop(), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // #24's GPU-time shares among in-process jobs on one GPU (docs/limits.md): two jobs that always want
 // the GPU get its time in the ratio of their shares (here: launches that each stand for 100 µs of
 // it); a share that would make the GPU's shares pass 100 % is refused with the share unchanged; a

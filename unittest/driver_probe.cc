@@ -3,7 +3,7 @@
 // prints `key=value` lines: which library each function it was given lives in, and how many times
 // the fake's own functions ran, so the test sees what libpos_driver intercepted.
 //
-//   driver_probe direct|dlsym|proc|features|place|wait|other|next|limit|share|...   (FAKE_CUDA: the fake driver's path, for dlopen)
+//   driver_probe direct|dlsym|proc|features|place|wait|other|next|limit|sms|share|...   (FAKE_CUDA: the fake driver's path, for dlopen)
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -160,6 +160,33 @@ int main(int argc, char** argv) {
     std::printf("rc=%d\nbad_free=%d\nmapped_after=%d\nfake_alloc_async=%d\nfake_free_async=%d\nfake_trim=%d\n", rc,
                 bad, reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "fake_mapped_bytes"))(),
                 fake_calls("cuMemAllocAsync"), fake_calls("cuMemFreeAsync"), fake_calls("cuMemPoolTrimTo"));
+    return 0;
+  }
+  if (what == "sms") {
+    // Under POS_SM_LIMIT: the multiprocessor count before any context, the primary context the job
+    // gets (twice: one green context), another attribute, and how often the driver made green
+    // contexts; then "ready" and waits for stdin to close, for ps and limit to be asked.
+    auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
+    auto attr = reinterpret_cast<int (*)(int*, int, int)>(sym("cuDeviceGetAttribute"));
+    auto retain = reinterpret_cast<int (*)(void**, int)>(sym("cuDevicePrimaryCtxRetain"));
+    int sms = 0, threads = 0;
+    void* c0 = nullptr;
+    void* c1 = nullptr;
+    int rc = attr(&sms, 16, 0);  // each call before its printf: argument order is unspecified
+    std::printf("attr=%d sms=%d\n", rc, sms);
+    std::printf("green_before=%d\n", fake_calls("cuGreenCtxCreate"));
+    rc = retain(&c0, 0);
+    std::printf("retain=%d ctx=%lx\n", rc, reinterpret_cast<unsigned long>(c0));
+    rc = retain(&c1, 0);
+    std::printf("retain=%d ctx=%lx\n", rc, reinterpret_cast<unsigned long>(c1));
+    rc = attr(&threads, 1, 0);
+    std::printf("attr=%d threads=%d\n", rc, threads);
+    std::printf("green=%d real_retains=%d\n", fake_calls("cuGreenCtxCreate"), fake_calls("cuDevicePrimaryCtxRetain"));
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof(line), stdin) != nullptr) {
+    }
     return 0;
   }
   if (what == "limit") {

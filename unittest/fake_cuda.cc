@@ -115,6 +115,62 @@ FAKE_EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   *ctx = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + dev));
   return 0;
 }
+// Green contexts (POS_SM_LIMIT, sm_limit.h): a GPU of 132 SMs split in groups of 8, as an H200's;
+// FAKE_CUDA_NO_GREEN=1 makes cuGreenCtxCreate fail as a driver without them would.
+namespace {
+struct FakeResource {  // CUdevResource of CUDA 13.0: type, 92 bytes of padding, the SM member
+  int type;
+  unsigned char padding[92];
+  unsigned sm_count, min_partition, alignment;
+  unsigned char rest[36];
+};
+static_assert(sizeof(FakeResource) == 144);
+constexpr unsigned kFakeSms = 132;
+}  // namespace
+FAKE_EXPORT int cuDeviceGetDevResource(int, FakeResource* r, int type) {
+  bump("cuDeviceGetDevResource");
+  if (type != 1) return 1;
+  std::memset(r, 0, sizeof(*r));
+  r->type = 1, r->sm_count = kFakeSms, r->min_partition = 8, r->alignment = 8;
+  return 0;
+}
+FAKE_EXPORT int cuDevSmResourceSplitByCount(FakeResource* result, unsigned* groups, const FakeResource* input,
+                                            FakeResource* rest, unsigned, unsigned min_count) {
+  bump("cuDevSmResourceSplitByCount");
+  const unsigned size = (min_count + 7) / 8 * 8;
+  if (input == nullptr || input->type != 1 || groups == nullptr || size > input->sm_count) {
+    if (groups != nullptr) *groups = 0;
+    return 914;  // CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+  }
+  *groups = 1;
+  *result = *input;
+  result->sm_count = size;
+  if (rest != nullptr) *rest = *input, rest->sm_count = input->sm_count - size;
+  return 0;
+}
+FAKE_EXPORT int cuDevResourceGenerateDesc(void** desc, FakeResource* r, unsigned n) {
+  bump("cuDevResourceGenerateDesc");
+  if (n != 1 || r == nullptr) return 1;
+  *desc = new FakeResource(*r);  // never freed, as the driver keeps its descriptors
+  return 0;
+}
+FAKE_EXPORT int cuGreenCtxCreate(void** green, void* desc, int dev, unsigned flags) {
+  bump("cuGreenCtxCreate");
+  if (const char* no = std::getenv("FAKE_CUDA_NO_GREEN"); no != nullptr && *no == '1') return 801;
+  if (desc == nullptr || flags != 1) return 1;  // POS asks for the green context's own default stream
+  *green = reinterpret_cast<void*>(static_cast<uintptr_t>(0x6000 + dev));
+  return 0;
+}
+FAKE_EXPORT int cuCtxFromGreenCtx(void** ctx, void* green) {
+  bump("cuCtxFromGreenCtx");
+  *ctx = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(green) + 0x1000);  // 0x7000 + dev
+  return 0;
+}
+FAKE_EXPORT int cuDeviceGetAttribute(int* v, int attrib, int) {
+  bump("cuDeviceGetAttribute");
+  *v = attrib == 16 ? static_cast<int>(kFakeSms) : 1024;
+  return 0;
+}
 namespace {
 std::map<void*, bool> capturing;  // under mu: streams in a capture (cuStreamBeginCapture .. End)
 }

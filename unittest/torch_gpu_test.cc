@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -198,6 +199,36 @@ TEST(TorchUnderPos, UnderAMemoryLimitPyTorchRaisesOutOfMemoryErrorAtItWhileAJobB
   EXPECT_NE(o.find("after 16777216"), std::string::npos) << o;
   std::filesystem::remove(script);
   std::filesystem::remove(out_file);
+}
+
+// #24's SM limit: under `pos run --sms 16` PyTorch's kernels (cuBLAS's, Triton's) run on 16 SMs
+// of the GPU only: a Triton kernel's blocks record the SMs they ran on, the card's count is what
+// torch sees, and bf16 matmuls run at a fraction of the whole GPU's rate. Training under the limit
+// prints exactly what it prints natively.
+TEST(TorchUnderPos, UnderAnSmLimitPyTorchKernelsRunOnThoseSmsOnlyAndTrainingPrintsWhatItPrintsNatively) {
+  const std::string probe = std::filesystem::path(env("POS_TORCH_TRAIN")).parent_path() / "torch_sms.py";
+  int code = -1;
+  const std::string whole = pos::test::run_shell("python3 " + probe + " --seconds 2", &code);
+  ASSERT_EQ(code, 0) << whole;
+  const std::string part = pos::test::run_shell(env("POS_RUN") + " run --sms 16 -- python3 " + probe + " --seconds 2", &code);
+  ASSERT_EQ(code, 0) << part;
+  const auto number = [](const std::string& o, const char* key) {
+    const size_t at = o.find(std::string(key) + " ");
+    return at == std::string::npos ? -1.0 : std::atof(o.c_str() + at + std::strlen(key) + 1);
+  };
+  const double sms_total = number(whole, "mp_count");
+  ASSERT_GT(sms_total, 16) << whole;
+  EXPECT_EQ(number(part, "mp_count"), 16) << part;
+  EXPECT_EQ(number(whole, "smids"), sms_total) << whole;
+  EXPECT_EQ(number(part, "smids"), 16) << part;
+  // 16 of 132 SMs: about an eighth of the rate; at least 3x slower whatever the card.
+  EXPECT_LT(number(part, "matmul_tflops") * 3, number(whole, "matmul_tflops")) << whole << part;
+  const std::string args = "--steps 30 --layers 2 --dim 256";
+  const std::string native = train("", args, &code);
+  ASSERT_EQ(code, 0) << native;
+  const std::string under = train(env("POS_RUN") + " run --sms 16 -- ", args, &code);
+  ASSERT_EQ(code, 0) << under;
+  EXPECT_EQ(under, native);
 }
 
 }  // namespace

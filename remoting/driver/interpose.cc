@@ -45,6 +45,7 @@
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/memory_limit.h"
 #include "remoting/driver/placement.h"
+#include "remoting/driver/sm_limit.h"
 #include "remoting/driver/snapshot.h"
 #include "remoting/driver/stream_pool.h"
 
@@ -90,6 +91,9 @@ struct Runtime {
   MemoryLimit memory;
   std::string memory_error;  // why POS_MEMORY_LIMIT was not taken (empty when it was, or is unset)
   CUresult (*total_mem)(size_t* bytes, CUdevice d) = nullptr;  // the real cuDeviceTotalMem_v2
+  // The job's SM limit (POS_SM_LIMIT, `pos run --sms`): a green context in place of each GPU's
+  // primary context (sm_limit.h). Set before the runtime is published; thread-safe after.
+  SmLimit sms;
   // This user's jobs' shared accounting (remoting/common/usage_region.h), and this process's slot
   // in it (under usage_mu: rejoined when it is not this process's any more, after a CRIU restore).
   std::unique_ptr<pos::UsageRegion> usage;
@@ -279,6 +283,8 @@ void verify_usage(Runtime* rt) {
 }
 
 // The job's limits and what it holds against them (ps, `limit`).
+int dump_device(Runtime* rt);
+
 std::string limits_json(Runtime* rt) {
   char buf[160];
   std::snprintf(buf, sizeof(buf), "{\"memory\":%llu,\"memory_used\":%llu,\"memory_refused\":%llu",
@@ -286,6 +292,12 @@ std::string limits_json(Runtime* rt) {
                 static_cast<unsigned long long>(rt->memory.refused()));
   std::string out = buf;
   if (!rt->memory_error.empty()) out += ",\"memory_error\":" + pos::json_string(rt->memory_error);
+  if (const unsigned asked = rt->sms.asked(); asked != 0) {
+    const int dev = dump_device(rt);
+    out += ",\"sms\":" + std::to_string(asked) + ",\"sms_granted\":" + std::to_string(rt->sms.granted(dev)) +
+           ",\"sms_total\":" + std::to_string(rt->sms.total(dev));
+  }
+  if (const std::string e = rt->sms.error(); !e.empty()) out += ",\"sms_error\":" + pos::json_string(e);
   if (rt->usage) out += ",\"usage_region\":" + pos::json_string(rt->usage->path());
   std::lock_guard<std::mutex> lk(rt->usage_mu);  // the job's threads may set usage_error meanwhile
   if (!rt->usage_error.empty()) out += ",\"usage_error\":" + pos::json_string(rt->usage_error);
@@ -1145,16 +1157,23 @@ std::string answer(Runtime* rt, const std::string& cmd) {
     for (int d : rt->census.devices()) devices += (devices.empty() ? "" : ",") + std::to_string(d);
     for (const std::string& w : rt->census.not_checkpointable()) blocked += (blocked.empty() ? "" : "; ") + w;
     if (!lazy_state(rt).empty()) blocked += (blocked.empty() ? "" : "; ") + std::string("loading its memory (restore --lazy)");
-    char row[320], limit[24] = "-", share[16] = "-";
+    char row[352], limit[24] = "-", share[16] = "-", sms[16] = "-";
+    // The SMs the job's kernels run on (asked in parentheses while not in force: no context yet,
+    // or refused, which `pos-cli limit` says).
+    if (const unsigned asked = rt->sms.asked(); asked != 0) {
+      const unsigned granted = rt->sms.granted(dump_device(rt));
+      if (granted != 0) std::snprintf(sms, sizeof(sms), "%u", granted);
+      else std::snprintf(sms, sizeof(sms), "(%u)", asked);
+    }
     if (rt->memory.limit() != 0) std::snprintf(limit, sizeof(limit), "%llu", static_cast<unsigned long long>(rt->memory.limit()));
     {
       std::lock_guard<std::mutex> lk(rt->usage_mu);
       if (rt->share_set != 0) std::snprintf(share, sizeof(share), "%u.%u%%", rt->share_set / 10, rt->share_set % 10);
       else if (rt->share_wanted != 0) std::snprintf(share, sizeof(share), "(%u.%u%%)", rt->share_wanted / 10, rt->share_wanted % 10);
     }
-    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %14s %9s %8llu %12llu  ", static_cast<int>(::getpid()),
+    std::snprintf(row, sizeof(row), "%-8d %-8u %s %-8s %14llu %14s %9s %5s %8llu %12llu  ", static_cast<int>(::getpid()),
                   static_cast<unsigned>(::geteuid()), pos::fit_columns(rt->job, 24).c_str(),
-                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes), limit, share,
+                  devices.empty() ? "-" : devices.c_str(), static_cast<unsigned long long>(m.live_bytes), limit, share, sms,
                   static_cast<unsigned long long>(m.live), static_cast<unsigned long long>(rt->census.launches()));
     return row + (blocked.empty() ? std::string("-") : blocked);
   }
@@ -1252,6 +1271,18 @@ std::unique_ptr<StreamPool> make_stream_pool(void* driver, Placement* placement)
   return std::make_unique<StreamPool>(c, std::move(src));
 }
 
+// POS's own calls that act in the job's context (a dump's synchronize, a cut's stream order, a lazy
+// load's waits) must use the context the job got: under an SM limit, the green context's, whose
+// default stream and work are not the primary context's. Set before the runtime is published.
+SmLimit* g_sms = nullptr;
+CUresult (*g_real_primary_retain)(CUcontext* ctx, CUdevice dev) = nullptr;
+CUresult job_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
+  const CUresult rc = g_real_primary_retain(ctx, dev);
+  if (rc == kSuccess && g_sms != nullptr)
+    if (CUcontext g = g_sms->context(dev); g != nullptr) *ctx = g;
+  return rc;
+}
+
 // The real driver's copy calls (device_image.h), looked up once.
 CopyCalls copy_calls(void* driver) {
   CopyCalls c;
@@ -1267,6 +1298,10 @@ CopyCalls copy_calls(void* driver) {
   get(&c.free_host, "cuMemFreeHost");
   get(&c.dtoh_async, "cuMemcpyDtoHAsync_v2");
   get(&c.htod_async, "cuMemcpyHtoDAsync_v2");
+  if (g_sms != nullptr && g_sms->asked() != 0 && c.primary_ctx_retain != nullptr) {
+    g_real_primary_retain = c.primary_ctx_retain;
+    c.primary_ctx_retain = &job_primary_ctx_retain;
+  }
   return c;
 }
 
@@ -1330,6 +1365,16 @@ Runtime* runtime() {
     }
     rt->share.set_verify([rt] { verify_usage(rt); });
     if (rt->driver != nullptr) {
+      // The job's SM limit from `pos run --sms` (a number of SMs); one that cannot be had is none.
+      GreenCalls green;
+      lookup(rt->driver, &green.device_resource, "cuDeviceGetDevResource");
+      lookup(rt->driver, &green.split_by_count, "cuDevSmResourceSplitByCount");
+      lookup(rt->driver, &green.generate_desc, "cuDevResourceGenerateDesc");
+      lookup(rt->driver, &green.green_create, "cuGreenCtxCreate");
+      lookup(rt->driver, &green.ctx_from_green, "cuCtxFromGreenCtx");
+      rt->sms.configure(std::getenv("POS_SM_LIMIT"), green);
+      if (const std::string e = rt->sms.error(); !e.empty()) std::fprintf(stderr, "pos: %s\n", e.c_str());
+      g_sms = &rt->sms;
       rt->placement = make_placement(rt->driver, &rt->placement_error);
       rt->pool = make_stream_pool(rt->driver, rt->placement.get());
       lookup(rt->driver, &rt->device_mem_pool, "cuDeviceGetMemPool");
@@ -1453,6 +1498,26 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
     if (capturing(rt, ptsz, s)) *rc = rt->pool->free_deferred(p, &ours);
     else *rc = rt->pool->free_async(p, s, per_thread_stream(ptsz, s), &ours);
     return ours;
+  } else if constexpr (kId == HookId::cuDevicePrimaryCtxRetain) {
+    // Under an SM limit the job's "primary context" is the green context's (sm_limit.h). The real
+    // one is retained too, so that the job's releases balance as they would.
+    if (rt->sms.asked() == 0) return false;
+    auto t = std::make_tuple(a...);
+    using Fn = CUresult (*)(CUcontext*, CUdevice);
+    *rc = reinterpret_cast<Fn>(rt->resolver.real(kId))(std::get<0>(t), std::get<1>(t));
+    if (*rc == kSuccess && std::get<0>(t) != nullptr)
+      if (CUcontext g = rt->sms.context(std::get<1>(t)); g != nullptr) *std::get<0>(t) = g;
+    return true;
+  } else if constexpr (kId == HookId::cuDeviceGetAttribute) {
+    // The multiprocessor count of a GPU under an SM limit is the limit's (what occupancy and
+    // cooperative-launch sizing must use); every other attribute is the driver's.
+    auto t = std::make_tuple(a...);
+    if (rt->sms.asked() == 0 || std::get<1>(t) != kAttributeMultiprocessorCount) return false;
+    using Fn = CUresult (*)(int*, int, CUdevice);
+    *rc = reinterpret_cast<Fn>(rt->resolver.real(kId))(std::get<0>(t), std::get<1>(t), std::get<2>(t));
+    if (*rc == kSuccess && std::get<0>(t) != nullptr)
+      if (const unsigned n = rt->sms.planned(std::get<2>(t)); n != 0) *std::get<0>(t) = static_cast<int>(n);
+    return true;
   } else if constexpr (kId == HookId::cuMemPoolTrimTo) {
     // The pool's wholly free segments go back too; the driver trims its own pool as well.
     if (rt->pool) (void)rt->pool->trim(std::get<1>(std::make_tuple(a...)));
