@@ -196,8 +196,21 @@ struct GreenRes {
   }
 };
 
+// Which stream of the green context a row launches on: one made by cuGreenCtxStreamCreate, its NULL
+// stream, CU_STREAM_LEGACY, or one made by cuStreamCreate while the green-derived context is current
+// (how the CUDA runtime and PyTorch would use a context they were handed).
+enum class GreenStream { kGreen, kNull, kLegacy, kCreated };
+const char* green_stream_name(GreenStream k) {
+  switch (k) {
+    case GreenStream::kGreen: return "green context (cuGreenCtxStreamCreate stream)";
+    case GreenStream::kNull: return "green context (NULL stream)";
+    case GreenStream::kLegacy: return "green context (CU_STREAM_LEGACY)";
+    default: return "green context (cuStreamCreate while current)";
+  }
+}
+
 CUresult green_row(const Launch& l, CUdevice dev, CUcontext primary, const CUdevResource& full, unsigned want,
-                   Row* row) {
+                   Row* row, GreenStream kind) {
   CUdevResource group{};
   CUdevResource rest{};
   unsigned groups = 1;
@@ -222,8 +235,17 @@ CUresult green_row(const Launch& l, CUdevice dev, CUcontext primary, const CUdev
   if (got.sm.smCount != group.sm.smCount)
     std::fprintf(stderr, "sm_limit_probe: green context reports %u SMs, its split group %u\n", got.sm.smCount,
                  group.sm.smCount);
-  TRY(cuGreenCtxStreamCreate, &r.s, r.g, static_cast<unsigned>(CU_STREAM_NON_BLOCKING), 0);
-  const CUresult m = measure(l, r.s, &row->seen);
+  CUstream use = nullptr;
+  if (kind == GreenStream::kGreen) {
+    TRY(cuGreenCtxStreamCreate, &r.s, r.g, static_cast<unsigned>(CU_STREAM_NON_BLOCKING), 0);
+    use = r.s;
+  } else if (kind == GreenStream::kCreated) {
+    TRY(cuStreamCreate, &r.s, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
+    use = r.s;
+  } else if (kind == GreenStream::kLegacy) {
+    use = CU_STREAM_LEGACY;
+  }
+  const CUresult m = measure(l, use, &row->seen);
   if (m != CUDA_SUCCESS) return m;
   row->measured = true;
   return CUDA_SUCCESS;
@@ -486,15 +508,16 @@ int main(int argc, char** argv) {
   } else {
     green_info = std::to_string(full.sm.smCount) + " SMs, minimum partition " + std::to_string(full.sm.minSmPartitionSize) +
                  ", co-scheduled alignment " + std::to_string(full.sm.smCoscheduledAlignment);
-    for (unsigned want : counts) {
-      Row r;
-      r.mechanism = "green context";
-      r.requested = std::to_string(want);
-      g_failed = "";
-      const CUresult e = green_row(l, dev, primary, full, want, &r);
-      r.result = e == CUDA_SUCCESS ? verdict(r.seen, r.granted) : unsupported(e);
-      rows.push_back(r);
-    }
+    for (unsigned want : counts)
+      for (GreenStream kind : {GreenStream::kGreen, GreenStream::kNull, GreenStream::kLegacy, GreenStream::kCreated}) {
+        Row r;
+        r.mechanism = green_stream_name(kind);
+        r.requested = std::to_string(want);
+        g_failed = "";
+        const CUresult e = green_row(l, dev, primary, full, want, &r, kind);
+        r.result = e == CUDA_SUCCESS ? verdict(r.seen, r.granted) : unsupported(e);
+        rows.push_back(r);
+      }
   }
 
   // 3. MPS execution affinity.

@@ -683,8 +683,9 @@ TEST_F(Preloaded, AMemoryLimitRefusesWhatWouldPassItAsTheDriverWouldAndCanBeChan
 }
 
 // #24's SM limit (POS_SM_LIMIT, as `pos run --sms` sets it; docs/limits.md): the job's primary
-// context is a green context of the SMs asked for, made once, and the multiprocessor count says so
-// before any context exists; ps and limit show it. A limit larger than the GPU, one that does not
+// context is a green context of the SMs asked for, made once: retained, set current through the
+// hook, or made current the runtime's own way and found by the next hooked call. The
+// multiprocessor count says so before any context exists; ps and limit show it. A limit larger than the GPU, one that does not
 // parse, and a driver without green contexts are each said, and the job runs on the whole GPU.
 TEST_F(Preloaded, AnSmLimitGivesTheJobAGreenContextAndSaysWhyWhenItCannot) {
   const std::string dir = jobs_dir() + "-sms";
@@ -699,8 +700,8 @@ TEST_F(Preloaded, AnSmLimitGivesTheJobAGreenContextAndSaysWhyWhenItCannot) {
   {
     RunningProbe job(dir, "sms", {{"POS_SM_LIMIT", "36"}});  // rounded up to the group size: 40
     EXPECT_EQ(lines(job),
-              "attr=0 sms=40\ngreen_before=0\nretain=0 ctx=7000\nretain=0 ctx=7000\nattr=0 threads=1024\n"
-              "green=1 real_retains=2\n");
+              "attr=0 sms=40\ngreen_before=0\nalloc=0 adopted ctx=7000\nretain=0 ctx=7000\nretain=0 ctx=7000\n"
+              "set=0 ctx=7000\nattr=0 threads=1024\ngreen=1 real_retains=3\n");
     auto shown = pos::ask_job(pos::job_socket_path(dir, job.pid), "limit", 10000);
     ASSERT_TRUE(shown.ok()) << shown.status().to_string();
     EXPECT_NE(shown->find("\"sms\":36,\"sms_granted\":40,\"sms_total\":132"), std::string::npos) << *shown;
@@ -726,7 +727,8 @@ TEST_F(Preloaded, AnSmLimitGivesTheJobAGreenContextAndSaysWhyWhenItCannot) {
     const std::string seen = lines(job);
     // The primary context itself (0x1000 + device), every time.
     EXPECT_NE(seen.find("attr=0 sms=" + std::to_string(c.sms) + "\n"), std::string::npos) << c.env[0].second << ": " << seen;
-    EXPECT_NE(seen.find("retain=0 ctx=1000\nretain=0 ctx=1000\n"), std::string::npos) << c.env[0].second << ": " << seen;
+    EXPECT_NE(seen.find("adopted ctx=1000\nretain=0 ctx=1000\nretain=0 ctx=1000\nset=0 ctx=1000\n"), std::string::npos)
+        << c.env[0].second << ": " << seen;
     auto ps = pos::ask_job(pos::job_socket_path(dir, job.pid), "ps", 10000);
     ASSERT_TRUE(ps.ok());
     if (c.error != nullptr) EXPECT_NE(ps->find("\"sms_error\":\"" + std::string(c.error)), std::string::npos) << *ps;

@@ -172,13 +172,29 @@ int main(int argc, char** argv) {
     int sms = 0, threads = 0;
     void* c0 = nullptr;
     void* c1 = nullptr;
+    auto set_current = reinterpret_cast<int (*)(void*)>(sym("cuCtxSetCurrent"));
+    auto get_current = reinterpret_cast<int (*)(void**)>(sym("cuCtxGetCurrent"));
+    auto raw_set = reinterpret_cast<void (*)(void*)>(sym("fake_set_current"));
+    void* primary = reinterpret_cast<void*>(0x1000);  // the fake's primary context of device 0
+    void* cur = nullptr;
+    unsigned long long p = 0;
     int rc = attr(&sms, 16, 0);  // each call before its printf: argument order is unspecified
     std::printf("attr=%d sms=%d\n", rc, sms);
     std::printf("green_before=%d\n", fake_calls("cuGreenCtxCreate"));
+    // The runtime's way: the primary context made current without the hooked call, then a hooked
+    // call (an allocation): the green context must be current after it.
+    raw_set(primary);
+    rc = cuMemAlloc_v2(&p, 1 << 20);
+    get_current(&cur);
+    std::printf("alloc=%d adopted ctx=%lx\n", rc, reinterpret_cast<unsigned long>(cur));
     rc = retain(&c0, 0);
     std::printf("retain=%d ctx=%lx\n", rc, reinterpret_cast<unsigned long>(c0));
     rc = retain(&c1, 0);
     std::printf("retain=%d ctx=%lx\n", rc, reinterpret_cast<unsigned long>(c1));
+    raw_set(nullptr);
+    rc = set_current(primary);  // the hooked call: the green context in the primary's place
+    get_current(&cur);
+    std::printf("set=%d ctx=%lx\n", rc, reinterpret_cast<unsigned long>(cur));
     rc = attr(&threads, 1, 0);
     std::printf("attr=%d threads=%d\n", rc, threads);
     std::printf("green=%d real_retains=%d\n", fake_calls("cuGreenCtxCreate"), fake_calls("cuDevicePrimaryCtxRetain"));

@@ -469,7 +469,18 @@ FAKE_EXPORT int cuMemsetD8_v2(unsigned long long dst, unsigned char v, size_t n)
   std::memset(reinterpret_cast<void*>(dst), v, n);
   return 0;
 }
-FAKE_EXPORT int cuCtxSetCurrent(void*) { return 0; }
+// The current context of the calling thread, as the driver keeps it; fake_set_current sets it the
+// way the CUDA runtime does, without the exported (hooked) cuCtxSetCurrent.
+thread_local void* t_current_ctx = nullptr;
+FAKE_EXPORT int cuCtxSetCurrent(void* ctx) {
+  t_current_ctx = ctx;
+  return 0;
+}
+FAKE_EXPORT int cuCtxGetCurrent(void** ctx) {
+  *ctx = t_current_ctx;
+  return 0;
+}
+FAKE_EXPORT void fake_set_current(void* ctx) { t_current_ctx = ctx; }
 FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
 FAKE_EXPORT int cuStreamCreate(void** s, unsigned) {
   *s = reinterpret_cast<void*>(0x5);

@@ -149,6 +149,8 @@ enum class Role : uint8_t {
     (CUdeviceptr * p, CUipcMemHandle h, unsigned int flags), (p, h, flags), -1)                                    \
   X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, false, 7000, kDeviceUse, CUresult,                        \
     (CUcontext * ctx, CUdevice dev), (ctx, dev), -1)                                                               \
+  X(cuCtxSetCurrent, cuCtxSetCurrent, false, 4000, kCount, CUresult, (CUcontext ctx), (ctx), -1)                  \
+  X(cuCtxPushCurrent_v2, cuCtxPushCurrent, false, 4000, kCount, CUresult, (CUcontext ctx), (ctx), -1)            \
   X(cuDeviceGetAttribute, cuDeviceGetAttribute, false, 2000, kCount, CUresult, (int* pi, int attrib, CUdevice dev), \
     (pi, attrib, dev), -1)                                                                                         \
   X(cuGraphLaunch, cuGraphLaunch, false, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)        \

@@ -94,6 +94,13 @@ struct Runtime {
   // The job's SM limit (POS_SM_LIMIT, `pos run --sms`): a green context in place of each GPU's
   // primary context (sm_limit.h). Set before the runtime is published; thread-safe after.
   SmLimit sms;
+  struct {  // the real driver's, for adopt_green
+    CUresult (*get_current)(CUcontext* ctx) = nullptr;
+    CUresult (*set_current)(CUcontext ctx) = nullptr;
+    CUresult (*get_device)(CUdevice* dev) = nullptr;
+    CUresult (*retain)(CUcontext* ctx, CUdevice dev) = nullptr;
+    CUresult (*release)(CUdevice dev) = nullptr;
+  } smc;
   // This user's jobs' shared accounting (remoting/common/usage_region.h), and this process's slot
   // in it (under usage_mu: rejoined when it is not this process's any more, after a CRIU restore).
   std::unique_ptr<pos::UsageRegion> usage;
@@ -1279,7 +1286,7 @@ CUresult (*g_real_primary_retain)(CUcontext* ctx, CUdevice dev) = nullptr;
 CUresult job_primary_ctx_retain(CUcontext* ctx, CUdevice dev) {
   const CUresult rc = g_real_primary_retain(ctx, dev);
   if (rc == kSuccess && g_sms != nullptr)
-    if (CUcontext g = g_sms->context(dev); g != nullptr) *ctx = g;
+    if (CUcontext g = g_sms->context(dev, *ctx); g != nullptr) *ctx = g;
   return rc;
 }
 
@@ -1372,7 +1379,14 @@ Runtime* runtime() {
       lookup(rt->driver, &green.generate_desc, "cuDevResourceGenerateDesc");
       lookup(rt->driver, &green.green_create, "cuGreenCtxCreate");
       lookup(rt->driver, &green.ctx_from_green, "cuCtxFromGreenCtx");
-      rt->sms.configure(std::getenv("POS_SM_LIMIT"), green);
+      lookup(rt->driver, &rt->smc.get_current, "cuCtxGetCurrent");
+      lookup(rt->driver, &rt->smc.set_current, "cuCtxSetCurrent");
+      lookup(rt->driver, &rt->smc.get_device, "cuCtxGetDevice");
+      lookup(rt->driver, &rt->smc.retain, "cuDevicePrimaryCtxRetain");
+      lookup(rt->driver, &rt->smc.release, "cuDevicePrimaryCtxRelease_v2");
+      const bool smc = rt->smc.get_current && rt->smc.set_current && rt->smc.get_device && rt->smc.retain &&
+                       rt->smc.release;
+      rt->sms.configure(smc ? std::getenv("POS_SM_LIMIT") : nullptr, green);
       if (const std::string e = rt->sms.error(); !e.empty()) std::fprintf(stderr, "pos: %s\n", e.c_str());
       g_sms = &rt->sms;
       rt->placement = make_placement(rt->driver, &rt->placement_error);
@@ -1506,7 +1520,14 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
     using Fn = CUresult (*)(CUcontext*, CUdevice);
     *rc = reinterpret_cast<Fn>(rt->resolver.real(kId))(std::get<0>(t), std::get<1>(t));
     if (*rc == kSuccess && std::get<0>(t) != nullptr)
-      if (CUcontext g = rt->sms.context(std::get<1>(t)); g != nullptr) *std::get<0>(t) = g;
+      if (CUcontext g = rt->sms.context(std::get<1>(t), *std::get<0>(t)); g != nullptr) *std::get<0>(t) = g;
+    return true;
+  } else if constexpr (kId == HookId::cuCtxSetCurrent || kId == HookId::cuCtxPushCurrent_v2) {
+    // The CUDA runtime makes the primary context current by its own handle: under an SM limit the
+    // green context's is made current in its place.
+    if (rt->sms.asked() == 0) return false;
+    using Fn = CUresult (*)(CUcontext);
+    *rc = reinterpret_cast<Fn>(rt->resolver.real(kId))(rt->sms.instead_of(std::get<0>(std::make_tuple(a...))));
     return true;
   } else if constexpr (kId == HookId::cuDeviceGetAttribute) {
     // The multiprocessor count of a GPU under an SM limit is the limit's (what occupancy and
@@ -1535,6 +1556,42 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
   } else {
     return false;
   }
+}
+
+// Under an SM limit, the job's work must run in the green context (sm_limit.h). The CUDA runtime
+// makes its primary context current on each thread by its own means, not only through the hooked
+// cuCtxSetCurrent, so every hooked call that acts in the current context first looks: a real
+// primary context current where a green context stands in for it is replaced by the green one; a
+// context seen for the first time is asked whether it is its device's primary context (the
+// green context is made then). Only under a limit: a TLS read and a compare otherwise.
+template <HookId kId>
+constexpr bool adopts_context() {
+  using H = HookId;
+  return kId != H::cuGetProcAddress && kId != H::cuGetProcAddress_v2 && kId != H::cuDevicePrimaryCtxRetain &&
+         kId != H::cuCtxSetCurrent && kId != H::cuCtxPushCurrent_v2 && kId != H::cuDeviceGetAttribute;
+}
+inline void adopt_green(Runtime* rt) {
+  thread_local CUcontext t_plain = nullptr;  // the last context found to be no primary one with a limit
+  CUcontext cur = nullptr;
+  if (rt->smc.get_current(&cur) != kSuccess || cur == nullptr || cur == t_plain) return;
+  CUcontext g = rt->sms.instead_of(cur);
+  if (g == cur) {
+    if (rt->sms.is_green(cur)) return;
+    CUdevice dev = 0;
+    CUcontext p = nullptr;
+    if (rt->smc.get_device(&dev) != kSuccess || rt->smc.retain(&p, dev) != kSuccess) return;
+    if (p != cur) {
+      (void)rt->smc.release(dev);
+      t_plain = cur;
+      return;
+    }
+    g = rt->sms.context(dev, p);  // keeps the retain: the green context is the job's for good
+    if (g == nullptr) {
+      t_plain = cur;
+      return;
+    }
+  }
+  (void)rt->smc.set_current(g);
 }
 
 // The job's memory limit (docs/limits.md): an allocation is charged before the driver is asked and
@@ -1716,6 +1773,8 @@ using namespace pos::driver;  // NOLINT: the exports below are extern "C" and sp
     if (real == nullptr) return kErrorNotInitialized;                                        \
     rt->census.count(HookId::name);                                                          \
     GatePass pass(rt->gate, begins_capture(HookId::name) ? rt : nullptr);                    \
+    if constexpr (adopts_context<HookId::name>())                                            \
+      if (rt->sms.asked() != 0) adopt_green(rt);                                             \
     uint64_t pos_charged = 0;                                                                \
     if (!admit<HookId::name>(rt, &pos_charged POS_TAIL(args))) return kErrorOutOfMemory;   \
     before_call<HookId::name>(rt POS_TAIL(args));                                            \

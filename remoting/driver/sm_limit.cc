@@ -69,11 +69,30 @@ unsigned SmLimit::planned(CUdevice dev) {
   return plan(d, dev) ? d.group.sm.sm_count : 0;
 }
 
-CUcontext SmLimit::context(CUdevice dev) {
+CUcontext SmLimit::instead_of(CUcontext ctx) const {
+  if (asked_ == 0 || ctx == nullptr) return ctx;
+  for (const Device& d : dev_) {
+    const CUcontext g = d.ctx.load(std::memory_order_acquire);
+    if (g != nullptr && d.primary.load(std::memory_order_relaxed) == ctx) return g;
+  }
+  return ctx;
+}
+
+bool SmLimit::is_green(CUcontext ctx) const {
+  if (asked_ == 0 || ctx == nullptr) return false;
+  for (const Device& d : dev_)
+    if (d.ctx.load(std::memory_order_acquire) == ctx) return true;
+  return false;
+}
+
+CUcontext SmLimit::context(CUdevice dev, CUcontext primary) {
   if (asked_ == 0 || dev < 0 || dev >= kMaxDevices) return nullptr;
   std::lock_guard<std::mutex> lk(mu_);
   Device& d = dev_[static_cast<size_t>(dev)];
-  if (d.tried) return d.ctx;
+  if (d.primary.load(std::memory_order_relaxed) == nullptr && primary != nullptr &&
+      primary != d.ctx.load(std::memory_order_relaxed))
+    d.primary.store(primary, std::memory_order_relaxed);
+  if (d.tried) return d.ctx.load(std::memory_order_relaxed);
   d.tried = true;
   if (!plan(d, dev)) return nullptr;
   const std::string where = "POS_SM_LIMIT=" + std::to_string(asked_) + " on GPU " + std::to_string(dev) + ": ";
@@ -91,8 +110,8 @@ CUcontext SmLimit::context(CUdevice dev) {
   CUcontext ctx = nullptr;
   if (const CUresult rc = calls_.ctx_from_green(&ctx, d.green); rc != kSuccess || ctx == nullptr)
     return fail("cuCtxFromGreenCtx failed (CUresult " + std::to_string(rc) + ")");
-  d.ctx = ctx;
   d.granted = d.group.sm.sm_count;
+  d.ctx.store(ctx, std::memory_order_release);  // after primary: instead_of reads them in this order
   return ctx;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -68,7 +69,14 @@ class SmLimit {
   // The context the job gets for `dev` in place of its primary context, made on the first call:
   // nullptr when there is no limit, or the limit cannot be had on that GPU (the reason in
   // error(); the job then runs on the whole GPU). Thread-safe.
-  CUcontext context(CUdevice dev);
+  // `primary`: the real primary context of `dev` (remembered, for instead_of).
+  CUcontext context(CUdevice dev, CUcontext primary);
+  // The context to make current in place of `ctx`: the green context's when `ctx` is the real
+  // primary context of a GPU with one (what the CUDA runtime sets current), else `ctx` itself.
+  // Lock-free (the hooks ask it on every call under a limit).
+  CUcontext instead_of(CUcontext ctx) const;
+  // Whether `ctx` is one of the green contexts handed out. Lock-free.
+  bool is_green(CUcontext ctx) const;
   // The SMs the limit gives the job on `dev` (0: no limit there), worked out without making a
   // context: what cuDeviceGetAttribute reports as the multiprocessor count.
   unsigned planned(CUdevice dev);
@@ -81,7 +89,10 @@ class SmLimit {
   struct Device {
     bool planned = false, tried = false;
     DevResource group;      // the split's group of SMs (group.sm.sm_count: 0 when none)
-    CUcontext ctx = nullptr;
+    // Written once under mu_, read without it: the green-derived context and the real primary
+    // context it stands in for.
+    std::atomic<CUcontext> ctx{nullptr};
+    std::atomic<CUcontext> primary{nullptr};
     void* green = nullptr;  // kept for the process's life: the job's context is made from it
     unsigned granted = 0, total = 0;
   };
