@@ -113,6 +113,9 @@ class BackendClient {
  public:
   virtual ~BackendClient() = default;
 
+  // The SMs this client's kernels are confined to (0: all of its device's).
+  virtual uint32_t sms_granted() const { return 0; }
+
   // Memory at addresses the parser chose, inside the client's range: `size` usable bytes (the
   // backend rounds up to its own page or granule; the parser's reservation always covers that).
   virtual Status alloc_at(uint64_t addr, uint64_t size) = 0;
@@ -194,7 +197,10 @@ class DeviceBackend {
   virtual Status attribute(int32_t attr, int device, int32_t* out) const = 0;
   virtual int32_t driver_version() const = 0;
   virtual Status mem_info(int device, MemInfo* out) const = 0;
-  virtual StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t va_base, uint64_t va_size, int device) = 0;
+  // `sms`: the SMs the client's kernels may run on (0: all); a backend that cannot confine them
+  // opens the client on the whole device (BackendClient::sms_granted says which).
+  virtual StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t va_base, uint64_t va_size, int device,
+                                                               uint32_t sms) = 0;
   // Device-wide memory accounting, done by parsers when they accept an allocation so that the
   // worker's allocation cannot fail for lack of capacity afterwards. Thread-safe.
   bool try_reserve(uint64_t bytes);

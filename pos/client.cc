@@ -164,9 +164,10 @@ Status POSClient::init_state() {
   const uint64_t mem_size = config_.va_size / 8 * 7;
   const uint64_t gran = backend_->granularity();
   va_base_ = base, va_mem_size_ = mem_size;
-  auto bc = backend_->open_client(base, mem_size, device_.load());
+  auto bc = backend_->open_client(base, mem_size, device_.load(), sms_option_);
   if (!bc.ok()) return bc.status().with_context("opening device state");
   backend_client_ = std::move(bc.value());
+  sms_granted_.store(backend_client_->sms_granted(), std::memory_order_relaxed);
 
   ps_.client = this;
   ps_.resources = &table_->resources();
@@ -282,6 +283,8 @@ ClientStats POSClient::stats() const {
   s.memory_in_use = memory_in_use_.load();
   s.live_handles = live_handles_.load();
   s.memory_quota = memory_quota();
+  s.sms = sms_option_;
+  s.sms_granted = sms_granted_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -687,7 +690,7 @@ Status POSClient::move_device(int to) {
   // worker has loaded is made again by its type's move hook (pos/cuda_impl/resource_hooks.cc).
   const ResourceTable& types = table_->resources();
   auto open_on = [&](int device, std::unique_ptr<BackendClient>* out) -> Status {
-    auto bc = backend_->open_client(va_base_, va_mem_size_, device);
+    auto bc = backend_->open_client(va_base_, va_mem_size_, device, sms_option_);
     if (!bc.ok()) return bc.status();
     MoveScope scope{**bc, device, {}};
     for (size_t t = 0; t < kResourceTypeCount; ++t) {
@@ -707,6 +710,7 @@ Status POSClient::move_device(int to) {
   if (s.ok()) {
     backend_client_ = std::move(moved);
     ws_.backend = backend_client_.get();
+    sms_granted_.store(backend_client_->sms_granted(), std::memory_order_relaxed);
     device_.store(to, std::memory_order_release);
     POS_INFO(log_name_, "moved to device %d (cudaSetDevice before any device state)", to);
     return Status::Ok();

@@ -82,6 +82,8 @@ struct ClientStats {
   uint64_t memory_in_use = 0;  // bytes reserved for the client's buffers
   uint64_t live_handles = 0;
   uint64_t memory_quota = 0;  // bytes of device memory it may hold (0: no quota)
+  uint32_t sms = 0;           // the SM limit asked for it (0: none)
+  uint32_t sms_granted = 0;   // the SMs its kernels run on under that limit (0: all of its GPU's)
 };
 
 class POSClient;
@@ -111,6 +113,9 @@ struct ClientOptions {
   // it from posd.limits for the job's name (docs/limits.md).
   static constexpr uint64_t kConfigQuota = UINT64_MAX;
   uint64_t memory_quota = kConfigQuota;
+  // The SMs its kernels may run on (0: all): a backend that can confine them (the CUDA backend,
+  // with green contexts) does; one that cannot runs it on the whole device (docs/limits.md).
+  uint32_t sms = 0;
 };
 
 // Parser-thread state handed to parser functions (confined to the parser thread).
@@ -197,6 +202,7 @@ class POSClient {
     ps_.host_base = o.host_base, ps_.host_size = o.host_size;
     ps_.devices = o.devices;
     quota_option_ = o.memory_quota;
+    sms_option_ = o.sms;
   }
   // The device-memory quota, changed while the client runs (0: none): allocations past it fail
   // from the next one on; what it holds is kept.
@@ -377,6 +383,8 @@ class POSClient {
   // Parser thread state.
   ParserScope ps_;
   uint64_t quota_option_ = ClientOptions::kConfigQuota;  // set_options' memory_quota
+  uint32_t sms_option_ = 0;                              // set_options' sms
+  std::atomic<uint32_t> sms_granted_{0};                 // the backend client's, after each open
   std::atomic<TurnGate*> turn_gate_{nullptr};
   static void drain_for_turn(void* self);
   uint64_t last_parsed_pc_ = 0;

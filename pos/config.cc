@@ -450,9 +450,17 @@ class Reader {
              rule.gpu_share = *pm;
              return Status::Ok();
            }},
+          {"sms",
+           [&rule](const Entry& n) -> Status {
+             auto v = read_uint(n, 1, 100000);
+             if (!v.ok()) return v.status();
+             rule.sms = static_cast<uint32_t>(*v);
+             return Status::Ok();
+           }},
       }));
       if (rule.jobs.empty()) return one.error(" names no jobs (jobs: [\"pattern\", ...])");
-      if (!memory_given && rule.gpu_share == 0) return one.error(" sets no limit (memory: SIZE, gpu_share: PCT)");
+      if (!memory_given && rule.gpu_share == 0 && rule.sms == 0)
+        return one.error(" sets no limit (memory: SIZE, gpu_share: PCT, sms: N)");
       c_->posd_limits.push_back(std::move(rule));
     }
     return Status::Ok();
@@ -610,6 +618,7 @@ std::string config_to_yaml(const Config& c) {
     if (r.gpu_share != 0)
       y << YAML::Key << "gpu_share" << YAML::Value
         << (std::to_string(r.gpu_share / 10) + "." + std::to_string(r.gpu_share % 10) + "%");
+    if (r.sms != 0) y << YAML::Key << "sms" << YAML::Value << r.sms;
     y << YAML::EndMap;
   }
   y << YAML::EndSeq;
@@ -678,6 +687,11 @@ uint64_t memory_quota_for_job(const Config& c, const std::string& job) {
 uint32_t gpu_share_for_job(const Config& c, const std::string& job) {
   const Config::JobLimits* r = rule_for_job(c, job);
   return r != nullptr ? r->gpu_share : 0;
+}
+
+uint32_t sms_for_job(const Config& c, const std::string& job) {
+  const Config::JobLimits* r = rule_for_job(c, job);
+  return r != nullptr ? r->sms : 0;
 }
 
 }  // namespace pos

@@ -108,6 +108,7 @@ struct Config {
     std::vector<std::string> jobs;
     uint64_t memory = UINT64_MAX;  // UINT64_MAX: not set by this rule (client.memory_quota)
     uint32_t gpu_share = 0;        // per mille of its GPU's time (0: none)
+    uint32_t sms = 0;              // the SMs its kernels may run on (0: all; CUDA backend, docs/limits.md)
   };
   std::vector<JobLimits> posd_limits;
   // posd.migration: jobs migrated in from posd on other hosts (pos-cli migrate --to HOST:PORT):
@@ -142,5 +143,7 @@ StatusOr<Config> config_from_environment();
 uint64_t memory_quota_for_job(const Config& c, const std::string& job);
 // Its GPU-time share, per mille (posd.limits' first matching rule; 0: none).
 uint32_t gpu_share_for_job(const Config& c, const std::string& job);
+// The SM limit of the first posd.limits rule that names the job (0: none).
+uint32_t sms_for_job(const Config& c, const std::string& job);
 
 }  // namespace pos

@@ -208,6 +208,7 @@ StatusOr<ClientUuid> POSWorkspace::restore(std::shared_ptr<const ckpt::ImageRead
   ClientOptions co;
   co.host_base = options.host_base, co.host_size = options.host_size;
   co.devices = options.devices;
+  co.sms = options.sms;
   client->set_options(co);
   Status s = client->start_restored(image_ptr, options);
   if (!s.ok()) return s.with_context("restore");

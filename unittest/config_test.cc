@@ -453,7 +453,7 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
       "client: {memory_quota: 2GiB}\n"
       "posd:\n  limits:\n    - jobs: [\"train*\", \"*/bench/*\"]\n      memory: 8GiB\n"
       "    - jobs: [\"train-big\"]\n      memory: 16GiB\n    - jobs: [\"free\"]\n      memory: 0\n"
-      "    - jobs: [\"shared*\"]\n      gpu_share: 12.5%\n");
+      "    - jobs: [\"shared*\"]\n      gpu_share: 12.5%\n    - jobs: [\"narrow\"]\n      sms: 40\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(memory_quota_for_job(*c, "train-big"), 8ull << 30);  // the first rule that matches
   EXPECT_EQ(memory_quota_for_job(*c, "/opt/bench/x"), 8ull << 30);
@@ -462,6 +462,9 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
   EXPECT_EQ(memory_quota_for_job(*c, "shared-1"), 2ull << 30);  // a rule with a share only
   EXPECT_EQ(gpu_share_for_job(*c, "shared-1"), 125u);
   EXPECT_EQ(gpu_share_for_job(*c, "train-big"), 0u);
+  EXPECT_EQ(sms_for_job(*c, "narrow"), 40u);  // a rule with an SM limit only
+  EXPECT_EQ(sms_for_job(*c, "train-big"), 0u);
+  EXPECT_EQ(memory_quota_for_job(*c, "narrow"), 2ull << 30);
   struct Case {
     std::string yaml, says;
   };
@@ -475,7 +478,9 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
            {"posd: {limits: [{jobs: [\"\"], memory: 1GiB}]}", "posd.limits[0].jobs[0] is an empty pattern"},
            {"posd: {limits: [a]}", "posd.limits[0] must be a mapping"},
            {"posd: {limits: [{jobs: [a], gpu_share: 120%}]}", "posd.limits[0].gpu_share"},
-           {"posd: {limits: [{jobs: [a], gpu_share: 0}]}", "posd.limits[0].gpu_share"}}) {
+           {"posd: {limits: [{jobs: [a], gpu_share: 0}]}", "posd.limits[0].gpu_share"},
+           {"posd: {limits: [{jobs: [a], sms: 0}]}", "posd.limits[0].sms"},
+           {"posd: {limits: [{jobs: [a], sms: many}]}", "posd.limits[0].sms"}}) {
     auto r = parse_config(k.yaml);
     ASSERT_FALSE(r.ok()) << k.yaml;
     EXPECT_NE(r.status().message().find(k.says), std::string::npos) << k.yaml << ": " << r.status().to_string();
@@ -511,7 +516,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
   c.posd_spare_session = true;
-  c.posd_limits = {{{"train*", "a: b"}, 8ull << 30, 0}, {{"*"}, 0, 305}, {{"eval"}, UINT64_MAX, 1000}};
+  c.posd_limits = {{{"train*", "a: b"}, 8ull << 30, 0, 0}, {{"*"}, 0, 305, 16}, {{"eval"}, UINT64_MAX, 1000, 0}};
   const std::string text = config_to_yaml(c);
   auto back = parse_config(text);
   ASSERT_TRUE(back.ok()) << back.status().to_string() << "\n" << text;
@@ -546,6 +551,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
     EXPECT_EQ(b.posd_limits[i].jobs, c.posd_limits[i].jobs) << i;
     EXPECT_EQ(b.posd_limits[i].memory, c.posd_limits[i].memory) << i;
     EXPECT_EQ(b.posd_limits[i].gpu_share, c.posd_limits[i].gpu_share) << i;
+    EXPECT_EQ(b.posd_limits[i].sms, c.posd_limits[i].sms) << i;
   }
   // The defaults round-trip too (the empty device list, auto shadow pool, process isolation).
   auto d = parse_config(config_to_yaml(Config{}));

@@ -31,7 +31,7 @@ class HostLaunchCheck : public ::testing::Test {
     backend_ = host::make_host_backend(c);
     base_ = c.va_base;
     for (int i = 0; i < 2; ++i) {
-      auto cl = backend_->open_client(base_ + i * kRange, kRange, 0);
+      auto cl = backend_->open_client(base_ + i * kRange, kRange, 0, 0);
       ASSERT_TRUE(cl.ok()) << cl.status().to_string();
       clients_[i] = std::move(cl.value());
       auto m = clients_[i]->module_load({});

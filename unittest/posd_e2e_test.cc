@@ -899,7 +899,7 @@ namespace {
 
 // posd.limits (#24, docs/limits.md): a job whose name matches a rule gets the rule's device-memory
 // quota in place of client.memory_quota, and its first allocation past it fails as CUDA fails
-// them; `pos-cli limit` shows and changes a running posd job's quota (the job's owner or root only,
+// them, and the rule's SM limit; `pos-cli limit` shows and changes a running posd job's quota (the job's owner or root only,
 // bad values refused with nothing changed), and the job finishes as it would have.
 TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItForItsOwnerOnly) {
   const uint32_t kUid = 65534, kGid = 65533;
@@ -907,7 +907,7 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   const std::string out_file = base + ".out", cli = env_or_fail("POS_CLI");
   const OwnPosd posd(base, "  group: " + std::to_string(kGid) + "\n  metrics: 127.0.0.1:0" +
                                "\n  limits:\n    - jobs: [\"tiny*\"]\n      memory: 1MiB\n"
-                               "    - jobs: [\"roomy\"]\n      memory: 0\n");
+                               "    - jobs: [\"roomy\"]\n      memory: 0\n      sms: 16\n");
   const std::string env = "POS_SOCKET=" + posd.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
                           " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
   // 4 MiB of weights in a 1 MiB quota: the job's cudaMalloc fails, and it says so.
@@ -931,6 +931,10 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("device-memory quota 67108864 bytes; it holds "), std::string::npos) << out;
   EXPECT_NE(posd.ps().find("\"memory_quota\":67108864,"), std::string::npos) << posd.ps();
+  // The rule's SM limit: the CUDA backend opens the session's client in a green context of 16 SMs;
+  // the host backend has no SMs to confine (granted 0: all).
+  EXPECT_NE(posd.ps().find(std::string("\"sms\":16,\"sms_granted\":") + (on_gpu() ? "16," : "0,")), std::string::npos)
+      << posd.ps();
   EXPECT_EQ(metric(scrape_metrics(posd.log), "pos_session_memory_quota_bytes", static_cast<uint32_t>(job)), 67108864.0);
   out = pos::test::run_shell(t + " --json", &code);
   EXPECT_NE(out.find("\"ok\":true,\"pid\":" + std::to_string(job) + ",\"job\":\"roomy\",\"memory_quota\":67108864,"),

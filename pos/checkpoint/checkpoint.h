@@ -103,6 +103,9 @@ struct RestoreOptions {
   // names its session arena and posd.devices, as the session it was dumped from did.
   uint64_t host_base = 0, host_size = 0;
   std::vector<int32_t> devices;
+  // As ClientOptions: the SMs the restored client's kernels may run on (0: all); posd gives the
+  // restoring posd's limit for the job's name, not the image's.
+  uint32_t sms = 0;
   // An image whose buffers are `in_peer`: the exporting session's memory, as descriptors
   // (DeviceBackend's PeerMemory); every such buffer is copied from it. Not with lazy.
   const std::vector<PeerMemory>* peer = nullptr;

@@ -895,6 +895,7 @@ void PosdServer::session_main(Session* s) {
   spec.arena_bytes = s->arena_bytes;
   spec.devices = config_.posd_devices;
   spec.memory_quota = memory_quota_for_job(config_, s->job);
+  spec.sms = sms_for_job(config_, s->job);
   spec.stop_fd = stop_fd_;
   spec.keep_spinning = [this] { return sessions_gate_.is_open(); };
   serve_session(*ws_, spec, &s->progress);
@@ -1355,8 +1356,8 @@ std::string PosdServer::sessions_json() const {
     o += "{\"uuid\":" + std::to_string(s.uuid) + ",\"pid\":" + std::to_string(s.pid) + ",\"uid\":" + std::to_string(s.uid) +
          ",\"job\":" + json_string(s.job) + ",\"device\":" + std::to_string(s.device) +
          ",\"memory_bytes\":" + std::to_string(s.stats.memory_in_use) +
-         ",\"memory_quota\":" + std::to_string(s.stats.memory_quota) +
-         ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
+         ",\"memory_quota\":" + std::to_string(s.stats.memory_quota) + ",\"sms\":" + std::to_string(s.stats.sms) +
+         ",\"sms_granted\":" + std::to_string(s.stats.sms_granted) + ",\"handles\":" + std::to_string(s.stats.live_handles) + ",\"calls\":" + std::to_string(s.stats.calls_submitted) +
          ",\"calls_executed\":" + std::to_string(s.stats.calls_executed) + ",\"arena_bytes\":" + std::to_string(s.arena_bytes) + ",\"server_pid\":" + std::to_string(s.server_pid) +
          ",\"state\":\"" + state_of(s) + "\"}";
   }

@@ -417,6 +417,7 @@ SessionSpec spec_from_start(const sc::Start& start, const std::string& job, cons
   spec.memory_quota = memory_quota_for_job(config, job);
   spec.join_usage = true;
   spec.gpu_share = gpu_share_for_job(config, job);
+  spec.sms = sms_for_job(config, job);
   spec.stop_fd = stop_fd;
   spec.keep_spinning = [stopping] { return !stopping->load(std::memory_order_acquire); };
   spec.control = control;
@@ -480,6 +481,7 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   ro.host_base = reinterpret_cast<uint64_t>(at) + layout.arena_offset;
   ro.host_size = layout.arena_bytes;
   ro.devices = config.posd_devices;
+  ro.sms = sms_for_job(config, job);
   const auto t_client = std::chrono::steady_clock::now();
   auto uuid = ws.restore(image, ro);
   const auto t_restored = std::chrono::steady_clock::now();

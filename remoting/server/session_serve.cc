@@ -103,6 +103,7 @@ ClientOptions session_options(const SessionSpec& spec, std::byte* arena, uint64_
   o.devices = spec.devices;
   o.generation = spec.generation;
   o.memory_quota = spec.memory_quota;
+  o.sms = spec.sms;
   return o;
 }
 

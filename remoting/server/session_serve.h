@@ -88,6 +88,7 @@ struct SessionSpec {
   // in-process jobs) with posd.limits' GPU-time share for the job, per mille (0: none).
   bool join_usage = false;
   uint32_t gpu_share = 0;
+  uint32_t sms = 0;  // posd.limits' SM limit for the job (0: none)
   int stop_fd = -1;              // readable once the session is to end (posd stopping)
   SessionControl* control = nullptr;  // detach and re-attach; none: a hang-up always ends the session
   // A restored session (pos-cli restore): its client exists already (restored from the image) and

@@ -604,10 +604,11 @@ struct PeerScratch {
 class CudaClient final : public BackendClient {
  public:
   CudaClient(CUcontext ctx, CUdevice dev, uint64_t granule, uint64_t base, uint64_t size, const StagingOptions& staging,
-             uint64_t spin_ns, OnUsePins* pins)
+             uint64_t spin_ns, OnUsePins* pins, uint32_t sms_granted = 0)
       : ctx_(ctx), dev_(dev), granule_(granule), base_(base), size_(size), staging_opts_(staging), spin_ns_(spin_ns),
-        pins_(pins) {}
+        pins_(pins), sms_granted_(sms_granted) {}
   ~CudaClient() override;
+  uint32_t sms_granted() const override { return sms_granted_; }
 
   Status open() {
     POS_RETURN_IF_ERROR(bind());
@@ -1137,6 +1138,7 @@ class CudaClient final : public BackendClient {
   StagingOptions staging_opts_;
   const uint64_t spin_ns_;                       // the copier threads spin this long between chunks
   OnUsePins* const pins_;                        // the backend's: session arenas locked on first use
+  const uint32_t sms_granted_;                   // ctx_ is a green context of that many SMs (0: the primary)
   std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
   std::thread scratch_release_;                  // the last peer switch's scratch, unmapped after the restore
   ChunkExporter exporter_{ctx_};                 // last: made after ctx_; the destructor's body releases chunks through it
@@ -1464,14 +1466,20 @@ class CudaBackend final : public DeviceBackend {
     out->free = f, out->total = t;
     return Status::Ok();
   }
-  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device) override {
+  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device, uint32_t sms) override {
     if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
     auto ctx = context(device);
     if (!ctx.ok()) return ctx.status();
     if (base % granule_ != 0 || size % granule_ != 0)
       return Status::InvalidArgument("cuda backend: client range " + hex(base) + " + " + hex(size) +
                                      " is not aligned to the device's " + std::to_string(granule_) + "-byte granule");
-    auto c = std::make_unique<CudaClient>(*ctx, devs_[device], granule_, base, size, staging_, spin_ns_, &pins_);
+    // An SM limit: the client lives in a green context of that many SMs, so every stream it makes
+    // (its default one included) and every kernel it launches runs on those SMs only.
+    uint32_t granted = 0;
+    CUcontext use = *ctx;
+    if (sms != 0)
+      if (CUcontext g = green_context(device, sms, &granted); g != nullptr) use = g;
+    auto c = std::make_unique<CudaClient>(use, devs_[device], granule_, base, size, staging_, spin_ns_, &pins_, granted);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
@@ -1595,6 +1603,52 @@ class CudaBackend final : public DeviceBackend {
     if (ctx_[device] == nullptr) POS_CU(cuDevicePrimaryCtxRetain(&ctx_[device], devs_[device]), "device " + std::to_string(device));
     return ctx_[device];
   }
+
+  // A green context of `sms` SMs on `device` (docs/limits.md), made once per (device, sms) and kept
+  // for the backend's life; *granted: its SMs (the driver rounds up to its SM group). nullptr when
+  // the limit cannot be had (more SMs than the device has, a driver without green contexts): the
+  // client then runs on the whole device, and the log says why once.
+  CUcontext green_context(int device, uint32_t sms, uint32_t* granted) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto key = std::make_pair(device, sms);
+    if (auto it = greens_.find(key); it != greens_.end()) {
+      *granted = it->second.granted;
+      return it->second.ctx;
+    }
+    Green& g = greens_[key];  // a failure is remembered too: said once
+    const std::string what = "SM limit " + std::to_string(sms) + " on device " + std::to_string(device);
+    auto fail = [&](const std::string& why) -> CUcontext {
+      POS_WARN("cuda backend", "%s: %s; its clients run on all its SMs", what.c_str(), why.c_str());
+      return nullptr;
+    };
+    CUdevResource all{}, group{}, rest{};
+    if (CUresult r = cuDeviceGetDevResource(devs_[device], &all, CU_DEV_RESOURCE_TYPE_SM); r != CUDA_SUCCESS)
+      return fail("cuDeviceGetDevResource failed (" + std::to_string(static_cast<int>(r)) + ")");
+    if (sms > all.sm.smCount) return fail("the device has " + std::to_string(all.sm.smCount) + " SMs");
+    unsigned groups = 1;
+    if (CUresult r = cuDevSmResourceSplitByCount(&group, &groups, &all, &rest, 0, sms); r != CUDA_SUCCESS || groups == 0)
+      return fail("no group of that many SMs (" + std::to_string(static_cast<int>(r)) + ")");
+    if (group.sm.smCount >= all.sm.smCount) return nullptr;  // rounded up to the whole device: no limit
+    CUdevResourceDesc desc = nullptr;
+    if (CUresult r = cuDevResourceGenerateDesc(&desc, &group, 1); r != CUDA_SUCCESS)
+      return fail("cuDevResourceGenerateDesc failed (" + std::to_string(static_cast<int>(r)) + ")");
+    if (CUresult r = cuGreenCtxCreate(&g.green, desc, devs_[device], CU_GREEN_CTX_DEFAULT_STREAM); r != CUDA_SUCCESS)
+      return fail("cuGreenCtxCreate failed (" + std::to_string(static_cast<int>(r)) + ")");
+    if (CUresult r = cuCtxFromGreenCtx(&g.ctx, g.green); r != CUDA_SUCCESS) {
+      g.ctx = nullptr;
+      return fail("cuCtxFromGreenCtx failed (" + std::to_string(static_cast<int>(r)) + ")");
+    }
+    g.granted = group.sm.smCount;
+    *granted = g.granted;
+    POS_INFO("cuda backend", "%s: a green context of %u SMs", what.c_str(), g.granted);
+    return g.ctx;
+  }
+  struct Green {
+    CUgreenCtx green = nullptr;  // never destroyed: clients' streams belong to it until posd ends
+    CUcontext ctx = nullptr;
+    uint32_t granted = 0;
+  };
+  mutable std::map<std::pair<int, uint32_t>, Green> greens_;  // under mu_
 
   const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
   const uint64_t spin_ns_;

@@ -513,7 +513,8 @@ class HostBackend final : public DeviceBackend {
     out->free = used >= out->total ? 0 : out->total - used;
     return Status::Ok();
   }
-  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device) override {
+  // The host backend has no SMs: an SM limit (posd.limits' sms) leaves its clients as they are.
+  StatusOr<std::unique_ptr<BackendClient>> open_client(uint64_t base, uint64_t size, int device, uint32_t) override {
     // Every device is this process's memory; the index only has to exist (a client on device 1
     // is what a restore onto another GPU produces).
     if (device < 0 || device >= device_count()) return Status::Cuda(cuda::kErrorInvalidDevice, "no such device");
