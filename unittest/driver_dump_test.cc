@@ -906,6 +906,21 @@ TEST_F(DriverDump, MigrateWithDeviceMovesARunningJobToAnotherGpuAndKeepsItsProce
   EXPECT_NE(out.find("--device N moves it to another GPU"), std::string::npos) << out;
 }
 
+// A job under an SM limit (pos run --sms) is not moved to another GPU: refused before anything
+// changes, and it runs on with its memory.
+TEST_F(DriverDump, AJobUnderAnSmLimitIsNotMovedToAnotherGpu) {
+  fake_gpus(2);
+  fake_env_.push_back("POS_SM_LIMIT=16");
+  start();
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  int code = -1;
+  const std::string out = cli("migrate -t " + std::to_string(pid_) + " --device 1", &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("the job runs under an SM limit (pos run --sms)"), std::string::npos) << out;
+  EXPECT_EQ(fake_log().find("restore "), std::string::npos) << fake_log();  // NVIDIA's restore never asked
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+}
+
 // A move that fails after the job let go of its memory gives it back, and the job runs on where it
 // was: the copy onto the new GPU failing (before NVIDIA's restore: the job's driver state is
 // restored in place), and NVIDIA's restore not moving the job (after it: pos-cli's check catches it).

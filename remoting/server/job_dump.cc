@@ -1250,6 +1250,11 @@ StatusOr<JobMoveReport> move_driver_job(const JobMoveOptions& o) {
   JobManifest m;  // the job's GPUs, as a dump would record them
   record_gpus(*gpus, &m);
   if (m.gpu_uuids.empty()) return Status::FailedPrecondition("the job cannot say which GPU it uses: it cannot be moved");
+  // A job under an SM limit runs in a green context of its GPU's SMs; whether NVIDIA's restore can
+  // carry one to another GPU is not known (docs/limits.md): such a job is not moved.
+  if (const size_t at = ps->find("\"sms\":"); at != std::string::npos && std::strtoull(ps->c_str() + at + 6, nullptr, 10) != 0)
+    return Status::FailedPrecondition("the job runs under an SM limit (pos run --sms), in a green context of its GPU: "
+                                      "moving it to another GPU is not supported; nothing changed");
   const int dev = job_device(*ps);
   JobRestoreOptions ro;
   ro.device = o.device;
