@@ -1563,7 +1563,8 @@ inline bool answer_here(Runtime* rt, CUresult* rc, A... a) {
 // cuCtxSetCurrent, so every hooked call that acts in the current context first looks: a real
 // primary context current where a green context stands in for it is replaced by the green one; a
 // context seen for the first time is asked whether it is its device's primary context (the
-// green context is made then). Only under a limit: a TLS read and a compare otherwise.
+// green context is made then). Under a limit that costs a cuCtxGetCurrent and compares; without
+// one, the hooks only read `asked`.
 template <HookId kId>
 constexpr bool adopts_context() {
   using H = HookId;
