@@ -335,6 +335,13 @@ class Reader {
         {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
         {"migration", [this](const Entry& e) { return walk(e, migration_keys()); }},
         {"limits", [this](const Entry& e) { return limits(e); }},
+        {"usage_region",
+         [this](const Entry& e) -> Status {
+           POS_RETURN_IF_ERROR(store(text_of(e), &c_->posd_usage_region));
+           if (!c_->posd_usage_region.empty() && c_->posd_usage_region.front() != '/')
+             return e.error(" must be an absolute path");
+           return Status::Ok();
+         }},
         {"metrics",
          [this](const Entry& e) -> Status {
            if (e.value.IsNull()) {  // like "": off
@@ -609,6 +616,7 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
   y << YAML::Key << "spare_session" << YAML::Value << c.posd_spare_session;
   y << YAML::Key << "metrics" << YAML::Value << YAML::DoubleQuoted << c.posd_metrics;
+  y << YAML::Key << "usage_region" << YAML::Value << YAML::DoubleQuoted << c.posd_usage_region;
   y << YAML::Key << "limits" << YAML::Value << YAML::BeginSeq;
   for (const Config::JobLimits& r : c.posd_limits) {
     y << YAML::BeginMap << YAML::Key << "jobs" << YAML::Value << YAML::BeginSeq;

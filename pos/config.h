@@ -90,6 +90,10 @@ struct Config {
   // Where posd serves Prometheus metrics, "HOST:PORT" (IPv4; port 0: any free one, logged at
   // start). Empty: no metrics endpoint (docs/metrics.md).
   std::string posd_metrics;
+  // posd.usage_region: the usage region posd keeps for the jobs of several users (absolute; "":
+  // each user's own JOBS_DIR/usage, as before): made at start, shared with posd.group (0660);
+  // posd's sessions join it, and in-process jobs whose POS_USAGE_REGION names it (docs/limits.md).
+  std::string posd_usage_region;
   // posd.checkpoint_policy: continuous checkpoints posd starts for every session whose job name
   // matches one of `jobs` (shell patterns), each into DIR/<job>-<pid> through `pos-cli checkpoint`
   // run as posd's user (docs/continuous_checkpointing.md). No patterns: none.

@@ -71,15 +71,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<pos::MetricsServer> metrics;
   if (!cfg->posd_metrics.empty()) {
     pos::PosdServer* server = srv->get();
-    const std::string backend_name = cfg->backend, jobs_dir = pos::default_jobs_dir();
-    auto m = pos::MetricsServer::start(cfg->posd_metrics, [server, backend_name, jobs_dir] {
+    const std::string backend_name = cfg->backend, jobs_dir = pos::default_jobs_dir(), kept = cfg->posd_usage_region;
+    auto m = pos::MetricsServer::start(cfg->posd_metrics, [server, backend_name, jobs_dir, kept] {
       pos::MetricsInput in;
       in.backend = backend_name;
       in.sessions = server->sessions();
       in.policies = pos::policies_for(in.sessions, jobs_dir);
       in.now = static_cast<uint64_t>(std::time(nullptr));
       in.posd_rss_bytes = pos::own_rss_bytes();
-      in.usage = pos::usage_for(jobs_dir);
+      in.usage = pos::usage_for(jobs_dir, kept);
       return pos::render_metrics(in);
     });
     if (!m.ok()) {

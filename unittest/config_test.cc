@@ -480,7 +480,8 @@ TEST(Config, PosdLimitsGiveTheFirstMatchingRulesQuotaAndMalformedRulesAreRefused
            {"posd: {limits: [{jobs: [a], gpu_share: 120%}]}", "posd.limits[0].gpu_share"},
            {"posd: {limits: [{jobs: [a], gpu_share: 0}]}", "posd.limits[0].gpu_share"},
            {"posd: {limits: [{jobs: [a], sms: 0}]}", "posd.limits[0].sms"},
-           {"posd: {limits: [{jobs: [a], sms: many}]}", "posd.limits[0].sms"}}) {
+           {"posd: {limits: [{jobs: [a], sms: many}]}", "posd.limits[0].sms"},
+           {"posd: {usage_region: run/usage}", "posd.usage_region must be an absolute path"}}) {
     auto r = parse_config(k.yaml);
     ASSERT_FALSE(r.ok()) << k.yaml;
     EXPECT_NE(r.status().message().find(k.says), std::string::npos) << k.yaml << ": " << r.status().to_string();
@@ -516,6 +517,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
   c.posd_spare_session = true;
+  c.posd_usage_region = "/run/pos x/usage";
   c.posd_limits = {{{"train*", "a: b"}, 8ull << 30, 0, 0}, {{"*"}, 0, 305, 16}, {{"eval"}, UINT64_MAX, 1000, 0}};
   const std::string text = config_to_yaml(c);
   auto back = parse_config(text);
@@ -546,6 +548,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   EXPECT_EQ(b.posd_isolation, c.posd_isolation);
   EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
   EXPECT_EQ(b.posd_spare_session, c.posd_spare_session);
+  EXPECT_EQ(b.posd_usage_region, c.posd_usage_region);
   ASSERT_EQ(b.posd_limits.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(b.posd_limits[i].jobs, c.posd_limits[i].jobs) << i;

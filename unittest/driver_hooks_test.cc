@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckpt/crc32c.h"
+#include "remoting/common/usage_region.h"
 #include "remoting/common/job_control.h"
 #include "remoting/driver/device_image.h"
 #include "remoting/driver/driver_hooks.h"
@@ -735,6 +736,39 @@ TEST_F(Preloaded, AnSmLimitGivesTheJobAGreenContextAndSaysWhyWhenItCannot) {
     else EXPECT_EQ(ps->find("sms_error"), std::string::npos) << *ps;
     EXPECT_EQ(job.stop(), 0);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// POS_USAGE_REGION (docs/limits.md): an in-process job joins the region posd keeps for several
+// users instead of its user's own, and says which in ps; one that does not exist is not made by the
+// job (it runs without a region and says why).
+TEST_F(Preloaded, AJobJoinsTheUsageRegionPosdKeepsWhenItsEnvironmentNamesIt) {
+  const std::string dir = jobs_dir() + "-kept";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string kept = dir + "/kept-usage";
+  ASSERT_TRUE(pos::UsageRegion::keep(kept, -1).ok());
+  {
+    RunningProbe job(dir, "limit", {{"POS_USAGE_REGION", kept}});
+    ASSERT_TRUE(job.ready());
+    auto ps = pos::ask_job(pos::job_socket_path(dir, job.pid), "ps", 10000);
+    ASSERT_TRUE(ps.ok());
+    EXPECT_NE(ps->find("\"usage_region\":\"" + kept + "\""), std::string::npos) << *ps;
+    auto region = pos::UsageRegion::open(kept);
+    ASSERT_TRUE(region.ok());
+    bool listed = false;
+    for (const auto& e : (*region)->list()) listed |= e.pid == static_cast<uint32_t>(job.pid);
+    EXPECT_TRUE(listed);
+    EXPECT_FALSE(std::filesystem::exists(pos::usage_region_path(dir)));  // not its own
+    EXPECT_EQ(job.stop(), 0);
+  }
+  RunningProbe lost(dir, "limit", {{"POS_USAGE_REGION", dir + "/none"}});
+  ASSERT_TRUE(lost.ready());
+  auto ps = pos::ask_job(pos::job_socket_path(dir, lost.pid), "ps", 10000);
+  ASSERT_TRUE(ps.ok());
+  EXPECT_NE(ps->find("\"usage_error\":\"cannot open the usage region " + dir + "/none"), std::string::npos) << *ps;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/none"));
+  EXPECT_EQ(lost.stop(), 0);
   std::filesystem::remove_all(dir);
 }
 

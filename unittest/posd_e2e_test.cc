@@ -11,6 +11,7 @@
 #include <spawn.h>
 #include <grp.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +34,8 @@
 #include <vector>
 
 #include "remoting/client/shm_client.h"
+#include "remoting/common/process_info.h"
+#include "remoting/common/usage_region.h"
 #include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
 #include "remoting/server/checkpoint_policy.h"
@@ -1050,6 +1053,80 @@ TEST_F(PosdProcess, PosdJobsWithGpuSharesExecuteInTheRatioOfTheirShares) {
   }
   std::filesystem::remove(base + ".heavy");
   std::filesystem::remove(base + ".light");
+}
+
+// posd.usage_region (#24, docs/limits.md): posd keeps one region for several users, shared with
+// posd.group (0660). Its sessions join it (not the jobs directory's), pos-cli ps reads it through
+// POS_USAGE_REGION, and a job of another user in the group shares its GPU by the same accounting:
+// a share that would make the GPU's shares pass 100 % beside a posd job's is refused.
+TEST_F(PosdProcess, PosdKeepsOneUsageRegionForTheJobsOfSeveralUsers) {
+  const long kGid = 65533;
+  const std::string base = ::testing::TempDir() + "posd-e2e-kept-" + std::to_string(::getpid());
+  const std::string jobs_dir = base + "-jobs", kept = base + "-usage";
+  std::filesystem::remove_all(jobs_dir);
+  std::filesystem::remove(kept);
+  const bool root = ::geteuid() == 0;
+  const OwnPosd posd(base, (root ? "  group: " + std::to_string(kGid) + "\n" : std::string()) + "  usage_region: " +
+                               kept + "\n  limits:\n    - jobs: [\"heavy\"]\n      gpu_share: 70%\n",
+                     {"env", "POS_JOBS_DIR=" + jobs_dir});
+  struct stat st {};
+  ASSERT_EQ(::stat(kept.c_str(), &st), 0) << posd.log_text();
+  EXPECT_EQ(st.st_mode & 0777, root ? 0660u : 0600u);
+  const std::string env = "POS_SOCKET=" + posd.socket + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
+                          " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  const pid_t heavy = start_job(env, train_cmd("--steps 1000000"), "heavy", base + ".heavy", [&] { return posd.ps(); },
+                                [&] { return posd.log_text(); });
+  int code = -1;
+  std::string ps;
+  for (int i = 0; i < 100 && ps.find("\"gpu_share\":700,") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ps = pos::test::run_shell("POS_USAGE_REGION=" + kept + " " + env_or_fail("POS_CLI") + " ps --json --socket " +
+                                  posd.socket + " --jobs-dir " + jobs_dir, &code);
+  }
+  EXPECT_NE(ps.find("\"gpu_share\":700,"), std::string::npos) << ps;
+  EXPECT_FALSE(std::filesystem::exists(jobs_dir + "/usage"));  // not the jobs directory's region
+  if (root) {
+    // Another user (uid 65534) in posd.group asks for 40 % of the same GPU: refused, naming the
+    // rest's holder; 30 % fits.
+    int from[2];
+    ASSERT_EQ(::pipe(from), 0);
+    const pid_t c = ::fork();
+    if (c == 0) {
+      ::close(from[0]);
+      const gid_t groups[1] = {static_cast<gid_t>(kGid)};
+      if (::setgroups(1, groups) != 0 || ::setgid(65532) != 0 || ::setuid(65534) != 0) ::_exit(3);
+      std::string out;
+      auto r = pos::UsageRegion::open(kept, pos::UsageRegion::Access::kKept);
+      if (!r.ok()) out = "open: " + r.status().message();
+      else {
+        pos::UsageRegion::Entry e;
+        e.pid = static_cast<uint32_t>(::getpid());
+        e.start_time = pos::process_start_time(e.pid);
+        e.device = 0;
+        auto slot = (*r)->join(e);
+        if (!slot.ok()) out = "join: " + slot.status().message();
+        else {
+          const pos::Status over = (*r)->set_share(*slot, 400), fits = (*r)->set_share(*slot, 300);
+          out = "40%: " + (over.ok() ? std::string("ok") : over.message()) + "\n30%: " + (fits.ok() ? "ok" : fits.message());
+        }
+      }
+      (void)!::write(from[1], out.data(), out.size());
+      ::_exit(0);
+    }
+    ::close(from[1]);
+    std::string said;
+    char buf[512];
+    for (ssize_t n; (n = ::read(from[0], buf, sizeof(buf))) > 0;) said.append(buf, static_cast<size_t>(n));
+    ::close(from[0]);
+    ::waitpid(c, nullptr, 0);
+    EXPECT_NE(said.find("40%: "), std::string::npos) << said;
+    EXPECT_NE(said.find("already shared out"), std::string::npos) << said;
+    EXPECT_NE(said.find("30%: ok"), std::string::npos) << said;
+  }
+  ::kill(heavy, SIGKILL);
+  ::waitpid(heavy, nullptr, 0);
+  std::filesystem::remove(base + ".heavy");
+  std::filesystem::remove(kept);
 }
 
 // A job that is not root (uid 65534, admitted through posd.group). Detached, it comes back as soon

@@ -9,7 +9,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +82,7 @@ class UsageRegionTest : public ::testing::Test {
   fs::path dir_;
   std::string path_;
   std::vector<pid_t> children_;
+  std::vector<int> pipes_;  // write ends that keep children waiting
 };
 
 TEST_F(UsageRegionTest, ProcessesThatJoinAreListedWithTheirUsageAndOneKilledWithSigkillIsForgottenAtOnce) {
@@ -211,6 +214,84 @@ TEST_F(UsageRegionTest, FilesThatAreNotThisUsersRegionAreRefusedByNameAndLeftAsT
   fs::create_symlink("/etc/passwd", path_);
   auto linked = pos::UsageRegion::open(path_);
   EXPECT_FALSE(linked.ok());
+}
+
+// The region posd keeps for several users (posd.usage_region, a job's POS_USAGE_REGION;
+// docs/limits.md): posd's own, shared with its group (0660). A job of another user opens it only
+// through that group; not when the file is open to every user, not when the user is not in the
+// group, and never makes it; what such a job joins is what posd's user sees.
+TEST_F(UsageRegionTest, ARegionPosdKeepsIsUsedByAnotherUsersJobOnlyThroughItsGroupAndNeverMadeByIt) {
+  using Access = pos::UsageRegion::Access;
+  const std::string kept = (dir_ / "kept").string();
+  auto missing = pos::UsageRegion::open(kept, Access::kKept);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_FALSE(fs::exists(kept));  // a job never makes the keeper's region
+  const long gid = 65533;
+  ASSERT_TRUE(pos::UsageRegion::keep(kept, ::geteuid() == 0 ? gid : -1).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(kept.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, ::geteuid() == 0 ? 0660u : 0600u);
+  if (::geteuid() != 0) return;  // the other user's side needs root to become one
+  EXPECT_EQ(st.st_gid, static_cast<gid_t>(gid));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  // A process of uid 65534 with (or without) group 65533 opens it and joins; it answers on a pipe
+  // ('y' joined, else the error), then stays until the pipe closes.
+  const auto as_other_user = [&](bool in_group, std::string* said) -> pid_t {
+    int to[2], from[2];
+    EXPECT_EQ(::pipe(to), 0);
+    EXPECT_EQ(::pipe(from), 0);
+    const pid_t c = ::fork();
+    if (c == 0) {
+      ::close(to[1]);
+      ::close(from[0]);
+      const gid_t groups[1] = {static_cast<gid_t>(gid)};
+      if (::setgroups(in_group ? 1 : 0, groups) != 0 || ::setgid(65532) != 0 || ::setuid(65534) != 0) ::_exit(3);
+      auto r = pos::UsageRegion::open(kept, Access::kKept);
+      std::string out = "y";
+      if (!r.ok()) out = r.status().message();
+      else {
+        pos::UsageRegion::Entry e;
+        e.pid = static_cast<uint32_t>(::getpid());
+        e.start_time = pos::process_start_time(e.pid);
+        e.device = 0;
+        e.memory_used = 12345;
+        if (auto slot = (*r)->join(e); !slot.ok()) out = slot.status().message();
+      }
+      (void)!::write(from[1], out.data(), out.size());
+      ::close(from[1]);
+      char b;
+      (void)!::read(to[0], &b, 1);
+      ::_exit(0);
+    }
+    ::close(to[0]);
+    ::close(from[1]);
+    char buf[512];
+    const ssize_t n = ::read(from[0], buf, sizeof(buf));
+    ::close(from[0]);
+    *said = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    children_.push_back(c);
+    pipes_.push_back(to[1]);
+    return c;
+  };
+  std::string said;
+  const pid_t member = as_other_user(true, &said);
+  EXPECT_EQ(said, "y");
+  auto own = pos::UsageRegion::open(kept);  // posd's user: its own region
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  bool seen = false;
+  for (const auto& e : (*own)->list()) seen |= e.pid == static_cast<uint32_t>(member) && e.memory_used == 12345;
+  EXPECT_TRUE(seen);
+  as_other_user(false, &said);  // the file's mode keeps it out before POS looks
+  EXPECT_NE(said.find("this user is not in it"), std::string::npos) << said;
+  ASSERT_EQ(::chmod(kept.c_str(), 0660), 0);
+  ASSERT_EQ(::chown(kept.c_str(), static_cast<uid_t>(-1), 65531), 0);  // another group, which the user is not in
+  as_other_user(true, &said);
+  EXPECT_NE(said.find("this user is not in it"), std::string::npos) << said;
+  ASSERT_EQ(::chown(kept.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)), 0);
+  ASSERT_EQ(::chmod(kept.c_str(), 0666), 0);
+  as_other_user(true, &said);
+  EXPECT_NE(said.find("is open to every user (mode 0666)"), std::string::npos) << said;
+  for (int fd : pipes_) ::close(fd);
 }
 
 // ---- GPU-time shares -----------------------------------------------------------------------

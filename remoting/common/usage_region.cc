@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <thread>
@@ -100,20 +102,62 @@ struct UsageRegion::Mapped {
 
 std::string usage_region_path(const std::string& jobs_dir) { return jobs_dir + "/usage"; }
 
+namespace {
+std::string octal(unsigned mode) {
+  char b[8];
+  std::snprintf(b, sizeof(b), "%04o", mode);
+  return b;
+}
+}  // namespace
+
 uint64_t steady_now_ns() {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
 }
 
-StatusOr<std::unique_ptr<UsageRegion>> UsageRegion::open(const std::string& path) {
+namespace {
+bool in_group(gid_t g) {
+  if (g == ::getegid()) return true;
+  gid_t groups[256];
+  const int n = ::getgroups(256, groups);
+  for (int i = 0; i < n; ++i)
+    if (groups[i] == g) return true;
+  return false;
+}
+}  // namespace
+
+std::string kept_usage_region() {
+  const char* p = std::getenv("POS_USAGE_REGION");
+  return p != nullptr && p[0] == '/' ? p : "";
+}
+
+Status UsageRegion::keep(const std::string& path, long gid) {
+  auto r = open(path, Access::kOwn);  // made when missing; refused when not posd's user's
+  if (!r.ok()) return r.status();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return Status::Unavailable("cannot open the usage region " + path + ": " + std::strerror(errno));
+  Status st;
+  if (gid >= 0 && ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0)
+    st = Status::Unavailable("cannot give the usage region " + path + " to group " + std::to_string(gid) + ": " +
+                             std::strerror(errno));
+  else if (::fchmod(fd, gid >= 0 ? 0660 : 0600) != 0)
+    st = Status::Unavailable("cannot set the mode of the usage region " + path + ": " + std::strerror(errno));
+  ::close(fd);
+  return st;
+}
+
+StatusOr<std::unique_ptr<UsageRegion>> UsageRegion::open(const std::string& path, Access access) {
   const std::string where = "the usage region " + path;
-  bool created = true;
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0 && errno == EEXIST) {
+  bool created = access == Access::kOwn;
+  int fd = access == Access::kOwn ? ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
+  if (access == Access::kKept || (fd < 0 && errno == EEXIST)) {
     created = false;
     fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   }
+  if (fd < 0 && access == Access::kKept && errno == EACCES)
+    return Status::FailedPrecondition("cannot open " + where + ": " + std::strerror(errno) +
+                                    " (posd shares it with posd.group: this user is not in it)");
   if (fd < 0) return Status::Unavailable("cannot open " + where + ": " + std::strerror(errno));
   struct Closer {
     int fd;
@@ -132,9 +176,19 @@ StatusOr<std::unique_ptr<UsageRegion>> UsageRegion::open(const std::string& path
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!S_ISREG(st.st_mode)) return Status::FailedPrecondition(where + " is no regular file");
-  if (st.st_uid != ::geteuid())
+  if (access == Access::kKept && st.st_uid != ::geteuid()) {
+    // Another user's (posd's): shared with a group of this process's, and with nobody else.
+    if ((st.st_mode & 0007) != 0)
+      return Status::FailedPrecondition(where + " is open to every user (mode " + octal(st.st_mode & 0777) +
+                                        "): not used (posd keeps it 0660, shared with posd.group)");
+    if ((st.st_mode & 0060) != 0060 || !in_group(st.st_gid))
+      return Status::FailedPrecondition(where + " belongs to uid " + std::to_string(st.st_uid) + " and is not shared "
+                                        "with a group of this user's (its group " + std::to_string(st.st_gid) +
+                                        ", mode " + octal(st.st_mode & 0777) + "): not used");
+  } else if (st.st_uid != ::geteuid()) {
     return Status::FailedPrecondition(where + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (" +
                                       std::to_string(::geteuid()) + "): not used");
+  }
   if (static_cast<size_t>(st.st_size) != kFileSize)
     return Status::Corrupt(where + " has " + std::to_string(st.st_size) + " bytes, not " + std::to_string(kFileSize) +
                            " (another version, or damaged): not used");

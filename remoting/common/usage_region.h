@@ -57,9 +57,17 @@ class UsageRegion {
   };
   using Timing = ShareTiming;
 
-  // Opens the region at `path`, creating it (0600) when there is none. Refused: a file of another
-  // user, of another size, or whose header is not this format's (named in the error).
-  static StatusOr<std::unique_ptr<UsageRegion>> open(const std::string& path);
+  // kOwn: a user's own region (JOBS_DIR/usage), made (0600) when there is none; a file of another
+  // user is refused. kKept: a region posd keeps for several users (posd.usage_region, a job's
+  // POS_USAGE_REGION): never made by the caller; it may belong to another user only if it is
+  // shared with a group of the caller's (group read and write) and with nobody else (no access for
+  // others). Either way refused: a symbolic link, another size, a header not this format's (each
+  // named in the error); the file is left as it is.
+  enum class Access { kOwn, kKept };
+  static StatusOr<std::unique_ptr<UsageRegion>> open(const std::string& path, Access access = Access::kOwn);
+  // posd, the keeper: its own region at `path` (made when missing) shared with group `gid`
+  // (0660), or with nobody but its user when gid is -1 (0600).
+  static Status keep(const std::string& path, long gid);
   ~UsageRegion();
   UsageRegion(const UsageRegion&) = delete;
   UsageRegion& operator=(const UsageRegion&) = delete;
@@ -122,6 +130,9 @@ class UsageRegion {
 
 // JOBS_DIR/usage: where the jobs of `jobs_dir` keep their region.
 std::string usage_region_path(const std::string& jobs_dir);
+// The region posd keeps for several users, as a job's environment names it (POS_USAGE_REGION, an
+// absolute path; docs/limits.md), or "" for none: the job then uses its user's own.
+std::string kept_usage_region();
 
 // CLOCK_MONOTONIC in ns: one clock for every process of the machine (turn ends are compared across them).
 uint64_t steady_now_ns();

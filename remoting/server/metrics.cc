@@ -177,10 +177,10 @@ std::string render_metrics(const MetricsInput& in) {
   return w.take();
 }
 
-std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir) {
-  const std::string path = usage_region_path(jobs_dir);
+std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir, const std::string& kept) {
+  const std::string path = kept.empty() ? usage_region_path(jobs_dir) : kept;
   if (::access(path.c_str(), F_OK) != 0) return {};
-  auto region = UsageRegion::open(path);
+  auto region = UsageRegion::open(path, kept.empty() ? UsageRegion::Access::kOwn : UsageRegion::Access::kKept);
   return region.ok() ? (*region)->list() : std::vector<UsageRegion::Entry>{};
 }
 

@@ -39,7 +39,8 @@ std::vector<PolicyStatus> policies_for(const std::vector<SessionInfo>& sessions,
 
 // The usage region of `jobs_dir`'s jobs, read (never made); empty when there is none or it cannot
 // be used.
-std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir);
+// `kept`: the region posd keeps (posd.usage_region), read in place of the jobs directory's when set.
+std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir, const std::string& kept = "");
 
 // Resident memory of this process, bytes.
 uint64_t own_rss_bytes();

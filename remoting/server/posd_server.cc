@@ -33,6 +33,7 @@
 #include "pos/base/text.h"
 #include "pos/base/thread.h"
 #include "remoting/client/shm_client.h"
+#include "remoting/common/usage_region.h"
 #include "remoting/common/handshake.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
@@ -217,6 +218,13 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
   auto gid = resolve_group(config.posd_group);
   if (!gid.ok()) return gid.status();
   srv->group_gid_ = *gid;
+  // The usage region posd keeps for several users' jobs (docs/limits.md): made now, shared with
+  // posd.group. One that cannot be kept stops posd: the operator asked for it.
+  if (!config.posd_usage_region.empty()) {
+    if (Status s = UsageRegion::keep(config.posd_usage_region, *gid); !s.ok()) return s.with_context("posd.usage_region");
+    POS_INFO("posd", "keeps the usage region %s%s", config.posd_usage_region.c_str(),
+             *gid >= 0 ? (", shared with group " + std::to_string(*gid)).c_str() : " (posd.group unset: its user's only)");
+  }
   srv->owner_uid_.store(::geteuid());
   srv->socket_path_ = config.posd_socket.empty() ? default_socket_path() : config.posd_socket;
   sockaddr_un addr{};

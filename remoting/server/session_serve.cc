@@ -286,7 +286,7 @@ void serve_session(POSWorkspace& ws, const SessionSpec& spec, SessionProgress* p
   if (spec.join_usage) {
     if (auto c = ws.find_client(*uuid)) {
       std::string why;
-      share = SessionShare::join(default_jobs_dir(), c.get(), spec.gpu_share, &why);
+      share = SessionShare::join(default_jobs_dir(), ws.config().posd_usage_region, c.get(), spec.gpu_share, &why);
       if (share) c->set_turn_gate(share.get());
       if (share && spec.control != nullptr) spec.control->set_share_slot(share.get());
       else if (spec.gpu_share != 0)

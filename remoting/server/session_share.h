@@ -20,11 +20,12 @@ namespace pos {
 
 class SessionShare final : public TurnGate {
  public:
-  // Joins the region of `jobs_dir` for `client` (its device, quota and usage), with a GPU-time
-  // share in per mille (0: none). Null, with `why`, when the region cannot be used or the share
-  // would make its GPU's shares pass 100 % (then the session runs without either).
-  static std::unique_ptr<SessionShare> join(const std::string& jobs_dir, POSClient* client, uint32_t share,
-                                            std::string* why);
+  // Joins the region posd keeps (`kept`, posd.usage_region) or else the one of `jobs_dir`, for
+  // `client` (its device, quota and usage), with a GPU-time share in per mille (0: none). Null,
+  // with `why`, when the region cannot be used or the share would make its GPU's shares pass
+  // 100 % (then the session runs without either).
+  static std::unique_ptr<SessionShare> join(const std::string& jobs_dir, const std::string& kept, POSClient* client,
+                                            uint32_t share, std::string* why);
   ~SessionShare() override;
 
   // pos-cli limit --gpu-share for a posd job: the slot's share changes (0: none); refused, with
