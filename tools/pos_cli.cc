@@ -407,8 +407,15 @@ int limit_posd(int pid, const std::string& socket, const std::string& jobs_dir, 
   else
     std::printf("pid %d (under posd): device-memory quota %llu bytes; it holds %llu (%.1f%%)", pid, quota, used,
                 100.0 * static_cast<double>(used) / static_cast<double>(quota));
-  if (share == 0) std::printf("; no GPU-time share\n");
-  else std::printf("; GPU-time share %llu.%llu%%\n", share / 10, share % 10);
+  if (share == 0) std::printf("; no GPU-time share");
+  else std::printf("; GPU-time share %llu.%llu%%", share / 10, share % 10);
+  // posd.limits' SM limit (fixed for the session's life): the SMs its kernels run on, 0: all.
+  if (const unsigned long long sms = number("sms"); sms != 0) {
+    if (const unsigned long long g = number("sms_granted"); g != 0) std::printf("; SM limit %llu: its kernels run on %llu SMs\n", sms, g);
+    else std::printf("; SM limit %llu asked, not in force (this backend or GPU cannot: posd's log says why)\n", sms);
+  } else {
+    std::printf("\n");
+  }
   return 0;
 }
 

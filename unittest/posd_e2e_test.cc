@@ -938,6 +938,9 @@ TEST_F(PosdProcess, PosdLimitsGiveJobsTheirQuotaByNameAndPosCliLimitChangesItFor
   // the host backend has no SMs to confine (granted 0: all).
   EXPECT_NE(posd.ps().find(std::string("\"sms\":16,\"sms_granted\":") + (on_gpu() ? "16," : "0,")), std::string::npos)
       << posd.ps();
+  EXPECT_NE(out.find(on_gpu() ? "; SM limit 16: its kernels run on 16 SMs" : "; SM limit 16 asked, not in force"),
+            std::string::npos)
+      << out;
   EXPECT_EQ(metric(scrape_metrics(posd.log), "pos_session_memory_quota_bytes", static_cast<uint32_t>(job)), 67108864.0);
   out = pos::test::run_shell(t + " --json", &code);
   EXPECT_NE(out.find("\"ok\":true,\"pid\":" + std::to_string(job) + ",\"job\":\"roomy\",\"memory_quota\":67108864,"),

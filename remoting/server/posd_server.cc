@@ -1218,7 +1218,7 @@ void PosdServer::control_restore(Handshake& h) {
 
 // `limit PID [memory=BYTES]` (pos-cli limit for a job under posd): the session's device-memory
 // quota, set first when asked (0: none); the job's owner or root only. The answer is one JSON
-// object: {"ok":true,"pid":P,"job":J,"memory_quota":Q,"memory_bytes":U}.
+// object: {"ok":true,"pid":P,"job":J,"memory_quota":Q,"memory_bytes":U,"sms":N,"sms_granted":G,"gpu_share":S}.
 void PosdServer::control_limit(Handshake& h, const std::string& command) {
   const int fd = h.fd.get();
   auto refuse = [&](const Status& why) {
@@ -1248,7 +1248,7 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
   auto found = job_session(static_cast<uint32_t>(*pid), caller_uid(h), "change the limits of");
   if (!found.ok()) return refuse(found.status());
   Session* const target = *found;
-  uint64_t quota = 0, used = 0, share = 0;
+  uint64_t quota = 0, used = 0, share = 0, sms = 0, sms_granted = 0;
   if (target->child > 0) {
     session_channel::Message m;
     m.type = static_cast<uint32_t>(set ? session_channel::Type::kLimit : session_channel::Type::kStatsRequest);
@@ -1269,6 +1269,7 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
       return refuse(Status(static_cast<Code>(c), 0, wire::get_cstr(r->message, sizeof(r->message))));
     }
     quota = r->stats.memory_quota, used = r->stats.memory_in_use, share = r->share;
+    sms = r->stats.sms, sms_granted = r->stats.sms_granted;
   } else {
     auto c = ws_->find_client(target->progress.uuid.load(std::memory_order_acquire));
     if (!c) return refuse(Status::FailedPrecondition("pid " + std::to_string(*pid) + "'s session is starting or ending"));
@@ -1276,7 +1277,8 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
       return refuse(Status::FailedPrecondition("GPU-time shares are for session processes (posd.isolation: process); "
                                                "this posd runs its sessions in one process"));
     if (set_memory) c->set_memory_quota(bytes);
-    quota = c->memory_quota(), used = c->stats().memory_in_use;
+    const ClientStats st = c->stats();
+    quota = c->memory_quota(), used = st.memory_in_use, sms = st.sms, sms_granted = st.sms_granted;
   }
   if (set_memory)
     POS_INFO("posd", "pid %u ('%s'): device-memory quota set to %lu bytes by uid %u", static_cast<unsigned>(*pid),
@@ -1286,6 +1288,7 @@ void PosdServer::control_limit(Handshake& h, const std::string& command) {
              target->job.c_str(), (unsigned long)share, caller_uid(h));
   const std::string text = "{\"ok\":true,\"pid\":" + std::to_string(*pid) + ",\"job\":" + json_string(target->job) +
                            ",\"memory_quota\":" + std::to_string(quota) + ",\"memory_bytes\":" + std::to_string(used) +
+                           ",\"sms\":" + std::to_string(sms) + ",\"sms_granted\":" + std::to_string(sms_granted) +
                            ",\"gpu_share\":" + std::to_string(share) + "}\n";
   wire::Welcome w;
   w.control_bytes = text.size();
