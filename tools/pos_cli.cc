@@ -126,11 +126,10 @@ int ps(const std::string& socket, const std::string& jobs_dir, bool json) {
   // The jobs' shared accounting (docs/limits.md), when there is one: read, never made here.
   std::vector<pos::UsageRegion::Entry> usage;
   // POS_USAGE_REGION: the region posd keeps for several users, which the jobs join instead.
-  const std::string kept = pos::kept_usage_region();
-  const std::string usage_path = kept.empty() ? pos::usage_region_path(jobs_dir) : kept;
+  const pos::UsageRegionChoice use = pos::choose_usage_region(jobs_dir, pos::kept_usage_region());
+  const std::string& usage_path = use.path;
   if (::access(usage_path.c_str(), F_OK) == 0) {
-    auto region = pos::UsageRegion::open(usage_path, kept.empty() ? pos::UsageRegion::Access::kOwn
-                                                                   : pos::UsageRegion::Access::kKept);
+    auto region = pos::UsageRegion::open(usage_path, use.access);
     if (region.ok()) usage = (*region)->list();
     else std::fprintf(stderr, "pos-cli ps: %s\n", region.status().message().c_str());
   }

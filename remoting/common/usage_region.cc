@@ -127,6 +127,11 @@ bool in_group(gid_t g) {
 }
 }  // namespace
 
+UsageRegionChoice choose_usage_region(const std::string& jobs_dir, const std::string& kept) {
+  if (kept.empty()) return {usage_region_path(jobs_dir), UsageRegion::Access::kOwn};
+  return {kept, UsageRegion::Access::kKept};
+}
+
 std::string kept_usage_region() {
   const char* p = std::getenv("POS_USAGE_REGION");
   return p != nullptr && p[0] == '/' ? p : "";

@@ -133,6 +133,13 @@ std::string usage_region_path(const std::string& jobs_dir);
 // The region posd keeps for several users, as a job's environment names it (POS_USAGE_REGION, an
 // absolute path; docs/limits.md), or "" for none: the job then uses its user's own.
 std::string kept_usage_region();
+// Which region a process uses: `kept` (posd's, opened kKept) when set, else its user's own in
+// `jobs_dir` (kOwn).
+struct UsageRegionChoice {
+  std::string path;
+  UsageRegion::Access access;
+};
+UsageRegionChoice choose_usage_region(const std::string& jobs_dir, const std::string& kept);
 
 // CLOCK_MONOTONIC in ns: one clock for every process of the machine (turn ends are compared across them).
 uint64_t steady_now_ns();

@@ -1422,9 +1422,8 @@ Runtime* runtime() {
     // is said in ps; the job runs as it would without it.
     if (const char* u = std::getenv("POS_USAGE"); rt->driver != nullptr && (u == nullptr || std::strcmp(u, "0") != 0)) {
       // POS_USAGE_REGION: the region posd keeps for several users' jobs; else this user's own.
-      const std::string kept = pos::kept_usage_region();
-      auto region = kept.empty() ? pos::UsageRegion::open(pos::usage_region_path(pos::default_jobs_dir()))
-                                 : pos::UsageRegion::open(kept, pos::UsageRegion::Access::kKept);
+      const pos::UsageRegionChoice use = pos::choose_usage_region(pos::default_jobs_dir(), pos::kept_usage_region());
+      auto region = pos::UsageRegion::open(use.path, use.access);
       if (region.ok()) rt->usage = std::move(*region);
       else rt->usage_error = region.status().message();
       publish_usage(rt);

@@ -178,9 +178,9 @@ std::string render_metrics(const MetricsInput& in) {
 }
 
 std::vector<UsageRegion::Entry> usage_for(const std::string& jobs_dir, const std::string& kept) {
-  const std::string path = kept.empty() ? usage_region_path(jobs_dir) : kept;
-  if (::access(path.c_str(), F_OK) != 0) return {};
-  auto region = UsageRegion::open(path, kept.empty() ? UsageRegion::Access::kOwn : UsageRegion::Access::kKept);
+  const UsageRegionChoice use = choose_usage_region(jobs_dir, kept);
+  if (::access(use.path.c_str(), F_OK) != 0) return {};
+  auto region = UsageRegion::open(use.path, use.access);
   return region.ok() ? (*region)->list() : std::vector<UsageRegion::Entry>{};
 }
 

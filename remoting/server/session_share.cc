@@ -12,8 +12,8 @@ namespace pos {
 std::unique_ptr<SessionShare> SessionShare::join(const std::string& jobs_dir, const std::string& kept,
                                                  POSClient* client, uint32_t share, std::string* why) {
   if (kept.empty()) (void)::mkdir(jobs_dir.c_str(), 0700);  // the in-process jobs' directory; theirs when it exists
-  auto region = kept.empty() ? UsageRegion::open(usage_region_path(jobs_dir))
-                             : UsageRegion::open(kept, UsageRegion::Access::kKept);
+  const UsageRegionChoice use = choose_usage_region(jobs_dir, kept);
+  auto region = UsageRegion::open(use.path, use.access);
   if (!region.ok()) {
     *why = region.status().message();
     return nullptr;
