@@ -41,21 +41,9 @@ done
 for f in tools/posd tools/pos-cli workloads/mlp_train_native remoting/client/libpos_client.so; do
   [[ -e "$BUILD/$f" ]] || { echo "continuous_bench: $BUILD/$f is missing" >&2; exit 2; }
 done
-TMP=$(mktemp -d)
-if [[ -z "$DIR" ]]; then
-  SHM_GB=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2{printf "%d", $4/1048576}')
-  if [[ -n "$SHM_GB" && "$SHM_GB" -gt 40 ]]; then DIR=/dev/shm; else DIR="${TMPDIR:-/tmp}"; fi
-fi
-WORK=$(mktemp -d "$DIR/continuous-bench-XXXXXX")
-POSD_PID=""
-cleanup() { [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null; rm -rf "$TMP" "$WORK"; }
-trap cleanup EXIT
-SOCK="$TMP/posd/posd.sock"
-printf 'backend: %s\nposd:\n  socket: %s\n' "$BACKEND" "$SOCK" >"$TMP/posd.yaml"
-[[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
-"$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
-POSD_PID=$!
-for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+source "$(dirname "${BASH_SOURCE[0]}")/policy_common.sh"
+bench_scratch continuous-bench
+start_bench_posd "$BACKEND"
 echo "points: $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}')); job: mlp_train_native ${MODEL[*]} --steps $STEPS; backend $BACKEND"
 
 BUILD="$BUILD" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" STEPS="$STEPS" EVERY="$EVERY" WITH_CPU="$WITH_CPU" KEEP="$KEEP" \

@@ -48,23 +48,9 @@ fi
 for f in tools/posd tools/pos-cli tools/pos workloads/mlp_train_native remoting/client/libpos_client.so; do
   [[ -e "$BUILD/$f" ]] || { echo "policy_windows: $BUILD/$f is missing" >&2; exit 2; }
 done
-TMP=$(mktemp -d)
-if [[ -z "$DIR" ]]; then
-  SHM_GB=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2{printf "%d", $4/1048576}')
-  if [[ -n "$SHM_GB" && "$SHM_GB" -gt 40 ]]; then DIR=/dev/shm; else DIR="${TMPDIR:-/tmp}"; fi
-fi
-WORK=$(mktemp -d "$DIR/policy-windows-XXXXXX")
-POSD_PID=""
-cleanup() { [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null; rm -rf "$TMP" "$WORK"; }
-trap cleanup EXIT
-SOCK="$TMP/posd/posd.sock"
-if [[ $JOB == mlp ]]; then
-  printf 'backend: %s\nposd:\n  socket: %s\n' "$BACKEND" "$SOCK" >"$TMP/posd.yaml"
-  [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
-  "$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
-  POSD_PID=$!
-  for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
-fi
+source "$ROOT/bench/policy_common.sh"
+bench_scratch policy-windows
+[[ $JOB == mlp ]] && start_bench_posd "$BACKEND"
 echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $TICKS ticks per window, $PAIRS on-windows; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
 BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
 PAIRS="$PAIRS" WARM="$WARM" python3 - "${ARGS[@]}" <<'PY'
