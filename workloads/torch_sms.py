@@ -8,7 +8,11 @@
 #                       the context may use gets blocks)
 #   matmul_tflops R     bf16 DIM x DIM matmuls for SECONDS of wall time
 #
-#   python3 workloads/torch_sms.py [--seconds 3] [--dim 8192]
+#   python3 workloads/torch_sms.py [--seconds 3] [--dim 8192] [--rounds R --gap S]
+#
+# --rounds R: the SM probe R times, one line each ("round K smids N"), S seconds apart, then "done",
+# so that a dump and restore between two rounds shows what SMs the restored job runs on
+# (bench/sm_restore_check.sh).
 import argparse
 import time
 
@@ -33,6 +37,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--dim", type=int, default=8192)
+    p.add_argument("--rounds", type=int, default=0)
+    p.add_argument("--gap", type=float, default=0.5)
     a = p.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"mp_count {props.multi_processor_count}", flush=True)
@@ -40,12 +46,24 @@ def main():
     # per SM of the largest GPU made (256 SMs) covers every SM of any GPU the test runs on.
     blocks = 8 * 256
     out = torch.full((blocks,), -1, dtype=torch.int32, device="cuda")
-    try:
+
+    def probe():
+        out.fill_(-1)
         smid_kernel[(blocks,)](out, 50_000)
         torch.cuda.synchronize()
         seen = set(out.tolist())
         seen.discard(-1)
-        print(f"smids {len(seen)}", flush=True)
+        return len(seen)
+
+    if a.rounds > 0:
+        for k in range(a.rounds):
+            print(f"round {k} smids {probe()} mp_count {torch.cuda.get_device_properties(0).multi_processor_count}",
+                  flush=True)
+            time.sleep(a.gap)
+        print("done", flush=True)
+        return
+    try:
+        print(f"smids {probe()}", flush=True)
     except Exception as e:  # a Triton without inline asm: the matmul rate still says it
         print(f"smids unknown: {type(e).__name__}: {str(e)[:200]}", flush=True)
     x = torch.randn(a.dim, a.dim, device="cuda", dtype=torch.bfloat16)
