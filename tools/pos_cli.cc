@@ -907,11 +907,24 @@ int migrate(const MigrateArgs& a) {
     return *where == "target" ? 0 : 3;
   }
   const JobTarget target = find_job(a.pid, a.jobs_dir);
+  const bool to_host = a.to.find('/') == std::string::npos && a.to.find(':') != std::string::npos;  // as migrate_job
   if (target.inproc) {
+    if (a.device >= 0 && !a.to.empty()) {
+      std::fprintf(stderr, "pos-cli migrate: --device N (another GPU of this host) or --to HOST:PORT (another host), "
+                   "not both\n");
+      return 2;
+    }
     if (a.device >= 0) return move_inproc(a, target.job_socket);
-    std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run): --device N moves it to another GPU "
-                 "of this host; to another host, pos-cli dump, then pos-cli restore there\n", a.pid);
-    return 2;
+    if (!to_host) {
+      std::fprintf(stderr, "pos-cli migrate: pid %d is an in-process job (pos run): --device N moves it to another GPU "
+                   "of this host, --to HOST:PORT to a posd accepting migrations on another host\n", a.pid);
+      return 2;
+    }
+    if (a.move_process || a.no_peer) {
+      std::fprintf(stderr, "pos-cli migrate: --move-process and --no-peer are for posd jobs: an in-process job always "
+                   "moves with its process, through image files\n");
+      return 2;
+    }
   }
   if (a.device >= 0) {
     std::fprintf(stderr, "pos-cli migrate: --device is for in-process jobs (pos run); pid %d runs under posd: --to the "
@@ -933,9 +946,10 @@ int migrate(const MigrateArgs& a) {
   o.peer = !a.no_peer;
   o.peer_fallback = !a.no_fallback;
   o.self_program = self_program();
+  if (target.inproc) o.job_socket = target.job_socket;
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   // One host, the process kept: the peer switch needs no rounds.
-  const bool remote = a.to.find('/') == std::string::npos && a.to.find(':') != std::string::npos;  // as migrate_job
+  const bool remote = to_host;
   const bool peer = o.peer && !a.move_process && !remote;
   if (tty && !a.json)
     std::fprintf(stderr, peer ? "migrate: detaching the job..." : "migrate: round 1 (the whole GPU state)...");
@@ -978,13 +992,13 @@ int migrate(const MigrateArgs& a) {
                     (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s, (unsigned long long)x.sent, x.transfer_s);
       rounds += t;
     }
-    std::printf("{\"pid\":%u,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
+    std::printf("{\"pid\":%u,\"inproc\":%s,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
                 "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
                 "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s,\"peer\":%s,\"peer_bytes\":%llu,"
                 "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f,\"detach_s\":%.6f,\"stop_image_s\":%.6f,"
                 "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f,\"peer_fallback\":%s}\n",
-                r->pid, pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
+                r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
                 r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false",

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -944,4 +945,156 @@ TEST_F(DriverDump, AMoveThatFailsMidwayLeavesTheJobRunningOnItsGpuWithItsMemory)
     ::kill(std::exchange(pid_, -1), SIGKILL);
     ::waitpid(-1, nullptr, 0);
   }
+}
+
+// ZDTM shape across "hosts" (CI's stand-in: a network namespace joined by a veth pair, a posd in it
+// accepting migrations): the running in-process job is migrated there with `pos-cli migrate --to
+// HOST:PORT` (GPU-only rounds, then the stop dump of its process, restored and held there until
+// the commit) and reads its memory back there; then a move whose stop image cannot be sent brings
+// it back on the source from the same image, alone under its pid.
+TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobWithItsMemoryAndAFailedSendBringsItBack) {
+  const std::string tag = std::to_string(::getpid() % 100000);
+  const std::string ns = "pos-ddm-" + tag, here = "pda" + tag, there = "pdb" + tag;
+  const int n = static_cast<int>(::getpid() % 250) + 1;
+  const std::string ip_here = "10.232." + std::to_string(n) + ".1", ip_there = "10.232." + std::to_string(n) + ".2";
+  int code = -1;
+  const std::string made = pos::test::run_shell(
+      "ip netns add " + ns + " && ip link add " + here + " type veth peer name " + there + " && ip link set " + there +
+          " netns " + ns + " && ip addr add " + ip_here + "/24 dev " + here + " && ip -n " + ns + " addr add " + ip_there +
+          "/24 dev " + there + " && ip link set " + here + " up && ip -n " + ns + " link set " + there + " up && ip -n " +
+          ns + " link set lo up 2>&1",
+      &code);
+  struct Gone {
+    std::string cmd;
+    ~Gone() {
+      int c = -1;
+      (void)pos::test::run_shell(cmd, &c);
+    }
+  } gone{"ip link del " + here + " 2>/dev/null; ip netns del " + ns + " 2>/dev/null"};
+  ASSERT_EQ(code, 0) << "cannot make a network namespace and a veth pair (iproute2, root): " << made;
+  // The target posd, in the namespace. Its pos-cli restores the job in this test's namespaces (as
+  // posd_e2e_test does), so that the test can talk to the restored job.
+  const fs::path b = root_ / "b";
+  fs::create_directories(b);
+  const std::string secret = (root_ / "secret").string(), wrapper = (root_ / "cli-here").string(),
+                    drop = (root_ / "drop-at").string(), log = (root_ / "b.log").string();
+  std::ofstream(secret) << "the secret of this test run " << ::getpid() << "\n";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+  std::ofstream(wrapper) << "#!/bin/sh\nexec nsenter --net=/proc/" << ::getpid() << "/ns/net --mount=/proc/" << ::getpid()
+                         << "/ns/mnt " << env("POS_CLI") << " \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  std::ofstream(b / "posd.yaml") << "backend: host\nlog_level: info\nposd:\n  socket: " << (b / "posd.sock").string()
+                                 << "\n  arena: 32MiB\n  migration:\n    listen: " << ip_there << ":0\n    secret_file: "
+                                 << secret << "\n    dir: " << (b / "in").string() << "\n    cli: " << wrapper << "\n";
+  const std::string posd = pos::test::run_shell(
+      "POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") + " POS_MIGRATION_DROP_AT_FILE=" + drop + " ip netns exec " + ns + " " +
+          env("POS_POSD") + " --config " + (b / "posd.yaml").string() + " </dev/null >/dev/null 2>" + log + " & echo $!",
+      &code);
+  ASSERT_EQ(code, 0) << posd;
+  const pid_t posd_pid = static_cast<pid_t>(std::atoi(posd.c_str()));
+  struct Stop {
+    pid_t p;
+    ~Stop() {
+      ::kill(p, SIGTERM);
+      for (int i = 0; i < 500 && ::kill(p, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } stop{posd_pid};
+  std::string port;
+  for (int i = 0; i < 1000 && port.empty(); ++i) {
+    const std::string l = read_file(log);
+    const std::string key = "accepting migrations on " + ip_there + ":";
+    if (const size_t at = l.find(key); at != std::string::npos) port = l.substr(at + key.size(), l.find_first_not_of("0123456789", at + key.size()) - at - key.size());
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(port.empty()) << read_file(log);
+  const std::string to = ip_there + ":" + port, work = (root_ / "scratch").string();
+  fs::create_directories(work);
+
+  start();
+  ASSERT_EQ(write(), "rc=0\n");  // the second allocation changes: the rounds and the stop carry it
+  ASSERT_EQ(check(), "rc=0 same=1\n");
+  const pid_t job = pid_;
+  const std::string migrate = "migrate -t " + std::to_string(job) + " --to " + to + " --secret-file " + secret +
+                              " --jobs-dir " + jobs_ + " --work-dir " + work + " --max-rounds 2 --json";
+  // Not with --device, nor to a local socket: refused before anything is asked of the job.
+  std::string out = cli("migrate -t " + std::to_string(job) + " --to " + to + " --device 0 --jobs-dir " + jobs_, &code);
+  EXPECT_EQ(code, 2) << out;
+  out = cli("migrate -t " + std::to_string(job) + " --to /tmp/some/posd.sock --jobs-dir " + jobs_, &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--to HOST:PORT"), std::string::npos) << out;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+
+  // pos-cli ends the source's copy and waits for its pid to come free: this test, its parent,
+  // reaps it meanwhile.
+  int reaped = 0;
+  const auto migrate_reaping = [&](const std::string& fault = "") {
+    std::atomic<bool> done{false};
+    std::string o;
+    std::thread t([&] {
+      o = fault.empty() ? cli(migrate, &code)
+                        : pos::test::run_shell("POS_FAULT_POINT=" + fault + " POS_REAL_LIBCUDA=" + env("POS_FAKE_CUDA") +
+                                                   " " + env("POS_CLI") + " " + migrate + " 2>&1",
+                                               &code);
+      done = true;
+    });
+    // Every process under the job's pid ends up this test's child (the subreaper): the source's
+    // copy, and a copy the target restored and ended.
+    pid_ = -1, restored_ = job;
+    while (!done) {
+      if (::waitpid(job, nullptr, WNOHANG) == job) ++reaped;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    t.join();
+    return o;
+  };
+  out = migrate_reaping();
+  ASSERT_EQ(code, 0) << out << read_file(log);
+  EXPECT_EQ(reaped, 1) << "the source's copy was not ended";
+  EXPECT_NE(out.find("\"inproc\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"where\":\"target\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"remote\":true,\"same_host\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"round\":1,\"bytes\":10485760"), std::string::npos) << out;  // round 1: all 10 MiB
+  int st = 0;
+  restored_ = job;  // the same pid, now the target's restore (this test reaps it)
+  EXPECT_EQ(::kill(job, 0), 0);
+  EXPECT_NE(read_file(log).find("committed; pid " + std::to_string(job) + " runs here"), std::string::npos) << read_file(log);
+  EXPECT_EQ(check(), "rc=0 same=1\n");  // its memory, written before the move, is there
+  EXPECT_TRUE(fs::is_empty(work)) << "pos-cli left its scratch";
+
+  // The target drops the link as the stop's image arrives: the job comes back here, from that
+  // image, still the one job under its pid.
+  std::ofstream(drop) << "final\n";
+  out = migrate_reaping();
+  ASSERT_EQ(code, 3) << out << read_file(log);  // 3: the job runs on at the source
+  EXPECT_EQ(reaped, 2) << "the target's copy was not ended";
+  restored_ = job;  // restored here, from the stop's image
+  EXPECT_NE(out.find("\"where\":\"source\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"target_error\":\"sending the stop's image"), std::string::npos) << out;
+  EXPECT_EQ(::kill(job, 0), 0);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  {  // the target committed the first move only
+    const std::string l = read_file(log), c = "committed; pid " + std::to_string(job) + " runs here";
+    const size_t first = l.find(c);
+    EXPECT_TRUE(first != std::string::npos && l.find(c, first + 1) == std::string::npos) << l;
+  }
+
+  // pos-cli killed with the job restored and held at the target, before the commit: the target
+  // ends its copy as the link closes, and pos-cli's guardian restores the job here.
+  out = migrate_reaping("migrate-before-commit");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("restoring the job on the source"), std::string::npos) << out;
+  EXPECT_EQ(reaped, 4) << "the source's copy and the target's held one were not both ended";
+  EXPECT_NE(read_file(log).find("ended before it was committed: ending restored pid " + std::to_string(job)),
+            std::string::npos) << read_file(log);
+  restored_ = job;
+  EXPECT_EQ(::kill(job, 0), 0);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  {
+    const std::string l = read_file(log), c = "committed; pid " + std::to_string(job) + " runs here";
+    EXPECT_EQ(l.find(c, l.find(c) + 1), std::string::npos) << l;
+  }
+  { std::ofstream(root_ / "work" / "exit"); }
+  for (int i = 0; i < 1000 && ::waitpid(job, &st, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(::kill(job, 0), 0) << "the job did not end when told";
+  restored_ = -1;
 }

@@ -731,6 +731,8 @@ StatusOr<std::string> resume_driver_job(const std::string& job_socket, uint32_t 
                                       "later, a restore of the job, say): nothing resumed");
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
+  // A migration's stop dump leaves the job stopped (CRIU's --leave-stopped): it must run to be restored.
+  (void)::kill(static_cast<pid_t>(pid), SIGCONT);
   POS_RETURN_IF_ERROR((*driver)->release(static_cast<pid_t>(pid)).with_context("the driver's restore"));
   // The memory was handed off: these descriptors are all that hold it.
   if (!shared_fds.empty()) return hand_back_memory(job_socket, shared_fds, list, cut);
@@ -1046,6 +1048,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       remove_parts();
       return Status::Unavailable("the job ended during the dump (" + why.message() + "); nothing under its pid was touched");
     }
+    if (o.leave_stopped) (void)::kill(pid, SIGCONT);  // CRIU may have left it stopped
     Status back = (*driver)->release(pid);
     if (back.ok()) back = give_back().status();
     remove_parts();
@@ -1066,6 +1069,9 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   ckpt::CriuDumpOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("criu", dn, n); };
   co.leave_running = o.leave_running;
+  // A migration's stop: the job is ended by the caller once the image is complete, so that a
+  // failure (or this process's death: the guardian resumes it) before then brings it back.
+  if (o.leave_stopped && !o.leave_running) co.extra.push_back("--leave-stopped");
   if (!same_job()) return undo(Status::Unavailable("its process is gone"));
   co.shell_job = ::getsid(pid) != pid;
   Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, pid, r.criu_dir, co)

@@ -24,7 +24,9 @@ struct JobDumpOptions {
   bool leave_running = false;
   // Not with leave_running: CRIU leaves the job stopped (SIGSTOP) and detached instead of ending
   // it, and the report names its permit (migration ends it once the image is complete, or lets it
-  // run on: grant_reattach + SIGCONT). A posd job's only.
+  // run on: grant_reattach + SIGCONT). An in-process job's (dump_driver_job) stays stopped with its
+  // driver state checkpointed and its device memory freed: the caller ends it, or restores it from
+  // the image; a failure before the image is complete resumes it (its guardian too).
   bool leave_stopped = false;
   // No CPU part (pos-cli migrate's live switch on one host: the process stays where it is): the job
   // is detached, its GPU state saved to DIR/gpu (+ DIR/token), and it stays detached, running but

@@ -438,6 +438,11 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   const bool same = fs::path(o.socket).lexically_normal() == fs::path(o.to).lexically_normal() ||
                     (::stat(o.socket.c_str(), &s1) == 0 && ::stat(o.to.c_str(), &s2) == 0 && s1.st_dev == s2.st_dev &&
                      s1.st_ino == s2.st_ino);
+  const bool inproc = !o.job_socket.empty();
+  if (inproc && !remote)
+    return Status::InvalidArgument("pid " + std::to_string(o.pid) + " is an in-process job (pos run): it moves to another "
+                                   "GPU of this host with --device N, to another host with --to HOST:PORT of a posd "
+                                   "accepting migrations there");
   if (!remote && same)
     return Status::InvalidArgument("the target " + o.to + " is the posd the job runs under already");
   // The target answers before anything is asked of the job.
@@ -478,10 +483,13 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   if (peer_switch) rep.stop_reason = "peer";
   for (uint32_t n = 1; !peer_switch; ++n) {
     JobDumpOptions d;
-    d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = true, d.lazy_ok = true;
+    d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = !inproc, d.lazy_ok = true;
+    d.job_socket = o.job_socket;
     d.dir = rep.work_dir + "/round-" + std::to_string(n);
     d.prev = prev;
-    auto r = pre_dump_job(d);
+    // An in-process job's round is its GPU-only checkpoint (a copy on the device, written while it
+    // runs on); its CPU memory goes with the stop (NVIDIA's checkpoint must empty the driver first).
+    auto r = inproc ? pre_dump_driver_job(d) : pre_dump_job(d);
     if (!r.ok()) {
       guardian.done();
       cleanup();
@@ -549,17 +557,34 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   JobDumpOptions d;
   d.socket = o.socket, d.pid = o.pid, d.dir = final_dir, d.prev = prev, d.lazy_ok = true;
   d.leave_stopped = true;
-  auto dumped = dump_job(d);
+  d.job_socket = o.job_socket;
+  if (inproc) d.resume_program = o.self_program;  // this process killed mid-dump: the job is resumed
+  auto dumped = inproc ? dump_driver_job(d) : dump_job(d);
   if (!dumped.ok()) {
     guardian.done();
     cleanup();
     return dumped.status().with_context("the stop (the job runs on at the source)");
   }
-  guardian.say("a" + dumped->permit + "\n");
   rep.final_bytes = dumped->gpu.bytes_stored;
   rep.final_criu_bytes = dumped->criu_bytes;
-  ckpt::fault_point("migrate-stopped");
-  if (link) {  // the stop's image goes too, while the job is still whole at the source
+  Status sent_final = Status::Ok();
+  if (inproc) {
+    // Stopped, its driver state checkpointed and its device memory freed: it cannot run on where
+    // it is without a restore, so its copy here ends now and the complete image is the way back
+    // (the restore below, or the guardian's if this process dies).
+    guardian.say("K");
+    (void)::kill(pid, SIGKILL);
+    (void)::kill(pid, SIGCONT);
+    ckpt::fault_point("migrate-stopped");
+    const uint64_t before = link->bytes_sent();
+    sent_final = link->send_dir(final_dir, "final");
+    if (sent_final.ok()) sent_final = link->sync();
+    rep.final_sent = link->bytes_sent() - before;
+  } else {
+    guardian.say("a" + dumped->permit + "\n");
+    ckpt::fault_point("migrate-stopped");
+  }
+  if (link && !inproc) {  // the stop's image goes too, while the job is still whole at the source
     const uint64_t before = link->bytes_sent();
     Status sent = link->send_dir(final_dir, "final");
     if (sent.ok()) sent = link->sync();
@@ -576,9 +601,11 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     rep.final_sent = link->bytes_sent() - before;
   }
   // The image is complete: the source's copy ends (its session with it) and the pid comes free.
-  guardian.say("K");
-  (void)::kill(pid, SIGKILL);
-  (void)::kill(pid, SIGCONT);
+  if (!inproc) {
+    guardian.say("K");
+    (void)::kill(pid, SIGKILL);
+    (void)::kill(pid, SIGCONT);
+  }
   if (!wait_pid_free(pid, 30)) {
     guardian.leave();  // it restores the job on the source once the pid is free
     return Status::Unavailable("the job was stopped and its image is complete, but its pid " + std::to_string(pid) +
@@ -594,7 +621,9 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   JobRestoreOptions r;
   r.dir = final_dir, r.socket = o.to, r.lazy = o.lazy;
   Status target_ok;
-  if (link) {
+  if (!sent_final.ok()) {
+    target_ok = sent_final.with_context("sending the stop's image");
+  } else if (link) {
     // The target restores it; it keeps the job only once told (commit): a source that dies before
     // that brings the job back here (its guardian), and the target ends its copy.
     auto res = link->restore("final", o.lazy);

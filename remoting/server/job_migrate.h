@@ -17,6 +17,10 @@ struct JobMigrateOptions {
                           // posd accepting migrations (posd.migration)
   std::string secret_file;  // with HOST:PORT: the shared secret (read_migration_secret)
   uint32_t pid = 0;       // the job
+  // An in-process job's (pos run) control socket: the job goes to another host's posd (`to` is
+  // HOST:PORT) through GPU-only pre-dumps while it runs, then a stop dump of its process (NVIDIA's
+  // driver checkpoint, CRIU) restored there; `socket` is unused. Empty: a posd job.
+  std::string job_socket;
   std::string work_dir;   // where the rounds' images go (a private directory is made in it); empty: auto
   uint32_t max_rounds = 5;         // pre-copy rounds at most (at least one: the whole state)
   double max_downtime_s = 0.3;     // the stop's budget the rounds aim at

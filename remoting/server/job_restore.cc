@@ -274,8 +274,18 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   say("driver");
   t = std::chrono::steady_clock::now();
   Status d = (*driver)->restore(*pid, plan->pairs);
+  double held_s = 0;  // the driver's restore before a hold
+  if (d.ok() && o.hold) {
+    // A migration target's (docs/migration.md, "In-process jobs to another host"): the job's driver
+    // state is back but stays locked, so none of its CUDA calls runs until the source commits; the
+    // memory goes on loading meanwhile. Not let go: the job is ended before it ran a step.
+    held_s = seconds_since(t);
+    if (!o.hold(static_cast<uint32_t>(*pid)))
+      return end(Status::Unavailable("the restored job was not let go (its migration was not committed)"));
+    t = std::chrono::steady_clock::now();  // the wait is no part of the restore's time
+  }
   if (d.ok()) d = (*driver)->unlock(*pid);
-  r.reattach_s = seconds_since(t);
+  r.reattach_s = held_s + seconds_since(t);
   if (!d.ok()) return end(d.with_context(plan->pairs.empty() ? "the driver's restore"
                                                              : "the driver's restore onto " + plan->uuid));
   if (Status g = check_job_gpus(m.socket, *plan, &r.note); !g.ok()) return end(g);

@@ -24,7 +24,8 @@ struct JobRestoreOptions {
   int device = -1;
   // Called once CRIU restored the tree and before the job may re-attach (it waits for its permit,
   // running no CUDA call): false ends the tree and fails the restore. A migration target holds the
-  // job here until its source commits (docs/migration.md).
+  // job here until its source commits (docs/migration.md). An in-process job is held after NVIDIA's
+  // driver restore, before its unlock (its CUDA calls wait for that).
   std::function<bool(uint32_t pid)> hold;
   // Phase names: "check", "gpu", "criu", "reattach".
   std::function<void(const char* phase)> progress;
