@@ -26,7 +26,10 @@ while [[ $# -gt 0 ]]; do
 done
 ARGS=("$@")
 [[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--layers 2 --dim 256 --steps 600)
-TMP=$(mktemp -d /tmp/torch-mig.XXXXXX)
+# Images in memory where there is room (the rounds, the stop and what the target receives), as a
+# migration's default work directory is.
+SHM_FREE=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }')
+if [[ ${SHM_FREE:-0} -ge 48 ]]; then TMP=$(mktemp -d /dev/shm/torch-mig.XXXXXX); else TMP=$(mktemp -d /tmp/torch-mig.XXXXXX); fi
 export POS_JOBS_DIR="$TMP/jobs"
 CLI="$B/tools/pos-cli" POS="$B/tools/pos" POSD="$B/tools/posd"
 TAG=$(( $$ % 100000 )) N=$(( $$ % 250 + 1 ))
@@ -83,7 +86,7 @@ for m in $(seq 1 "$MOVES"); do
   grep -q '"where":"target"' <<<"$R" || { echo "the job did not move"; FAIL=1; break; }
   wait "$JOB" 2>/dev/null  # the source's copy (this script's child only before the first move)
   rounds=$(grep -o '"round":[0-9]*,"bytes":[0-9]*' <<<"$R" | sed 's/"round":\([0-9]*\),"bytes":\([0-9]*\)/\2/' |
-           awk '{ printf "%s%.2f", NR > 1 ? " + " : "", $1 / 1e9 }')
+           awk '{ printf "%s%.2f", (NR > 1 ? " + " : ""), $1 / 1e9 }')
   ROWS+=("| $m: to $WHERE | $(json "$R" downtime_s) | $(json "$R" dump_s) | $(json "$R" restore_s) | $(json "$R" total_s) | $rounds | $(awk -v b="$(json "$R" final_bytes)" 'BEGIN { printf "%.2f", b / 1e9 }') | $(awk -v b="$(json "$R" final_criu_bytes)" 'BEGIN { printf "%.2f", b / 1e9 }') | $n0 |")
 done
 if [[ $FAIL == 0 ]]; then
