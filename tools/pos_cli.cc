@@ -1193,10 +1193,12 @@ int main(int argc, char** argv) {
   MigrateArgs ma;
   ma.socket = pos::default_socket_path();
   CLI::App* migrate_cmd = app.add_subcommand(
-      "migrate", "move a running job under posd to another posd of this host: pre-copy rounds while it runs, then a short stop");
+      "migrate", "move a running job to another posd (this host or another), or an in-process job to another GPU or "
+                 "host: pre-copy rounds while it runs, then a short stop");
   migrate_cmd->add_option("-t,--tree", ma.pid, "the job's pid (its client of posd: pos-cli ps)")->required()->check(
       CLI::PositiveNumber);
-  migrate_cmd->add_option("--to", ma.to, "the target posd: its socket on this host, or HOST:PORT where a posd accepts migrations");
+  migrate_cmd->add_option("--to", ma.to, "the target posd: its socket on this host, or HOST:PORT where a posd accepts "
+                          "migrations (the only target of an in-process job, besides --device)");
   migrate_cmd->add_option("--device", ma.device,
                           "an in-process job (pos run): move it to CUDA device N of this host, its process kept "
                           "(N counts every GPU, CUDA_VISIBLE_DEVICES ignored)")
