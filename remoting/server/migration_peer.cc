@@ -37,13 +37,14 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 2;  // 2: kAuthOk carries the migration's id; kOutcome
+constexpr uint32_t kVersion = 3;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 
 enum class Type : uint16_t {
   kHello = 1, kAuth = 2, kAuthOk = 3, kDir = 4, kFile = 5, kData = 6, kSymlink = 7, kSync = 8,
   kRestore = 9, kResult = 10, kError = 11, kCommit = 12, kOutcome = 13,
+  kHole = 14,  // u64 n: the open file's next n bytes are a hole (zeros, never sent)
 };
 constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
@@ -416,6 +417,13 @@ void MigrationServer::handle(int fd, const std::string& peer) {
           fail("create " + path + ": " + std::strerror(errno));
           continue;
         }
+        // Its whole size at once, sparse: a hole frame only moves the offset, and a file that ends
+        // in a hole still has its size.
+        if (::ftruncate(file.get(), static_cast<off_t>(size)) != 0) {
+          fail("sizing " + path + ": " + std::strerror(errno));
+          file.reset();
+          continue;
+        }
         file_left = size;
         if (size == 0) file.reset();
       }
@@ -446,6 +454,18 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
       file_left -= n;
       total += n;
+      if (file_left == 0) file.reset();
+    } else if (t == Type::kHole) {
+      uint64_t n = 0;
+      if (b.size() != 8 || (std::memcpy(&n, b.data(), 8), n == 0 || n > file_left)) {
+        if (failed.ok()) fail("a hole beyond the file's announced size, or outside a file");
+        continue;
+      }
+      if (file && ::lseek(file.get(), static_cast<off_t>(n), SEEK_CUR) < 0) {
+        fail(std::string("seeking: ") + std::strerror(errno));
+        continue;
+      }
+      file_left -= n;
       if (file_left == 0) file.reset();
     } else if (t == Type::kSync) {
       if (!failed.ok()) {
@@ -594,15 +614,31 @@ Status MigrationLink::send_dir(const std::string& local_dir, const std::string& 
       put_u64(&head, static_cast<uint64_t>(s.st_size));
       head += name;
       POS_RETURN_IF_ERROR(send_frame(fd, Type::kFile, head.data(), head.size()));
-      uint64_t left = static_cast<uint64_t>(s.st_size);
-      while (left > 0) {
-        const ssize_t n = ::read(f.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return Status::Unavailable("reading " + it->path().string() + ": it shrank or failed");
-        const uint32_t crc = ckpt::crc32c(buf.data(), static_cast<size_t>(n));
-        POS_RETURN_IF_ERROR(send_frame(fd, Type::kData, &crc, 4, buf.data(), static_cast<uint64_t>(n)));
-        left -= static_cast<uint64_t>(n);
-        bytes_ += static_cast<uint64_t>(n);
+      // Holes are not sent (an incremental image's memory files leave unchanged chunks as holes):
+      // the file system says where its data is; one that cannot say has data everywhere.
+      const uint64_t size = static_cast<uint64_t>(s.st_size);
+      uint64_t at = 0;
+      while (at < size) {
+        off_t data = ::lseek(f.get(), static_cast<off_t>(at), SEEK_DATA);
+        if (data < 0 && errno == ENXIO) data = static_cast<off_t>(size);  // a hole to the end
+        else if (data < 0) data = static_cast<off_t>(at);
+        if (static_cast<uint64_t>(data) > at) {
+          const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(data), size) - at;
+          POS_RETURN_IF_ERROR(send_frame(fd, Type::kHole, &n, 8));
+          at += n;
+          continue;
+        }
+        off_t hole = ::lseek(f.get(), static_cast<off_t>(at), SEEK_HOLE);
+        const uint64_t end = hole < 0 ? size : std::min<uint64_t>(static_cast<uint64_t>(hole), size);
+        while (at < end) {
+          const ssize_t n = ::pread(f.get(), buf.data(), std::min<uint64_t>(end - at, buf.size()), static_cast<off_t>(at));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return Status::Unavailable("reading " + it->path().string() + ": it shrank or failed");
+          const uint32_t crc = ckpt::crc32c(buf.data(), static_cast<size_t>(n));
+          POS_RETURN_IF_ERROR(send_frame(fd, Type::kData, &crc, 4, buf.data(), static_cast<uint64_t>(n)));
+          at += static_cast<uint64_t>(n);
+          bytes_ += static_cast<uint64_t>(n);
+        }
       }
     }
   }

@@ -1,0 +1,102 @@
+// migration_stream_test.cc — the migration stream's file transfer (remoting/server/migration_peer.h)
+// between a MigrationLink and a MigrationServer on loopback: files arrive byte for byte, holes are
+// not sent but arrive as holes of the same file size, and a stream with the wrong secret is refused.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "remoting/server/migration_peer.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Writes `pieces` (offset, bytes) into a new file of `size` bytes, the rest left as holes.
+void sparse_file(const fs::path& p, uint64_t size, const std::vector<std::pair<uint64_t, std::string>>& pieces) {
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+  for (const auto& [off, bytes] : pieces)
+    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(off)), static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+class MigrationStream : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("pos-ms-" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "src" / "sub");
+    fs::create_directories(root_ / "in");
+    pos::MigrationServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.secret = "a secret of at least sixteen bytes";
+    o.dir = (root_ / "in").string();
+    o.posd_socket = (root_ / "none.sock").string();
+    o.cli = "/bin/false";
+    auto s = pos::MigrationServer::start(o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(root_);
+  }
+  // Where the server wrote the migration's files (its one directory under in/).
+  fs::path received() const {
+    for (const auto& e : fs::directory_iterator(root_ / "in")) return e.path();
+    return {};
+  }
+  fs::path root_;
+  std::unique_ptr<pos::MigrationServer> server_;
+};
+
+TEST_F(MigrationStream, FilesArriveByteForByteAndTheirHolesAreNotSentButKeptAsHoles) {
+  const uint64_t mib = 1 << 20;
+  // 24 MiB with 8 KiB of data at 0, 4 KiB at 12 MiB, and a hole to the end.
+  sparse_file(root_ / "src" / "memory.0.bin", 24 * mib, {{0, std::string(8192, 'a')}, {12 * mib, std::string(4096, 'b')}});
+  // Starts with a hole, ends with data.
+  sparse_file(root_ / "src" / "sub" / "tail.bin", 3 * mib, {{3 * mib - 4096, std::string(4096, 'c')}});
+  std::ofstream(root_ / "src" / "manifest") << "{\"kind\":\"test\"}\n";
+  std::ofstream(root_ / "src" / "empty");
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "round-1").ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  const fs::path got = received() / "round-1";
+  for (const char* f : {"memory.0.bin", "sub/tail.bin", "manifest", "empty"}) {
+    SCOPED_TRACE(f);
+    ASSERT_TRUE(fs::exists(got / f));
+    EXPECT_EQ(fs::file_size(got / f), fs::file_size(root_ / "src" / f));
+    EXPECT_EQ(slurp(got / f), slurp(root_ / "src" / f));
+  }
+  // The data was sent, not the holes (where the file system keeps holes, as tmpfs and ext4 do).
+  struct stat st {};
+  ASSERT_EQ(::stat((root_ / "src" / "memory.0.bin").c_str(), &st), 0);
+  if (static_cast<uint64_t>(st.st_blocks) * 512 < 4 * mib) {
+    EXPECT_LT((*link)->bytes_sent(), 4 * mib) << "holes were sent as zeros";
+    ASSERT_EQ(::stat((got / "memory.0.bin").c_str(), &st), 0);
+    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 4 * mib) << "the holes did not arrive as holes";
+  }
+  EXPECT_GE((*link)->bytes_sent(), 8192u + 4096u + 4096u);
+}
+
+TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {
+  auto link = pos::MigrationLink::connect(server_->address(), "another secret, sixteen bytes or more");
+  ASSERT_FALSE(link.ok());
+  EXPECT_NE(link.status().message().find("secret"), std::string::npos) << link.status().message();
+  EXPECT_TRUE(fs::is_empty(root_ / "in"));
+}
+
+}  // namespace
