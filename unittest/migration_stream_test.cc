@@ -100,3 +100,26 @@ TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(MigrationStream, ACheckNamesThePathsThisHostLacksAndRefusesLinesItDoesNotKnow) {
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  // This process's pid is in use, but the peer is on this boot: pids are checked across boots only.
+  const std::string here = "pid " + std::to_string(::getpid()) + "\npath " + root_.string() + "\npath /bin/sh\n";
+  pos::Status ok = (*link)->check(here);
+  EXPECT_TRUE(ok.ok()) << ok.message();
+  pos::Status lacking = (*link)->check(here + "path " + (root_ / "no-such-file").string() + "\n");
+  ASSERT_FALSE(lacking.ok());
+  EXPECT_NE(lacking.message().find((root_ / "no-such-file").string() + " does not exist here"), std::string::npos)
+      << lacking.message();
+  // The stream goes on after a refused check (the source decides); a malformed check is refused.
+  EXPECT_TRUE((*link)->check(here).ok());
+  pos::Status bad = (*link)->check("pid 12x\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("a bad pid line"), std::string::npos) << bad.message();
+  EXPECT_FALSE((*link)->check("path relative/not/allowed\n").ok());
+}
+
+}  // namespace

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <thread>
 
 #include "ckpt/image.h"  // fault_point
@@ -50,6 +52,48 @@ bool wait_pid_free(pid_t pid, double seconds) {
 
 // The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
 // target), else to $TMPDIR or /var/tmp.
+// What a restore of the job's process tree needs on another host, as a check frame's lines
+// (MigrationLink::check): every pid of the tree, and the absolute paths its processes run from,
+// map and hold open (CRIU opens them by path there). Deleted files and memfds (CRIU carries those),
+// sockets, pipes, /proc and what a restore makes itself (the files in an in-process job's jobs
+// directory: its usage region) are left out; at most 4096 paths.
+std::string restore_needs(uint32_t root, const std::string& jobs_dir) {
+  namespace fs = std::filesystem;
+  std::vector<uint32_t> pids = {root};
+  for (size_t i = 0; i < pids.size() && pids.size() < 4096; ++i) {
+    std::error_code ec;
+    for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(pids[i]) + "/task", ec)) {
+      std::ifstream in(t.path() / "children");
+      for (uint32_t c; in >> c;) pids.push_back(c);
+    }
+  }
+  std::set<std::string> paths;
+  auto keep = [&](const std::string& p) {
+    if (p.empty() || p.front() != '/' || p.find(" (deleted)") != std::string::npos || p.rfind("/proc/", 0) == 0 ||
+        p.find('\n') != std::string::npos || p.size() > 4096 || paths.size() >= 4096 ||
+        (!jobs_dir.empty() && p.rfind(jobs_dir + "/", 0) == 0))
+      return;
+    paths.insert(p);
+  };
+  std::string out;
+  for (uint32_t p : pids) {
+    out += "pid " + std::to_string(p) + "\n";
+    const std::string proc = "/proc/" + std::to_string(p);
+    std::error_code ec;
+    keep(fs::read_symlink(proc + "/exe", ec).string());
+    keep(fs::read_symlink(proc + "/cwd", ec).string());
+    for (const auto& f : fs::directory_iterator(proc + "/fd", ec)) keep(fs::read_symlink(f.path(), ec).string());
+    std::ifstream maps(proc + "/maps");
+    for (std::string line; std::getline(maps, line);) {
+      const size_t slash = line.find('/');
+      if (slash != std::string::npos) keep(line.substr(slash));
+    }
+  }
+  if (!jobs_dir.empty()) keep(jobs_dir);
+  for (const std::string& p : paths) out += "path " + p + "\n";
+  return out;
+}
+
 std::string default_work_base() {
   struct statvfs v {};
   if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > (8ull << 30)) return "/dev/shm";
@@ -450,6 +494,14 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     if (auto ps = posd_control(o.to, "ps"); !ps.ok()) return ps.status().with_context("the target posd (" + o.to + ")");
   }
   const pid_t pid = static_cast<pid_t>(o.pid);
+  if (link) {
+    // Whether the other host could restore the job at all, before the job is touched: its files
+    // (CRIU's rule for a process moved between hosts) and its pids.
+    const std::string jobs_dir = inproc ? o.job_socket.substr(0, o.job_socket.rfind('/')) : std::string();
+    if (Status c = link->check(restore_needs(o.pid, jobs_dir)); !c.ok())
+      return c.with_context("the target at " + o.to + " could not restore pid " + std::to_string(o.pid) +
+                            " (nothing was asked of the job)");
+  }
 
   JobMigrateReport rep;
   rep.pid = o.pid;

@@ -45,6 +45,7 @@ enum class Type : uint16_t {
   kHello = 1, kAuth = 2, kAuthOk = 3, kDir = 4, kFile = 5, kData = 6, kSymlink = 7, kSync = 8,
   kRestore = 9, kResult = 10, kError = 11, kCommit = 12, kOutcome = 13,
   kHole = 14,  // u64 n: the open file's next n bytes are a hole (zeros, never sent)
+  kCheck = 15,  // what a restore of the job needs here: lines "pid N" and "path /ABS"; answered
 };
 constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
@@ -207,6 +208,42 @@ bool test_hook_names(const char* var, const std::string& name) {
   return ::unlink(f) == 0;
 }
 
+// A check frame's answer: empty when this host has every path it names (and, with `pids`, none of
+// its pids is in use), else what is missing, in at most 20 items. The body is the peer's: bounded
+// and checked line by line.
+std::string missing_for_restore(const std::string& body, bool pids) {
+  std::string out;
+  size_t items = 0, lines = 0;
+  auto add = [&](const std::string& what) {
+    if (++items <= 20) out += (out.empty() ? "" : "; ") + what;
+  };
+  if (body.size() > (1u << 20)) return "a check of more than 1 MiB";
+  size_t at = 0;
+  while (at < body.size()) {
+    size_t nl = body.find('\n', at);
+    if (nl == std::string::npos) nl = body.size();
+    const std::string line = body.substr(at, nl - at);
+    at = nl + 1;
+    if (line.empty()) continue;
+    if (++lines > 8192) return "a check of more than 8192 lines";
+    if (line.rfind("pid ", 0) == 0) {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(line.c_str() + 4, &end, 10);
+      if (end == line.c_str() + 4 || *end != '\0' || v == 0 || v > (1ul << 22)) return "a bad pid line in the check";
+      if (pids && (::kill(static_cast<pid_t>(v), 0) == 0 || errno == EPERM))
+        add("pid " + std::to_string(v) + " is in use here (CRIU restores the job under its own pids)");
+    } else if (line.rfind("path /", 0) == 0 && line.size() <= 4096 + 5 && line.find('\0') == std::string::npos) {
+      const std::string path = line.substr(5);
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) != 0) add(printable(path, 300) + " does not exist here");
+    } else {
+      return "a line the check does not know: '" + printable(line, 100) + "'";
+    }
+  }
+  if (items > 20) out += "; and " + std::to_string(items - 20) + " more";
+  return out;
+}
+
 // pos-cli restore --hold, run for a migration: its stdin (the commit's "go"), its output.
 class HeldRestore {
  public:
@@ -333,6 +370,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     (void)send_result(fd, 0, answer);
     return;
   }
+  const bool same_boot = std::string(auth.hello.boot_id, strnlen(auth.hello.boot_id, sizeof(auth.hello.boot_id))) == my_boot;
   const std::string root = opt_.dir + "/in-" + id;
   if (::mkdir(root.c_str(), 0700) != 0) return refuse("cannot make " + root + ": " + std::strerror(errno));
   POS_INFO("posd", "migration from %s: authenticated; receiving into %s", peer.c_str(), root.c_str());
@@ -467,6 +505,13 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
       file_left -= n;
       if (file_left == 0) file.reset();
+    } else if (t == Type::kCheck) {
+      // Before the job is touched: what CRIU will need here. The source's copy holds its pids
+      // until the switch when both run on one machine, so they are checked only across boots.
+      const std::string missing = missing_for_restore(b, !same_boot);
+      if (!missing.empty())
+        POS_INFO("posd", "migration from %s: this host cannot restore the job: %s", peer.c_str(), printable(missing, 400).c_str());
+      if (!send_result(fd, missing.empty() ? 0 : 1, missing).ok()) break;
     } else if (t == Type::kSync) {
       if (!failed.ok()) {
         (void)send_result(fd, 1, failed.message());
@@ -644,6 +689,12 @@ Status MigrationLink::send_dir(const std::string& local_dir, const std::string& 
   }
   if (ec) return Status::Unavailable("reading " + local_dir + ": " + ec.message());
   return Status::Ok();
+}
+
+Status MigrationLink::check(const std::string& needs) {
+  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kCheck, needs.data(), needs.size()));
+  auto r = expect_result(fd_.get());
+  return r.ok() ? Status::Ok() : r.status();
 }
 
 Status MigrationLink::sync() {

@@ -69,6 +69,9 @@ class MigrationLink {
   Status send_dir(const std::string& local_dir, const std::string& as);
   // Waits until the peer has written everything sent so far (or says why it could not).
   Status sync();
+  // Asks whether the peer could restore a job that needs `needs` (lines "pid N", "path /ABS"):
+  // fails naming what it lacks (a path, or a pid in use there; pids only across boots).
+  Status check(const std::string& needs);
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
   // for its permit: no step runs); its pos-cli's output so far.
   StatusOr<std::string> restore(const std::string& as, bool lazy);
