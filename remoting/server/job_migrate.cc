@@ -50,8 +50,6 @@ bool wait_pid_free(pid_t pid, double seconds) {
   return true;
 }
 
-// The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
-// target), else to $TMPDIR or /var/tmp.
 // What a restore of the job's process tree needs on another host, as a check frame's lines
 // (MigrationLink::check): every pid of the tree, and the absolute paths its processes run from,
 // map and hold open (CRIU opens them by path there). Deleted files and memfds (CRIU carries those),
@@ -94,6 +92,8 @@ std::string restore_needs(uint32_t root, const std::string& jobs_dir) {
   return out;
 }
 
+// The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
+// target), else to $TMPDIR or /var/tmp.
 std::string default_work_base() {
   struct statvfs v {};
   if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > (8ull << 30)) return "/dev/shm";

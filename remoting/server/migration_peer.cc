@@ -495,7 +495,8 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       if (file_left == 0) file.reset();
     } else if (t == Type::kHole) {
       uint64_t n = 0;
-      if (b.size() != 8 || (std::memcpy(&n, b.data(), 8), n == 0 || n > file_left)) {
+      if (b.size() == 8) std::memcpy(&n, b.data(), 8);
+      if (n == 0 || n > file_left) {
         if (failed.ok()) fail("a hole beyond the file's announced size, or outside a file");
         continue;
       }
