@@ -951,8 +951,10 @@ TEST_F(DriverDump, AMoveThatFailsMidwayLeavesTheJobRunningOnItsGpuWithItsMemory)
 // accepting migrations): the running in-process job is migrated there with `pos-cli migrate --to
 // HOST:PORT` (GPU-only rounds, then the stop dump of its process, restored and held there until
 // the commit) and reads its memory back there; then a move whose stop image cannot be sent brings
-// it back on the source from the same image, alone under its pid.
-TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobWithItsMemoryAndAFailedSendBringsItBack) {
+// it back on the source from the same image, alone under its pid; then pos-cli is killed at each
+// phase (after a round, with the source's copy ended, with the job held there, with the commit
+// sent) and the job runs exactly once, where that phase says.
+TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobAndEachFailureLeavesItRunningExactlyOnce) {
   const std::string tag = std::to_string(::getpid() % 100000);
   const std::string ns = "pos-ddm-" + tag, here = "pda" + tag, there = "pdb" + tag;
   const int n = static_cast<int>(::getpid() % 250) + 1;
@@ -1093,6 +1095,31 @@ TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobWithItsMemoryAndAF
     const std::string l = read_file(log), c = "committed; pid " + std::to_string(job) + " runs here";
     EXPECT_EQ(l.find(c, l.find(c) + 1), std::string::npos) << l;
   }
+  // pos-cli killed after a round: the job never stopped, and runs on here, untouched.
+  out = migrate_reaping("migrate-round");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_EQ(reaped, 4);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // Killed once the source's copy ended, before the stop's image went: the guardian restores the
+  // job here from that image.
+  out = migrate_reaping("migrate-stopped");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("restoring the job on the source"), std::string::npos) << out;
+  EXPECT_EQ(reaped, 5);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // Killed right after it sent the commit: the guardian asks the target, which runs the job.
+  out = migrate_reaping("migrate-commit-sent");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("asking the target where it runs"), std::string::npos) << out;
+  EXPECT_EQ(reaped, 6);
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  {
+    const std::string l = read_file(log), c = "committed; pid " + std::to_string(job) + " runs here";
+    const size_t second = l.find(c, l.find(c) + 1);
+    EXPECT_NE(second, std::string::npos) << l;
+    EXPECT_EQ(l.find(c, second + 1), std::string::npos) << l;
+  }
+  EXPECT_TRUE(fs::is_empty(work)) << "a guardian left its scratch";
   { std::ofstream(root_ / "work" / "exit"); }
   for (int i = 0; i < 1000 && ::waitpid(job, &st, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_NE(::kill(job, 0), 0) << "the job did not end when told";
