@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# torch_tick_trace.sh — where in a continuous-checkpointing tick a PyTorch job's slow steps fall
+# (issue #21's worst-step target; docs/continuous_checkpointing.md). The job trains under `pos run`
+# with --step-times; pos-cli pre-dump (the GPU-only checkpoint a policy tick of an in-process job
+# takes) runs every GAP seconds, N times. For each tick: its phases from pos-cli's report (the cut:
+# the job's shadow made, its streams held, the device copy; then the copy written to /dev/shm) and
+# each step of the job over 1.2x the median that started within the tick or 1 s after it, at its
+# offset from the tick's start. Outside the ticks, the job's own slow steps are counted too.
+#
+#   bash bench/torch_tick_trace.sh BUILD_DIR [--ticks 4] [--gap 6] [--cli-prefix 'nice -n 19'] [-- TRAIN_ARGS...]
+#
+# --cli-prefix runs pos-cli under a command (nice, taskset): whether the job's slow steps come from
+# the writer's CPU use.
+set -uo pipefail
+usage() { echo "usage: torch_tick_trace.sh BUILD_DIR [--ticks N] [--gap S] [--cli-prefix CMD] [-- TRAIN_ARGS...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && -d "$B" ]] || usage; shift
+B="$(cd "$B" && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TICKS=4 GAP=6 PREFIX=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --ticks) TICKS="${2:?}"; shift 2 ;;
+    --gap) GAP="${2:?}"; shift 2 ;;
+    --cli-prefix) PREFIX="${2:?}"; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--layers 4 --state-gib 8 --steps 1500)
+TMP=$(mktemp -d /dev/shm/tick-trace.XXXXXX)
+export POS_JOBS_DIR="$TMP/jobs"
+CLI="$B/tools/pos-cli" POS="$B/tools/pos"
+JOB=""
+cleanup() { [[ -n "$JOB" ]] && kill -KILL "$JOB" 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
+OUTF="$TMP/job.out"
+"$POS" run -- python3 "$ROOT/workloads/torch_train.py" "${ARGS[@]}" --step-times >"$OUTF" 2>"$OUTF.err" & JOB=$!
+for _ in $(seq 1 6000); do grep -q '^step 60 ' "$OUTF" && break; sleep 0.05; done
+grep -q '^step 60 ' "$OUTF" || { echo "the job did not reach step 60"; tail -5 "$OUTF.err"; exit 1; }
+: >"$TMP/ticks"
+for i in $(seq 1 "$TICKS"); do
+  t0=$(date +%s.%N)
+  R=$($PREFIX "$CLI" pre-dump -t "$JOB" -D "$TMP/pd" --json 2>&1) || { echo "pre-dump $i failed: $R"; exit 1; }
+  t1=$(date +%s.%N)
+  echo "$i $t0 $t1 $(json "$R" cut_s) $(json "$R" gpu_stall_s) $(json "$R" job_save_s) $(json "$R" gpu_s) $(json "$R" gpu_bytes)" >>"$TMP/ticks"
+  rm -rf "$TMP/pd"
+  sleep "$GAP"
+done
+kill -TERM "$JOB" 2>/dev/null; wait "$JOB" 2>/dev/null; JOB=""
+awk '$1 == "step" && $3 == "start_s" { print $2, $4 }' "$OUTF.err" >"$TMP/steps"
+MED=$(awk 'NR > 1 { print $2 - p } { p = $2 }' "$TMP/steps" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+echo "pos-cli under: ${PREFIX:-(nothing)}; median step $MED s; per tick: pos-cli's phases, then each step over 1.2x the median that began from the tick's start to 1 s after its end"
+awk -v med="$MED" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; line[$1] = $0; n = $1; next }
+  { s[FNR] = $1; st[FNR] = $2; m = FNR }
+  END {
+    for (i = 1; i <= n; ++i) {
+      split(line[i], f, " ")
+      printf "tick %d: %.3f s in all; cut %.4f s (job stalled %.4f s, device copy %.4f s), written by %.3f s; %.2f GB\n",
+             i, t1[i] - t0[i], f[4], f[5], f[6], f[7], f[8] / 1e9
+      in_window = 0; slow = 0
+      for (k = 1; k < m; ++k) {
+        if (st[k] < t0[i] || st[k] > t1[i] + 1) continue
+        ++in_window
+        len = st[k + 1] - st[k]
+        if (len <= 1.2 * med) continue
+        ++slow
+        printf "  step %5d at %+7.3f s: %.4f s (%.2fx the median)\n", s[k], st[k] - t0[i], len, len / med
+      }
+      printf "  %d steps began in the window, %d of them over 1.2x the median\n", in_window, slow
+    }
+    out = 0; out_slow = 0; worst = 0
+    for (k = 61; k < m; ++k) {
+      inside = 0
+      for (i = 1; i <= n; ++i) if (st[k] >= t0[i] && st[k] <= t1[i] + 1) inside = 1
+      if (inside) continue
+      ++out; len = st[k + 1] - st[k]
+      if (len > 1.2 * med) ++out_slow
+      if (len > worst) worst = len
+    }
+    printf "outside the ticks (from step 60): %d steps, %d over 1.2x the median, the longest %.2fx\n", out, out_slow, worst / med
+  }' "$TMP/ticks" "$TMP/steps"
