@@ -21,7 +21,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --ticks) TICKS="${2:?}"; shift 2 ;;
     --gap) GAP="${2:?}"; shift 2 ;;
-    --cli-prefix) PREFIX="${2:?}"; shift 2 ;;
+    --cli-prefix) PREFIX="${2?}"; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac

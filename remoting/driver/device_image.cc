@@ -3,6 +3,7 @@
 #include "remoting/driver/device_image.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +54,8 @@ class CopyPool {
     for (uint32_t f = 0; f < files; ++f)
       pool.emplace_back([&, f] {
         Lane lane{f, {nullptr, nullptr}, nullptr};
+        // Lower this thread only (Linux nice is per thread); a refusal leaves it as it was.
+        if (o_.nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), o_.nice);
         CUresult rc = c_.ctx_set_current(ctx);
         if (rc != kSuccess) return fail(Status::Unavailable(cu_error("cuCtxSetCurrent", rc)));
         if ((rc = c_.stream_create(&lane.stream, 1 /* non-blocking */)) != kSuccess)

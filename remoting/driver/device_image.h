@@ -50,6 +50,11 @@ struct CopyCalls {
 
 struct CopyOptions {
   int threads = 16;               // copy threads (and memory files), each with a stream and two staging buffers
+  // The copy threads' nice value (each thread's own, setpriority): a checkpoint written while the
+  // job runs on yields the CPU to it. 0: unchanged. Measured on the H200 (docs/BENCHMARKS.md): with
+  // 19, a 12 GB write beside a PyTorch job took as long and slowed 1-3 of its ~75 steps over 1.2x
+  // the median instead of 3-14.
+  int nice = 0;
   uint64_t chunk = 8ull << 20;    // copy and checksum unit
   // Bytes done so far of the total, from the copy threads (serialized), at most every chunk.
   std::function<void(uint64_t done, uint64_t total)> progress;

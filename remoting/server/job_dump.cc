@@ -943,6 +943,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
       co.inherited = inherited;
       co.unchanged = unchanged;
+      if (o.leave_running && shadow) co.nice = 19;  // written from the device copy while the job runs on
       auto saved = held->save(gpu_dir, co);
       written = saved.ok() ? Status::Ok() : saved.status();
       if (saved.ok()) same_bytes = saved->same_bytes;
@@ -1209,6 +1210,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   co.inherited = inherited;
   co.unchanged = unchanged_in_prev(pp);
+  co.nice = 19;  // the job runs on while its copy is written: the writers yield the CPU to it
   auto saved = (*held)->save(gpu_dir, co);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
