@@ -619,44 +619,45 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   }
   rep.final_bytes = dumped->gpu.bytes_stored;
   rep.final_criu_bytes = dumped->criu_bytes;
+  // The stop's image to the other host, its bytes counted in the report.
+  const auto send_final = [&]() -> Status {
+    const uint64_t before = link->bytes_sent();
+    Status sent = link->send_dir(final_dir, "final");
+    if (sent.ok()) sent = link->sync();
+    rep.final_sent = link->bytes_sent() - before;
+    return sent;
+  };
+  // The source's copy ends (a posd job's session with it) and the pid comes free.
+  const auto end_source = [&] {
+    guardian.say("K");
+    (void)::kill(pid, SIGKILL);
+    (void)::kill(pid, SIGCONT);
+  };
   Status sent_final = Status::Ok();
   if (inproc) {
     // Stopped, its driver state checkpointed and its device memory freed: it cannot run on where
     // it is without a restore, so its copy here ends now and the complete image is the way back
     // (the restore below, or the guardian's if this process dies).
-    guardian.say("K");
-    (void)::kill(pid, SIGKILL);
-    (void)::kill(pid, SIGCONT);
+    end_source();
     ckpt::fault_point("migrate-stopped");
-    const uint64_t before = link->bytes_sent();
-    sent_final = link->send_dir(final_dir, "final");
-    if (sent_final.ok()) sent_final = link->sync();
-    rep.final_sent = link->bytes_sent() - before;
+    sent_final = send_final();
   } else {
     guardian.say("a" + dumped->permit + "\n");
     ckpt::fault_point("migrate-stopped");
-  }
-  if (link && !inproc) {  // the stop's image goes too, while the job is still whole at the source
-    const uint64_t before = link->bytes_sent();
-    Status sent = link->send_dir(final_dir, "final");
-    if (sent.ok()) sent = link->sync();
-    if (!sent.ok()) {
-      // Let it run on where it is: its permit (the job's own, so that it may remove it), SIGCONT
-      // (CRIU left it stopped).
-      Status back = grant_reattach(dumped->permit, "", owner_of(o.pid));
-      (void)::kill(pid, SIGCONT);
-      guardian.done();
-      cleanup();
-      return sent.with_context(back.ok() ? "sending the stop's image (the job runs on at the source)"
-                                         : "sending the stop's image; and the job could not be let run on (" + back.message() + ")");
+    if (link) {  // the stop's image goes too, while the job is still whole at the source
+      if (Status sent = send_final(); !sent.ok()) {
+        // Let it run on where it is: its permit (the job's own, so that it may remove it), SIGCONT
+        // (CRIU left it stopped).
+        Status back = grant_reattach(dumped->permit, "", owner_of(o.pid));
+        (void)::kill(pid, SIGCONT);
+        guardian.done();
+        cleanup();
+        return sent.with_context(back.ok() ? "sending the stop's image (the job runs on at the source)"
+                                           : "sending the stop's image; and the job could not be let run on (" + back.message() + ")");
+      }
     }
-    rep.final_sent = link->bytes_sent() - before;
-  }
-  // The image is complete: the source's copy ends (its session with it) and the pid comes free.
-  if (!inproc) {
-    guardian.say("K");
-    (void)::kill(pid, SIGKILL);
-    (void)::kill(pid, SIGCONT);
+    // The image is complete: the source's copy ends.
+    end_source();
   }
   if (!wait_pid_free(pid, 30)) {
     guardian.leave();  // it restores the job on the source once the pid is free
