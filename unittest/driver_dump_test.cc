@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "unittest/netns_peer.h"
 #include "unittest/run_program.h"
 
 extern char** environ;
@@ -955,25 +956,10 @@ TEST_F(DriverDump, AMoveThatFailsMidwayLeavesTheJobRunningOnItsGpuWithItsMemory)
 // phase (after a round, with the source's copy ended, with the job held there, with the commit
 // sent) and the job runs exactly once, where that phase says.
 TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobAndEachFailureLeavesItRunningExactlyOnce) {
-  const std::string tag = std::to_string(::getpid() % 100000);
-  const std::string ns = "pos-ddm-" + tag, here = "pda" + tag, there = "pdb" + tag;
-  const int n = static_cast<int>(::getpid() % 250) + 1;
-  const std::string ip_here = "10.232." + std::to_string(n) + ".1", ip_there = "10.232." + std::to_string(n) + ".2";
+  const pos::test::NetnsPeer net("pos-ddm", "pda", "pdb", 232);
+  ASSERT_TRUE(net.ok) << "cannot make a network namespace and a veth pair (iproute2, root): " << net.error;
+  const std::string &ns = net.ns, &ip_there = net.ip_there;
   int code = -1;
-  const std::string made = pos::test::run_shell(
-      "ip netns add " + ns + " && ip link add " + here + " type veth peer name " + there + " && ip link set " + there +
-          " netns " + ns + " && ip addr add " + ip_here + "/24 dev " + here + " && ip -n " + ns + " addr add " + ip_there +
-          "/24 dev " + there + " && ip link set " + here + " up && ip -n " + ns + " link set " + there + " up && ip -n " +
-          ns + " link set lo up 2>&1",
-      &code);
-  struct Gone {
-    std::string cmd;
-    ~Gone() {
-      int c = -1;
-      (void)pos::test::run_shell(cmd, &c);
-    }
-  } gone{"ip link del " + here + " 2>/dev/null; ip netns del " + ns + " 2>/dev/null"};
-  ASSERT_EQ(code, 0) << "cannot make a network namespace and a veth pair (iproute2, root): " << made;
   // The target posd, in the namespace. Its pos-cli restores the job in this test's namespaces (as
   // posd_e2e_test does), so that the test can talk to the restored job.
   const fs::path b = root_ / "b";

@@ -36,6 +36,7 @@
 #include "remoting/client/shm_client.h"
 #include "remoting/common/process_info.h"
 #include "remoting/common/usage_region.h"
+#include "unittest/netns_peer.h"
 #include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
 #include "remoting/server/checkpoint_policy.h"
@@ -2065,32 +2066,12 @@ TEST_F(PosdMultiGpu, AJobDumpedOnGpu0AndRestoredOnGpu1FinishesAsIfNeverStopped) 
   for (const std::string& p : {out_file, jobs, img}) std::filesystem::remove_all(p);
 }
 
-// A network namespace joined to this one by a veth pair (10.231.N.1 here, .2 there, /24; nothing
-// else reachable from it), removed when it goes: CI's stand-in for a second host, with posd in each.
-struct NetnsPeer {
-  std::string ns, dev_here, dev_there, ip_here, ip_there;
-  bool ok = false;
-  NetnsPeer() {
-    const int n = static_cast<int>(::getpid() % 250) + 1;
-    ns = "pos-mig-" + std::to_string(::getpid());
-    dev_here = "pma" + std::to_string(::getpid() % 100000), dev_there = "pmb" + std::to_string(::getpid() % 100000);
-    ip_here = "10.231." + std::to_string(n) + ".1", ip_there = "10.231." + std::to_string(n) + ".2";
-    int code = -1;
-    std::string err;
-    (void)shell("ip netns add " + ns + " && ip link add " + dev_here + " type veth peer name " + dev_there + " && ip link set " +
-                    dev_there + " netns " + ns + " && ip addr add " + ip_here + "/24 dev " + dev_here + " && ip -n " + ns +
-                    " addr add " + ip_there + "/24 dev " + dev_there + " && ip link set " + dev_here + " up && ip -n " + ns +
-                    " link set " + dev_there + " up && ip -n " + ns + " link set lo up",
-                &code, &err);
-    ok = code == 0;
-    EXPECT_TRUE(ok) << "cannot make a network namespace and a veth pair (iproute2, root): " << err;
+// posd A here, posd B in a network namespace (pos::test::NetnsPeer, 10.231.N.*): CI's stand-in
+// for a second host.
+struct NetnsPeer : pos::test::NetnsPeer {
+  NetnsPeer() : pos::test::NetnsPeer("pos-mig", "pma", "pmb", 231) {
+    EXPECT_TRUE(ok) << "cannot make a network namespace and a veth pair (iproute2, root): " << error;
   }
-  ~NetnsPeer() {
-    int code = -1;
-    std::string err;
-    (void)shell("ip link del " + dev_here + "; ip netns del " + ns, &code, &err);
-  }
-  std::vector<std::string> in() const { return {"ip", "netns", "exec", ns}; }
 };
 
 // A TCP relay with delay and loss, in this process: the CI kernel has no netem, so the migration
