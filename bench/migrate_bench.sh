@@ -12,16 +12,20 @@
 # --gpus A,B: posd A serves GPU A and posd B GPU B (issue #23: GPU -> GPU on one host); the run also
 # measures the peer copy bandwidth between them and host <-> device (torch, where it is installed).
 # --peer-moves N: only the peer switch, N moves back and forth (its spread; no other rows).
+# --netns: posd B is "another host": a network namespace joined by a veth pair, both posd accepting
+# migrations (posd.migration); the moves are A -> B and B -> A with --to IP:PORT (the image streamed
+# over TCP, the process through CRIU), as between two hosts (docs/migration.md, "Across hosts").
 #
 # Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B]
-#        [--peer-moves N] [-- job args...]
+#        [--peer-moves N] [--netns] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
 # Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [-- job args...]" >&2; exit 2; }
-B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [--netns] [-- job args...]" >&2; exit 2; }
+B="${1:-}"; [[ -n "$B" && "$B" != -* && -d "$B" ]] || usage; shift
+B="$(cd "$B" && pwd)"  # absolute: the target's restore runs it from elsewhere (--netns)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0
+DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0 NETNS=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --gpus) GPUS="${2:?}"; [[ $GPUS =~ ^[0-9]+,[0-9]+$ ]] || usage; shift 2 ;;
@@ -29,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --backend) BACKEND="${2:?}"; shift 2 ;;
     --max-downtime) BUDGET="${2:?}"; shift 2 ;;
     --peer-moves) PEER_MOVES="${2:?}"; [[ $PEER_MOVES =~ ^[1-9][0-9]?$ ]] || usage; shift 2 ;;
+    --netns) NETNS=1; shift ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -40,15 +45,18 @@ ARGS=("$@")
 # Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
   export POS_BENCH_SUBREAPER=1
-  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") -- "${ARGS[@]}"
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") $( ((NETNS)) && echo --netns) -- "${ARGS[@]}"
 fi
 CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
 WORK=$(mktemp -d "$DIR/migrate-bench-XXXXXX")
 PIDS=()
 # POS_BENCH_LOGS=DIR keeps the jobs' step logs and the posd logs there (to check the table against them).
+NS="" HERE=""
 cleanup() {
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [[ -n "$HERE" ]] && ip link del "$HERE" 2>/dev/null
+  [[ -n "$NS" ]] && ip netns del "$NS" 2>/dev/null
   [[ -n "${POS_BENCH_LOGS:-}" ]] && mkdir -p "$POS_BENCH_LOGS" && cp "$TMP"/*.err "$TMP"/*.log "$POS_BENCH_LOGS"/ 2>/dev/null
   rm -rf "$TMP" "$WORK"
 }
@@ -76,18 +84,42 @@ step_gap() {
 }
 start_posd() {  # $1: name; $2: the GPU it serves (empty: all, sessions on the first)
   local sock="$TMP/$1/posd.sock"
+  mkdir -p "$TMP/$1"
   printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n  spare_session: true\n' "$BACKEND" "$sock" >"$TMP/$1.yaml"
   [[ -n "${2:-}" ]] && printf '  devices: [%s]\n' "$2" >>"$TMP/$1.yaml"
   [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/$1.yaml"
+  # --netns: each posd accepts migrations on its side of the veth; the restore runs in this
+  # script's namespaces (where the job's files are), through cli-here.
+  ((NETNS)) && printf '  migration:\n    listen: %s:0\n    secret_file: %s\n    dir: %s\n    cli: %s\n' \
+    "$(ip_of "$1")" "$TMP/secret" "$WORK/in-$1" "$TMP/cli-here" >>"$TMP/$1.yaml"
   [[ $BACKEND == host && -n "${2:-}" ]] && printf 'host_backend:\n  device_count: 2\n' >>"$TMP/$1.yaml"
-  "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
+  if ((NETNS)) && [[ $1 == b ]]; then ip netns exec "$NS" "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
+  else "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
+  fi
   PIDS+=($!)
   for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
 }
+ip_of() { [[ $1 == a ]] && echo "$IP_A" || echo "$IP_B"; }
+port_of() { local p; for _ in $(seq 1 400); do p=$(sed -n "s/.*accepting migrations on $2:\([0-9]*\).*/\1/p" "$1"); [[ -n "$p" ]] && { echo "$p"; return; }; sleep 0.05; done; }
+if ((NETNS)); then
+  TAG=$(( $$ % 100000 )) N=$(( $$ % 250 + 1 ))
+  NS="pos-mb-$TAG" HERE="mba$TAG" THERE="mbb$TAG" IP_A="10.234.$N.1" IP_B="10.234.$N.2"
+  ip netns add "$NS" && ip link add "$HERE" type veth peer name "$THERE" && ip link set "$THERE" netns "$NS" &&
+    ip addr add "$IP_A/24" dev "$HERE" && ip -n "$NS" addr add "$IP_B/24" dev "$THERE" && ip link set "$HERE" up &&
+    ip -n "$NS" link set "$THERE" up && ip -n "$NS" link set lo up || { echo "cannot make the namespace (root, iproute2)"; exit 1; }
+  head -c 48 /dev/urandom | base64 >"$TMP/secret"; chmod 600 "$TMP/secret"
+  printf '#!/bin/sh\nexec nsenter --net=/proc/%d/ns/net --mount=/proc/%d/ns/mnt %s "$@"\n' $$ $$ "$B/tools/pos-cli" >"$TMP/cli-here"
+  chmod 700 "$TMP/cli-here"
+fi
 # The jobs print CLOCK_MONOTONIC seconds, the logs wall time: one pair of readings relates them.
 echo "clocks: wall $(date +%s.%N) monotonic $(cut -d' ' -f1 /proc/uptime)"
 if [[ -n $GPUS ]]; then start_posd a "${GPUS%,*}"; start_posd b "${GPUS#*,}"; else start_posd a; start_posd b; fi
 A="$TMP/a/posd.sock" BS="$TMP/b/posd.sock"
+if ((NETNS)); then
+  PORT_A=$(port_of "$TMP/a.log" "$IP_A") PORT_B=$(port_of "$TMP/b.log" "$IP_B")
+  [[ -n "$PORT_A" && -n "$PORT_B" ]] || { echo "the posd instances did not listen"; cat "$TMP/a.log" "$TMP/b.log"; exit 1; }
+  echo "posd A on $IP_A:$PORT_A (here), posd B on $IP_B:$PORT_B (namespace $NS)"
+fi
 PEER=""
 if [[ -n $GPUS && $BACKEND == cuda ]]; then
   echo "== copy bandwidth between GPU ${GPUS%,*} and GPU ${GPUS#*,} (torch: 1 GiB tensors, 10 copies each)"
@@ -130,7 +162,11 @@ declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
 # B -> A moving the process (--move-process: rounds, then CRIU).
 MOVE_FLAGS=("" "" "--no-peer" "--move-process")
 MOVE_NAME=("A -> B, peer switch" "B -> A, peer switch" "A -> B, live, rounds through files (--no-peer)" "B -> A, --move-process (CRIU)")
-if [[ $PEER_MOVES -gt 0 ]]; then
+if ((NETNS)); then
+  MOVE_FLAGS=("--to $IP_B:$PORT_B --secret-file $TMP/secret" "--to $IP_A:$PORT_A --secret-file $TMP/secret")
+  MOVE_NAME=("A -> B, across the veth (--to HOST:PORT)" "B -> A, across the veth (--to HOST:PORT)")
+  echo "== POS: pos-cli migrate A -> B -> A across a veth pair (rounds streamed, the process through CRIU) (budget $BUDGET ms)"
+elif [[ $PEER_MOVES -gt 0 ]]; then
   MOVE_FLAGS=() MOVE_NAME=()
   for ((i = 0; i < PEER_MOVES; ++i)); do
     MOVE_FLAGS+=(""); if ((i % 2 == 0)); then MOVE_NAME+=("A -> B, peer switch"); else MOVE_NAME+=("B -> A, peer switch"); fi
@@ -144,8 +180,12 @@ FROM=$A TO=$BS
 for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   S0=$(steps_so_far "$TMP/job.out.err")
   T0=$(now)
-  M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
-      ${MOVE_FLAGS[$i]})
+  if ((NETNS)); then
+    M=$("$B/tools/pos-cli" migrate -t "$JOB" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json ${MOVE_FLAGS[$i]})
+  else
+    M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
+        ${MOVE_FLAGS[$i]})
+  fi
   MIG_TOTAL[$i]=$(sub "$(now)" "$T0")
   echo "$M"
   MIG_REPORT[$i]=$M
@@ -154,7 +194,8 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   # Which GPU holds the job's memory now (its session process's), as the driver tells it.
   [[ $BACKEND == cuda ]] && nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader 2>/dev/null | sed 's/^/  on the GPU: /'
   [[ $BACKEND == cuda && $i == 0 ]] && nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/null | sed 's/^/  GPU: /' 
-  T=$FROM FROM=$TO TO=$T
+  # A move that failed left the job where it was: the next one starts from there too.
+  grep -q '"where":"target"' <<<"$M" && T=$FROM FROM=$TO TO=$T
   sleep 3
 done
 kill -KILL "$JOB" 2>/dev/null; gone "$JOB"; sleep 1
@@ -212,7 +253,8 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
     stop=$(awk -v b="$(json "$M" peer_bytes)" -v e="$(json "$M" peer_export_s)" -v c="$(json "$M" target_copy_s)" \
       'BEGIN { printf "%.2f GB handed over (export %.3f s, target handles + copy %.3f s)", b / 1e9, e, c }')
   else
-    stop=$(awk -v b="$(json "$M" final_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }')
+    stop=$(awk -v b="$(json "$M" final_bytes)" -v c="$(json "$M" final_criu_bytes)" \
+      'BEGIN { printf "%.2f GB", b / 1e9; if (c > 0) printf " (+ CRIU %.2f GB)", c / 1e9 }')
   fi
   grep -q '"where":"target"' <<<"$M" || stop="FAILED, the job stayed at the source: $(sed -n 's/.*"target_error":"\([^"]*\)".*/\1/p' <<<"$M")"
   echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
