@@ -247,4 +247,102 @@ StatusOr<CriuImageSummary> read_criu_image(const std::string& dir) {
   return s;
 }
 
+uint64_t criu_page_size() { return kPage; }
+
+uint64_t CriuPagemap::present_pages() const {
+  uint64_t n = 0;
+  for (const Run& r : runs)
+    if ((r.flags & kCriuPagePresent) != 0) n += r.pages;
+  return n;
+}
+
+StatusOr<CriuPagemap> read_criu_pagemap(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  auto text = read_bounded(path);
+  if (!text.ok()) return text.status();
+  auto recs = records(name, *text, kPagemapMagic);
+  if (!recs.ok()) return recs.status();
+  if (recs->empty()) return corrupt(name, "has no head");
+  CriuPagemap pm;
+  bool bad = false;
+  {
+    Message h((*recs)[0]);
+    Field f;
+    while (h.next(&f, &bad))
+      if (f.number == 1 && f.wire == 0) pm.pages_id = f.value;
+  }
+  if (bad || pm.pages_id > 0xffffffffull) return corrupt(name, "its head is malformed");
+  pm.runs.reserve(recs->size() - 1);
+  uint64_t end = 0;
+  for (size_t i = 1; i < recs->size(); ++i) {
+    Message m((*recs)[i]);
+    Field f;
+    CriuPagemap::Run r;
+    bool in_parent = false, has_flags = false;
+    while (m.next(&f, &bad)) {
+      if (f.wire != 0) continue;
+      if (f.number == 1) r.vaddr = f.value;
+      if (f.number == 2) r.pages = f.value;
+      if (f.number == 3) in_parent = f.value != 0;
+      if (f.number == 4) r.flags = static_cast<uint32_t>(f.value), has_flags = true;
+    }
+    if (bad || r.pages == 0 || r.pages > (1ull << 36) || r.vaddr % kPage != 0 || r.vaddr > (1ull << 57) ||
+        r.flags > (kCriuPageParent | kCriuPageLazy | kCriuPagePresent))
+      return corrupt(name, "entry " + std::to_string(i) + " is malformed");
+    // Older images say in_parent; newer ones flags (as CRIU's reader takes them).
+    if (in_parent) r.flags |= kCriuPageParent;
+    else if (!has_flags) r.flags = kCriuPagePresent;
+    if (r.vaddr < end) return corrupt(name, "entry " + std::to_string(i) + " is out of address order or overlaps the one before");
+    end = r.vaddr + r.pages * kPage;
+    pm.runs.push_back(r);
+  }
+  return pm;
+}
+
+Status write_criu_pagemap(const std::string& path, const CriuPagemap& pm) {
+  std::string out;
+  auto u32 = [&](uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
+  auto varint = [](std::string* s, uint64_t v) {
+    do {
+      const uint8_t c = static_cast<uint8_t>((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+      s->push_back(static_cast<char>(c));
+      v >>= 7;
+    } while (v != 0);
+  };
+  auto field = [&](std::string* s, uint32_t number, uint64_t v) {
+    varint(s, static_cast<uint64_t>(number) << 3);  // wire type 0: a varint
+    varint(s, v);
+  };
+  auto record = [&](const std::string& body) {
+    u32(static_cast<uint32_t>(body.size()));
+    out += body;
+  };
+  u32(kCommonMagic);
+  u32(kPagemapMagic);
+  std::string b;
+  field(&b, 1, pm.pages_id);  // pagemap_head.pages_id
+  record(b);
+  for (const CriuPagemap::Run& r : pm.runs) {
+    b.clear();
+    field(&b, 1, r.vaddr);  // pagemap_entry.vaddr, nr_pages, flags
+    field(&b, 2, r.pages);
+    field(&b, 4, r.flags);
+    record(b);
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Status::Unavailable("cannot create " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t w = ::write(fd, out.data() + done, out.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += static_cast<size_t>(w);
+  }
+  const bool ok = done == out.size() && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return Status::Unavailable("cannot write " + path + ": " + std::strerror(err));
+  return Status::Ok();
+}
+
 }  // namespace pos::ckpt

@@ -27,6 +27,27 @@ struct CriuImageSummary {
   bool pre_dump = false;               // a pre-dump: pages only, no pstree.img
 };
 
+// One pagemap file (pagemap-ID.img): the pages file it names (pages-<pages_id>.img) and its runs of
+// pages in address order. A run's flags: kCriuPagePresent (its pages lie in the pages file, in
+// order), kCriuPageParent (in the parent image, through DIR/parent), kCriuPageLazy.
+inline constexpr uint32_t kCriuPageParent = 1, kCriuPageLazy = 2, kCriuPagePresent = 4;
+struct CriuPagemap {
+  struct Run {
+    uint64_t vaddr = 0;
+    uint64_t pages = 0;
+    uint32_t flags = 0;
+  };
+  uint64_t pages_id = 0;
+  std::vector<Run> runs;
+  uint64_t present_pages() const;
+};
+// Checked as input: the magic, every record, page-aligned runs in increasing address order that do
+// not overlap (what CRIU's reader assumes).
+StatusOr<CriuPagemap> read_criu_pagemap(const std::string& path);
+// Written whole to `path` (created or truncated) and fsynced.
+Status write_criu_pagemap(const std::string& path, const CriuPagemap& pagemap);
+uint64_t criu_page_size();
+
 // Reads DIR's pstree.img, core-PID.img and pagemap-*.img, and checks that every pages-N.img holds
 // exactly the pages its pagemaps say it holds. A malformed or inconsistent file is kCorrupt, naming
 // the file and what is wrong.

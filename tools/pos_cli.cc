@@ -232,6 +232,9 @@ int dump(const DumpArgs& a, bool pre) {
   o.leave_running = pre || a.leave_running;
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
+  // A posd job's pre-dump holds its memory as CRIU's would, where CRIU cannot pre-dump (an
+  // in-process job's stays GPU-only: it is also what a policy tick of such a job takes).
+  o.cpu_pages = pre;
   // If this process dies mid-dump, a guardian runs this same program's `resume` on the job.
   o.resume_program = self_program();
   const JobTarget target = find_job(a.pid, a.jobs_dir);
@@ -269,7 +272,7 @@ int dump(const DumpArgs& a, bool pre) {
     std::printf("{\"command\":\"%s\",\"pid\":%d,\"dir\":%s,\"prev\":%s,\"leave_running\":%s,\"mode\":\"%s\",\"cut\":%llu,"
                 "\"handles\":%llu,\"gpu_bytes\":%llu,\"gpu_bytes_referenced\":%llu,\"gpu_bytes_from_image\":%llu,\"gpu_image\":%s,"
                 "\"criu_images\":%s,\"criu_bytes\":%llu,\"criu_track_mem\":%s,\"criu_incremental\":%s,\"criu_note\":%s,"
-                "\"manifest\":%s,"
+                "\"criu_pages_to_parent\":%llu,\"manifest\":%s,"
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
@@ -281,7 +284,8 @@ int dump(const DumpArgs& a, bool pre) {
                 pos::json_string(r->gpu.image).c_str(),
                 pos::json_string(r->criu_dir).c_str(), (unsigned long long)r->criu_bytes,
                 r->criu_track_mem ? "true" : "false", r->criu_incremental ? "true" : "false",
-                pos::json_string(r->criu_note).c_str(), pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
+                pos::json_string(r->criu_note).c_str(), (unsigned long long)r->criu_pages_to_parent,
+                pos::json_string(r->manifest).c_str(), r->detach_s, r->cut_s,
                 r->gpu_s, r->gpu.stall_s, r->criu_s, r->resume_s, r->driver_s, r->driver_restore_s, r->sync_s,
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
                 r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",

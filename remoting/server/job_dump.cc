@@ -24,6 +24,7 @@
 #include <map>
 
 #include "ckpt/criu.h"
+#include "ckpt/criu_delta.h"
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
 #include "ckpt/region_table.h"
@@ -194,6 +195,38 @@ class JobGuardian {
 // `to` relative to the directory `from` ("../pre/criu").
 std::string relative_to(const std::string& to, const std::string& from) {
   return std::filesystem::path(to).lexically_relative(std::filesystem::path(from)).string();
+}
+
+// A CPU part saved whole (CRIU could not track dirty memory): its pages equal to those of prev's CPU
+// part at the same address are left to it, in CRIU's own incremental format, found by comparing
+// contents. A failure leaves the part whole, which is complete either way, and says so.
+void leave_equal_pages_to_prev(const Prepared& pp, JobDumpReport* r) {
+  if (r->criu_incremental || r->criu_dir.empty() || pp.prev_dir.empty() || pp.prev.criu.empty()) return;
+  auto d = ckpt::make_criu_image_incremental(r->criu_dir, pp.prev_dir + "/" + pp.prev.criu);
+  std::string note;
+  if (!d.ok()) {
+    note = "the CPU part stays whole: comparing it with the previous image's failed (" + d.status().message() + ")";
+  } else if (d->pages_to_parent > 0) {
+    r->criu_incremental = true;
+    r->criu_pages_to_parent = d->pages_to_parent;
+    char line[256];
+    std::snprintf(line, sizeof(line), "%llu of its %llu pages equal the previous image's and were left to it (%.3f s)",
+                  static_cast<unsigned long long>(d->pages_to_parent), static_cast<unsigned long long>(d->pages),
+                  d->seconds);
+    note = line;
+  }
+  if (!note.empty()) r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+}
+
+// JobDumpOptions::cpu_pages: the job's pages, read while it runs, into DIR/criu (a pre-dump's CPU
+// part where CRIU cannot pre-dump), those equal to prev's left to it.
+Status write_cpu_pages(const JobDumpOptions& o, const Prepared& pp, JobDumpReport* r) {
+  r->criu_dir = pp.dir + "/criu";
+  auto w = ckpt::write_process_pages(static_cast<pid_t>(o.pid), r->criu_dir);
+  if (!w.ok()) return w.status().with_context("reading the job's memory");
+  leave_equal_pages_to_prev(pp, r);
+  r->criu_bytes = bytes_under(r->criu_dir);
+  return Status::Ok();
 }
 
 // The manifest's fields that dump and pre-dump fill alike, from the job and the parts' reports.
@@ -393,6 +426,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   };
   ckpt::fault_point("job-dump-before-manifest");
   if (Status s = write_small_file(dir + "/token", *token + "\n", 0600); !s.ok()) return drop(s);
+  leave_equal_pages_to_prev(pp, &r);
   r.criu_bytes = bytes_under(r.criu_dir);
   JobManifest m = manifest_base(o, pp, r);
   m.permit = permit;
@@ -455,6 +489,14 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
     }
     r.criu_track_mem = true;
     r.criu_bytes = bytes_under(r.criu_dir);
+  } else if (o.cpu_pages) {
+    // What CRIU's pre-dump would hold, without freezing the job: its pages as they are read.
+    r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is the "
+                  "job's pages, read while it runs, for a dump --prev of this image to compare with";
+    if (Status c = write_cpu_pages(o, pp, &r); !c.ok()) {
+      remove_parts();
+      return c.with_context("pre-dumping the CPU state");
+    }
   } else {
     r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is not "
                   "pre-dumped, and a dump --prev of this image saves all of the job's memory";
@@ -466,7 +508,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
   m.arena_bytes = 0;
   m.leave_running = true;
   m.shell_job = shell_job;
-  m.criu = r.criu_track_mem ? "criu" : "";
+  m.criu = r.criu_dir.empty() ? "" : "criu";
   if (Status s = write_manifest(dir, &m, &r); !s.ok()) {
     remove_parts();
     return s;
@@ -1117,8 +1159,14 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     return s;
   }
   r.sync_s = seconds_since(t);
+  leave_equal_pages_to_prev(pp, &r);
   r.criu_bytes = bytes_under(r.criu_dir);
   JobManifest m = driver_manifest("driver-dump", o, pp, *ps, gpus, cut, !inherited.empty(), same_bytes, &r);
+  if (r.criu_pages_to_parent > 0) {
+    // The CPU part needs prev's even where the GPU part inherits nothing: retention keeps it.
+    m.criu_parent = true;
+    if (m.prev.empty()) m.prev = relative_to(pp.prev_dir, pp.dir);
+  }
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   r.manifest = dir + "/manifest";
@@ -1154,7 +1202,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   if (!held.ok()) return held.status().with_context("opening the job's device here");
   const std::string gpu_dir = dir + "/gpu";
   auto remove_parts = [&] {
-    for (const char* part : {"gpu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
+    for (const char* part : {"gpu", "criu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
   };
   if (::mkdir(gpu_dir.c_str(), 0700) != 0) return Status::Unavailable("cannot create " + gpu_dir + ": " + std::strerror(errno));
   JobDumpReport r;
@@ -1228,12 +1276,26 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   }
   r.sync_s = seconds_since(t);
   r.gpu_s = seconds_since(t0);
-  r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
-                "driver's state first): this pre-dump is GPU-only";
+  if (o.cpu_pages) {
+    // Not restorable (NVIDIA's checkpoint would have to stop the job), but a parent for the CPU
+    // part of a later dump --prev: the job's pages, read while it runs.
+    t = std::chrono::steady_clock::now();
+    if (Status c = write_cpu_pages(o, pp, &r); !c.ok()) {
+      remove_parts();
+      return c.with_context("pre-dumping the CPU state");
+    }
+    r.criu_s = seconds_since(t);
+    r.criu_note = "the job's pages, read while it runs: a parent for a later dump's CPU part" +
+                  (r.criu_note.empty() ? std::string() : "; " + r.criu_note);
+  } else {
+    r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
+                  "driver's state first): this pre-dump is GPU-only";
+  }
   JobManifest m = driver_manifest("driver-pre-dump", o, pp, *ps, gpus, json_u64(a, "cut"), !inherited.empty(),
                                   saved->same_bytes, &r);
   m.leave_running = true;
-  m.criu = "";
+  m.criu = r.criu_dir.empty() ? "" : "criu";
+  if (r.criu_pages_to_parent > 0 && m.prev.empty()) m.prev = relative_to(pp.prev_dir, pp.dir);
   r.manifest = dir + "/manifest";
   if (Status s = write_small_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
     remove_parts();

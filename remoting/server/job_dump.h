@@ -43,6 +43,10 @@ struct JobDumpOptions {
   // An earlier dump or pre-dump of this job (dump --prev): the GPU part stores only buffers written
   // since its cut, CRIU's only pages changed since its (where the kernel tracks dirty memory).
   std::string prev;
+  // Pre-dumps, where the kernel tracks no dirty memory (so CRIU cannot pre-dump): DIR/criu gets the
+  // job's pages, read while it runs (ckpt::write_process_pages), as the parent that a later dump
+  // --prev leaves its unchanged pages to. Off: a pre-dump has no CPU part there.
+  bool cpu_pages = false;
   // An in-process job's control socket (pos run: JOBS_DIR/<pid>.sock), for dump_driver_job.
   std::string job_socket;
   // dump_driver_job: the pos-cli to run as `PROGRAM resume -t PID --job-socket SOCKET` if this
@@ -72,6 +76,9 @@ struct JobDumpReport {
   std::string criu_note;         // why the CPU part is whole although asked otherwise, or empty
   std::string note;              // an in-process job's: what went through NVIDIA's checkpoint, or empty
   uint64_t criu_bytes = 0;       // bytes of CRIU's images
+  // CRIU saved all of the job's memory, and these pages of it, equal to the previous image's CPU
+  // part at the same address, were then left to it (ckpt::make_criu_image_incremental).
+  uint64_t criu_pages_to_parent = 0;
   // An in-process job's: NVIDIA's driver checkpoint (lock + checkpoint) and, with leave_running,
   // its restore + unlock (in resume_s with the reload of device memory); fsync of the GPU part.
   double driver_s = 0, driver_restore_s = 0, sync_s = 0;

@@ -539,8 +539,12 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     d.job_socket = o.job_socket;
     d.dir = rep.work_dir + "/round-" + std::to_string(n);
     d.prev = prev;
+    // To another host: each round also holds the job's memory as read while it runs (CPU pre-copy
+    // without dirty tracking), so that the stop's CRIU part sends only the pages that changed since.
+    d.cpu_pages = link != nullptr;
     // An in-process job's round is its GPU-only checkpoint (a copy on the device, written while it
-    // runs on); its CPU memory goes with the stop (NVIDIA's checkpoint must empty the driver first).
+    // runs on), with its pages as above; its CPU state is dumped at the stop (NVIDIA's checkpoint
+    // must empty the driver first).
     auto r = inproc ? pre_dump_driver_job(d) : pre_dump_job(d);
     if (!r.ok()) {
       guardian.done();
