@@ -997,14 +997,15 @@ int migrate(const MigrateArgs& a) {
       rounds += t;
     }
     std::printf("{\"pid\":%u,\"inproc\":%s,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
-                "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
+                "\"final_bytes\":%llu,\"final_criu_bytes\":%llu,\"final_criu_pages_to_parent\":%llu,\"dump_s\":%.6f,\"restore_s\":%.6f,\"downtime_s\":%.6f,"
                 "\"total_s\":%.6f,\"work_dir\":%s,\"kept\":%s,\"remote\":%s,\"same_host\":%s,\"final_sent\":%llu,"
                 "\"commit_answer_lost\":%s,\"live\":%s,\"release_error\":%s,\"peer\":%s,\"peer_bytes\":%llu,"
                 "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f,\"detach_s\":%.6f,\"stop_image_s\":%.6f,"
                 "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f,\"peer_fallback\":%s}\n",
                 r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
-                (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes, r->dump_s, r->restore_s,
+                (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes,
+                (unsigned long long)r->final_criu_pages_to_parent, r->dump_s, r->restore_s,
                 r->downtime_s, r->total_s, pos::json_string(r->work_dir).c_str(), a.keep_images ? "true" : "false",
                 r->remote ? "true" : "false", r->same_host ? "true" : "false", (unsigned long long)r->final_sent,
                 r->commit_answer_lost ? "true" : "false", r->live ? "true" : "false",

@@ -1042,6 +1042,10 @@ TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobAndEachFailureLeav
   EXPECT_NE(out.find("\"where\":\"target\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"remote\":true,\"same_host\":true"), std::string::npos) << out;
   EXPECT_NE(out.find("\"round\":1,\"bytes\":10485760"), std::string::npos) << out;  // round 1: all 10 MiB
+  // Its CPU memory went in the rounds too (read while it ran); the stop's CRIU part left the pages
+  // still equal to the last round's to them, and the target's CRIU read them there.
+  EXPECT_NE(out.find("\"final_criu_pages_to_parent\":"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\"final_criu_pages_to_parent\":0,"), std::string::npos) << out;
   int st = 0;
   restored_ = job;  // the same pid, now the target's restore (this test reaps it)
   EXPECT_EQ(::kill(job, 0), 0);

@@ -2304,6 +2304,11 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     std::smatch m;
     ASSERT_TRUE(std::regex_search(report, m, std::regex("\"final_sent\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
+    // CPU pre-copy: each round also sent the job's pages, and the stop's CRIU part left the ones
+    // still equal to the last round's to them (the target's CRIU read them there).
+    EXPECT_GT(json_number(report, "final_criu_pages_to_parent"), 0) << report;
+    EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
+    EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
     EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";
     EXPECT_TRUE(serves(to, child)) << to.ps() << to.log_text();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -236,10 +236,10 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
       return Status::Corrupt("the manifest of an in-process job's dump names other parts than gpu and criu, or no "
                              "control socket");
   }
-  if (m.kind == "driver-pre-dump") {  // an in-process job's GPU-only checkpoint: no CPU part either
-    if (m.gpu != "gpu" || !m.criu.empty() || m.socket.empty() || m.socket[0] != '/')
-      return Status::Corrupt("the manifest of an in-process job's pre-dump names other parts than gpu, or no control "
-                             "socket");
+  if (m.kind == "driver-pre-dump") {  // an in-process job's GPU checkpoint, and maybe its pages (criu)
+    if (m.gpu != "gpu" || (!m.criu.empty() && m.criu != "criu") || m.socket.empty() || m.socket[0] != '/')
+      return Status::Corrupt("the manifest of an in-process job's pre-dump names other parts than gpu and criu, or no "
+                             "control socket");
   }
   return m;
 }

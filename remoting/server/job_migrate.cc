@@ -623,6 +623,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   }
   rep.final_bytes = dumped->gpu.bytes_stored;
   rep.final_criu_bytes = dumped->criu_bytes;
+  rep.final_criu_pages_to_parent = dumped->criu_pages_to_parent;
   // The stop's image to the other host, its bytes counted in the report.
   const auto send_final = [&]() -> Status {
     const uint64_t before = link->bytes_sent();

@@ -65,7 +65,8 @@ struct JobMigrateReport {
   uint64_t final_bytes = 0; // GPU bytes copied during the stop
   uint64_t final_sent = 0;  // HOST:PORT: bytes of the stop's image sent
   bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
-  uint64_t final_criu_bytes = 0;
+  uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
+  uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)
   double dump_s = 0;        // the stop: detach, last GPU bytes, CRIU, until the job is ended
   double restore_s = 0;     // the restore, until the job re-attached
   double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
