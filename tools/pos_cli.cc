@@ -232,15 +232,15 @@ int dump(const DumpArgs& a, bool pre) {
   o.leave_running = pre || a.leave_running;
   o.async = pre || a.mode == "async";
   o.lazy_ok = a.lazy_ok;
-  // A posd job's pre-dump holds its memory as CRIU's would, where CRIU cannot pre-dump (an
-  // in-process job's stays GPU-only: it is also what a policy tick of such a job takes).
-  o.cpu_pages = pre;
   // If this process dies mid-dump, a guardian runs this same program's `resume` on the job.
   o.resume_program = self_program();
   const JobTarget target = find_job(a.pid, a.jobs_dir);
   const std::string& job_socket = target.job_socket;
   const bool inproc = target.inproc;
   if (inproc) o.job_socket = job_socket;
+  // A posd job's pre-dump holds its memory as CRIU's would, where CRIU cannot pre-dump (an
+  // in-process job's stays GPU-only: it is also what a policy tick of such a job takes).
+  o.cpu_pages = pre && !inproc;
   pos::StatusOr<pos::JobDumpReport> r = [&] {
     // The GPU drain reports from its own thread while CRIU runs (with --leave-running): one line,
     // whichever phase spoke last.

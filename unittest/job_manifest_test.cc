@@ -99,15 +99,24 @@ TEST(JobManifest, AnInProcessJobsDumpNeedsItsControlSocketAndARelativePreviousIm
   bad = m;
   bad.gpu = "other";
   expect_refused(manifest_json(bad), "other parts than gpu and criu, or no control socket");
-  // Its GPU-only pre-dump: no CPU part at all.
+  // Its GPU-only pre-dump: no CPU part at all; a migration round's also holds the job's pages
+  // (criu); no other part is taken.
   m.kind = "driver-pre-dump";
   m.criu.clear();
   back = parse_manifest(manifest_json(m));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->kind, "driver-pre-dump");
+  EXPECT_TRUE(back->criu.empty());
+  m.criu = "criu";
+  back = parse_manifest(manifest_json(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->criu, "criu");
   bad = m;
-  bad.criu = "criu";
-  expect_refused(manifest_json(bad), "other parts than gpu, or no control socket");
+  bad.criu = "cpu";
+  expect_refused(manifest_json(bad), "other parts than gpu and criu, or no control socket");
+  bad = m;
+  bad.socket.clear();
+  expect_refused(manifest_json(bad), "other parts than gpu and criu, or no control socket");
 }
 
 // The GPUs of an in-process job's dump, by UUID: written and read back; absent in an older image's

@@ -207,12 +207,14 @@ StatusOr<std::string> describe_job_image(const std::string& dir, const JobInspec
     gpu = ckpt::describe_image(**img, ckpt::DescribeOptions{o.json, o.summary});
   }
 
-  // The CPU part: a pre-dump on a kernel without dirty-memory tracking has none.
+  // The CPU part: a pre-dump's may be CRIU's pre-dump, or the job's pages read while it ran (no
+  // process tree either way); some pre-dumps have none.
   StatusOr<ckpt::CriuImageSummary> criu = Status::NotFound("none");
   if (!m->criu.empty()) {
     criu = ckpt::read_criu_image(dir + "/" + m->criu);
     if (!criu.ok()) return criu.status().with_context("the CPU part " + dir + "/" + m->criu);
-    if (m->kind != "pre-dump" && (criu->processes.empty() || criu->processes.front().pid != m->pid))
+    const bool pre = m->kind == "pre-dump" || m->kind == "driver-pre-dump";
+    if (pre ? !criu->processes.empty() : (criu->processes.empty() || criu->processes.front().pid != m->pid))
       return Status::Corrupt("the CPU part " + dir + "/" + m->criu + " is not CRIU's dump of pid " +
                              std::to_string(m->pid) + ", as the manifest says");
     if (m->criu_parent && !criu->has_parent)
