@@ -7,15 +7,18 @@
 #
 # --incremental: each POS dump is preceded by a pos-cli pre-dump (a GPU-only checkpoint) and takes it
 # as --prev, so that it stores only what the job wrote since; the restore reads through the chain.
+# --prev-dump: the same with a pos-cli dump --leave-running (a whole restore point, CPU part too) as
+# --prev: the dump's CRIU part leaves the pages equal to that one's to it (compared by content:
+# what a --with-cpu policy's points do), and CRIU's restore reads them through criu/parent.
 #
 # --lazy: the stop dump's image is restored a second time, with pos-cli restore --lazy (the job runs
 # while its device memory loads); its output must equal the native run's too. --cold: the image's
 # files are dropped from the page cache before each restore (as after a reboot, or on another host).
 #
-# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [--incremental] [--lazy] [--cold] [-- torch_train.py args...]
+# Usage: bench/torch_dump_bench.sh BUILD [--at K] [--no-nvidia] [--incremental | --prev-dump] [--lazy] [--cold] [-- torch_train.py args...]
 # Needs a GPU, PyTorch (python3) and CRIU (tools/install_criu.sh); run as root or the job's user.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [--incremental] [--lazy] [--cold] [-- torch_train.py args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--at K] [--no-nvidia] [--incremental | --prev-dump] [--lazy] [--cold] [-- torch_train.py args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* ]] || usage; shift
 B="$(cd "$B" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +28,7 @@ while [[ $# -gt 0 ]]; do
     --at) AT="${2:?}"; shift 2 ;;
     --no-nvidia) NVIDIA=0; shift ;;
     --incremental) INC=1; shift ;;
+    --prev-dump) INC=1 PREV_DUMP=1; shift ;;
     --lazy) LAZY=1; shift ;;
     --cold) COLD=1; shift ;;
     --) shift; break ;;
@@ -72,7 +76,11 @@ PREV=() PRE_JSON=""
 predump() {
   PREV=()
   [[ $INC == 1 ]] || return 0
-  PRE_JSON=$("$CLI" pre-dump -t "$JOB" -D "$1" --json) || { echo "pre-dump failed"; FAIL=1; return 0; }
+  if [[ ${PREV_DUMP:-0} == 1 ]]; then
+    PRE_JSON=$("$CLI" dump -t "$JOB" -D "$1" --leave-running --json) || { echo "dump --leave-running (the --prev) failed"; FAIL=1; return 0; }
+  else
+    PRE_JSON=$("$CLI" pre-dump -t "$JOB" -D "$1" --json) || { echo "pre-dump failed"; FAIL=1; return 0; }
+  fi
   wait_step "$2" $((AT + 3))
   PREV=(--prev "$1")
 }
@@ -192,6 +200,11 @@ fi
 echo "| device memory saved by POS (bytes) / CRIU's part (bytes) | $(json "$ST" gpu_bytes) / $(json "$ST" criu_bytes) | — |"
 if [[ $INC == 1 ]]; then
   echo "| --incremental: pre-dump stall (ms), its bytes; stored / left in the pre-dump by the dumps (leave-running, stop) | $(awk -v s="$(json "$PRE_JSON" gpu_stall_s)" 'BEGIN{printf "%.3f", s*1000}'), $(json "$PRE_JSON" gpu_bytes); $(json "$LR" gpu_bytes) / $(json "$LR" gpu_bytes_referenced), $(json "$ST" gpu_bytes) / $(json "$ST" gpu_bytes_referenced) | — |"
+fi
+if [[ ${PREV_DUMP:-0} == 1 ]]; then
+  echo "| --prev-dump: CRIU's part of the --prev dump / of the stop dump (bytes); its pages left to the --prev's | $(json "$PRE_JSON" criu_bytes) / $(json "$ST" criu_bytes); $(json "$ST" criu_pages_to_parent) | — |"
+  # The comparison must have happened, and the restore read through it.
+  [[ $(json "$ST" criu_pages_to_parent) -gt 0 ]] 2>/dev/null || { echo "the stop dump left no page to its --prev"; FAIL=1; }
 fi
 echo
 [[ $FAIL == 0 ]] && echo "all outputs identical to the native run" || echo "FAILED: see above"
