@@ -40,6 +40,11 @@ constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
 constexpr uint32_t kVersion = 3;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
+constexpr size_t kZeroPage = 4096;  // the unit in which runs of zeros are found (and not sent)
+const char* zeros_page() {
+  static const std::vector<char> z(kZeroPage, 0);
+  return z.data();
+}
 
 enum class Type : uint16_t {
   kHello = 1, kAuth = 2, kAuthOk = 3, kDir = 4, kFile = 5, kData = 6, kSymlink = 7, kSync = 8,
@@ -680,10 +685,29 @@ Status MigrationLink::send_dir(const std::string& local_dir, const std::string& 
           const ssize_t n = ::pread(f.get(), buf.data(), std::min<uint64_t>(end - at, buf.size()), static_cast<off_t>(at));
           if (n < 0 && errno == EINTR) continue;
           if (n <= 0) return Status::Unavailable("reading " + it->path().string() + ": it shrank or failed");
-          const uint32_t crc = ckpt::crc32c(buf.data(), static_cast<size_t>(n));
-          POS_RETURN_IF_ERROR(send_frame(fd, Type::kData, &crc, 4, buf.data(), static_cast<uint64_t>(n)));
-          at += static_cast<uint64_t>(n);
-          bytes_ += static_cast<uint64_t>(n);
+          // Pages of zeros in the data go as holes too (the target's file is sized up front, so a
+          // hole reads as zeros there): a CRIU dump holds many (memory the job touched but never
+          // wrote, the driver's zeroed buffers).
+          const size_t got = static_cast<size_t>(n);
+          for (size_t i = 0; i < got;) {
+            const size_t page = std::min<size_t>(kZeroPage, got - i);
+            const bool zero = page == kZeroPage && std::memcmp(buf.data() + i, zeros_page(), kZeroPage) == 0;
+            size_t j = i + page;
+            while (j < got && got - j >= kZeroPage &&
+                   (std::memcmp(buf.data() + j, zeros_page(), kZeroPage) == 0) == zero)
+              j += kZeroPage;
+            if (!zero && j < got && got - j < kZeroPage) j = got;  // a short tail goes with the data
+            const uint64_t len = j - i;
+            if (zero) {
+              POS_RETURN_IF_ERROR(send_frame(fd, Type::kHole, &len, 8));
+            } else {
+              const uint32_t crc = ckpt::crc32c(buf.data() + i, len);
+              POS_RETURN_IF_ERROR(send_frame(fd, Type::kData, &crc, 4, buf.data() + i, len));
+              bytes_ += len;
+            }
+            i = j;
+          }
+          at += got;
         }
       }
     }
