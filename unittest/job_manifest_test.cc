@@ -3,7 +3,9 @@
 #include "remoting/server/job_manifest.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 namespace pos {
@@ -194,6 +196,52 @@ TEST(JobManifest, AManifestThatNamesNoJobOrPartsOutsideItsDirectoryIsRefused) {
   m = sample();
   m.permit = "relative/.reattach";
   expect_refused(manifest_json(m), "not an absolute path");
+}
+
+// The CPU parts CRIU reads pages from (through `parent` links) must be this job's own images:
+// a chain of them passes; a link into another job's image, into a directory with no manifest, a
+// CPU part that is itself a link elsewhere, and a loop are refused, naming what is wrong.
+TEST(JobManifest, ACpuPartReadsPagesOnlyThroughImagesOfTheSameJob) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("pos-criu-chain-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  JobManifest m = sample();
+  m.criu = "criu";
+  auto image = [&](const std::string& name, uint32_t uid, const std::string& parent) {
+    fs::create_directories(root / name / "criu");
+    JobManifest x = m;
+    x.uid = uid;
+    ASSERT_TRUE(write_small_file((root / name / "manifest").string(), manifest_json(x), 0600).ok());
+    if (!parent.empty()) fs::create_directory_symlink(parent, root / name / "criu" / "parent");
+  };
+  image("cp-1", 1000, "");
+  image("cp-2", 1000, "../../cp-1/criu");
+  image("cp-3", 1000, "../../cp-2/criu");
+  EXPECT_TRUE(check_criu_parents((root / "cp-3").string(), m).ok());
+  // Another user's image in the chain (the same pid, another uid).
+  image("theirs", 2000, "");
+  image("mine", 1000, "../../theirs/criu");
+  Status s = check_criu_parents((root / "mine").string(), m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("not the CPU part of an image of this job"), std::string::npos) << s.message();
+  // A directory that is no image at all.
+  fs::create_directories(root / "loose" / "criu");
+  image("stray", 1000, "../../loose/criu");
+  EXPECT_FALSE(check_criu_parents((root / "stray").string(), m).ok());
+  // The CPU part itself a link to another image's.
+  fs::create_directories(root / "linked");
+  ASSERT_TRUE(write_small_file((root / "linked" / "manifest").string(), manifest_json(m), 0600).ok());
+  fs::create_directory_symlink("../theirs/criu", root / "linked" / "criu");
+  s = check_criu_parents((root / "linked").string(), m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("leads outside its image"), std::string::npos) << s.message();
+  // A loop: two images each other's parent.
+  image("a", 1000, "../../b/criu");
+  image("b", 1000, "../../a/criu");
+  s = check_criu_parents((root / "a").string(), m);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("more than 64"), std::string::npos) << s.message();
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -202,8 +202,15 @@ std::string relative_to(const std::string& to, const std::string& from) {
 // contents. A failure leaves the part whole, which is complete either way, and says so.
 void leave_equal_pages_to_prev(const Prepared& pp, JobDumpReport* r) {
   if (r->criu_incremental || r->criu_dir.empty() || pp.prev_dir.empty() || pp.prev.criu.empty()) return;
-  auto d = ckpt::make_criu_image_incremental(r->criu_dir, pp.prev_dir + "/" + pp.prev.criu);
   std::string note;
+  // Only pages of this job's own images: a link into another's would let the comparison tell
+  // this job whether its pages equal that image's.
+  if (Status c = check_criu_parents(pp.prev_dir, pp.prev); !c.ok()) {
+    note = "the CPU part stays whole: the previous image's is not compared with (" + c.message() + ")";
+    r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+    return;
+  }
+  auto d = ckpt::make_criu_image_incremental(r->criu_dir, pp.prev_dir + "/" + pp.prev.criu);
   if (!d.ok()) {
     note = "the CPU part stays whole: comparing it with the previous image's failed (" + d.status().message() + ")";
   } else if (d->pages_to_parent > 0) {

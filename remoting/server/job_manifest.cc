@@ -3,6 +3,8 @@
 #include "remoting/server/job_manifest.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -242,6 +244,36 @@ StatusOr<JobManifest> parse_manifest(const std::string& text) {
                              "control socket");
   }
   return m;
+}
+
+Status check_criu_parents(const std::string& dir, const JobManifest& m) {
+  if (m.criu.empty()) return Status::Ok();
+  char real[PATH_MAX], real_dir[PATH_MAX];
+  if (::realpath(dir.c_str(), real_dir) == nullptr)
+    return Status::NotFound("cannot resolve " + dir + ": " + std::strerror(errno));
+  const std::string part = dir + "/" + m.criu;
+  if (::realpath(part.c_str(), real) == nullptr) return Status::Corrupt("the CPU part " + part + " is missing");
+  if (std::string(real) != std::string(real_dir) + "/" + m.criu)
+    return Status::Corrupt("the CPU part " + part + " leads outside its image (to " + printable(real, 256) + ")");
+  std::string level = real;
+  for (int depth = 0;; ++depth) {
+    struct stat st {};
+    const std::string link = level + "/parent";
+    if (::lstat(link.c_str(), &st) != 0) return Status::Ok();  // the chain ends here
+    if (depth == 64) return Status::Corrupt("the CPU part " + part + " has more than 64 parents (or a loop)");
+    if (::realpath(link.c_str(), real) == nullptr)
+      return Status::Corrupt("the previous CPU part " + link + " is gone: " + part + " needs it");
+    const std::string target = real;
+    const size_t slash = target.rfind('/');
+    const std::string image = slash == 0 ? "/" : target.substr(0, slash), name = target.substr(slash + 1);
+    auto pm = read_manifest(image);
+    if (!pm.ok() || pm->pid != m.pid || pm->uid != m.uid || pm->criu != name)
+      return Status::Corrupt("the CPU part " + part + " reads pages through " + link + " from " + printable(target, 256) +
+                             ", which is not the CPU part of an image of this job (pid " + std::to_string(m.pid) +
+                             ", uid " + std::to_string(m.uid) + ")" +
+                             (pm.ok() ? "" : ": " + pm.status().message()));
+    level = target;
+  }
 }
 
 StatusOr<std::string> read_small_file(const std::string& path, size_t max) {

@@ -71,4 +71,12 @@ StatusOr<std::string> read_small_file(const std::string& path, size_t max);
 // DIR/manifest, read and parsed; errors name DIR.
 StatusOr<JobManifest> read_manifest(const std::string& dir);
 
+// The CPU parts that image `dir` (manifest `m`) reads through CRIU's `parent` links: CRIU's restore
+// reads pages from them into the job, and a dump compares the job's pages with them, so each must
+// be the CPU part of an image of this same job. Checked: DIR/<m.criu> is a directory inside DIR
+// (not a link elsewhere), and every `parent` link from it leads (by its real path) to the CPU part
+// named by a manifest with the job's pid and uid, at most 64 deep. A link into another user's
+// image is refused (it would hand that image's memory to this job), naming it.
+[[nodiscard]] Status check_criu_parents(const std::string& dir, const JobManifest& m);
+
 }  // namespace pos

@@ -196,6 +196,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   if (!parents.ok()) return parents.status();
   const std::vector<ckpt::SavedRegion> allocations = table->allocations();
   POS_RETURN_IF_ERROR(check_criu_part(criu_dir, m.pid));
+  POS_RETURN_IF_ERROR(check_criu_parents(dir, m));  // CRIU reads pages through them into the job
   POS_RETURN_IF_ERROR(check_pid_free(m.pid, criu_dir));
   auto driver = ckpt::DriverCheckpoint::open();
   if (!driver.ok()) return driver.status();
@@ -422,6 +423,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
       return Status::Corrupt("the image's CPU part " + criu_dir + " is incremental, but its previous part (" + criu_dir +
                              "/parent, the image " + m->prev + ") is gone");
   }
+  POS_RETURN_IF_ERROR(check_criu_parents(dir, *m));  // CRIU reads pages through them into the job
   POS_RETURN_IF_ERROR(check_pid_free(m->pid, criu_dir));
   const std::string permit_dir = m->permit.substr(0, m->permit.rfind('/'));
   struct stat pd {};
