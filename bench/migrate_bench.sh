@@ -100,16 +100,12 @@ start_posd() {  # $1: name; $2: the GPU it serves (empty: all, sessions on the f
   for i in $(seq 1 300); do "$B/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
 }
 ip_of() { [[ $1 == a ]] && echo "$IP_A" || echo "$IP_B"; }
-port_of() { local p; for _ in $(seq 1 400); do p=$(sed -n "s/.*accepting migrations on $2:\([0-9]*\).*/\1/p" "$1"); [[ -n "$p" ]] && { echo "$p"; return; }; sleep 0.05; done; }
 if ((NETNS)); then
+  source "$ROOT/bench/netns_common.sh"
   TAG=$(( $$ % 100000 )) N=$(( $$ % 250 + 1 ))
   NS="pos-mb-$TAG" HERE="mba$TAG" THERE="mbb$TAG" IP_A="10.234.$N.1" IP_B="10.234.$N.2"
-  ip netns add "$NS" && ip link add "$HERE" type veth peer name "$THERE" && ip link set "$THERE" netns "$NS" &&
-    ip addr add "$IP_A/24" dev "$HERE" && ip -n "$NS" addr add "$IP_B/24" dev "$THERE" && ip link set "$HERE" up &&
-    ip -n "$NS" link set "$THERE" up && ip -n "$NS" link set lo up || { echo "cannot make the namespace (root, iproute2)"; exit 1; }
-  head -c 48 /dev/urandom | base64 >"$TMP/secret"; chmod 600 "$TMP/secret"
-  printf '#!/bin/sh\nexec nsenter --net=/proc/%d/ns/net --mount=/proc/%d/ns/mnt %s "$@"\n' $$ $$ "$B/tools/pos-cli" >"$TMP/cli-here"
-  chmod 700 "$TMP/cli-here"
+  netns_pair "$NS" "$HERE" "$THERE" "$IP_A" "$IP_B"
+  migration_secret_and_cli "$TMP" "$B/tools/pos-cli"
 fi
 # The jobs print CLOCK_MONOTONIC seconds, the logs wall time: one pair of readings relates them.
 echo "clocks: wall $(date +%s.%N) monotonic $(cut -d' ' -f1 /proc/uptime)"

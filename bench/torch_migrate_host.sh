@@ -50,19 +50,15 @@ json() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1; }
 wait_step() { for _ in $(seq 1 12000); do grep -q "^step $2 loss" "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 wait_end() { for _ in $(seq 1 12000); do grep -q '^checksum ' "$1" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
-ip netns add "$NS" && ip link add "$HERE" type veth peer name "$THERE" && ip link set "$THERE" netns "$NS" &&
-  ip addr add "$IP_A/24" dev "$HERE" && ip -n "$NS" addr add "$IP_B/24" dev "$THERE" && ip link set "$HERE" up &&
-  ip -n "$NS" link set "$THERE" up && ip -n "$NS" link set lo up || { echo "cannot make the namespace (root, iproute2)"; exit 1; }
-head -c 48 /dev/urandom | base64 >"$TMP/secret"; chmod 600 "$TMP/secret"
+source "$ROOT/bench/netns_common.sh"
+netns_pair "$NS" "$HERE" "$THERE" "$IP_A" "$IP_B"
 # The target's pos-cli restores the job in this script's namespaces, where its files and GPU are.
-printf '#!/bin/sh\nexec nsenter --net=/proc/%d/ns/net --mount=/proc/%d/ns/mnt %s "$@"\n' $$ $$ "$CLI" >"$TMP/cli-here"
-chmod 700 "$TMP/cli-here"
+migration_secret_and_cli "$TMP" "$CLI"
 posd_yaml() {  # posd_yaml NAME IP: a posd that accepts migrations on IP
   mkdir -p "$TMP/$1"
   printf 'backend: host\nlog_level: info\nposd:\n  socket: %s\n  arena: 32MiB\n  migration:\n    listen: %s:0\n    secret_file: %s\n    dir: %s\n    cli: %s\n' \
     "$TMP/$1/posd.sock" "$2" "$TMP/secret" "$TMP/$1/in" "$TMP/cli-here" >"$TMP/$1.yaml"
 }
-port_of() { for _ in $(seq 1 400); do p=$(sed -n "s/.*accepting migrations on $2:\([0-9]*\).*/\1/p" "$1"); [[ -n "$p" ]] && { echo "$p"; return; }; sleep 0.05; done; }
 posd_yaml a "$IP_A"; posd_yaml b "$IP_B"
 "$POSD" --config "$TMP/a.yaml" </dev/null >/dev/null 2>"$TMP/a.log" & POSD_A=$!
 ip netns exec "$NS" "$POSD" --config "$TMP/b.yaml" </dev/null >/dev/null 2>"$TMP/b.log" & POSD_B=$!
