@@ -226,14 +226,22 @@ void leave_equal_pages_to_prev(const Prepared& pp, JobDumpReport* r) {
 }
 
 // JobDumpOptions::cpu_pages: the job's pages, read while it runs, into DIR/criu (a pre-dump's CPU
-// part where CRIU cannot pre-dump), those equal to prev's left to it.
-Status write_cpu_pages(const JobDumpOptions& o, const Prepared& pp, JobDumpReport* r) {
-  r->criu_dir = pp.dir + "/criu";
-  auto w = ckpt::write_process_pages(static_cast<pid_t>(o.pid), r->criu_dir);
-  if (!w.ok()) return w.status().with_context("reading the job's memory");
+// part where CRIU cannot pre-dump), those equal to prev's left to it. Best effort: the pre-dump
+// is whole without them (a later dump saves all of CRIU's pages then), so a failure (memory this
+// process may not read, no room) only leaves no CPU part, and says why.
+void write_cpu_pages(const JobDumpOptions& o, const Prepared& pp, JobDumpReport* r) {
+  const std::string dir = pp.dir + "/criu";
+  auto w = ckpt::write_process_pages(static_cast<pid_t>(o.pid), dir);
+  if (!w.ok()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    const std::string note = "no CPU part: the job's pages could not be read (" + w.status().message() + ")";
+    r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+    return;
+  }
+  r->criu_dir = dir;
   leave_equal_pages_to_prev(pp, r);
   r->criu_bytes = bytes_under(r->criu_dir);
-  return Status::Ok();
 }
 
 // The manifest's fields that dump and pre-dump fill alike, from the job and the parts' reports.
@@ -498,12 +506,12 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
     r.criu_bytes = bytes_under(r.criu_dir);
   } else if (o.cpu_pages) {
     // What CRIU's pre-dump would hold, without freezing the job: its pages as they are read.
-    r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is the "
-                  "job's pages, read while it runs, for a dump --prev of this image to compare with";
-    if (Status c = write_cpu_pages(o, pp, &r); !c.ok()) {
-      remove_parts();
-      return c.with_context("pre-dumping the CPU state");
-    }
+    write_cpu_pages(o, pp, &r);
+    const std::string why = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): ";
+    r.criu_note = why + (r.criu_dir.empty() ? r.criu_note
+                                            : "the CPU part is the job's pages, read while it runs, for a dump --prev "
+                                              "of this image to compare with" +
+                                                  (r.criu_note.empty() ? std::string() : "; " + r.criu_note));
   } else {
     r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is not "
                   "pre-dumped, and a dump --prev of this image saves all of the job's memory";
@@ -1287,13 +1295,11 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     // Not restorable (NVIDIA's checkpoint would have to stop the job), but a parent for the CPU
     // part of a later dump --prev: the job's pages, read while it runs.
     t = std::chrono::steady_clock::now();
-    if (Status c = write_cpu_pages(o, pp, &r); !c.ok()) {
-      remove_parts();
-      return c.with_context("pre-dumping the CPU state");
-    }
+    write_cpu_pages(o, pp, &r);
     r.criu_s = seconds_since(t);
-    r.criu_note = "the job's pages, read while it runs: a parent for a later dump's CPU part" +
-                  (r.criu_note.empty() ? std::string() : "; " + r.criu_note);
+    if (!r.criu_dir.empty())
+      r.criu_note = "the job's pages, read while it runs: a parent for a later dump's CPU part" +
+                    (r.criu_note.empty() ? std::string() : "; " + r.criu_note);
   } else {
     r.criu_note = "the CPU part of an in-process job is taken only by a dump (NVIDIA's checkpoint must empty the "
                   "driver's state first): this pre-dump is GPU-only";

@@ -94,6 +94,19 @@ std::string restore_needs(uint32_t root, const std::string& jobs_dir) {
 
 // The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
 // target), else to $TMPDIR or /var/tmp.
+// Whether `dir` has room for the CPU pre-copy besides the stop's dump: the job's anonymous memory
+// three times over (the rounds' pages, CRIU's whole dump before the comparison, slack), or the
+// rounds go without it (the stop then sends all of CRIU's pages, as before).
+bool room_for_cpu_pages(uint32_t pid, const std::string& dir) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  uint64_t anon_kb = 0;
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("RssAnon:", 0) == 0) anon_kb = std::strtoull(line.c_str() + 8, nullptr, 10);
+  struct statvfs v {};
+  if (anon_kb == 0 || ::statvfs(dir.c_str(), &v) != 0) return false;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize > 3 * anon_kb * 1024 + (256ull << 20);
+}
+
 std::string default_work_base() {
   struct statvfs v {};
   if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > (8ull << 30)) return "/dev/shm";
@@ -532,6 +545,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   // switch needs none: its stop hands the memory over device to device.
   std::string prev;
   const bool peer_switch = !link && !o.move_process && o.peer;
+  const bool cpu_pages = link != nullptr && room_for_cpu_pages(o.pid, rep.work_dir);
   if (peer_switch) rep.stop_reason = "peer";
   for (uint32_t n = 1; !peer_switch; ++n) {
     JobDumpOptions d;
@@ -541,7 +555,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     d.prev = prev;
     // To another host: each round also holds the job's memory as read while it runs (CPU pre-copy
     // without dirty tracking), so that the stop's CRIU part sends only the pages that changed since.
-    d.cpu_pages = link != nullptr;
+    d.cpu_pages = link != nullptr && cpu_pages;
     // An in-process job's round is its GPU-only checkpoint (a copy on the device, written while it
     // runs on), with its pages as above; its CPU state is dumped at the stop (NVIDIA's checkpoint
     // must empty the driver first).
