@@ -197,6 +197,11 @@ std::string relative_to(const std::string& to, const std::string& from) {
   return std::filesystem::path(to).lexically_relative(std::filesystem::path(from)).string();
 }
 
+// Another clause of a report's note ("; " between clauses); an empty one adds nothing.
+void add_note(std::string* to, const std::string& clause) {
+  if (!clause.empty()) *to = to->empty() ? clause : *to + "; " + clause;
+}
+
 // A CPU part saved whole (CRIU could not track dirty memory): its pages equal to those of prev's CPU
 // part at the same address are left to it, in CRIU's own incremental format, found by comparing
 // contents. A failure leaves the part whole, which is complete either way, and says so.
@@ -206,8 +211,7 @@ void leave_equal_pages_to_prev(const Prepared& pp, JobDumpReport* r) {
   // Only pages of this job's own images: a link into another's would let the comparison tell
   // this job whether its pages equal that image's.
   if (Status c = check_criu_parents(pp.prev_dir, pp.prev); !c.ok()) {
-    note = "the CPU part stays whole: the previous image's is not compared with (" + c.message() + ")";
-    r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+    add_note(&r->criu_note, "the CPU part stays whole: the previous image's is not compared with (" + c.message() + ")");
     return;
   }
   auto d = ckpt::make_criu_image_incremental(r->criu_dir, pp.prev_dir + "/" + pp.prev.criu);
@@ -222,7 +226,7 @@ void leave_equal_pages_to_prev(const Prepared& pp, JobDumpReport* r) {
                   d->seconds);
     note = line;
   }
-  if (!note.empty()) r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+  add_note(&r->criu_note, note);
 }
 
 // JobDumpOptions::cpu_pages: the job's pages, read while it runs, into DIR/criu (a pre-dump's CPU
@@ -235,8 +239,7 @@ void write_cpu_pages(const JobDumpOptions& o, const Prepared& pp, JobDumpReport*
   if (!w.ok()) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-    const std::string note = "no CPU part: the job's pages could not be read (" + w.status().message() + ")";
-    r->criu_note = r->criu_note.empty() ? note : r->criu_note + "; " + note;
+    add_note(&r->criu_note, "no CPU part: the job's pages could not be read (" + w.status().message() + ")");
     return;
   }
   r->criu_dir = dir;
@@ -1032,7 +1035,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       if (!regions.ok()) return back_out(regions.status());
       std::string whole;
       inherited = inheritable(pp, *prev_table, json_u64(a, "since"), *regions, marked, &whole);
-      if (!whole.empty()) r.note = r.note.empty() ? whole : r.note + "; " + whole;
+      add_note(&r.note, whole);
       std::vector<int> raw;
       for (const UniqueFd& f : shared->fds) raw.push_back(f.get());
       if (Status g = guardian.hold(raw, list, cut); !g.ok() && !o.resume_program.empty())
@@ -1259,7 +1262,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   std::string whole;
   const std::vector<ckpt::SavedRegion> inherited =
       inheritable(pp, *prev_table, json_u64(a, "since"), *regions, written, &whole);
-  if (!whole.empty()) r.note = r.note.empty() ? whole : r.note + "; " + whole;
+  add_note(&r.note, whole);
   for (const ckpt::SavedRegion& x : inherited) r.gpu.bytes_referenced += x.size;
   for (size_t i = 0; i < regions->size(); ++i) {
     if (!written[i]) {
