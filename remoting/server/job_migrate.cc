@@ -92,8 +92,6 @@ std::string restore_needs(uint32_t root, const std::string& jobs_dir) {
   return out;
 }
 
-// The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
-// target), else to $TMPDIR or /var/tmp.
 // Whether `dir` has room for the CPU pre-copy besides the stop's dump: the job's anonymous memory
 // three times over (the rounds' pages, CRIU's whole dump before the comparison, slack), or the
 // rounds go without it (the stop then sends all of CRIU's pages, as before).
@@ -107,6 +105,8 @@ bool room_for_cpu_pages(uint32_t pid, const std::string& dir) {
   return static_cast<uint64_t>(v.f_bavail) * v.f_frsize > 3 * anon_kb * 1024 + (256ull << 20);
 }
 
+// The rounds go to tmpfs when it has room for them (they are scratch: read back once, by the
+// target), else to $TMPDIR or /var/tmp.
 std::string default_work_base() {
   struct statvfs v {};
   if (::statvfs("/dev/shm", &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize > (8ull << 30)) return "/dev/shm";
@@ -555,7 +555,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     d.prev = prev;
     // To another host: each round also holds the job's memory as read while it runs (CPU pre-copy
     // without dirty tracking), so that the stop's CRIU part sends only the pages that changed since.
-    d.cpu_pages = link != nullptr && cpu_pages;
+    d.cpu_pages = cpu_pages;
     // An in-process job's round is its GPU-only checkpoint (a copy on the device, written while it
     // runs on), with its pages as above; its CPU state is dumped at the stop (NVIDIA's checkpoint
     // must empty the driver first).
