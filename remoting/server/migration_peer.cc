@@ -689,14 +689,15 @@ Status MigrationLink::send_dir(const std::string& local_dir, const std::string& 
           // hole reads as zeros there): a CRIU dump holds many (memory the job touched but never
           // wrote, the driver's zeroed buffers).
           const size_t got = static_cast<size_t>(n);
+          // A whole page of zeros at `i` (a shorter tail never is: it goes with the data).
+          auto zero_at = [&](size_t i) {
+            return got - i >= kZeroPage && std::memcmp(buf.data() + i, zeros_page(), kZeroPage) == 0;
+          };
           for (size_t i = 0; i < got;) {
-            const size_t page = std::min<size_t>(kZeroPage, got - i);
-            const bool zero = page == kZeroPage && std::memcmp(buf.data() + i, zeros_page(), kZeroPage) == 0;
-            size_t j = i + page;
-            while (j < got && got - j >= kZeroPage &&
-                   (std::memcmp(buf.data() + j, zeros_page(), kZeroPage) == 0) == zero)
-              j += kZeroPage;
-            if (!zero && j < got && got - j < kZeroPage) j = got;  // a short tail goes with the data
+            const bool zero = zero_at(i);
+            size_t j = i;
+            do j = std::min(j + kZeroPage, got);
+            while (j < got && zero_at(j) == zero);
             const uint64_t len = j - i;
             if (zero) {
               POS_RETURN_IF_ERROR(send_frame(fd, Type::kHole, &len, 8));
