@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "pos/base/thread.h"
 #include "remoting/server/migration_peer.h"
 
 namespace {
@@ -108,6 +111,67 @@ TEST_F(MigrationStream, PagesOfZerosInAFilesDataAreNotSentAndArriveAsTheSameByte
   EXPECT_EQ(slurp(received() / "final" / "pages-1.img"), bytes);
   EXPECT_LT((*link)->bytes_sent(), 2 * mib + 200 + 2 * 4096 + 4096) << "pages of zeros were sent";
   EXPECT_GE((*link)->bytes_sent(), 2 * mib + 100 + 4096);
+}
+
+// Many chunks of several files: the reader reads ahead of the sender and the writer writes behind
+// the receiver (a few buffers each), and every byte lands where it belongs.
+TEST_F(MigrationStream, ManyChunksOfSeveralFilesArriveByteForByteThroughTheReadAheadAndTheWriteBehind) {
+  std::mt19937_64 rng(42);
+  std::vector<std::string> want;
+  for (int f = 0; f < 3; ++f) {
+    std::string bytes((20u << 20) + 777u * f, '\0');
+    for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(bytes.data() + i, &v, 8);
+    }
+    std::memset(bytes.data() + (4u << 20), 0, 3u << 20);  // zeros inside: holes on the wire
+    std::ofstream(root_ / "src" / ("memory." + std::to_string(f) + ".bin"), std::ios::binary) << bytes;
+    want.push_back(std::move(bytes));
+  }
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "round-1").ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  for (int f = 0; f < 3; ++f) {
+    const std::string got = slurp(received() / "round-1" / ("memory." + std::to_string(f) + ".bin"));
+    ASSERT_EQ(got.size(), want[f].size()) << f;
+    EXPECT_TRUE(got == want[f]) << "file " << f << " arrived with other bytes";
+  }
+  EXPECT_LT((*link)->bytes_sent(), 3 * (17u << 20) + 4096u) << "the zeros were sent";
+}
+
+// Without threads (the kernel refused them) both sides read, send, check and write in turn.
+TEST_F(MigrationStream, WhereNoThreadCanStartTheStreamStillArrivesByteForByte) {
+  std::string bytes(10u << 20, 'x');
+  bytes[12345] = 'y';
+  std::ofstream(root_ / "src" / "memory.bin", std::ios::binary) << bytes;
+  pos::fail_thread_starts_for_test("the migration stream's reader", 1);
+  pos::fail_thread_starts_for_test("the migration stream's writer", 1);
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  const pos::Status sent = (*link)->send_dir((root_ / "src").string(), "round-1");
+  const pos::Status synced = (*link)->sync();
+  pos::fail_thread_starts_for_test("the migration stream's reader", 0);
+  pos::fail_thread_starts_for_test("the migration stream's writer", 0);
+  ASSERT_TRUE(sent.ok()) << sent.message();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  EXPECT_TRUE(slurp(received() / "round-1" / "memory.bin") == bytes);
+}
+
+// A chunk that arrives damaged is found by the writer; the next sync names it, and the stream
+// ends there (nothing after it is taken).
+TEST_F(MigrationStream, AChunkThatArrivesDamagedFailsTheNextSyncWithTheReason) {
+  std::ofstream(root_ / "src" / "memory.bin", std::ios::binary) << std::string(20u << 20, 'q');
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  pos::damage_sent_chunks_for_test(1);
+  const pos::Status sent = (*link)->send_dir((root_ / "src").string(), "round-1");
+  pos::damage_sent_chunks_for_test(0);
+  ASSERT_TRUE(sent.ok()) << sent.message();
+  const pos::Status synced = (*link)->sync();
+  ASSERT_FALSE(synced.ok());
+  EXPECT_NE(synced.message().find("damaged (CRC-32C)"), std::string::npos) << synced.message();
 }
 
 TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {

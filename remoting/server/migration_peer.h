@@ -23,6 +23,10 @@ namespace pos {
 // file owned by this user or root that group and others can neither read nor write.
 StatusOr<std::string> read_migration_secret(const std::string& path);
 
+// Test hook: the next `n` chunks of file bytes that send_dir sends carry a wrong CRC-32C, as a
+// chunk damaged on the way would (n = 0 ends it). Thread-safe.
+void damage_sent_chunks_for_test(int n);
+
 struct MigrationServerOptions {
   std::string listen;       // HOST:PORT (port 0: any free one)
   std::string secret;       // the shared secret's bytes
