@@ -2,7 +2,8 @@
 # migrate_bench.sh — issue #22's bench in one run: a job with ~8 GB of device state under posd A is
 # live-migrated to posd B and back, against a stop-and-copy through pos-cli dump + restore into B,
 # and NVIDIA's driver checkpoint + CRIU on the same program run natively. Downtime is what the job
-# sees: its longest step gap minus its median. Both posd keep a spare session process
+# sees: its longest step gap minus its median, on the wall clock (a CRIU-restored process's
+# monotonic clock does not count the time it was frozen). Both posd keep a spare session process
 # (posd.spare_session): a restore does not wait for a context.
 #
 # On one host the migration is the live switch (the process stays, its GPU state moves): moves 1
@@ -76,9 +77,11 @@ step_gap() {
   for i in $(seq 1 600); do [[ $(steps_so_far "$f") -gt $((after + 5)) ]] && ok=yes && break; sleep 0.05; done
   # A job that did not step on has no gap to report (it died, or never came back).
   if [[ $ok == no ]]; then echo "the job made no steps after the command: $(tail -2 "$f")" >&2; echo "nan nan"; return; fi
-  max=$(grep '^step .* start_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
-        awk '{ if (NR > 1 && ($6 - p) * 1000 > m) m = ($6 - p) * 1000; p = $6 } END { printf "%.1f", m }')
-  med=$(grep '^step .* start_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($6 - p) * 1000 } { p = $6 }' | sort -n |
+  # Step starts on the wall clock (wall_s, field 10), not the monotonic start_s: CRIU restores a
+  # process with its monotonic clock set back by the time it was frozen, which would hide that part.
+  max=$(grep '^step .* wall_s' "$f" | tail -n +$((from > 0 ? from : 1)) |
+        awk '{ if (NR > 1 && ($10 - p) * 1000 > m) m = ($10 - p) * 1000; p = $10 } END { printf "%.1f", m }')
+  med=$(grep '^step .* wall_s' "$f" | head -n "$from" | awk 'NR > 1 { print ($10 - p) * 1000 } { p = $10 }' | sort -n |
         awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)]; else printf "0" }')
   echo "$max $med"
 }

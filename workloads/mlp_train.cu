@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   auto t_steps = std::chrono::steady_clock::now();
   for (int step = 0; step < cfg.steps; ++step) {
     const auto t_step = std::chrono::steady_clock::now();
+    const auto w_step = std::chrono::system_clock::now();
     if (step == 1) t_steps = t_step;
     // The previous step ended with a stream sync, so the pinned batch buffers are free to refill.
     data.batch(step, h_x, h_t);
@@ -201,13 +202,18 @@ int main(int argc, char** argv) {
     check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize");
     if (cfg.step_times) {
       // Start and end on the monotonic clock (seconds) as well, so a step can be matched with what
-      // else happened meanwhile (POS_CHECKPOINT's drain line uses the same clock).
+      // else happened meanwhile (POS_CHECKPOINT's drain line uses the same clock); and the start on
+      // the wall clock (wall_s), which is what measures a pause across a CRIU restore: CRIU
+      // restores a process with its monotonic clock moved back by the time it was frozen (a time
+      // namespace), so the monotonic times hide that part of the pause.
       const auto t_end = std::chrono::steady_clock::now();
       auto secs = [](std::chrono::steady_clock::time_point t) {
         return std::chrono::duration<double>(t.time_since_epoch()).count();
       };
-      std::fprintf(stderr, "step %d time_ms %.4f start_s %.6f end_s %.6f\n", step,
-                   std::chrono::duration<double, std::milli>(t_end - t_step).count(), secs(t_step), secs(t_end));
+      const double wall_start = std::chrono::duration<double>(w_step.time_since_epoch()).count();
+      std::fprintf(stderr, "step %d time_ms %.4f start_s %.6f end_s %.6f wall_s %.6f\n", step,
+                   std::chrono::duration<double, std::milli>(t_end - t_step).count(), secs(t_step), secs(t_end),
+                   wall_start);
     }
     mlp::print_step(stdout, step, *h_loss);
     std::fflush(stdout);
