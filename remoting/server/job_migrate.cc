@@ -635,19 +635,26 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     cleanup();
     return dumped.status().with_context("the stop (the job runs on at the source)");
   }
+  rep.stop_image_s = seconds_since(t_stop);
+  rep.stop_cut_s = dumped->detach_s + dumped->cut_s;
+  rep.stop_criu_s = dumped->criu_s;
   rep.final_bytes = dumped->gpu.bytes_stored;
   rep.final_criu_bytes = dumped->criu_bytes;
   rep.final_criu_pages_to_parent = dumped->criu_pages_to_parent;
   // The stop's image to the other host, its bytes counted in the report.
   const auto send_final = [&]() -> Status {
+    const auto ts = std::chrono::steady_clock::now();
     const uint64_t before = link->bytes_sent();
     Status sent = link->send_dir(final_dir, "final");
     if (sent.ok()) sent = link->sync();
     rep.final_sent = link->bytes_sent() - before;
+    rep.final_send_s = seconds_since(ts);
     return sent;
   };
   // The source's copy ends (a posd job's session with it) and the pid comes free.
+  auto t_kill = std::chrono::steady_clock::now();
   const auto end_source = [&] {
+    t_kill = std::chrono::steady_clock::now();
     guardian.say("K");
     (void)::kill(pid, SIGKILL);
     (void)::kill(pid, SIGCONT);
@@ -685,6 +692,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
                                "guardian restores it on the source once it is (image: " +
                                final_dir + ")");
   }
+  rep.pid_free_s = seconds_since(t_kill);
   rep.dump_s = seconds_since(t_stop);
   ckpt::fault_point("migrate-before-restore");
   guardian.say(link ? "r" : "R");
@@ -704,15 +712,18 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     auto res = restore_job(r);
     target_ok = res.ok() ? Status::Ok() : res.status();
   }
+  rep.target_restore_s = seconds_since(t_restore);
   if (target_ok.ok() && link) {
     // Held there; from the commit on it runs there. Once the commit may have reached the target,
     // only the target knows where the job runs: if its answer is lost, it is asked (a new
     // connection), and the job comes back here only if the target says it ended its copy.
     ckpt::fault_point("migrate-before-commit");
+    const auto t_commit = std::chrono::steady_clock::now();
     guardian.say("c");
     target_ok = link->send_commit();
     ckpt::fault_point("migrate-commit-sent");
     if (target_ok.ok()) target_ok = link->await_commit();
+    rep.commit_s = seconds_since(t_commit);
     if (!target_ok.ok()) {
       link->close();  // the target ends a copy it holds uncommitted as this link closes
       auto out = MigrationLink::outcome(o.to, secret, link->id(), 180);

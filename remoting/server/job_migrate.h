@@ -68,6 +68,13 @@ struct JobMigrateReport {
   uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
   uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)
   double dump_s = 0;        // the stop: detach, last GPU bytes, CRIU, until the job is ended
+  // Through CRIU (another host, --move-process): the parts of dump_s and restore_s. stop_cut_s:
+  // from the stop's start to its GPU cut (the detach with it); stop_criu_s: CRIU's dump;
+  // stop_image_s as below; final_send_s: sending the stop's image and the target's sync (another
+  // host); pid_free_s: from the kill of the source's copy until its pid is free; target_restore_s:
+  // the restore until the job is held (another host) or runs; commit_s: the commit until the target
+  // says the job re-attached (another host).
+  double stop_cut_s = 0, stop_criu_s = 0, final_send_s = 0, pid_free_s = 0, target_restore_s = 0, commit_s = 0;
   double restore_s = 0;     // the restore, until the job re-attached
   double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
   double total_s = 0;
@@ -81,7 +88,7 @@ struct JobMigrateReport {
   double target_welcome_s = 0;  // live: from the connect to the target's restoring session's Welcome
   double peer_send_s = 0;   // peer: sending the table of descriptors to the target
   double detach_s = 0;      // live: of dump_s, the detach (the job's calls in flight finishing)
-  double stop_image_s = 0;  // live: of dump_s, the stop's GPU image (handles, and buffers unless peer)
+  double stop_image_s = 0;  // of dump_s, the stop's image complete (live: handles, and buffers unless peer)
   double reattach_s = 0;    // live: from the permit to the target's "re-attached"
   std::string release_error;  // live: the source's session could not be released (it ends with the job)
   std::string peer_export_error;  // the peer switch: why the source could not hand its memory over
