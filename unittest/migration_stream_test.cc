@@ -174,6 +174,31 @@ TEST_F(MigrationStream, AChunkThatArrivesDamagedFailsTheNextSyncWithTheReason) {
   EXPECT_NE(synced.message().find("damaged (CRC-32C)"), std::string::npos) << synced.message();
 }
 
+// An entry sent ahead (the stop's GPU part while CRIU still dumps) and then the rest of its
+// directory without it: each file arrives once, whole.
+TEST_F(MigrationStream, AnEntrySentAheadIsLeftOutOfItsDirectoryLaterAndEverythingArrivesOnce) {
+  fs::create_directories(root_ / "src" / "gpu" / "deep");
+  std::ofstream(root_ / "src" / "gpu" / "memory.bin", std::ios::binary) << std::string(3u << 20, 'g');
+  std::ofstream(root_ / "src" / "gpu" / "deep" / "inventory.pb") << "inv";
+  std::ofstream(root_ / "src" / "manifest") << "{\"kind\":\"test\"}\n";
+  std::ofstream(root_ / "src" / "sub" / "pages-1.img", std::ios::binary) << std::string(5000, 'p');
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->make_dir("final").ok());
+  ASSERT_TRUE((*link)->send_dir((root_ / "src" / "gpu").string(), "final/gpu").ok());
+  const uint64_t ahead = (*link)->bytes_sent();
+  EXPECT_GE(ahead, 3u << 20);
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "final", {"gpu"}).ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  EXPECT_LT((*link)->bytes_sent() - ahead, 64u << 10) << "the entry sent ahead was sent again";
+  const fs::path got = received() / "final";
+  EXPECT_EQ(slurp(got / "gpu" / "memory.bin"), std::string(3u << 20, 'g'));
+  EXPECT_EQ(slurp(got / "gpu" / "deep" / "inventory.pb"), "inv");
+  EXPECT_EQ(slurp(got / "manifest"), "{\"kind\":\"test\"}\n");
+  EXPECT_EQ(slurp(got / "sub" / "pages-1.img"), std::string(5000, 'p'));
+}
+
 TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {
   auto link = pos::MigrationLink::connect(server_->address(), "another secret, sixteen bytes or more");
   ASSERT_FALSE(link.ok());

@@ -2307,6 +2307,9 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     // CPU pre-copy: each round also sent the job's pages, and the stop's CRIU part left the ones
     // still equal to the last round's to them (the target's CRIU read them there).
     EXPECT_GT(json_number(report, "final_criu_pages_to_parent"), 0) << report;
+    // The stop's GPU part went while CRIU dumped the process, before the rest of the image.
+    EXPECT_GT(json_number(report, "final_sent_early"), 0) << report;
+    EXPECT_LT(json_number(report, "final_sent_early"), json_number(report, "final_sent")) << report;
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
     EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "ckpt/image.h"  // fault_point
+#include "pos/base/thread.h"
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_dump.h"
@@ -629,7 +630,25 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   d.leave_stopped = true;
   d.job_socket = o.job_socket;
   if (inproc) d.resume_program = o.self_program;  // this process killed mid-dump: the job is resumed
+  // To another host, a posd job's GPU part goes as soon as it is complete, while CRIU still dumps
+  // the process (the whole image after CRIU took the send and CRIU in turn). The job is still whole
+  // at the source until the image is complete and sent; the target keeps nothing that is not
+  // committed.
+  const uint64_t stop_sent_before = link ? link->bytes_sent() : 0;
+  std::thread early;
+  Status early_sent = Status::Ok();
+  bool early_started = false;
+  if (link && !inproc) {
+    d.gpu_part_done = [&] {
+      early_started = start_thread(&early, "the stop's early send", [&] {
+                        early_sent = link->make_dir("final");
+                        if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
+                      }).ok();
+    };
+  }
   auto dumped = inproc ? dump_driver_job(d) : dump_job(d);
+  if (early.joinable()) early.join();
+  if (link) rep.final_sent_early = link->bytes_sent() - stop_sent_before;
   if (!dumped.ok()) {
     guardian.done();
     cleanup();
@@ -644,10 +663,10 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   // The stop's image to the other host, its bytes counted in the report.
   const auto send_final = [&]() -> Status {
     const auto ts = std::chrono::steady_clock::now();
-    const uint64_t before = link->bytes_sent();
-    Status sent = link->send_dir(final_dir, "final");
+    Status sent = early_sent;
+    if (sent.ok()) sent = link->send_dir(final_dir, "final", early_started ? std::vector<std::string>{"gpu"} : std::vector<std::string>{});
     if (sent.ok()) sent = link->sync();
-    rep.final_sent = link->bytes_sent() - before;
+    rep.final_sent = link->bytes_sent() - stop_sent_before;
     rep.final_send_s = seconds_since(ts);
     return sent;
   };

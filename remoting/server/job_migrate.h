@@ -64,6 +64,7 @@ struct JobMigrateReport {
   std::string target_error; // why the target failed, when where == "source"
   uint64_t final_bytes = 0; // GPU bytes copied during the stop
   uint64_t final_sent = 0;  // HOST:PORT: bytes of the stop's image sent
+  uint64_t final_sent_early = 0;  // of them, a posd job's GPU part, sent while CRIU dumped the process
   bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
   uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
   uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)

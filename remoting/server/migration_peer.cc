@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <atomic>
@@ -559,8 +560,8 @@ class DirFeed {
 
 // The frames that carry `local_dir` as `as` (after its own directory frame), in order, through
 // `emit`; a file's data is read into buffers from `take` (nullptr: the sender stopped).
-Status read_dir_for_stream(const std::string& local_dir, const std::string& as, const DirFeed::Emit& emit,
-                           const std::function<std::unique_ptr<char[]>()>& take) {
+Status read_dir_for_stream(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip,
+                           const DirFeed::Emit& emit, const std::function<std::unique_ptr<char[]>()>& take) {
   const auto frame = [&](Type t, std::string body) {
     Piece p;
     p.type = t;
@@ -571,6 +572,10 @@ Status read_dir_for_stream(const std::string& local_dir, const std::string& as, 
   for (auto it = fs::recursive_directory_iterator(local_dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     const fs::path rel = it->path().lexically_relative(local_dir);
+    if (it.depth() == 0 && std::find(skip.begin(), skip.end(), rel.string()) != skip.end()) {
+      it.disable_recursion_pending();
+      continue;
+    }
     const std::string name = as + "/" + rel.string();
     if (!safe_relative(name)) return Status::InvalidArgument("cannot send " + it->path().string() + ": an unusual name");
     const fs::file_status st = it->symlink_status(ec);
@@ -968,13 +973,18 @@ StatusOr<std::unique_ptr<MigrationLink>> MigrationLink::connect(const std::strin
   return l;
 }
 
-Status MigrationLink::send_dir(const std::string& local_dir, const std::string& as) {
+Status MigrationLink::make_dir(const std::string& as) {
+  if (!safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + as);
+  return send_frame(fd_.get(), Type::kDir, as.data(), as.size());
+}
+
+Status MigrationLink::send_dir(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip) {
   const int fd = fd_.get();
   if (!safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + as);
   POS_RETURN_IF_ERROR(send_frame(fd, Type::kDir, as.data(), as.size()));
   // The reader (a thread of its own) walks the directory and reads ahead; this thread sends.
   DirFeed feed([&](const DirFeed::Emit& emit, const std::function<std::unique_ptr<char[]>()>& take) -> Status {
-    return read_dir_for_stream(local_dir, as, emit, take);
+    return read_dir_for_stream(local_dir, as, skip, emit, take);
   });
   const auto send_piece = [&](const Piece& p) -> Status {
     if (p.type != Type::kData) return send_frame(fd, p.type, p.body.data(), p.body.size());

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "pos/base/status.h"
 #include "remoting/common/socket_io.h"
@@ -70,7 +71,11 @@ class MigrationLink {
   bool same_host() const { return same_host_; }
   // Sends `local_dir` (its directories, regular files and relative symbolic links) as `as`, a
   // relative path under the migration's directory on the peer.
-  Status send_dir(const std::string& local_dir, const std::string& as);
+  // Entries of `local_dir` named in `skip` (its own top-level names: "gpu") are left out (sent
+  // before, with send_dir of that entry alone).
+  Status send_dir(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip = {});
+  // Makes the directory `as` on the peer (a parent for a send_dir of one of its entries).
+  Status make_dir(const std::string& as);
   // Waits until the peer has written everything sent so far (or says why it could not).
   Status sync();
   // Asks whether the peer could restore a job that needs `needs` (lines "pid N", "path /ABS"):
