@@ -529,6 +529,7 @@ struct RestoreArgs {
   std::string dir, socket;
   bool lazy = false, json = false, latest = false, hold = false;
   int device = -1;  // --device N (in-process jobs): restore onto CUDA device N of this host
+  std::string gpu_first;  // hidden, with --hold: a migration target's GPU part ahead of the rest
 };
 
 int restore(RestoreArgs a) {
@@ -559,6 +560,20 @@ int restore(RestoreArgs a) {
       char line[16] = {0};
       return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "go", 2) == 0;
     };
+    if (!a.gpu_first.empty()) {
+      // The migration target's posd restores the GPU part as soon as it arrived, then says "criu"
+      // once the rest of the image is there too (its link closing says the migration ended).
+      o.gpu_first = a.gpu_first;
+      o.rest = [] {
+        std::printf("{\"gpu_restored\":true}\n");
+        std::fflush(stdout);
+        char line[16] = {0};
+        return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "criu", 4) == 0;
+      };
+    }
+  } else if (!a.gpu_first.empty()) {
+    std::fprintf(stderr, "pos-cli restore: --gpu-first is for a migration target's held restore (--hold)\n");
+    return 2;
   }
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   o.progress = [&](const char* phase) {
@@ -1129,6 +1144,11 @@ int main(int argc, char** argv) {
   restore_cmd->add_flag("--hold", ra.hold,
                         "once CRIU restored the job, print {\"held\":PID} and let it re-attach only after a line "
                         "\"go\" on stdin (anything else ends it): a migration target's commit");
+  restore_cmd->add_option("--gpu-first", ra.gpu_first,
+                          "(a migration target's posd runs it) restore the GPU part from DIR/gpu and this file of the "
+                          "job's pid, uid, arena and token before the rest of the image exists; then wait for a line "
+                          "\"criu\" on stdin")
+      ->group("");  // hidden
   restore_cmd->add_flag("--latest", ra.latest,
                         "-D names a directory of images (pos-cli images): restore the newest restorable one");
 

@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -197,6 +200,106 @@ TEST_F(MigrationStream, AnEntrySentAheadIsLeftOutOfItsDirectoryLaterAndEverythin
   EXPECT_EQ(slurp(got / "gpu" / "deep" / "inventory.pb"), "inv");
   EXPECT_EQ(slurp(got / "manifest"), "{\"kind\":\"test\"}\n");
   EXPECT_EQ(slurp(got / "sub" / "pages-1.img"), std::string(5000, 'p'));
+}
+
+// A restorer standing in for pos-cli: logs its arguments and what it reads, and answers as pos-cli
+// restore --hold (--gpu-first) does. The server under test is restarted with it.
+class MigrationRestore : public MigrationStream {
+ protected:
+  void SetUp() override {
+    MigrationStream::SetUp();
+    server_.reset();
+    log_ = root_ / "cli.log";
+    const fs::path cli = root_ / "fake-cli";
+    std::ofstream(cli) << "#!/bin/sh\n"
+                          "echo \"args $*\" >> " << log_.string() << "\n"
+                          "case \"$*\" in *--gpu-first*)\n"
+                          "  echo '{\"gpu_restored\":true}'; read l; echo \"rest $l\" >> " << log_.string() << "\n"
+                          "  [ \"$l\" = criu ] || exit 1;;\n"
+                          "esac\n"
+                          "echo '{\"held\":4242}'\n"
+                          "read g; echo \"go $g\" >> " << log_.string() << "\n"
+                          "[ \"$g\" = go ] || exit 1\n";
+    fs::permissions(cli, fs::perms::owner_all);
+    pos::MigrationServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.secret = "a secret of at least sixteen bytes";
+    o.dir = (root_ / "in").string();
+    o.posd_socket = (root_ / "none.sock").string();
+    o.cli = cli.string();
+    auto s = pos::MigrationServer::start(o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+    fs::create_directories(root_ / "src" / "gpu");
+    std::ofstream(root_ / "src" / "gpu" / "inventory.pb") << "inv";
+    std::ofstream(root_ / "src" / "gpu-first") << "pid 4242\nuid 0\narena 1048576\ntoken 0123456789abcdef0123456789abcdef\n";
+  }
+  // The log once it has `lines` lines (or after 10 s).
+  std::string log(size_t lines) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::string text;
+    for (;;) {
+      text = slurp(log_);
+      if (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) >= lines ||
+          std::chrono::steady_clock::now() >= until)
+        return text;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  fs::path log_;
+};
+
+// The stop's GPU part is restored ahead (kPrepare), and the restore then goes on with that same
+// restorer once the rest is there: one restorer, told "criu", then held and committed.
+TEST_F(MigrationRestore, AGpuPartRestoredAheadIsTheRestoreThatHoldsAndCommitsTheJob) {
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "final").ok());
+  ASSERT_TRUE((*link)->prepare("final", true).ok());
+  EXPECT_NE(log(1).find("--gpu-first"), std::string::npos) << log(1);
+  std::ofstream(root_ / "src" / "manifest") << "{}";
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "final", {"gpu", "gpu-first"}).ok());
+  auto held = (*link)->restore("final", true);
+  ASSERT_TRUE(held.ok()) << held.status().message();
+  EXPECT_NE(held->find("{\"held\":4242}"), std::string::npos) << *held;
+  ASSERT_TRUE((*link)->send_commit().ok());
+  const pos::Status committed = (*link)->await_commit();
+  EXPECT_TRUE(committed.ok()) << committed.message();
+  const std::string text = log(3);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;  // one restorer: args, rest, go
+  EXPECT_NE(text.find("rest criu\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("go go\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("--lazy"), std::string::npos) << text;
+}
+
+// The link closes after the GPU part was restored ahead (the source's stop failed): that
+// restorer is told nothing more and ends (its GPU session with it); no restore follows.
+TEST_F(MigrationRestore, AGpuPartRestoredAheadEndsWhenTheLinkClosesBeforeTheRestore) {
+  {
+    auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+    ASSERT_TRUE(link.ok()) << link.status().message();
+    ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "final").ok());
+    ASSERT_TRUE((*link)->prepare("final", false).ok());
+    EXPECT_NE(log(1).find("--gpu-first"), std::string::npos) << log(1);
+  }
+  const std::string text = log(2);
+  EXPECT_NE(text.find("rest \n"), std::string::npos) << text;  // end of input, not "criu"
+  EXPECT_EQ(text.find("held"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
+// A prepare without the file a restore ahead needs starts nothing: the restore does it all.
+TEST_F(MigrationRestore, APrepareWithoutTheJobsParametersStartsNothingAndTheRestoreDoesItAll) {
+  fs::remove(root_ / "src" / "gpu-first");
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->send_dir((root_ / "src").string(), "final").ok());
+  ASSERT_TRUE((*link)->prepare("final", false).ok());
+  auto held = (*link)->restore("final", false);
+  ASSERT_TRUE(held.ok()) << held.status().message();
+  const std::string text = log(1);
+  EXPECT_EQ(text.find("--gpu-first"), std::string::npos) << text;
+  EXPECT_EQ(text.find("--lazy"), std::string::npos) << text;
 }
 
 TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {

@@ -2323,6 +2323,17 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
            std::chrono::steady_clock::now() < logged_by)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_NE(to.log_text().find("committed; pid " + std::to_string(child) + " runs here"), std::string::npos) << to.log_text();
+    // Every move into this posd restored the GPU part there while CRIU dumped the process and the
+    // rest of the image came.
+    auto count = [](const std::string& text, const std::string& what) {
+      size_t n = 0;
+      for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+      return n;
+    };
+    const std::string to_log = to.log_text();
+    EXPECT_GT(count(to_log, "was restored ahead"), 0u) << to_log;
+    EXPECT_EQ(count(to_log, "was restored ahead"), count(to_log, "committed; pid ")) << to_log;
+    EXPECT_EQ(to_log.find("the restore that began with the GPU part failed"), std::string::npos) << to_log;
     // Neither side keeps images: the target removes what it received, pos-cli its scratch.
     EXPECT_TRUE(std::filesystem::is_empty(work)) << report;
     const std::string in = base + (toward_b ? ".in-b" : ".in-a");

@@ -336,7 +336,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
           cv.notify_all();
         },
         pp.prev_dir, o.lazy_ok, o.peer);
-    if (res.ok() && o.gpu_part_done) o.gpu_part_done();
+    if (res.ok() && o.gpu_part_done) o.gpu_part_done(*token, arena_bytes, pp.owner);
     std::lock_guard<std::mutex> lk(mu);
     gpu = std::move(res);
     finished = true;

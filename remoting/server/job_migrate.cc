@@ -639,10 +639,20 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   Status early_sent = Status::Ok();
   bool early_started = false;
   if (link && !inproc) {
-    d.gpu_part_done = [&] {
-      early_started = start_thread(&early, "the stop's early send", [&] {
+    d.gpu_part_done = [&](const std::string& token, uint64_t arena, uint32_t uid) {
+      // What the target's restore of the GPU part needs ahead of the manifest; the target starts
+      // it at once (prepare), so that the job's device memory loads while CRIU and the rest follow.
+      const std::string first = "pid " + std::to_string(o.pid) + "\nuid " + std::to_string(uid) + "\narena " +
+                                std::to_string(arena) + "\ntoken " + token + "\n";
+      early_started = start_thread(&early, "the stop's early send", [&, first] {
                         early_sent = link->make_dir("final");
                         if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
+                        if (!early_sent.ok()) return;
+                        // A directory of its own beside the image (the stream sends directories).
+                        const std::string ahead = rep.work_dir + "/final-ahead";
+                        if (::mkdir(ahead.c_str(), 0700) != 0 || !write_small_file(ahead + "/gpu-first", first, 0600).ok()) return;
+                        early_sent = link->send_dir(ahead, "final");
+                        if (early_sent.ok()) early_sent = link->prepare("final", o.lazy);
                       }).ok();
     };
   }

@@ -23,6 +23,7 @@
 #include "ckpt/criu_image.h"
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
+#include "pos/base/parse.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/usage_region.h"
@@ -368,6 +369,32 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   return r;
 }
 
+// JobRestoreOptions::gpu_first: the job's pid, uid, arena and token, ahead of its manifest.
+StatusOr<RestoreRequest> read_gpu_first(const std::string& path) {
+  auto text = read_small_file(path, 4096);
+  if (!text.ok()) return text.status();
+  RestoreRequest q;
+  std::istringstream in(*text);
+  std::string key, value;
+  int seen = 0;
+  while (in >> key >> value) {
+    auto n = parse_uint(value);
+    if (key == "token" && value.size() == 32 && value.find_first_not_of("0123456789abcdef") == std::string::npos) {
+      q.token = value, seen |= 1;
+    } else if (key == "pid" && n.ok() && *n > 0 && *n <= static_cast<uint64_t>(INT32_MAX)) {
+      q.pid = static_cast<uint32_t>(*n), seen |= 2;
+    } else if (key == "uid" && n.ok() && *n < 0xffffffffull) {
+      q.uid = static_cast<uint32_t>(*n), seen |= 4;
+    } else if (key == "arena" && n.ok() && *n > 0) {
+      q.arena_bytes = *n, seen |= 8;
+    } else {
+      return Status::Corrupt(path + ": a bad line '" + printable(key + " " + value, 80) + "'");
+    }
+  }
+  if (seen != 15) return Status::Corrupt(path + " lacks one of pid, uid, arena, token");
+  return q;
+}
+
 }  // namespace
 
 StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
@@ -382,6 +409,32 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   if (::realpath(o.dir.c_str(), real) == nullptr)
     return Status::InvalidArgument("cannot resolve " + o.dir + ": " + std::strerror(errno));
   const std::string dir = real;
+  // GPU first: the session restores (and starts loading) while the rest of the image is on its way.
+  StatusOr<PendingRestore> pending = Status::Unavailable("the GPU state was not restored");
+  RestoreRequest early;
+  double early_s = 0;
+  if (!o.gpu_first.empty()) {
+    say("gpu");
+    const auto te = std::chrono::steady_clock::now();
+    auto q = read_gpu_first(o.gpu_first);
+    if (!q.ok()) return q.status();
+    early = *q;
+    auto img = ckpt::ImageReader::open_dir(dir + "/gpu");
+    if (!img.ok()) return img.status().with_context("the image's GPU part " + dir + "/gpu");
+    early.job = printable((*img)->client().client().job_name());  // as the dump's manifest takes it
+    early.lazy = o.lazy;
+    char early_sock[PATH_MAX];
+    if (::realpath(o.socket.c_str(), early_sock) == nullptr)
+      return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
+    pending = begin_restore(early_sock, dir, early);
+    for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the job's last session here still ending
+      pending = begin_restore(early_sock, dir, early);
+    }
+    if (!pending.ok()) return pending.status().with_context("restoring the GPU state ahead of the rest of the image");
+    early_s = seconds_since(te);
+    if (!o.rest || !o.rest()) return Status::Unavailable("the rest of the image did not come");  // the session ends with `pending`
+  }
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
   if (o.device >= 0 && m->kind == "dump")
@@ -445,15 +498,24 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   req.token = tok;
   req.job = m->job;
   req.lazy = o.lazy;
-  // The dumped job's own session may still be ending (freeing its device memory, which waits for
-  // the dump's drain): posd answers busy until it has; that takes seconds, not longer.
-  auto pending = begin_restore(sock_real, dir, req);
-  for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!o.gpu_first.empty()) {
+    // Restored already: from this image's GPU part, for the job its manifest names.
+    if (early.pid != req.pid || early.uid != req.uid || early.arena_bytes != req.arena_bytes || early.token != req.token ||
+        early.job != req.job || m->gpu != "gpu")
+      return Status::Corrupt("the GPU state restored ahead (" + o.gpu_first + ") is not the job " + dir +
+                             "/manifest names (pid, uid, arena, token, name and GPU part must agree)");
+    r.gpu_s = early_s;
+  } else {
+    // The dumped job's own session may still be ending (freeing its device memory, which waits for
+    // the dump's drain): posd answers busy until it has; that takes seconds, not longer.
     pending = begin_restore(sock_real, dir, req);
+    for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      pending = begin_restore(sock_real, dir, req);
+    }
+    if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
+    r.gpu_s = seconds_since(t);
   }
-  if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
-  r.gpu_s = seconds_since(t);
   r.gpu_bytes = pending->bytes, r.handles = pending->handles;
   ckpt::fault_point("job-restore-gpu");
 

@@ -27,6 +27,14 @@ struct JobRestoreOptions {
   // job here until its source commits (docs/migration.md). An in-process job is held after NVIDIA's
   // driver restore, before its unlock (its CUDA calls wait for that).
   std::function<bool(uint32_t pid)> hold;
+  // A migration target's, for a posd job from another host (docs/migration.md, "Across hosts"):
+  // the GPU part is restored before the rest of the image has arrived (its device memory loads
+  // while the source still dumps the process), from DIR/gpu and `gpu_first`, a file of lines
+  // "pid P", "uid U", "arena A", "token T" (the job's, as its manifest will say). Then `rest` is
+  // called: it returns once the rest of the image is there (false: the restore ends, and the GPU
+  // session with it). Then everything is checked as usual, and the manifest must name the same job.
+  std::string gpu_first;
+  std::function<bool()> rest;
   // Phase names: "check", "gpu", "criu", "reattach".
   std::function<void(const char* phase)> progress;
 };

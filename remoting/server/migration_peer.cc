@@ -46,7 +46,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 3;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole
+constexpr uint32_t kVersion = 4;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 constexpr size_t kZeroPage = 4096;  // the unit in which runs of zeros are found (and not sent)
@@ -60,6 +60,7 @@ enum class Type : uint16_t {
   kRestore = 9, kResult = 10, kError = 11, kCommit = 12, kOutcome = 13,
   kHole = 14,  // u64 n: the open file's next n bytes are a hole (zeros, never sent)
   kCheck = 15,  // what a restore of the job needs here: lines "pid N" and "path /ABS"; answered
+  kPrepare = 16,  // as kRestore's body: restore that image's GPU part now, the rest at kRestore; no answer
 };
 constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
@@ -313,7 +314,21 @@ class HeldRestore {
     }
     return true;
   }
-  void say(const char* line) { (void)!::write(in_.get(), line, std::strlen(line)); }
+  // A line on its stdin. A process that has ended already does not take posd with it: SIGPIPE is
+  // held for this write, and a pending one is taken back.
+  void say(const char* line) {
+    sigset_t pipe, old;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe, &old);
+    const ssize_t n = ::write(in_.get(), line, std::strlen(line));
+    if (n < 0 && errno == EPIPE) {
+      const timespec zero{0, 0};
+      while (::sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
   // Its exit code (-1: killed or never started), after closing its stdin (no "go": it ends the job).
   int finish(int seconds) {
     if (pid_ <= 0) return -1;
@@ -327,6 +342,13 @@ class HeldRestore {
   }
   ~HeldRestore() { (void)finish(60); }
   bool running() const { return pid_ > 0; }
+  // Becomes `o` (which must have ended or never started here), which is left without a process.
+  void take(HeldRestore& o) {
+    (void)finish(60);
+    pid_ = o.pid_, in_ = std::move(o.in_), out_ = std::move(o.out_), output = std::move(o.output);
+    o.pid_ = -1;
+    o.output.clear();
+  }
   std::string output;
 
  private:
@@ -713,6 +735,8 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   uint32_t restored_pid = 0;
   bool committed = false;
   HeldRestore held;
+  HeldRestore prepared;  // kPrepare's: the GPU part restored ahead, waiting for "criu"
+  std::string prepared_image;
   Status failed;  // the first write error: reported at the next sync or restore, then the stream ends
   // The open file's bytes go to the writer's thread (checked and written there, in order, at the
   // offsets this loop counts); its first error joins `failed` at the next sync or restore.
@@ -857,6 +881,24 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         break;
       }
       if (!send_result(fd, 0, std::to_string(total)).ok()) break;
+    } else if (t == Type::kPrepare) {
+      // The stop's GPU part is here (the rest is on its way): its restore starts now, so that its
+      // device memory loads meanwhile. Best effort: kRestore restores everything if this failed.
+      const std::string image = b.size() >= 1 && safe_relative(b.substr(1)) ? root + "/" + b.substr(1) : "";
+      struct stat gs {}, ps {};
+      if (image.empty() || !failed.ok() || file_left != 0 || held.running() || prepared.running() ||
+          ::lstat((image + "/gpu").c_str(), &gs) != 0 || !S_ISDIR(gs.st_mode) ||
+          ::lstat((image + "/gpu-first").c_str(), &ps) != 0 || !S_ISREG(ps.st_mode)) {
+        POS_INFO("posd", "migration from %s: the GPU part cannot be restored ahead (a bad or early prepare)", peer.c_str());
+        continue;
+      }
+      std::vector<std::string> argv{opt_.cli, "restore", "-D", image, "--socket", opt_.posd_socket, "--json", "--hold",
+                                    "--gpu-first", image + "/gpu-first"};
+      if (b[0] != 0) argv.push_back("--lazy");
+      if (prepared.start(argv)) {
+        prepared_image = image;
+        POS_INFO("posd", "migration from %s: restoring the GPU part of %s ahead of the rest", peer.c_str(), image.c_str());
+      }
     } else if (t == Type::kRestore) {
       settle();
       if (b.size() < 1 || !safe_relative(b.substr(1)) || !failed.ok() || file_left != 0 || held.running()) {
@@ -865,9 +907,23 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
       // Restored and held: the job waits for its permit (no CUDA call runs) until the commit.
       const std::string image = root + "/" + b.substr(1);
+      bool up = false;
+      if (prepared.running() && prepared_image == image) {
+        // Its GPU part was restored ahead: the rest is here now.
+        held.take(prepared);
+        held.say("criu\n");
+        up = held.read_until("{\"held\":", 600);
+        if (up) POS_INFO("posd", "migration from %s: the GPU part of %s was restored ahead", peer.c_str(), image.c_str());
+        if (!up) {
+          const int code = held.finish(60);
+          POS_INFO("posd", "migration from %s: the restore that began with the GPU part failed (%d), restoring anew: %s",
+                   peer.c_str(), code, printable(held.output, 400).c_str());
+          held.output.clear();
+        }
+      }
       std::vector<std::string> argv{opt_.cli, "restore", "-D", image, "--socket", opt_.posd_socket, "--json", "--hold"};
       if (b[0] != 0) argv.push_back("--lazy");
-      const bool up = held.start(argv) && held.read_until("{\"held\":", 600);
+      if (!up) up = held.start(argv) && held.read_until("{\"held\":", 600);
       if (!up) {
         const int code = held.finish(60);
         POS_INFO("posd", "migration from %s: restore of %s failed (%d): %s", peer.c_str(), image.c_str(), code,
@@ -902,6 +958,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     }
   }
   settle();  // nothing is written into the directory after it goes
+  if (prepared.running()) (void)prepared.finish(60);  // its GPU session ends with it
   if (held.running()) {
     // The source never said the job is ours: it may bring it back itself. One copy only: the held
     // restore, told no "go", ends it before it ran a step.
@@ -1022,6 +1079,13 @@ Status MigrationLink::sync() {
   POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kSync, nullptr, 0));
   auto r = expect_result(fd_.get());
   return r.ok() ? Status::Ok() : r.status();
+}
+
+Status MigrationLink::prepare(const std::string& as, bool lazy) {
+  if (!safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + as);
+  std::string b(1, lazy ? 1 : 0);
+  b += as;
+  return send_frame(fd_.get(), Type::kPrepare, b.data(), b.size());
 }
 
 StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {

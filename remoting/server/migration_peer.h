@@ -81,6 +81,10 @@ class MigrationLink {
   // Asks whether the peer could restore a job that needs `needs` (lines "pid N", "path /ABS"):
   // fails naming what it lacks (a path, or a pid in use there; pids only across boots).
   Status check(const std::string& needs);
+  // The image at `as` has its GPU part (`as`/gpu) and `as`/gpu-first (the job's pid, uid, arena
+  // and token) at the peer: it may restore that part now, ahead of restore(as). No answer: a peer
+  // that cannot restores it all at restore().
+  Status prepare(const std::string& as, bool lazy);
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
   // for its permit: no step runs); its pos-cli's output so far.
   StatusOr<std::string> restore(const std::string& as, bool lazy);
