@@ -7,7 +7,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -82,12 +84,34 @@ struct AuthBody {
   uint8_t mac[32];
 };
 
+// One frame in one sendmsg where the socket takes it whole: with TCP_NODELAY (both sides set it,
+// for the small request frames whose answers the migration waits for), a header sent on its own
+// would go as a segment of its own.
 Status send_frame(int fd, Type t, const void* body, uint64_t n, const void* tail = nullptr, uint64_t tail_n = 0) {
   Header h{kMagic, static_cast<uint16_t>(t), 0, n + tail_n};
-  POS_RETURN_IF_ERROR(send_all(fd, &h, sizeof(h)));
-  if (n > 0) POS_RETURN_IF_ERROR(send_all(fd, body, n));
-  if (tail_n > 0) POS_RETURN_IF_ERROR(send_all(fd, tail, tail_n));
+  iovec v[3] = {{&h, sizeof(h)}, {const_cast<void*>(body), n}, {const_cast<void*>(tail), tail_n}};
+  size_t first = 0;
+  const size_t count = tail_n > 0 ? 3 : n > 0 ? 2 : 1;
+  while (first < count) {
+    msghdr m{};
+    m.msg_iov = v + first;
+    m.msg_iovlen = count - first;
+    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::Unavailable(std::string("socket write: ") + std::strerror(errno));
+    size_t done = static_cast<size_t>(w);
+    while (first < count && done >= v[first].iov_len) done -= v[first++].iov_len;
+    if (first < count) {
+      v[first].iov_base = static_cast<char*>(v[first].iov_base) + done;
+      v[first].iov_len -= done;
+    }
+  }
   return Status::Ok();
+}
+
+void no_delay(int fd) {
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 // A frame's header, checked: its body is at most kMaxFrame bytes (a peer cannot make this side
@@ -676,6 +700,7 @@ Status read_dir_for_stream(const std::string& local_dir, const std::string& as, 
 // One migration: the handshake, then frames until the peer closes. Everything it wrote goes when
 // it ends; a job it restored and the peer did not commit is ended.
 void MigrationServer::handle(int fd, const std::string& peer) {
+  no_delay(fd);
   timeval tv{10, 0};  // the handshake's limit; then 2 minutes per frame
   (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -997,6 +1022,7 @@ StatusOr<std::unique_ptr<MigrationLink>> MigrationLink::connect(const std::strin
   sockaddr_in a = *sa;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
     return Status::Unavailable("cannot reach a posd accepting migrations at " + host_port + ": " + std::strerror(errno));
+  no_delay(fd);
   Type t;
   std::string b;
   POS_RETURN_IF_ERROR(recv_frame(fd, &t, &b).with_context("the target at " + host_port));
