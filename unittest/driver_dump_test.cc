@@ -1046,6 +1046,9 @@ TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobAndEachFailureLeav
   // still equal to the last round's to them, and the target's CRIU read them there.
   EXPECT_NE(out.find("\"final_criu_pages_to_parent\":"), std::string::npos) << out;
   EXPECT_EQ(out.find("\"final_criu_pages_to_parent\":0,"), std::string::npos) << out;
+  // The stop's GPU part went while the driver's checkpoint and CRIU still ran.
+  EXPECT_NE(out.find("\"final_sent_early\":"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\"final_sent_early\":0}"), std::string::npos) << out;
   int st = 0;
   restored_ = job;  // the same pid, now the target's restore (this test reaps it)
   EXPECT_EQ(::kill(job, 0), 0);

@@ -1009,6 +1009,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       written = saved.ok() ? Status::Ok() : saved.status();
       if (saved.ok()) same_bytes = saved->same_bytes;
       written_at = std::chrono::steady_clock::now();
+      // (Not for the copy written after the job ran on: that image is the caller's at the end.)
+      if (saved.ok() && !shadow && o.gpu_part_done) o.gpu_part_done("", 0, pp.owner);
     });
   };
   if (held) {
@@ -1090,6 +1092,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     cut = json_u64(*saved, "cut");
     if (!pp.prev_dir.empty()) r.note += std::string(r.note.empty() ? "" : "; ") + "the job copied its memory itself: saved whole";
     written_at = std::chrono::steady_clock::now();
+    if (o.gpu_part_done) o.gpu_part_done("", 0, pp.owner);
   }
   if (!no_handoff.empty()) r.note += (r.note.empty() ? "" : "; ") + std::string("device memory copied by the job (") + no_handoff + ")";
   ckpt::fault_point("driver-dump-saved");

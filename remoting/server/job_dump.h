@@ -55,10 +55,11 @@ struct JobDumpOptions {
   std::string resume_program;
   // Phase names ("detach", "gpu", "criu", "resume") and, for "gpu", bytes stored of the total.
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
-  // dump_job: called (from another thread, once) as soon as DIR/gpu is complete, which may be
-  // while CRIU still dumps the process: pos-cli migrate sends it to another host meanwhile, with
-  // what a restore of it needs before the manifest exists (the detach's token, the session arena,
-  // the job's uid). Called only when the GPU part was saved; the dump may still fail after it.
+  // dump_job, dump_driver_job: called (maybe from another thread, once) as soon as DIR/gpu is
+  // complete, which may be while NVIDIA's checkpoint or CRIU still run: pos-cli migrate sends it to
+  // another host meanwhile, with what a restore of a posd job's GPU part needs before the manifest
+  // exists (the detach's token, the session arena, the job's uid; an in-process job's: "", 0, uid).
+  // Called only when the GPU part was saved; the dump may still fail after it.
   std::function<void(const std::string& token, uint64_t arena_bytes, uint32_t uid)> gpu_part_done;
 };
 

@@ -630,15 +630,16 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   d.leave_stopped = true;
   d.job_socket = o.job_socket;
   if (inproc) d.resume_program = o.self_program;  // this process killed mid-dump: the job is resumed
-  // To another host, a posd job's GPU part goes as soon as it is complete, while CRIU still dumps
-  // the process (the whole image after CRIU took the send and CRIU in turn). The job is still whole
-  // at the source until the image is complete and sent; the target keeps nothing that is not
-  // committed.
+  // To another host, the stop's GPU part goes as soon as it is complete, while CRIU (and an
+  // in-process job's driver checkpoint) still run: the whole image after them took the send and
+  // the dump in turn. A posd job is still whole at the source until its image is complete and
+  // sent; an in-process job's image on the source stays its way back; the target keeps nothing that
+  // is not committed.
   const uint64_t stop_sent_before = link ? link->bytes_sent() : 0;
   std::thread early;
   Status early_sent = Status::Ok();
   bool early_started = false;
-  if (link && !inproc) {
+  if (link) {
     d.gpu_part_done = [&](const std::string& token, uint64_t arena, uint32_t uid) {
       // What the target's restore of the GPU part needs ahead of the manifest; the target starts
       // it at once (prepare), so that the job's device memory loads while CRIU and the rest follow.
@@ -647,7 +648,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
       early_started = start_thread(&early, "the stop's early send", [&, first] {
                         early_sent = link->make_dir("final");
                         if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
-                        if (!early_sent.ok()) return;
+                        if (!early_sent.ok() || inproc) return;  // an in-process job's restore reads its image whole
                         // A directory of its own beside the image (the stream sends directories).
                         const std::string ahead = rep.work_dir + "/final-ahead";
                         if (::mkdir(ahead.c_str(), 0700) != 0 || !write_small_file(ahead + "/gpu-first", first, 0600).ok()) return;
