@@ -18,6 +18,7 @@
 #include "ckpt/inspect.h"
 #include "pos/base/hex.h"
 #include "pos/base/text.h"
+#include "pos/checkpoint/lazy_restore.h"
 #include "pos/checkpoint/restore_gate.h"
 #include "unittest/api_fixture.h"
 #include "pos/runtime.h"
@@ -1046,6 +1047,45 @@ TEST_F(CheckpointTest, ACorruptBufferFoundLazilyFailsTheCallsThatNameItNeverWith
   Status s = api().memcpy(reinterpret_cast<uint64_t>(got.data()), big_, 20u << 20, cuda::kMemcpyDeviceToHost);
   EXPECT_EQ(s.api_error(), cuda::kErrorEccUncorrectable) << s.to_string();
   EXPECT_EQ(download<unsigned>(small_, 1024), small_data_);
+}
+
+// A large buffer loads in parts (here a part per 8 MiB chunk: big_ has three), taken by the worker,
+// by the background loaders, or by both: its bytes arrive whole either way, and a damaged chunk in
+// any part fails the calls that name it.
+TEST_F(CheckpointTest, ABufferLoadedInPartsArrivesWholeWhoeverTakesItsPartsAndADamagedPartFailsIt) {
+  set_lazy_part_bytes_for_test(1);
+  struct Reset {
+    ~Reset() { set_lazy_part_bytes_for_test(0); }
+  } reset;
+  build_state();
+  const std::string d = temp_dir("lazy-parts");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  {  // the worker alone (the loaders are held)
+    std::atomic<bool> hold{true};
+    ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+    EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);
+    EXPECT_EQ(live_client().restore_stats().loaded_on_demand, 1u);
+    hold.store(false);
+    ASSERT_TRUE(live_client().wait_restored().ok());
+  }
+  {  // the loaders, then the worker on whatever is left
+    ASSERT_TRUE(kill_and_restore_lazily(d).ok());
+    EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);
+    ASSERT_TRUE(live_client().wait_restored().ok());
+    EXPECT_EQ(download<unsigned>(small_, 1024), small_data_);
+    EXPECT_EQ(download<unsigned>(odd_, 777), odd_data_);
+  }
+  {  // a damaged chunk
+    const std::string bad = corrupt_copy(d, big_, "lazy-parts-bad");
+    std::atomic<bool> hold{true};
+    ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());
+    std::vector<unsigned> got(big_data_.size());
+    Status s = api().memcpy(reinterpret_cast<uint64_t>(got.data()), big_, 20u << 20, cuda::kMemcpyDeviceToHost);
+    EXPECT_EQ(s.code(), Code::kCorrupt) << s.to_string();
+    EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.to_string();
+    hold.store(false);
+    EXPECT_EQ(live_client().wait_restored().code(), Code::kCorrupt);
+  }
 }
 
 TEST_F(CheckpointTest, ACheckpointOfAClientStillLoadingLazilyWaitsForEveryBuffer) {

@@ -36,6 +36,12 @@ Status load_chunk(const ckpt::ImageReader& img, const ckpt::pb::BlobRef& ref, ui
   return copier.wait(0);
 }
 
+namespace {
+std::atomic<uint64_t> g_part_bytes_for_test{0};
+}  // namespace
+
+void set_lazy_part_bytes_for_test(uint64_t bytes) { g_part_bytes_for_test.store(bytes); }
+
 LazyLoader::LazyLoader(std::shared_ptr<const ckpt::ImageReader> image, DeviceBackend* device, std::string who)
     : image_(std::move(image)), device_(device), who_(std::move(who)) {}
 
@@ -44,6 +50,10 @@ LazyLoader::~LazyLoader() { stop(); }
 void LazyLoader::add(uint64_t addr, uint64_t size, const ckpt::ImageReader* img, const ckpt::pb::BlobRef* ref) {
   Region r;
   r.addr = addr, r.size = size, r.img = img, r.ref = ref;
+  const uint64_t chunk = std::max<uint64_t>(ref->chunk_size(), 1);
+  const uint64_t want = g_part_bytes_for_test.load() != 0 ? g_part_bytes_for_test.load() : kPartBytes;
+  r.part_bytes = std::max<uint64_t>(chunk, want / chunk * chunk);
+  r.parts = static_cast<uint32_t>(std::max<uint64_t>(1, (ref->length() + r.part_bytes - 1) / r.part_bytes));
   by_addr_[addr] = regions_.size();
   regions_.push_back(std::move(r));
   stats_.buffers++;
@@ -73,15 +83,31 @@ Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<boo
   return Status::Ok();
 }
 
-Status LazyLoader::load(const Region& r, DeviceCopier& copier, ChunkStaging& staging) const {
-  for (uint64_t off = 0; off < r.ref->length(); off += r.ref->chunk_size()) {
-    const uint64_t n = std::min<uint64_t>(r.ref->chunk_size(), r.ref->length() - off);
+Status LazyLoader::load_part(const Region& r, uint32_t part, DeviceCopier& copier, ChunkStaging& staging) const {
+  const uint64_t len = r.ref->length();
+  const uint64_t end = std::min<uint64_t>(len, (static_cast<uint64_t>(part) + 1) * r.part_bytes);
+  for (uint64_t off = static_cast<uint64_t>(part) * r.part_bytes; off < end; off += r.ref->chunk_size()) {
+    const uint64_t n = std::min<uint64_t>(r.ref->chunk_size(), len - off);
     Status s = load_chunk(*r.img, *r.ref, off, n, r.addr, copier, staging);
     if (!s.ok())
       return s.with_context("lazy restore of buffer " + hex(r.addr) + " (" + std::to_string(r.size) +
                             " bytes)");
   }
   return Status::Ok();
+}
+
+void LazyLoader::load_next_part(Region& r, std::unique_lock<std::mutex>& lk, DeviceCopier& copier,
+                                ChunkStaging& staging, bool on_demand) {
+  const uint32_t part = r.parts_taken++;
+  r.state = State::kLoading;
+  lk.unlock();
+  const Status s = load_part(r, part, copier, staging);
+  lk.lock();
+  if (!s.ok() && r.error.ok()) r.error = s;
+  if (++r.parts_done == r.parts) {
+    const Status e = r.error;
+    settle(r, e, on_demand);
+  }
 }
 
 void LazyLoader::loader_main(size_t i) {
@@ -92,14 +118,10 @@ void LazyLoader::loader_main(size_t i) {
       std::this_thread::yield();
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    while (next_ < regions_.size() && regions_[next_].state != State::kPending) ++next_;
+    // The first region with a part nobody took (the worker may have taken a later one's).
+    while (next_ < regions_.size() && !regions_[next_].open()) ++next_;
     if (stopped_ || next_ == regions_.size()) return;
-    Region& r = regions_[next_++];
-    r.state = State::kLoading;
-    lk.unlock();
-    const Status s = load(r, copier, staging);
-    lk.lock();
-    settle(r, s, /*on_demand=*/false);
+    load_next_part(regions_[next_], lk, copier, staging, /*on_demand=*/false);
   }
 }
 
@@ -135,8 +157,8 @@ Status LazyLoader::before_call(const APIContext& c) {
     if (it == by_addr_.end()) continue;
     Region& r = regions_[it->second];
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return r.state != State::kLoading; });  // a loader has it in flight
     if (e.kind == EdgeKind::kDelete) {
+      cv_.wait(lk, [&] { return r.state != State::kLoading; });  // loaders have parts of it in flight
       if (r.state == State::kPending) {
         stats_.dropped++;
         if (--remaining_ == 0) {
@@ -153,13 +175,9 @@ Status LazyLoader::before_call(const APIContext& c) {
       by_addr_.erase(it);
       continue;
     }
-    if (r.state == State::kPending) {
-      r.state = State::kLoading;
-      lk.unlock();
-      const Status s = load(r, *worker_copier_, *worker_staging_);
-      lk.lock();
-      settle(r, s, /*on_demand=*/true);
-    }
+    // The parts nobody took yet, loaded here; then the ones in flight, waited for.
+    while (r.open()) load_next_part(r, lk, *worker_copier_, *worker_staging_, /*on_demand=*/true);
+    cv_.wait(lk, [&] { return r.state != State::kLoading; });
     if (r.state == State::kFailed) {
       POS_ERROR(who_, "pc %lu %.*s: buffer %s was not restored, the call fails: %s", (unsigned long)c.pc,
                 (int)c.info->name.size(), c.info->name.data(), hex(r.addr).c_str(), r.error.message().c_str());

@@ -41,6 +41,10 @@ class ChunkStaging {
 Status load_chunk(const ckpt::ImageReader& img, const ckpt::pb::BlobRef& ref, uint64_t off, uint64_t n, uint64_t addr,
                   DeviceCopier& copier, ChunkStaging& staging);
 
+// Test hook: lazy restores made from now on load buffers in parts of `bytes` (rounded up to a
+// whole chunk) instead of LazyLoader::kPartBytes; 0 goes back to that. Thread-safe.
+void set_lazy_part_bytes_for_test(uint64_t bytes);
+
 // The buffers of a lazily restored client. Built by the restoring thread (add, then start) before
 // the client's threads run; then the worker calls before_call (and only it: by_addr_ is the
 // worker's), background threads load the rest, and any thread may call wait / stats / stop.
@@ -92,15 +96,27 @@ class LazyLoader {
 
  private:
   enum class State : uint8_t { kPending, kLoading, kLoaded, kFailed, kDropped };
+  // A large buffer loads in parts (whole chunks, kPartBytes or so each), taken one at a time by
+  // any loader or the worker: a few large buffers then load on all loader threads at once, not on
+  // one each (a job's first call needs its first layer whole). It is loaded once every part is.
   struct Region {
     uint64_t addr = 0, size = 0;
     const ckpt::ImageReader* img = nullptr;
     const ckpt::pb::BlobRef* ref = nullptr;
+    uint64_t part_bytes = 0;        // a multiple of the blob's chunk size
+    uint32_t parts = 1;
     State state = State::kPending;  // guarded by mu_
-    Status error;                   // guarded by mu_ (kFailed)
+    uint32_t parts_taken = 0, parts_done = 0;  // guarded by mu_ (kLoading)
+    Status error;                   // guarded by mu_ (kFailed; while loading, a part's first error)
+    bool open() const { return state == State::kPending || (state == State::kLoading && parts_taken < parts); }
   };
+  static constexpr uint64_t kPartBytes = 64ull << 20;
 
-  Status load(const Region& r, DeviceCopier& copier, ChunkStaging& staging) const;
+  Status load_part(const Region& r, uint32_t part, DeviceCopier& copier, ChunkStaging& staging) const;
+  // mu_ held in `lk`: takes the next part of `r` (open), loads it unlocked, and settles `r` if
+  // it was the last one.
+  void load_next_part(Region& r, std::unique_lock<std::mutex>& lk, DeviceCopier& copier, ChunkStaging& staging,
+                      bool on_demand);
   void loader_main(size_t i);
   void settle(Region& r, const Status& s, bool on_demand);  // mu_ held
   void update_done();                                       // mu_ held
