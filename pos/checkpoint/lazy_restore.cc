@@ -125,6 +125,18 @@ void LazyLoader::loader_main(size_t i) {
   }
 }
 
+void LazyLoader::complete() {
+  t_done_ = seconds_now();
+  stats_.complete = true;
+  // How long the job's memory took to come back, for operators (and what a restore ahead of a
+  // migration's switch must hide).
+  POS_INFO(who_, "lazy restore complete: %lu buffers, %.2f GB in %.3f s (%lu loaded before a call, %lu in the "
+           "background, %lu dropped, %lu failed)", (unsigned long)stats_.buffers, stats_.bytes / 1e9, t_done_ - t0_,
+           (unsigned long)stats_.loaded_on_demand, (unsigned long)stats_.loaded_in_background,
+           (unsigned long)stats_.dropped, (unsigned long)stats_.failed);
+  image_.reset();  // nobody reads it any more: every region is settled
+}
+
 void LazyLoader::settle(Region& r, const Status& s, bool on_demand) {
   if (s.ok()) {
     r.state = State::kLoaded;
@@ -136,11 +148,7 @@ void LazyLoader::settle(Region& r, const Status& s, bool on_demand) {
     failed_live_++;
     POS_ERROR(who_, "%s", s.to_string().c_str());
   }
-  if (--remaining_ == 0) {
-    t_done_ = seconds_now();
-    stats_.complete = true;
-    image_.reset();  // nobody reads it any more: every region is settled
-  }
+  if (--remaining_ == 0) complete();
   update_done();
   cv_.notify_all();
 }
@@ -161,11 +169,7 @@ Status LazyLoader::before_call(const APIContext& c) {
       cv_.wait(lk, [&] { return r.state != State::kLoading; });  // loaders have parts of it in flight
       if (r.state == State::kPending) {
         stats_.dropped++;
-        if (--remaining_ == 0) {
-          t_done_ = seconds_now();
-          stats_.complete = true;
-          image_.reset();
-        }
+        if (--remaining_ == 0) complete();
       }
       if (r.state == State::kFailed) failed_live_--;
       r.state = State::kDropped;

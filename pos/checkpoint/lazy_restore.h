@@ -120,6 +120,7 @@ class LazyLoader {
   void loader_main(size_t i);
   void settle(Region& r, const Status& s, bool on_demand);  // mu_ held
   void update_done();                                       // mu_ held
+  void complete();                                          // mu_ held: the last region settled
 
   std::shared_ptr<const ckpt::ImageReader> image_;  // guarded by mu_ once started; reset when all is loaded
   DeviceBackend* const device_;
