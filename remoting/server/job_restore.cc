@@ -369,6 +369,18 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
   return r;
 }
 
+// begin_restore, retried while posd answers busy: the dumped job's own session may still be ending
+// there (freeing its device memory, which waits for the dump's drain); that takes seconds, not longer.
+StatusOr<PendingRestore> begin_restore_when_free(const std::string& socket, const std::string& dir,
+                                                 const RestoreRequest& req) {
+  auto pending = begin_restore(socket, dir, req);
+  for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pending = begin_restore(socket, dir, req);
+  }
+  return pending;
+}
+
 // JobRestoreOptions::gpu_first: the job's pid, uid, arena and token, ahead of its manifest.
 StatusOr<RestoreRequest> read_gpu_first(const std::string& path) {
   auto text = read_small_file(path, 4096);
@@ -426,11 +438,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     char early_sock[PATH_MAX];
     if (::realpath(o.socket.c_str(), early_sock) == nullptr)
       return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
-    pending = begin_restore(early_sock, dir, early);
-    for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the job's last session here still ending
-      pending = begin_restore(early_sock, dir, early);
-    }
+    pending = begin_restore_when_free(early_sock, dir, early);
     if (!pending.ok()) return pending.status().with_context("restoring the GPU state ahead of the rest of the image");
     early_s = seconds_since(te);
     if (!o.rest || !o.rest()) return Status::Unavailable("the rest of the image did not come");  // the session ends with `pending`
@@ -506,13 +514,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
                              "/manifest names (pid, uid, arena, token, name and GPU part must agree)");
     r.gpu_s = early_s;
   } else {
-    // The dumped job's own session may still be ending (freeing its device memory, which waits for
-    // the dump's drain): posd answers busy until it has; that takes seconds, not longer.
-    pending = begin_restore(sock_real, dir, req);
-    for (int tries = 0; !pending.ok() && pending.status().code() == Code::kBusy && tries < 300; ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      pending = begin_restore(sock_real, dir, req);
-    }
+    pending = begin_restore_when_free(sock_real, dir, req);
     if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
     r.gpu_s = seconds_since(t);
   }
