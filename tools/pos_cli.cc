@@ -530,6 +530,7 @@ struct RestoreArgs {
   bool lazy = false, json = false, latest = false, hold = false;
   int device = -1;  // --device N (in-process jobs): restore onto CUDA device N of this host
   std::string gpu_first;  // hidden, with --hold: a migration target's GPU part ahead of the rest
+  std::string stage;      // hidden, with --gpu-first: an earlier image staged before it (docs/migration.md)
 };
 
 int restore(RestoreArgs a) {
@@ -570,6 +571,19 @@ int restore(RestoreArgs a) {
         char line[16] = {0};
         return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "criu", 4) == 0;
       };
+      if (!a.stage.empty()) {
+        // Staged while the pre-copy goes on; the stop's GPU part comes with a line "prepare".
+        o.stage = a.stage;
+        o.staged = [](bool ok, const std::string& note) {
+          std::printf("{\"staged\":%s,\"note\":%s}\n", ok ? "true" : "false", pos::json_string(note).c_str());
+          std::fflush(stdout);
+          char line[16] = {0};
+          return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "prepare", 7) == 0;
+        };
+      }
+    } else if (!a.stage.empty()) {
+      std::fprintf(stderr, "pos-cli restore: --stage is for a migration target's restore ahead (--gpu-first)\n");
+      return 2;
     }
   } else if (!a.gpu_first.empty()) {
     std::fprintf(stderr, "pos-cli restore: --gpu-first is for a migration target's held restore (--hold)\n");
@@ -589,11 +603,12 @@ int restore(RestoreArgs a) {
     std::printf("{\"pid\":%u,\"dir\":%s,\"socket\":%s,\"lazy\":%s,\"gpu_bytes\":%llu,\"handles\":%llu,"
                 "\"phases\":{\"check_s\":%.6f,\"gpu_s\":%.6f,\"criu_s\":%.6f,\"reattach_s\":%.6f,\"load_s\":%.6f,\"resumed_s\":%.6f,"
                 "\"total_s\":%.6f},\"handoff\":%s,\"loaded_while_running\":%s,"
-                "\"device\":%d,\"device_uuid\":%s,\"moved\":%s,\"note\":%s}\n",
+                "\"device\":%d,\"device_uuid\":%s,\"moved\":%s,\"staged\":%s,\"note\":%s}\n",
                 r->pid, pos::json_string(a.dir).c_str(), pos::json_string(a.socket).c_str(), a.lazy ? "true" : "false",
                 (unsigned long long)r->gpu_bytes, (unsigned long long)r->handles, r->check_s, r->gpu_s, r->criu_s,
                 r->reattach_s, r->load_s, r->resumed_s, r->total_s, r->handoff ? "true" : "false", r->lazy ? "true" : "false", r->device,
-                pos::json_string(r->device_uuid).c_str(), r->moved ? "true" : "false", pos::json_string(r->note).c_str());
+                pos::json_string(r->device_uuid).c_str(), r->moved ? "true" : "false", r->staged ? "true" : "false",
+                pos::json_string(r->note).c_str());
   } else if (r->lazy) {
     std::printf("restored pid %u from %s: running again after %.3f s (CPU state by CRIU in %.3f s, re-attached in %.3f s); "
                 "its device memory (%llu handles, %llu bytes) loaded while it ran, done after %.3f s\n",
@@ -860,6 +875,7 @@ struct MigrateArgs {
   bool eager = false, keep_images = false, json = false, move_process = false, settle = false;
   bool no_peer = false;
   bool no_fallback = false;
+  bool no_stage = false;
   int device = -1;  // --device N: an in-process job moved to this host's CUDA device N
 };
 
@@ -964,6 +980,7 @@ int migrate(const MigrateArgs& a) {
   o.move_process = a.move_process;
   o.peer = !a.no_peer;
   o.peer_fallback = !a.no_fallback;
+  o.stage = !a.no_stage;
   o.self_program = self_program();
   if (target.inproc) o.job_socket = target.job_socket;
   const bool tty = ::isatty(STDERR_FILENO) == 1;
@@ -1018,7 +1035,7 @@ int migrate(const MigrateArgs& a) {
                 "\"peer_export_s\":%.6f,\"target_copy_s\":%.6f,\"detach_s\":%.6f,\"stop_image_s\":%.6f,"
                 "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f,\"peer_fallback\":%s,"
                 "\"stop_cut_s\":%.6f,\"stop_criu_s\":%.6f,\"final_send_s\":%.6f,\"pid_free_s\":%.6f,"
-                "\"target_restore_s\":%.6f,\"commit_s\":%.6f,\"final_sent_early\":%llu}\n",
+                "\"target_restore_s\":%.6f,\"commit_s\":%.6f,\"final_sent_early\":%llu,\"target_staged\":%s}\n",
                 r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes,
@@ -1030,7 +1047,7 @@ int migrate(const MigrateArgs& a) {
                 (unsigned long long)r->peer_bytes, r->peer_export_s, r->target_copy_s, r->detach_s, r->stop_image_s,
                 r->reattach_s, r->target_welcome_s, r->peer_send_s, pos::json_string(r->peer_fallback).c_str(),
                 r->stop_cut_s, r->stop_criu_s, r->final_send_s, r->pid_free_s, r->target_restore_s, r->commit_s,
-                (unsigned long long)r->final_sent_early);
+                (unsigned long long)r->final_sent_early, r->target_staged ? "true" : "false");
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -1149,6 +1166,11 @@ int main(int argc, char** argv) {
                           "job's pid, uid, arena and token before the rest of the image exists; then wait for a line "
                           "\"criu\" on stdin")
       ->group("");  // hidden
+  restore_cmd->add_option("--stage", ra.stage,
+                          "(with --gpu-first) first restore this earlier image of the job (a pre-copy round) into a "
+                          "staging session, print {\"staged\":...}, wait for a line \"prepare\" on stdin; the GPU "
+                          "part then copies what that image holds unchanged from the staging session's memory")
+      ->group("");  // hidden
   restore_cmd->add_flag("--latest", ra.latest,
                         "-D names a directory of images (pos-cli images): restore the newest restorable one");
 
@@ -1251,6 +1273,9 @@ int main(int argc, char** argv) {
   migrate_cmd->add_flag("--no-peer", ma.no_peer,
                         "on one host with the process kept: copy the GPU state in pre-copy rounds through image files "
                         "instead of handing the job's device memory to the target device to device (the default)");
+  migrate_cmd->add_flag("--no-stage", ma.no_stage,
+                        "to another host's posd: do not have the target restore round 1 into a staging session while "
+                        "the rounds go on (its restore at the stop then reads every byte from the received files)");
   migrate_cmd->add_flag("--no-fallback", ma.no_fallback,
                         "if the source cannot hand the job's device memory over (the peer switch), stop there (exit 3) "
                         "instead of migrating through image files");

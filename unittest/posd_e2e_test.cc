@@ -2334,6 +2334,14 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_GT(count(to_log, "was restored ahead"), 0u) << to_log;
     EXPECT_EQ(count(to_log, "was restored ahead"), count(to_log, "committed; pid ")) << to_log;
     EXPECT_EQ(to_log.find("the restore that began with the GPU part failed"), std::string::npos) << to_log;
+    // Round 1 was staged there while the rounds went on, and the restore ahead copied the buffers
+    // the job had not written since from the staging session's memory (the rest from files).
+    EXPECT_NE(report.find("\"target_staged\":true"), std::string::npos) << report;
+    EXPECT_GT(count(to_log, "from the staged image"), 0u) << to_log;
+    EXPECT_EQ(count(to_log, "from the staged image"), count(to_log, "committed; pid ")) << to_log;
+    EXPECT_GT(count(to_log, "from the staging session's memory"), 0u) << to_log;
+    EXPECT_EQ(count(to_log, "staging of pid " + std::to_string(child) + "'s image ended"),
+              count(to_log, "from the staging session's memory")) << to_log;
     // Neither side keeps images: the target removes what it received, pos-cli its scratch.
     EXPECT_TRUE(std::filesystem::is_empty(work)) << report;
     const std::string in = base + (toward_b ? ".in-b" : ".in-a");

@@ -109,6 +109,10 @@ struct RestoreOptions {
   // An image whose buffers are `in_peer`: the exporting session's memory, as descriptors
   // (DeviceBackend's PeerMemory); every such buffer is copied from it. Not with lazy.
   const std::vector<PeerMemory>* peer = nullptr;
+  // With `peer`: the peer memory is a staging session's, which holds the image with this id
+  // restored (a migration target's, docs/migration.md "Staged at the target"): every buffer whose
+  // bytes this image takes from that one is copied from it, the rest are read (lazily, with lazy).
+  std::string peer_image_id;
   // Test hook: the background loaders wait while *hold_loader is true before their first buffer.
   std::atomic<bool>* hold_loader = nullptr;
 };

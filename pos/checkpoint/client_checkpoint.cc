@@ -200,6 +200,13 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     }
     auto src = image.resolve(r);
     if (!src.ok()) return src.status();
+    const bool is_var = types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable;
+    if (!is_var && options.peer != nullptr && !options.peer_image_id.empty() &&
+        src->first->inventory().image_id() == options.peer_image_id) {
+      // Unchanged since the staged image: the staging session's memory holds these bytes already.
+      from_peer.push_back(PeerBuffer{r.addr(), r.size()});
+      continue;
+    }
     pieces.push_back(Piece{src->first, src->second, r.addr(),
                            types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable});
   }
@@ -207,13 +214,15 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     if (options.peer == nullptr)
       return Status::FailedPrecondition("the image's buffers were handed over by a peer session (a migration's "
                                         "scratch image, docs/migration.md): it cannot be restored from files");
-    if (options.lazy) return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
+    if (options.lazy && options.peer_image_id.empty())
+      return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
     const auto tp = std::chrono::steady_clock::now();
     POS_RETURN_IF_ERROR(bc.copy_from_peer(*options.peer, from_peer).with_context("copying from the peer session's memory"));
     uint64_t bytes = 0;
     for (const PeerBuffer& b : from_peer) bytes += b.size;
-    POS_INFO(log_name_, "copied %zu buffers (%lu bytes) from the peer session's memory in %.3f s", from_peer.size(),
-             (unsigned long)bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count());
+    POS_INFO(log_name_, "copied %zu buffers (%lu bytes) from the %s session's memory in %.3f s", from_peer.size(),
+             (unsigned long)bytes, options.peer_image_id.empty() ? "peer" : "staging",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count());
   }
   // Variables go through the worker's backend (their device address is the module's).
   std::vector<std::byte> buf;

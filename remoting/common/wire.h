@@ -143,8 +143,22 @@ static_assert(sizeof(DetachAck) == 16);
 inline constexpr uint32_t kRestoreMagic = 0x53525350;  // "PSRS"
 // kRestorePeer: after posd's Welcome, pos-cli sends a peer table (PeerHeader, then its PeerRanges,
 // each with its descriptor): the source session's memory, from which the image's `in_peer` buffers
-// are copied. Not with kRestoreLazy.
-enum RestoreFlags : uint32_t { kRestoreLazy = 1, kRestorePeer = 2 };
+// are copied. Not with kRestoreLazy, unless kRestoreStaged.
+// kRestoreStage (a migration target's staging, docs/migration.md "Staged at the target"): the session
+// restores DIR/gpu (an earlier image of the job: a pre-copy round) eagerly, sends "restored", then a
+// peer table of its memory on the connection, and ends when pos-cli hangs up; no job re-attaches to
+// it and posd lists it as pid 0. Alone (no other flag).
+// kRestoreStaged (with kRestorePeer): before the peer table pos-cli sends a StagedImage: the table is
+// a staging session's memory, which holds image `image_id` restored; every buffer whose bytes the
+// image being restored takes from that image is copied from it, the others are read from files
+// (lazily with kRestoreLazy).
+enum RestoreFlags : uint32_t { kRestoreLazy = 1, kRestorePeer = 2, kRestoreStage = 4, kRestoreStaged = 8 };
+struct StagedImage {
+  uint32_t magic = kRestoreMagic;
+  uint32_t reserved = 0;
+  char image_id[40] = {};  // the staged GPU image's inventory image_id (32 hex digits)
+};
+static_assert(sizeof(StagedImage) == 48);
 struct RestoreBody {
   uint32_t magic = kRestoreMagic;
   uint32_t target_pid = 0;  // the dumped job's pid, which CRIU gives it back

@@ -172,9 +172,15 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
   wire::RestoreBody body;
   body.target_pid = r.pid;
   body.uid = r.uid;
-  if (r.lazy && r.peer != nullptr) return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
+  if (r.lazy && r.peer != nullptr && r.staged_image.empty())
+    return Status::InvalidArgument("a restore from a peer session's memory is not lazy");
+  if (!r.staged_image.empty() && (r.peer == nullptr || r.staged_image.size() != 32))
+    return Status::InvalidArgument("a staged restore needs the staging session's memory and its image's id");
+  if (r.stage && (r.lazy || r.peer != nullptr)) return Status::InvalidArgument("a staging restore is eager and alone");
   body.flags = r.lazy ? static_cast<uint32_t>(wire::kRestoreLazy) : 0u;
   if (r.peer != nullptr) body.flags |= wire::kRestorePeer;
+  if (!r.staged_image.empty()) body.flags |= wire::kRestoreStaged;
+  if (r.stage) body.flags |= wire::kRestoreStage;
   body.arena_bytes = r.arena_bytes;
   wire::put_cstr(body.token, sizeof(body.token), r.token);
   wire::put_cstr(body.job, sizeof(body.job), r.job);
@@ -188,6 +194,11 @@ StatusOr<PendingRestore> begin_restore(const std::string& socket_path, const std
   const auto t_welcome = std::chrono::steady_clock::now();
   p.welcome_s = std::chrono::duration<double>(t_welcome - t0).count();
   if (r.peer != nullptr) {  // the source's memory, to the restoring session (it copies, then answers)
+    if (!r.staged_image.empty()) {
+      wire::StagedImage si;
+      wire::put_cstr(si.image_id, sizeof(si.image_id), r.staged_image);
+      POS_RETURN_IF_ERROR(send_all(p.sock.get(), &si, sizeof(si)).with_context("naming the staged image"));
+    }
     POS_RETURN_IF_ERROR(send_peer_table(p.sock.get(), *r.peer).with_context("handing the job's memory to the target"));
     p.table_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_welcome).count();
   }

@@ -51,6 +51,13 @@ struct RestoreRequest {
   // pos-cli migrate's peer switch: the source session's memory (posd_peer_export), from which the
   // image's in_peer buffers are copied. Not with lazy.
   const std::vector<PeerMemory>* peer = nullptr;
+  // With peer: the table is a staging session's memory, which holds the image of this id restored;
+  // the buffers this image takes from that one are copied from it (lazy allowed: for the rest).
+  std::string staged_image;
+  // A staging restore (a migration target's, docs/migration.md "Staged at the target"): the session
+  // restores `dir` eagerly and, once it answered, sends its memory (recv_peer_table on the pending
+  // connection); closing the connection ends it. Alone: no lazy, no peer.
+  bool stage = false;
 };
 struct PendingRestore {
   UniqueFd sock;        // open until finish_restore; closing it abandons the restore

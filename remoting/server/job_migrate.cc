@@ -584,6 +584,9 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
         cleanup();
         return sent.with_context("sending pre-copy round " + std::to_string(n) + " (the job runs on at the source)");
       }
+      // A posd job's first round is all of its device memory: the target restores it into a
+      // staging session while the rounds go on, and the stop's restore ahead copies from there.
+      if (n == 1 && !inproc && o.stage) (void)link->stage("round-1", "final", o.lazy).ok();
       round.transfer_s = seconds_since(ts);
       round.sent = link->bytes_sent() - before;
       round.seconds += round.transfer_s;
@@ -738,6 +741,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     // that brings the job back here (its guardian), and the target ends its copy.
     auto res = link->restore("final", o.lazy);
     target_ok = res.ok() ? Status::Ok() : res.status();
+    rep.target_staged = res.ok() && res->find("{\"staged\":true") != std::string::npos;
   } else {
     auto res = restore_job(r);
     target_ok = res.ok() ? Status::Ok() : res.status();

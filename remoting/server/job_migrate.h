@@ -39,6 +39,8 @@ struct JobMigrateOptions {
   // back at the source, after a pause of a few milliseconds), migrate again through rounds and
   // image files; false: stop there, exit 3 (--no-fallback).
   bool peer_fallback = true;
+  // HOST:PORT, a posd job: the target stages round 1 while the rounds go on (false: --no-stage).
+  bool stage = true;
   std::string self_program;        // this pos-cli, which a guardian runs to restore on the source if
                                    // this process dies between the stop and the target's confirmation
   // Events: "round" (a pre-copy round done), "switch" (the stop began), "restore" (on the target),
@@ -65,6 +67,9 @@ struct JobMigrateReport {
   uint64_t final_bytes = 0; // GPU bytes copied during the stop
   uint64_t final_sent = 0;  // HOST:PORT: bytes of the stop's image sent
   uint64_t final_sent_early = 0;  // of them, a posd job's GPU part, sent while CRIU dumped the process
+  // HOST:PORT, a posd job: the target had round 1 staged before the stop (its restore ahead copied
+  // the buffers unchanged since from there; docs/migration.md, "Staged at the target").
+  bool target_staged = false;
   bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
   uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
   uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <future>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "ckpt/criu_image.h"
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
+#include "pos/base/log.h"
 #include "pos/base/parse.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
@@ -34,6 +37,7 @@
 #include "remoting/server/control_client.h"
 #include "remoting/server/job_inspect.h"
 #include "remoting/server/job_manifest.h"
+#include "remoting/server/peer_transfer.h"
 
 namespace pos {
 namespace {
@@ -407,6 +411,46 @@ StatusOr<RestoreRequest> read_gpu_first(const std::string& path) {
   return q;
 }
 
+// JobRestoreOptions::stage: an earlier image of the job restored into a staging session, whose
+// memory this process holds until the job's own restore has copied from it.
+struct Staged {
+  PendingRestore pending;  // closing it ends the staging session
+  std::vector<PeerMemory> table;
+  std::string image_id;
+};
+
+StatusOr<Staged> stage_image(const std::string& dir, const std::string& socket) {
+  char real[PATH_MAX], sock[PATH_MAX];
+  if (::realpath(dir.c_str(), real) == nullptr) return Status::InvalidArgument("cannot resolve " + dir + ": " + std::strerror(errno));
+  if (::realpath(socket.c_str(), sock) == nullptr)
+    return Status::Unavailable("no posd socket at " + socket + " (" + std::strerror(errno) + ")");
+  auto m = read_manifest(real);
+  if (!m.ok()) return m.status();
+  if ((m->kind != "pre-dump" && m->kind != "dump") || m->gpu != "gpu")
+    return Status::FailedPrecondition(std::string(real) + " is not a posd job's image with its GPU part in gpu/");
+  auto img = ckpt::ImageReader::open_dir(std::string(real) + "/gpu");
+  if (!img.ok()) return img.status().with_context("the staged image's GPU part");
+  Staged st;
+  st.image_id = (*img)->inventory().image_id();
+  if (st.image_id != m->gpu_image_id) return Status::Corrupt(std::string(real) + "/gpu is not the GPU part its manifest names");
+  img->reset();
+  RestoreRequest q;
+  q.pid = m->pid, q.uid = m->uid;
+  q.arena_bytes = 1u << 20;  // nothing runs in it: the least posd takes
+  q.token = ckpt::random_image_id();  // never used: no job re-attaches to a staging session
+  q.job = m->job;
+  q.stage = true;
+  auto p = begin_restore(sock, real, q);
+  if (!p.ok()) return p.status();
+  timeval t{60, 0};
+  (void)setsockopt(p->sock.get(), SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+  auto table = recv_peer_table(p->sock.get());
+  if (!table.ok()) return table.status().with_context("the staging session's memory");
+  st.pending = std::move(*p);
+  st.table = std::move(*table);
+  return st;
+}
+
 }  // namespace
 
 StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
@@ -415,6 +459,23 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     if (o.progress) o.progress(phase);
   };
   if (o.dir.empty()) return Status::InvalidArgument("no image directory given");
+  // Staged first: the image to restore does not exist yet.
+  std::optional<Staged> staged;
+  std::string stage_note;
+  if (!o.stage.empty()) {
+    if (o.gpu_first.empty() || !o.staged)
+      return Status::InvalidArgument("staging is for a migration target's restore of the GPU part ahead (gpu_first)");
+    say("stage");
+    const auto ts = std::chrono::steady_clock::now();
+    auto st = stage_image(o.stage, o.socket);
+    if (st.ok()) {
+      staged = std::move(*st);
+      POS_INFO("pos-cli", "staged %s (%zu ranges) in %.3f s", o.stage.c_str(), staged->table.size(), seconds_since(ts));
+    } else {
+      stage_note = "staging " + o.stage + " failed (" + st.status().message() + "): every byte was read from files";
+    }
+    if (!o.staged(staged.has_value(), stage_note)) return Status::Unavailable("the migration ended before its stop");
+  }
   say("check");
   // Everything is checked before anything changes; what the caller asked for first.
   char real[PATH_MAX];
@@ -425,6 +486,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   StatusOr<PendingRestore> pending = Status::Unavailable("the GPU state was not restored");
   RestoreRequest early;
   double early_s = 0;
+  bool staged_used = false;
   if (!o.gpu_first.empty()) {
     say("gpu");
     const auto te = std::chrono::steady_clock::now();
@@ -438,7 +500,20 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     char early_sock[PATH_MAX];
     if (::realpath(o.socket.c_str(), early_sock) == nullptr)
       return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
-    pending = begin_restore_when_free(early_sock, dir, early);
+    if (staged) {
+      RestoreRequest from_stage = early;
+      from_stage.peer = &staged->table;
+      from_stage.staged_image = staged->image_id;
+      pending = begin_restore_when_free(early_sock, dir, from_stage);
+      if (!pending.ok())
+        stage_note = "the staged memory could not be used (" + pending.status().message() + "): every byte was read from files";
+      staged.reset();  // copied (or not): the staging session ends, and its memory with it
+    }
+    if (pending.ok()) {
+      staged_used = true;
+    } else {
+      pending = begin_restore_when_free(early_sock, dir, early);
+    }
     if (!pending.ok()) return pending.status().with_context("restoring the GPU state ahead of the rest of the image");
     early_s = seconds_since(te);
     if (!o.rest || !o.rest()) return Status::Unavailable("the rest of the image did not come");  // the session ends with `pending`
@@ -497,6 +572,8 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   JobRestoreReport r;
   r.pid = m->pid;
   r.check_s = seconds_since(t0);
+  r.staged = staged_used;
+  r.note = stage_note;
 
   say("gpu");
   auto t = std::chrono::steady_clock::now();

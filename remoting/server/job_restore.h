@@ -35,6 +35,14 @@ struct JobRestoreOptions {
   // session with it). Then everything is checked as usual, and the manifest must name the same job.
   std::string gpu_first;
   std::function<bool()> rest;
+  // With gpu_first (docs/migration.md, "Staged at the target"): before anything else, an earlier
+  // image of the job (a pre-copy round, complete here) is restored into a staging session whose
+  // device memory this process then holds; `staged` is told how that went (a failure is no error:
+  // the restore goes on without it) and returns once gpu_first and DIR/gpu exist (false: the
+  // restore ends). The GPU part's restore then copies every buffer unchanged since that image from
+  // the staging session's memory instead of reading it, and the staging session ends.
+  std::string stage;
+  std::function<bool(bool staged, const std::string& note)> staged;
   // Phase names: "check", "gpu", "criu", "reattach".
   std::function<void(const char* phase)> progress;
 };
@@ -46,6 +54,8 @@ struct JobRestoreReport {
   // reload) of its device memory after that; load_s pos-cli's load of it, alongside CRIU.
   double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0, load_s = 0;
   std::string note;  // what the restore did otherwise than asked, or empty
+  // JobRestoreOptions::stage: the GPU part's bytes copied from the staging session's memory.
+  bool staged = false;
   bool handoff = false;  // an in-process job's memory was loaded by pos-cli and handed over (else it loaded it)
   // An in-process job's --lazy: the memory went to the job before it was loaded (its GPU work
   // waited on the device for the load), and when the job ran again (resumed_s; total_s is when

@@ -48,7 +48,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 4;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare
+constexpr uint32_t kVersion = 5;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare. 5: kStage
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 constexpr size_t kZeroPage = 4096;  // the unit in which runs of zeros are found (and not sent)
@@ -63,6 +63,7 @@ enum class Type : uint16_t {
   kHole = 14,  // u64 n: the open file's next n bytes are a hole (zeros, never sent)
   kCheck = 15,  // what a restore of the job needs here: lines "pid N" and "path /ABS"; answered
   kPrepare = 16,  // as kRestore's body: restore that image's GPU part now, the rest at kRestore; no answer
+  kStage = 17,    // u8 lazy, STAGED NUL IMAGE: stage image STAGED (complete here) for IMAGE's kPrepare; no answer
 };
 constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
@@ -762,6 +763,8 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   HeldRestore held;
   HeldRestore prepared;  // kPrepare's: the GPU part restored ahead, waiting for "criu"
   std::string prepared_image;
+  HeldRestore staged;  // kStage's: an earlier image staged, waiting for "prepare" (then it is `prepared`)
+  std::string staged_image;
   Status failed;  // the first write error: reported at the next sync or restore, then the stream ends
   // The open file's bytes go to the writer's thread (checked and written there, in order, at the
   // offsets this loop counts); its first error joins `failed` at the next sync or restore.
@@ -906,6 +909,30 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         break;
       }
       if (!send_result(fd, 0, std::to_string(total)).ok()) break;
+    } else if (t == Type::kStage) {
+      // A pre-copy round is here whole: a restore of it starts now, into a staging session, so that
+      // the job's device memory is on this GPU before the stop; the stop's restore then copies what
+      // did not change since from there (docs/migration.md, "Staged at the target"). Best effort.
+      const size_t nul = b.size() >= 1 ? b.find('\0', 1) : std::string::npos;
+      const std::string from = nul != std::string::npos ? b.substr(1, nul - 1) : "";
+      const std::string to = nul != std::string::npos ? b.substr(nul + 1) : "";
+      struct stat ms {};
+      if (from.empty() || to.empty() || !safe_relative(from) || !safe_relative(to) || !failed.ok() || file_left != 0 ||
+          held.running() || prepared.running() || staged.running() ||
+          ::lstat((root + "/" + from + "/manifest").c_str(), &ms) != 0 || !S_ISREG(ms.st_mode)) {
+        POS_INFO("posd", "migration from %s: nothing is staged (a bad or early stage request)", peer.c_str());
+        continue;
+      }
+      settle();  // the round's files are all written before it is read
+      if (!failed.ok()) continue;
+      const std::string image = root + "/" + to;
+      std::vector<std::string> argv{opt_.cli,  "restore", "-D", image, "--socket", opt_.posd_socket, "--json", "--hold",
+                                    "--gpu-first", image + "/gpu-first", "--stage", root + "/" + from};
+      if (b[0] != 0) argv.push_back("--lazy");
+      if (staged.start(argv)) {
+        staged_image = image;
+        POS_INFO("posd", "migration from %s: staging %s for %s", peer.c_str(), from.c_str(), to.c_str());
+      }
     } else if (t == Type::kPrepare) {
       // The stop's GPU part is here (the rest is on its way): its restore starts now, so that its
       // device memory loads meanwhile. Best effort: kRestore restores everything if this failed.
@@ -917,6 +944,16 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         POS_INFO("posd", "migration from %s: the GPU part cannot be restored ahead (a bad or early prepare)", peer.c_str());
         continue;
       }
+      if (staged.running() && staged_image == image) {
+        // Staged for this image: the same process restores its GPU part now.
+        prepared.take(staged);
+        prepared.say("prepare\n");
+        prepared_image = image;
+        POS_INFO("posd", "migration from %s: restoring the GPU part of %s ahead of the rest, from the staged image",
+                 peer.c_str(), image.c_str());
+        continue;
+      }
+      if (staged.running()) (void)staged.finish(60);  // staged for another image: its memory goes
       std::vector<std::string> argv{opt_.cli, "restore", "-D", image, "--socket", opt_.posd_socket, "--json", "--hold",
                                     "--gpu-first", image + "/gpu-first"};
       if (b[0] != 0) argv.push_back("--lazy");
@@ -983,6 +1020,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     }
   }
   settle();  // nothing is written into the directory after it goes
+  if (staged.running()) (void)staged.finish(60);      // its staging session ends with it
   if (prepared.running()) (void)prepared.finish(60);  // its GPU session ends with it
   if (held.running()) {
     // The source never said the job is ours: it may bring it back itself. One copy only: the held
@@ -1112,6 +1150,15 @@ Status MigrationLink::prepare(const std::string& as, bool lazy) {
   std::string b(1, lazy ? 1 : 0);
   b += as;
   return send_frame(fd_.get(), Type::kPrepare, b.data(), b.size());
+}
+
+Status MigrationLink::stage(const std::string& staged, const std::string& as, bool lazy) {
+  if (!safe_relative(staged) || !safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + staged + ", " + as);
+  std::string b(1, lazy ? 1 : 0);
+  b += staged;
+  b += '\0';
+  b += as;
+  return send_frame(fd_.get(), Type::kStage, b.data(), b.size());
 }
 
 StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {

@@ -85,6 +85,10 @@ class MigrationLink {
   // and token) at the peer: it may restore that part now, ahead of restore(as). No answer: a peer
   // that cannot restores it all at restore().
   Status prepare(const std::string& as, bool lazy);
+  // The image at `staged` (a pre-copy round of a posd job) is whole at the peer: it may restore it
+  // into a staging session now, so that prepare(as) copies from there what did not change since
+  // instead of reading it (docs/migration.md, "Staged at the target"). No answer: best effort.
+  Status stage(const std::string& staged, const std::string& as, bool lazy);
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
   // for its permit: no step runs); its pos-cli's output so far.
   StatusOr<std::string> restore(const std::string& as, bool lazy);

@@ -1163,10 +1163,17 @@ void PosdServer::control_restore(Handshake& h) {
     refuse_connection(fd, why);
   };
   const std::string token = wire::get_cstr(b.token, sizeof(b.token));
+  // A staging restore stands alone; a staged one comes with a peer table; lazy and a peer table
+  // only go together when the table is a staging session's (wire.h, RestoreFlags).
+  const uint32_t f = b.flags;
+  const bool stage = (f & wire::kRestoreStage) != 0;
+  const bool flags_ok =
+      (f & ~static_cast<uint32_t>(wire::kRestoreLazy | wire::kRestorePeer | wire::kRestoreStage | wire::kRestoreStaged)) == 0 &&
+      (!stage || f == wire::kRestoreStage) && ((f & wire::kRestoreStaged) == 0 || (f & wire::kRestorePeer) != 0) &&
+      ((f & (wire::kRestoreLazy | wire::kRestorePeer)) != (wire::kRestoreLazy | wire::kRestorePeer) ||
+       (f & wire::kRestoreStaged) != 0);
   if (b.magic != wire::kRestoreMagic || b.target_pid == 0 || b.target_pid > static_cast<uint32_t>(INT32_MAX) ||
-      (b.flags & ~static_cast<uint32_t>(wire::kRestoreLazy | wire::kRestorePeer)) != 0 ||
-      (b.flags & (wire::kRestoreLazy | wire::kRestorePeer)) == (wire::kRestoreLazy | wire::kRestorePeer) ||
-      !hex_token(token))
+      !flags_ok || !hex_token(token))
     return refuse(Status::InvalidArgument("malformed restore request"));
   if (b.arena_bytes < (1u << 20) || b.arena_bytes > config_.posd_arena_max)
     return refuse(Status::InvalidArgument("the image's session arena (" + std::to_string(b.arena_bytes) +
@@ -1179,7 +1186,8 @@ void PosdServer::control_restore(Handshake& h) {
     return refuse(Status::FailedPrecondition("this posd runs with posd.isolation: shared; jobs are restored into session processes only"));
   const uint32_t caller = caller_uid(h);
   if (Status a = authorize_job_control(caller, b.uid, "restore"); !a.ok()) return refuse(a);
-  {
+  // A staging session holds an earlier image of the job for the job's own restore, which follows.
+  if (!stage) {
     std::lock_guard<std::mutex> lk(mu_);
     for (const auto& s : sessions_)
       if (!s->finished.load() && static_cast<uint32_t>(s->cred.pid) == b.target_pid)
@@ -1191,13 +1199,15 @@ void PosdServer::control_restore(Handshake& h) {
                          "posd serves " + std::to_string(config_.max_clients) + " sessions already (client.max_clients)"));
   set_blocking(fd);
   auto s = std::make_unique<Session>();
-  s->cred.pid = static_cast<pid_t>(b.target_pid);
+  // A staging session is no job's: pid 0 (no request by pid finds it) and no token (no re-attach).
+  s->cred.pid = stage ? 0 : static_cast<pid_t>(b.target_pid);
   s->cred.uid = b.uid;
   s->cred.gid = static_cast<gid_t>(-1);
   s->job = printable(wire::get_cstr(b.job, sizeof(b.job)), kMaxJobNameBytes);
+  if (stage) s->job += " (staged)";
   s->arena_bytes = b.arena_bytes;
   s->generation = ++next_generation_;
-  s->token = token;  // the restored job's re-attach comes here (once)
+  if (!stage) s->token = token;  // the restored job's re-attach comes here (once)
   session_channel::Start start;
   start.kind = static_cast<uint32_t>(session_channel::Kind::kRestore);
   start.pid = static_cast<int32_t>(b.target_pid);
@@ -1210,8 +1220,8 @@ void PosdServer::control_restore(Handshake& h) {
   if (!p.ok()) return refuse(Status(Code::kUnavailable, cuda::kErrorInitializationError, p.status().message()));
   s->child = p->pid;
   s->channel = std::move(p->channel);
-  POS_INFO("posd", "restore of pid %u ('%s', uid %u) for uid %u in session process %d%s", b.target_pid, s->job.c_str(),
-           b.uid, caller, static_cast<int>(s->child), spare ? " (the spare)" : "");
+  POS_INFO("posd", "%s of pid %u ('%s', uid %u) for uid %u in session process %d%s", stage ? "staging restore" : "restore",
+           b.target_pid, s->job.c_str(), b.uid, caller, static_cast<int>(s->child), spare ? " (the spare)" : "");
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
 }

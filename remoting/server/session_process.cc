@@ -424,6 +424,56 @@ SessionSpec spec_from_start(const sc::Start& start, const std::string& job, cons
   return spec;
 }
 
+// kRestore with kRestoreStage (a migration target's staging, docs/migration.md): the client rebuilt
+// from an earlier image of the job hands its memory to pos-cli (descriptors), which gives it to the
+// job's own restore; then it waits, running nothing, until pos-cli hangs up (or posd ends it), and
+// the session ends, its device memory with it. No job ever re-attaches here.
+int serve_staged(int channel, int cli, uint64_t uuid, POSWorkspace& ws, const sc::Start& start, void* at, size_t span) {
+  const auto t0 = std::chrono::steady_clock::now();
+  raise_descriptor_limit();  // one descriptor per range until pos-cli has them
+  auto c = ws.find_client(uuid);
+  StatusOr<std::vector<PeerMemory>> mem =
+      c != nullptr ? c->export_peer_memory() : StatusOr<std::vector<PeerMemory>>(Status::Unavailable("the staged client is gone"));
+  c.reset();
+  Status sent = mem.ok() ? send_peer_table(cli, *mem) : send_peer_failure(cli, mem.status());
+  if (mem.ok()) {
+    uint64_t bytes = 0;
+    for (const PeerMemory& m : *mem) bytes += m.size;
+    POS_INFO("posd-session", "staged pid %d's image: handed %zu ranges (%lu bytes) to pos-cli in %.3f s%s", start.pid,
+             mem->size(), (unsigned long)bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             sent.ok() ? "" : " (it did not take them)");
+    mem->clear();  // pos-cli holds its own descriptors now; the memory stays mapped here until the end
+  } else {
+    POS_WARN("posd-session", "staging of pid %d's image: no memory to hand out: %s", start.pid, mem.status().to_string().c_str());
+  }
+  UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
+  std::atomic<bool> stopping{false};
+  SessionProgress progress;
+  progress.uuid.store(uuid, std::memory_order_release);  // ps lists it, with its memory
+  SessionControl ctl;
+  std::thread control;
+  Status t = start_thread(&control, "the session process's control thread", [&] {
+    name_this_thread("posd-session-ctl");
+    control_loop(channel, stop_fd.get(), done_fd.get(), &stopping, &ws, &progress, &ctl, start.arena_bytes);
+  });
+  // Until pos-cli hangs up (its restore copied what it needed, or it ended) or posd ends the session.
+  for (char byte; sent.ok() && t.ok();) {
+    pollfd p[2] = {{cli, POLLIN, 0}, {stop_fd.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno == EINTR) continue;
+    if (p[1].revents != 0) break;
+    const ssize_t r = ::recv(cli, &byte, 1, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) break;
+  }
+  const uint64_t one = 1;
+  (void)!::write(done_fd.get(), &one, sizeof(one));
+  if (control.joinable()) control.join();
+  (void)ws.remove_client(uuid);
+  ::munmap(at, span);
+  POS_INFO("posd-session", "staging of pid %d's image ended after %.3f s", start.pid,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
 // kRestore (pos-cli restore, docs/dump_restore.md): the client is rebuilt from the image at the
 // addresses it had, then the session waits, detached, for the job CRIU restores to re-attach with
 // the session memory it maps. pos-cli's connection (descriptor 4) hears "restored" once the GPU
@@ -455,7 +505,9 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   if (at == MAP_FAILED) return fail(Status::Unavailable(std::string("reserving the session memory: ") + std::strerror(errno)));
   RestoreOptions ro;
   ro.lazy = (start.flags & wire::kRestoreLazy) != 0;
-  // A peer switch: the source session's memory comes from pos-cli, right after the Welcome.
+  const bool stage = (start.flags & wire::kRestoreStage) != 0;
+  // A peer switch: the source session's memory comes from pos-cli, right after the Welcome (a staged
+  // restore's: a staging session's memory, after the id of the image it holds).
   std::vector<PeerMemory> peer;
   const auto t_table = std::chrono::steady_clock::now();
   auto t_table_first = t_table;
@@ -465,6 +517,17 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
     pollfd pf{cli, POLLIN, 0};
     (void)::poll(&pf, 1, 10000);  // for the log: when its first bytes came, apart from reading them all
     t_table_first = std::chrono::steady_clock::now();
+    if ((start.flags & wire::kRestoreStaged) != 0) {
+      wire::StagedImage si;
+      Status got = recv_all(cli, &si, sizeof(si));
+      const std::string id = wire::get_cstr(si.image_id, sizeof(si.image_id));
+      if (!got.ok() || si.magic != wire::kRestoreMagic || id.size() != 32 ||
+          id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        ::munmap(at, layout.total);
+        return fail(got.ok() ? Status::InvalidArgument("a malformed staged image id") : got.with_context("the staged image's id"));
+      }
+      ro.peer_image_id = id;
+    }
     auto got = recv_peer_table(cli);
     if (!got.ok()) {
       ::munmap(at, layout.total);
@@ -509,11 +572,13 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
     using sec = std::chrono::duration<double>;
     POS_INFO("posd-session",
              "restored client %lu of pid %d (%s)%s in %.3f s (image %.3f s, peer table %.3f s of which waiting for its "
-             "start %.3f s, client %.3f s); waiting for the job to re-attach",
+             "start %.3f s, client %.3f s); %s",
              (unsigned long)*uuid, start.pid, job.c_str(), ro.lazy ? " lazily" : "",
              sec(std::chrono::steady_clock::now() - t0).count(), sec(t_table - t0).count(),
-             sec(t_client - t_table).count(), sec(t_table_first - t_table).count(), sec(t_restored - t_client).count());
+             sec(t_client - t_table).count(), sec(t_table_first - t_table).count(), sec(t_restored - t_client).count(),
+             stage ? "staged: its memory goes to pos-cli" : "waiting for the job to re-attach");
   }
+  if (stage) return serve_staged(channel, cli, *uuid, ws, start, at, layout.total);
 
   UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC)), done_fd(::eventfd(0, EFD_CLOEXEC));
   std::atomic<bool> stopping{false};
