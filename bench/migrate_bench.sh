@@ -15,7 +15,8 @@
 # --peer-moves N: only the peer switch, N moves back and forth (its spread; no other rows).
 # --netns: posd B is "another host": a network namespace joined by a veth pair, both posd accepting
 # migrations (posd.migration); the moves are A -> B and B -> A with --to IP:PORT (the image streamed
-# over TCP, the process through CRIU), as between two hosts (docs/migration.md, "Across hosts").
+# over TCP, the process through CRIU), as between two hosts (docs/migration.md, "Across hosts"), then
+# the same two moves with --no-stage.
 #
 # Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B]
 #        [--peer-moves N] [--netns] [-- job args...]
@@ -162,8 +163,12 @@ declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
 MOVE_FLAGS=("" "" "--no-peer" "--move-process")
 MOVE_NAME=("A -> B, peer switch" "B -> A, peer switch" "A -> B, live, rounds through files (--no-peer)" "B -> A, --move-process (CRIU)")
 if ((NETNS)); then
-  MOVE_FLAGS=("--to $IP_B:$PORT_B --secret-file $TMP/secret" "--to $IP_A:$PORT_A --secret-file $TMP/secret")
-  MOVE_NAME=("A -> B, across the veth (--to HOST:PORT)" "B -> A, across the veth (--to HOST:PORT)")
+  # Moves 1-2 as pos-cli migrates by default (the target stages round 1); 3-4 with --no-stage (its
+  # restore at the stop reads every byte from the received files), side by side in one run.
+  MOVE_FLAGS=("--to $IP_B:$PORT_B --secret-file $TMP/secret" "--to $IP_A:$PORT_A --secret-file $TMP/secret"
+              "--to $IP_B:$PORT_B --secret-file $TMP/secret --no-stage" "--to $IP_A:$PORT_A --secret-file $TMP/secret --no-stage")
+  MOVE_NAME=("A -> B, across the veth (--to HOST:PORT)" "B -> A, across the veth (--to HOST:PORT)"
+             "A -> B, across the veth, --no-stage" "B -> A, across the veth, --no-stage")
   echo "== POS: pos-cli migrate A -> B -> A across a veth pair (rounds streamed, the process through CRIU) (budget $BUDGET ms)"
 elif [[ $PEER_MOVES -gt 0 ]]; then
   MOVE_FLAGS=() MOVE_NAME=()
