@@ -869,6 +869,8 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
     pos::RestoreRequest r;
     r.pid = 4000000, r.uid = 0, r.arena_bytes = 32u << 20, r.token = std::string(32, 'a'), r.job = "roots";
     out += pos::begin_restore(socket, img, r).status().message() + "\n";
+    r.stage = true;  // a migration target's staging restore is a restore like any other
+    out += pos::begin_restore(socket, img, r).status().message() + "\n";
     out += pos::posd_peer_export(socket, static_cast<uint32_t>(job), std::string(32, 'b')).status().message() + "\n";
     (void)!write(p[1], out.data(), out.size());
     _exit(0);
@@ -886,8 +888,23 @@ TEST_F(PosdProcess, AnotherUsersDumpOrRestoreOfAJobIsRefusedAndTheJobRunsOn) {
   EXPECT_NE(said.find("uid 65534 may not restore a job of uid 0"), std::string::npos) << said << logtext();
   size_t refusals = 0;
   for (size_t at = 0; (at = said.find("may not", at)) != std::string::npos; ++at) ++refusals;
-  EXPECT_EQ(refusals, 4u) << said;
+  EXPECT_EQ(refusals, 5u) << said;
   EXPECT_FALSE(std::filesystem::exists(img + "/gpu"));
+  // Root's staging restore of the running job's pid is no "busy": a staging session is no job's
+  // (docs/migration.md, "Staged at the target"); it fails on the image (none here), and the job
+  // still has its one session.
+  {
+    pos::RestoreRequest r;
+    r.pid = static_cast<uint32_t>(job), r.uid = 0, r.arena_bytes = 1u << 20, r.token = std::string(32, 'c');
+    r.job = "roots", r.stage = true;
+    auto staged = pos::begin_restore(socket, img, r);
+    EXPECT_FALSE(staged.ok());
+    EXPECT_NE(staged.status().code(), pos::Code::kBusy) << staged.status().to_string();
+    EXPECT_NE(staged.status().message().find("GPU part"), std::string::npos) << staged.status().to_string();
+    r.lazy = true;  // a staging restore is eager and alone
+    EXPECT_EQ(pos::begin_restore(socket, img, r).status().code(), pos::Code::kInvalidArgument);
+    EXPECT_NE(ps().find("\"pid\":" + std::to_string(job) + ","), std::string::npos) << ps();
+  }
   // The job's own user (root here) without the detach's token gets no memory either: the job is
   // not detached, and only its detacher knows the token.
   auto peer_ckpt = pos::posd_checkpoint(socket, static_cast<uint32_t>(job), img, false, {}, {}, {}, false, true);
