@@ -6,12 +6,17 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
+#include <linux/magic.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -259,6 +264,77 @@ void remember_criu_facts(const std::string& criu, const CriuFacts& f) {
   if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
+// CRIU learns what it needs of the kernel at the start of every run (30-45 ms measured: it makes a
+// network namespace and a veth pair, among other probes) unless it finds it in /run/criu.kdat, which
+// it writes only where /run is a tmpfs, so that a reboot (perhaps into another kernel) clears it.
+// Where /run is on disk (containers, some VMs) every dump and restore paid for the probes, twice
+// in a migration's downtime. There, POS seeds the file once per boot: `criu check --feature
+// mem_dirty_track` in a mount namespace of its own with a tmpfs on /run, whose /run/criu.kdat is
+// copied to the real /run, with the boot it is of in /run/criu.kdat.pos-boot. A file left by
+// another boot is removed before CRIU can read it (CRIU checks only its format). Root only (CRIU
+// reads /run/criu.kdat only as root); best effort: any failure leaves CRIU probing as before.
+// POS_CRIU_KDAT=0 turns it off.
+void seed_kdat_cache(const std::string& criu) {
+  static std::atomic<bool> failed{false};  // tried once in this process and it could not be done
+  if (::geteuid() != 0 || failed.load()) return;
+  if (const char* e = std::getenv("POS_CRIU_KDAT"); e != nullptr && std::strcmp(e, "0") == 0) return;
+  struct statfs fs {};
+  if (::statfs("/run", &fs) != 0 || fs.f_type == TMPFS_MAGIC) return;  // CRIU keeps it there itself
+  const std::string boot = first_line("/proc/sys/kernel/random/boot_id");
+  if (boot.empty() || boot.size() > 64) return;
+  struct stat st {};
+  if (first_line("/run/criu.kdat.pos-boot") == boot && ::lstat("/run/criu.kdat", &st) == 0 && S_ISREG(st.st_mode)) return;
+  (void)::unlink("/run/criu.kdat");  // another boot's, or none
+  (void)::unlink("/run/criu.kdat.pos-boot");
+  // Everything the child needs is made before the fork: the parent may have other threads.
+  const std::string stamp = boot + "\n";
+  std::vector<std::string> argv_s{criu, "check", "--feature", "mem_dirty_track"};
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // async-signal-safe calls only
+    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    const int run = ::open("/run", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (run < 0 || ::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("pos-kdat", "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4m,mode=0755") != 0)
+      ::_exit(2);
+    const pid_t c = ::fork();
+    if (c == 0) {
+      const int nul = ::open("/dev/null", O_RDWR);
+      if (nul < 0 || ::dup2(nul, 0) < 0 || ::dup2(nul, 1) < 0 || ::dup2(nul, 2) < 0) ::_exit(127);
+      ::execve(argv[0], argv.data(), environ);
+      ::_exit(127);
+    }
+    int cs = 0;
+    if (c < 0 || ::waitpid(c, &cs, 0) != c) ::_exit(3);
+    static char buf[1 << 16];
+    const int in = ::open("/run/criu.kdat", O_RDONLY | O_CLOEXEC);
+    const ssize_t n = in >= 0 ? ::read(in, buf, sizeof(buf)) : -1;
+    if (n <= 0 || n == static_cast<ssize_t>(sizeof(buf))) ::_exit(4);
+    auto put = [&](const char* tmp, const char* name, const char* data, size_t len) {
+      const int out = ::openat(run, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (out < 0) return false;
+      const bool ok = ::write(out, data, len) == static_cast<ssize_t>(len) && ::fsync(out) == 0;
+      ::close(out);
+      if (ok && ::renameat(run, tmp, run, name) == 0) return true;
+      (void)::unlinkat(run, tmp, 0);
+      return false;
+    };
+    // The cache first, then the boot it is of: a stamp never names a file that is not there.
+    if (!put("criu.kdat.pos-tmp", "criu.kdat", buf, static_cast<size_t>(n)) ||
+        !put("criu.kdat.pos-boot.tmp", "criu.kdat.pos-boot", stamp.data(), stamp.size()))
+      ::_exit(5);
+    ::_exit(0);
+  }
+  int status = 0;
+  while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed.store(true);
+}
+
 }  // namespace
 
 StatusOr<std::string> find_criu() {
@@ -283,6 +359,7 @@ StatusOr<std::string> find_criu() {
   // `criu check` takes from a few milliseconds to over fifty seconds (seen on a loaded two-core VM:
   // its netlink and socket-diag probes): it is run once per binary and boot, and what it said is
   // kept for every later pos-cli (criu_facts).
+  seed_kdat_cache(criu);
   CriuFacts f = criu_facts(criu);
   if (f.check_ok) return criu;
   auto v = run({criu, "--version"});

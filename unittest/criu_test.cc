@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <linux/magic.h>
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,6 +134,41 @@ TEST_F(Criu, ADumpedProcessTreeIsGoneAndItsRestoreCarriesOnWithMemoryThreadFileA
   check(pid_);
   pid_ = -1;
   EXPECT_EQ(read_file(root_ / "work" / "log"), "before\nafter\n");
+}
+
+// CRIU reads what it learnt of the kernel from /run/criu.kdat instead of probing it again (30-45 ms
+// a run): it keeps the file itself where /run is a tmpfs, and find_criu seeds it, for this boot
+// only, where /run is not (ckpt/criu.cc, seed_kdat_cache). A file of another boot is replaced.
+TEST_F(Criu, CriuLoadsItsKernelFactsFromACacheOfThisBootInsteadOfProbingEachRun) {
+  if (::geteuid() != 0) GTEST_SKIP() << "CRIU reads /run/criu.kdat as root only";
+  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
+  while (!boot.empty() && boot.back() == '\n') boot.pop_back();
+  struct statfs fs {};
+  const bool seeded = ::statfs("/run", &fs) == 0 && fs.f_type != TMPFS_MAGIC;
+  if (seeded) {
+    // Another boot's cache (garbage, as a stale one may be to this kernel) and its stamp.
+    { std::ofstream("/run/criu.kdat") << "not this boot's facts"; }
+    { std::ofstream("/run/criu.kdat.pos-boot") << "00000000-0000-0000-0000-000000000000\n"; }
+  }
+  ASSERT_TRUE(find_criu().ok());
+  start();
+  // Two dumps (the job runs on): on a tmpfs CRIU's first run keeps the file itself.
+  for (const char* dir : {"img1", "img2"}) {
+    CriuDumpOptions o;
+    o.leave_running = true;
+    fs::create_directories(root_ / dir);
+    ASSERT_TRUE(criu_dump(criu_, pid_, (root_ / dir).string(), o).ok());
+  }
+  const std::string log = read_file(root_ / "img2" / "dump.log");
+  EXPECT_NE(log.find("Loaded kdat cache from /run/criu.kdat"), std::string::npos) << log.substr(0, 2000);
+  if (seeded) {
+    EXPECT_EQ(read_file("/run/criu.kdat.pos-boot"), boot + "\n");
+    const std::string first = read_file(root_ / "img1" / "dump.log");
+    EXPECT_NE(first.find("Loaded kdat cache from /run/criu.kdat"), std::string::npos) << first.substr(0, 2000);
+    EXPECT_EQ(first.find("Stale /run/criu.kdat"), std::string::npos) << first.substr(0, 2000);
+  }
+  check(pid_);
+  pid_ = -1;
 }
 
 TEST_F(Criu, ALeaveRunningDumpLetsTheOriginalFinishAndItsImageRestoresAfterwards) {
