@@ -70,7 +70,14 @@ Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<boo
     auto c = backend.make_copier();
     if (!c.ok()) return c.status();
     copiers_.push_back(std::move(*c));
+    stagings_.push_back(std::make_unique<ChunkStaging>(device_));
   }
+  // The page-locked staging is made now, by the restoring thread, not as each loader starts: a
+  // page-locked allocation waits behind the driver's other work on the GPU (another process freeing
+  // gigabytes, say, as a migration's staging session does right after this restore), and the
+  // job's first call may already wait for a loader. A failure here is tried again at first use.
+  (void)worker_staging_->get();
+  for (auto& st : stagings_) (void)st->get();
   hold_ = hold;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -79,7 +86,11 @@ Status LazyLoader::start(BackendClient& backend, size_t threads, std::atomic<boo
     t0_ = seconds_now();
     update_done();
   }
-  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this, i] { loader_main(i); });
+  for (size_t i = 0; i < threads; ++i)
+    threads_.emplace_back([this, i] {
+      loader_main(i);
+      stagings_[i].reset();  // its own element only: its page-locked chunk goes when it is done
+    });
   return Status::Ok();
 }
 
@@ -112,7 +123,7 @@ void LazyLoader::load_next_part(Region& r, std::unique_lock<std::mutex>& lk, Dev
 
 void LazyLoader::loader_main(size_t i) {
   DeviceCopier& copier = *copiers_[i];
-  ChunkStaging staging(device_);
+  ChunkStaging& staging = *stagings_[i];
   if (hold_ != nullptr)
     while (hold_->load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire))
       std::this_thread::yield();
@@ -231,6 +242,7 @@ void LazyLoader::stop() {
   }
   for (auto& t : threads_) t.join();
   threads_.clear();
+  stagings_.clear();
   copiers_.clear();
   worker_copier_.reset();
   worker_staging_.reset();

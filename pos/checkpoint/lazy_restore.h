@@ -130,6 +130,7 @@ class LazyLoader {
   std::unique_ptr<DeviceCopier> worker_copier_;      // worker
   std::unique_ptr<ChunkStaging> worker_staging_;     // worker
   std::vector<std::unique_ptr<DeviceCopier>> copiers_;  // one per loader thread
+  std::vector<std::unique_ptr<ChunkStaging>> stagings_;  // one per loader thread
   std::vector<std::thread> threads_;
   std::atomic<bool>* hold_ = nullptr;
 
