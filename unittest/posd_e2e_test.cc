@@ -2443,6 +2443,13 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   for (const std::string at : {"round-2", "final"}) {
     std::ofstream(drop_at) << at << "\n";
     const size_t before = reaped.size();
+    auto stagings = [&] {
+      const std::string t = a.log_text();
+      size_t n = 0;
+      for (size_t i = t.find("staging round-1 for final"); i != std::string::npos; i = t.find("staging round-1 for final", i + 1)) ++n;
+      return n;
+    };
+    const size_t staged_before = stagings();
     const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped, " --max-downtime 1");
     EXPECT_EQ(code, 1) << at << ": " << err << report;
     EXPECT_NE(err.find(at == "final" ? "sending the stop's image (the job runs on at the source)"
@@ -2453,6 +2460,13 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_FALSE(serves(a, child));
     EXPECT_EQ(reaped.size(), before) << "the job never ended";
     EXPECT_TRUE(std::filesystem::is_empty(work)) << at;
+    // Round 1 was staged at A before the link dropped; the staging session ended with the
+    // migration, its memory with it.
+    EXPECT_EQ(stagings(), staged_before + 1) << a.log_text();
+    const auto unstaged_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (a.ps().find("(staged)") != std::string::npos && std::chrono::steady_clock::now() < unstaged_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(a.ps().find("(staged)"), std::string::npos) << at << ": " << a.ps();
     // Still running: its steps go on (the output file grows).
     const auto size0 = std::filesystem::file_size(out_file);
     const auto grew_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
