@@ -432,8 +432,19 @@ int serve_staged(int channel, int cli, uint64_t uuid, POSWorkspace& ws, const sc
   const auto t0 = std::chrono::steady_clock::now();
   raise_descriptor_limit();  // one descriptor per range until pos-cli has them
   auto c = ws.find_client(uuid);
-  StatusOr<std::vector<PeerMemory>> mem =
-      c != nullptr ? c->export_peer_memory() : StatusOr<std::vector<PeerMemory>>(Status::Unavailable("the staged client is gone"));
+  StatusOr<std::vector<PeerMemory>> mem = Status::Unavailable("the staged client is gone");
+  if (c != nullptr) {
+    // The job's own restore needs as much again beside this copy: without room for it, staging
+    // would only make that restore fail first (and then read everything from files anyway).
+    MemInfo mi;
+    const uint64_t held = c->stats().memory_in_use, margin = 256ull << 20;
+    if (ws.backend().mem_info(c->device(), &mi).ok() && mi.free < held + margin)
+      mem = Status(Code::kOutOfMemory, 0,
+                   "no room on the GPU for the job beside its staged copy (" + std::to_string(mi.free) + " bytes free, " +
+                       std::to_string(held) + " staged)");
+    else
+      mem = c->export_peer_memory();
+  }
   c.reset();
   Status sent = mem.ok() ? send_peer_table(cli, *mem) : send_peer_failure(cli, mem.status());
   if (mem.ok()) {
