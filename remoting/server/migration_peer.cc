@@ -943,6 +943,10 @@ void MigrationServer::handle(int fd, const std::string& peer) {
     } else if (t == Type::kPrepare) {
       // The stop's GPU part is here (the rest is on its way): its restore starts now, so that its
       // device memory loads meanwhile. Best effort: kRestore restores everything if this failed.
+      // Its files are all written first: their last chunks may still be with the writers, and a
+      // restore that read gpu-first half written failed (seen with a staged restore, which reads it
+      // at once).
+      settle();
       const std::string image = b.size() >= 1 && safe_relative(b.substr(1)) ? root + "/" + b.substr(1) : "";
       struct stat gs {}, ps {};
       if (image.empty() || !failed.ok() || file_left != 0 || held.running() || prepared.running() ||
