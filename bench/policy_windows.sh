@@ -21,11 +21,18 @@
 # Prints: per window the mean and median step, per "on" window its ratio to its neighbours, the
 # mean ratio with a 95 % confidence interval (Student's t over the "on" windows), worst step / median
 # for on and off, and the policy's ticks and pauses. Needs a GPU (CUDA backend).
+#   --steady N   instead of windows: one policy runs for N intervals, as a user runs it, and each
+#                interval is split in halves: the first holds the tick (it starts the interval and
+#                must end within the half: the log's durations are checked), the second none. A
+#                tick's cost is the step time of its half less as many steps at the mean of the
+#                interval's other half; the overhead is their mean over the interval, with a 95 %
+#                interval (Student's t over the ticks), and the worst step of each half is compared
+#                with the median of the second halves.
 set -uo pipefail
 [[ $# -ge 1 && -d "$1" ]] || { sed -n 2,23p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda
+JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda STEADY=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --job) JOB="$2"; shift 2 ;;
@@ -35,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --warm) WARM="$2"; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
     --backend) BACKEND="$2"; shift 2 ;;
+    --steady) STEADY="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "policy_windows: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -51,9 +59,10 @@ done
 source "$ROOT/bench/policy_common.sh"
 bench_scratch policy-windows
 [[ $JOB == mlp ]] && start_bench_posd "$BACKEND"
-echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $TICKS ticks per window, $PAIRS on-windows; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
+[[ $STEADY -gt 0 ]] && SHAPE="one policy for $STEADY intervals" || SHAPE="$TICKS ticks per window, $PAIRS on-windows"
+echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $SHAPE; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
 BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
-PAIRS="$PAIRS" WARM="$WARM" python3 - "${ARGS[@]}" <<'PY'
+PAIRS="$PAIRS" WARM="$WARM" STEADY="$STEADY" python3 - "${ARGS[@]}" <<'PY'
 import os, re, signal, statistics, subprocess, sys, threading, time
 E = os.environ
 B, TMP, WORK, kind = E["BUILD"], E["TMP"], E["WORK"], E["JOB"]
@@ -94,6 +103,66 @@ while len(starts) < 20:
     if time.monotonic() - t0 > 600: fail("no 20th step within 600 s")
     time.sleep(0.1)
 time.sleep(warm)
+T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+     11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+     21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
+steady = int(E["STEADY"])
+if steady > 0:
+    d = WORK + "/steady"
+    c = [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", "1", "--full-every", "3",
+         "--jobs-dir", TMP + "/jobs", *cli_extra]
+    t_start = now()  # the first tick starts as the policy does: between this and the answer
+    r = subprocess.run(c, env=env, capture_output=True, text=True)
+    if r.returncode != 0: fail(f"pos-cli checkpoint failed: {r.stderr.strip()}")
+    t_answer = now()
+    time.sleep(steady * every_s + 0.3)
+    r = subprocess.run([cli, "checkpoint", "-t", str(job.pid), "--stop", "--jobs-dir", TMP + "/jobs", *cli_extra],
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0: fail(f"pos-cli checkpoint --stop failed: {r.stderr.strip()}")
+    for _ in range(400):
+        if os.path.exists(d + "/checkpoint.log") and "stopped" in open(d + "/checkpoint.log").read(): break
+        time.sleep(0.05)
+    log = open(d + "/checkpoint.log").read() if os.path.exists(d + "/checkpoint.log") else ""
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    took = [float(x) for x in re.findall(r"([0-9.]+) s in all", log)]
+    if len(took) < steady: fail(f"the log holds {len(took)} ticks, not {steady}:\n{log[-2000:]}")
+    half = every_s / 2
+    if max(took[:steady]) > half - 0.5:
+        print(f"warning: a tick took {max(took[:steady]):.2f} s, longer than the first half less 0.5 s")
+    steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
+    print(f"policy started {1e3 * (t_answer - t_start):.0f} ms after it was asked; {steady} intervals of {every_s:g} s")
+    print("| tick | tick s | steps (first half, second) | mean ms (first, second) | lost ms | worst / median of the second halves (first, second) |")
+    print("|---|---|---|---|---|---|")
+    lost, firsts, seconds = [], [], []
+    for k in range(steady):
+        a0 = t_start + k * every_s
+        A = [ms for st, ms in steps if a0 <= st < a0 + half]
+        Bh = [ms for st, ms in steps if a0 + half <= st < a0 + every_s]
+        if len(A) < 5 or len(Bh) < 5: fail(f"interval {k} holds too few steps")
+        firsts.append(A); seconds.append(Bh)
+        lost.append(sum(A) - len(A) * statistics.mean(Bh))
+    med2 = statistics.median([x for b in seconds for x in b])
+    for k in range(steady):
+        A, Bh = firsts[k], seconds[k]
+        print(f"| {k + 1} | {took[k]:.2f} | {len(A)}, {len(Bh)} | {statistics.mean(A):.3f}, {statistics.mean(Bh):.3f} | "
+              f"{lost[k]:.1f} | {max(A) / med2:.2f}, {max(Bh) / med2:.2f} |")
+    ml = statistics.mean(lost)
+    hw = T.get(steady - 1, 2.0) * statistics.stdev(lost) / steady ** 0.5 if steady > 1 else float("nan")
+    base = statistics.mean([x for b in seconds for x in b])
+    per_interval = every_s * 1e3 / base  # steps per interval at the second halves' pace
+    print()
+    print(f"lost per tick: {ml:.1f} ms (95 % CI {ml - hw:.1f} to {ml + hw:.1f} ms); over the {every_s:g} s interval: "
+          f"overhead {100 * ml / (every_s * 1e3):+.2f} % (95 % CI {100 * (ml - hw) / (every_s * 1e3):+.2f} % to "
+          f"{100 * (ml + hw) / (every_s * 1e3):+.2f} %)")
+    print(f"steps: second halves {base:.3f} ms mean (median {med2:.3f}), {per_interval:.0f} per interval; worst step / that "
+          f"median: first halves {max(max(a) for a in firsts) / med2:.2f}, second halves {max(max(b) for b in seconds) / med2:.2f}")
+    tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", log)]
+    if tk:
+        print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
+              f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median {statistics.median(b for _, b in tk):.3f} ms, "
+              f"max {max(b for _, b in tk):.3f} ms")
+    sys.exit(0)
 windows, logs = [], []  # windows: (kind, begin, end) on the job's clock
 def off_window():
     b = now(); time.sleep(window); windows.append(("off", b, now()))
@@ -137,8 +206,6 @@ for i, (k, t) in enumerate(per):
     med = statistics.median(t)
     print(f"| {i}: {k} | {len(t)} | {statistics.mean(t):.3f} | {med:.3f} | "
           f"{max(t):.3f} | {max(t) / med:.2f} | {rel} |")
-T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-     11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086}
 mr = statistics.mean(ratios)
 half = T.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
 on = [x for k, t in per if k == "on" for x in t]

@@ -3,6 +3,7 @@
 #include "remoting/driver/device_image.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,6 +57,10 @@ class CopyPool {
         Lane lane{f, {nullptr, nullptr}, nullptr};
         // Lower this thread only (Linux nice is per thread); a refusal leaves it as it was.
         if (o_.nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), o_.nice);
+        if (o_.idle) {
+          const sched_param none{};
+          (void)::sched_setscheduler(static_cast<pid_t>(::gettid()), SCHED_IDLE, &none);
+        }
         CUresult rc = c_.ctx_set_current(ctx);
         if (rc != kSuccess) return fail(Status::Unavailable(cu_error("cuCtxSetCurrent", rc)));
         if ((rc = c_.stream_create(&lane.stream, 1 /* non-blocking */)) != kSuccess)
@@ -131,6 +136,9 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
                                   const std::string& dir, const CopyOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.chunk == 0 || o.chunk % 4096 != 0) return Status::InvalidArgument("the chunk size must be a multiple of 4096");
+  if (o.piece % 4096 != 0 || (o.piece != 0 && o.chunk % o.piece != 0))
+    return Status::InvalidArgument("the write piece must be a multiple of 4096 that divides the chunk size");
+  const uint64_t piece = o.piece < o.chunk ? o.piece : 0;
   RegionTable table;
   table.chunk = o.chunk;
   table.inherited = o.inherited;
@@ -173,14 +181,32 @@ StatusOr<CopyReport> save_regions(const CopyCalls& calls, int dev, const std::ve
       SavedRegion& r = table.regions[held->region];
       const void* b = lane.buf[side ^ 1];
       const size_t index = held->off / o.chunk;
-      r.crcs[index] = ckpt::crc32c(b, held->n);  // one lane per chunk: no two write one slot
+      const int fd = fds[lane.file].get();
+      bool written = false;
+      if (piece > 0 && held->n > piece) {
+        // Each piece checksummed, then written while it is still cached.
+        uint32_t crc = 0;
+        for (uint64_t at = 0; at < held->n; at += piece) {
+          const uint64_t n = std::min(piece, held->n - at);
+          crc = ckpt::crc32c(static_cast<const char*>(b) + at, n, crc);
+          POS_RETURN_IF_ERROR(write_all_at(fd, static_cast<const char*>(b) + at, n, held->file_off + at));
+        }
+        r.crcs[index] = crc;
+        written = true;
+      } else {
+        r.crcs[index] = ckpt::crc32c(b, held->n);  // one lane per chunk: no two write one slot
+      }
       // A chunk the previous image holds with the same checksum is left there (a hole here).
       if (o.unchanged && o.unchanged(r.addr, r.size, index, r.crcs[index], b, held->n)) {
         same_chunk[static_cast<size_t>(held - places.data())] = 1;  // a byte per chunk: lanes never share one
+        // Written already: given back (a file system without holes keeps bytes no reader takes).
+        if (written)
+          (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(held->file_off),
+                            static_cast<off_t>(held->n));
         pool.done(held->n);
         return Status::Ok();
       }
-      POS_RETURN_IF_ERROR(write_all_at(fds[lane.file].get(), b, held->n, held->file_off));
+      if (!written) POS_RETURN_IF_ERROR(write_all_at(fd, b, held->n, held->file_off));
       pool.done(held->n);
       return Status::Ok();
     };

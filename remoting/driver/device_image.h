@@ -55,7 +55,15 @@ struct CopyOptions {
   // 19, a 12 GB write beside a PyTorch job took as long and slowed 1-3 of its ~75 steps over 1.2x
   // the median instead of 3-14.
   int nice = 0;
+  // The copy threads under SCHED_IDLE (Linux): they run only on a CPU nothing else wants, a step
+  // below nice 19. For a copy written while the job runs on.
+  bool idle = false;
   uint64_t chunk = 8ull << 20;    // copy and checksum unit
+  // save_regions: a chunk is checksummed and written in pieces of this many bytes (a multiple of
+  // 4096 dividing `chunk`; 0: whole), each written while it is still in the CPU's cache, so that the
+  // host reads each byte from memory once, not twice. A chunk later found unchanged
+  // (`unchanged`) has its written bytes punched out of the file again.
+  uint64_t piece = 0;
   // Bytes done so far of the total, from the copy threads (serialized), at most every chunk.
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Where a region's bytes are in this process: its address in the table (the job's) → the one

@@ -818,6 +818,40 @@ StatusOr<ckpt::RegionTable> driver_prev(const Prepared& pp) {
   return t;
 }
 
+// The copy threads of an in-process job's device memory written while the job runs on: they
+// yield the CPU to it (nice 19), and the environment may tune them for measurements
+// (docs/configuration.md): POS_IMAGE_THREADS (1..64 copy threads, each with a memory file),
+// POS_IMAGE_SCHED (`nice`, or `idle`: SCHED_IDLE), POS_IMAGE_PIECE (bytes checksummed and written
+// at a time, a multiple of 4096 dividing the 8 MiB chunk; 0: whole chunks).
+Status running_writer_options(driver::CopyOptions* co) {
+  co->nice = 19;
+  auto number = [](const char* name, uint64_t lo, uint64_t hi, uint64_t* out) -> Status {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return Status::Ok();
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (errno != 0 || *end != '\0' || *v == '-' || n < lo || n > hi)
+      return Status::InvalidArgument(std::string(name) + " must be a number from " + std::to_string(lo) + " to " +
+                                     std::to_string(hi) + ", not '" + printable(v, 40) + "'");
+    *out = n;
+    return Status::Ok();
+  };
+  uint64_t threads = static_cast<uint64_t>(co->threads), piece = co->piece;
+  POS_RETURN_IF_ERROR(number("POS_IMAGE_THREADS", 1, 64, &threads));
+  POS_RETURN_IF_ERROR(number("POS_IMAGE_PIECE", 0, co->chunk, &piece));
+  if (piece % 4096 != 0 || (piece != 0 && co->chunk % piece != 0))
+    return Status::InvalidArgument("POS_IMAGE_PIECE must be 0 or a multiple of 4096 that divides " + std::to_string(co->chunk));
+  co->threads = static_cast<int>(threads);
+  co->piece = piece;
+  if (const char* v = std::getenv("POS_IMAGE_SCHED"); v != nullptr && *v != '\0') {
+    if (std::strcmp(v, "idle") == 0) co->idle = true;
+    else if (std::strcmp(v, "nice") != 0)
+      return Status::InvalidArgument("POS_IMAGE_SCHED must be 'nice' or 'idle', not '" + printable(v, 40) + "'");
+  }
+  return Status::Ok();
+}
+
 // CopyOptions::unchanged for an incremental image: the previous image's chain as PreviousChunks,
 // so that the image leaves to it the chunks it holds byte for byte (any earlier image of the job
 // will do: the bytes are compared). Empty without --prev, or when it cannot be read (the image is
@@ -1004,8 +1038,9 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
       co.inherited = inherited;
       co.unchanged = unchanged;
-      if (o.leave_running && shadow) co.nice = 19;  // written from the device copy while the job runs on
-      auto saved = held->save(gpu_dir, co);
+      // Written from the device copy while the job runs on: the writers yield to it.
+      Status tuned = o.leave_running && shadow ? running_writer_options(&co) : Status::Ok();
+      auto saved = tuned.ok() ? held->save(gpu_dir, co) : StatusOr<driver::CopyReport>(tuned);
       written = saved.ok() ? Status::Ok() : saved.status();
       if (saved.ok()) same_bytes = saved->same_bytes;
       written_at = std::chrono::steady_clock::now();
@@ -1280,8 +1315,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   co.inherited = inherited;
   co.unchanged = unchanged_in_prev(pp);
-  co.nice = 19;  // the job runs on while its copy is written: the writers yield the CPU to it
-  auto saved = (*held)->save(gpu_dir, co);
+  // The job runs on while its copy is written: the writers yield the CPU to it.
+  const Status tuned = running_writer_options(&co);
+  auto saved = tuned.ok() ? (*held)->save(gpu_dir, co) : StatusOr<driver::CopyReport>(tuned);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
     remove_parts();
