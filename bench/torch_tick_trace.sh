@@ -14,7 +14,7 @@
 # the writer's CPU use. --variants: the ticks take turns among these (`-` for none, or environment
 # assignments for pos-cli; `off` takes no tick, only waits --off-s seconds, a control), and a
 # table gives each one's cost: the job's step time lost in a tick's window (the sum over the steps
-# that began in it of each step less the median outside all windows), per tick.
+# that began in it of each step less the mean step outside all windows), per tick.
 set -uo pipefail
 usage() { echo "usage: torch_tick_trace.sh BUILD_DIR [--ticks N] [--gap S] [--cli-prefix CMD] [-- TRAIN_ARGS...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && -d "$B" ]] || usage; shift
@@ -73,18 +73,21 @@ if [[ "$VARIANTS" != - ]]; then
     END { for (j = 61; j < m; ++j) { inside = 0
             for (i = 1; i <= n; ++i) if (st[j] >= t0[i] && st[j] <= t1[i] + 1) inside = 1
             if (!inside) print st[j + 1] - st[j] } }' "$TMP/ticks" "$TMP/steps" |
-           sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)], NR }')
-  awk -v vars="$VARIANTS" -v med="${OUTMED% *}" -v k="${OUTMED#* }" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; va[$1] = $9; wr[$1] = $7; n = $1; next }
+           sort -g | awk '{ a[NR] = $1; s += $1 } END { print a[int((NR + 1) / 2)], s / NR, NR }')
+  read -r OMED OMEAN OCOUNT <<<"$OUTMED"
+  # Lost time against the mean step outside (the median would count the distribution's skew as a
+  # cost in every window, the control's too); slow steps against the median.
+  awk -v vars="$VARIANTS" -v med="$OMED" -v mean="$OMEAN" -v k="$OCOUNT" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; va[$1] = $9; wr[$1] = $7; n = $1; next }
     { st[FNR] = $2; m = FNR }
     END {
-      printf "median step outside the windows: %.4f s (%d steps)\n", med, k
+      printf "outside the windows: median step %.4f s, mean %.4f s (%d steps)\n", med, mean, k
       printf "%-4s %-48s %5s %9s %11s %9s %7s %9s\n", "tick", "variant", "steps", "tick s", "lost ms", "> 1.2x", "worst", "written s"
       nv = split(vars, name, ";")
       for (i = 1; i <= n; ++i) {
         lost = 0; slow = 0; worst = 0; c = 0
         for (j = 61; j < m; ++j) {
           if (st[j] < t0[i] || st[j] > t1[i] + 1) continue
-          len = st[j + 1] - st[j]; ++c; lost += len - med
+          len = st[j + 1] - st[j]; ++c; lost += len - mean
           if (len > 1.2 * med) ++slow
           if (len > worst) worst = len
         }

@@ -112,8 +112,8 @@ class DriverDump : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return read_file(result);
   }
-  std::string cli(const std::string& args, int* code) {
-    std::string fake;
+  std::string cli(const std::string& args, int* code, const std::string& envs = "") {
+    std::string fake = envs.empty() ? "" : envs + " ";
     for (const std::string& v : fake_env_) fake += v.substr(0, v.find('=') + 1) + "'" + v.substr(v.find('=') + 1) + "' ";
     return pos::test::run_shell(std::string(copy_ ? "FAKE_CUDA_NO_EXPORT=1 " : "") + fake + "POS_REAL_LIBCUDA=" +
                                     env("POS_FAKE_CUDA") + " " + env("POS_CLI") + " " + args,
@@ -546,6 +546,23 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre, &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("already holds an image"), std::string::npos) << out;
+  // The writer's tuning from the environment: a bad value fails with its name and leaves no image;
+  // good ones write the same image.
+  const std::string tuned = (root_ / "tuned").string();
+  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo"}) {
+    out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned, &code, bad);
+    EXPECT_NE(code, 0) << bad;
+    EXPECT_NE(out.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(tuned)) << bad;  // refused before anything was made
+  }
+  out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned + " --json", &code,
+            "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(region_lines(img + "/gpu"), region_lines(tuned + "/gpu"));
+  std::string tuned_shown = cli("inspect " + tuned, &code);
+  EXPECT_EQ(code, 0) << tuned_shown;
+  EXPECT_NE(tuned_shown.find("verified: 10485760 bytes"), std::string::npos) << tuned_shown;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 
 // Incremental images of an in-process job: a GPU-only checkpoint, then dumps with --prev that keep

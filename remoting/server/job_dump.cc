@@ -974,6 +974,8 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
     if (o.progress) o.progress(phase, done, total);
   };
   if (o.async) return Status::Unsupported("--mode async is not built for in-process jobs yet: use --mode sync");
+  driver::CopyOptions running_co;  // the writers' settings for a copy written while the job runs on
+  POS_RETURN_IF_ERROR(running_writer_options(&running_co));  // a bad one refused before anything is touched
   auto prepared = prepare(o);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
@@ -1034,13 +1036,12 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   bool handed = false;
   const auto start_writer = [&] {
     writer = std::thread([&] {
-      driver::CopyOptions co;
+      // Written from the device copy while the job runs on: the writers yield to it.
+      driver::CopyOptions co = o.leave_running && shadow ? running_co : driver::CopyOptions{};
       co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
       co.inherited = inherited;
       co.unchanged = unchanged;
-      // Written from the device copy while the job runs on: the writers yield to it.
-      Status tuned = o.leave_running && shadow ? running_writer_options(&co) : Status::Ok();
-      auto saved = tuned.ok() ? held->save(gpu_dir, co) : StatusOr<driver::CopyReport>(tuned);
+      auto saved = held->save(gpu_dir, co);
       written = saved.ok() ? Status::Ok() : saved.status();
       if (saved.ok()) same_bytes = saved->same_bytes;
       written_at = std::chrono::steady_clock::now();
@@ -1241,6 +1242,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   auto say = [&](const char* phase, uint64_t done = 0, uint64_t total = 0) {
     if (o.progress) o.progress(phase, done, total);
   };
+  // The job runs on while its copy is written: the writers yield the CPU to it.
+  driver::CopyOptions co;
+  POS_RETURN_IF_ERROR(running_writer_options(&co));  // a bad one refused before anything is touched
   auto prepared = prepare(o, /*criu_needed=*/false);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
@@ -1311,13 +1315,10 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     ++r.written_regions;
     r.written_bytes += (*regions)[i].size;
   }
-  driver::CopyOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("gpu", dn, n); };
   co.inherited = inherited;
   co.unchanged = unchanged_in_prev(pp);
-  // The job runs on while its copy is written: the writers yield the CPU to it.
-  const Status tuned = running_writer_options(&co);
-  auto saved = tuned.ok() ? (*held)->save(gpu_dir, co) : StatusOr<driver::CopyReport>(tuned);
+  auto saved = (*held)->save(gpu_dir, co);
   held->reset();  // the copy's device memory goes as soon as it is written
   if (!saved.ok()) {
     remove_parts();
