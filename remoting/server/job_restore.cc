@@ -466,6 +466,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     if (o.gpu_first.empty() || !o.staged)
       return Status::InvalidArgument("staging is for a migration target's restore of the GPU part ahead (gpu_first)");
     say("stage");
+    (void)ckpt::find_criu();  // long before the stop (below): a first check after boot costs the downtime nothing
     const auto ts = std::chrono::steady_clock::now();
     auto st = stage_image(o.stage, o.socket);
     if (st.ok()) {
@@ -521,6 +522,11 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     }
     if (!pending.ok()) return pending.status().with_context("restoring the GPU state ahead of the rest of the image");
     early_s = seconds_since(te);
+    // CRIU found and checked now (if staging did not already), while the rest of the image is on
+    // its way: a machine's first `criu check` after boot takes tens of milliseconds to seconds,
+    // which the call after the rest came would add to a migration's downtime (its result is kept:
+    // that call is then a lookup).
+    (void)ckpt::find_criu();
     if (!o.rest || !o.rest()) return Status::Unavailable("the rest of the image did not come");  // the session ends with `pending`
   }
   auto m = read_manifest(dir);
