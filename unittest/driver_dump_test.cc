@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1064,8 +1065,11 @@ TEST_F(DriverDump, MigrateToAnotherHostsPosdMovesTheRunningJobAndEachFailureLeav
   EXPECT_NE(out.find("\"final_criu_pages_to_parent\":"), std::string::npos) << out;
   EXPECT_EQ(out.find("\"final_criu_pages_to_parent\":0,"), std::string::npos) << out;
   // The stop's GPU part went while the driver's checkpoint and CRIU still ran.
-  EXPECT_NE(out.find("\"final_sent_early\":"), std::string::npos) << out;
-  EXPECT_EQ(out.find("\"final_sent_early\":0}"), std::string::npos) << out;
+  std::smatch early;
+  ASSERT_TRUE(std::regex_search(out, early, std::regex("\"final_sent_early\":([0-9]+)"))) << out;
+  EXPECT_GT(std::stoull(early[1].str()), 0u) << out;
+  ASSERT_TRUE(std::regex_search(out, early, std::regex("\"stop_early_send_s\":([0-9.]+)"))) << out;
+  EXPECT_GT(std::stod(early[1].str()), 0) << out;
   int st = 0;
   restored_ = job;  // the same pid, now the target's restore (this test reaps it)
   EXPECT_EQ(::kill(job, 0), 0);

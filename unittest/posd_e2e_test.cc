@@ -467,6 +467,13 @@ long long json_number(const std::string& report, const std::string& key) {
   return std::atoll(report.c_str() + at + key.size() + 3);
 }
 
+// A report's seconds (a JSON number with a fraction); -1 if the key is absent.
+double json_seconds(const std::string& report, const std::string& key) {
+  const size_t at = report.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::strtod(report.c_str() + at + key.size() + 3, nullptr);
+}
+
 // ZDTM shape, lazy: a job restored with --lazy whose background loaders are held (fault point
 // lazy-loaders-held: they load nothing) still has a buffer it has not named since, the workload's
 // --reserve-mib buffer. `dump --lazy-ok` takes it at once, that buffer's bytes copied from the image
@@ -2327,6 +2334,11 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     // The stop's GPU part went while CRIU dumped the process, before the rest of the image.
     EXPECT_GT(json_number(report, "final_sent_early"), 0) << report;
     EXPECT_LT(json_number(report, "final_sent_early"), json_number(report, "final_sent")) << report;
+    // Its parts: saved, then sent ahead, both within the stop's image phase.
+    EXPECT_GT(json_seconds(report, "stop_gpu_part_s"), 0) << report;
+    EXPECT_GT(json_seconds(report, "stop_early_send_s"), 0) << report;
+    EXPECT_LE(json_seconds(report, "stop_gpu_part_s") + json_seconds(report, "stop_early_send_s"),
+              json_seconds(report, "stop_image_s") + 0.001) << report;
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
     EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";

@@ -648,15 +648,21 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
       // it at once (prepare), so that the job's device memory loads while CRIU and the rest follow.
       const std::string first = "pid " + std::to_string(o.pid) + "\nuid " + std::to_string(uid) + "\narena " +
                                 std::to_string(arena) + "\ntoken " + token + "\n";
-      early_started = start_thread(&early, "the stop's early send", [&, first] {
-                        early_sent = link->make_dir("final");
-                        if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
-                        if (!early_sent.ok() || inproc) return;  // an in-process job's restore reads its image whole
-                        // A directory of its own beside the image (the stream sends directories).
-                        const std::string ahead = rep.work_dir + "/final-ahead";
-                        if (::mkdir(ahead.c_str(), 0700) != 0 || !write_small_file(ahead + "/gpu-first", first, 0600).ok()) return;
-                        early_sent = link->send_dir(ahead, "final");
-                        if (early_sent.ok()) early_sent = link->prepare("final", o.lazy);
+      rep.stop_gpu_part_s = seconds_since(t_stop);
+      const auto send_ahead = [&, first] {
+        early_sent = link->make_dir("final");
+        if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
+        if (!early_sent.ok() || inproc) return;  // an in-process job's restore reads its image whole
+        // A directory of its own beside the image (the stream sends directories).
+        const std::string ahead = rep.work_dir + "/final-ahead";
+        if (::mkdir(ahead.c_str(), 0700) != 0 || !write_small_file(ahead + "/gpu-first", first, 0600).ok()) return;
+        early_sent = link->send_dir(ahead, "final");
+        if (early_sent.ok()) early_sent = link->prepare("final", o.lazy);
+      };
+      early_started = start_thread(&early, "the stop's early send", [&, send_ahead] {
+                        const auto ts = std::chrono::steady_clock::now();
+                        send_ahead();
+                        rep.stop_early_send_s = seconds_since(ts);  // read after the join
                       }).ok();
     };
   }

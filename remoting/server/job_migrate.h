@@ -81,6 +81,9 @@ struct JobMigrateReport {
   // the restore until the job is held (another host) or runs; commit_s: the commit until the target
   // says the job re-attached (another host).
   double stop_cut_s = 0, stop_criu_s = 0, final_send_s = 0, pid_free_s = 0, target_restore_s = 0, commit_s = 0;
+  // HOST:PORT: from the stop's start until its GPU part was saved (posd's drain, or an in-process
+  // job's write), and how long sending that part ahead took (the prepare with it); 0 otherwise.
+  double stop_gpu_part_s = 0, stop_early_send_s = 0;
   double restore_s = 0;     // the restore, until the job re-attached
   double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
   double total_s = 0;
