@@ -28,6 +28,7 @@
 #include "ckpt/driver_checkpoint.h"
 #include "ckpt/image.h"
 #include "ckpt/region_table.h"
+#include "pos/base/parse.h"
 #include "pos/base/text.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/socket_io.h"
@@ -819,32 +820,30 @@ StatusOr<ckpt::RegionTable> driver_prev(const Prepared& pp) {
 }
 
 // The copy threads of an in-process job's device memory written while the job runs on: they
-// yield the CPU to it (nice 19), and the environment may tune them for measurements
-// (docs/configuration.md): POS_IMAGE_THREADS (1..64 copy threads, each with a memory file),
-// POS_IMAGE_SCHED (`nice`, or `idle`: SCHED_IDLE), POS_IMAGE_PIECE (bytes checksummed and written
-// at a time, a multiple of 4096 dividing the 8 MiB chunk; 0: whole chunks).
+// yield the CPU to it (nice 19), and the environment may tune them (docs/configuration.md):
+// POS_IMAGE_THREADS (1..64 copy threads, each with a memory file), POS_IMAGE_SCHED (`nice`, or
+// `idle`: SCHED_IDLE), POS_IMAGE_PIECE (a size checksummed and written at a time, a multiple of
+// 4 KiB dividing the 8 MiB chunk; 0: whole chunks).
 Status running_writer_options(driver::CopyOptions* co) {
   co->nice = 19;
-  auto number = [](const char* name, uint64_t lo, uint64_t hi, uint64_t* out) -> Status {
+  const auto set = [](const char* name) -> const char* {
     const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return Status::Ok();
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (errno != 0 || *end != '\0' || *v == '-' || n < lo || n > hi)
-      return Status::InvalidArgument(std::string(name) + " must be a number from " + std::to_string(lo) + " to " +
-                                     std::to_string(hi) + ", not '" + printable(v, 40) + "'");
-    *out = n;
-    return Status::Ok();
+    return v != nullptr && *v != '\0' ? v : nullptr;
   };
-  uint64_t threads = static_cast<uint64_t>(co->threads), piece = co->piece;
-  POS_RETURN_IF_ERROR(number("POS_IMAGE_THREADS", 1, 64, &threads));
-  POS_RETURN_IF_ERROR(number("POS_IMAGE_PIECE", 0, co->chunk, &piece));
-  if (piece % 4096 != 0 || (piece != 0 && co->chunk % piece != 0))
-    return Status::InvalidArgument("POS_IMAGE_PIECE must be 0 or a multiple of 4096 that divides " + std::to_string(co->chunk));
-  co->threads = static_cast<int>(threads);
-  co->piece = piece;
-  if (const char* v = std::getenv("POS_IMAGE_SCHED"); v != nullptr && *v != '\0') {
+  if (const char* v = set("POS_IMAGE_THREADS")) {
+    auto n = parse_uint(v);
+    if (!n.ok() || *n < 1 || *n > 64)
+      return Status::InvalidArgument("POS_IMAGE_THREADS must be a number from 1 to 64, not '" + printable(v, 40) + "'");
+    co->threads = static_cast<int>(*n);
+  }
+  if (const char* v = set("POS_IMAGE_PIECE")) {
+    auto n = parse_size(v);
+    if (!n.ok() || *n % 4096 != 0 || *n > co->chunk || (*n != 0 && co->chunk % *n != 0))
+      return Status::InvalidArgument("POS_IMAGE_PIECE must be 0 or a multiple of 4 KiB that divides " +
+                                     std::to_string(co->chunk) + " bytes (256KiB, say), not '" + printable(v, 40) + "'");
+    co->piece = *n;
+  }
+  if (const char* v = set("POS_IMAGE_SCHED")) {
     if (std::strcmp(v, "idle") == 0) co->idle = true;
     else if (std::strcmp(v, "nice") != 0)
       return Status::InvalidArgument("POS_IMAGE_SCHED must be 'nice' or 'idle', not '" + printable(v, 40) + "'");
