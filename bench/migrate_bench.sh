@@ -17,17 +17,18 @@
 # migrations (posd.migration); the moves are A -> B and B -> A with --to IP:PORT (the image streamed
 # over TCP, the process through CRIU), as between two hosts (docs/migration.md, "Across hosts"), then
 # the same two moves with --no-stage.
+# --no-baselines: the moves only (no stop-and-copy, no NVIDIA row): another shape in the same call.
 #
 # Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B]
-#        [--peer-moves N] [--netns] [-- job args...]
+#        [--peer-moves N] [--netns] [--no-baselines] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
 # Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [--netns] [-- job args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [--netns] [--no-baselines] [-- job args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* && -d "$B" ]] || usage; shift
 B="$(cd "$B" && pwd)"  # absolute: the target's restore runs it from elsewhere (--netns)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0 NETNS=0
+DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0 NETNS=0 NOBASE=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --gpus) GPUS="${2:?}"; [[ $GPUS =~ ^[0-9]+,[0-9]+$ ]] || usage; shift 2 ;;
@@ -36,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --max-downtime) BUDGET="${2:?}"; shift 2 ;;
     --peer-moves) PEER_MOVES="${2:?}"; [[ $PEER_MOVES =~ ^[1-9][0-9]?$ ]] || usage; shift 2 ;;
     --netns) NETNS=1; shift ;;
+    --no-baselines) NOBASE=1; shift ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -47,7 +49,7 @@ ARGS=("$@")
 # Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
   export POS_BENCH_SUBREAPER=1
-  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") $( ((NETNS)) && echo --netns) -- "${ARGS[@]}"
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") $( ((NETNS)) && echo --netns) $( ((NOBASE)) && echo --no-baselines) -- "${ARGS[@]}"
 fi
 CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
@@ -209,7 +211,7 @@ rounds() {  # "bytes@seconds" per round, from a report
 }
 
 D="" SC_GAP="" SC_MED="" SC_TOTAL="" NV_GAP="" NV_MED="" NV_TOTAL=""
-if [[ $PEER_MOVES -eq 0 ]]; then
+if [[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]]; then
 echo "== POS: stop-and-copy, pos-cli dump (the job ends) then restore --lazy into B"
 start_job "$TMP/sc.out" $(posenv "$A") || exit 1
 S0=$(steps_so_far "$TMP/sc.out.err")
@@ -263,6 +265,6 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   grep -q '"where":"target"' <<<"$M" || stop="FAILED, the job stayed at the source: $(sed -n 's/.*"target_error":"\([^"]*\)".*/\1/p' <<<"$M")"
   echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
 done
-[[ $PEER_MOVES -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
-[[ $PEER_MOVES -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
+[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
+[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
 grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1

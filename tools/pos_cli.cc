@@ -555,8 +555,9 @@ int restore(RestoreArgs a) {
   o.device = a.device;
   if (a.hold) {
     // A migration target's: says the job is restored and held, then waits for "go" on stdin.
-    o.hold = [](uint32_t pid) {
-      std::printf("{\"held\":%u}\n", pid);
+    o.hold = [](uint32_t pid, const pos::JobRestoreReport& so_far) {
+      // The phases so far go back to the migration's source (its report's target_* fields).
+      std::printf("{\"held\":%u,\"check_s\":%.6f,\"criu_s\":%.6f}\n", pid, so_far.rest_check_s, so_far.criu_s);
       std::fflush(stdout);
       char line[16] = {0};
       return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "go", 2) == 0;
@@ -1036,7 +1037,7 @@ int migrate(const MigrateArgs& a) {
                 "\"reattach_s\":%.6f,\"target_welcome_s\":%.6f,\"peer_send_s\":%.6f,\"peer_fallback\":%s,"
                 "\"stop_cut_s\":%.6f,\"stop_criu_s\":%.6f,\"final_send_s\":%.6f,\"pid_free_s\":%.6f,"
                 "\"target_restore_s\":%.6f,\"commit_s\":%.6f,\"stop_gpu_part_s\":%.6f,\"stop_early_send_s\":%.6f,"
-                "\"final_sent_early\":%llu,\"target_staged\":%s}\n",
+                "\"final_sent_early\":%llu,\"target_staged\":%s,\"target_check_s\":%.6f,\"target_criu_s\":%.6f}\n",
                 r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes,
@@ -1049,7 +1050,7 @@ int migrate(const MigrateArgs& a) {
                 r->reattach_s, r->target_welcome_s, r->peer_send_s, pos::json_string(r->peer_fallback).c_str(),
                 r->stop_cut_s, r->stop_criu_s, r->final_send_s, r->pid_free_s, r->target_restore_s, r->commit_s,
                 r->stop_gpu_part_s, r->stop_early_send_s, (unsigned long long)r->final_sent_early,
-                r->target_staged ? "true" : "false");
+                r->target_staged ? "true" : "false", r->target_check_s, r->target_criu_s);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
@@ -1161,7 +1162,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   restore_cmd->add_flag("--json", ra.json, "one JSON report");
   restore_cmd->add_flag("--hold", ra.hold,
-                        "once CRIU restored the job, print {\"held\":PID} and let it re-attach only after a line "
+                        "once CRIU restored the job, print {\"held\":PID,...} and let it re-attach only after a line "
                         "\"go\" on stdin (anything else ends it): a migration target's commit");
   restore_cmd->add_option("--gpu-first", ra.gpu_first,
                           "(a migration target's posd runs it) restore the GPU part from DIR/gpu and this file of the "

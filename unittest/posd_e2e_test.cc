@@ -2339,6 +2339,12 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_GT(json_seconds(report, "stop_early_send_s"), 0) << report;
     EXPECT_LE(json_seconds(report, "stop_gpu_part_s") + json_seconds(report, "stop_early_send_s"),
               json_seconds(report, "stop_image_s") + 0.001) << report;
+    // The target's own phases (its held line): CRIU's restore and the checks before it, within
+    // the restore as the source saw it.
+    EXPECT_GT(json_seconds(report, "target_criu_s"), 0) << report;
+    EXPECT_GT(json_seconds(report, "target_check_s"), 0) << report;
+    EXPECT_LE(json_seconds(report, "target_check_s") + json_seconds(report, "target_criu_s"),
+              json_seconds(report, "target_restore_s") + 0.001) << report;
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
     EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";

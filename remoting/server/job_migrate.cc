@@ -748,6 +748,16 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     auto res = link->restore("final", o.lazy);
     target_ok = res.ok() ? Status::Ok() : res.status();
     rep.target_staged = res.ok() && res->find("{\"staged\":true") != std::string::npos;
+    if (res.ok()) {
+      // The target's own phases, from its held line: {"held":PID,"check_s":X,"criu_s":Y}.
+      const size_t at = res->find("{\"held\":");
+      const auto number = [&](const char* key) {
+        const size_t k = at == std::string::npos ? at : res->find(key, at);
+        return k == std::string::npos ? 0.0 : std::strtod(res->c_str() + k + std::strlen(key), nullptr);
+      };
+      rep.target_check_s = number("\"check_s\":");
+      rep.target_criu_s = number("\"criu_s\":");
+    }
   } else {
     auto res = restore_job(r);
     target_ok = res.ok() ? Status::Ok() : res.status();

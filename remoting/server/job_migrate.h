@@ -84,6 +84,9 @@ struct JobMigrateReport {
   // HOST:PORT: from the stop's start until its GPU part was saved (posd's drain, or an in-process
   // job's write), and how long sending that part ahead took (the prepare with it); 0 otherwise.
   double stop_gpu_part_s = 0, stop_early_send_s = 0;
+  // HOST:PORT, a posd job: of target_restore_s, the target's checks once the whole image was
+  // there, and CRIU's restore of the process (as the target timed them).
+  double target_check_s = 0, target_criu_s = 0;
   double restore_s = 0;     // the restore, until the job re-attached
   double downtime_s = 0;    // from the detach to the re-attach: the job's calls held
   double total_s = 0;

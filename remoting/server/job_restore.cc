@@ -286,7 +286,7 @@ StatusOr<JobRestoreReport> restore_driver_job(const JobRestoreOptions& o, const 
     // state is back but stays locked, so none of its CUDA calls runs until the source commits; the
     // memory goes on loading meanwhile. Not let go: the job is ended before it ran a step.
     held_s = seconds_since(t);
-    if (!o.hold(static_cast<uint32_t>(*pid)))
+    if (!o.hold(static_cast<uint32_t>(*pid), r))
       return end(Status::Unavailable("the restored job was not let go (its migration was not committed)"));
     t = std::chrono::steady_clock::now();  // the wait is no part of the restore's time
   }
@@ -488,6 +488,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   RestoreRequest early;
   double early_s = 0;
   bool staged_used = false;
+  auto t_rest = t0;  // when the whole image was there
   if (!o.gpu_first.empty()) {
     say("gpu");
     const auto te = std::chrono::steady_clock::now();
@@ -528,6 +529,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     // that call is then a lookup).
     (void)ckpt::find_criu();
     if (!o.rest || !o.rest()) return Status::Unavailable("the rest of the image did not come");  // the session ends with `pending`
+    t_rest = std::chrono::steady_clock::now();
   }
   auto m = read_manifest(dir);
   if (!m.ok()) return m.status();
@@ -583,6 +585,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   JobRestoreReport r;
   r.pid = m->pid;
   r.check_s = seconds_since(t0);
+  r.rest_check_s = seconds_since(t_rest);
   r.staged = staged_used;
   r.note = stage_note;
 
@@ -626,7 +629,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
   }
   if (o.hold) {
-    if (!o.hold(static_cast<uint32_t>(*pid))) {
+    if (!o.hold(static_cast<uint32_t>(*pid), r)) {
       ::kill(*pid, SIGKILL);
       return Status::Unavailable("the restored job was not let go (its migration was not committed), so it was ended");
     }

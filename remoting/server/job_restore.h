@@ -13,6 +13,8 @@
 
 namespace pos {
 
+struct JobRestoreReport;
+
 struct JobRestoreOptions {
   std::string dir;     // the image (pos-cli dump's -D)
   std::string socket;  // the posd to restore into (any posd of this host: the one dumped from or another)
@@ -25,8 +27,9 @@ struct JobRestoreOptions {
   // Called once CRIU restored the tree and before the job may re-attach (it waits for its permit,
   // running no CUDA call): false ends the tree and fails the restore. A migration target holds the
   // job here until its source commits (docs/migration.md). An in-process job is held after NVIDIA's
-  // driver restore, before its unlock (its CUDA calls wait for that).
-  std::function<bool(uint32_t pid)> hold;
+  // driver restore, before its unlock (its CUDA calls wait for that). `so_far` holds the phases
+  // timed until then (check_s, rest_check_s, criu_s), which the target reports to its source.
+  std::function<bool(uint32_t pid, const JobRestoreReport& so_far)> hold;
   // A migration target's, for a posd job from another host (docs/migration.md, "Across hosts"):
   // the GPU part is restored before the rest of the image has arrived (its device memory loads
   // while the source still dumps the process), from DIR/gpu and `gpu_first`, a file of lines
@@ -53,6 +56,9 @@ struct JobRestoreReport {
   // An in-process job's: reattach_s is NVIDIA's driver restore + unlock, gpu_s the hand-over (or
   // reload) of its device memory after that; load_s pos-cli's load of it, alongside CRIU.
   double check_s = 0, gpu_s = 0, criu_s = 0, reattach_s = 0, total_s = 0, load_s = 0;
+  // With gpu_first: the checks from the rest of the image's arrival on (check_s counts from the
+  // start, so it holds the wait for the rest too).
+  double rest_check_s = 0;
   std::string note;  // what the restore did otherwise than asked, or empty
   // JobRestoreOptions::stage: the GPU part's bytes copied from the staging session's memory.
   bool staged = false;
