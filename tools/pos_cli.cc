@@ -557,7 +557,8 @@ int restore(RestoreArgs a) {
     // A migration target's: says the job is restored and held, then waits for "go" on stdin.
     o.hold = [](uint32_t pid, const pos::JobRestoreReport& so_far) {
       // The phases so far go back to the migration's source (its report's target_* fields).
-      std::printf("{\"held\":%u,\"check_s\":%.6f,\"criu_s\":%.6f}\n", pid, so_far.rest_check_s, so_far.criu_s);
+      std::printf("{\"held\":%u,\"check_s\":%.6f,\"criu_s\":%.6f,\"gpu_ahead\":%s}\n", pid, so_far.rest_check_s,
+                  so_far.criu_s, so_far.gpu_ahead ? "true" : "false");
       std::fflush(stdout);
       char line[16] = {0};
       return std::fgets(line, sizeof(line), stdin) != nullptr && std::strncmp(line, "go", 2) == 0;

@@ -150,12 +150,14 @@ TEST_F(MigrationStream, WhereNoThreadCanStartTheStreamStillArrivesByteForByte) {
   bytes[12345] = 'y';
   std::ofstream(root_ / "src" / "memory.bin", std::ios::binary) << bytes;
   pos::fail_thread_starts_for_test("the migration stream's reader", 1);
+  pos::fail_thread_starts_for_test("the migration stream's read-ahead", 100);  // the 10 MiB are two chunks
   pos::fail_thread_starts_for_test("the migration stream's writer", 1);
   auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
   ASSERT_TRUE(link.ok()) << link.status().message();
   const pos::Status sent = (*link)->send_dir((root_ / "src").string(), "round-1");
   const pos::Status synced = (*link)->sync();
   pos::fail_thread_starts_for_test("the migration stream's reader", 0);
+  pos::fail_thread_starts_for_test("the migration stream's read-ahead", 0);
   pos::fail_thread_starts_for_test("the migration stream's writer", 0);
   ASSERT_TRUE(sent.ok()) << sent.message();
   ASSERT_TRUE(synced.ok()) << synced.message();

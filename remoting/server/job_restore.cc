@@ -489,6 +489,16 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   double early_s = 0;
   bool staged_used = false;
   auto t_rest = t0;  // when the whole image was there
+  std::thread gpu_ahead;
+  // Every return below waits for it first (it writes to what this frame holds).
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } join_gpu_ahead{gpu_ahead};
+  if (!o.gpu_first.empty() && !o.hold)
+    return Status::InvalidArgument("the GPU part restored first is for a held restore (a migration target's)");
   if (!o.gpu_first.empty()) {
     say("gpu");
     const auto te = std::chrono::steady_clock::now();
@@ -502,27 +512,37 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     char early_sock[PATH_MAX];
     if (::realpath(o.socket.c_str(), early_sock) == nullptr)
       return Status::Unavailable("no posd socket at " + o.socket + " (" + std::strerror(errno) + ")");
-    if (staged) {
-      RestoreRequest from_stage = early;
-      from_stage.peer = &staged->table;
-      from_stage.staged_image = staged->image_id;
-      pending = begin_restore_when_free(early_sock, dir, from_stage);
-      if (!pending.ok()) {
-        stage_note = "the staged memory could not be used (" + pending.status().message() + "): every byte was read from files";
-        staged.reset();  // its memory goes before the restore from files needs room
+    // The GPU state is rebuilt on a thread of its own: its session's answer (handles, device memory
+    // made and the staged part copied: ~0.1-0.2 s for the 8 GB job on the H200) overlaps the wait
+    // for the rest and CRIU's restore of the process, which needs nothing of it. They meet before
+    // the hold (the job runs nothing until its permit).
+    gpu_ahead = std::thread([&, sock = std::string(early_sock), te] {
+      if (staged) {
+        RestoreRequest from_stage = early;
+        from_stage.peer = &staged->table;
+        from_stage.staged_image = staged->image_id;
+        pending = begin_restore_when_free(sock, dir, from_stage);
+        if (!pending.ok()) {
+          stage_note = "the staged memory could not be used (" + pending.status().message() + "): every byte was read from files";
+          staged.reset();  // its memory goes before the restore from files needs room
+        }
+        // Else the staging session ends with this restore, once the job runs here: freeing its
+        // memory now (gigabytes) held up the driver work of the restored session's loaders (their
+        // page-locked staging, measured: 0.55 GB took 0.24-0.30 s to load instead of tens of ms)
+        // just when the job's first step may wait for them.
       }
-      // Else the staging session ends with this restore, once the job runs here: freeing its
-      // memory now (gigabytes) held up the driver work of the restored session's loaders (their
-      // page-locked staging, measured: 0.55 GB took 0.24-0.30 s to load instead of tens of ms)
-      // just when the job's first step may wait for them.
-    }
-    if (pending.ok()) {
-      staged_used = true;
-    } else {
-      pending = begin_restore_when_free(early_sock, dir, early);
-    }
-    if (!pending.ok()) return pending.status().with_context("restoring the GPU state ahead of the rest of the image");
-    early_s = seconds_since(te);
+      if (pending.ok()) {
+        staged_used = true;
+      } else {
+        pending = begin_restore_when_free(sock, dir, early);
+      }
+      // A one-shot test hook (docs/migration.md, "Fault points"): the restore ahead fails as a GPU
+      // without room for it would, and the one from files after CRIU's restore is taken.
+      const char* hook = std::getenv("POS_RESTORE_AHEAD_FAIL_FILE");
+      if (pending.ok() && hook != nullptr && *hook != '\0' && ::unlink(hook) == 0)
+        pending = Status::Unavailable("failed by POS_RESTORE_AHEAD_FAIL_FILE");
+      early_s = seconds_since(te);
+    });
     // CRIU found and checked now (if staging did not already), while the rest of the image is on
     // its way: a machine's first `criu check` after boot takes tens of milliseconds to seconds,
     // which the call after the rest came would add to a migration's downtime (its result is kept:
@@ -586,8 +606,6 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   r.pid = m->pid;
   r.check_s = seconds_since(t0);
   r.rest_check_s = seconds_since(t_rest);
-  r.staged = staged_used;
-  r.note = stage_note;
 
   say("gpu");
   auto t = std::chrono::steady_clock::now();
@@ -598,19 +616,19 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   req.job = m->job;
   req.lazy = o.lazy;
   if (!o.gpu_first.empty()) {
-    // Restored already: from this image's GPU part, for the job its manifest names.
+    // Being restored already: from this image's GPU part, for the job its manifest names (joined
+    // after CRIU's restore, below).
     if (early.pid != req.pid || early.uid != req.uid || early.arena_bytes != req.arena_bytes || early.token != req.token ||
         early.job != req.job || m->gpu != "gpu")
       return Status::Corrupt("the GPU state restored ahead (" + o.gpu_first + ") is not the job " + dir +
                              "/manifest names (pid, uid, arena, token, name and GPU part must agree)");
-    r.gpu_s = early_s;
   } else {
     pending = begin_restore_when_free(sock_real, dir, req);
     if (!pending.ok()) return pending.status().with_context("restoring the GPU state");
     r.gpu_s = seconds_since(t);
+    r.gpu_bytes = pending->bytes, r.handles = pending->handles;
+    ckpt::fault_point("job-restore-gpu");
   }
-  r.gpu_bytes = pending->bytes, r.handles = pending->handles;
-  ckpt::fault_point("job-restore-gpu");
 
   say("criu");
   t = std::chrono::steady_clock::now();
@@ -627,6 +645,28 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   if (!pid.ok()) {
     (void)::unlink(m->permit.c_str());
     return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
+  }
+  if (gpu_ahead.joinable()) {
+    gpu_ahead.join();
+    r.gpu_ahead = pending.ok();
+    if (!pending.ok()) {
+      // The restore ahead failed (a GPU without room for it beside a staging session, say): the
+      // whole image is here now, so the GPU part is restored from its files.
+      POS_INFO("pos-cli", "the GPU part could not be restored ahead (%s): restoring it from the image",
+               pending.status().message().c_str());
+      t = std::chrono::steady_clock::now();
+      pending = begin_restore_when_free(sock_real, dir, req);
+      early_s = seconds_since(t);
+    }
+    if (!pending.ok()) {
+      ::kill(*pid, SIGKILL);
+      return pending.status().with_context("restoring the GPU state (the restored process was ended)");
+    }
+    r.gpu_s = early_s;
+    r.gpu_bytes = pending->bytes, r.handles = pending->handles;
+    r.staged = staged_used;
+    r.note = stage_note;
+    ckpt::fault_point("job-restore-gpu");
   }
   if (o.hold) {
     if (!o.hold(static_cast<uint32_t>(*pid), r)) {

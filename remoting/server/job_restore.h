@@ -59,6 +59,9 @@ struct JobRestoreReport {
   // With gpu_first: the checks from the rest of the image's arrival on (check_s counts from the
   // start, so it holds the wait for the rest too).
   double rest_check_s = 0;
+  // With gpu_first: the GPU part was restored before the rest came (else, that restore having
+  // failed, from the image's files after CRIU's restore).
+  bool gpu_ahead = false;
   std::string note;  // what the restore did otherwise than asked, or empty
   // JobRestoreOptions::stage: the GPU part's bytes copied from the staging session's memory.
   bool staged = false;

@@ -527,10 +527,11 @@ struct Piece {
 
 // Reads a directory for the stream on a thread of its own (file reads, the search for pages of
 // zeros, the checksums) while the caller sends what it read: the two went in turn before, and the
-// stream moved at the sum of their times. At most kBuffers chunks of 8 MiB are read ahead.
+// stream moved at the sum of their times. At most kBuffers chunks of 8 MiB are read ahead (the
+// reader takes kReadAhead at a time).
 class DirFeed {
  public:
-  static constexpr size_t kBuffers = 4, kMaxQueued = 256;
+  static constexpr size_t kBuffers = 8, kMaxQueued = 256;
   using Emit = std::function<Status(Piece&&)>;
   using Walk = std::function<Status(const Emit&, const std::function<std::unique_ptr<char[]>()>&)>;
   explicit DirFeed(Walk walk) : walk_(std::move(walk)) {}
@@ -612,6 +613,37 @@ class DirFeed {
 };
 
 
+// Chunks read and scanned at once by read_dir_for_stream (threads of their own).
+constexpr size_t kReadAhead = 4;
+
+// `len` bytes of `fd` at `at` into p->buf, cut into runs of data (each with its CRC-32C) and runs
+// of whole pages of zeros, which go as holes (the target's file is sized up front, so a hole reads
+// as zeros there): a CRIU dump holds many (memory the job touched but never wrote, the driver's
+// zeroed buffers).
+Status scan_chunk(int fd, uint64_t at, size_t len, Piece* p) {
+  char* buf = p->buf.get();
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, buf + got, len - got, static_cast<off_t>(at + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::Unavailable("it shrank or failed");
+    got += static_cast<size_t>(n);
+  }
+  // A whole page of zeros at `i` (a shorter tail never is: it goes with the data).
+  auto zero_at = [&](size_t i) { return got - i >= kZeroPage && std::memcmp(buf + i, zeros_page(), kZeroPage) == 0; };
+  for (size_t i = 0; i < got;) {
+    const bool zero = zero_at(i);
+    size_t j = i;
+    do j = std::min(j + kZeroPage, got);
+    while (j < got && zero_at(j) == zero);
+    uint32_t crc = zero ? 0u : ckpt::crc32c(buf + i, j - i);
+    if (!zero && g_damage_chunks.load(std::memory_order_relaxed) > 0 && g_damage_chunks.fetch_sub(1) > 0) crc ^= 1;
+    p->runs.push_back({i, j - i, zero, crc});
+    i = j;
+  }
+  return Status::Ok();
+}
+
 // The frames that carry `local_dir` as `as` (after its own directory frame), in order, through
 // `emit`; a file's data is read into buffers from `take` (nullptr: the sender stopped).
 Status read_dir_for_stream(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip,
@@ -666,35 +698,34 @@ Status read_dir_for_stream(const std::string& local_dir, const std::string& as, 
         }
         off_t hole = ::lseek(f.get(), static_cast<off_t>(at), SEEK_HOLE);
         const uint64_t end = hole < 0 ? size : std::min<uint64_t>(static_cast<uint64_t>(hole), size);
+        // Up to kReadAhead chunks at a time, each read, searched and checksummed on a thread of its
+        // own, then emitted in order: one thread moved ~2-3 GB/s of file bytes, below the stream's
+        // rate (the stop's GPU part of the H200's 8 GB job took ~0.15 s to send, 0.15-0.29 GB on
+        // the wire of 0.41-0.55 GB read).
         while (at < end) {
-          Piece p;
-          p.buf = take();
-          if (!p.buf) return Status::Unavailable("the send failed");
-          char* buf = p.buf.get();
-          ssize_t n;
-          do n = ::pread(f.get(), buf, std::min<uint64_t>(end - at, kChunk), static_cast<off_t>(at));
-          while (n < 0 && errno == EINTR);
-          if (n <= 0) return Status::Unavailable("reading " + it->path().string() + ": it shrank or failed");
-          // Pages of zeros in the data go as holes too (the target's file is sized up front, so a
-          // hole reads as zeros there): a CRIU dump holds many (memory the job touched but never
-          // wrote, the driver's zeroed buffers).
-          const size_t got = static_cast<size_t>(n);
-          // A whole page of zeros at `i` (a shorter tail never is: it goes with the data).
-          auto zero_at = [&](size_t i) {
-            return got - i >= kZeroPage && std::memcmp(buf + i, zeros_page(), kZeroPage) == 0;
-          };
-          for (size_t i = 0; i < got;) {
-            const bool zero = zero_at(i);
-            size_t j = i;
-            do j = std::min(j + kZeroPage, got);
-            while (j < got && zero_at(j) == zero);
-            uint32_t crc = zero ? 0u : ckpt::crc32c(buf + i, j - i);
-            if (!zero && g_damage_chunks.load(std::memory_order_relaxed) > 0 && g_damage_chunks.fetch_sub(1) > 0) crc ^= 1;
-            p.runs.push_back({i, j - i, zero, crc});
-            i = j;
+          Piece batch[kReadAhead];
+          Status scanned[kReadAhead];
+          uint64_t from[kReadAhead];
+          size_t n = 0;
+          for (; n < kReadAhead && at < end; ++n) {
+            batch[n].buf = take();
+            if (!batch[n].buf) return Status::Unavailable("the send failed");
+            from[n] = at;
+            at += std::min<uint64_t>(end - at, kChunk);
           }
-          at += got;
-          POS_RETURN_IF_ERROR(emit(std::move(p)));
+          const auto scan = [&, fd = f.get()](size_t i) {
+            scanned[i] = scan_chunk(fd, from[i], static_cast<size_t>((i + 1 < n ? from[i + 1] : at) - from[i]), &batch[i]);
+          };
+          std::thread helpers[kReadAhead];
+          for (size_t i = 1; i < n; ++i)
+            if (!start_thread(&helpers[i], "the migration stream's read-ahead", [&scan, i] { scan(i); }).ok()) scan(i);
+          scan(0);
+          for (size_t i = 1; i < n; ++i)
+            if (helpers[i].joinable()) helpers[i].join();
+          for (size_t i = 0; i < n; ++i) {
+            if (!scanned[i].ok()) return scanned[i].with_context("reading " + it->path().string());
+            POS_RETURN_IF_ERROR(emit(std::move(batch[i])));
+          }
         }
       }
     }
@@ -986,7 +1017,11 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         held.take(prepared);
         held.say("criu\n");
         up = held.read_until("{\"held\":", 600);
-        if (up) POS_INFO("posd", "migration from %s: the GPU part of %s was restored ahead", peer.c_str(), image.c_str());
+        if (up && held.output.find("\"gpu_ahead\":false") != std::string::npos)
+          POS_INFO("posd", "migration from %s: the GPU part of %s could not be restored ahead; restored from its files after "
+                   "the process", peer.c_str(), image.c_str());
+        else if (up)
+          POS_INFO("posd", "migration from %s: the GPU part of %s was restored ahead", peer.c_str(), image.c_str());
         if (!up) {
           const int code = held.finish(60);
           POS_INFO("posd", "migration from %s: the restore that began with the GPU part failed (%d), restoring anew: %s",
