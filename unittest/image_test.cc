@@ -2,6 +2,8 @@
 // trips through a directory and host memory, and the reader's refusal of damaged records.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+
 #include <fstream>
 #include <set>
 #include <poll.h>
@@ -120,6 +122,50 @@ TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentica
     ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok());
   }
   EXPECT_EQ(got, data);
+  fs::remove_all(dir);
+}
+
+// A chunk of zeros (memory the job never wrote) is not written: memory.bin keeps a hole there,
+// which the file system reports as such (the migration stream sends only data), and the blob still
+// reads back byte for byte, its checksum that of the zeros.
+TEST(ImageRoundTripTest, AChunkOfZerosIsLeftAHoleInTheMemoryFileAndReadsBackAsZeros) {
+  const fs::path dir = fs::temp_directory_path() / ("pos-image-zeros-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  // Chunks: data, zeros, zeros, data (the last one short).
+  std::vector<std::byte> data(3 * kChunkSize + 4096 * 3);
+  std::mt19937 g(5);
+  for (size_t i = 0; i < data.size(); ++i)
+    if (i < kChunkSize || i >= 3 * kChunkSize) data[i] = static_cast<std::byte>(g() | 1);
+  DirWriterOptions o;
+  o.direct_io = false;
+  auto w = open_dir_writer(dir.string(), o);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  size_t blob = 0;
+  write_blob(**w, data, &blob);
+  ASSERT_TRUE((*w)->finish_blobs().ok());
+  pb::Inventory inv;
+  inv.set_cut_pc(10);
+  ASSERT_TRUE((*w)->commit(inv, one_buffer_client((*w)->ref(blob), data.size())).ok());
+  auto r = ImageReader::open_dir(dir.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const pb::BlobRef& ref = (*r)->client().handles(0).memory();
+  ASSERT_EQ(ref.chunk_size(), kChunkSize);
+  std::vector<std::byte> got(data.size());
+  for (uint64_t off = 0; off < data.size(); off += ref.chunk_size()) {
+    const uint64_t n = std::min<uint64_t>(ref.chunk_size(), data.size() - off);
+    ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok()) << off;
+  }
+  EXPECT_TRUE(got == data);
+  // Where the file system says the data is: the first chunk, then from the fourth on.
+  const int fd = ::open((dir / "memory.bin").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const off_t at = static_cast<off_t>(ref.offset());
+  EXPECT_EQ(::lseek(fd, at, SEEK_DATA), at);
+  const off_t hole = ::lseek(fd, at, SEEK_HOLE);
+  EXPECT_GE(hole, at + static_cast<off_t>(kChunkSize));
+  EXPECT_LE(hole, at + static_cast<off_t>(kChunkSize) + 4096);
+  EXPECT_GE(::lseek(fd, at + static_cast<off_t>(kChunkSize), SEEK_DATA), at + static_cast<off_t>(3 * kChunkSize) - 4096);
+  ::close(fd);
   fs::remove_all(dir);
 }
 
