@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# step_spread.sh — how a training job's step times spread on their own, natively and under posd, in
+# turns, with the GPU's clocks, power and throttle reasons sampled alongside (issue #21: its
+# worst-step target is judged against the job's median step, so the job's own spread, and whether
+# POS or the GPU makes it, has to be known first).
+#
+# Usage: bench/step_spread.sh BUILD [--seconds N] [--rounds R] [-- job args...]
+# Each round runs mlp_train_native for N seconds natively, then N seconds under a posd of BUILD (CUDA
+# backend); steps 0-9 of each run are left out. Prints one table: per run the step count, mean,
+# median, p95, max / median, the share of steps above 1.2x the median, the SM clock (median, min)
+# and power (mean, max) while it ran, the throttle reasons seen, and the correlation between a
+# step's time and the SM clock sampled nearest its start.
+set -uo pipefail
+usage() { echo "usage: $0 BUILD [--seconds N] [--rounds R] [-- job args...]" >&2; exit 2; }
+BUILD="${1:-}"; [[ -n "$BUILD" && -d "$BUILD" ]] || usage; shift
+BUILD="$(cd "$BUILD" && pwd)"
+SECONDS_PER_RUN=40 ROUNDS=2
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seconds) SECONDS_PER_RUN="${2:?}"; [[ $SECONDS_PER_RUN =~ ^[1-9][0-9]*$ ]] || usage; shift 2 ;;
+    --rounds) ROUNDS="${2:?}"; [[ $ROUNDS =~ ^[1-9]$ ]] || usage; shift 2 ;;
+    --) shift; break ;;
+    *) usage ;;
+  esac
+done
+ARGS=("$@")
+# The continuous-checkpointing bench's job (8.84 GB, half the layers frozen).
+[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
+ARGS+=(--steps 100000000 --step-times)
+command -v nvidia-smi >/dev/null || { echo "step_spread: no nvidia-smi (a GPU machine is needed)" >&2; exit 2; }
+TMP=$(mktemp -d)
+POSD_PID="" SMI_PID=""
+cleanup() {
+  [[ -n "$SMI_PID" ]] && kill "$SMI_PID" 2>/dev/null
+  [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null
+  [[ -n "${POS_BENCH_LOGS:-}" ]] && mkdir -p "$POS_BENCH_LOGS" && cp "$TMP"/*.err "$TMP"/*.csv "$POS_BENCH_LOGS"/ 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+SOCK="$TMP/posd.sock"
+printf 'backend: cuda\nposd:\n  socket: %s\n' "$SOCK" >"$TMP/posd.yaml"
+"$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
+POSD_PID=$!
+for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+
+run() {  # $1: name; the rest: env prefix
+  local name=$1; shift
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 200 >"$TMP/$name.csv" 2>/dev/null &
+  SMI_PID=$!
+  env "$@" "$BUILD/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >/dev/null 2>"$TMP/$name.err" &
+  local job=$!
+  sleep "$SECONDS_PER_RUN"
+  kill -KILL "$job" 2>/dev/null; wait "$job" 2>/dev/null
+  kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; SMI_PID=""
+  echo "$name: $(grep -c '^step ' "$TMP/$name.err") steps" >&2
+}
+NAMES=()
+for ((r = 1; r <= ROUNDS; ++r)); do
+  run "native-$r" LD_LIBRARY_PATH=/usr/local/cuda/lib64; NAMES+=("native-$r")
+  run "posd-$r" POS_SOCKET="$SOCK" POS_JOB_NAME=spread LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
+    LD_PRELOAD="$BUILD/remoting/client/libpos_client.so"; NAMES+=("posd-$r")
+done
+
+echo
+echo "job: mlp_train_native ${ARGS[*]}; ${SECONDS_PER_RUN} s a run, in turns"
+python3 - "$TMP" "${NAMES[@]}" <<'EOF'
+import sys, datetime, statistics as st
+tmp, names = sys.argv[1], sys.argv[2:]
+print("| run | steps | mean ms | median | p95 | max / median | steps > 1.2x median | SM MHz median (min) | power W mean (max) | throttle reasons | corr(step, SM clock) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for n in names:
+    steps = []  # (wall start, ms)
+    for line in open(f"{tmp}/{n}.err"):
+        f = line.split()
+        if len(f) >= 10 and f[0] == "step" and f[2] == "time_ms" and int(f[1]) >= 10:
+            steps.append((float(f[9]), float(f[3])))  # wall_s: the step's start
+    smi = []  # (unix time, sm MHz, power W, reasons)
+    for line in open(f"{tmp}/{n}.csv"):
+        c = [x.strip() for x in line.split(",")]
+        try:
+            t = datetime.datetime.strptime(c[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local time, as stamped
+            smi.append((t, float(c[1]), float(c[3]), c[5]))
+        except (ValueError, IndexError):
+            pass
+    if len(steps) < 3:
+        print(f"| {n} | {len(steps)} | - | - | - | - | - | - | - | - | - |")
+        continue
+    ms = sorted(s[1] for s in steps)
+    med = st.median(ms)
+    p95 = ms[min(len(ms) - 1, int(0.95 * len(ms)))]
+    over = sum(1 for x in ms if x > 1.2 * med) / len(ms)
+    clocks = [s[1] for s in smi] or [0]
+    power = [s[2] for s in smi] or [0]
+    reasons = sorted({s[3] for s in smi if s[3] not in ("0x0000000000000000", "")})
+    corr = "-"
+    if len(smi) > 3:
+        pairs = []
+        for t, x in steps:
+            nearest = min(smi, key=lambda s: abs(s[0] - t))
+            pairs.append((x, nearest[1]))
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+        if st.pstdev(xs) > 0 and st.pstdev(ys) > 0:
+            mx, my = st.mean(xs), st.mean(ys)
+            corr = "%.2f" % (sum((a - mx) * (b - my) for a, b in pairs) / len(pairs) / st.pstdev(xs) / st.pstdev(ys))
+    print(f"| {n} | {len(ms)} | {st.mean(ms):.2f} | {med:.2f} | {p95:.2f} | {ms[-1] / med:.2f} | {100 * over:.1f} % | "
+          f"{st.median(clocks):.0f} ({min(clocks):.0f}) | {st.mean(power):.0f} ({max(power):.0f}) | "
+          f"{' '.join(reasons) if reasons else 'none'} | {corr} |")
+EOF
