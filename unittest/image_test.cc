@@ -93,13 +93,9 @@ void write_blob(ImageWriter& w, const std::vector<std::byte>& data, size_t* blob
   }
 }
 
-TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentically) {
-  const fs::path dir = fs::temp_directory_path() / ("pos-image-test-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  std::vector<std::byte> data(kChunkSize + 12345);
-  std::mt19937 g(3);
-  for (auto& b : data) b = static_cast<std::byte>(g());
-  DirWriterOptions o;
+// `data` as the one buffer of a new image at `dir`; *client: the records it was committed with.
+void write_one_buffer_image(const fs::path& dir, const std::vector<std::byte>& data, const DirWriterOptions& o,
+                            pb::ClientImage* client) {
   auto w = open_dir_writer(dir.string(), o);
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   size_t blob = 0;
@@ -107,20 +103,36 @@ TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentica
   ASSERT_TRUE((*w)->finish_blobs().ok());
   pb::Inventory inv;
   inv.set_cut_pc(10);
-  const pb::ClientImage client = one_buffer_client((*w)->ref(blob), data.size());
-  ASSERT_TRUE((*w)->commit(inv, client).ok());
+  *client = one_buffer_client((*w)->ref(blob), data.size());
+  ASSERT_TRUE((*w)->commit(inv, *client).ok());
+}
+
+// The one buffer's bytes, read back chunk by chunk (each chunk's checksum verified).
+void read_one_buffer(const ImageReader& r, size_t size, std::vector<std::byte>* got) {
+  const pb::BlobRef& ref = r.client().handles(0).memory();
+  got->assign(size, std::byte{0xee});
+  for (uint64_t off = 0; off < size; off += ref.chunk_size()) {
+    const uint64_t n = std::min<uint64_t>(ref.chunk_size(), size - off);
+    ASSERT_TRUE(r.read_chunk(ref, off, n, got->data() + off).ok()) << off;
+  }
+}
+
+TEST(ImageRoundTripTest, ADirectoryImageReadsBackByteForByteAndReencodesIdentically) {
+  const fs::path dir = fs::temp_directory_path() / ("pos-image-test-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::vector<std::byte> data(kChunkSize + 12345);
+  std::mt19937 g(3);
+  for (auto& b : data) b = static_cast<std::byte>(g());
+  pb::ClientImage client;
+  write_one_buffer_image(dir, data, DirWriterOptions{}, &client);
   auto r = ImageReader::open_dir(dir.string());
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   std::string a, b;
   ASSERT_TRUE(client.SerializeToString(&a));
   ASSERT_TRUE((*r)->client().SerializeToString(&b));
   EXPECT_EQ(a, b);  // decode → re-encode is the identity
-  const pb::BlobRef& ref = (*r)->client().handles(0).memory();
-  std::vector<std::byte> got(data.size());
-  for (uint64_t off = 0; off < data.size(); off += ref.chunk_size()) {
-    const uint64_t n = std::min<uint64_t>(ref.chunk_size(), data.size() - off);
-    ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok());
-  }
+  std::vector<std::byte> got;
+  read_one_buffer(**r, data.size(), &got);
   EXPECT_EQ(got, data);
   fs::remove_all(dir);
 }
@@ -138,23 +150,14 @@ TEST(ImageRoundTripTest, AChunkOfZerosIsLeftAHoleInTheMemoryFileAndReadsBackAsZe
     if (i < kChunkSize || i >= 3 * kChunkSize) data[i] = static_cast<std::byte>(g() | 1);
   DirWriterOptions o;
   o.direct_io = false;
-  auto w = open_dir_writer(dir.string(), o);
-  ASSERT_TRUE(w.ok()) << w.status().to_string();
-  size_t blob = 0;
-  write_blob(**w, data, &blob);
-  ASSERT_TRUE((*w)->finish_blobs().ok());
-  pb::Inventory inv;
-  inv.set_cut_pc(10);
-  ASSERT_TRUE((*w)->commit(inv, one_buffer_client((*w)->ref(blob), data.size())).ok());
+  pb::ClientImage client;
+  write_one_buffer_image(dir, data, o, &client);
   auto r = ImageReader::open_dir(dir.string());
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const pb::BlobRef& ref = (*r)->client().handles(0).memory();
   ASSERT_EQ(ref.chunk_size(), kChunkSize);
-  std::vector<std::byte> got(data.size());
-  for (uint64_t off = 0; off < data.size(); off += ref.chunk_size()) {
-    const uint64_t n = std::min<uint64_t>(ref.chunk_size(), data.size() - off);
-    ASSERT_TRUE((*r)->read_chunk(ref, off, n, got.data() + off).ok()) << off;
-  }
+  std::vector<std::byte> got;
+  read_one_buffer(**r, data.size(), &got);
   EXPECT_TRUE(got == data);
   // Where the file system says the data is: the first chunk, then from the fourth on.
   const int fd = ::open((dir / "memory.bin").c_str(), O_RDONLY | O_CLOEXEC);
