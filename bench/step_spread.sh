@@ -4,62 +4,79 @@
 # worst-step target is judged against the job's median step, so the job's own spread, and whether
 # POS or the GPU makes it, has to be known first).
 #
-# Usage: bench/step_spread.sh BUILD [--seconds N] [--rounds R] [-- job args...]
+# Usage: bench/step_spread.sh BUILD [--seconds N] [--rounds R] [--posd-cpus LIST --job-cpus LIST] [-- job args...]
 # Each round runs mlp_train_native for N seconds natively, then N seconds under a posd of BUILD (CUDA
 # backend); steps 0-9 of each run are left out. Prints one table: per run the step count, mean,
 # median, p95, max / median, the share of steps above 1.2x the median, the SM clock (median, min)
 # and power (mean, max) while it ran, the throttle reasons seen, and the correlation between a
-# step's time and the SM clock sampled nearest its start.
+# step's time and the SM clock sampled nearest its start. --posd-cpus / --job-cpus (taskset lists):
+# posd (and its session processes) and the job on cores of their own, for another pair of runs
+# per round ("pinned").
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--seconds N] [--rounds R] [-- job args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--seconds N] [--rounds R] [--posd-cpus LIST --job-cpus LIST] [-- job args...]" >&2; exit 2; }
 BUILD="${1:-}"; [[ -n "$BUILD" && -d "$BUILD" ]] || usage; shift
 BUILD="$(cd "$BUILD" && pwd)"
-SECONDS_PER_RUN=40 ROUNDS=2
+SECONDS_PER_RUN=40 ROUNDS=2 POSD_CPUS="" JOB_CPUS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) SECONDS_PER_RUN="${2:?}"; [[ $SECONDS_PER_RUN =~ ^[1-9][0-9]*$ ]] || usage; shift 2 ;;
     --rounds) ROUNDS="${2:?}"; [[ $ROUNDS =~ ^[1-9]$ ]] || usage; shift 2 ;;
+    --posd-cpus) POSD_CPUS="${2:?}"; [[ $POSD_CPUS =~ ^[0-9,-]+$ ]] || usage; shift 2 ;;
+    --job-cpus) JOB_CPUS="${2:?}"; [[ $JOB_CPUS =~ ^[0-9,-]+$ ]] || usage; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
 done
 ARGS=("$@")
+[[ -z "$POSD_CPUS" && -z "$JOB_CPUS" || -n "$POSD_CPUS" && -n "$JOB_CPUS" ]] || usage
 # The continuous-checkpointing bench's job (8.84 GB, half the layers frozen).
 [[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
 ARGS+=(--steps 100000000 --step-times)
 command -v nvidia-smi >/dev/null || { echo "step_spread: no nvidia-smi (a GPU machine is needed)" >&2; exit 2; }
 TMP=$(mktemp -d)
-POSD_PID="" SMI_PID=""
+POSD_PID="" PPOSD_PID="" SMI_PID=""
 cleanup() {
   [[ -n "$SMI_PID" ]] && kill "$SMI_PID" 2>/dev/null
   [[ -n "$POSD_PID" ]] && kill -TERM "$POSD_PID" 2>/dev/null && wait "$POSD_PID" 2>/dev/null
+  [[ -n "$PPOSD_PID" ]] && kill -TERM "$PPOSD_PID" 2>/dev/null && wait "$PPOSD_PID" 2>/dev/null
   [[ -n "${POS_BENCH_LOGS:-}" ]] && mkdir -p "$POS_BENCH_LOGS" && cp "$TMP"/*.err "$TMP"/*.csv "$POS_BENCH_LOGS"/ 2>/dev/null
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-SOCK="$TMP/posd.sock"
-printf 'backend: cuda\nposd:\n  socket: %s\n' "$SOCK" >"$TMP/posd.yaml"
-"$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
-POSD_PID=$!
-for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+SOCK="$TMP/posd.sock" PSOCK="$TMP/posd-pinned.sock" PPOSD_PID=""
+start_posd() {  # $1: socket; the rest: a command prefix (taskset)
+  local sock=$1; shift
+  printf 'backend: cuda\nposd:\n  socket: %s\n' "$sock" >"$sock.yaml"
+  "$@" "$BUILD/tools/posd" --config "$sock.yaml" 2>"$sock.log" &
+  for _ in $(seq 1 200); do "$BUILD/tools/pos-cli" ps --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+start_posd "$SOCK"; POSD_PID=$!
+if [[ -n "$POSD_CPUS" ]]; then start_posd "$PSOCK" taskset -c "$POSD_CPUS"; PPOSD_PID=$!; fi
 
 run() {  # $1: name; the rest: env prefix
   local name=$1; shift
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader,nounits -lms 200 >"$TMP/$name.csv" 2>/dev/null &
   SMI_PID=$!
-  env "$@" "$BUILD/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >/dev/null 2>"$TMP/$name.err" &
+  "${JOB_PREFIX[@]}" env "$@" "$BUILD/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >/dev/null 2>"$TMP/$name.err" &
   local job=$!
   sleep "$SECONDS_PER_RUN"
   kill -KILL "$job" 2>/dev/null; wait "$job" 2>/dev/null
   kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; SMI_PID=""
   echo "$name: $(grep -c '^step ' "$TMP/$name.err") steps" >&2
 }
-NAMES=()
+NAMES=() JOB_PREFIX=()
 for ((r = 1; r <= ROUNDS; ++r)); do
   run "native-$r" LD_LIBRARY_PATH=/usr/local/cuda/lib64; NAMES+=("native-$r")
   run "posd-$r" POS_SOCKET="$SOCK" POS_JOB_NAME=spread LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
     LD_PRELOAD="$BUILD/remoting/client/libpos_client.so"; NAMES+=("posd-$r")
+  if [[ -n "$POSD_CPUS" ]]; then
+    JOB_PREFIX=(taskset -c "$JOB_CPUS")
+    run "native-pinned-$r" LD_LIBRARY_PATH=/usr/local/cuda/lib64; NAMES+=("native-pinned-$r")
+    run "posd-pinned-$r" POS_SOCKET="$PSOCK" POS_JOB_NAME=spread LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
+      LD_PRELOAD="$BUILD/remoting/client/libpos_client.so"; NAMES+=("posd-pinned-$r")
+    JOB_PREFIX=()
+  fi
 done
 
 echo
