@@ -28,11 +28,14 @@
 #                interval's other half; the overhead is their mean over the interval, with a 95 %
 #                interval (Student's t over the ticks), and the worst step of each half is compared
 #                with the median of the second halves.
+#   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
+#                posd and pos-cli on others (the MLP job's step groups follow the cores its host
+#                work runs on: bench/step_spread.sh)
 set -uo pipefail
-[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,23p "$0" >&2; exit 2; }
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,33p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda STEADY=0
+JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda STEADY=0 JOB_CPUS="" POSD_CPUS=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --job) JOB="$2"; shift 2 ;;
@@ -43,11 +46,16 @@ while [[ $# -gt 0 ]]; do
     --dir) DIR="$2"; shift 2 ;;
     --backend) BACKEND="$2"; shift 2 ;;
     --steady) STEADY="$2"; shift 2 ;;
+    --job-cpus) JOB_CPUS="$2"; shift 2 ;;
+    --posd-cpus) POSD_CPUS="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "policy_windows: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 [[ $JOB == mlp || $JOB == torch ]] || { echo "policy_windows: --job is mlp or torch" >&2; exit 2; }
+[[ -z "$JOB_CPUS$POSD_CPUS" || ( $JOB_CPUS =~ ^[0-9,-]+$ && $POSD_CPUS =~ ^[0-9,-]+$ ) ]] ||
+  { echo "policy_windows: --job-cpus and --posd-cpus go together, as taskset lists" >&2; exit 2; }
+[[ -n "$POSD_CPUS" ]] && POSD_PREFIX=(taskset -c "$POSD_CPUS")
 ARGS=("$@")
 if [[ ${#ARGS[@]} -eq 0 ]]; then
   if [[ $JOB == mlp ]]; then ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
@@ -62,7 +70,7 @@ bench_scratch policy-windows
 [[ $STEADY -gt 0 ]] && SHAPE="one policy for $STEADY intervals" || SHAPE="$TICKS ticks per window, $PAIRS on-windows"
 echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $SHAPE; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
 BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
-PAIRS="$PAIRS" WARM="$WARM" STEADY="$STEADY" python3 - "${ARGS[@]}" <<'PY'
+PAIRS="$PAIRS" WARM="$WARM" STEADY="$STEADY" JOB_CPUS="$JOB_CPUS" POSD_CPUS="$POSD_CPUS" python3 - "${ARGS[@]}" <<'PY'
 import os, re, signal, statistics, subprocess, sys, threading, time
 E = os.environ
 B, TMP, WORK, kind = E["BUILD"], E["TMP"], E["WORK"], E["JOB"]
@@ -85,6 +93,10 @@ else:
            "--steps", "1000000", "--step-times"]
     now = time.time  # torch_train.py prints start_s from time.time()
     cli_extra = []
+# Pinned: taskset execs the job (its pid is the job's); pos-cli on posd's cores.
+job_pin = ["taskset", "-c", E["JOB_CPUS"]] if E["JOB_CPUS"] else []
+cli_pin = ["taskset", "-c", E["POSD_CPUS"]] if E["POSD_CPUS"] else []
+cmd = job_pin + cmd
 out = open(TMP + "/job.out", "w")
 job = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
 starts, tail = [], []
@@ -109,8 +121,8 @@ T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2
 steady = int(E["STEADY"])
 if steady > 0:
     d = WORK + "/steady"
-    c = [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", "1", "--full-every", "3",
-         "--jobs-dir", TMP + "/jobs", *cli_extra]
+    c = cli_pin + [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", "1", "--full-every", "3",
+                   "--jobs-dir", TMP + "/jobs", *cli_extra]
     t_start = now()  # the first tick starts as the policy does: between this and the answer
     r = subprocess.run(c, env=env, capture_output=True, text=True)
     if r.returncode != 0: fail(f"pos-cli checkpoint failed: {r.stderr.strip()}")
