@@ -28,6 +28,7 @@
 #include "pos/base/log.h"
 #include "pos/base/parse.h"
 #include "pos/base/text.h"
+#include "pos/base/thread.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/usage_region.h"
 #include "remoting/driver/gpu_identity.h"
@@ -516,7 +517,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     // made and the staged part copied: ~0.1-0.2 s for the 8 GB job on the H200) overlaps the wait
     // for the rest and CRIU's restore of the process, which needs nothing of it. They meet before
     // the hold (the job runs nothing until its permit).
-    gpu_ahead = std::thread([&, sock = std::string(early_sock), te] {
+    const auto restore_ahead = [&, sock = std::string(early_sock), te] {
       if (staged) {
         RestoreRequest from_stage = early;
         from_stage.peer = &staged->table;
@@ -542,7 +543,9 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
       if (pending.ok() && hook != nullptr && *hook != '\0' && ::unlink(hook) == 0)
         pending = Status::Unavailable("failed by POS_RESTORE_AHEAD_FAIL_FILE");
       early_s = seconds_since(te);
-    });
+    };
+    // Without a thread (the kernel refused one) it runs here, before the wait for the rest.
+    if (!start_thread(&gpu_ahead, "the GPU part's restore ahead", restore_ahead).ok()) restore_ahead();
     // CRIU found and checked now (if staging did not already), while the rest of the image is on
     // its way: a machine's first `criu check` after boot takes tens of milliseconds to seconds,
     // which the call after the rest came would add to a migration's downtime (its result is kept:
@@ -646,14 +649,15 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
     (void)::unlink(m->permit.c_str());
     return pid.status().with_context("restoring the CPU state");  // closing `pending` ends the GPU session
   }
-  if (gpu_ahead.joinable()) {
-    gpu_ahead.join();
+  if (!o.gpu_first.empty()) {
+    if (gpu_ahead.joinable()) gpu_ahead.join();
     r.gpu_ahead = pending.ok();
     if (!pending.ok()) {
       // The restore ahead failed (a GPU without room for it beside a staging session, say): the
       // whole image is here now, so the GPU part is restored from its files.
       POS_INFO("pos-cli", "the GPU part could not be restored ahead (%s): restoring it from the image",
                pending.status().message().c_str());
+      staged.reset();  // a staging session's memory goes before the restore from files needs room
       t = std::chrono::steady_clock::now();
       pending = begin_restore_when_free(sock_real, dir, req);
       early_s = seconds_since(t);
