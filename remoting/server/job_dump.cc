@@ -30,6 +30,7 @@
 #include "ckpt/region_table.h"
 #include "pos/base/parse.h"
 #include "pos/base/text.h"
+#include "pos/base/thread.h"
 #include "remoting/common/job_control.h"
 #include "remoting/common/socket_io.h"
 #include "remoting/common/unique_fd.h"
@@ -473,14 +474,32 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
     for (const char* part : {"gpu", "gpu.partial", "criu", "manifest", "manifest.tmp"}) fs::remove_all(dir + "/" + part);
   };
   JobDumpReport r;
+  // Without CRIU's pre-dump, the job's pages are read on a thread of their own while posd drains
+  // the GPU part (they need not be one cut, below): a round of pos-cli migrate took the sum of
+  // both before.
+  JobDumpReport pages;
+  std::thread pages_thread;
+  auto t = std::chrono::steady_clock::now();
+  double pages_s = 0;
+  const bool pages_aside = !pp.tracks_memory && o.cpu_pages &&
+                           start_thread(&pages_thread, "the pre-dump's page reader", [&, t] {
+                             write_cpu_pages(o, pp, &pages);
+                             pages_s = seconds_since(t);
+                           }).ok();
+  struct Joiner {
+    std::thread& th;
+    ~Joiner() {
+      if (th.joinable()) th.join();
+    }
+  } join_pages{pages_thread};
   // The GPU state first, copy-on-write: the job's worker stops only for the cut. No detach: a
   // pre-dump is no restore point, so its GPU and CPU parts need not be one cut.
   say("gpu");
-  auto t = std::chrono::steady_clock::now();
   auto gpu = posd_checkpoint(
       o.socket, o.pid, dir, /*async=*/true, [&](uint64_t d, uint64_t n) { say("gpu", d, n); },
       [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir, o.lazy_ok);
   r.gpu_s = seconds_since(t);
+  if (pages_thread.joinable()) pages_thread.join();
   if (!gpu.ok()) {
     remove_parts();
     return gpu.status().with_context("saving the GPU state");
@@ -510,8 +529,14 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
     r.criu_track_mem = true;
     r.criu_bytes = bytes_under(r.criu_dir);
   } else if (o.cpu_pages) {
-    // What CRIU's pre-dump would hold, without freezing the job: its pages as they are read.
-    write_cpu_pages(o, pp, &r);
+    // What CRIU's pre-dump would hold, without freezing the job: its pages as they are read
+    // (beside the GPU part's drain, above, unless no thread could start).
+    if (pages_aside) {
+      r.criu_dir = pages.criu_dir, r.criu_bytes = pages.criu_bytes, r.criu_note = pages.criu_note;
+      r.criu_incremental = pages.criu_incremental, r.criu_pages_to_parent = pages.criu_pages_to_parent;
+    } else {
+      write_cpu_pages(o, pp, &r);
+    }
     const std::string why = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): ";
     r.criu_note = why + (r.criu_dir.empty() ? r.criu_note
                                             : "the CPU part is the job's pages, read while it runs, for a dump --prev "
@@ -521,7 +546,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
     r.criu_note = "this kernel tracks no dirty memory (criu check --feature mem_dirty_track): the CPU part is not "
                   "pre-dumped, and a dump --prev of this image saves all of the job's memory";
   }
-  r.criu_s = seconds_since(t);
+  r.criu_s = pages_aside ? pages_s : seconds_since(t);
   JobManifest m = manifest_base(o, pp, r);
   m.kind = "pre-dump";
   m.permit.clear();
