@@ -34,6 +34,21 @@ Status start_thread(std::thread* t, const char* what, F&& body) {
   }
 }
 
+// Joins *t (if it runs) when the scope ends: a thread that writes to the scope's variables is done
+// before any return leaves them. Declare it after those variables.
+class JoinOnExit {
+ public:
+  explicit JoinOnExit(std::thread* t) : t_(t) {}
+  ~JoinOnExit() {
+    if (t_->joinable()) t_->join();
+  }
+  JoinOnExit(const JoinOnExit&) = delete;
+  JoinOnExit& operator=(const JoinOnExit&) = delete;
+
+ private:
+  std::thread* t_;
+};
+
 // Test hook: the next `n` start_thread calls whose `what` is `what` fail as if the kernel had
 // refused the thread (n = 0 ends it). Thread-safe.
 void fail_thread_starts_for_test(const std::string& what, int n);

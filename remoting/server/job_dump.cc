@@ -486,12 +486,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
                              write_cpu_pages(o, pp, &pages);
                              pages_s = seconds_since(t);
                            }).ok();
-  struct Joiner {
-    std::thread& th;
-    ~Joiner() {
-      if (th.joinable()) th.join();
-    }
-  } join_pages{pages_thread};
+  const JoinOnExit join_pages(&pages_thread);
   // The GPU state first, copy-on-write: the job's worker stops only for the cut. No detach: a
   // pre-dump is no restore point, so its GPU and CPU parts need not be one cut.
   say("gpu");

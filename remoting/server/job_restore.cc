@@ -491,13 +491,7 @@ StatusOr<JobRestoreReport> restore_job(const JobRestoreOptions& o) {
   bool staged_used = false;
   auto t_rest = t0;  // when the whole image was there
   std::thread gpu_ahead;
-  // Every return below waits for it first (it writes to what this frame holds).
-  struct Joiner {
-    std::thread& t;
-    ~Joiner() {
-      if (t.joinable()) t.join();
-    }
-  } join_gpu_ahead{gpu_ahead};
+  const JoinOnExit join_gpu_ahead(&gpu_ahead);  // it writes to what this frame holds
   if (!o.gpu_first.empty() && !o.hold)
     return Status::InvalidArgument("the GPU part restored first is for a held restore (a migration target's)");
   if (!o.gpu_first.empty()) {
