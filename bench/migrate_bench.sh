@@ -267,4 +267,16 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
 done
 [[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
 [[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
+# Through CRIU (--netns, --move-process): where pos-cli's downtime went, from its report (ms).
+if grep -q '"stop_criu_s":[0-9.]*[1-9]' <<<"${MIG_REPORT[*]}"; then
+  echo
+  echo "| move | pos-cli downtime | cut | GPU part saved (from the stop) | sent ahead | CRIU dump | image | rest sent | pid free | target restore (of it CRIU) | commit |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
+    M=${MIG_REPORT[$i]}
+    grep -q '"stop_criu_s":[0-9.]*[1-9]' <<<"$M" || continue
+    ms() { awk -v x="$(json "$M" "$1")" 'BEGIN { printf "%.0f", x * 1000 }'; }
+    echo "| ${MOVE_NAME[$i]} | $(ms downtime_s) | $(ms stop_cut_s) | $(ms stop_gpu_part_s) | $(ms stop_early_send_s) | $(ms stop_criu_s) | $(ms stop_image_s) | $(ms final_send_s) | $(ms pid_free_s) | $(ms target_restore_s) ($(ms target_criu_s)) | $(ms commit_s) |"
+  done
+fi
 grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1
