@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <tuple>
@@ -119,6 +120,11 @@ class CheckpointTest : public ApiTest {
     return restore_from(dir, o);
   }
   POSClient& live_client() { return *ws_->find_client(client().uuid); }
+  // A hold for a lazy restore's background loaders (true: they wait), owned by the fixture: a
+  // loader thread may look at it after the test's block ended (one scheduled late, once the worker
+  // loaded everything), until its client goes (the next restore, or TearDown's workspace reset).
+  std::atomic<bool>& loader_hold() { return loader_holds_.emplace_back(true); }
+  std::deque<std::atomic<bool>> loader_holds_;
   // A copy of image `dir` with one byte of `buffer`'s blob flipped.
   std::string corrupt_copy(const std::string& dir, uint64_t buffer, const std::string& name) {
     const std::string c = temp_dir(name);
@@ -977,7 +983,7 @@ TEST_F(CheckpointTest, BuffersUsedBeforeTheBackgroundLoaderReachesThemAreLoadedF
   upload(rest, rest_data.data(), 8192);
   const std::string d = temp_dir("lazy-first-use");
   ASSERT_TRUE(dump(to_dir(d)).ok());
-  std::atomic<bool> hold{true};
+  std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
   // The background loaders have not loaded a byte: whatever a call names, the worker loads first.
   EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);  // read (In)
@@ -1010,7 +1016,7 @@ TEST_F(CheckpointTest, ACorruptBufferFoundLazilyFailsTheCallsThatNameItNeverWith
   ASSERT_TRUE(dump(to_dir(d)).ok());
   const std::string bad = corrupt_copy(d, big_, "lazy-bad");
   // Found by the worker, before the call that reads the buffer (the loaders are held).
-  std::atomic<bool> hold{true};
+  std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());  // only the structure is checked up front
   std::vector<unsigned> got(big_data_.size());
   for (int attempt = 0; attempt < 2; ++attempt) {  // and every later call that names it
@@ -1061,7 +1067,7 @@ TEST_F(CheckpointTest, ABufferLoadedInPartsArrivesWholeWhoeverTakesItsPartsAndAD
   const std::string d = temp_dir("lazy-parts");
   ASSERT_TRUE(dump(to_dir(d)).ok());
   {  // the worker alone (the loaders are held)
-    std::atomic<bool> hold{true};
+    std::atomic<bool>& hold = loader_hold();
     ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
     EXPECT_EQ(download<unsigned>(big_, big_data_.size()), big_data_);
     EXPECT_EQ(live_client().restore_stats().loaded_on_demand, 1u);
@@ -1077,7 +1083,7 @@ TEST_F(CheckpointTest, ABufferLoadedInPartsArrivesWholeWhoeverTakesItsPartsAndAD
   }
   {  // a damaged chunk
     const std::string bad = corrupt_copy(d, big_, "lazy-parts-bad");
-    std::atomic<bool> hold{true};
+    std::atomic<bool>& hold = loader_hold();
     ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());
     std::vector<unsigned> got(big_data_.size());
     Status s = api().memcpy(reinterpret_cast<uint64_t>(got.data()), big_, 20u << 20, cuda::kMemcpyDeviceToHost);
@@ -1092,7 +1098,7 @@ TEST_F(CheckpointTest, ACheckpointOfAClientStillLoadingLazilyWaitsForEveryBuffer
   build_state();
   const std::string d = temp_dir("lazy-src");
   ASSERT_TRUE(dump(to_dir(d)).ok());
-  std::atomic<bool> hold{true};
+  std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
   const std::string again = temp_dir("lazy-again");
   std::atomic<bool> finished{false};
@@ -1117,7 +1123,7 @@ TEST_F(CheckpointTest, WithLazyOkAClientStillLoadingIsCheckpointedAtOnceTakingUn
   const std::string d = temp_dir("lazyok-src");
   ASSERT_TRUE(dump(to_dir(d)).ok());
   for (CheckpointMode mode : {CheckpointMode::kSync, CheckpointMode::kAsync}) {
-    std::atomic<bool> hold{true};  // the background loaders load nothing during this test
+    std::atomic<bool>& hold = loader_hold();  // the background loaders load nothing during this test
     ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
     // One buffer is named by a call (loaded on demand, then written); the others stay unloaded.
     auto a = args(client().fill, static_cast<uint64_t>(odd_), 5u, 50);
@@ -1160,7 +1166,7 @@ TEST_F(CheckpointTest, WithLazyOkADamagedBufferOfTheImageBeingLoadedFailsTheChec
   const std::string d = temp_dir("lazyok-good");
   ASSERT_TRUE(dump(to_dir(d)).ok());
   const std::string bad = corrupt_copy(d, big_, "lazyok-bad");
-  std::atomic<bool> hold{true};
+  std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(bad, &hold).ok());
   const std::string again = temp_dir("lazyok-again");
   CheckpointRequest r = to_dir(again);
@@ -1645,7 +1651,7 @@ TEST_F(CheckpointTest, ALazyRestoreReplaysPendingCallsAndTheirErrorsBecomeTheSti
   ASSERT_TRUE(api().memset_async(big_, 0x44, 4096, stream_).ok());
   ASSERT_TRUE(finish_stop(st).ok());
   // Lazily, loaders held: the replayed calls load what they name first.
-  std::atomic<bool> hold{true};
+  std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
   ASSERT_TRUE(api().device_synchronize().ok());
   EXPECT_EQ(download<unsigned>(odd_, 777), filled(777, 21u));
@@ -1659,7 +1665,7 @@ TEST_F(CheckpointTest, ALazyRestoreReplaysPendingCallsAndTheirErrorsBecomeTheSti
   // A replayed call that fails on the device: its caller had its answer long ago, so the error
   // is the client's sticky error, as for any asynchronous call.
   const std::string bad = corrupt_copy(d, big_, "stop-lazy-bad");
-  std::atomic<bool> hold2{true};
+  std::atomic<bool>& hold2 = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(bad, &hold2).ok());
   EXPECT_EQ(api().device_synchronize().api_error(), cuda::kErrorEccUncorrectable);
   EXPECT_EQ(api().get_last_error().api_error(), cuda::kErrorEccUncorrectable);
