@@ -1161,6 +1161,30 @@ TEST_F(CheckpointTest, WithLazyOkAClientStillLoadingIsCheckpointedAtOnceTakingUn
   }
 }
 
+TEST_F(CheckpointTest, ALazyRestoresLoadersTakeTheStagingChunksMadeAheadAndTheRestAreFreedOnRelease) {
+  build_state();
+  const std::string d = temp_dir("premade");
+  ASSERT_TRUE(dump(to_dir(d)).ok());
+  DeviceBackend* backend = &ws_->backend();
+  const size_t ahead = restore_loader_threads() + 1;
+  ASSERT_EQ(premake_chunk_staging(backend, ahead), ahead);
+  EXPECT_EQ(premake_chunk_staging(backend, ahead), ahead) << "made once: a second call adds none";
+  std::atomic<bool>& hold = loader_hold();
+  ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
+  // Each background loader (one per buffer, at most restore_loader_threads()) and the worker took one.
+  const uint64_t buffers = live_client().restore_stats().buffers;
+  ASSERT_GE(buffers, 3u);
+  EXPECT_EQ(chunk_staging_premade(), ahead - (std::min<uint64_t>(buffers, restore_loader_threads()) + 1));
+  hold.store(false);
+  expect_state();
+  release_chunk_staging(backend);
+  EXPECT_EQ(chunk_staging_premade(), 0u);
+  // Without chunks made ahead a restore allocates its own, as before.
+  ASSERT_TRUE(kill_and_restore_lazily(d).ok());
+  EXPECT_EQ(chunk_staging_premade(), 0u);
+  expect_state();
+}
+
 TEST_F(CheckpointTest, WithLazyOkADamagedBufferOfTheImageBeingLoadedFailsTheCheckpointNotCopiedOn) {
   build_state();
   const std::string d = temp_dir("lazyok-good");

@@ -18,17 +18,18 @@ constexpr int kKeyShift = 56;
 uint64_t key_of(const Handle* h) { return (static_cast<uint64_t>(h->type) << kKeyShift) | h->id; }
 ResourceType type_of_key(uint64_t key) { return static_cast<ResourceType>(key >> kKeyShift); }
 uint64_t id_of_key(uint64_t key) { return key & ((uint64_t{1} << kKeyShift) - 1); }
+
+}  // namespace
+
 // Loader threads of a restore (eager, and a lazy one's background loaders: a job that never waits
 // still gets its state at full speed). Each reads a chunk from the image's files into page-locked
 // staging, checks it and copies it: from files (the page cache) one thread moves ~3 GB/s, so eight
 // stopped near 20 GB/s where the copies alone reach 45 (restores from host memory, checked in
 // place). One per core up to 16, at least 8.
-size_t restore_loaders() {
+size_t restore_loader_threads() {
   static const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 8, 16);
   return n;
 }
-
-}  // namespace
 
 // Parser thread, at the cut: it has parsed exactly the calls < cut, so the handles and their
 // parser-owned fields are the state at the cut.
@@ -210,6 +211,8 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     pieces.push_back(Piece{src->first, src->second, r.addr(),
                            types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable});
   }
+  double peer_s = 0, loaders_s = 0;
+  size_t premade = 0;  // page-locked chunks a spare session made ahead for the loaders
   if (!from_peer.empty() || options.peer != nullptr) {
     if (options.peer == nullptr)
       return Status::FailedPrecondition("the image's buffers were handed over by a peer session (a migration's "
@@ -220,9 +223,9 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
     POS_RETURN_IF_ERROR(bc.copy_from_peer(*options.peer, from_peer).with_context("copying from the peer session's memory"));
     uint64_t bytes = 0;
     for (const PeerBuffer& b : from_peer) bytes += b.size;
+    peer_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
     POS_INFO(log_name_, "copied %zu buffers (%lu bytes) from the %s session's memory in %.3f s", from_peer.size(),
-             (unsigned long)bytes, options.peer_image_id.empty() ? "peer" : "staging",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count());
+             (unsigned long)bytes, options.peer_image_id.empty() ? "peer" : "staging", peer_s);
   }
   // Variables go through the worker's backend (their device address is the module's).
   std::vector<std::byte> buf;
@@ -270,7 +273,7 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
         next.store(tasks.size());
       }
     };
-    const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, restore_loaders());
+    const size_t nthreads = std::clamp<size_t>(tasks.size(), 1, restore_loader_threads());
     std::vector<std::thread> threads;
     for (size_t i = 1; i < nthreads; ++i) threads.emplace_back(loader);
     loader();
@@ -289,12 +292,16 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   update_live_handles();  // (the restore hooks have filled ws_.loaded, for a later device move)
   if (lazy_) {
     // Last: from here on the loaders write device memory, so nothing above may fail after them.
-    POS_RETURN_IF_ERROR(lazy_->start(bc, restore_loaders(), options.hold_loader));
+    const auto tl = std::chrono::steady_clock::now();
+    premade = chunk_staging_premade();
+    POS_RETURN_IF_ERROR(lazy_->start(bc, restore_loader_threads(), options.hold_loader));
+    loaders_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     lazy_worker_ = lazy_.get();
   }
-  POS_INFO(log_name_, "restored %d handles at cut %lu%s in %.3f s (handles and their memory %.3f s)", img.handles_size(),
-           (unsigned long)cr.next_pc(), lazy_ ? " (buffers load lazily)" : "",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), handles_s);
+  POS_INFO(log_name_, "restored %d handles at cut %lu%s in %.3f s (handles and their memory %.3f s, peer copy %.3f s, "
+           "loaders' start %.3f s with %zu staging chunks made ahead)", img.handles_size(), (unsigned long)cr.next_pc(),
+           lazy_ ? " (buffers load lazily)" : "", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+           handles_s, peer_s, loaders_s, premade);
   return Status::Ok();
 }
 
