@@ -78,5 +78,57 @@ Status DeviceBackend::host_free(void* p) {
   return Status::Ok();
 }
 
+StatusOr<void*> DeviceBackend::take_staging_chunk() {
+  {
+    std::lock_guard<std::mutex> lk(chunks_mu_);
+    if (!chunks_.empty()) {
+      void* p = chunks_.back();
+      chunks_.pop_back();
+      return p;
+    }
+  }
+  return host_alloc(kStagingChunkBytes);
+}
+
+void DeviceBackend::give_staging_chunk(void* p) {
+  if (p == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lk(chunks_mu_);
+    if (chunks_.size() < kKeptStagingChunks) {
+      chunks_.push_back(p);
+      return;
+    }
+  }
+  (void)host_free(p);
+}
+
+size_t DeviceBackend::keep_staging_chunks(size_t n) {
+  n = std::min(n, kKeptStagingChunks);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(chunks_mu_);
+      if (chunks_.size() >= n) return chunks_.size();
+    }
+    auto p = host_alloc(kStagingChunkBytes);  // outside the lock: it takes milliseconds
+    if (!p.ok()) return staging_chunks_kept();
+    std::lock_guard<std::mutex> lk(chunks_mu_);
+    chunks_.push_back(*p);
+  }
+}
+
+size_t DeviceBackend::staging_chunks_kept() const {
+  std::lock_guard<std::mutex> lk(chunks_mu_);
+  return chunks_.size();
+}
+
+void DeviceBackend::release_staging_chunks() {
+  std::vector<void*> all;
+  {
+    std::lock_guard<std::mutex> lk(chunks_mu_);
+    all.swap(chunks_);
+  }
+  for (void* p : all) (void)host_free(p);
+}
+
 
 }  // namespace pos

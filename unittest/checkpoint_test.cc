@@ -1161,28 +1161,38 @@ TEST_F(CheckpointTest, WithLazyOkAClientStillLoadingIsCheckpointedAtOnceTakingUn
   }
 }
 
-TEST_F(CheckpointTest, ALazyRestoresLoadersTakeTheStagingChunksMadeAheadAndTheRestAreFreedOnRelease) {
+TEST_F(CheckpointTest, ALazyRestoresLoadersTakeTheStagingChunksKeptAheadAndGiveThemBack) {
   build_state();
-  const std::string d = temp_dir("premade");
+  const std::string d = temp_dir("kept");
   ASSERT_TRUE(dump(to_dir(d)).ok());
-  DeviceBackend* backend = &ws_->backend();
+  DeviceBackend& backend = ws_->backend();
+  // The dump gave its staging chunks back: kept for the next checkpoint or restore.
+  const size_t after_dump = backend.staging_chunks_kept();
+  EXPECT_GE(after_dump, 2u);
+  backend.release_staging_chunks();
+  EXPECT_EQ(backend.staging_chunks_kept(), 0u);
   const size_t ahead = restore_loader_threads() + 1;
-  ASSERT_EQ(premake_chunk_staging(backend, ahead), ahead);
-  EXPECT_EQ(premake_chunk_staging(backend, ahead), ahead) << "made once: a second call adds none";
+  ASSERT_EQ(backend.keep_staging_chunks(ahead), ahead);
+  EXPECT_EQ(backend.keep_staging_chunks(ahead), ahead) << "kept once: a second call makes none";
   std::atomic<bool>& hold = loader_hold();
   ASSERT_TRUE(kill_and_restore_lazily(d, &hold).ok());
   // Each background loader (one per buffer, at most restore_loader_threads()) and the worker took one.
   const uint64_t buffers = live_client().restore_stats().buffers;
   ASSERT_GE(buffers, 3u);
-  EXPECT_EQ(chunk_staging_premade(), ahead - (std::min<uint64_t>(buffers, restore_loader_threads()) + 1));
+  const size_t taken = std::min<uint64_t>(buffers, restore_loader_threads()) + 1;
+  EXPECT_EQ(backend.staging_chunks_kept(), ahead - taken);
   hold.store(false);
   expect_state();
-  release_chunk_staging(backend);
-  EXPECT_EQ(chunk_staging_premade(), 0u);
-  // Without chunks made ahead a restore allocates its own, as before.
-  ASSERT_TRUE(kill_and_restore_lazily(d).ok());
-  EXPECT_EQ(chunk_staging_premade(), 0u);
-  expect_state();
+  // A loader gives its chunk back when it is done.
+  for (int i = 0; i < 500 && backend.staging_chunks_kept() < ahead - 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(backend.staging_chunks_kept(), ahead - 1) << "the worker's chunk goes with the client";
+  // A checkpoint drains through the kept chunks and gives them back.
+  const size_t before = backend.staging_chunks_kept();
+  ASSERT_TRUE(dump(to_dir(temp_dir("kept-again"))).ok());
+  EXPECT_EQ(backend.staging_chunks_kept(), before);
+  backend.release_staging_chunks();
+  EXPECT_EQ(backend.staging_chunks_kept(), 0u);
 }
 
 TEST_F(CheckpointTest, WithLazyOkADamagedBufferOfTheImageBeingLoadedFailsTheCheckpointNotCopiedOn) {

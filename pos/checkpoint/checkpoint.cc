@@ -29,6 +29,17 @@ ckpt::HostAllocator pinned_allocator(DeviceBackend* device) {
                              [device](void* p) { (void)device->host_free(p); }};
 }
 
+// The directory writer's staging: chunks only, the backend's kept ones (given back, not freed, so
+// that the next checkpoint does not page-lock them again).
+static ckpt::HostAllocator staging_chunk_allocator(DeviceBackend* device) {
+  return ckpt::HostAllocator{[device](uint64_t n) -> void* {
+                               if (n != DeviceBackend::kStagingChunkBytes) return nullptr;
+                               auto p = device->take_staging_chunk();
+                               return p.ok() ? *p : nullptr;
+                             },
+                             [device](void* p) { device->give_staging_chunk(p); }};
+}
+
 StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s) {
   if (s == "sync") return CheckpointMode::kSync;
   if (s == "async") return CheckpointMode::kAsync;
@@ -64,7 +75,7 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
   } else {
     ckpt::DirWriterOptions o;
     o.replace = req_.replace;
-    o.alloc = pinned_allocator(device_);
+    o.alloc = staging_chunk_allocator(device_);
     if (req_.peer) {
       // A peer switch's image holds handles and variables only, and is taken while the job waits:
       // no page-locked staging (allocating it costs tens of milliseconds), one memory file.

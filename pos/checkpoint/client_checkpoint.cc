@@ -212,7 +212,7 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
                            types.get(type_of_key(r.id())).bytes == DeviceBytes::kVariable});
   }
   double peer_s = 0, loaders_s = 0;
-  size_t premade = 0;  // page-locked chunks a spare session made ahead for the loaders
+  size_t premade = 0;  // page-locked chunks kept for the loaders (a spare session makes them ahead)
   if (!from_peer.empty() || options.peer != nullptr) {
     if (options.peer == nullptr)
       return Status::FailedPrecondition("the image's buffers were handed over by a peer session (a migration's "
@@ -293,13 +293,13 @@ Status POSClient::restore_state(const std::shared_ptr<const ckpt::ImageReader>& 
   if (lazy_) {
     // Last: from here on the loaders write device memory, so nothing above may fail after them.
     const auto tl = std::chrono::steady_clock::now();
-    premade = chunk_staging_premade();
+    premade = backend_->staging_chunks_kept();
     POS_RETURN_IF_ERROR(lazy_->start(bc, restore_loader_threads(), options.hold_loader));
     loaders_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     lazy_worker_ = lazy_.get();
   }
   POS_INFO(log_name_, "restored %d handles at cut %lu%s in %.3f s (handles and their memory %.3f s, peer copy %.3f s, "
-           "loaders' start %.3f s with %zu staging chunks made ahead)", img.handles_size(), (unsigned long)cr.next_pc(),
+           "loaders' start %.3f s with %zu staging chunks kept)", img.handles_size(), (unsigned long)cr.next_pc(),
            lazy_ ? " (buffers load lazily)" : "", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
            handles_s, peer_s, loaders_s, premade);
   return Status::Ok();

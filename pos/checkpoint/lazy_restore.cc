@@ -8,62 +8,13 @@
 
 namespace pos {
 
-namespace {
-struct Premade {
-  std::mutex mu;
-  DeviceBackend* device = nullptr;
-  std::vector<std::byte*> chunks;
-};
-Premade& premade() {
-  static Premade* p = new Premade;  // never destroyed: a loader may outlive static destruction
-  return *p;
-}
-std::byte* take_premade(DeviceBackend* device) {
-  Premade& pm = premade();
-  std::lock_guard<std::mutex> lk(pm.mu);
-  if (pm.device != device || pm.chunks.empty()) return nullptr;
-  std::byte* b = pm.chunks.back();
-  pm.chunks.pop_back();
-  return b;
-}
-}  // namespace
+static_assert(DeviceBackend::kStagingChunkBytes == ckpt::kChunkSize);
 
-size_t premake_chunk_staging(DeviceBackend* device, size_t n) {
-  Premade& pm = premade();
-  std::lock_guard<std::mutex> lk(pm.mu);
-  if (pm.device != nullptr && pm.device != device) return 0;  // one backend per process
-  pm.device = device;
-  while (pm.chunks.size() < n) {
-    auto p = device->host_alloc(ckpt::kChunkSize);
-    if (!p.ok()) break;
-    pm.chunks.push_back(static_cast<std::byte*>(*p));
-  }
-  return pm.chunks.size();
-}
-
-void release_chunk_staging(DeviceBackend* device) {
-  Premade& pm = premade();
-  std::lock_guard<std::mutex> lk(pm.mu);
-  if (pm.device != device) return;
-  for (std::byte* b : pm.chunks) (void)device->host_free(b);
-  pm.chunks.clear();
-  pm.device = nullptr;
-}
-
-size_t chunk_staging_premade() {
-  Premade& pm = premade();
-  std::lock_guard<std::mutex> lk(pm.mu);
-  return pm.chunks.size();
-}
-
-ChunkStaging::~ChunkStaging() {
-  if (p_ != nullptr) (void)device_->host_free(p_);
-}
+ChunkStaging::~ChunkStaging() { device_->give_staging_chunk(p_); }
 
 StatusOr<std::byte*> ChunkStaging::get() {
-  if (p_ == nullptr) p_ = take_premade(device_);
   if (p_ == nullptr) {
-    auto p = device_->host_alloc(ckpt::kChunkSize);
+    auto p = device_->take_staging_chunk();
     if (!p.ok()) return p.status();
     p_ = static_cast<std::byte*>(*p);
   }

@@ -21,24 +21,12 @@ namespace pos {
 
 struct APIContext;
 
-// Page-locked chunks (kChunkSize bytes) made ahead of a restore, for ChunkStaging to take instead
-// of allocating: a spare session process makes them while it waits for its client, so that a
-// restore's loaders start at once. A page-locked allocation costs milliseconds each and waits
-// behind the driver's other work (measured on the H200: 17 of them, ~75 ms of a migration's
-// restore ahead). One pool per process, for one backend; thread-safe.
-// Makes up to `n` chunks on `device` (fewer if the backend refuses: it is best effort).
-size_t premake_chunk_staging(DeviceBackend* device, size_t n);
 // How many loader threads a restore runs (one per core, 8 to 16): each takes one chunk, the
 // lazy restore's worker one more.
 size_t restore_loader_threads();
-// Frees the chunks not taken; before `device` goes away.
-void release_chunk_staging(DeviceBackend* device);
-// Chunks made ahead and not yet taken (for tests and the log).
-size_t chunk_staging_premade();
 
-// One thread's page-locked staging buffer for chunk reads from files (kChunkSize bytes, taken from
-// the chunks made ahead, else allocated on first use from the device backend). Confined to one
-// thread.
+// One thread's page-locked staging buffer for chunk reads from files (kChunkSize bytes, the device
+// backend's kept staging chunks, taken on first use and given back). Confined to one thread.
 class ChunkStaging {
  public:
   explicit ChunkStaging(DeviceBackend* device) : device_(device) {}

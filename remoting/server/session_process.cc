@@ -560,7 +560,6 @@ int serve_restored(int channel, const sc::Start& start, const std::string& job, 
   const auto t_client = std::chrono::steady_clock::now();
   auto uuid = ws.restore(image, ro);
   const auto t_restored = std::chrono::steady_clock::now();
-  release_chunk_staging(&ws.backend());  // the loaders have taken theirs: the rest goes
   // Test hook: the target's session dies with the source's memory copied, before it says so.
   if (!peer.empty() && uuid.ok()) ckpt::fault_point("restore-peer-copied");
   peer.clear();  // copied (or failed): the source's memory is not held here any longer
@@ -909,25 +908,20 @@ int session_process_main() {
   const bool probe = start.kind == static_cast<uint32_t>(sc::Kind::kProbe);
   if (!probe) config.max_clients = 1;  // one client, in slot 0 of a window of its own
   StatusOr<std::unique_ptr<POSWorkspace>> ws = st.ok() ? create_workspace(config) : StatusOr<std::unique_ptr<POSWorkspace>>(st);
-  // Chunks made ahead go before the backend does (they are its page-locked memory).
-  auto release_staging = [&] {
-    if (ws.ok() && *ws) release_chunk_staging(&(*ws)->backend());
-  };
   if (start.kind == static_cast<uint32_t>(sc::Kind::kSpare)) {
     // A spare may be handed a restore (a migration's restore ahead, say): the page-locked staging
-    // of its loaders is made now, while it waits, rather than on the restore's path. Best effort:
-    // what is not made here is made as the loaders start, as in any other session.
-    if (ws.ok()) (void)premake_chunk_staging(&(*ws)->backend(), restore_loader_threads() + 1);
+    // of its loaders is made now, while it waits, rather than on the restore's path (a job's
+    // session then drains its checkpoints through the same chunks). Best effort: what is not made
+    // here is made as the loaders start, as in any other session.
+    if (ws.ok()) (void)(*ws)->backend().keep_staging_chunks(restore_loader_threads() + 1);
     // Up ahead of its client: now the client (posd closing the channel instead: nothing to do).
     if (!await_handover(channel, buf, &start, &job)) {
-      release_staging();
       if (ws.ok()) ws->reset();
       for (void* h : libs) ::dlclose(h);
       return 0;
     }
   }
   const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
-  if (!restore) release_staging();  // a new job's session restores nothing
   int rc = 0;
   if (probe) {
     report_status(channel, ws.ok() ? Status::Ok() : ws.status(), ws.ok() ? (*ws)->backend().device_count() : 0,
@@ -961,7 +955,6 @@ int session_process_main() {
       control.join();
     }
   }
-  release_staging();
   if (ws.ok()) ws->reset();
   for (void* h : libs) ::dlclose(h);
   return rc;

@@ -1368,6 +1368,7 @@ class CudaBackend final : public DeviceBackend {
   CudaBackend(const StagingOptions& staging, uint64_t spin_ns, int home)
       : staging_(staging), spin_ns_(spin_ns), home_(home) {}
   ~CudaBackend() override {
+    release_staging_chunks();  // through this class's host_free, while the context is there
     for (int d = 0; d < static_cast<int>(ctx_.size()); ++d)
       if (ctx_[d] != nullptr) cuDevicePrimaryCtxRelease(devs_[d]);
   }
