@@ -270,13 +270,14 @@ done
 # Through CRIU (--netns, --move-process): where pos-cli's downtime went, from its report (ms).
 if grep -q '"stop_criu_s":[0-9.]*[1-9]' <<<"${MIG_REPORT[*]}"; then
   echo
-  echo "| move | pos-cli downtime | cut | GPU part saved (from the stop) | sent ahead | CRIU dump | image | rest sent | pid free | target restore (of it CRIU) | commit |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| move | pos-cli downtime | cut | GPU part saved (from the stop) | of it sent while drained (MB) | rest of it sent | CRIU dump | image | rest sent | pid free | target restore (of it CRIU) | commit |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
     M=${MIG_REPORT[$i]}
     grep -q '"stop_criu_s":[0-9.]*[1-9]' <<<"$M" || continue
     ms() { awk -v x="$(json "$M" "$1")" 'BEGIN { printf "%.0f", x * 1000 }'; }
-    echo "| ${MOVE_NAME[$i]} | $(ms downtime_s) | $(ms stop_cut_s) | $(ms stop_gpu_part_s) | $(ms stop_early_send_s) | $(ms stop_criu_s) | $(ms stop_image_s) | $(ms final_send_s) | $(ms pid_free_s) | $(ms target_restore_s) ($(ms target_criu_s)) | $(ms commit_s) |"
+    mb() { awk -v x="$(json "$M" "$1")" 'BEGIN { printf "%.0f", x / 1e6 }'; }
+    echo "| ${MOVE_NAME[$i]} | $(ms downtime_s) | $(ms stop_cut_s) | $(ms stop_gpu_part_s) | $(mb final_sent_draining) of $(mb final_sent_early) | $(ms stop_early_send_s) | $(ms stop_criu_s) | $(ms stop_image_s) | $(ms final_send_s) | $(ms pid_free_s) | $(ms target_restore_s) ($(ms target_criu_s)) | $(ms commit_s) |"
   done
 fi
 grep -o '"stop_reason":"[a-z-]*"' <<<"${MIG_REPORT[0]}" >/dev/null || exit 1

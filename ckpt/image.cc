@@ -513,6 +513,7 @@ class DirWriter final : public ImageWriter {
       // the file system says is data).
       const bool zeros = len > 0 && j.buf[0] == std::byte{0} && std::memcmp(j.buf, j.buf + 1, len - 1) == 0;
       Status s = zeros ? Status::Ok() : write_all(fd, j.buf, len, at, file_name(file));
+      if (s.ok() && !zeros && opt_.on_written) opt_.on_written(file_name(file), at, len);
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
       set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ grows under mu_ too

@@ -143,6 +143,10 @@ struct DirWriterOptions {
   // inode lock: ~2-4 GB/s; side by side they reach the page cache's 30-50 GB/s). 0: by the cores.
   uint32_t memory_files = 0;
   HostAllocator alloc = HostAllocator::plain();
+  // Called by a writer thread once bytes [offset, offset+length) of memory file `name` (memory.bin,
+  // memory.K.bin, inside "<dir>.partial") are written; chunks of zeros, left as holes, are not
+  // reported. pos-cli migrate sends the stop's GPU part as posd drains it from these.
+  std::function<void(const std::string& name, uint64_t offset, uint64_t length)> on_written;
 };
 // To a directory: everything goes to "<dir>.partial" first, is fsynced, then renamed into place
 // (or exchanged with the old image when replacing), so a crash never damages the last image.

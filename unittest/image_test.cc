@@ -16,6 +16,9 @@
 
 #include <filesystem>
 #include <random>
+#include <algorithm>
+#include <tuple>
+#include <mutex>
 
 #include "ckpt/crc32c.h"
 #include "ckpt/image.h"
@@ -169,6 +172,44 @@ TEST(ImageRoundTripTest, AChunkOfZerosIsLeftAHoleInTheMemoryFileAndReadsBackAsZe
   EXPECT_LE(hole, at + static_cast<off_t>(kChunkSize) + 4096);
   EXPECT_GE(::lseek(fd, at + static_cast<off_t>(kChunkSize), SEEK_DATA), at + static_cast<off_t>(3 * kChunkSize) - 4096);
   ::close(fd);
+  fs::remove_all(dir);
+}
+
+// The writer tells of each range it wrote, once the bytes are in the file (pos-cli migrate sends
+// them on from there): every chunk with data once, the chunks of zeros never; the ranges told of
+// hold exactly the file's data.
+TEST(ImageRoundTripTest, TheWriterTellsOfEachRangeWrittenAndNotOfChunksLeftHoles) {
+  const fs::path dir = fs::temp_directory_path() / ("pos-image-written-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::vector<std::byte> data(3 * kChunkSize + 4096 * 3);
+  std::mt19937 g(7);
+  for (size_t i = 0; i < data.size(); ++i)
+    if (i < kChunkSize || i >= 3 * kChunkSize) data[i] = static_cast<std::byte>(g() | 1);
+  DirWriterOptions o;
+  o.direct_io = false;
+  std::mutex mu;
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> told;
+  o.on_written = [&](const std::string& file, uint64_t off, uint64_t len) {
+    // The bytes are there when it is told: read them back now, from the directory being written.
+    std::vector<std::byte> now(len);
+    const int fd = ::open((fs::path(dir.string() + ".partial") / file).c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, now.data(), len, static_cast<off_t>(off)), static_cast<ssize_t>(len));
+    ::close(fd);
+    EXPECT_NE(now[0], std::byte{0}) << "told of a range not written yet";
+    std::lock_guard<std::mutex> lk(mu);
+    told.emplace_back(file, off, len);
+  };
+  pb::ClientImage client;
+  write_one_buffer_image(dir, data, o, &client);
+  auto r = ImageReader::open_dir(dir.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const pb::BlobRef& ref = (*r)->client().handles(0).memory();
+  std::sort(told.begin(), told.end());
+  ASSERT_EQ(told.size(), 2u) << "the first and the last chunk; the two of zeros are holes";
+  EXPECT_EQ(told[0], std::make_tuple(std::string("memory.bin"), ref.offset(), uint64_t{kChunkSize}));
+  EXPECT_EQ(std::get<1>(told[1]), ref.offset() + 3 * kChunkSize);
+  EXPECT_GE(std::get<2>(told[1]), 4096u * 3);
   fs::remove_all(dir);
 }
 

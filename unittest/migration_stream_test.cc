@@ -207,6 +207,70 @@ TEST_F(MigrationStream, AnEntrySentAheadIsLeftOutOfItsDirectoryLaterAndEverythin
   EXPECT_EQ(slurp(got / "sub" / "pages-1.img"), std::string(5000, 'p'));
 }
 
+// A file sent in parts while another process still writes it (the stop's GPU part as posd drains
+// it): parts in any order, each range once; a range nobody reported (posd dropped the report) goes
+// when its directory is sent, with the file's size; the rest of the directory goes as usual.
+TEST_F(MigrationStream, AFileSentInPartsInAnyOrderArrivesWholeWithWhatNoPartCarriedSentByItsDirectory) {
+  const uint64_t mib = 1 << 20;
+  fs::create_directories(root_ / "src" / "gpu.partial");
+  const fs::path mem = root_ / "src" / "gpu.partial" / "memory.bin";
+  const int fd = ::open(mem.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  const auto put = [&](uint64_t off, const std::string& bytes) {
+    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(off)), static_cast<ssize_t>(bytes.size()));
+  };
+  std::string b = std::string(mib, 'b') + std::string(4096, '\0') + std::string(mib - 4096, 'B');
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->make_dir("final").ok());
+  ASSERT_TRUE((*link)->make_dir("final/gpu").ok());
+  put(8 * mib, std::string(mib, 'a'));  // written first, at 8 MiB
+  ASSERT_TRUE((*link)->send_part("final/gpu/memory.bin", fd, 8 * mib, mib).ok());
+  put(0, b);  // then the start, a page of zeros inside
+  ASSERT_TRUE((*link)->send_part("final/gpu/memory.bin", fd, 0, b.size()).ok());
+  const uint64_t parts = (*link)->bytes_sent();
+  EXPECT_EQ(parts, 3 * mib - 4096) << "each part's data once, its page of zeros left out";
+  put(20 * mib, std::string(mib, 'c'));  // written, never reported
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(24 * mib)), 0);
+  ::close(fd);
+  std::ofstream(root_ / "src" / "gpu.partial" / "client.pb") << "records";
+  fs::rename(root_ / "src" / "gpu.partial", root_ / "src" / "gpu");  // as posd publishes it
+  ASSERT_TRUE((*link)->send_dir((root_ / "src" / "gpu").string(), "final/gpu").ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  const uint64_t rest = (*link)->bytes_sent() - parts;
+  EXPECT_GE(rest, mib) << "the range no part carried was not sent";
+  EXPECT_LT(rest, mib + 4096) << "ranges sent in parts were sent again";
+  const fs::path got = received() / "final" / "gpu";
+  EXPECT_EQ(fs::file_size(got / "memory.bin"), 24 * mib);
+  EXPECT_EQ(slurp(got / "memory.bin"), slurp(root_ / "src" / "gpu" / "memory.bin"));
+  EXPECT_EQ(slurp(got / "client.pb"), "records");
+}
+
+// A file sent in parts whose size would cut off a part it received fails the next sync, naming it;
+// an unsafe name is refused before anything is sent.
+TEST_F(MigrationStream, APartsFileEndingBeforeItsPartsFailsTheNextSyncAndAnUnsafeNameIsRefused) {
+  const uint64_t mib = 1 << 20;
+  fs::create_directories(root_ / "src" / "gpu");
+  const fs::path mem = root_ / "src" / "gpu" / "memory.bin";
+  const int fd = ::open(mem.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  const std::string a(mib, 'a');
+  ASSERT_EQ(::pwrite(fd, a.data(), a.size(), static_cast<off_t>(4 * mib)), static_cast<ssize_t>(a.size()));
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  EXPECT_EQ((*link)->send_part("../outside", fd, 0, 4096).code(), pos::Code::kInvalidArgument);
+  ASSERT_TRUE((*link)->make_dir("final").ok());
+  ASSERT_TRUE((*link)->make_dir("final/gpu").ok());
+  ASSERT_TRUE((*link)->send_part("final/gpu/memory.bin", fd, 4 * mib, mib).ok());
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(2 * mib)), 0);  // now shorter than the part sent
+  ::close(fd);
+  ASSERT_TRUE((*link)->send_dir((root_ / "src" / "gpu").string(), "final/gpu").ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_FALSE(synced.ok());
+  EXPECT_NE(synced.message().find("does not hold its parts"), std::string::npos) << synced.message();
+}
+
 // A restorer standing in for pos-cli: logs its arguments and what it reads, and answers as pos-cli
 // restore --hold (--gpu-first) does. The server under test is restarted with it.
 class MigrationRestore : public MigrationStream {

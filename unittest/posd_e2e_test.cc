@@ -2344,6 +2344,9 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     // The stop's GPU part went while CRIU dumped the process, before the rest of the image.
     EXPECT_GT(json_number(report, "final_sent_early"), 0) << report;
     EXPECT_LT(json_number(report, "final_sent_early"), json_number(report, "final_sent")) << report;
+    // Of it, the ranges posd reported written went as it reported them (in parts), not once saved.
+    EXPECT_GT(json_number(report, "final_sent_draining"), 0) << report;
+    EXPECT_LE(json_number(report, "final_sent_draining"), json_number(report, "final_sent_early")) << report;
     // Its parts: saved, then sent ahead, both within the stop's image phase.
     EXPECT_GT(json_seconds(report, "stop_gpu_part_s"), 0) << report;
     EXPECT_GT(json_seconds(report, "stop_early_send_s"), 0) << report;

@@ -76,6 +76,7 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
     ckpt::DirWriterOptions o;
     o.replace = req_.replace;
     o.alloc = staging_chunk_allocator(device_);
+    o.on_written = req_.on_written;
     if (req_.peer) {
       // A peer switch's image holds handles and variables only, and is taken while the job waits:
       // no page-locked staging (allocating it costs tens of milliseconds), one memory file.

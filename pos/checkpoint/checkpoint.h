@@ -60,6 +60,9 @@ struct CheckpointRequest {
   bool peer = false;
   // Called by the drainer after each chunk (bytes stored so far, bytes to store).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // A directory image: called by the writer's threads once a range of a memory file is written
+  // (ckpt::DirWriterOptions::on_written), so that a caller may send it on before the image is done.
+  std::function<void(const std::string& file, uint64_t offset, uint64_t length)> on_written;
   // Test hooks: the drainer waits while *hold_drain is true before its first copy; on_cut runs on
   // the worker once the cut is taken (before the client resumes).
   std::atomic<bool>* hold_drain = nullptr;

@@ -87,9 +87,14 @@ inline constexpr uint32_t kCheckpointLazyOk = 2;
 // pos-cli migrate's peer switch (docs/migration.md): the job is detached; buffers are marked
 // `in_peer` instead of stored (their bytes go to the target as device memory: "peer-export").
 inline constexpr uint32_t kCheckpointPeer = 4;
-inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer;
+// Each range of a memory file, once written, is reported (EventType::kWritten): pos-cli migrate
+// sends the stop's GPU part while posd still drains it.
+inline constexpr uint32_t kCheckpointWrites = 8;
+inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer | kCheckpointWrites;
 
-enum class EventType : uint32_t { kProgress = 1, kResult = 2 };
+// kWritten (kCheckpointWrites): `phase` names a memory file of the image (memory.bin, memory.K.bin),
+// `done` is an offset in it and `total` a length: those bytes are written and final.
+enum class EventType : uint32_t { kProgress = 1, kResult = 2, kWritten = 3 };
 struct ControlEvent {
   uint32_t magic = kEventMagic;
   uint32_t type = 0;                  // EventType

@@ -56,7 +56,8 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress,
                                            const std::function<void(uint64_t)>& on_cut,
-                                           const std::string& prev_dir, bool lazy_ok, bool peer) {
+                                           const std::string& prev_dir, bool lazy_ok, bool peer,
+                                           const std::function<void(const std::string&, uint64_t, uint64_t)>& on_written) {
   if (dir.empty()) return Status::InvalidArgument("no image directory given");
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
@@ -85,6 +86,7 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   }
   if (lazy_ok) body.flags |= wire::kCheckpointLazyOk;
   if (peer) body.flags |= wire::kCheckpointPeer;
+  if (on_written) body.flags |= wire::kCheckpointWrites;
   auto fd = open_control(socket_path, "checkpoint");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
@@ -108,6 +110,17 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
       } else if (progress && e.done <= e.total) {
         progress(e.done, e.total);
       }
+      continue;
+    }
+    if (e.type == static_cast<uint32_t>(wire::EventType::kWritten)) {
+      // Only what was asked for, and only a memory file's name (the caller opens it).
+      const std::string file = wire::get_cstr(e.phase, sizeof(e.phase));
+      const bool named = file == "memory.bin" || (file.size() > 11 && file.rfind("memory.", 0) == 0 &&
+                                                  file.substr(file.size() - 4) == ".bin" &&
+                                                  file.find_first_not_of("0123456789", 7) == file.size() - 4);
+      if (!on_written || !named || e.total == 0 || e.done > (uint64_t{1} << 50) || e.total > (uint64_t{1} << 30))
+        return Status::Corrupt("posd sent a malformed written-range event");
+      on_written(file, e.done, e.total);
       continue;
     }
     if (e.type != static_cast<uint32_t>(wire::EventType::kResult)) return Status::Corrupt("posd sent an unknown checkpoint event");

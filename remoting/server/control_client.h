@@ -29,11 +29,15 @@ struct CheckpointReport {
 // gets device bytes stored so far and the total, about ten times a second.
 // `on_cut` is called once the cut is taken (with its call number), before the drain ends.
 // `lazy_ok`: a job still loading a lazy restore is checkpointed at once (docs/cli.md, --lazy-ok).
+// `on_written`: told of each range of a memory file of `dir`/gpu.partial once posd has written it
+// (best effort: posd drops what does not fit the socket; the files are whole once this returns).
 StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
                                            bool async, const std::function<void(uint64_t, uint64_t)>& progress = {},
                                            const std::function<void(uint64_t)>& on_cut = {},
                                            const std::string& prev_dir = {}, bool lazy_ok = false,
-                                           bool peer = false);
+                                           bool peer = false,
+                                           const std::function<void(const std::string& file, uint64_t offset,
+                                                                    uint64_t length)>& on_written = {});
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's

@@ -337,7 +337,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
           cut = true;
           cv.notify_all();
         },
-        pp.prev_dir, o.lazy_ok, o.peer);
+        pp.prev_dir, o.lazy_ok, o.peer, o.gpu_written);
     if (res.ok() && o.gpu_part_done) o.gpu_part_done(*token, arena_bytes, pp.owner);
     std::lock_guard<std::mutex> lk(mu);
     gpu = std::move(res);

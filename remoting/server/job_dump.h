@@ -61,6 +61,10 @@ struct JobDumpOptions {
   // exists (the detach's token, the session arena, the job's uid; an in-process job's: "", 0, uid).
   // Called only when the GPU part was saved; the dump may still fail after it.
   std::function<void(const std::string& token, uint64_t arena_bytes, uint32_t uid)> gpu_part_done;
+  // A posd job: told of each range of the GPU part's memory files (in `dir`/gpu.partial, the image
+  // being written) once posd has written it, from the thread that reads posd's answers: pos-cli
+  // migrate sends them to another host while the drain goes on. Best effort (control_client.h).
+  std::function<void(const std::string& file, uint64_t offset, uint64_t length)> gpu_written;
 };
 
 struct JobDumpReport {

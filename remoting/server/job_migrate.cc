@@ -14,6 +14,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <map>
+#include <deque>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -642,6 +646,73 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   std::thread early;
   Status early_sent = Status::Ok();
   bool early_started = false;
+  // A posd job's GPU part goes while posd drains it: posd tells of each range of its memory files
+  // once written, and a thread of its own sends it (the link is its alone until `close` below);
+  // what was not told of goes with the rest of that part once it is saved. The two went in turn.
+  struct Streamer {
+    std::mutex mu;
+    std::condition_variable cv;
+    struct Range {
+      std::string file;
+      uint64_t off, len;
+    };
+    std::deque<Range> q;
+    bool closed = false;
+    Status status;
+    uint64_t bytes = 0;
+    std::thread t;
+  } streamer;
+  const auto close_streamer = [&] {
+    {
+      std::lock_guard<std::mutex> lk(streamer.mu);
+      streamer.closed = true;
+    }
+    streamer.cv.notify_all();
+    if (streamer.t.joinable()) streamer.t.join();
+  };
+  if (link && !inproc) {
+    const Status up = start_thread(&streamer.t, "the stop's streamed send", [&] {
+      std::map<std::string, UniqueFd> files;
+      bool dirs = false;
+      const uint64_t before = link->bytes_sent();
+      for (;;) {
+        Streamer::Range r;
+        {
+          std::unique_lock<std::mutex> lk(streamer.mu);
+          streamer.cv.wait(lk, [&] { return streamer.closed || !streamer.q.empty(); });
+          if (streamer.q.empty()) break;
+          r = std::move(streamer.q.front());
+          streamer.q.pop_front();
+        }
+        if (!streamer.status.ok()) continue;  // failed: the rest goes from the files, or not at all
+        Status s;
+        if (!dirs) {
+          s = link->make_dir("final");
+          if (s.ok()) s = link->make_dir("final/gpu");
+          dirs = s.ok();
+        }
+        auto it = files.find(r.file);
+        if (s.ok() && it == files.end()) {
+          // posd writes into gpu.partial and renames it gpu once complete (the descriptor stays).
+          UniqueFd f(::open((final_dir + "/gpu.partial/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+          if (!f) f.reset(::open((final_dir + "/gpu/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+          if (!f) s = Status::Unavailable("cannot open the stop's " + r.file + " as posd writes it: " + std::strerror(errno));
+          else it = files.emplace(r.file, std::move(f)).first;
+        }
+        if (s.ok()) s = link->send_part("final/gpu/" + r.file, it->second.get(), r.off, r.len);
+        streamer.status = s;
+      }
+      streamer.bytes = link->bytes_sent() - before;
+    });
+    if (up.ok())
+      d.gpu_written = [&](const std::string& file, uint64_t off, uint64_t len) {
+        {
+          std::lock_guard<std::mutex> lk(streamer.mu);
+          streamer.q.push_back(Streamer::Range{file, off, len});
+        }
+        streamer.cv.notify_one();
+      };
+  }
   if (link) {
     d.gpu_part_done = [&](const std::string& token, uint64_t arena, uint32_t uid) {
       // What the target's restore of the GPU part needs ahead of the manifest; the target starts
@@ -650,7 +721,9 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
                                 std::to_string(arena) + "\ntoken " + token + "\n";
       rep.stop_gpu_part_s = seconds_since(t_stop);
       const auto send_ahead = [&, first] {
-        early_sent = link->make_dir("final");
+        close_streamer();  // what it was told of is sent: the link is this thread's now
+        early_sent = streamer.status;
+        if (early_sent.ok()) early_sent = link->make_dir("final");
         if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
         if (!early_sent.ok() || inproc) return;  // an in-process job's restore reads its image whole
         // A directory of its own beside the image (the stream sends directories).
@@ -668,6 +741,8 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   }
   auto dumped = inproc ? dump_driver_job(d) : dump_job(d);
   if (early.joinable()) early.join();
+  close_streamer();  // (the GPU part was not saved: nothing sent it ahead)
+  rep.final_sent_draining = streamer.bytes;
   if (link) rep.final_sent_early = link->bytes_sent() - stop_sent_before;
   if (!dumped.ok()) {
     guardian.done();

@@ -67,6 +67,7 @@ struct JobMigrateReport {
   uint64_t final_bytes = 0; // GPU bytes copied during the stop
   uint64_t final_sent = 0;  // HOST:PORT: bytes of the stop's image sent
   uint64_t final_sent_early = 0;  // of them, a posd job's GPU part, sent while CRIU dumped the process
+  uint64_t final_sent_draining = 0;  // of those, a posd job's, sent while posd still drained that part
   // HOST:PORT, a posd job: the target had round 1 staged before the stop (its restore ahead copied
   // the buffers unchanged since from there; docs/migration.md, "Staged at the target").
   bool target_staged = false;

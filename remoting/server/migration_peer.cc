@@ -48,7 +48,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 5;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare. 5: kStage
+constexpr uint32_t kVersion = 6;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare. 5: kStage. 6: kPart, kPartEnd
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 constexpr size_t kZeroPage = 4096;  // the unit in which runs of zeros are found (and not sent)
@@ -64,7 +64,17 @@ enum class Type : uint16_t {
   kCheck = 15,  // what a restore of the job needs here: lines "pid N" and "path /ABS"; answered
   kPrepare = 16,  // as kRestore's body: restore that image's GPU part now, the rest at kRestore; no answer
   kStage = 17,    // u8 lazy, STAGED NUL IMAGE: stage image STAGED (complete here) for IMAGE's kPrepare; no answer
+  kPart = 18,     // PartHead, path, bytes: bytes of a file sent in parts, at their offset (any order)
+  kPartEnd = 19,  // u64 size, path: the file sent in parts is whole: sized, closed
 };
+// kPart's body begins with this, then `path_len` bytes of path, then the bytes.
+struct PartHead {
+  uint32_t crc32c;
+  uint32_t path_len;
+  uint64_t offset;
+};
+static_assert(sizeof(PartHead) == 16);
+constexpr uint64_t kMaxPartOffset = uint64_t{1} << 48;  // 256 TiB: a bound, not a limit anyone meets
 constexpr size_t kIdBytes = 16;  // a migration's id: 16 hex digits, in kAuthOk after the MAC
 
 struct Header {
@@ -658,7 +668,7 @@ Status read_dir_for_stream(const std::string& local_dir, const std::string& as, 
   for (auto it = fs::recursive_directory_iterator(local_dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     const fs::path rel = it->path().lexically_relative(local_dir);
-    if (it.depth() == 0 && std::find(skip.begin(), skip.end(), rel.string()) != skip.end()) {
+    if (std::find(skip.begin(), skip.end(), rel.string()) != skip.end()) {
       it.disable_recursion_pending();
       continue;
     }
@@ -809,6 +819,13 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   ChunkWriter writer;
   std::shared_ptr<UniqueFd> file;
   uint64_t file_size = 0, file_left = 0, total = 0, files = 0;
+  // Files sent in parts (the stop's GPU part while the source's posd drains it): by path, with the
+  // end of the furthest part so far, until their kPartEnd.
+  struct PartFile {
+    std::shared_ptr<UniqueFd> fd;
+    uint64_t end = 0;
+  };
+  std::map<std::string, PartFile> parts;
   auto fail = [&](const std::string& why) {
     if (failed.ok()) failed = Status::Unavailable(why);
     file.reset();
@@ -845,6 +862,53 @@ void MigrationServer::handle(int fd, const std::string& peer) {
         if (file && failed.ok() && !writer.failed()) writer.write(file, off, std::move(buf), n);
         else writer.give_back(std::move(buf));
         if (file_left == 0) file.reset();
+        continue;
+      }
+      if (t == Type::kPart) {
+        // Like kData, straight into a writer's buffer (its CRC-32C in the first 4 bytes), after the
+        // part's head and path.
+        PartHead ph{};
+        if (h.length < sizeof(ph) || !recv_all(fd, &ph, sizeof(ph)).ok()) break;
+        if (ph.path_len == 0 || ph.path_len > 1024 || h.length - sizeof(ph) <= ph.path_len) {
+          fail("a malformed part frame");
+          break;  // its length cannot be trusted: the stream cannot go on
+        }
+        std::string path(ph.path_len, '\0');
+        if (!recv_all(fd, path.data(), path.size()).ok()) break;
+        const uint64_t n = h.length - sizeof(ph) - ph.path_len;
+        ChunkWriter::Buffer buf = writer.take();
+        if (!recv_all(fd, buf.get() + 4, n).ok()) break;
+        std::memcpy(buf.get(), &ph.crc32c, 4);
+        auto it = parts.find(path);
+        if (failed.ok() && it == parts.end()) {
+          if (!safe_relative(path)) {
+            fail("an unsafe path in the stream: '" + printable(path, 200) + "'");
+          } else if (file_left != 0) {
+            fail("a part began before the last file's bytes were all sent");
+          } else if (++files > 100000) {
+            fail("more than 100000 entries");
+          } else {
+            auto f = std::make_shared<UniqueFd>(
+                ::open((root + "/" + path).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+            if (!*f) fail("create " + path + ": " + std::strerror(errno));
+            else it = parts.emplace(path, PartFile{std::move(f), 0}).first;
+          }
+        }
+        if (failed.ok() && it != parts.end()) {
+          struct statvfs v {};
+          if (ph.offset > kMaxPartOffset) {
+            fail("a part of " + path + " beyond any file's size");
+          } else if (::statvfs(root.c_str(), &v) == 0 && static_cast<uint64_t>(v.f_bavail) * v.f_frsize < n + (256ull << 20)) {
+            fail("no room in " + opt_.dir + " for " + path);
+          }
+        }
+        if (failed.ok() && it != parts.end() && !writer.failed()) {
+          it->second.end = std::max(it->second.end, ph.offset + n);
+          total += n;
+          writer.write(it->second.fd, ph.offset, std::move(buf), n);
+        } else {
+          writer.give_back(std::move(buf));
+        }
         continue;
       }
       b.resize(h.length);
@@ -933,6 +997,21 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
       file_left -= n;  // the writer writes at offsets: a hole only moves the next one
       if (file_left == 0) file.reset();
+    } else if (t == Type::kPartEnd) {
+      uint64_t size = 0;
+      const std::string path = b.size() > 8 ? b.substr(8) : "";
+      if (b.size() > 8) std::memcpy(&size, b.data(), 8);
+      auto it = parts.find(path);
+      if (!failed.ok()) continue;
+      if (it == parts.end()) {
+        fail("the end of a file that was not sent in parts: '" + printable(path, 200) + "'");
+      } else if (size < it->second.end || size > kMaxPartOffset) {
+        fail("the size of " + path + " does not hold its parts");
+      } else {
+        // Its whole size, sparse: what no part carried reads as zeros (the source's holes).
+        if (::ftruncate(it->second.fd->get(), static_cast<off_t>(size)) != 0) fail("sizing " + path + ": " + std::strerror(errno));
+        parts.erase(it);  // closed with its last queued part
+      }
     } else if (t == Type::kCheck) {
       // Before the job is touched: what CRIU will need here. The source's copy holds its pids
       // until the switch when both run on one machine, so they are checked only across boots.
@@ -955,7 +1034,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       const std::string from = nul != std::string::npos ? b.substr(1, nul - 1) : "";
       const std::string to = nul != std::string::npos ? b.substr(nul + 1) : "";
       struct stat ms {};
-      if (from.empty() || to.empty() || !safe_relative(from) || !safe_relative(to) || !failed.ok() || file_left != 0 ||
+      if (from.empty() || to.empty() || !safe_relative(from) || !safe_relative(to) || !failed.ok() || file_left != 0 || !parts.empty() ||
           held.running() || prepared.running() || staged.running() ||
           ::lstat((root + "/" + from + "/manifest").c_str(), &ms) != 0 || !S_ISREG(ms.st_mode)) {
         POS_INFO("posd", "migration from %s: nothing is staged (a bad or early stage request)", peer.c_str());
@@ -980,7 +1059,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       settle();
       const std::string image = b.size() >= 1 && safe_relative(b.substr(1)) ? root + "/" + b.substr(1) : "";
       struct stat gs {}, ps {};
-      if (image.empty() || !failed.ok() || file_left != 0 || held.running() || prepared.running() ||
+      if (image.empty() || !failed.ok() || file_left != 0 || !parts.empty() || held.running() || prepared.running() ||
           ::lstat((image + "/gpu").c_str(), &gs) != 0 || !S_ISDIR(gs.st_mode) ||
           ::lstat((image + "/gpu-first").c_str(), &ps) != 0 || !S_ISREG(ps.st_mode)) {
         POS_INFO("posd", "migration from %s: the GPU part cannot be restored ahead (a bad or early prepare)", peer.c_str());
@@ -1005,7 +1084,8 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
     } else if (t == Type::kRestore) {
       settle();
-      if (b.size() < 1 || !safe_relative(b.substr(1)) || !failed.ok() || file_left != 0 || held.running()) {
+      if (b.size() < 1 || !safe_relative(b.substr(1)) || !failed.ok() || file_left != 0 || !parts.empty() ||
+          held.running()) {
         (void)send_result(fd, 1, failed.ok() ? "a bad restore request" : failed.message());
         break;
       }
@@ -1145,10 +1225,97 @@ Status MigrationLink::make_dir(const std::string& as) {
   return send_frame(fd_.get(), Type::kDir, as.data(), as.size());
 }
 
-Status MigrationLink::send_dir(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip) {
+Status MigrationLink::send_part(const std::string& as, int fd, uint64_t offset, uint64_t length) {
+  if (!safe_relative(as) || as.size() > 1024) return Status::InvalidArgument("an unsafe remote name: " + as);
+  auto it = parts_.find(as);
+  if (it == parts_.end()) {
+    UniqueFd own(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!own) return Status::Unavailable("cannot keep the descriptor of " + as + ": " + std::strerror(errno));
+    it = parts_.emplace(as, PartOut{std::move(own), {}}).first;
+  }
+  return send_range(as, it->second, offset, length);
+}
+
+Status MigrationLink::send_range(const std::string& as, PartOut& p, uint64_t offset, uint64_t length) {
+  if (offset > kMaxPartOffset || length > kMaxPartOffset) return Status::InvalidArgument("a part of " + as + " out of bounds");
+  if (!part_buf_) part_buf_.reset(new char[kChunk]);
+  while (length > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(length, kChunk));
+    Piece piece;
+    piece.buf = std::move(part_buf_);
+    Status read = scan_chunk(p.fd.get(), offset, n, &piece);
+    part_buf_ = std::move(piece.buf);
+    if (!read.ok()) return read.with_context("reading the part of " + as + " at " + std::to_string(offset));
+    for (const Piece::Run& r : piece.runs) {
+      if (r.zero) continue;  // the peer's file is sized at its end: a gap reads as zeros
+      PartHead h{r.crc, static_cast<uint32_t>(as.size()), offset + r.off};
+      std::string head(reinterpret_cast<const char*>(&h), sizeof(h));
+      head += as;
+      POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kPart, head.data(), head.size(), part_buf_.get() + r.off, r.len));
+      bytes_ += r.len;
+    }
+    // Merged into the ranges sent, so that finish_part sends only what no part covered.
+    uint64_t lo = offset, hi = offset + n;
+    auto it = p.sent.upper_bound(lo);
+    if (it != p.sent.begin() && std::prev(it)->second >= lo) --it;
+    while (it != p.sent.end() && it->first <= hi) {
+      lo = std::min(lo, it->first), hi = std::max(hi, it->second);
+      it = p.sent.erase(it);
+    }
+    p.sent.emplace(lo, hi);
+    offset += n, length -= n;
+  }
+  return Status::Ok();
+}
+
+Status MigrationLink::finish_part(const std::string& as, PartOut& p) {
+  struct stat st {};
+  if (::fstat(p.fd.get(), &st) != 0) return Status::Unavailable("cannot read " + as + ": " + std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // What the file system says is data, less what the parts carried (posd's writer reports every
+  // range it wrote, but a report that did not fit its socket was dropped).
+  std::vector<std::pair<uint64_t, uint64_t>> left;
+  for (uint64_t at = 0; at < size;) {
+    off_t data = ::lseek(p.fd.get(), static_cast<off_t>(at), SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break;  // a hole to the end
+    if (data < 0) data = static_cast<off_t>(at);
+    const off_t hole = ::lseek(p.fd.get(), data, SEEK_HOLE);
+    const uint64_t end = hole < 0 ? size : std::min<uint64_t>(static_cast<uint64_t>(hole), size);
+    uint64_t from = static_cast<uint64_t>(data);
+    for (auto it = p.sent.upper_bound(from); from < end;) {
+      if (it != p.sent.begin() && std::prev(it)->second > from) {
+        from = std::prev(it)->second;  // inside a range sent: skip to its end
+        continue;
+      }
+      const uint64_t to = it == p.sent.end() ? end : std::min(end, it->first);
+      if (to > from) left.emplace_back(from, to - from);
+      from = to;
+      if (it != p.sent.end()) ++it;
+    }
+    at = std::max(end, at + 1);
+  }
+  for (const auto& [off, n] : left) POS_RETURN_IF_ERROR(send_range(as, p, off, n));
+  std::string body(reinterpret_cast<const char*>(&size), 8);
+  body += as;
+  return send_frame(fd_.get(), Type::kPartEnd, body.data(), body.size());
+}
+
+Status MigrationLink::send_dir(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip_in) {
   const int fd = fd_.get();
   if (!safe_relative(as)) return Status::InvalidArgument("an unsafe remote name: " + as);
   POS_RETURN_IF_ERROR(send_frame(fd, Type::kDir, as.data(), as.size()));
+  // Files of this directory sent in parts: completed now, and not sent again.
+  std::vector<std::string> skip = skip_in;
+  for (auto it = parts_.begin(); it != parts_.end();) {
+    const std::string& name = it->first;
+    if (name.size() <= as.size() + 1 || name.compare(0, as.size() + 1, as + "/") != 0) {
+      ++it;
+      continue;
+    }
+    POS_RETURN_IF_ERROR(finish_part(name, it->second));
+    skip.push_back(name.substr(as.size() + 1));
+    it = parts_.erase(it);
+  }
   // The reader (a thread of its own) walks the directory and reads ahead; this thread sends.
   DirFeed feed([&](const DirFeed::Emit& emit, const std::function<std::unique_ptr<char[]>()>& take) -> Status {
     return read_dir_for_stream(local_dir, as, skip, emit, take);

@@ -71,9 +71,16 @@ class MigrationLink {
   bool same_host() const { return same_host_; }
   // Sends `local_dir` (its directories, regular files and relative symbolic links) as `as`, a
   // relative path under the migration's directory on the peer.
-  // Entries of `local_dir` named in `skip` (its own top-level names: "gpu") are left out (sent
-  // before, with send_dir of that entry alone).
+  // Entries of `local_dir` named in `skip` (relative to it: "gpu", "gpu/memory.bin") are left out
+  // (sent before, with send_dir of that entry alone).
+  // A file of `local_dir` that was sent in parts (send_part) gets what was not sent yet, then its
+  // size; it is not sent again.
   Status send_dir(const std::string& local_dir, const std::string& as, const std::vector<std::string>& skip = {});
+  // A file that another process is still writing (the stop's GPU part while posd drains it, in any
+  // order): bytes [offset, offset+length) of the open file `fd` are final, and go now to `as` at the
+  // same offset (whole pages of zeros left out). The peer makes `as` at its first part; a send_dir
+  // of its directory completes it. `fd` is duplicated at the first part of `as`.
+  Status send_part(const std::string& as, int fd, uint64_t offset, uint64_t length);
   // Makes the directory `as` on the peer (a parent for a send_dir of one of its entries).
   Status make_dir(const std::string& as);
   // Waits until the peer has written everything sent so far (or says why it could not).
@@ -110,10 +117,19 @@ class MigrationLink {
 
  private:
   MigrationLink() = default;
+  // A file being sent in parts: its descriptor and the ranges sent (start → end, merged).
+  struct PartOut {
+    UniqueFd fd;
+    std::map<uint64_t, uint64_t> sent;
+  };
+  Status send_range(const std::string& as, PartOut& p, uint64_t offset, uint64_t length);
+  Status finish_part(const std::string& as, PartOut& p);
   UniqueFd fd_;
   std::string id_;
   bool same_host_ = false;
   uint64_t bytes_ = 0;
+  std::map<std::string, PartOut> parts_;  // by remote name, until send_dir completes them
+  std::unique_ptr<char[]> part_buf_;      // one chunk, for send_range
 };
 
 }  // namespace pos

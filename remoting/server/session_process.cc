@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <mutex>
 #include <set>
 #include <cstdlib>
 #include <cstring>
@@ -196,6 +197,19 @@ class CheckpointRunner {
         wire::put_cstr(c.phase, sizeof(c.phase), "cut");
         (void)::send(client, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT);
       };
+      // Each range of a memory file once written (pos-cli migrate sends them on while the drain
+      // goes on). From the writer's threads, one event at a time; never waited for: an event that
+      // does not fit is dropped, and pos-cli sends what it was not told of once the image is done.
+      std::mutex written_mu;
+      if ((flags & wire::kCheckpointWrites) != 0)
+        req.on_written = [client, &written_mu](const std::string& file, uint64_t off, uint64_t len) {
+          wire::ControlEvent e;
+          e.type = static_cast<uint32_t>(wire::EventType::kWritten);
+          e.done = off, e.total = len;
+          wire::put_cstr(e.phase, sizeof(e.phase), file);
+          std::lock_guard<std::mutex> lk(written_mu);
+          (void)::send(client, &e, sizeof(e), MSG_NOSIGNAL | MSG_DONTWAIT);
+        };
       Status parent_ok = prev >= 0 ? check_parent(req.parent_dir) : Status::Ok();
       res = parent_ok.ok() ? ws->checkpoint(uuid, std::move(req)) : StatusOr<CheckpointResult>(parent_ok);
     }
