@@ -247,6 +247,41 @@ TEST_F(MigrationStream, AFileSentInPartsInAnyOrderArrivesWholeWithWhatNoPartCarr
   EXPECT_EQ(slurp(got / "client.pb"), "records");
 }
 
+// Parts sent from several threads at once (pos-cli's streamer): each range once, every byte where
+// it belongs, and the directory's send afterwards adds nothing but the other files.
+TEST_F(MigrationStream, PartsSentFromSeveralThreadsAtOnceArriveByteForByteAndOnce) {
+  const uint64_t mib = 1 << 20;
+  fs::create_directories(root_ / "src" / "gpu");
+  std::string bytes(64 * mib, '\0');
+  std::mt19937 g(3);
+  for (size_t i = 0; i < bytes.size(); i += 64) bytes[i] = static_cast<char>(g() | 1);
+  std::ofstream(root_ / "src" / "gpu" / "memory.1.bin", std::ios::binary) << bytes;
+  std::ofstream(root_ / "src" / "gpu" / "inventory.pb") << "inv";
+  const int fd = ::open((root_ / "src" / "gpu" / "memory.1.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  ASSERT_TRUE((*link)->make_dir("final").ok());
+  ASSERT_TRUE((*link)->make_dir("final/gpu").ok());
+  std::vector<std::thread> ts;
+  std::vector<pos::Status> got(4);
+  for (size_t t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (uint64_t off = t * 8 * mib; off < 64 * mib && got[t].ok(); off += 32 * mib)
+        got[t] = (*link)->send_part("final/gpu/memory.1.bin", fd, off, 8 * mib);
+    });
+  for (auto& t : ts) t.join();
+  ::close(fd);
+  for (const auto& st : got) ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ((*link)->bytes_sent(), 64 * mib);
+  ASSERT_TRUE((*link)->send_dir((root_ / "src" / "gpu").string(), "final/gpu").ok());
+  const pos::Status synced = (*link)->sync();
+  ASSERT_TRUE(synced.ok()) << synced.message();
+  EXPECT_EQ((*link)->bytes_sent(), 64 * mib + 3) << "a range sent in parts was sent again";
+  EXPECT_EQ(slurp(received() / "final" / "gpu" / "memory.1.bin"), bytes);
+  EXPECT_EQ(slurp(received() / "final" / "gpu" / "inventory.pb"), "inv");
+}
+
 // A file sent in parts whose size would cut off a part it received fails the next sync, naming it;
 // an unsafe name is refused before anything is sent.
 TEST_F(MigrationStream, APartsFileEndingBeforeItsPartsFailsTheNextSyncAndAnUnsafeNameIsRefused) {

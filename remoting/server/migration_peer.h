@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,7 +80,9 @@ class MigrationLink {
   // A file that another process is still writing (the stop's GPU part while posd drains it, in any
   // order): bytes [offset, offset+length) of the open file `fd` are final, and go now to `as` at the
   // same offset (whole pages of zeros left out). The peer makes `as` at its first part; a send_dir
-  // of its directory completes it. `fd` is duplicated at the first part of `as`.
+  // of its directory completes it. `fd` is duplicated at the first part of `as`. Thread-safe
+  // against other send_part calls (each reads its part on its own thread; the sends take turns),
+  // not against the other calls.
   Status send_part(const std::string& as, int fd, uint64_t offset, uint64_t length);
   // Makes the directory `as` on the peer (a parent for a send_dir of one of its entries).
   Status make_dir(const std::string& as);
@@ -128,8 +131,11 @@ class MigrationLink {
   std::string id_;
   bool same_host_ = false;
   uint64_t bytes_ = 0;
+  // send_part may be called from several threads at once (nothing else meanwhile): part_mu_
+  // guards parts_, each PartOut's `sent`, part_bufs_, bytes_ and the socket's writes.
+  std::mutex part_mu_;
   std::map<std::string, PartOut> parts_;  // by remote name, until send_dir completes them
-  std::unique_ptr<char[]> part_buf_;      // one chunk, for send_range
+  std::vector<std::unique_ptr<char[]>> part_bufs_;  // chunks for send_range, one per caller at a time
 };
 
 }  // namespace pos
