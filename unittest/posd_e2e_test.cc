@@ -2360,6 +2360,9 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
               json_seconds(report, "target_restore_s") + 0.001) << report;
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
+    // Round 1 went to the target as posd wrote it (its device memory is all written there).
+    EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"streamed\":([0-9]+)"))) << report;
+    EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
     EXPECT_EQ(reaped.size(), before + 1) << "the source's copy was not ended";
     EXPECT_TRUE(serves(to, child)) << to.ps() << to.log_text();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);

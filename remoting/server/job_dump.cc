@@ -492,7 +492,7 @@ StatusOr<JobDumpReport> pre_dump_job(const JobDumpOptions& o) {
   say("gpu");
   auto gpu = posd_checkpoint(
       o.socket, o.pid, dir, /*async=*/true, [&](uint64_t d, uint64_t n) { say("gpu", d, n); },
-      [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir, o.lazy_ok);
+      [&](uint64_t) { r.cut_s = seconds_since(t); }, pp.prev_dir, o.lazy_ok, /*peer=*/false, o.gpu_written);
   r.gpu_s = seconds_since(t);
   if (pages_thread.joinable()) pages_thread.join();
   if (!gpu.ok()) {

@@ -471,6 +471,107 @@ Status live_switch(const JobMigrateOptions& o, const std::string& prev, const st
   return Status::Ok();
 }
 
+// Sends a posd job's GPU part to the peer while posd drains it: posd tells of each range of the
+// image's memory files once written (JobDumpOptions::gpu_written), and threads of this process send
+// each as a part of `remote`/gpu (MigrationLink::send_part); the link is theirs alone from start()
+// to close(). A send_dir of the image afterwards sends the rest: the records, and any range whose
+// report posd dropped. The two went in turn before: the drain to files, then the send. Several
+// threads: each reads, searches and checksums its range while another sends (one thread moved
+// ~1.5 GB/s, below the link's rate). A thread-less or failed streamer sends nothing more; the
+// image then goes whole afterwards, or its send fails the same way.
+class PartStreamer {
+ public:
+  static constexpr size_t kThreads = 4;
+  PartStreamer(MigrationLink* link, std::string local_image, std::string remote_image)
+      : link_(link), local_(std::move(local_image)), remote_(std::move(remote_image)) {}
+  ~PartStreamer() { (void)close(); }
+  PartStreamer(const PartStreamer&) = delete;
+  PartStreamer& operator=(const PartStreamer&) = delete;
+  // Makes the part's directories at the peer and starts the threads: false if nothing will stream.
+  bool start() {
+    if (link_ == nullptr) return false;
+    Status dirs = link_->make_dir(remote_);
+    if (dirs.ok()) dirs = link_->make_dir(remote_ + "/gpu");
+    if (!dirs.ok()) return false;
+    before_ = link_->bytes_sent();
+    size_t up = 0;
+    for (auto& t : threads_) up += start_thread(&t, "the migration's streamed send", [this] { run(); }).ok() ? 1 : 0;
+    if (up == 0) closed_ = true;
+    return up > 0;
+  }
+  // A range of memory file `file` is written (from the thread that reads posd's answers).
+  void written(const std::string& file, uint64_t off, uint64_t len) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(Range{file, off, len});
+    }
+    cv_.notify_one();
+  }
+  // Waits until every range told of is sent (or the first failure); the link is the caller's again.
+  Status close() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (joined_) return status_;
+      closed_ = joined_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    if (link_ != nullptr && before_ != kNone) bytes_ = link_->bytes_sent() - before_;
+    return status_;
+  }
+  uint64_t bytes() const { return bytes_; }  // sent as parts (after close)
+
+ private:
+  struct Range {
+    std::string file;
+    uint64_t off, len;
+  };
+  static constexpr uint64_t kNone = ~uint64_t{0};
+  void run() {
+    for (;;) {
+      Range r;
+      int fd = -1;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return closed_ || !q_.empty(); });
+        if (q_.empty()) return;
+        r = std::move(q_.front());
+        q_.pop_front();
+        if (!status_.ok()) continue;  // failed: nothing more goes this way
+        auto it = files_.find(r.file);
+        if (it == files_.end()) {
+          // posd writes into gpu.partial and renames it gpu once complete (a descriptor stays).
+          UniqueFd f(::open((local_ + "/gpu.partial/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+          if (!f) f.reset(::open((local_ + "/gpu/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+          if (!f) {
+            status_ = Status::Unavailable("cannot open " + local_ + "'s " + r.file + " as posd writes it: " +
+                                         std::strerror(errno));
+            continue;
+          }
+          it = files_.emplace(r.file, std::move(f)).first;
+        }
+        fd = it->second.get();
+      }
+      Status s = link_->send_part(remote_ + "/gpu/" + r.file, fd, r.off, r.len);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (status_.ok()) status_ = s;
+      }
+    }
+  }
+  MigrationLink* const link_;
+  const std::string local_, remote_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Range> q_;                    // guarded by mu_, as the three below
+  bool closed_ = false, joined_ = false;
+  Status status_;                          // the first failure
+  std::map<std::string, UniqueFd> files_;  // the memory files, opened at their first range
+  std::thread threads_[kThreads];
+  uint64_t before_ = kNone, bytes_ = 0;
+};
+
 StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
@@ -561,10 +662,15 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     // To another host: each round also holds the job's memory as read while it runs (CPU pre-copy
     // without dirty tracking), so that the stop's CRIU part sends only the pages that changed since.
     d.cpu_pages = cpu_pages;
+    // A posd job's round goes to the target while posd drains it, as the stop's GPU part does.
+    PartStreamer streamer(link.get(), d.dir, "round-" + std::to_string(n));
+    if (link && !inproc && streamer.start())
+      d.gpu_written = [&](const std::string& file, uint64_t off, uint64_t len) { streamer.written(file, off, len); };
     // An in-process job's round is its GPU-only checkpoint (a copy on the device, written while it
     // runs on), with its pages as above; its CPU state is dumped at the stop (NVIDIA's checkpoint
     // must empty the driver first).
     auto r = inproc ? pre_dump_driver_job(d) : pre_dump_job(d);
+    const Status streamed = streamer.close();
     if (!r.ok()) {
       guardian.done();
       cleanup();
@@ -580,8 +686,9 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     round.pause_s = r->gpu.stall_s;
     if (link) {  // the round goes to the target while the job runs on
       const auto ts = std::chrono::steady_clock::now();
-      const uint64_t before = link->bytes_sent();
-      Status sent = link->send_dir(d.dir, "round-" + std::to_string(n));
+      const uint64_t before = link->bytes_sent() - streamer.bytes();
+      Status sent = streamed;
+      if (sent.ok()) sent = link->send_dir(d.dir, "round-" + std::to_string(n));
       if (sent.ok()) sent = link->sync();
       if (!sent.ok()) {
         guardian.done();
@@ -593,6 +700,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
       if (n == 1 && !inproc && o.stage) (void)link->stage("round-1", "final", o.lazy).ok();
       round.transfer_s = seconds_since(ts);
       round.sent = link->bytes_sent() - before;
+      round.streamed = streamer.bytes();
       round.seconds += round.transfer_s;
       round.rate = round.seconds > 0 ? static_cast<double>(round.bytes) / round.seconds : 0;
     }
@@ -646,88 +754,11 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   std::thread early;
   Status early_sent = Status::Ok();
   bool early_started = false;
-  // A posd job's GPU part goes while posd drains it: posd tells of each range of its memory files
-  // once written, and threads of this process send them as parts (the link is theirs alone until
-  // `close_streamer`); what was not told of goes with the rest of that part once it is saved. The
-  // two went in turn. Several threads: each reads, searches and checksums its range while another
-  // sends (one thread moved ~1.5 GB/s, below the link's rate).
-  constexpr size_t kStreamThreads = 4;
-  struct Streamer {
-    std::mutex mu;
-    std::condition_variable cv;
-    struct Range {
-      std::string file;
-      uint64_t off, len;
-    };
-    std::deque<Range> q;
-    bool closed = false;
-    Status status;                          // the first failure; then nothing more is sent
-    std::map<std::string, UniqueFd> files;  // the memory files, opened at their first range
-    std::thread t[kStreamThreads];
-    uint64_t before = 0, bytes = 0;
-  } streamer;
-  const auto close_streamer = [&] {
-    {
-      std::lock_guard<std::mutex> lk(streamer.mu);
-      if (streamer.closed) return;
-      streamer.closed = true;
-    }
-    streamer.cv.notify_all();
-    for (auto& t : streamer.t)
-      if (t.joinable()) t.join();
-    streamer.bytes = link->bytes_sent() - streamer.before;
-  };
-  if (link && !inproc) {
-    // The parts' directories first, from this thread: the streamer's threads send parts only.
-    Status dirs = link->make_dir("final");
-    if (dirs.ok()) dirs = link->make_dir("final/gpu");
-    streamer.before = link->bytes_sent();
-    const auto stream = [&] {
-      for (;;) {
-        Streamer::Range r;
-        int fd = -1;
-        {
-          std::unique_lock<std::mutex> lk(streamer.mu);
-          streamer.cv.wait(lk, [&] { return streamer.closed || !streamer.q.empty(); });
-          if (streamer.q.empty()) return;
-          r = std::move(streamer.q.front());
-          streamer.q.pop_front();
-          if (!streamer.status.ok()) continue;  // failed: the rest goes from the files, or not at all
-          auto it = streamer.files.find(r.file);
-          if (it == streamer.files.end()) {
-            // posd writes into gpu.partial and renames it gpu once complete (a descriptor stays).
-            UniqueFd f(::open((final_dir + "/gpu.partial/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-            if (!f) f.reset(::open((final_dir + "/gpu/" + r.file).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-            if (!f) {
-              streamer.status = Status::Unavailable("cannot open the stop's " + r.file + " as posd writes it: " +
-                                                    std::strerror(errno));
-              continue;
-            }
-            it = streamer.files.emplace(r.file, std::move(f)).first;
-          }
-          fd = it->second.get();
-        }
-        Status s = link->send_part("final/gpu/" + r.file, fd, r.off, r.len);
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lk(streamer.mu);
-          if (streamer.status.ok()) streamer.status = s;
-        }
-      }
-    };
-    size_t up = 0;
-    if (dirs.ok())
-      for (auto& t : streamer.t) up += start_thread(&t, "the stop's streamed send", stream).ok() ? 1 : 0;
-    if (up > 0)
-      d.gpu_written = [&](const std::string& file, uint64_t off, uint64_t len) {
-        {
-          std::lock_guard<std::mutex> lk(streamer.mu);
-          streamer.q.push_back(Streamer::Range{file, off, len});
-        }
-        streamer.cv.notify_one();
-      };
-    else
-      streamer.closed = true;  // no thread: the part goes whole once saved, as before
-  }
+  // A posd job's GPU part goes while posd drains it (PartStreamer); what was not told of goes with
+  // the rest of that part once it is saved.
+  PartStreamer streamer(link.get(), final_dir, "final");
+  if (link && !inproc && streamer.start())
+    d.gpu_written = [&](const std::string& file, uint64_t off, uint64_t len) { streamer.written(file, off, len); };
   if (link) {
     d.gpu_part_done = [&](const std::string& token, uint64_t arena, uint32_t uid) {
       // What the target's restore of the GPU part needs ahead of the manifest; the target starts
@@ -736,8 +767,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
                                 std::to_string(arena) + "\ntoken " + token + "\n";
       rep.stop_gpu_part_s = seconds_since(t_stop);
       const auto send_ahead = [&, first] {
-        close_streamer();  // what it was told of is sent: the link is this thread's now
-        early_sent = streamer.status;  // (read after the join)
+        early_sent = streamer.close();  // what it was told of is sent: the link is this thread's now
         if (early_sent.ok()) early_sent = link->make_dir("final");
         if (early_sent.ok()) early_sent = link->send_dir(final_dir + "/gpu", "final/gpu");
         if (!early_sent.ok() || inproc) return;  // an in-process job's restore reads its image whole
@@ -756,8 +786,8 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   }
   auto dumped = inproc ? dump_driver_job(d) : dump_job(d);
   if (early.joinable()) early.join();
-  if (link) close_streamer();  // (the GPU part was not saved: nothing sent it ahead)
-  rep.final_sent_draining = streamer.bytes;
+  (void)streamer.close();  // (the GPU part was not saved: nothing sent it ahead)
+  rep.final_sent_draining = streamer.bytes();
   if (link) rep.final_sent_early = link->bytes_sent() - stop_sent_before;
   if (!dumped.ok()) {
     guardian.done();

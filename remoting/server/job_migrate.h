@@ -53,6 +53,7 @@ struct JobMigrateOptions {
     double seconds = 0, rate = 0;   // the round's GPU copy (and its transfer), and its bytes per second
     double transfer_s = 0;          // HOST:PORT: sending the round to the target
     uint64_t sent = 0;              // HOST:PORT: bytes of files sent (GPU and CPU parts)
+    uint64_t streamed = 0;          // of them, a posd job's, sent as posd reported them written
     double pause_s = 0;             // the job's stall for the round's cut
   };
   std::function<void(const char* event, const Round& last)> progress;
