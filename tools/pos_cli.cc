@@ -1040,7 +1040,7 @@ int migrate(const MigrateArgs& a) {
                 "\"stop_cut_s\":%.6f,\"stop_criu_s\":%.6f,\"final_send_s\":%.6f,\"pid_free_s\":%.6f,"
                 "\"target_restore_s\":%.6f,\"commit_s\":%.6f,\"stop_gpu_part_s\":%.6f,\"stop_early_send_s\":%.6f,"
                 "\"final_sent_early\":%llu,\"final_sent_draining\":%llu,\"target_staged\":%s,\"target_check_s\":%.6f,"
-                "\"target_criu_s\":%.6f}\n",
+                "\"target_criu_s\":%.6f,\"stage_ready\":%s,\"stage_wait_s\":%.6f}\n",
                 r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes,
@@ -1054,7 +1054,7 @@ int migrate(const MigrateArgs& a) {
                 r->stop_cut_s, r->stop_criu_s, r->final_send_s, r->pid_free_s, r->target_restore_s, r->commit_s,
                 r->stop_gpu_part_s, r->stop_early_send_s, (unsigned long long)r->final_sent_early,
                 (unsigned long long)r->final_sent_draining, r->target_staged ? "true" : "false", r->target_check_s,
-                r->target_criu_s);
+                r->target_criu_s, r->stage_ready ? "true" : "false", r->stage_wait_s);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),

@@ -282,6 +282,20 @@ TEST_F(MigrationStream, PartsSentFromSeveralThreadsAtOnceArriveByteForByteAndOnc
   EXPECT_EQ(slurp(received() / "final" / "gpu" / "inventory.pb"), "inv");
 }
 
+// Waiting for a staging restore when none runs is answered at once with the reason (the source
+// then stops the job without waiting), and the stream goes on.
+TEST_F(MigrationStream, WaitingForAStagingThatDoesNotRunIsAnsweredAtOnceWithTheReason) {
+  auto link = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(link.ok()) << link.status().message();
+  const auto t0 = std::chrono::steady_clock::now();
+  const pos::Status waited = (*link)->await_stage(10);
+  EXPECT_FALSE(waited.ok());
+  EXPECT_NE(waited.message().find("nothing is being staged"), std::string::npos) << waited.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_TRUE((*link)->make_dir("after").ok());
+  EXPECT_TRUE((*link)->sync().ok());
+}
+
 // A file sent in parts whose size would cut off a part it received fails the next sync, naming it;
 // an unsafe name is refused before anything is sent.
 TEST_F(MigrationStream, APartsFileEndingBeforeItsPartsFailsTheNextSyncAndAnUnsafeNameIsRefused) {

@@ -2391,6 +2391,8 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     // Round 1 was staged there while the rounds went on, and the restore ahead copied the buffers
     // the job had not written since from the staging session's memory (the rest from files).
     EXPECT_NE(report.find("\"target_staged\":true"), std::string::npos) << report;
+    // ... and the source waited for that staging to be ready before it stopped the job.
+    EXPECT_NE(report.find("\"stage_ready\":true"), std::string::npos) << report;
     EXPECT_GT(count(to_log, "from the staged image"), 0u) << to_log;
     EXPECT_EQ(count(to_log, "from the staged image"), count(to_log, "committed; pid ")) << to_log;
     EXPECT_GT(count(to_log, "from the staging session's memory"), 0u) << to_log;

@@ -653,6 +653,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   const bool peer_switch = !link && !o.move_process && o.peer;
   const bool cpu_pages = link != nullptr && room_for_cpu_pages(o.pid, rep.work_dir);
   if (peer_switch) rep.stop_reason = "peer";
+  bool staging = false;  // round 1 is being staged at the target
   for (uint32_t n = 1; !peer_switch; ++n) {
     JobDumpOptions d;
     d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = !inproc, d.lazy_ok = true;
@@ -670,6 +671,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     // runs on), with its pages as above; its CPU state is dumped at the stop (NVIDIA's checkpoint
     // must empty the driver first).
     auto r = inproc ? pre_dump_driver_job(d) : pre_dump_job(d);
+    const auto t_drained = std::chrono::steady_clock::now();  // the sends still in flight count as transfer
     const Status streamed = streamer.close();
     if (!r.ok()) {
       guardian.done();
@@ -685,7 +687,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     round.rate = r->gpu_s > 0 ? static_cast<double>(r->gpu.bytes_stored) / r->gpu_s : 0;
     round.pause_s = r->gpu.stall_s;
     if (link) {  // the round goes to the target while the job runs on
-      const auto ts = std::chrono::steady_clock::now();
+      const auto ts = t_drained;
       const uint64_t before = link->bytes_sent() - streamer.bytes();
       Status sent = streamed;
       if (sent.ok()) sent = link->send_dir(d.dir, "round-" + std::to_string(n));
@@ -697,7 +699,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
       }
       // A posd job's first round is all of its device memory: the target restores it into a
       // staging session while the rounds go on, and the stop's restore ahead copies from there.
-      if (n == 1 && !inproc && o.stage) (void)link->stage("round-1", "final", o.lazy).ok();
+      if (n == 1 && !inproc && o.stage) staging = link->stage("round-1", "final", o.lazy).ok();
       round.transfer_s = seconds_since(ts);
       round.sent = link->bytes_sent() - before;
       round.streamed = streamer.bytes();
@@ -737,6 +739,15 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
     cleanup();
     rep.total_s = seconds_since(t0);
     return rep;
+  }
+  if (staging) {
+    // Not while the target still loads round 1 into its staging session: on one machine that load
+    // slowed the stop (its drain and CRIU's dump took up to twice as long), and a prepare that
+    // comes before it is done waits for it. Best effort: a staging that cannot be ready is not
+    // waited for again (the stop's restore then reads from files what it does not find staged).
+    const auto tw = std::chrono::steady_clock::now();
+    rep.stage_ready = link->await_stage(10).ok();
+    rep.stage_wait_s = seconds_since(tw);
   }
   event("switch");
   const auto t_stop = std::chrono::steady_clock::now();

@@ -72,6 +72,10 @@ struct JobMigrateReport {
   // HOST:PORT, a posd job: the target had round 1 staged before the stop (its restore ahead copied
   // the buffers unchanged since from there; docs/migration.md, "Staged at the target").
   bool target_staged = false;
+  // HOST:PORT, a posd job: whether the target said its staging of round 1 was ready before the
+  // stop, and how long the source waited for it to be (the job ran on meanwhile).
+  bool stage_ready = false;
+  double stage_wait_s = 0;
   bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
   uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
   uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)

@@ -48,7 +48,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t kMagic = 0x47494d50;  // "PMIG"
-constexpr uint32_t kVersion = 6;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare. 5: kStage. 6: kPart, kPartEnd
+constexpr uint32_t kVersion = 6;  // 2: kAuthOk carries the migration's id; kOutcome. 3: kHole. 4: kPrepare. 5: kStage. 6: kPart, kPartEnd, kStageWait
 constexpr uint64_t kMaxFrame = (8u << 20) + 4096;
 constexpr size_t kChunk = 8u << 20;
 constexpr size_t kZeroPage = 4096;  // the unit in which runs of zeros are found (and not sent)
@@ -66,6 +66,7 @@ enum class Type : uint16_t {
   kStage = 17,    // u8 lazy, STAGED NUL IMAGE: stage image STAGED (complete here) for IMAGE's kPrepare; no answer
   kPart = 18,     // PartHead, path, bytes: bytes of a file sent in parts, at their offset (any order)
   kPartEnd = 19,  // u64 size, path: the file sent in parts is whole: sized, closed
+  kStageWait = 20,  // u32 seconds: answered once the staging restore is ready (0), or it cannot be (1)
 };
 // kPart's body begins with this, then `path_len` bytes of path, then the bytes.
 struct PartHead {
@@ -997,6 +998,23 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       }
       file_left -= n;  // the writer writes at offsets: a hole only moves the next one
       if (file_left == 0) file.reset();
+    } else if (t == Type::kStageWait) {
+      // The source is about to stop the job: a staging restore still loading would share this
+      // machine's CPUs, memory and GPU with the stop (on one machine, as in CI) and arrive late for
+      // its prepare. Answered when it is ready, or why it will not be; at most 30 s.
+      uint32_t seconds = 0;
+      if (b.size() == 4) std::memcpy(&seconds, b.data(), 4);
+      seconds = std::clamp<uint32_t>(seconds, 1, 30);
+      std::string answer;
+      int32_t code = 1;
+      if (!staged.running()) {
+        answer = "nothing is being staged";
+      } else if (staged.read_until("{\"staged\":true", static_cast<int>(seconds))) {
+        code = 0, answer = "staged";
+      } else {
+        answer = staged.running() ? "the staging restore is not ready yet" : "the staging restore ended";
+      }
+      if (!send_result(fd, code, answer).ok()) break;
     } else if (t == Type::kPartEnd) {
       uint64_t size = 0;
       const std::string path = b.size() > 8 ? b.substr(8) : "";
@@ -1397,6 +1415,12 @@ Status MigrationLink::stage(const std::string& staged, const std::string& as, bo
   b += '\0';
   b += as;
   return send_frame(fd_.get(), Type::kStage, b.data(), b.size());
+}
+
+Status MigrationLink::await_stage(uint32_t seconds) {
+  POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kStageWait, &seconds, sizeof(seconds)));
+  auto r = expect_result(fd_.get());
+  return r.ok() ? Status::Ok() : r.status();
 }
 
 StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {

@@ -99,6 +99,10 @@ class MigrationLink {
   // into a staging session now, so that prepare(as) copies from there what did not change since
   // instead of reading it (docs/migration.md, "Staged at the target"). No answer: best effort.
   Status stage(const std::string& staged, const std::string& as, bool lazy);
+  // Waits (at most `seconds`, 1 to 30) until the peer's staging restore is ready: fails naming why
+  // it is not (none runs, it ended, still loading). Before the stop: a staging restore still
+  // loading slowed the stop it shared a machine with, and came late for its prepare.
+  Status await_stage(uint32_t seconds);
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
   // for its permit: no step runs); its pos-cli's output so far.
   StatusOr<std::string> restore(const std::string& as, bool lazy);
