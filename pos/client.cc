@@ -483,6 +483,20 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   return r;
 }
 
+StatusOr<CheckpointResult> POSClient::estimate_increment(const std::string& parent_dir) {
+  auto parent = ckpt::ImageReader::open_dir(parent_dir);
+  if (!parent.ok()) return parent.status().with_context("parent image " + parent_dir);
+  Command cmd;
+  cmd.type = CommandType::kEstimate;
+  cmd.parent = parent->get();
+  Status s = run_command(cmd);
+  if (!s.ok()) return s.with_context("estimate of client " + std::to_string(uuid_));
+  CheckpointResult r;
+  r.cut_pc = cmd.cut_pc;
+  r.bytes_stored = cmd.bytes, r.bytes_referenced = cmd.referenced, r.handles = cmd.handles;
+  return r;
+}
+
 Status POSClient::wait_restored() { return lazy_ ? lazy_->wait() : Status::Ok(); }
 
 LazyRestoreStats POSClient::restore_stats() const { return lazy_ ? lazy_->stats() : LazyRestoreStats{}; }
@@ -760,6 +774,12 @@ void POSClient::parse_command(Command* cmd) {
   // A command after a stop checkpoint comes only once that checkpoint failed: resume first.
   if (parser_stop_job_ != nullptr) (void)update_stop_phase();
   cmd->cut_pc = last_parsed_pc_ + 1;
+  if (cmd->type == CommandType::kEstimate) {
+    // Parser-owned metadata only: answered here, nothing waits for the worker or the device.
+    estimate_at_parser(cmd);
+    command_done_.set(static_cast<uint32_t>(cmd->generation));  // cmd may be gone right after
+    return;
+  }
   if (cmd->type == CommandType::kCollectDirty) {
     cmd->dirty.reserve(dirty_.size());
     for (Handle* h : dirty_) {

@@ -36,6 +36,7 @@ enum class CommandType : uint8_t {
   kCollectDirty,  // cut at N and report (then clear) the handles written since the last collection
   kCheckpoint,    // cut at N and drain the client's state into job's image (sync or async)
   kExportMemory,  // cut at N and hand out descriptors of the client's device memory (peer switch)
+  kEstimate,      // parser only, no cut: the device bytes an incremental checkpoint would store now
 };
 
 struct DirtyRecord {
@@ -54,6 +55,8 @@ struct Command {
   uint64_t generation = 0;         // set by run_command; completion is signalled per client
   std::shared_ptr<CheckpointJob> job;  // kCheckpoint
   std::vector<PeerMemory> peer;        // kExportMemory: the answer
+  const ckpt::ImageReader* parent = nullptr;  // kEstimate: against this image
+  uint64_t bytes = 0, referenced = 0, handles = 0;  // kEstimate: the answer
 };
 
 // pos_process → worker-completion latency: 50 ns buckets up to 2 ms, then 10 us buckets up to 2 s.
@@ -238,6 +241,11 @@ class POSClient {
   // nothing writes the memory while another session copies it. A lazily restored client finishes
   // loading first.
   StatusOr<std::vector<PeerMemory>> export_peer_memory();
+  // What an incremental checkpoint against the image in `parent_dir` would store if it were taken
+  // now (bytes_stored, bytes_referenced, handles; cut_pc is the next call's number), without a cut
+  // and without waiting for the device: pos-cli migrate asks it to tell a pre-copy round that
+  // cannot shrink the dirty set before running it. An estimate: the job writes on meanwhile.
+  StatusOr<CheckpointResult> estimate_increment(const std::string& parent_dir);
   // A lazily restored client: waits until every buffer is loaded (the error of one that could
   // not be, if any). Ok at once for any other client. Thread-safe.
   Status wait_restored();
@@ -311,6 +319,7 @@ class POSClient {
   Status init_state();
   Status start_threads();
   void record_checkpoint(CheckpointJob& job, uint64_t cut);
+  void estimate_at_parser(Command* cmd);  // kEstimate
   Status restore_state(const std::shared_ptr<const ckpt::ImageReader>& image, const RestoreOptions& options);
   void complete_to_rpc(APIContext* c, bool flush = true);
   void flush_completions();

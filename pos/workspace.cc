@@ -148,6 +148,12 @@ StatusOr<CheckpointResult> POSWorkspace::checkpoint(ClientUuid uuid, CheckpointR
   return client->checkpoint(std::move(request));
 }
 
+StatusOr<CheckpointResult> POSWorkspace::estimate_increment(ClientUuid uuid, const std::string& parent_dir) {
+  auto client = find_client(uuid);
+  if (!client) return Status::NotFound("no client " + std::to_string(uuid));
+  return client->estimate_increment(parent_dir);
+}
+
 StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image, const RestoreOptions& options) {
   if (options.lazy)
     return Status::InvalidArgument("a lazy restore reads the image after it returns: pass the image as a shared_ptr");

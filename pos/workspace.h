@@ -53,6 +53,8 @@ class POSWorkspace {
   // Checkpoints a client at a cut (see CheckpointRequest). Blocks until the image is durable; in
   // async mode the client keeps running meanwhile.
   StatusOr<CheckpointResult> checkpoint(ClientUuid uuid, CheckpointRequest request);
+  // POSClient::estimate_increment for `uuid`.
+  StatusOr<CheckpointResult> estimate_increment(ClientUuid uuid, const std::string& parent_dir);
   // A new client with an image's state, in the image's slot (so every address is the same) and
   // under the image's uuid. The image must come from the same backend and device model. On
   // error the workspace is as before. The image is read only during the call: options.lazy is

@@ -1022,13 +1022,14 @@ int migrate(const MigrateArgs& a) {
   if (a.json) {
     std::string rounds;
     for (const auto& x : r->rounds) {
-      char t[360];
+      char t[400];
       std::snprintf(t, sizeof(t),
                     "%s{\"round\":%u,\"bytes\":%llu,\"bytes_unchanged\":%llu,\"criu_bytes\":%llu,\"seconds\":%.6f,"
-                    "\"rate\":%.0f,\"pause_s\":%.6f,\"sent\":%llu,\"streamed\":%llu,\"transfer_s\":%.6f}",
+                    "\"rate\":%.0f,\"pause_s\":%.6f,\"sent\":%llu,\"streamed\":%llu,\"transfer_s\":%.6f,"
+                    "\"next_estimate\":%llu}",
                     rounds.empty() ? "" : ",", x.n, (unsigned long long)x.bytes, (unsigned long long)x.bytes_referenced,
                     (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s, (unsigned long long)x.sent,
-                    (unsigned long long)x.streamed, x.transfer_s);
+                    (unsigned long long)x.streamed, x.transfer_s, (unsigned long long)x.next_estimate);
       rounds += t;
     }
     std::printf("{\"pid\":%u,\"inproc\":%s,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","
@@ -1040,7 +1041,8 @@ int migrate(const MigrateArgs& a) {
                 "\"stop_cut_s\":%.6f,\"stop_criu_s\":%.6f,\"final_send_s\":%.6f,\"pid_free_s\":%.6f,"
                 "\"target_restore_s\":%.6f,\"commit_s\":%.6f,\"stop_gpu_part_s\":%.6f,\"stop_early_send_s\":%.6f,"
                 "\"final_sent_early\":%llu,\"final_sent_draining\":%llu,\"target_staged\":%s,\"target_check_s\":%.6f,"
-                "\"target_criu_s\":%.6f,\"stage_ready\":%s,\"stage_wait_s\":%.6f}\n",
+                "\"target_criu_s\":%.6f,\"stage_ready\":%s,\"stage_wait_s\":%.6f,\"setup_s\":%.6f,"
+                "\"rounds_s\":%.6f}\n",
                 r->pid, target.inproc ? "true" : "false", pos::json_string(a.socket).c_str(), pos::json_string(a.to).c_str(), r->where.c_str(),
                 pos::json_string(r->target_error).c_str(), rounds.c_str(), r->stop_reason.c_str(),
                 (unsigned long long)r->final_bytes, (unsigned long long)r->final_criu_bytes,
@@ -1054,13 +1056,14 @@ int migrate(const MigrateArgs& a) {
                 r->stop_cut_s, r->stop_criu_s, r->final_send_s, r->pid_free_s, r->target_restore_s, r->commit_s,
                 r->stop_gpu_part_s, r->stop_early_send_s, (unsigned long long)r->final_sent_early,
                 (unsigned long long)r->final_sent_draining, r->target_staged ? "true" : "false", r->target_check_s,
-                r->target_criu_s, r->stage_ready ? "true" : "false", r->stage_wait_s);
+                r->target_criu_s, r->stage_ready ? "true" : "false", r->stage_wait_s, r->setup_s, r->rounds_s);
   } else {
     for (const auto& x : r->rounds)
       std::printf("round %u: %s sent, %s unchanged, %.3f s (%.2f GB/s), job paused %.3f ms\n", x.n, gb(x.bytes).c_str(),
                   gb(x.bytes_referenced).c_str(), x.seconds, x.rate / 1e9, x.pause_s * 1e3);
     const char* why = r->stop_reason == "budget"      ? "the last round fits the downtime budget"
                       : r->stop_reason == "converged" ? "the rounds stopped shrinking"
+                      : r->stop_reason == "no-shrink" ? "another round would not shrink what the stop copies"
                                                       : "the round limit";
     if (r->where == "target" && r->peer)
       std::printf("migrated pid %u to %s device to device: %s of GPU memory handed over (export %.3f s, the "

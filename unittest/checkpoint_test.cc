@@ -887,6 +887,37 @@ TEST_F(CheckpointTest, AnIncrementalChainStoresOnlyWrittenBuffersAndRestoresThem
   EXPECT_FALSE(ckpt::ImageReader::open_dir(top).ok());
 }
 
+TEST_F(CheckpointTest, AnEstimateTellsWhatTheNextIncrementalImageStoresAndCutsAndWritesNothing) {
+  build_state();
+  const std::string base = temp_dir("est0"), next = temp_dir("est1");
+  ASSERT_TRUE(dump(to_dir(base)).ok());
+  // Nothing written since: everything is referenced.
+  auto e0 = ws_->estimate_increment(client().uuid, base);
+  ASSERT_TRUE(e0.ok()) << e0.status().to_string();
+  EXPECT_EQ(e0->bytes_stored, 0u);
+  EXPECT_EQ(e0->bytes_referenced, 4096u + (20u << 20) + 777u * 4);
+  odd_data_ = pattern(777, 21);
+  upload(odd_, odd_data_.data(), 777 * 4);
+  auto e1 = ws_->estimate_increment(client().uuid, base);
+  ASSERT_TRUE(e1.ok()) << e1.status().to_string();
+  EXPECT_EQ(e1->bytes_stored, 777u * 4);
+  EXPECT_EQ(e1->bytes_referenced, 4096u + (20u << 20));
+  EXPECT_GT(e1->handles, 0u);
+  // It wrote nothing and changed nothing: the image taken next stores exactly what it said.
+  EXPECT_FALSE(fs::exists(next));
+  CheckpointRequest r = to_dir(next);
+  r.parent_dir = base;
+  auto i = dump(std::move(r));
+  ASSERT_TRUE(i.ok()) << i.status().to_string();
+  EXPECT_EQ(i->bytes_stored, e1->bytes_stored);
+  EXPECT_EQ(i->bytes_referenced, e1->bytes_referenced);
+  EXPECT_EQ(i->cut_pc, e1->cut_pc);  // no call in between: the estimate's point is the cut's
+  // A directory that holds no image is refused.
+  EXPECT_FALSE(ws_->estimate_increment(client().uuid, temp_dir("est-none")).ok());
+  ASSERT_TRUE(kill_and_restore(next).ok());
+  expect_state();
+}
+
 TEST_F(CheckpointTest, CorruptTruncatedAndForeignImagesAreRefusedAndChangeNothing) {
   build_state();
   const std::string d = temp_dir("good");

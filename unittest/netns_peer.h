@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "unittest/run_program.h"
@@ -42,5 +45,16 @@ struct NetnsPeer {
   // The prefix that runs a command in it.
   std::vector<std::string> in() const { return {"ip", "netns", "exec", ns}; }
 };
+
+// Whether `dir` is empty within `seconds`: pos-cli migrate's guardian removes the scratch in the
+// background once the job runs at the target.
+inline bool empties_within(const std::string& dir, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!std::filesystem::is_empty(dir)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 }  // namespace pos::test

@@ -600,6 +600,65 @@ TEST_F(Posd, ADumpThatLeavesTheJobRunningSavesItsGpuStateAtOneCutAndTheJobRunsOn
   EXPECT_EQ(server_->sessions().size(), 1u);
 }
 
+TEST_F(Posd, AnEstimateAgainstAnEarlierDumpTellsTheBytesWrittenSinceAndWritesNothing) {
+  connect("trainer");
+  const uint64_t a = alloc(1 << 20), b = alloc(256 << 10);
+  ASSERT_TRUE(api().memset(a, 1, 1 << 20).ok());
+  ASSERT_TRUE(api().memset(b, 2, 256 << 10).ok());
+  const auto pid = static_cast<uint32_t>(::getpid());
+  const std::string dir = dump_dir("est-base");
+  auto base = posd_checkpoint(server_->socket_path(), pid, dir, /*async=*/true);
+  ASSERT_TRUE(base.ok()) << base.status().to_string();
+  ASSERT_TRUE(api().memset(b, 3, 4096).ok());
+  auto e = posd_estimate_increment(server_->socket_path(), pid, dir);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(e->bytes_stored, 256u << 10);  // b was written since, a was not
+  EXPECT_GE(e->bytes_referenced, 1u << 20);
+  EXPECT_GT(e->cut_pc, base->cut_pc);
+  EXPECT_TRUE(e->image.empty());
+  // Nothing was written beside the earlier image.
+  size_t entries = 0;
+  for (const auto& x : std::filesystem::directory_iterator(dir)) entries += x.path().filename() != "gpu";
+  EXPECT_EQ(entries, 0u);
+  // Another user (not root) may not ask it either.
+  server_->set_caller_uid_for_test(static_cast<int64_t>(::getuid()) + 4242);
+  auto other = posd_estimate_increment(server_->socket_path(), pid, dir);
+  server_->set_caller_uid_for_test(-1);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("may not dump"), std::string::npos) << other.status().message();
+  // Flag 16 with anything but flag 1 is refused by posd.
+  for (const uint32_t flags : {wire::kCheckpointEstimate, wire::kCheckpointEstimate | wire::kCheckpointIncremental |
+                                                              wire::kCheckpointWrites}) {
+    SCOPED_TRACE(flags);
+    wire::Hello hello;
+    hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
+    wire::put_cstr(hello.command, sizeof(hello.command), "checkpoint");
+    auto fd = open_posd_socket(server_->socket_path(), hello);
+    ASSERT_TRUE(fd.ok());
+    wire::CheckpointBody body;
+    body.target_pid = pid;
+    body.flags = flags;
+    if ((flags & wire::kCheckpointIncremental) != 0) wire::put_cstr(body.parent_path, sizeof(body.parent_path), "gpu");
+    const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(d, 0);
+    if ((flags & wire::kCheckpointIncremental) != 0) (void)send_with_fds(*fd, &body, sizeof(body), {d, d});
+    else (void)send_with_fds(*fd, &body, sizeof(body), {d});
+    ::close(d);
+    wire::Welcome w;
+    ASSERT_TRUE(recv_all(*fd, &w, sizeof(w)).ok());
+    ::close(*fd);
+    EXPECT_NE(w.code, 0);
+    EXPECT_NE(std::string(w.message).find("an estimate (flag 16)"), std::string::npos) << w.message;
+  }
+  // The job is untouched, and a real incremental dump stores what was estimated.
+  const std::string next = dump_dir("est-next");
+  auto inc = posd_checkpoint(server_->socket_path(), pid, next, /*async=*/true, {}, {}, dir);
+  ASSERT_TRUE(inc.ok()) << inc.status().to_string();
+  EXPECT_EQ(inc->bytes_stored, e->bytes_stored);
+  std::filesystem::remove_all(next);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(Posd, ADumpOfAnotherUsersJobAnUnknownPidOrAnAmbiguousOneIsRefusedAndChangesNothing) {
   connect("job");
   const uint64_t d = alloc(4096);

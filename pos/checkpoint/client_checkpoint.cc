@@ -19,7 +19,42 @@ uint64_t key_of(const Handle* h) { return (static_cast<uint64_t>(h->type) << kKe
 ResourceType type_of_key(uint64_t key) { return static_cast<ResourceType>(key >> kKeyShift); }
 uint64_t id_of_key(uint64_t key) { return key & ((uint64_t{1} << kKeyShift) - 1); }
 
+// Buffers a parent image holds (key → address, size), and its cut.
+using InParent = std::map<uint64_t, std::pair<uint64_t, uint64_t>>;
+uint64_t parent_buffers(const ckpt::ImageReader* p, InParent* in_parent) {
+  if (p == nullptr) return 0;
+  for (const auto& h : p->client().handles())
+    if (h.has_memory()) (*in_parent)[h.id()] = {h.addr(), h.size()};
+  return p->inventory().cut_pc();
+}
+
+// Whether an incremental image leaves h's bytes to its parent: the parent holds the same buffer,
+// written last before the parent's cut. Variables are always stored: kernels write them without
+// naming them. The checkpoint and its estimate share this rule.
+bool unchanged_in_parent(const Handle& h, bool is_var, const InParent& in_parent, uint64_t parent_cut) {
+  if (is_var) return false;
+  const auto it = in_parent.find(key_of(&h));
+  return it != in_parent.end() && it->second == std::make_pair(h.client_addr, h.size) && h.version < parent_cut;
+}
+
 }  // namespace
+
+// Parser thread: the bytes record_checkpoint would store against cmd->parent if the cut were now.
+void POSClient::estimate_at_parser(Command* cmd) {
+  InParent in_parent;
+  const uint64_t parent_cut = parent_buffers(cmd->parent, &in_parent);
+  const ResourceTable& types = table_->resources();
+  for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
+    const ResourceOps& ops = types.get(static_cast<ResourceType>(t));
+    ps_.managers[t]->for_each([&](Handle* h) {
+      if (h->state != HandleState::kActive) return;
+      ++cmd->handles;
+      if (ops.bytes == DeviceBytes::kNone) return;
+      if (unchanged_in_parent(*h, ops.bytes == DeviceBytes::kVariable, in_parent, parent_cut)) cmd->referenced += h->size;
+      else cmd->bytes += h->size;
+    });
+  }
+}
 
 // Loader threads of a restore (eager, and a lazy one's background loaders: a job that never waits
 // still gets its state at full speed). Each reads a chunk from the image's files into page-locked
@@ -58,13 +93,8 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
     m->set_next_slot(ps_.managers[t]->next_slot());
   }
   // Buffers the parent image holds unchanged: written last before the parent's cut.
-  std::map<uint64_t, std::pair<uint64_t, uint64_t>> in_parent;  // key → (addr, size)
-  uint64_t parent_cut = 0;
-  if (const ckpt::ImageReader* p = job.parent()) {
-    parent_cut = p->inventory().cut_pc();
-    for (const auto& h : p->client().handles())
-      if (h.has_memory()) in_parent[h.id()] = {h.addr(), h.size()};
-  }
+  InParent in_parent;
+  const uint64_t parent_cut = parent_buffers(job.parent(), &in_parent);
   // Types in enum order put parents first (device < context < stream, module < function, ...).
   const ResourceTable& types = table_->resources();
   for (size_t t = 0; t < static_cast<size_t>(ResourceType::kCount); ++t) {
@@ -87,10 +117,7 @@ void POSClient::record_checkpoint(CheckpointJob& job, uint64_t cut) {
       if (ops.bytes == DeviceBytes::kNone) continue;
       r->set_charged(h->charged);
       const bool is_var = ops.bytes == DeviceBytes::kVariable;
-      auto it = in_parent.find(key_of(h));
-      // Variables are always stored: kernels write them without naming them.
-      if (!is_var && it != in_parent.end() && it->second == std::make_pair(h->client_addr, h->size) &&
-          h->version < parent_cut) {
+      if (unchanged_in_parent(*h, is_var, in_parent, parent_cut)) {
         r->mutable_memory()->set_in_parent(true);
         *job.referenced_bytes() += h->size;
         continue;

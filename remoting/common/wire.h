@@ -90,7 +90,13 @@ inline constexpr uint32_t kCheckpointPeer = 4;
 // Each range of a memory file, once written, is reported (EventType::kWritten): pos-cli migrate
 // sends the stop's GPU part while posd still drains it.
 inline constexpr uint32_t kCheckpointWrites = 8;
-inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer | kCheckpointWrites;
+// No checkpoint: the result tells what an incremental one against the previous image would store
+// if taken now (bytes_stored, bytes_referenced, handles; cut_pc the next call's number). Nothing
+// is cut or written. With kCheckpointIncremental only: pos-cli migrate skips a pre-copy round that
+// cannot shrink the dirty set.
+inline constexpr uint32_t kCheckpointEstimate = 16;
+inline constexpr uint32_t kCheckpointFlags =
+    kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer | kCheckpointWrites | kCheckpointEstimate;
 
 // kWritten (kCheckpointWrites): `phase` names a memory file of the image (memory.bin, memory.K.bin),
 // `done` is an offset in it and `total` a length: those bytes are written and final.

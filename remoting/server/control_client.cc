@@ -53,46 +53,20 @@ StatusOr<std::string> posd_control(const std::string& socket_path, const std::st
   return text;
 }
 
-StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
-                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress,
-                                           const std::function<void(uint64_t)>& on_cut,
-                                           const std::string& prev_dir, bool lazy_ok, bool peer,
-                                           const std::function<void(const std::string&, uint64_t, uint64_t)>& on_written) {
-  if (dir.empty()) return Status::InvalidArgument("no image directory given");
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
-  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!d) return Status::InvalidArgument("cannot open " + dir + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstatat(d.get(), "gpu", &st, AT_SYMLINK_NOFOLLOW) == 0)
-    return Status::InvalidArgument(dir + " already holds an image (" + dir +
-                                   "/gpu): name an empty or new directory");
-  wire::CheckpointBody body;
-  body.target_pid = pid;
-  body.mode = static_cast<uint32_t>(async ? wire::CheckpointKind::kAsync : wire::CheckpointKind::kSync);
-  UniqueFd prev;
-  if (!prev_dir.empty()) {
-    // The new image names its parent relative to itself, so that the two may move together.
-    char a[PATH_MAX], b[PATH_MAX];
-    if (::realpath(dir.c_str(), a) == nullptr || ::realpath(prev_dir.c_str(), b) == nullptr)
-      return Status::InvalidArgument("cannot resolve " + prev_dir + ": " + std::strerror(errno));
-    const std::string rel = (std::filesystem::path(b) / "gpu").lexically_relative(std::filesystem::path(a) / "gpu").string();
-    if (rel.empty() || rel.size() >= sizeof(body.parent_path) - 1 || printable(rel) != rel)
-      return Status::InvalidArgument("the previous image's path " + printable(rel) + " cannot be recorded in an image");
-    prev.reset(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
-    body.flags |= wire::kCheckpointIncremental;
-    wire::put_cstr(body.parent_path, sizeof(body.parent_path), rel);
-  }
-  if (lazy_ok) body.flags |= wire::kCheckpointLazyOk;
-  if (peer) body.flags |= wire::kCheckpointPeer;
-  if (on_written) body.flags |= wire::kCheckpointWrites;
+// One checkpoint request on its own connection: the body and its descriptors, then posd's
+// welcome and events up to the result.
+namespace {
+StatusOr<CheckpointReport> run_checkpoint(const std::string& socket_path, const wire::CheckpointBody& body, int dir_fd,
+                                          int prev_fd, const std::string& dir,
+                                          const std::function<void(uint64_t, uint64_t)>& progress,
+                                          const std::function<void(uint64_t)>& on_cut,
+                                          const std::function<void(const std::string&, uint64_t, uint64_t)>& on_written) {
   auto fd = open_control(socket_path, "checkpoint");
   if (!fd.ok()) return fd.status();
   UniqueFd sock(*fd);
   // posd may have refused at the hello already (then its welcome is there to read).
-  (void)(prev ? send_with_fds(sock.get(), &body, sizeof(body), {d.get(), prev.get()})
-              : send_with_fds(sock.get(), &body, sizeof(body), {d.get()}));
+  (void)(prev_fd >= 0 ? send_with_fds(sock.get(), &body, sizeof(body), {dir_fd, prev_fd})
+                      : send_with_fds(sock.get(), &body, sizeof(body), {dir_fd}));
   // A checkpoint's answer comes when it is done, however long the cut and the drain take.
   timeval none{0, 0};
   (void)setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
@@ -136,6 +110,58 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
     return r;
   }
 }
+}  // namespace
+
+StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint32_t pid, const std::string& dir,
+                                           bool async, const std::function<void(uint64_t, uint64_t)>& progress,
+                                           const std::function<void(uint64_t)>& on_cut,
+                                           const std::string& prev_dir, bool lazy_ok, bool peer,
+                                           const std::function<void(const std::string&, uint64_t, uint64_t)>& on_written) {
+  if (dir.empty()) return Status::InvalidArgument("no image directory given");
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::InvalidArgument("cannot create " + dir + ": " + std::strerror(errno));
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return Status::InvalidArgument("cannot open " + dir + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstatat(d.get(), "gpu", &st, AT_SYMLINK_NOFOLLOW) == 0)
+    return Status::InvalidArgument(dir + " already holds an image (" + dir +
+                                   "/gpu): name an empty or new directory");
+  wire::CheckpointBody body;
+  body.target_pid = pid;
+  body.mode = static_cast<uint32_t>(async ? wire::CheckpointKind::kAsync : wire::CheckpointKind::kSync);
+  UniqueFd prev;
+  if (!prev_dir.empty()) {
+    // The new image names its parent relative to itself, so that the two may move together.
+    char a[PATH_MAX], b[PATH_MAX];
+    if (::realpath(dir.c_str(), a) == nullptr || ::realpath(prev_dir.c_str(), b) == nullptr)
+      return Status::InvalidArgument("cannot resolve " + prev_dir + ": " + std::strerror(errno));
+    const std::string rel = (std::filesystem::path(b) / "gpu").lexically_relative(std::filesystem::path(a) / "gpu").string();
+    if (rel.empty() || rel.size() >= sizeof(body.parent_path) - 1 || printable(rel) != rel)
+      return Status::InvalidArgument("the previous image's path " + printable(rel) + " cannot be recorded in an image");
+    prev.reset(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
+    body.flags |= wire::kCheckpointIncremental;
+    wire::put_cstr(body.parent_path, sizeof(body.parent_path), rel);
+  }
+  if (lazy_ok) body.flags |= wire::kCheckpointLazyOk;
+  if (peer) body.flags |= wire::kCheckpointPeer;
+  if (on_written) body.flags |= wire::kCheckpointWrites;
+  return run_checkpoint(socket_path, body, d.get(), prev.get(), dir, progress, on_cut, on_written);
+}
+
+StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir) {
+  UniqueFd prev(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
+  wire::CheckpointBody body;
+  body.target_pid = pid;
+  body.flags = wire::kCheckpointIncremental | wire::kCheckpointEstimate;
+  wire::put_cstr(body.parent_path, sizeof(body.parent_path), "gpu");  // checked, not recorded: nothing is written
+  // The request's directory is the previous image's too: posd checks it is one, and writes nothing.
+  auto r = run_checkpoint(socket_path, body, prev.get(), prev.get(), {}, {}, {}, {});
+  if (r.ok()) r->image.clear();
+  return r;
+}
+
 
 StatusOr<std::string> posd_detach(const std::string& socket_path, uint32_t pid, const std::string& permit,
                                   uint32_t timeout_ms, uint64_t* arena_bytes) {

@@ -39,6 +39,12 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
                                            const std::function<void(const std::string& file, uint64_t offset,
                                                                     uint64_t length)>& on_written = {});
 
+// What an incremental checkpoint of the job against the image in `prev_dir` (one posd took of
+// this job, as for posd_checkpoint's prev_dir) would store if taken now: bytes_stored,
+// bytes_referenced, handles, and cut_pc the next call's number. Nothing is cut, written or waited
+// for (the job's queued GPU work included); the job writes on meanwhile.
+StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir);
+
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's
 // calls wait until the file `permit` (an absolute path) appears, or `timeout_ms` passes; then it

@@ -55,13 +55,19 @@ struct JobMigrateOptions {
     uint64_t sent = 0;              // HOST:PORT: bytes of files sent (GPU and CPU parts)
     uint64_t streamed = 0;          // of them, a posd job's, sent as posd reported them written
     double pause_s = 0;             // the job's stall for the round's cut
+    // A posd job: what the job had written since this round's cut by the time it ended (posd's
+    // estimate, asked before another round): what a next round, or the stop, would copy.
+    uint64_t next_estimate = 0;
   };
   std::function<void(const char* event, const Round& last)> progress;
 };
 
 struct JobMigrateReport {
   std::vector<JobMigrateOptions::Round> rounds;
-  std::string stop_reason;  // why the rounds ended: "budget", "converged" (no longer shrinking), "max-rounds"
+  // Why the rounds ended: "budget", "converged" (no longer shrinking), "no-shrink" (the job had
+  // rewritten what the last round copied before it ended: another would not shrink it),
+  // "max-rounds"; "peer" for the peer switch.
+  std::string stop_reason;
   std::string work_dir;
   std::string where;        // "target", or "source" (the target failed: the job runs where it was)
   std::string target_error; // why the target failed, when where == "source"
@@ -76,6 +82,9 @@ struct JobMigrateReport {
   // stop, and how long the source waited for it to be (the job ran on meanwhile).
   bool stage_ready = false;
   double stage_wait_s = 0;
+  // Where the rest of total_s went: from the start to round 1 (the target's checks, the work
+  // directory, the guardian), and the rounds with what came between them (posd's estimates).
+  double setup_s = 0, rounds_s = 0;
   bool remote = false, same_host = false;  // HOST:PORT, and whether that posd runs on this machine
   uint64_t final_criu_bytes = 0;  // the stop's CPU part as sent (what changed since the last round's pages)
   uint64_t final_criu_pages_to_parent = 0;  // pages of it left to the last round's (equal there)

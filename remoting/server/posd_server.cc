@@ -973,6 +973,8 @@ void PosdServer::control_checkpoint(Handshake& h) {
   const bool peer = (b.flags & wire::kCheckpointPeer) != 0;
   if (peer && (incremental || b.mode != static_cast<uint32_t>(wire::CheckpointKind::kSync)))
     return refuse(Status::InvalidArgument("a peer checkpoint (pos-cli migrate's peer switch) is synchronous and whole"));
+  if ((b.flags & wire::kCheckpointEstimate) != 0 && b.flags != (wire::kCheckpointEstimate | wire::kCheckpointIncremental))
+    return refuse(Status::InvalidArgument("an estimate (flag 16) is against a previous image (flag 1), and nothing else"));
   const uint32_t caller = caller_uid(h);
   auto found = job_session(b.target_pid, caller);
   if (!found.ok()) return refuse(found.status());

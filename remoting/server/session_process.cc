@@ -97,8 +97,8 @@ class OneAtATime {
   ~OneAtATime() {
     if (thread_.joinable()) thread_.join();
   }
-  // False, and `body` not run, while the previous one runs. A thread the kernel refuses drops
-  // `body` (and what it holds) unrun.
+  // False, and `body` neither run nor moved from, while the previous one runs. A thread the
+  // kernel refuses drops `body` (and what it holds) unrun.
   template <typename F>
   bool start(const char* what, const char* thread_name, F&& body) {
     if (busy_.load(std::memory_order_acquire)) return false;
@@ -112,6 +112,9 @@ class OneAtATime {
     if (!start_thread(&thread_, what, std::move(run)).ok()) busy_.store(false, std::memory_order_release);
     return true;
   }
+  // From the running body, just before it answers its caller: a request the caller sends as soon
+  // as it has the answer is taken (start joins what is left of this thread), not refused as busy.
+  void finishing() { busy_.store(false, std::memory_order_release); }
 
  private:
   std::atomic<bool> busy_{false};
@@ -132,9 +135,10 @@ class CheckpointRunner {
   void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, UniqueFd prev, uint32_t mode,
              uint32_t flags, std::string parent_path) {
     const int c = client.get();
-    if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt",
-                    [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode, flags,
-                     pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, flags, pp); }))
+    // Named: a refused body is not moved from, so it still holds the connection for the refusal.
+    auto body = [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode, flags,
+                 pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, flags, pp); };
+    if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt", std::move(body)))
       refuse_connection(c, Status::Busy("a dump of this job is already running"));
   }
 
@@ -165,6 +169,7 @@ class CheckpointRunner {
     (void)send_packet(client, &w, sizeof(w)).ok();
     wire::ControlEvent r;
     r.type = static_cast<uint32_t>(wire::EventType::kResult);
+    const bool estimate = (flags & wire::kCheckpointEstimate) != 0 && prev >= 0;
     StatusOr<CheckpointResult> res = Status::Unavailable("the job's session is still starting; try again");
     if (uuid != 0) {
       CheckpointRequest req;
@@ -211,9 +216,16 @@ class CheckpointRunner {
           (void)::send(client, &e, sizeof(e), MSG_NOSIGNAL | MSG_DONTWAIT);
         };
       Status parent_ok = prev >= 0 ? check_parent(req.parent_dir) : Status::Ok();
-      res = parent_ok.ok() ? ws->checkpoint(uuid, std::move(req)) : StatusOr<CheckpointResult>(parent_ok);
+      if (!parent_ok.ok()) res = parent_ok;
+      else if (estimate) res = ws->estimate_increment(uuid, req.parent_dir);  // nothing cut, nothing written
+      else res = ws->checkpoint(uuid, std::move(req));
     }
-    if (res.ok()) {
+    if (res.ok() && estimate) {
+      r.cut_pc = res->cut_pc, r.handles = res->handles;
+      r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
+      POS_DEBUG("posd-session", "estimate for client %lu at call %lu: %lu bytes written since the previous image",
+                (unsigned long)uuid, (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored);
+    } else if (res.ok()) {
       adopt(res->image_id);
       r.cut_pc = res->cut_pc, r.handles = res->handles;
       r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
@@ -229,6 +241,7 @@ class CheckpointRunner {
       POS_WARN("posd-session", "checkpoint of client %lu failed: %s", (unsigned long)uuid,
                res.status().to_string().c_str());
     }
+    one_.finishing();  // pos-cli migrate asks its next round right after an estimate's answer
     (void)send_packet(client, &r, sizeof(r)).ok();
   }
 
@@ -287,8 +300,8 @@ class DetachRunner {
     std::memcpy(req.permit, m.permit, sizeof(req.permit));
     req.token[sizeof(req.token) - 1] = '\0', req.permit[sizeof(req.permit) - 1] = '\0';
     const int c = client.get();
-    if (!one_.start("the session process's detach thread", "posd-session-det",
-                    [ctl, cl = std::move(client), req, arena_bytes]() mutable { run(ctl, cl.get(), req, arena_bytes); }))
+    auto body = [ctl, cl = std::move(client), req, arena_bytes]() mutable { run(ctl, cl.get(), req, arena_bytes); };
+    if (!one_.start("the session process's detach thread", "posd-session-det", std::move(body)))
       refuse_connection(c, Status::Busy("a detach of this job is already under way"));
   }
 
