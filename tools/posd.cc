@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
       pos::MigrationServerOptions mo;
       mo.listen = mc.listen, mo.secret = *secret, mo.dir = mc.dir, mo.posd_socket = (*srv)->socket_path();
       mo.cli = mc.cli;
+      pos::PosdServer* server = srv->get();
+      mo.on_authenticated = [server] { server->expect_incoming_job(); };
       if (mo.cli.empty()) {  // beside posd, as pos-cli is installed and built
         char self[4096];
         const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -50,6 +51,7 @@ class MigrationStream : public ::testing::Test {
     o.dir = (root_ / "in").string();
     o.posd_socket = (root_ / "none.sock").string();
     o.cli = "/bin/false";
+    o.on_authenticated = [this] { authenticated_.fetch_add(1); };
     auto s = pos::MigrationServer::start(o);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
@@ -58,6 +60,7 @@ class MigrationStream : public ::testing::Test {
     server_.reset();
     fs::remove_all(root_);
   }
+  std::atomic<int> authenticated_{0};  // posd's hook: a peer proved the secret
   // Where the server wrote the migration's files (its one directory under in/).
   fs::path received() const {
     for (const auto& e : fs::directory_iterator(root_ / "in")) return e.path();
@@ -425,6 +428,12 @@ TEST_F(MigrationStream, APeerWithAnotherSecretIsRefusedBeforeAnythingIsSent) {
   ASSERT_FALSE(link.ok());
   EXPECT_NE(link.status().message().find("secret"), std::string::npos) << link.status().message();
   EXPECT_TRUE(fs::is_empty(root_ / "in"));
+  EXPECT_EQ(authenticated_.load(), 0) << "posd was told of a peer that did not authenticate";
+  // The right secret: posd is told once, before the first frame is answered.
+  auto good = pos::MigrationLink::connect(server_->address(), "a secret of at least sixteen bytes");
+  ASSERT_TRUE(good.ok()) << good.status().message();
+  ASSERT_TRUE((*good)->sync().ok());
+  EXPECT_EQ(authenticated_.load(), 1);
 }
 
 }  // namespace

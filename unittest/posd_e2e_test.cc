@@ -2278,7 +2278,9 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   ::setenv("POS_MIGRATION_DROP_ANSWER_FILE", drop_answer.c_str(), 1);
   ::setenv("POS_MIGRATION_DROP_AT_FILE", drop_at.c_str(), 1);
   OwnPosd a(base + "-a", listen(net.ip_here, base + ".in-a"));
-  OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b"), net.in());
+  // B keeps a spare session: an incoming migration makes it two (the staging takes one, the stop's
+  // restore the other).
+  OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b") + "  spare_session: true\n", net.in());
   ::unsetenv("POS_MIGRATION_DROP_COMMIT_FILE");
   ::unsetenv("POS_MIGRATION_DROP_ANSWER_FILE");
   ::unsetenv("POS_MIGRATION_DROP_AT_FILE");
@@ -2383,6 +2385,15 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
         EXPECT_GE(rounds.back()[2], 0.9 * rounds.back()[1]) << report;
       }
       if (i == 0) {
+        // B started a second spare once the source authenticated, before round 1's staging took
+        // one; the staging and the stop's restore each went into a spare.
+        const std::string bl = b.log_text();
+        const size_t staging_at = bl.find("staging round-1");
+        ASSERT_NE(staging_at, std::string::npos) << bl;
+        EXPECT_GE(spare_pids(bl.substr(0, staging_at)).size(), 2u) << bl;
+        EXPECT_NE(bl.find("staging restore of pid " + std::to_string(child)), std::string::npos) << bl;
+        const std::regex into_spare("(staging restore|restore) of pid " + std::to_string(child) + " [^\n]*\\(the spare\\)");
+        EXPECT_EQ(std::distance(std::sregex_iterator(bl.begin(), bl.end(), into_spare), std::sregex_iterator()), 2) << bl;
         // Round 2 copied the trained layers only; by its end the job had rewritten them all (its
         // steps take milliseconds here), so a third round would have copied them again.
         ASSERT_EQ(rounds.size(), 2u) << report;

@@ -178,6 +178,11 @@ class MigrateGuardian {
         // wait for it (removing a large job's rounds from tmpfs took seconds). A grandchild does it
         // and this process ends at once: pos-cli reaps it and nothing waits for the removal.
         if (::fork() == 0) {
+          // Not on pos-cli's output: a caller reading it to its end ($(pos-cli migrate ...)) would
+          // wait for the removal.
+          const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+          if (null >= 0)
+            for (int fd = 0; fd <= 2; ++fd) (void)::dup2(null, fd);
           ::execv(rm_argv_[0], rm_argv_.data());
           ::_exit(127);
         }

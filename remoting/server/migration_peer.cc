@@ -807,6 +807,7 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   const std::string root = opt_.dir + "/in-" + id;
   if (::mkdir(root.c_str(), 0700) != 0) return refuse("cannot make " + root + ": " + std::strerror(errno));
   POS_INFO("posd", "migration from %s: authenticated; receiving into %s", peer.c_str(), root.c_str());
+  if (opt_.on_authenticated) opt_.on_authenticated();
   uint32_t restored_pid = 0;
   bool committed = false;
   HeldRestore held;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,9 @@ struct MigrationServerOptions {
   std::string dir;          // where incoming images go: DIR/<peer>-<random>, removed after
   std::string posd_socket;  // this posd's socket: restores go into it
   std::string cli;          // the pos-cli that restores (`restore -D ... --socket ... --json`)
+  // Called once a peer has authenticated, before its first frame: posd starts what the job's
+  // restore will need (PosdServer::expect_incoming_job). On the server's thread; must not block.
+  std::function<void()> on_authenticated;
 };
 
 // posd's side. One migration at a time, on its own thread; each connection must authenticate

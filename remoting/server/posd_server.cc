@@ -410,8 +410,7 @@ void PosdServer::stop() {
     }
   }
   all.clear();  // closes their sockets
-  SessionProcess spare = take_spare();
-  if (spare.pid > 0) {
+  for (SessionProcess spare = take_spare(); spare.pid > 0; spare = take_spare()) {
     spare.channel.reset();  // a spare ends when its channel closes
     (void)wait_or_kill(spare.pid, std::chrono::seconds(10));
   }
@@ -798,9 +797,19 @@ StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const se
 
 SessionProcess PosdServer::take_spare() {
   std::lock_guard<std::mutex> lk(spare_mu_);
-  SessionProcess s = std::move(spare_);
-  spare_.pid = -1;
+  if (spares_.empty()) return SessionProcess{};
+  SessionProcess s = std::move(spares_.front());
+  spares_.pop_front();
   return s;
+}
+
+void PosdServer::expect_incoming_job() {
+  if (!config_.posd_spare_session || config_.posd_isolation != Isolation::kProcess) return;
+  {
+    std::lock_guard<std::mutex> lk(spare_mu_);
+    if (spares_.size() >= 2) return;
+  }
+  start_spare();
 }
 
 void PosdServer::start_spare() {
@@ -812,7 +821,7 @@ void PosdServer::start_spare() {
   POS_INFO("posd", "spare session process %d started (its backend comes up before the next job or restore)",
            static_cast<int>(p->pid));
   std::lock_guard<std::mutex> lk(spare_mu_);
-  spare_ = std::move(*p);
+  spares_.push_back(std::move(*p));
 }
 
 void PosdServer::start_policy(uint32_t pid, const std::string& job) {

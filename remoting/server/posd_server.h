@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,11 @@ class PosdServer {
 
   // Stops accepting, ends every session (their clients' memory is freed), removes the socket.
   void stop();
+  // A migration from another host was authenticated (posd.migration): with posd.spare_session,
+  // a second spare is started now, so that its round 1's staging and the stop's restore each find
+  // one whose backend is up (a spare started when the staging took the first was still coming up
+  // when the stop's restore came, 0.5 s later). The pool stays at two from then on.
+  void expect_incoming_job();
 
   const std::string& socket_path() const { return socket_path_; }
   // posd.group resolved at start (-1: none).
@@ -140,7 +146,9 @@ class PosdServer {
   std::string session_binary_, config_yaml_;  // posd.isolation: process
   std::vector<std::string> session_env_;      // the environment at start, for every session process
   std::mutex spare_mu_;
-  SessionProcess spare_;  // posd.spare_session: started ahead, no client yet (pid -1: none); under spare_mu_
+  // posd.spare_session: started ahead, no client yet, oldest first; under spare_mu_. One, or two
+  // once a migration came in (expect_incoming_job).
+  std::deque<SessionProcess> spares_;
   uint64_t next_generation_ = 0;              // acceptor-only: the next session process's uuid generation
   std::vector<void*> kernel_libs_;  // dlopen handles, closed after the workspace
   std::string socket_path_;
