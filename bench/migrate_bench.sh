@@ -95,9 +95,11 @@ start_posd() {  # $1: name; $2: the GPU it serves (empty: all, sessions on the f
   [[ -n "${2:-}" ]] && printf '  devices: [%s]\n' "$2" >>"$TMP/$1.yaml"
   [[ $BACKEND == host ]] && printf '  host_kernel_libraries: [%s]\n' "$B/workloads/libmlp_host_kernels.so" >>"$TMP/$1.yaml"
   # --netns: each posd accepts migrations on its side of the veth; the restore runs in this
-  # script's namespaces (where the job's files are), through cli-here.
+  # script's mount namespace (where the job's files are) and in that posd's network namespace
+  # (cli-here, cli-there), so that the job lives on the side of the veth it was moved to, and
+  # its next move's pos-cli (run there too) streams across the veth, not within one namespace.
   ((NETNS)) && printf '  migration:\n    listen: %s:0\n    secret_file: %s\n    dir: %s\n    cli: %s\n' \
-    "$(ip_of "$1")" "$TMP/secret" "$WORK/in-$1" "$TMP/cli-here" >>"$TMP/$1.yaml"
+    "$(ip_of "$1")" "$TMP/secret" "$WORK/in-$1" "$TMP/cli-$( [[ $1 == a ]] && echo here || echo there)" >>"$TMP/$1.yaml"
   [[ $BACKEND == host && -n "${2:-}" ]] && printf 'host_backend:\n  device_count: 2\n' >>"$TMP/$1.yaml"
   if ((NETNS)) && [[ $1 == b ]]; then ip netns exec "$NS" "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
   else "$B/tools/posd" --config "$TMP/$1.yaml" 2>"$TMP/$1.log" &
@@ -112,6 +114,8 @@ if ((NETNS)); then
   NS="pos-mb-$TAG" HERE="mba$TAG" THERE="mbb$TAG" IP_A="10.234.$N.1" IP_B="10.234.$N.2"
   netns_pair "$NS" "$HERE" "$THERE" "$IP_A" "$IP_B"
   migration_secret_and_cli "$TMP" "$B/tools/pos-cli"
+  printf '#!/bin/sh\nexec nsenter --net=/run/netns/%s --mount=/proc/%d/ns/mnt %s "$@"\n' "$NS" $$ "$B/tools/pos-cli" >"$TMP/cli-there"
+  chmod 700 "$TMP/cli-there"
 fi
 # The jobs print CLOCK_MONOTONIC seconds, the logs wall time: one pair of readings relates them.
 echo "clocks: wall $(date +%s.%N) monotonic $(cut -d' ' -f1 /proc/uptime)"
@@ -185,9 +189,15 @@ start_job "$TMP/job.out" $(posenv "$A") || exit 1
 FROM=$A TO=$BS
 for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   S0=$(steps_so_far "$TMP/job.out.err")
+  # The bytes the veth carried during the move (both ways, counted on this side): a stream within
+  # one namespace would not show here.
+  veth_bytes() { ((NETNS)) && echo $(( $(cat /sys/class/net/$HERE/statistics/rx_bytes) + $(cat /sys/class/net/$HERE/statistics/tx_bytes) )) || echo 0; }
+  V0=$(veth_bytes)
   T0=$(now)
   if ((NETNS)); then
-    M=$("$B/tools/pos-cli" migrate -t "$JOB" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json ${MOVE_FLAGS[$i]})
+    # From the source's side of the veth: B -> A's pos-cli runs in B's network namespace.
+    CLI="$B/tools/pos-cli"; ((i % 2 == 1)) && CLI="$TMP/cli-there"
+    M=$("$CLI" migrate -t "$JOB" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json ${MOVE_FLAGS[$i]})
   else
     M=$("$B/tools/pos-cli" migrate -t "$JOB" --to "$TO" --socket "$FROM" --max-downtime "$BUDGET" --work-dir "$WORK" --json \
         ${MOVE_FLAGS[$i]})
@@ -197,6 +207,7 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   MIG_REPORT[$i]=$M
   read -r MIG_GAP[$i] MIG_MED[$i] <<<"$(step_gap "$TMP/job.out.err" "$S0" "$(steps_so_far "$TMP/job.out.err")")"
   echo "job's steps: longest around the move ${MIG_GAP[$i]} ms, median before ${MIG_MED[$i]} ms; pos-cli took ${MIG_TOTAL[$i]} s"
+  ((NETNS)) && echo "the veth carried $(python3 -c "print(f'{($(veth_bytes) - $V0) / 1e9:.2f}')") GB during the move"
   # Which GPU holds the job's memory now (its session process's), as the driver tells it.
   [[ $BACKEND == cuda ]] && nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader 2>/dev/null | sed 's/^/  on the GPU: /'
   [[ $BACKEND == cuda && $i == 0 ]] && nvidia-smi --query-gpu=index,uuid --format=csv,noheader 2>/dev/null | sed 's/^/  GPU: /' 

@@ -2377,7 +2377,6 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
       for (auto it = std::sregex_iterator(report.begin(), report.end(), round_re); it != std::sregex_iterator(); ++it)
         rounds.push_back({std::stod((*it)[1].str()), std::stod((*it)[2].str()), std::stod((*it)[3].str())});
       ASSERT_FALSE(rounds.empty()) << report;
-      EXPECT_GT(rounds[0][2], 0) << "the job wrote nothing during round 1? " << report;
       const bool no_shrink = report.find("\"stop_reason\":\"no-shrink\"") != std::string::npos;
       for (size_t r = 1; r + 1 < rounds.size(); ++r) EXPECT_LT(rounds[r][2], 0.9 * rounds[r][1]) << report;
       if (no_shrink) {
