@@ -126,6 +126,38 @@ if ((NETNS)); then
   [[ -n "$PORT_A" && -n "$PORT_B" ]] || { echo "the posd instances did not listen"; cat "$TMP/a.log" "$TMP/b.log"; exit 1; }
   echo "posd A on $IP_A:$PORT_A (here), posd B on $IP_B:$PORT_B (namespace $NS)"
 fi
+# --netns: the veth's raw TCP rate each way (one stream, Python sockets, 4 GB into nothing), the
+# "link rate" of #22's total target: total / (state / that rate) is the table's last column.
+PROBE_RX='import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+c, _ = s.accept(); buf = bytearray(8 << 20); mv = memoryview(buf); n = 0; t0 = None
+while True:
+    k = c.recv_into(mv)
+    if k == 0: break
+    if t0 is None: t0 = time.monotonic()
+    n += k
+print(f"{n / (time.monotonic() - t0) / 1e9:.2f}")'
+PROBE_TX='import socket, sys, time
+for _ in range(100):
+    try: c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); break
+    except OSError: time.sleep(0.05)
+b = memoryview(bytearray(64 << 20))
+for _ in range(int(sys.argv[3]) * 16): c.sendall(b)
+c.close()'
+probe_link() {  # $1: ab (A -> B) or ba; prints GB/s
+  local port=$((20000 + RANDOM % 20000)) out
+  if [[ $1 == ab ]]; then
+    out=$(ip netns exec "$NS" python3 -c "$PROBE_RX" "$IP_B" "$port" & python3 -c "$PROBE_TX" "$IP_B" "$port" 4; wait)
+  else
+    out=$(python3 -c "$PROBE_RX" "$IP_A" "$port" & nsenter --net="/run/netns/$NS" python3 -c "$PROBE_TX" "$IP_A" "$port" 4; wait)
+  fi
+  echo "$out"
+}
+LINK_AB="" LINK_BA=""
+if ((NETNS)); then
+  LINK_AB=$(probe_link ab) LINK_BA=$(probe_link ba)
+  echo "raw TCP across the veth (one stream, 4 GB): A -> B $LINK_AB GB/s, B -> A $LINK_BA GB/s"
+fi
 PEER=""
 if [[ -n $GPUS && $BACKEND == cuda ]]; then
   echo "== copy bandwidth between GPU ${GPUS%,*} and GPU ${GPUS#*,} (torch: 1 GiB tensors, 10 copies each)"
@@ -261,8 +293,8 @@ fi  # not --peer-moves
 
 echo
 [[ -n $GPUS ]] && echo "posd A serves GPU ${GPUS%,*}, posd B GPU ${GPUS#*,}; the NVIDIA row stays on one GPU. ${PEER}"
-echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | pos-cli: stop + restore (s) | total / (state / round-1 rate) |"
-echo "|---|---|---|---|---|---|---|"
+echo "| | downtime: longest step gap - median (ms) | total (s) | rounds (GPU bytes, copy time) | stop: GPU bytes | pos-cli: stop + restore (s) | total / (state / round-1 rate) |$( ((NETNS)) && echo " total / (state / raw link rate) |")"
+echo "|---|---|---|---|---|---|---|$( ((NETNS)) && echo "---|")"
 for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
   M=${MIG_REPORT[$i]}
   B1=$(grep -o '"round":1,"bytes":[0-9]*' <<<"$M" | grep -o '[0-9]*$'); S1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"seconds":([0-9.]+).*/\1/')
@@ -274,10 +306,18 @@ for ((i = 0; i < ${#MOVE_FLAGS[@]}; ++i)); do
       'BEGIN { printf "%.2f GB", b / 1e9; if (c > 0) printf " (+ CRIU %.2f GB)", c / 1e9 }')
   fi
   grep -q '"where":"target"' <<<"$M" || stop="FAILED, the job stayed at the source: $(sed -n 's/.*"target_error":"\([^"]*\)".*/\1/p' <<<"$M")"
-  echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |"
+  # The state: round 1's GPU bytes and the job's memory as round 1 read it.
+  RAW=""
+  if ((NETNS)); then
+    C1=$(grep -o '"round":1,[^}]*' <<<"$M" | sed -E 's/.*"criu_bytes":([0-9]+).*/\1/')
+    L=$LINK_AB; ((i % 2 == 1)) && L=$LINK_BA
+    RAW=" $(awk -v t="${MIG_TOTAL[$i]}" -v b="$B1" -v c="${C1:-0}" -v l="$L" 'BEGIN { if (l > 0) printf "%.2f", t / ((b + c) / 1e9 / l); else print "-" }') |"
+  fi
+  echo "| POS migrate ${MOVE_NAME[$i]} ($(sed -n 's/.*"stop_reason":"\([a-z-]*\)".*/\1/p' <<<"$M")) | $(sub "${MIG_GAP[$i]}" "${MIG_MED[$i]}") | ${MIG_TOTAL[$i]} | $(rounds "$M") | $stop | $(json "$M" dump_s) + $(json "$M" restore_s) | $(awk -v t="${MIG_TOTAL[$i]}" -v s="$S1" 'BEGIN { if (s > 0) printf "%.2f", t / s; else print "-" }') |$RAW"
 done
-[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |"
-[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |"
+X=""; ((NETNS)) && X=" - |"
+[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| POS stop-and-copy (dump A + restore --lazy into B, through host memory) | $(sub "$SC_GAP" "$SC_MED") | $SC_TOTAL | - | $(awk -v b="$(json "$D" gpu_bytes)" 'BEGIN { printf "%.2f GB", b / 1e9 }') | - | - |$X"
+[[ $PEER_MOVES -eq 0 && $NOBASE -eq 0 ]] && echo "| NVIDIA API + CRIU stop-and-copy | ${NV_GAP:+$(sub "$NV_GAP" "$NV_MED")} | ${NV_TOTAL:-failed} | - | whole process | - | - |$X"
 # Through CRIU (--netns, --move-process): where pos-cli's downtime went, from its report (ms).
 if grep -q '"stop_criu_s":[0-9.]*[1-9]' <<<"${MIG_REPORT[*]}"; then
   echo
