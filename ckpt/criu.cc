@@ -147,7 +147,7 @@ std::string criu_errors(const std::string& log_path, size_t max) {
   std::string line, out;
   size_t n = 0;
   while (std::getline(f, line) && n < max) {
-    const size_t at = line.find("Error (");  // "(00.012345) Error (criu/...): ..." at -v4
+    const size_t at = line.find("Error (");  // "(00.012345) Error (criu/...): ...", at any level
     if (at == std::string::npos) continue;
     line = line.substr(at);
     // RLIMIT_NOFILE for itself is a warning in effect: CRIU carries on (containers forbid raising it).
@@ -457,11 +457,21 @@ uint64_t dir_file_bytes(const std::string& dir) {
   return total;
 }
 
+int criu_verbosity() {
+  const char* e = std::getenv("POS_CRIU_VERBOSITY");
+  if (e != nullptr && e[0] >= '0' && e[0] <= '4' && e[1] == '\0') return e[0] - '0';
+  return 2;
+}
+
+namespace {
+std::string verbosity_flag(int v) { return "-v" + std::to_string(v >= 0 && v <= 4 ? v : criu_verbosity()); }
+}  // namespace
+
 Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, const CriuDumpOptions& o) {
   if (pid <= 0) return Status::InvalidArgument("criu dump: no process given");
   const char* log = o.pre_dump ? "pre-dump.log" : "dump.log";
   std::vector<std::string> argv{criu, o.pre_dump ? "pre-dump" : "dump", "-t", std::to_string(pid), "-D", dir,
-                                "-o", log, "-v4"};
+                                "-o", log, verbosity_flag(o.verbosity)};
   if (o.leave_running && !o.pre_dump) argv.push_back("--leave-running");
   if (o.shell_job) argv.push_back("--shell-job");
   if (o.track_mem) argv.push_back("--track-mem");
@@ -518,7 +528,7 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
 StatusOr<pid_t> criu_restore(const std::string& criu, const std::string& dir, const CriuRestoreOptions& o) {
   const std::string pidfile = dir + "/restored.pid";
   ::unlink(pidfile.c_str());
-  std::vector<std::string> argv{criu, "restore", "-D", dir, "-o", "restore.log", "-v4", "--restore-detached",
+  std::vector<std::string> argv{criu, "restore", "-D", dir, "-o", "restore.log", verbosity_flag(o.verbosity), "--restore-detached",
                                 "--pidfile", pidfile};
   if (o.shell_job) argv.push_back("--shell-job");
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());

@@ -33,6 +33,7 @@ struct CriuDumpOptions {
   std::string prev_images_dir;  // incremental: relative to the dump's dir, as CRIU takes it
   bool pre_dump = false;        // `criu pre-dump` (the tree keeps running; memory only)
   std::vector<std::string> extra;  // more CRIU options, verbatim
+  int verbosity = -1;              // CRIU's -v level for the log; -1: criu_verbosity()
   // About ten times a second while CRIU runs: bytes of images written so far, and what the tree's
   // memory suggests they will come to (tree_memory_bytes; never below `done`). Once more at the end
   // of a dump that succeeded.
@@ -53,7 +54,14 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
 struct CriuRestoreOptions {
   bool shell_job = false;
   std::vector<std::string> extra;
+  int verbosity = -1;  // as CriuDumpOptions::verbosity
 };
+
+// CRIU's log level for dumps and restores: $POS_CRIU_VERBOSITY (0-4), else 2 (errors and
+// warnings). At 4 CRIU logs every mapping and page run: ~3000 lines for a small process, which cost
+// a migration's stop 30-40 ms a dump on a 2-core machine. A failure's message carries CRIU's error
+// lines at any level; set 4 to keep the whole story in DIR/dump.log and DIR/restore.log.
+int criu_verbosity();
 
 // `criu restore -D DIR --restore-detached`, logging to DIR/restore.log; returns the restored tree's
 // root pid (the dumped one's). The tree's parent becomes this process if it is a child subreaper

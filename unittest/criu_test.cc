@@ -156,6 +156,7 @@ TEST_F(Criu, CriuLoadsItsKernelFactsFromACacheOfThisBootInsteadOfProbingEachRun)
   for (const char* dir : {"img1", "img2"}) {
     CriuDumpOptions o;
     o.leave_running = true;
+    o.verbosity = 4;  // CRIU says where its kernel facts came from at info level
     fs::create_directories(root_ / dir);
     ASSERT_TRUE(criu_dump(criu_, pid_, (root_ / dir).string(), o).ok());
   }
@@ -169,6 +170,23 @@ TEST_F(Criu, CriuLoadsItsKernelFactsFromACacheOfThisBootInsteadOfProbingEachRun)
   }
   check(pid_);
   pid_ = -1;
+}
+
+TEST(CriuVerbosity, IsTwoUnlessPosCriuVerbositySaysZeroToFour) {
+  const char* was = std::getenv("POS_CRIU_VERBOSITY");
+  const std::string saved = was != nullptr ? was : "";
+  ::unsetenv("POS_CRIU_VERBOSITY");
+  EXPECT_EQ(criu_verbosity(), 2);
+  for (const char* v : {"0", "3", "4"}) {
+    ::setenv("POS_CRIU_VERBOSITY", v, 1);
+    EXPECT_EQ(criu_verbosity(), v[0] - '0') << v;
+  }
+  for (const char* v : {"5", "-1", "44", "", "four"}) {
+    ::setenv("POS_CRIU_VERBOSITY", v, 1);
+    EXPECT_EQ(criu_verbosity(), 2) << "'" << v << "'";
+  }
+  if (was != nullptr) ::setenv("POS_CRIU_VERBOSITY", saved.c_str(), 1);
+  else ::unsetenv("POS_CRIU_VERBOSITY");
 }
 
 TEST_F(Criu, ALeaveRunningDumpLetsTheOriginalFinishAndItsImageRestoresAfterwards) {
