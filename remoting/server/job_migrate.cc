@@ -924,7 +924,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   } else if (link) {
     // The target restores it; it keeps the job only once told (commit): a source that dies before
     // that brings the job back here (its guardian), and the target ends its copy.
-    auto res = link->restore("final", o.lazy);
+    auto res = link->restore("final", o.lazy, [] { ckpt::fault_point("migrate-target-restoring"); });
     target_ok = res.ok() ? Status::Ok() : res.status();
     rep.target_staged = res.ok() && res->find("{\"staged\":true") != std::string::npos;
     if (res.ok()) {

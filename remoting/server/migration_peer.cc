@@ -1424,10 +1424,11 @@ Status MigrationLink::await_stage(uint32_t seconds) {
   return r.ok() ? Status::Ok() : r.status();
 }
 
-StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy) {
+StatusOr<std::string> MigrationLink::restore(const std::string& as, bool lazy, const std::function<void()>& sent) {
   std::string b(1, lazy ? 1 : 0);
   b += as;
   POS_RETURN_IF_ERROR(send_frame(fd_.get(), Type::kRestore, b.data(), b.size()));
+  if (sent) sent();
   return expect_result(fd_.get());
 }
 

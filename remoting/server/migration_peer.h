@@ -108,8 +108,9 @@ class MigrationLink {
   // loading slowed the stop it shared a machine with, and came late for its prepare.
   Status await_stage(uint32_t seconds);
   // The peer restores the image at `as` into its posd and holds the job (restored by CRIU, waiting
-  // for its permit: no step runs); its pos-cli's output so far.
-  StatusOr<std::string> restore(const std::string& as, bool lazy);
+  // for its permit: no step runs); its pos-cli's output so far. `sent` runs once the request is
+  // on its way, while the peer restores (pos-cli's fault point there).
+  StatusOr<std::string> restore(const std::string& as, bool lazy, const std::function<void()>& sent = {});
   // The held job runs on at the peer: it is let re-attach (send_commit); await_commit fails if it
   // did not (then the peer has ended it) or if the answer was lost (then only the peer knows:
   // outcome()). Without a commit the peer ends the held job when the link closes.
