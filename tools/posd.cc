@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
       mo.cli = mc.cli;
       pos::PosdServer* server = srv->get();
       mo.on_authenticated = [server] { server->expect_incoming_job(); };
+      mo.on_finished = [server] { server->incoming_job_done(); };
       if (mo.cli.empty()) {  // beside posd, as pos-cli is installed and built
         char self[4096];
         const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -2393,6 +2393,18 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
         EXPECT_NE(bl.find("staging restore of pid " + std::to_string(child)), std::string::npos) << bl;
         const std::regex into_spare("(staging restore|restore) of pid " + std::to_string(child) + " [^\n]*\\(the spare\\)");
         EXPECT_EQ(std::distance(std::sregex_iterator(bl.begin(), bl.end(), into_spare), std::sregex_iterator()), 2) << bl;
+        // Once the migration's connection ended, B ended the spare beyond one.
+        const std::regex trimmed("spare session process ([0-9]+) ends: the migration it was started for is over");
+        std::smatch t;
+        std::string now = b.log_text();
+        for (int w = 0; w < 1000 && !std::regex_search(now, t, trimmed); ++w) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          now = b.log_text();
+        }
+        ASSERT_TRUE(std::regex_search(now, t, trimmed)) << now;
+        const pid_t gone = std::stoi(t[1].str());
+        for (int w = 0; w < 1000 && ::kill(gone, 0) == 0; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_NE(::kill(gone, 0), 0) << "the ended spare " << gone << " is still there";
         // Round 2 copied the trained layers only; by its end the job had rewritten them all (its
         // steps take milliseconds here), so a third round would have copied them again.
         ASSERT_EQ(rounds.size(), 2u) << report;

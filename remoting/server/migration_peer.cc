@@ -808,6 +808,13 @@ void MigrationServer::handle(int fd, const std::string& peer) {
   if (::mkdir(root.c_str(), 0700) != 0) return refuse("cannot make " + root + ": " + std::strerror(errno));
   POS_INFO("posd", "migration from %s: authenticated; receiving into %s", peer.c_str(), root.c_str());
   if (opt_.on_authenticated) opt_.on_authenticated();
+  // Last out of this scope: after the held restores below have ended or been handed over.
+  struct Finished {
+    const std::function<void()>& f;
+    ~Finished() {
+      if (f) f();
+    }
+  } finished{opt_.on_finished};
   uint32_t restored_pid = 0;
   bool committed = false;
   HeldRestore held;

@@ -39,6 +39,8 @@ struct MigrationServerOptions {
   // Called once a peer has authenticated, before its first frame: posd starts what the job's
   // restore will need (PosdServer::expect_incoming_job). On the server's thread; must not block.
   std::function<void()> on_authenticated;
+  // Called as that migration's connection ends, however it ended (PosdServer::incoming_job_done).
+  std::function<void()> on_finished;
 };
 
 // posd's side. One migration at a time, on its own thread; each connection must authenticate

@@ -812,6 +812,23 @@ void PosdServer::expect_incoming_job() {
   start_spare();
 }
 
+void PosdServer::incoming_job_done() {
+  SessionProcess extra;
+  {
+    std::lock_guard<std::mutex> lk(spare_mu_);
+    if (spares_.size() <= 1) return;
+    extra = std::move(spares_.back());
+    spares_.pop_back();
+  }
+  POS_INFO("posd", "spare session process %d ends: the migration it was started for is over", static_cast<int>(extra.pid));
+  // Not on the migration server's thread: a spare still bringing its backend up takes a moment to
+  // see its channel close.
+  std::thread([p = std::move(extra)]() mutable {
+    p.channel.reset();
+    (void)wait_or_kill(p.pid, std::chrono::seconds(10));
+  }).detach();
+}
+
 void PosdServer::start_spare() {
   auto p = spawn_spare_session(session_binary_, config_yaml_, session_env_);
   if (!p.ok()) {

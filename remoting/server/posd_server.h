@@ -77,8 +77,11 @@ class PosdServer {
   // A migration from another host was authenticated (posd.migration): with posd.spare_session,
   // a second spare is started now, so that its round 1's staging and the stop's restore each find
   // one whose backend is up (a spare started when the staging took the first was still coming up
-  // when the stop's restore came, 0.5 s later). The pool stays at two from then on.
+  // when the stop's restore came, 0.5 s later).
   void expect_incoming_job();
+  // That migration's connection ended: a spare beyond one is ended (an idle context's device
+  // memory and its page-locked staging are not kept for a migration that may never come).
+  void incoming_job_done();
 
   const std::string& socket_path() const { return socket_path_; }
   // posd.group resolved at start (-1: none).
