@@ -2457,11 +2457,13 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_TRUE(std::filesystem::is_empty(in)) << in;
     ASSERT_TRUE(pos::process_running(static_cast<uint32_t>(child))) << "the job ended before move " << i + 1;
   }
-  // pos-cli killed while A restores it (B -> A), the link closing under A's restore: A ends the
-  // copy it held uncommitted, and the guardian brings the job back under B once its pid is free.
-  {
+  // pos-cli killed (B -> A) at `fault`, before it committed: A ends the copy it restored or held
+  // uncommitted as the link closes, and the guardian brings the job back under B once its pid is
+  // free. One copy, back under B.
+  auto killed_before_commit = [&](const std::string& fault) {
+    SCOPED_TRACE(fault);
     const size_t before = reaped.size();
-    (void)migrate(b, to_a, secret, "POS_FAULT_POINT=migrate-target-restoring ", &code, &err, &reaped);
+    (void)migrate(b, to_a, secret, "POS_FAULT_POINT=" + fault + " ", &code, &err, &reaped);
     EXPECT_EQ(code, 137) << err;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
     while (!(serves(b, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
@@ -2472,23 +2474,10 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_TRUE(serves(b, child)) << b.log_text() << a.log_text();
     EXPECT_FALSE(serves(a, child));
     EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's uncommitted one both end";
-  }
-  // pos-cli killed after A restored it (B -> A) but before it committed: one copy, back under B.
-  {
-    const size_t before = reaped.size();
-    (void)migrate(b, to_a, secret, "POS_FAULT_POINT=migrate-before-commit ", &code, &err, &reaped);
-    EXPECT_EQ(code, 137) << err;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-    while (!(serves(b, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
-      int st = 0;
-      if (waitpid(child, &st, WNOHANG) == child) reaped.push_back(st);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    EXPECT_TRUE(serves(b, child)) << b.log_text() << a.log_text();
-    EXPECT_FALSE(serves(a, child));
-    EXPECT_NE(a.log_text().find("ended before it was committed"), std::string::npos) << a.log_text();
-    EXPECT_EQ(reaped.size(), before + 2) << "the source's copy and A's uncommitted one both end";
-  }
+  };
+  killed_before_commit("migrate-target-restoring");  // the link closes under A's restore
+  killed_before_commit("migrate-before-commit");     // A holds the job, restored
+  EXPECT_NE(a.log_text().find("ended before it was committed"), std::string::npos) << a.log_text();
   auto wait_served = [&](const OwnPosd& by, const OwnPosd& not_by, std::vector<int>* reaped_so_far) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
     while (!(serves(by, child) && !serves(not_by, child) && pos::process_running(static_cast<uint32_t>(child))) &&
