@@ -18,17 +18,19 @@
 # over TCP, the process through CRIU), as between two hosts (docs/migration.md, "Across hosts"), then
 # the same two moves with --no-stage.
 # --no-baselines: the moves only (no stop-and-copy, no NVIDIA row): another shape in the same call.
+# --toolkit-libs: the job under posd loads the toolkit's own libcudart / libcublas / libcublasLt, as
+# before the stand-ins (remoting/client/cuda_libs, docs/remoting.md): CRIU then carries their pages.
 #
 # Usage: bench/migrate_bench.sh BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B]
-#        [--peer-moves N] [--netns] [--no-baselines] [-- job args...]
+#        [--peer-moves N] [--netns] [--no-baselines] [--toolkit-libs] [-- job args...]
 # (root, CRIU from tools/setup.sh; --backend host tries the script without a GPU: no NVIDIA part)
 # Scratch images go under DIR (default: /dev/shm), removed after. Prints a table.
 set -uo pipefail
-usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [--netns] [--no-baselines] [-- job args...]" >&2; exit 2; }
+usage() { echo "usage: $0 BUILD [--dir DIR] [--backend cuda|host] [--max-downtime MS] [--gpus A,B] [--peer-moves N] [--netns] [--no-baselines] [--toolkit-libs] [-- job args...]" >&2; exit 2; }
 B="${1:-}"; [[ -n "$B" && "$B" != -* && -d "$B" ]] || usage; shift
 B="$(cd "$B" && pwd)"  # absolute: the target's restore runs it from elsewhere (--netns)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0 NETNS=0 NOBASE=0
+DIR=/dev/shm BACKEND=cuda BUDGET=300 GPUS="" PEER_MOVES=0 NETNS=0 NOBASE=0 TOOLKIT=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --gpus) GPUS="${2:?}"; [[ $GPUS =~ ^[0-9]+,[0-9]+$ ]] || usage; shift 2 ;;
@@ -38,6 +40,7 @@ while [[ $# -gt 0 ]]; do
     --peer-moves) PEER_MOVES="${2:?}"; [[ $PEER_MOVES =~ ^[1-9][0-9]?$ ]] || usage; shift 2 ;;
     --netns) NETNS=1; shift ;;
     --no-baselines) NOBASE=1; shift ;;
+    --toolkit-libs) TOOLKIT=1; shift ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -49,7 +52,7 @@ ARGS=("$@")
 # Restored trees are reparented to the nearest child subreaper: this shell, which reaps them.
 if [[ -z "${POS_BENCH_SUBREAPER:-}" ]]; then
   export POS_BENCH_SUBREAPER=1
-  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") $( ((NETNS)) && echo --netns) $( ((NOBASE)) && echo --no-baselines) -- "${ARGS[@]}"
+  exec python3 -c 'import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execvp("bash", ["bash"] + sys.argv[1:])' "$0" "$B" --dir "$DIR" --backend "$BACKEND" --max-downtime "$BUDGET" ${GPUS:+--gpus "$GPUS"} $( ((PEER_MOVES > 0)) && echo --peer-moves "$PEER_MOVES") $( ((NETNS)) && echo --netns) $( ((NOBASE)) && echo --no-baselines) $( ((TOOLKIT)) && echo --toolkit-libs) -- "${ARGS[@]}"
 fi
 CRIU="$ROOT/tools/criu"
 TMP=$(mktemp -d)
@@ -192,7 +195,11 @@ start_job() {  # $1: output file; the rest: env prefix
   for i in $(seq 1 1200); do [[ $(steps_so_far "$out.err") -ge 20 ]] && return 0; sleep 0.1; done
   echo "the job did not reach step 20: $(tail -3 "$out.err")" >&2; return 1
 }
-posenv() { echo POS_SOCKET="$1" POS_JOB_NAME=bench POS_ARENA_SIZE=1GiB LD_LIBRARY_PATH=/usr/local/cuda/lib64 LD_PRELOAD="$B/remoting/client/libpos_client.so"; }
+# The job under posd finds POS's stand-ins for the toolkit's libraries first (unless --toolkit-libs).
+LIBS=/usr/local/cuda/lib64
+((TOOLKIT)) || LIBS="$B/remoting/client/cuda_libs:$LIBS"
+echo "the job under posd loads $( ((TOOLKIT)) && echo "the toolkit's CUDA libraries" || echo "POS's stand-in CUDA libraries ($B/remoting/client/cuda_libs)")"
+posenv() { echo POS_SOCKET="$1" POS_JOB_NAME=bench POS_ARENA_SIZE=1GiB LD_LIBRARY_PATH="$LIBS" LD_PRELOAD="$B/remoting/client/libpos_client.so"; }
 
 declare -a MIG_REPORT MIG_GAP MIG_MED MIG_TOTAL
 # Moves: A -> B and B -> A with the peer switch (the default on one host: the device memory handed

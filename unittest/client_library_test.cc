@@ -2,6 +2,7 @@
 // preloaded into arbitrary programs: no POS core, protobuf, yaml-cpp or Boost; only CUDA entry points.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +96,55 @@ TEST(ClientLibrary, ExportsOnlyCudaEntryPoints) {
         << "libpos_client.so exports " << n << ", outside the CUDA / cuBLAS entry points";
   for (const std::string& n : exported_demangled(lib))
     EXPECT_EQ(n.find("pos::"), std::string::npos) << "libpos_client.so exports " << n;
+}
+
+
+// The stand-ins for the toolkit's libraries (remoting/client/cuda_libs): each has the real one's
+// SONAME and exactly its symbol version (which the program's references ask of that file), needs
+// nothing, and defines no symbol, so every CUDA call resolves to the preloaded libpos_client.
+TEST(CudaStandIns, HaveTheToolkitsNamesAndVersionsAndDefineNoSymbol) {
+  const char* dir = std::getenv("POS_CUDA_STAND_INS");
+  const char* toolkit = std::getenv("POS_CUDA_LIB_DIR");
+  ASSERT_NE(dir, nullptr) << "POS_CUDA_STAND_INS is not set (meson sets it)";
+  ASSERT_NE(toolkit, nullptr) << "POS_CUDA_LIB_DIR is not set (meson sets it)";
+  // Version definitions: readelf -V prints "... Name: libcudart.so.13" under .gnu.version_d.
+  auto version_names = [](const std::string& lib) {
+    std::vector<std::string> out;
+    bool in_defs = false;
+    for (const std::string& l : lines(run("readelf -V -W '" + lib + "'"))) {
+      if (l.find("Version definition section") != std::string::npos) in_defs = true;
+      else if (l.find("Version needs section") != std::string::npos || l.find("Version symbols section") != std::string::npos)
+        in_defs = false;
+      else if (in_defs && l.find("Name: ") != std::string::npos) out.push_back(l.substr(l.find("Name: ") + 6));
+    }
+    return out;
+  };
+  int checked_against_toolkit = 0;
+  for (const char* base : {"libcudart", "libcublas", "libcublasLt"}) {
+    std::string file;  // lib<name>.so.<major>
+    for (const std::string& l : lines(run("ls '" + std::string(dir) + "'"))) {
+      const std::string prefix = std::string(base) + ".so.";
+      if (l.rfind(prefix, 0) == 0 && l.size() > prefix.size() && l.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
+        file = l;
+    }
+    ASSERT_FALSE(file.empty()) << "no " << base << ".so.<major> in " << dir;
+    const std::string lib = std::string(dir) + "/" + file;
+    const std::string dynamic = run("readelf -d -W '" + lib + "'");
+    EXPECT_NE(dynamic.find("Library soname: [" + file + "]"), std::string::npos) << dynamic;
+    EXPECT_TRUE(needed(lib).empty()) << lib << " needs something";
+    const std::vector<std::string> versions = version_names(lib);
+    ASSERT_FALSE(versions.empty()) << lib << " defines no version";
+    for (const std::string& v : versions) EXPECT_EQ(v, file) << lib;
+    // Only the version node itself is "defined" (nm lists it as an absolute symbol).
+    for (const std::string& n : exported_names(lib)) EXPECT_EQ(n, file) << lib << " defines " << n;
+    const std::string real = std::string(toolkit) + "/" + file;
+    if (::access(real.c_str(), R_OK) == 0) {
+      EXPECT_EQ(version_names(real), versions) << real << " and " << lib << " differ in their versions";
+      ++checked_against_toolkit;
+    }
+  }
+  // The toolkit the stand-ins were built for is the one the programs are built with.
+  EXPECT_EQ(checked_against_toolkit, 3) << "the toolkit in " << toolkit << " lacks a library of the stand-ins' major version";
 }
 
 }  // namespace

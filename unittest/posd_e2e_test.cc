@@ -150,9 +150,10 @@ class PosdProcess : public ::testing::Test {
     }
   }
   std::string log_text() const { return read_file(log_); }
-  std::string preload_env() const {
-    return "POS_SOCKET=" + socket_ + " LD_LIBRARY_PATH=" + env_or_fail("POS_CUDA_LIB_DIR") +
-           " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
+  // stand_ins: the job finds POS's stand-ins for the toolkit's libraries first (remoting/client/cuda_libs).
+  std::string preload_env(bool stand_ins = false) const {
+    return "POS_SOCKET=" + socket_ + " LD_LIBRARY_PATH=" + (stand_ins ? env_or_fail("POS_CUDA_STAND_INS") + ":" : "") +
+           env_or_fail("POS_CUDA_LIB_DIR") + " LD_PRELOAD=" + env_or_fail("POS_CLIENT_LIB") + " ";
   }
   std::string train_cmd(const std::string& args) const { return env_or_fail("POS_MLP_NATIVE") + " " + args; }
   // What the job must print: the direct CPU computation on the host backend, the job run natively
@@ -317,6 +318,48 @@ TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesGpuAndCpuStateAndTheJobFinishesAs
   (void)shell(env_or_fail("POS_CLI") + " inspect " + dir, &code, &err);
   EXPECT_EQ(code, 1);
   EXPECT_NE(err.find(std::filesystem::path(pages).filename().string()), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(out_file);
+}
+
+// The unmodified binary, linked against the toolkit's libcudart and libcublas, run on POS's stand-ins
+// for them: it prints what it prints without POS, its process maps none of the toolkit's libraries,
+// and CRIU's part of its dump is a few MB (libcublasLt alone fills ~90 MB of private pages at load).
+TEST_F(PosdProcess, AJobOnTheStandInCudaLibrariesMapsNoneOfTheToolkitsAndItsDumpCarriesOnlyItsOwnPages) {
+  const std::vector<std::string> args{"--steps", on_gpu() ? "20000" : "2000"};
+  const std::string out_file = ::testing::TempDir() + "posd-e2e-stand-in-out-" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "posd-e2e-stand-in-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const pid_t child = start_job(preload_env(true), train_cmd(args[0] + " " + args[1]), "stand-in", out_file,
+                                [&] { return sessions_json(); }, [&] { return log_text(); });
+  {
+    std::ifstream mf("/proc/" + std::to_string(child) + "/maps");
+    const std::string maps((std::istreambuf_iterator<char>(mf)), {});
+    const std::string stand_ins = env_or_fail("POS_CUDA_STAND_INS");
+    EXPECT_NE(maps.find(stand_ins + "/libcudart.so."), std::string::npos) << maps;
+    EXPECT_NE(maps.find(stand_ins + "/libcublas.so."), std::string::npos) << maps;
+    EXPECT_EQ(maps.find("libcublasLt"), std::string::npos) << maps;  // nothing asks for it any more
+    const std::string toolkit = std::filesystem::canonical(env_or_fail("POS_CUDA_LIB_DIR")).string();
+    EXPECT_EQ(maps.find(toolkit + "/libcu"), std::string::npos) << maps;
+    EXPECT_EQ(maps.find(env_or_fail("POS_CUDA_LIB_DIR") + "/libcu"), std::string::npos) << maps;
+  }
+  int code = -1;
+  std::string err;
+  const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
+                                       " --leave-running --json --socket " + socket_,
+                                   &code, &err);
+  EXPECT_EQ(code, 0) << err << log_text();
+  const size_t at = report.find("\"criu_bytes\":");
+  ASSERT_NE(at, std::string::npos) << report;
+  const unsigned long long criu_bytes = std::strtoull(report.c_str() + at + 13, nullptr, 10);
+  EXPECT_GT(criu_bytes, 0u) << report;
+  EXPECT_LT(criu_bytes, 32ull << 20) << report;
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  std::ifstream f(out_file);
+  const std::string out((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(out, expected(args));
   std::filesystem::remove_all(dir);
   std::filesystem::remove(out_file);
 }
@@ -2289,7 +2332,8 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   ASSERT_FALSE(port_a.empty()) << a.log_text();
   ASSERT_FALSE(port_b.empty()) << b.log_text();
   const std::string to_a = net.ip_here + ":" + port_a, to_b = net.ip_there + ":" + port_b;
-  const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1] + " " + args[2] + " " + args[3]), "netns", out_file, jobs, a);
+  // On POS's stand-ins for the toolkit's libraries, as the bench runs it: CRIU moves only the job's own pages.
+  const pid_t child = start_appending_job(preload_env(true), train_cmd(args[0] + " " + args[1] + " " + args[2] + " " + args[3]), "netns", out_file, jobs, a);
   auto migrate = [&](const OwnPosd& from, const std::string& to, const std::string& secret_file, const std::string& env,
                      int* code, std::string* err, std::vector<int>* reaped, const std::string& extra = "") {
     return migrate_reaping(env + cli + " migrate -t " + std::to_string(child) + " --to " + to + " --secret-file " +
@@ -2365,6 +2409,7 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
               json_seconds(report, "target_restore_s") + 0.001) << report;
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"criu_bytes\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
+    EXPECT_LT(std::stoull(m[1].str()), 32ull << 20) << report;  // ~94 MB with the toolkit's libraries
     // Round 1 went to the target as posd wrote it (its device memory is all written there).
     EXPECT_TRUE(std::regex_search(report, m, std::regex("\"round\":1,[^}]*\"streamed\":([0-9]+)"))) << report;
     EXPECT_GT(std::stoull(m[1].str()), 0u) << report;
