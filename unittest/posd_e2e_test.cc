@@ -28,6 +28,7 @@
 #include <functional>
 #include <atomic>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -242,6 +243,22 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
 
 // Starts the training binary under posd in the background (stdout to `out_file`), and waits until
 // posd shows its session holding device memory. Returns its pid (the shell execs it).
+// The pids whose parent is `parent` (from /proc/PID/stat: the field after the command's ')').
+std::set<pid_t> children_of(pid_t parent) {
+  std::set<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(e.path().string() + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.insert(std::stoi(name));
+  }
+  return out;
+}
+
 pid_t start_job(const std::string& preload, const std::string& train, const std::string& job, const std::string& out_file,
                 const std::function<std::string()>& ps, const std::function<std::string()>& log, bool append = false) {
   const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null " + (append ? ">>" : ">") +
@@ -2314,13 +2331,17 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   // One-shot test hooks of the target (docs/migration.md, "Fault points"): the link drops as the
   // commit arrives, or just after the target committed (its answer lost). Armed by making the file.
   const std::string drop_commit = base + ".drop-commit", drop_answer = base + ".drop-answer", drop_at = base + ".drop-at";
+  // And A dies (SIGKILL) as the image the file names begins to arrive: a target posd killed mid-migration.
+  const std::string die_at = base + ".die-at";
   // And the target's pos-cli: its restore of the stop's GPU part ahead fails once done.
   const std::string fail_ahead = base + ".fail-ahead";
   ::setenv("POS_RESTORE_AHEAD_FAIL_FILE", fail_ahead.c_str(), 1);
   ::setenv("POS_MIGRATION_DROP_COMMIT_FILE", drop_commit.c_str(), 1);
   ::setenv("POS_MIGRATION_DROP_ANSWER_FILE", drop_answer.c_str(), 1);
   ::setenv("POS_MIGRATION_DROP_AT_FILE", drop_at.c_str(), 1);
+  ::setenv("POS_MIGRATION_DIE_AT_FILE", die_at.c_str(), 1);
   OwnPosd a(base + "-a", listen(net.ip_here, base + ".in-a"));
+  ::unsetenv("POS_MIGRATION_DIE_AT_FILE");
   // B keeps a spare session: an incoming migration makes it two (the staging takes one, the stop's
   // restore the other).
   OwnPosd b(base + "-b", listen(net.ip_there, base + ".in-b") + "  spare_session: true\n", net.in());
@@ -2627,9 +2648,50 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_GT(std::filesystem::file_size(out_file), size0) << "the job does not step after the link dropped at " << at;
   }
+  // The target posd killed (kill -9) as round 2 begins to arrive (B -> A): the link closes under
+  // the source, which lets the job run on, untouched; A's staging session (round 1) and the
+  // pos-cli it ran end with it (their connections to it close).
+  {
+    std::ofstream(die_at) << "round-2\n";
+    const size_t before = reaped.size();
+    std::set<pid_t> test_children = children_of(::getpid());
+    test_children.erase(a.pid);
+    size_t orphans_seen = 0;
+    const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped, " --max-downtime 1");
+    EXPECT_EQ(code, 1) << err << report;
+    EXPECT_NE(err.find("(the job runs on at the source)"), std::string::npos) << err;
+    EXPECT_FALSE(std::filesystem::exists(die_at)) << "the hook did not fire";
+    for (pid_t p : children_of(::getpid()))
+      if (!test_children.count(p) && p != child && p != a.pid) ++orphans_seen;
+    int ast = 0;
+    ASSERT_EQ(waitpid(a.pid, &ast, 0), a.pid);
+    EXPECT_TRUE(WIFSIGNALED(ast) && WTERMSIG(ast) == SIGKILL) << ast;
+    a.pid = -1;
+    EXPECT_TRUE(serves(b, child)) << b.log_text();
+    EXPECT_EQ(reaped.size(), before) << "the job never ended";
+    // Nothing of A's is left: its session processes (round 1's staging among them) and the
+    // pos-cli restore it started end; orphaned, they became this test's children (the subreaper),
+    // which reaps them here.
+    const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::set<pid_t> left;
+    do {
+      left.clear();
+      for (pid_t p : children_of(::getpid()))
+        if (!test_children.count(p) && p != child && ::waitpid(p, nullptr, WNOHANG) != p) left.insert(p);
+      if (!left.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (!left.empty() && std::chrono::steady_clock::now() < gone_by);
+    EXPECT_TRUE(left.empty()) << "A's processes still there: " << left.size() << ", the first " << *left.begin();
+    // A died with round 1 staged: the pos-cli holding it was orphaned at least (so this looked at something).
+    EXPECT_GE(orphans_seen, 1u);
+    const auto size0 = std::filesystem::file_size(out_file);
+    const auto grew_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::filesystem::file_size(out_file) == size0 && std::chrono::steady_clock::now() < grew_by)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(std::filesystem::file_size(out_file), size0) << "the job does not step after the target posd died";
+  }
   const int st = wait_for_exit(child, std::chrono::seconds(on_gpu() ? 300 : 600));
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << a.log_text() << b.log_text();
   EXPECT_EQ(read_file(out_file), want);
-  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b", drop_commit, drop_answer, drop_at})
+  for (const std::string& p : {out_file, jobs, work, secret, wrong, cli_here, base + ".in-a", base + ".in-b", drop_commit, drop_answer, drop_at, die_at})
     std::filesystem::remove_all(p);
 }

@@ -928,6 +928,8 @@ void MigrationServer::handle(int fd, const std::string& peer) {
       // Test hook (docs/migration.md, "Fault points"): the link drops as the image the hook file
       // names begins to arrive ("round-2", "final").
       if (t == Type::kDir && test_hook_names("POS_MIGRATION_DROP_AT_FILE", b)) break;
+      // Test hook: this posd dies there, as a target posd killed mid-migration (kill -9).
+      if (t == Type::kDir && test_hook_names("POS_MIGRATION_DIE_AT_FILE", b)) (void)::raise(SIGKILL);
       if (file_left != 0) {
         fail("a new entry began before the last file's bytes were all sent");
         continue;
