@@ -2540,13 +2540,16 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     (void)migrate(b, to_a, secret, "POS_FAULT_POINT=" + fault + " ", &code, &err, &reaped);
     EXPECT_EQ(code, 137) << err;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-    while (!(serves(b, child) && pos::process_running(static_cast<uint32_t>(child))) && std::chrono::steady_clock::now() < until) {
+    // A's session of its ended copy goes a moment after that copy's pid is free (which B's restore
+    // needs): it is waited for too.
+    while (!(serves(b, child) && !serves(a, child) && pos::process_running(static_cast<uint32_t>(child))) &&
+           std::chrono::steady_clock::now() < until) {
       int st = 0;
       if (waitpid(child, &st, WNOHANG) == child) reaped.push_back(st);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_TRUE(serves(b, child)) << b.log_text() << a.log_text();
-    EXPECT_FALSE(serves(a, child));
+    EXPECT_FALSE(serves(a, child)) << a.ps() << a.log_text();
     const size_t ended_at_a = ended() - ended_before;
     if (a_holds_one) {
       EXPECT_EQ(ended_at_a, 1u) << a.log_text();
