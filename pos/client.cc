@@ -483,12 +483,13 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
   return r;
 }
 
-StatusOr<CheckpointResult> POSClient::estimate_increment(const std::string& parent_dir) {
+StatusOr<CheckpointResult> POSClient::estimate_increment(const std::string& parent_dir, uint64_t since_call) {
   auto parent = ckpt::ImageReader::open_dir(parent_dir);
   if (!parent.ok()) return parent.status().with_context("parent image " + parent_dir);
   Command cmd;
   cmd.type = CommandType::kEstimate;
   cmd.parent = parent->get();
+  cmd.since_pc = since_call;
   Status s = run_command(cmd);
   if (!s.ok()) return s.with_context("estimate of client " + std::to_string(uuid_));
   CheckpointResult r;

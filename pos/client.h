@@ -56,6 +56,7 @@ struct Command {
   std::shared_ptr<CheckpointJob> job;  // kCheckpoint
   std::vector<PeerMemory> peer;        // kExportMemory: the answer
   const ckpt::ImageReader* parent = nullptr;  // kEstimate: against this image
+  uint64_t since_pc = 0;                      // kEstimate: > 0, buffers written at or after this call
   uint64_t bytes = 0, referenced = 0, handles = 0;  // kEstimate: the answer
 };
 
@@ -245,7 +246,9 @@ class POSClient {
   // now (bytes_stored, bytes_referenced, handles; cut_pc is the next call's number), without a cut
   // and without waiting for the device: pos-cli migrate asks it to tell a pre-copy round that
   // cannot shrink the dirty set before running it. An estimate: the job writes on meanwhile.
-  StatusOr<CheckpointResult> estimate_increment(const std::string& parent_dir);
+  // since_call > 0: the bytes of every buffer written at or after that call instead (rewrites of
+  // buffers the parent already left out count too): how much the job writes in a window.
+  StatusOr<CheckpointResult> estimate_increment(const std::string& parent_dir, uint64_t since_call = 0);
   // A lazily restored client: waits until every buffer is loaded (the error of one that could
   // not be, if any). Ok at once for any other client. Thread-safe.
   Status wait_restored();

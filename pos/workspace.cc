@@ -148,10 +148,11 @@ StatusOr<CheckpointResult> POSWorkspace::checkpoint(ClientUuid uuid, CheckpointR
   return client->checkpoint(std::move(request));
 }
 
-StatusOr<CheckpointResult> POSWorkspace::estimate_increment(ClientUuid uuid, const std::string& parent_dir) {
+StatusOr<CheckpointResult> POSWorkspace::estimate_increment(ClientUuid uuid, const std::string& parent_dir,
+                                                           uint64_t since_call) {
   auto client = find_client(uuid);
   if (!client) return Status::NotFound("no client " + std::to_string(uuid));
-  return client->estimate_increment(parent_dir);
+  return client->estimate_increment(parent_dir, since_call);
 }
 
 StatusOr<ClientUuid> POSWorkspace::restore(const ckpt::ImageReader& image, const RestoreOptions& options) {

@@ -54,7 +54,7 @@ class POSWorkspace {
   // async mode the client keeps running meanwhile.
   StatusOr<CheckpointResult> checkpoint(ClientUuid uuid, CheckpointRequest request);
   // POSClient::estimate_increment for `uuid`.
-  StatusOr<CheckpointResult> estimate_increment(ClientUuid uuid, const std::string& parent_dir);
+  StatusOr<CheckpointResult> estimate_increment(ClientUuid uuid, const std::string& parent_dir, uint64_t since_call = 0);
   // A new client with an image's state, in the image's slot (so every address is the same) and
   // under the image's uuid. The image must come from the same backend and device model. On
   // error the workspace is as before. The image is read only during the call: options.lazy is

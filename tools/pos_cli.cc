@@ -1022,14 +1022,15 @@ int migrate(const MigrateArgs& a) {
   if (a.json) {
     std::string rounds;
     for (const auto& x : r->rounds) {
-      char t[400];
+      char t[480];
       std::snprintf(t, sizeof(t),
                     "%s{\"round\":%u,\"bytes\":%llu,\"bytes_unchanged\":%llu,\"criu_bytes\":%llu,\"seconds\":%.6f,"
                     "\"rate\":%.0f,\"pause_s\":%.6f,\"sent\":%llu,\"streamed\":%llu,\"transfer_s\":%.6f,"
-                    "\"next_estimate\":%llu}",
+                    "\"next_estimate\":%llu,\"window_s\":%.6f,\"window_bytes\":%llu}",
                     rounds.empty() ? "" : ",", x.n, (unsigned long long)x.bytes, (unsigned long long)x.bytes_referenced,
                     (unsigned long long)x.criu_bytes, x.seconds, x.rate, x.pause_s, (unsigned long long)x.sent,
-                    (unsigned long long)x.streamed, x.transfer_s, (unsigned long long)x.next_estimate);
+                    (unsigned long long)x.streamed, x.transfer_s, (unsigned long long)x.next_estimate, x.window_s,
+                    (unsigned long long)x.window_bytes);
       rounds += t;
     }
     std::printf("{\"pid\":%u,\"inproc\":%s,\"from\":%s,\"to\":%s,\"where\":\"%s\",\"target_error\":%s,\"rounds\":[%s],\"stop_reason\":\"%s\","

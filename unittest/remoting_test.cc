@@ -17,6 +17,8 @@
 #include <fstream>
 #include <numeric>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "ckpt/image.h"
 #include "ckpt/inspect.h"
@@ -616,6 +618,22 @@ TEST_F(Posd, AnEstimateAgainstAnEarlierDumpTellsTheBytesWrittenSinceAndWritesNot
   EXPECT_GE(e->bytes_referenced, 1u << 20);
   EXPECT_GT(e->cut_pc, base->cut_pc);
   EXPECT_TRUE(e->image.empty());
+  // Flag 32: what was written from a call on, rewrites included. Nothing yet since e's point;
+  // then b rewritten: counted in the window, while against the image it is the same 256 KiB.
+  auto none = posd_estimate_increment(server_->socket_path(), pid, dir, e->cut_pc);
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->bytes_stored, 0u);
+  ASSERT_TRUE(api().memset(b, 4, 4096).ok());
+  auto window = posd_estimate_increment(server_->socket_path(), pid, dir, e->cut_pc);
+  ASSERT_TRUE(window.ok()) << window.status().to_string();
+  EXPECT_EQ(window->bytes_stored, 256u << 10);
+  EXPECT_GT(window->cut_pc, e->cut_pc);
+  auto later = posd_estimate_increment(server_->socket_path(), pid, dir, window->cut_pc);
+  ASSERT_TRUE(later.ok()) << later.status().to_string();
+  EXPECT_EQ(later->bytes_stored, 0u);
+  auto against_image = posd_estimate_increment(server_->socket_path(), pid, dir);
+  ASSERT_TRUE(against_image.ok());
+  EXPECT_EQ(against_image->bytes_stored, e->bytes_stored);
   // Nothing was written beside the earlier image.
   size_t entries = 0;
   for (const auto& x : std::filesystem::directory_iterator(dir)) entries += x.path().filename() != "gpu";
@@ -626,10 +644,17 @@ TEST_F(Posd, AnEstimateAgainstAnEarlierDumpTellsTheBytesWrittenSinceAndWritesNot
   server_->set_caller_uid_for_test(-1);
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find("may not dump"), std::string::npos) << other.status().message();
-  // Flag 16 with anything but flag 1 is refused by posd.
-  for (const uint32_t flags : {wire::kCheckpointEstimate, wire::kCheckpointEstimate | wire::kCheckpointIncremental |
-                                                              wire::kCheckpointWrites}) {
-    SCOPED_TRACE(flags);
+  // Flag 16 with anything but flag 1 (and 32) is refused by posd; so are flag 32 without 16, or
+  // without a call number, and a call number without flag 32.
+  const uint32_t since_flags = wire::kCheckpointEstimate | wire::kCheckpointIncremental | wire::kCheckpointSince;
+  const std::vector<std::tuple<uint32_t, uint64_t, const char*>> refused{
+      {wire::kCheckpointEstimate, 0, "an estimate (flag 16)"},
+      {wire::kCheckpointEstimate | wire::kCheckpointIncremental | wire::kCheckpointWrites, 0, "an estimate (flag 16)"},
+      {wire::kCheckpointIncremental | wire::kCheckpointSince, 5, "flag 32"},
+      {since_flags, 0, "flag 32"},
+      {wire::kCheckpointEstimate | wire::kCheckpointIncremental, 5, "flag 32"}};
+  for (const auto& [flags, since, why] : refused) {
+    SCOPED_TRACE(std::to_string(flags) + " since " + std::to_string(since));
     wire::Hello hello;
     hello.kind = static_cast<uint32_t>(wire::HelloKind::kControl);
     wire::put_cstr(hello.command, sizeof(hello.command), "checkpoint");
@@ -638,6 +663,7 @@ TEST_F(Posd, AnEstimateAgainstAnEarlierDumpTellsTheBytesWrittenSinceAndWritesNot
     wire::CheckpointBody body;
     body.target_pid = pid;
     body.flags = flags;
+    body.since_call = since;
     if ((flags & wire::kCheckpointIncremental) != 0) wire::put_cstr(body.parent_path, sizeof(body.parent_path), "gpu");
     const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     ASSERT_GE(d, 0);
@@ -648,7 +674,7 @@ TEST_F(Posd, AnEstimateAgainstAnEarlierDumpTellsTheBytesWrittenSinceAndWritesNot
     ASSERT_TRUE(recv_all(*fd, &w, sizeof(w)).ok());
     ::close(*fd);
     EXPECT_NE(w.code, 0);
-    EXPECT_NE(std::string(w.message).find("an estimate (flag 16)"), std::string::npos) << w.message;
+    EXPECT_NE(std::string(w.message).find(why), std::string::npos) << w.message;
   }
   // The job is untouched, and a real incremental dump stores what was estimated.
   const std::string next = dump_dir("est-next");

@@ -50,7 +50,11 @@ void POSClient::estimate_at_parser(Command* cmd) {
       if (h->state != HandleState::kActive) return;
       ++cmd->handles;
       if (ops.bytes == DeviceBytes::kNone) return;
-      if (unchanged_in_parent(*h, ops.bytes == DeviceBytes::kVariable, in_parent, parent_cut)) cmd->referenced += h->size;
+      const bool is_var = ops.bytes == DeviceBytes::kVariable;
+      // A window (since_pc): every buffer written in it, whether or not the parent holds its bytes.
+      const bool unchanged = cmd->since_pc > 0 ? !is_var && h->version < cmd->since_pc
+                                               : unchanged_in_parent(*h, is_var, in_parent, parent_cut);
+      if (unchanged) cmd->referenced += h->size;
       else cmd->bytes += h->size;
     });
   }

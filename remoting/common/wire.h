@@ -74,7 +74,8 @@ struct CheckpointBody {
   uint32_t flags = 0;       // kCheckpointIncremental, kCheckpointLazyOk
   // Incremental: the previous image's GPU part as the new image records its parent, relative to the
   // new image's GPU part ("../../prev/gpu"); printable, NUL-terminated. Empty otherwise.
-  char parent_path[496] = {};
+  char parent_path[488] = {};
+  uint64_t since_call = 0;  // kCheckpointSince: the first call whose writes count; 0 otherwise
 };
 static_assert(sizeof(CheckpointBody) == 512);
 // An incremental checkpoint (pos-cli dump --prev, pre-dump --prev): a second descriptor comes with
@@ -95,8 +96,13 @@ inline constexpr uint32_t kCheckpointWrites = 8;
 // is cut or written. With kCheckpointIncremental only: pos-cli migrate skips a pre-copy round that
 // cannot shrink the dirty set.
 inline constexpr uint32_t kCheckpointEstimate = 16;
-inline constexpr uint32_t kCheckpointFlags =
-    kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer | kCheckpointWrites | kCheckpointEstimate;
+// With kCheckpointEstimate (and kCheckpointIncremental, whose image is still checked to be the
+// job's): the bytes of every buffer written at or after call `since_call`, rewrites included, in
+// place of those written since the previous image's cut. pos-cli migrate measures with it how much
+// the job writes in the time a next round would take.
+inline constexpr uint32_t kCheckpointSince = 32;
+inline constexpr uint32_t kCheckpointFlags = kCheckpointIncremental | kCheckpointLazyOk | kCheckpointPeer |
+                                             kCheckpointWrites | kCheckpointEstimate | kCheckpointSince;
 
 // kWritten (kCheckpointWrites): `phase` names a memory file of the image (memory.bin, memory.K.bin),
 // `done` is an offset in it and `total` a length: those bytes are written and final.

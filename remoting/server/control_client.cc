@@ -149,12 +149,14 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
   return run_checkpoint(socket_path, body, d.get(), prev.get(), dir, progress, on_cut, on_written);
 }
 
-StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir) {
+StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir,
+                                                   uint64_t since_call) {
   UniqueFd prev(::open(prev_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!prev) return Status::InvalidArgument("cannot open " + prev_dir + ": " + std::strerror(errno));
   wire::CheckpointBody body;
   body.target_pid = pid;
   body.flags = wire::kCheckpointIncremental | wire::kCheckpointEstimate;
+  if (since_call > 0) body.flags |= wire::kCheckpointSince, body.since_call = since_call;
   wire::put_cstr(body.parent_path, sizeof(body.parent_path), "gpu");  // checked, not recorded: nothing is written
   // The request's directory is the previous image's too: posd checks it is one, and writes nothing.
   auto r = run_checkpoint(socket_path, body, prev.get(), prev.get(), {}, {}, {}, {});

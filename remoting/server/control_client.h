@@ -43,7 +43,10 @@ StatusOr<CheckpointReport> posd_checkpoint(const std::string& socket_path, uint3
 // this job, as for posd_checkpoint's prev_dir) would store if taken now: bytes_stored,
 // bytes_referenced, handles, and cut_pc the next call's number. Nothing is cut, written or waited
 // for (the job's queued GPU work included); the job writes on meanwhile.
-StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir);
+// since_call > 0: the bytes of buffers the job wrote at or after that call instead, rewrites
+// included (checkpoint flag 32); the report's cut_pc is the next call's number either way.
+StatusOr<CheckpointReport> posd_estimate_increment(const std::string& socket_path, uint32_t pid, const std::string& prev_dir,
+                                                   uint64_t since_call = 0);
 
 // Asks posd to detach the job whose client has pid `pid` (docs/dump_restore.md): returns once its
 // shim has released its session (every call it made handled), with the session token. The job's

@@ -58,6 +58,11 @@ struct JobMigrateOptions {
     // A posd job: what the job had written since this round's cut by the time it ended (posd's
     // estimate, asked before another round): what a next round, or the stop, would copy.
     uint64_t next_estimate = 0;
+    // Round 1 of a posd job, when a round 2 would not fit the budget: what the job wrote (rewrites
+    // included) in the time a round 2 would take (window_s, from round 1's rate). At 90 % of
+    // next_estimate, round 2 would leave the stop as much as it copies: the rounds end.
+    double window_s = 0;
+    uint64_t window_bytes = 0;
   };
   std::function<void(const char* event, const Round& last)> progress;
 };

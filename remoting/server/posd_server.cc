@@ -999,8 +999,12 @@ void PosdServer::control_checkpoint(Handshake& h) {
   const bool peer = (b.flags & wire::kCheckpointPeer) != 0;
   if (peer && (incremental || b.mode != static_cast<uint32_t>(wire::CheckpointKind::kSync)))
     return refuse(Status::InvalidArgument("a peer checkpoint (pos-cli migrate's peer switch) is synchronous and whole"));
-  if ((b.flags & wire::kCheckpointEstimate) != 0 && b.flags != (wire::kCheckpointEstimate | wire::kCheckpointIncremental))
+  const bool since = (b.flags & wire::kCheckpointSince) != 0;
+  if ((b.flags & wire::kCheckpointEstimate) != 0 &&
+      (b.flags & ~wire::kCheckpointSince) != (wire::kCheckpointEstimate | wire::kCheckpointIncremental))
     return refuse(Status::InvalidArgument("an estimate (flag 16) is against a previous image (flag 1), and nothing else"));
+  if (since != (b.since_call != 0) || (since && (b.flags & wire::kCheckpointEstimate) == 0))
+    return refuse(Status::InvalidArgument("flag 32 (writes since a call) is for an estimate, with a call number above 0"));
   const uint32_t caller = caller_uid(h);
   auto found = job_session(b.target_pid, caller);
   if (!found.ok()) return refuse(found.status());
@@ -1015,6 +1019,7 @@ void PosdServer::control_checkpoint(Handshake& h) {
   m.type = static_cast<uint32_t>(session_channel::Type::kCheckpoint);
   m.mode = b.mode;
   m.flags = b.flags;
+  m.since_call = b.since_call;
   wire::put_cstr(m.parent, sizeof(m.parent), parent);
   Status sent;
   {

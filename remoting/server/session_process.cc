@@ -133,11 +133,13 @@ class CheckpointRunner {
   // Takes the descriptors (`prev`: an incremental one's previous image directory, else empty). A
   // second request while one runs is refused on its own connection.
   void start(POSWorkspace* ws, uint64_t uuid, UniqueFd client, UniqueFd dir, UniqueFd prev, uint32_t mode,
-             uint32_t flags, std::string parent_path) {
+             uint32_t flags, std::string parent_path, uint64_t since_call) {
     const int c = client.get();
     // Named: a refused body is not moved from, so it still holds the connection for the refusal.
     auto body = [this, ws, uuid, cl = std::move(client), d = std::move(dir), p = std::move(prev), mode, flags,
-                 pp = std::move(parent_path)]() mutable { run(ws, uuid, cl.get(), d.get(), p.get(), mode, flags, pp); };
+                 pp = std::move(parent_path), since_call]() mutable {
+      run(ws, uuid, cl.get(), d.get(), p.get(), mode, flags, pp, since_call);
+    };
     if (!one_.start("the session process's checkpoint thread", "posd-session-ckpt", std::move(body)))
       refuse_connection(c, Status::Busy("a dump of this job is already running"));
   }
@@ -160,7 +162,7 @@ class CheckpointRunner {
   }
 
   void run(POSWorkspace* ws, uint64_t uuid, int client, int dir, int prev, uint32_t mode, uint32_t flags,
-           const std::string& parent_path) {
+           const std::string& parent_path, uint64_t since_call) {
     int fl = ::fcntl(client, F_GETFL);
     if (fl >= 0) (void)::fcntl(client, F_SETFL, fl & ~O_NONBLOCK);
     timeval tv{10, 0};  // a pos-cli that stops reading loses its answer; the checkpoint goes on
@@ -217,7 +219,7 @@ class CheckpointRunner {
         };
       Status parent_ok = prev >= 0 ? check_parent(req.parent_dir) : Status::Ok();
       if (!parent_ok.ok()) res = parent_ok;
-      else if (estimate) res = ws->estimate_increment(uuid, req.parent_dir);  // nothing cut, nothing written
+      else if (estimate) res = ws->estimate_increment(uuid, req.parent_dir, since_call);  // nothing cut, nothing written
       else res = ws->checkpoint(uuid, std::move(req));
     }
     if (res.ok() && estimate) {
@@ -358,7 +360,7 @@ void control_loop(int channel, int stop_fd, int done_fd, std::atomic<bool>* stop
         continue;
       }
       checkpoints.start(ws, progress->uuid.load(std::memory_order_acquire), std::move(fds[0]), std::move(fds[1]),
-                        std::move(fds[2]), req.mode, req.flags, std::move(parent));
+                        std::move(fds[2]), req.mode, req.flags, std::move(parent), req.since_call);
       continue;
     }
     if (static_cast<size_t>(r) == sizeof(req) && req.magic == sc::kMagic &&

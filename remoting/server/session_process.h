@@ -80,6 +80,7 @@ struct Message {
   char message[512] = {};
   uint32_t share = 0;  // kLimit (kLimitShare) and its report: the GPU-time share, per mille
   uint32_t reserved = 0;
+  uint64_t since_call = 0;  // kCheckpoint with wire::kCheckpointSince: the first call counted
 };
 inline constexpr uint32_t kLimitMemory = 1, kLimitShare = 2;
 }  // namespace session_channel
