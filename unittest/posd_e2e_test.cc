@@ -1916,7 +1916,8 @@ TEST_F(PosdMigrate, AMigrationThatFailsAtAnyPhaseLeavesTheJobRunningExactlyOnce)
   // "+files": the live switch through pre-copy rounds and image files (--no-peer); without a suffix,
   // the peer switch (no rounds).
   for (const std::string fault : {"migrate-round+files", "migrate-stopped", "migrate-stopped+files", "migrate-peer-exported",
-                                  "migrate-stopped+criu", "job-dump-criu-done+criu", "migrate-before-restore+criu",
+                                  "migrate-stopped+criu", "criu-dump-running+criu", "job-dump-criu-done+criu",
+                                  "migrate-before-restore+criu",
                                   "refusing-target", "refusing-target+criu", "dying-target", "migrate-live-go",
                                   "migrate-live-go+files", "migrate-live-permit"}) {
     const std::string out_file = base + "." + fault + ".out", jobs = base + ".jobs", work = base + ".work";
