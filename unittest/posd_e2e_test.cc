@@ -173,6 +173,23 @@ class PosdProcess : public ::testing::Test {
     EXPECT_FALSE(out.empty()) << "the reference refused its arguments";
     return out;
   }
+  // `pos-cli dump --leave-running --json` of a running job into dir (plus `extra` options): its report.
+  std::string dump_leaving_it_running(pid_t child, const std::string& dir, const std::string& extra = "") const {
+    int code = -1;
+    std::string err;
+    const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
+                                         " --leave-running" + extra + " --json --socket " + socket_,
+                                     &code, &err);
+    EXPECT_EQ(code, 0) << err << log_text();
+    return report;
+  }
+  // The job exits 0, and its output is an uninterrupted run's.
+  void expect_finishes_as_if_untouched(pid_t child, const std::string& out_file, const std::vector<std::string>& args) const {
+    int st = 0;
+    ASSERT_EQ(waitpid(child, &st, 0), child);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+    EXPECT_EQ(read_file(out_file), expected(args));
+  }
   std::string sessions_json() const {
     auto j = pos::posd_control(socket_, "ps");
     return j.ok() ? *j : "";
@@ -289,21 +306,13 @@ TEST_F(PosdProcess, PosCliDumpLeaveRunningSavesGpuAndCpuStateAndTheJobFinishesAs
   std::filesystem::remove_all(dir);
   const pid_t child = start_job(preload_env(), train_cmd(args[0] + " " + args[1]), "dumped", out_file,
                                 [&] { return sessions_json(); }, [&] { return log_text(); });
-  int code = -1;
-  std::string err;
-  const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
-                                       " --leave-running --mode async --json --socket " + socket_,
-                                   &code, &err);
-  EXPECT_EQ(code, 0) << err << log_text();
+  const std::string report = dump_leaving_it_running(child, dir, " --mode async");
   EXPECT_NE(report.find("\"gpu_image\":\"" + dir + "/gpu\""), std::string::npos) << report;
   EXPECT_EQ(report.find("\"gpu_bytes\":0,"), std::string::npos) << report;
   EXPECT_NE(report.find("\"pause_s\":"), std::string::npos) << report;
-  int st = 0;
-  ASSERT_EQ(waitpid(child, &st, 0), child);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  std::ifstream f(out_file);
-  const std::string out((std::istreambuf_iterator<char>(f)), {});
-  EXPECT_EQ(out, expected(args));
+  expect_finishes_as_if_untouched(child, out_file, args);
+  int code = -1;
+  std::string err;
   // The whole image: GPU part, CRIU's images of the process, the manifest, the caller's token.
   EXPECT_TRUE(std::filesystem::exists(dir + "/criu/core-" + std::to_string(child) + ".img"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/manifest"));
@@ -360,23 +369,13 @@ TEST_F(PosdProcess, AJobOnTheStandInCudaLibrariesMapsNoneOfTheToolkitsAndItsDump
     EXPECT_EQ(maps.find(toolkit + "/libcu"), std::string::npos) << maps;
     EXPECT_EQ(maps.find(env_or_fail("POS_CUDA_LIB_DIR") + "/libcu"), std::string::npos) << maps;
   }
-  int code = -1;
-  std::string err;
-  const std::string report = shell(env_or_fail("POS_CLI") + " dump -t " + std::to_string(child) + " -D " + dir +
-                                       " --leave-running --json --socket " + socket_,
-                                   &code, &err);
-  EXPECT_EQ(code, 0) << err << log_text();
+  const std::string report = dump_leaving_it_running(child, dir);
   const size_t at = report.find("\"criu_bytes\":");
   ASSERT_NE(at, std::string::npos) << report;
   const unsigned long long criu_bytes = std::strtoull(report.c_str() + at + 13, nullptr, 10);
   EXPECT_GT(criu_bytes, 0u) << report;
   EXPECT_LT(criu_bytes, 32ull << 20) << report;
-  int st = 0;
-  ASSERT_EQ(waitpid(child, &st, 0), child);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
-  std::ifstream f(out_file);
-  const std::string out((std::istreambuf_iterator<char>(f)), {});
-  EXPECT_EQ(out, expected(args));
+  expect_finishes_as_if_untouched(child, out_file, args);
   std::filesystem::remove_all(dir);
   std::filesystem::remove(out_file);
 }
