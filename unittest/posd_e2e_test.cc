@@ -115,6 +115,27 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
+// The unsigned number after "key": in a one-line JSON report, or -1.
+long long json_number(const std::string& report, const std::string& key) {
+  const size_t at = report.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::atoll(report.c_str() + at + key.size() + 3);
+}
+
+// A report's seconds (a JSON number with a fraction); -1 if the key is absent.
+double json_seconds(const std::string& report, const std::string& key) {
+  const size_t at = report.find("\"" + key + "\":");
+  if (at == std::string::npos) return -1;
+  return std::strtod(report.c_str() + at + key.size() + 3, nullptr);
+}
+
+// How many times `what` occurs in `text` (log lines counted).
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // A posd of a test's own, beside the fixture's (`posd_extra`: more `posd:` YAML), stopped with it.
 struct OwnPosd {
   std::string socket, log;
@@ -258,8 +279,6 @@ TEST_F(PosdProcess, AClientKilledMidRunIsReclaimedAndPosdServesTheNextOne) {
   EXPECT_EQ(out, expected({"--steps", "5"}));
 }
 
-// Starts the training binary under posd in the background (stdout to `out_file`), and waits until
-// posd shows its session holding device memory. Returns its pid (the shell execs it).
 // The pids whose parent is `parent` (from /proc/PID/stat: the field after the command's ')').
 std::set<pid_t> children_of(pid_t parent) {
   std::set<pid_t> out;
@@ -276,6 +295,8 @@ std::set<pid_t> children_of(pid_t parent) {
   return out;
 }
 
+// Starts the training binary under posd in the background (stdout to `out_file`), and waits until
+// posd shows its session holding device memory. Returns its pid (the shell execs it).
 pid_t start_job(const std::string& preload, const std::string& train, const std::string& job, const std::string& out_file,
                 const std::function<std::string()>& ps, const std::function<std::string()>& log, bool append = false) {
   const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null " + (append ? ">>" : ">") +
@@ -359,8 +380,7 @@ TEST_F(PosdProcess, AJobOnTheStandInCudaLibrariesMapsNoneOfTheToolkitsAndItsDump
   const pid_t child = start_job(preload_env(true), train_cmd(args[0] + " " + args[1]), "stand-in", out_file,
                                 [&] { return sessions_json(); }, [&] { return log_text(); });
   {
-    std::ifstream mf("/proc/" + std::to_string(child) + "/maps");
-    const std::string maps((std::istreambuf_iterator<char>(mf)), {});
+    const std::string maps = read_file("/proc/" + std::to_string(child) + "/maps");
     const std::string stand_ins = env_or_fail("POS_CUDA_STAND_INS");
     EXPECT_NE(maps.find(stand_ins + "/libcudart.so."), std::string::npos) << maps;
     EXPECT_NE(maps.find(stand_ins + "/libcublas.so."), std::string::npos) << maps;
@@ -370,11 +390,9 @@ TEST_F(PosdProcess, AJobOnTheStandInCudaLibrariesMapsNoneOfTheToolkitsAndItsDump
     EXPECT_EQ(maps.find(env_or_fail("POS_CUDA_LIB_DIR") + "/libcu"), std::string::npos) << maps;
   }
   const std::string report = dump_leaving_it_running(child, dir);
-  const size_t at = report.find("\"criu_bytes\":");
-  ASSERT_NE(at, std::string::npos) << report;
-  const unsigned long long criu_bytes = std::strtoull(report.c_str() + at + 13, nullptr, 10);
-  EXPECT_GT(criu_bytes, 0u) << report;
-  EXPECT_LT(criu_bytes, 32ull << 20) << report;
+  const long long criu_bytes = json_number(report, "criu_bytes");
+  EXPECT_GT(criu_bytes, 0) << report;
+  EXPECT_LT(criu_bytes, 32ll << 20) << report;
   expect_finishes_as_if_untouched(child, out_file, args);
   std::filesystem::remove_all(dir);
   std::filesystem::remove(out_file);
@@ -517,20 +535,6 @@ TEST_F(PosdProcess, PosCliRestoreBringsBackADumpedJobThatFinishesAsIfNeverStoppe
   std::filesystem::remove_all(moved);
   std::filesystem::remove(out_file);
   std::filesystem::remove(saved);
-}
-
-// The unsigned number after "key": in a one-line JSON report, or -1.
-long long json_number(const std::string& report, const std::string& key) {
-  const size_t at = report.find("\"" + key + "\":");
-  if (at == std::string::npos) return -1;
-  return std::atoll(report.c_str() + at + key.size() + 3);
-}
-
-// A report's seconds (a JSON number with a fraction); -1 if the key is absent.
-double json_seconds(const std::string& report, const std::string& key) {
-  const size_t at = report.find("\"" + key + "\":");
-  if (at == std::string::npos) return -1;
-  return std::strtod(report.c_str() + at + key.size() + 3, nullptr);
 }
 
 // ZDTM shape, lazy: a job restored with --lazy whose background loaders are held (fault point
@@ -2505,11 +2509,7 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
     EXPECT_NE(to.log_text().find("committed; pid " + std::to_string(child) + " runs here"), std::string::npos) << to.log_text();
     // Every move into this posd restored the GPU part there while CRIU dumped the process and the
     // rest of the image came.
-    auto count = [](const std::string& text, const std::string& what) {
-      size_t n = 0;
-      for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-      return n;
-    };
+    const auto count = occurrences;
     const std::string to_log = to.log_text();
     // Move 2 only (into A), and the job finishes as if never moved all the same (below).
     EXPECT_EQ(count(to_log, "could not be restored ahead; restored from its files"), i == 1 ? 1u : 0u) << to_log;
@@ -2544,12 +2544,7 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   auto killed_before_commit = [&](const std::string& fault, bool a_holds_one) {
     SCOPED_TRACE(fault);
     const size_t before = reaped.size();
-    const auto ended = [&] {
-      const std::string text = a.log_text(), what = "ended before it was committed: ending restored pid";
-      size_t n = 0;
-      for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-      return n;
-    };
+    const auto ended = [&] { return occurrences(a.log_text(), "ended before it was committed: ending restored pid"); };
     const size_t ended_before = ended();
     (void)migrate(b, to_a, secret, "POS_FAULT_POINT=" + fault + " ", &code, &err, &reaped);
     EXPECT_EQ(code, 137) << err;
@@ -2634,12 +2629,7 @@ TEST_F(PosdMigrate, AJobMigratedBetweenPosdsInTwoNetworkNamespacesOverTheStreamF
   for (const std::string at : {"round-1", "final"}) {
     std::ofstream(drop_at) << at << "\n";
     const size_t before = reaped.size();
-    auto stagings = [&] {
-      const std::string t = a.log_text();
-      size_t n = 0;
-      for (size_t i = t.find("staging round-1 for final"); i != std::string::npos; i = t.find("staging round-1 for final", i + 1)) ++n;
-      return n;
-    };
+    auto stagings = [&] { return occurrences(a.log_text(), "staging round-1 for final"); };
     const size_t staged_before = stagings();
     const std::string report = migrate(b, to_a, secret, "", &code, &err, &reaped, " --max-downtime 1");
     EXPECT_EQ(code, 1) << at << ": " << err << report;
