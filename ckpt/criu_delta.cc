@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -109,8 +110,8 @@ class ParentChain {
     return Status::Ok();
   }
   bool empty() const { return levels_.empty(); }
-  // The page at `vaddr`, or null where no level holds it.
-  const std::byte* find(uint64_t vaddr) const {
+  // The page at `vaddr`, or null where no level holds it; *flags: those of the run holding it.
+  const std::byte* find(uint64_t vaddr, uint32_t* flags = nullptr) const {
     const uint64_t page = criu_page_size();
     for (const Level& l : levels_) {
       const auto& runs = l.pm.runs;
@@ -119,8 +120,10 @@ class ParentChain {
       if (it == runs.begin()) return nullptr;
       --it;
       if (vaddr >= it->vaddr + it->pages * page) return nullptr;
-      if ((it->flags & kCriuPagePresent) != 0)
+      if ((it->flags & kCriuPagePresent) != 0) {
+        if (flags != nullptr) *flags = it->flags;
         return l.pages.data() + l.offset[static_cast<size_t>(it - runs.begin())] + (vaddr - it->vaddr);
+      }
       if ((it->flags & kCriuPageParent) == 0) return nullptr;  // lazy: not here
     }
     return nullptr;
@@ -265,6 +268,106 @@ StatusOr<CriuDeltaReport> make_criu_image_incremental(const std::string& dir, co
   bool linked = false;
   for (const std::string& n : names) POS_RETURN_IF_ERROR(delta_one(dir, n, parent_dir, threads, link, &linked, &rep));
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+StatusOr<CriuWholeReport> write_whole_criu_image(const std::string& dir, const std::string& out_dir) {
+  const uint64_t page = criu_page_size();
+  std::error_code ec;
+  struct Entry {
+    std::string name;
+    bool rewrite = false;
+  };
+  std::vector<Entry> entries;
+  std::vector<std::pair<std::string, CriuPagemap>> maps;  // the pagemaps with parent runs
+  std::vector<std::string> dropped;                        // their pages files: rewritten, not linked
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "parent" && e.is_symlink(ec)) continue;
+    if (e.is_symlink(ec) || !e.is_regular_file(ec))
+      return Status::Unsupported(dir + "/" + n + " is not a regular file: a CRIU image this cannot make whole");
+    entries.push_back({n});
+    if (n.rfind("pagemap-", 0) != 0 || n.size() <= 12 || n.compare(n.size() - 4, 4, ".img") != 0) continue;
+    auto pm = read_criu_pagemap(dir + "/" + n);
+    if (!pm.ok()) return pm.status();
+    if (std::none_of(pm->runs.begin(), pm->runs.end(), [](const CriuPagemap::Run& r) { return (r.flags & kCriuPageParent) != 0; }))
+      continue;
+    entries.back().rewrite = true;
+    dropped.push_back("pages-" + std::to_string(pm->pages_id) + ".img");
+    maps.emplace_back(n, std::move(*pm));
+  }
+  if (ec) return Status::Unavailable("cannot list " + dir + ": " + ec.message());
+  if (::mkdir(out_dir.c_str(), 0700) != 0) return errno_status("cannot make " + out_dir);
+  struct Scratch {
+    std::string dir;
+    bool keep = false;
+    ~Scratch() {
+      std::error_code e;
+      if (!keep) fs::remove_all(dir, e);
+    }
+  } scratch{out_dir};
+  for (const Entry& e : entries) {
+    if (e.rewrite || std::find(dropped.begin(), dropped.end(), e.name) != dropped.end()) continue;
+    const std::string from = dir + "/" + e.name, to = out_dir + "/" + e.name;
+    if (::link(from.c_str(), to.c_str()) != 0) return errno_status("cannot link " + from + " to " + to);
+  }
+  CriuWholeReport rep;
+  for (const auto& [name, pm] : maps) {
+    ParentChain chain;
+    POS_RETURN_IF_ERROR(chain.open(dir + "/parent", name));
+    auto mine = Mapped::open(pages_path(dir, pm.pages_id), pm.present_pages() * page);
+    if (!mine.ok()) return mine.status();
+    const std::string pages_file = pages_path(out_dir, pm.pages_id);
+    const int fd = ::open(pages_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return errno_status("cannot create " + pages_file);
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    CriuPagemap out;
+    out.pages_id = pm.pages_id;
+    auto add = [&](uint64_t vaddr, uint64_t n, uint32_t flags) {
+      if (!out.runs.empty() && out.runs.back().flags == flags && out.runs.back().vaddr + out.runs.back().pages * page == vaddr)
+        out.runs.back().pages += n;
+      else out.runs.push_back({vaddr, n, flags});
+    };
+    uint64_t own = 0;  // the next of this image's own pages
+    for (const CriuPagemap::Run& run : pm.runs) {
+      if ((run.flags & kCriuPagePresent) != 0) {
+        POS_RETURN_IF_ERROR(write_all(fd, mine->data() + own * page, run.pages * page, pages_file));
+        own += run.pages;
+        add(run.vaddr, run.pages, run.flags);
+        rep.pages += run.pages;
+      } else if ((run.flags & kCriuPageParent) != 0) {
+        for (uint64_t k = 0; k < run.pages; ++k) {
+          const uint64_t vaddr = run.vaddr + k * page;
+          uint32_t flags = 0;
+          const std::byte* p = chain.find(vaddr, &flags);
+          if (p == nullptr)
+            return Status::Corrupt(dir + "/" + name + ": the page at 0x" + [&] {
+              char b[32];
+              std::snprintf(b, sizeof(b), "%llx", static_cast<unsigned long long>(vaddr));
+              return std::string(b);
+            }() + " is left to a parent, and no image of its chain holds it");
+          POS_RETURN_IF_ERROR(write_all(fd, p, page, pages_file));
+          add(vaddr, 1, flags & ~kCriuPageParent);
+          ++rep.pages, ++rep.pages_from_parents;
+        }
+      } else {
+        add(run.vaddr, run.pages, run.flags);  // neither here nor in a parent (lazy): as it was
+      }
+    }
+    if (::fsync(fd) != 0) return errno_status("cannot sync " + pages_file);
+    POS_RETURN_IF_ERROR(write_criu_pagemap(out_dir + "/" + name, out));
+    ++rep.files;
+  }
+  {
+    const int d = ::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const bool synced = d >= 0 && ::fsync(d) == 0;
+    if (d >= 0) ::close(d);
+    if (!synced) return errno_status("cannot sync " + out_dir);
+  }
+  scratch.keep = true;
   return rep;
 }
 

@@ -29,6 +29,20 @@ struct CriuDeltaReport {
 StatusOr<CriuDeltaReport> make_criu_image_incremental(const std::string& dir, const std::string& parent_dir,
                                                       unsigned threads = 0);
 
+struct CriuWholeReport {
+  uint64_t pages = 0;               // pages the whole image stores
+  uint64_t pages_from_parents = 0;  // of them, copied from the images it built on
+  uint32_t files = 0;               // pagemaps rewritten (the rest of the files are hard-linked)
+};
+
+// Writes into `out_dir` (made 0700; it must not exist) the CRIU image at `dir` without its
+// `parent` link: each pagemap with PE_PARENT runs rewritten with the pages its parent chain holds
+// there (copied into a new pages file of the same id, each page with the flags of the run that held
+// it), every other file hard-linked (the same file system). A parent page that no image of the
+// chain holds is kCorrupt; an entry that is neither a regular file nor the `parent` link is
+// refused. Files fsynced, then `out_dir`; on failure `out_dir` is removed. `dir` is only read.
+StatusOr<CriuWholeReport> write_whole_criu_image(const std::string& dir, const std::string& out_dir);
+
 struct ProcessPagesReport {
   uint64_t pages = 0;          // pages written
   uint64_t pages_skipped = 0;  // present but unreadable (they are left out)

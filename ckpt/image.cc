@@ -172,7 +172,8 @@ void set_chunk_crc(pb::BlobRef* ref, uint64_t off, uint32_t crc) {
 
 BlobChunkAt blob_chunk_at(const pb::BlobRef& ref, uint64_t index) {
   if (ref.stripes() < 2) return BlobChunkAt{ref.file(), ref.offset() + index * ref.chunk_size()};
-  return BlobChunkAt{static_cast<uint32_t>(index % ref.stripes()), ref.offset() + (index / ref.stripes()) * ref.chunk_size()};
+  return BlobChunkAt{ref.file() + static_cast<uint32_t>(index % ref.stripes()),
+                     ref.offset() + (index / ref.stripes()) * ref.chunk_size()};
 }
 
 namespace {
@@ -670,10 +671,10 @@ StatusOr<pb::Inventory> decode_inventory(const std::string& b) {
   if (b.size() < sizeof(kMagic) + 12 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0)
     return Status::Corrupt("not a POS image (bad magic in inventory.pb)");
   const uint32_t version = load_u32(b.data() + 8);
-  if (version < kMinFormatVersion || version > kFormatVersion)
+  if (version < kMinFormatVersion || version > kNewestFormatVersion)
     return Status(Code::kUnsupported, 0,
                   "image format version " + std::to_string(version) + " is not supported (this POS reads versions " +
-                      std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion) + ")");
+                      std::to_string(kMinFormatVersion) + " to " + std::to_string(kNewestFormatVersion) + ")");
   const uint32_t len = load_u32(b.data() + 12);
   if (b.size() != 16ull + len + 4) return Status::Corrupt("inventory.pb is truncated or has trailing bytes");
   if (crc32c(b.data(), 16 + len) != load_u32(b.data() + 16 + len)) return Status::Corrupt("inventory.pb checksum mismatch");
@@ -712,15 +713,16 @@ Status validate_client(const pb::ClientImage& c, const std::vector<uint64_t>& me
           return Status::Corrupt(who + ": bad chunk size");
         if (static_cast<uint64_t>(r.chunk_crc_size()) != (r.length() + r.chunk_size() - 1) / r.chunk_size())
           return Status::Corrupt(who + ": checksum count does not match the blob length");
-        if (r.stripes() >= 2 && (r.file() != 0 || r.stripes() > memory_sizes.size()))
-          return Status::Corrupt(who + ": striped over " + std::to_string(r.stripes()) + " memory files, which the image does not have");
+        if (r.stripes() >= 2 && static_cast<uint64_t>(r.file()) + r.stripes() > memory_sizes.size())
+          return Status::Corrupt(who + ": striped over " + std::to_string(r.stripes()) + " memory files from file " +
+                                 std::to_string(r.file()) + ", which the image does not have");
         if (r.stripes() < 2 && r.file() >= memory_sizes.size())
           return Status::Corrupt(who + ": blob in memory file " + std::to_string(r.file()) + ", which the image does not have");
         if (r.offset() % kBlobAlign != 0) return Status::Corrupt(who + ": blob offset not aligned");
         // Each file's share: one stretch from the blob's offset.
         const uint32_t parts = r.stripes() >= 2 ? r.stripes() : 1;
         for (uint32_t k = 0; k < parts; ++k) {
-          const uint32_t file = r.stripes() >= 2 ? k : r.file();
+          const uint32_t file = r.stripes() >= 2 ? r.file() + k : r.file();
           const uint64_t n = stripe_bytes(r, k), memory_size = memory_sizes[file];
           if (r.offset() > memory_size || n > memory_size - r.offset())
             return Status::Corrupt(who + ": blob outside " + (file == 0 ? std::string("memory.bin")
@@ -948,6 +950,11 @@ Status ImageReader::validate(int depth) {
   for (uint64_t n : inventory_.memory_file_sizes()) sizes.push_back(n);
   Status s = validate_client(client_, sizes, inventory_.has_parent());
   if (!s.ok()) return s.with_context(where);
+  if (inventory_.format_version() < 4)
+    for (const pb::HandleRecord& h : client_.handles())
+      if (h.has_memory() && h.memory().stripes() >= 2 && h.memory().file() != 0)
+        return Status::Corrupt(where + ": handle " + std::to_string(h.id()) + ": a format version " +
+                               std::to_string(inventory_.format_version()) + " image stripes blobs from memory.bin only");
   if (inventory_.has_parent()) {
     if (dir_.empty()) return Status::Unsupported("incremental memory images are not supported");
     // Resolved by the kernel, not lexically: ".." after a symbolic link (an operator's `latest`,

@@ -23,10 +23,14 @@ namespace pos::ckpt {
 //   memory.bin    device bytes, one blob per buffer at kBlobAlign-aligned offsets
 //   memory.K.bin  (format 3, K = 1..) more of them: a large image spreads its blobs over files
 inline constexpr char kMagic[8] = {'P', 'O', 'S', 'I', 'M', 'G', '\r', '\n'};
-// Writers write kFormatVersion; readers take kMinFormatVersion..kFormatVersion. Version 2 added
-// ClientImage.pending (calls to replay after restore); a version 1 image has none. Version 3 added
-// memory files beyond memory.bin (BlobRef.file, Inventory.memory_file_sizes).
+// Writers of new images write kFormatVersion; readers take kMinFormatVersion..kNewestFormatVersion.
+// Version 2 added ClientImage.pending (calls to replay after restore); a version 1 image has none.
+// Version 3 added memory files beyond memory.bin (BlobRef.file, Inventory.memory_file_sizes).
+// Version 4: a striped blob may start at any memory file (BlobRef.file), which only an image made
+// whole from an incremental one writes (image_rebase.h: its ancestors' files are linked in after its
+// own), and only when it needs it.
 inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kNewestFormatVersion = 4;
 inline constexpr uint32_t kMaxMemoryFiles = 64;  // memory.bin and memory.1.bin .. memory.63.bin
 inline constexpr uint32_t kMinFormatVersion = 1;
 inline constexpr uint64_t kBlobAlign = 4096;

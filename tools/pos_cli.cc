@@ -1229,7 +1229,7 @@ int main(int argc, char** argv) {
   ckpt_cmd->add_option("-t,--tree", ca.pid, "the job's pid")->required()->check(CLI::PositiveNumber);
   ckpt_cmd->add_option("-D,--images-dir", ca.dir, "the directory of its restore points (cp-NNNNNN; made if missing)");
   ckpt_cmd->add_option("--every", ca.every, "the interval: 30s, 500ms, 2m, 1h");
-  ckpt_cmd->add_option("--keep", ca.keep, "the newest restore points kept (older ones go once no kept one needs them)")
+  ckpt_cmd->add_option("--keep", ca.keep, "the newest restore points kept (the oldest of them made whole, so that older ones can go)")
       ->check(CLI::Range(1u, 100000u))
       ->capture_default_str();
   ckpt_cmd->add_option("--full-every", ca.full_every,

@@ -3,6 +3,7 @@
 #include "remoting/server/checkpoint_policy.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,10 +11,14 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
+#include "ckpt/criu_delta.h"
+#include "ckpt/criu_image.h"
 #include "remoting/server/job_manifest.h"
+#include "unittest/crafted_image.h"
 
 namespace pos {
 namespace {
@@ -129,6 +134,172 @@ TEST(CheckpointPolicy, RetentionAloneNeverRetiresAParentOfAKeptPoint) {
   EXPECT_EQ(points_to_retire(pts, 1), (std::vector<std::string>{"cp-1", "cp-2", "cp-3", "cp-4", "cp-5"}));
   pts[0].parent = "cp-6";  // a loop (a damaged manifest) ends the walk, nothing more
   EXPECT_EQ(points_to_retire(pts, 1).size(), 5u);
+}
+
+// A tick that writes real parts: a POS GPU image and a CRIU page image, each incremental on the
+// previous point's where given one, of a job whose state after tick n is known (state_of below).
+// Buffer 1 is written once (frozen, striped over two files), 2 at every tick, 3 at ticks 1, 4, 7, ...;
+// page 0 changes at every tick, page 1 never, page 2 at even ticks.
+struct RealTick {
+  uint32_t pid = static_cast<uint32_t>(::getpid());
+  int n = 0;
+  std::map<std::string, int> tick_of;  // point name -> the tick it holds
+  static std::string bytes(char tag, uint64_t len) {
+    std::string s(len, tag);
+    for (uint64_t i = 0; i < len; i += 61) s[i] = static_cast<char>(tag ^ (i / 4096));
+    return s;
+  }
+  static std::string buffer(int id, int tick) {
+    if (id == 1) return bytes('F', 3 * 4096);
+    if (id == 2) return bytes(static_cast<char>('a' + tick), 2 * 4096);
+    return bytes(static_cast<char>('m' + (tick - 1) / 3 * 3 + 1), 4096);
+  }
+  static int written_at(int id, int tick) { return id == 1 ? 1 : id == 2 ? tick : (tick - 1) / 3 * 3 + 1; }
+  static std::string page(int k, int tick) {
+    const uint64_t pg = ckpt::criu_page_size();
+    if (k == 0) return std::string(pg, static_cast<char>('p' + tick));
+    if (k == 1) return std::string(pg, 'k');
+    return std::string(pg, static_cast<char>('q' + tick / 2));
+  }
+  static int page_written_at(int k, int tick) { return k == 0 ? tick : k == 1 ? 1 : std::max(1, tick / 2 * 2); }
+  CheckpointTick fn() {
+    return [this](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
+      ++n;
+      const std::string name = fs::path(dir).filename().string().substr(5);  // .tmp-cp-N
+      const std::string prev_name = prev.empty() ? "" : fs::path(prev).filename().string();
+      const int prev_tick = prev.empty() ? 0 : tick_of.at(prev_name);
+      tick_of[name] = n;
+      fs::create_directories(dir);
+      ckpt::testing::CraftedImage g{2, 4096, static_cast<uint64_t>(10 * n), "t" + std::to_string(n), "", "", 0,
+                                    ckpt::kFormatVersion, {}};
+      if (prev_tick > 0) {
+        g.parent_path = "../../" + prev_name + "/gpu";
+        g.parent_id = "t" + std::to_string(prev_tick);
+        g.parent_cut = static_cast<uint64_t>(10 * prev_tick);
+      }
+      for (int id = 1; id <= 3; ++id) {
+        const std::string b = buffer(id, n);
+        if (prev_tick > 0 && written_at(id, n) <= prev_tick) g.buffers.push_back({static_cast<uint64_t>(id), "", true, b.size()});
+        else g.buffers.push_back({static_cast<uint64_t>(id), b, false, 0, id == 1, 0});
+      }
+      ckpt::testing::write_crafted_image(dir + "/gpu", g);
+      fs::create_directories(dir + "/criu");
+      ckpt::CriuPagemap pm;
+      pm.pages_id = 1;
+      std::string pages;
+      const uint64_t pg = ckpt::criu_page_size();
+      for (int k = 0; k < 3; ++k) {
+        const bool parent = prev_tick > 0 && page_written_at(k, n) <= prev_tick;
+        pm.runs.push_back({0x10000 + k * pg, 1, parent ? ckpt::kCriuPageParent : ckpt::kCriuPagePresent});
+        if (!parent) pages += page(k, n);
+      }
+      EXPECT_TRUE(ckpt::write_criu_pagemap(dir + "/criu/pagemap-" + std::to_string(pid) + ".img", pm).ok());
+      std::ofstream(dir + "/criu/pages-1.img", std::ios::binary) << pages;
+      std::ofstream(dir + "/criu/core-" + std::to_string(pid) + ".img", std::ios::binary) << "core";
+      if (prev_tick > 0) fs::create_directory_symlink("../../" + prev_name + "/criu", dir + "/criu/parent");
+      JobManifest m;
+      m.pid = pid, m.uid = static_cast<uint32_t>(::geteuid()), m.arena_bytes = 1 << 20;
+      m.permit = "/dev/shm/pos-permit-test", m.socket = "/tmp/posd.sock", m.job = "job";
+      m.prev = prev.empty() ? "" : "../" + prev_name;
+      m.criu_parent = !prev.empty();
+      m.gpu_image_id = g.image_id;
+      EXPECT_TRUE(write_small_file(dir + "/manifest", manifest_json(m), 0600).ok());
+      return TickOutcome{};
+    };
+  }
+  // That point DIR/name holds tick `tick`'s state, read the way a restore reads it (through its chains).
+  static void expect_state(const std::string& dir, const std::string& name, int tick) {
+    const std::string why = name + " (tick " + std::to_string(tick) + ")";
+    auto r = ckpt::ImageReader::open_dir(dir + "/" + name + "/gpu");
+    ASSERT_TRUE(r.ok()) << why << ": " << r.status().to_string();
+    EXPECT_EQ((*r)->inventory().image_id(), "t" + std::to_string(tick)) << why;
+    for (int id = 1; id <= 3; ++id) EXPECT_EQ(ckpt::testing::crafted_read(**r, static_cast<uint64_t>(id)), buffer(id, tick)) << why << " buffer " << id;
+    const std::string flat = dir + "/.flat-" + name;
+    fs::remove_all(flat);
+    auto w = ckpt::write_whole_criu_image(dir + "/" + name + "/criu", flat);
+    ASSERT_TRUE(w.ok()) << why << ": " << w.status().to_string();
+    std::ifstream f(flat + "/pages-1.img", std::ios::binary);
+    const std::string got((std::istreambuf_iterator<char>(f)), {});
+    EXPECT_EQ(got, page(0, tick) + page(1, tick) + page(2, tick)) << why;
+    fs::remove_all(flat);
+  }
+};
+
+TEST(CheckpointPolicy, RebasingMakesTheOldestKeptPointWholeSoThatOnlyTheKeptPointsStayAndEachRestoresItsState) {
+  for (uint32_t keep : {1u, 2u}) {
+    const std::string dir = fresh_dir("rebase-" + std::to_string(keep));
+    RealTick t;
+    auto r = CheckpointRunner::open(policy(dir, keep, 100), dir + ".status", t.fn());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    std::vector<std::string> log;
+    (*r)->set_log([&](const std::string& l) { log.push_back(l); });
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE((*r)->tick().ok());
+    // Only the kept points: no chain of earlier ones (full_every 100 never cut one).
+    std::set<std::string> want{".policy.lock", "cp-000008"};
+    if (keep == 2) want.insert("cp-000007");
+    EXPECT_EQ(entries(dir), want) << keep;
+    const std::string oldest = keep == 2 ? "cp-000007" : "cp-000008";
+    auto m = read_manifest(dir + "/" + oldest);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(m->prev, "");
+    EXPECT_FALSE(m->criu_parent);
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir + "/" + oldest + "/criu/parent")));
+    const std::vector<RestorePoint> pts = list_restore_points(dir);
+    ASSERT_EQ(pts.size(), keep);
+    if (keep == 2) {
+      EXPECT_EQ(pts[1].parent, "cp-000007");  // the newest still builds on it
+    }
+    RealTick::expect_state(dir, "cp-000008", 8);
+    if (keep == 2) {
+      RealTick::expect_state(dir, "cp-000007", 7);
+    }
+    // Every tick built on the one before (each made whole in turn): the chain was never cut.
+    EXPECT_EQ((*r)->status().rebased, keep == 1 ? 7u : 6u);
+    EXPECT_EQ((*r)->status().retired, keep == 1 ? 7u : 6u);
+    EXPECT_TRUE((*r)->status().last_error.empty()) << (*r)->status().last_error;
+    auto s = read_policy_status(dir + ".status");
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(s->rebased, (*r)->status().rebased);
+    bool said = false;
+    for (const std::string& l : log) said |= l.find("made whole") != std::string::npos;
+    EXPECT_TRUE(said);
+    fs::remove_all(dir);
+    fs::remove(dir + ".status");
+  }
+}
+
+TEST(CheckpointPolicy, ARunnerKilledWhileItMakesAPointWholeLeavesEveryPointCompleteAndTheNextRunnerClearsUp) {
+  for (const char* stage : {"rebase-built", "rebase-exchanged"}) {
+    const std::string dir = fresh_dir(std::string("rebase-killed-") + stage);
+    RealTick t;
+    {
+      auto r = CheckpointRunner::open(policy(dir, 100, 100), "", t.fn());
+      ASSERT_TRUE(r.ok());
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE((*r)->tick().ok());
+    }
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::setenv("POS_FAULT_POINT", stage, 1);
+      auto r = CheckpointRunner::open(policy(dir, 2, 100), "", t.fn());
+      if (r.ok()) (void)(*r)->tick();  // cp-4 (a new runner's first: whole), then cp-3 made whole: killed there
+      std::_Exit(3);
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(child, &st, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << stage << " " << st;
+    EXPECT_TRUE(fs::exists(dir + "/.tmp-cp-000003.whole")) << stage;  // the new one, or the old one after the exchange
+    EXPECT_EQ(list_restore_points(dir).size(), 4u) << stage;
+    for (int i = 1; i <= 4; ++i) RealTick::expect_state(dir, "cp-00000" + std::to_string(i), i);
+    t.tick_of["cp-000004"] = 4;
+    auto r = CheckpointRunner::open(policy(dir, 2, 100), "", t.fn());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_FALSE(fs::exists(dir + "/.tmp-cp-000003.whole")) << stage;
+    ASSERT_TRUE((*r)->tick().ok());
+    EXPECT_EQ(entries(dir), (std::set<std::string>{".policy.lock", "cp-000004", "cp-000005"})) << stage;
+    RealTick::expect_state(dir, "cp-000004", 4);
+    RealTick::expect_state(dir, "cp-000005", 4);  // this process's tick counter had not seen the child's
+    fs::remove_all(dir);
+  }
 }
 
 TEST(CheckpointPolicy, AFailedTickKeepsEveryEarlierPointAndTheNextPointIsWhole) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -212,6 +213,43 @@ TEST_F(CriuDeltaTest, AProcesssPagesReadWhileItRunsAreItsAnonymousMemoryAndNotIt
   EXPECT_FALSE(fs::exists(at("gone")));
   // An existing directory is not written into.
   EXPECT_FALSE(write_process_pages(::getpid(), at("cpu")).ok());
+}
+
+TEST_F(CriuDeltaTest, AWholeImageHoldsEveryPageItsChainHeldAndNeedsNoParent) {
+  // gp: a b c d at 0x10000. p: the first two left to gp, C D2 its own. k: A2 its own, the next three
+  // left to p (b through p to gp), z at 0x20000 its own, with a file that is not a pagemap.
+  make_image(at("gp"), "pagemap-7.img", 1, {0, {{0x10000, 4, kCriuPagePresent}}},
+             page_of('a') + page_of('b') + page_of('c') + page_of('d'));
+  make_image(at("p"), "pagemap-7.img", 1,
+             {0, {{0x10000, 2, kCriuPageParent}, {0x12000, 2, kCriuPagePresent | kCriuPageLazy}}}, page_of('C') + page_of('D'));
+  fs::create_symlink("../gp", at("p/parent"));
+  make_image(at("k"), "pagemap-7.img", 1,
+             {0, {{0x10000, 1, kCriuPagePresent}, {0x11000, 3, kCriuPageParent}, {0x20000, 1, kCriuPagePresent}}},
+             page_of('A') + page_of('z'));
+  fs::create_symlink("../p", at("k/parent"));
+  std::ofstream(at("k/core-7.img"), std::ios::binary) << "core";
+  auto rep = write_whole_criu_image(at("k"), at("w"));
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->pages, 5u);
+  EXPECT_EQ(rep->pages_from_parents, 3u);
+  EXPECT_EQ(rep->files, 1u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(at("w/parent"))));
+  struct stat st {};
+  ASSERT_EQ(::stat(at("w/core-7.img").c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 2u);  // linked, not copied
+  auto pm = read_criu_pagemap(at("w/pagemap-7.img"));
+  ASSERT_TRUE(pm.ok()) << pm.status().to_string();
+  for (const CriuPagemap::Run& r : pm->runs) EXPECT_EQ(r.flags & kCriuPageParent, 0u) << std::hex << r.vaddr;
+  ASSERT_EQ(pm->runs.size(), 3u);  // A b (present), C D (present, lazy as p had them), z
+  EXPECT_EQ(pm->runs[0].vaddr, 0x10000u);
+  EXPECT_EQ(pm->runs[0].pages, 2u);
+  EXPECT_EQ(pm->runs[1].flags, kCriuPagePresent | kCriuPageLazy);
+  EXPECT_EQ(read_all(at("w/pages-1.img")), page_of('A') + page_of('b') + page_of('C') + page_of('D') + page_of('z'));
+  // A page left to a parent that no image of the chain holds: refused, nothing left.
+  fs::remove_all(at("gp"));
+  auto bad = write_whole_criu_image(at("k"), at("w2"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_FALSE(fs::exists(at("w2")));
 }
 
 }  // namespace

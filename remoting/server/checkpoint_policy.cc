@@ -23,6 +23,9 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/criu_delta.h"
+#include "ckpt/image.h"
+#include "ckpt/image_rebase.h"
 #include "pos/base/text.h"
 #include "remoting/server/job_dump.h"
 #include "remoting/server/job_manifest.h"
@@ -92,7 +95,7 @@ std::string policy_status_json(const PolicyStatus& s) {
          ",\"full_every\":" + u(s.full_every) + ",\"with_cpu\":" + (s.with_cpu ? "true" : "false") +
          ",\"state\":" + json_string(s.state) + ",\"started\":" + u(s.started) + ",\"updated\":" + u(s.updated) +
          ",\"taken\":" + u(s.taken) + ",\"failed\":" + u(s.failed) + ",\"coalesced\":" + u(s.coalesced) +
-         ",\"bytes_total\":" + u(s.bytes_total) + ",\"retired\":" + u(s.retired) + ",\"last_time\":" + u(s.last_time) +
+         ",\"bytes_total\":" + u(s.bytes_total) + ",\"retired\":" + u(s.retired) + ",\"rebased\":" + u(s.rebased) + ",\"last_time\":" + u(s.last_time) +
          ",\"last_duration_us\":" + u(s.last_duration_us) + ",\"last_pause_us\":" + u(s.last_pause_us) +
          ",\"last_gpu_us\":" + u(s.last_gpu_us) + ",\"last_criu_us\":" + u(s.last_criu_us) +
          ",\"last_bytes\":" + u(s.last_bytes) + ",\"last_bytes_referenced\":" + u(s.last_bytes_referenced) +
@@ -133,6 +136,11 @@ StatusOr<PolicyStatus> parse_policy_status(const std::string& text) {
                       {"last_bytes_referenced", &s.last_bytes_referenced}, {"newest_time", &s.newest_time},
                       {"points", &s.points}, {"last_error_time", &s.last_error_time}})
     num(k, p);
+  // Written since points are made whole; a status of an older checkpointer has none.
+  if (auto rb = v.find("rebased"); rb != v.end()) {
+    if (rb->second.kind != FlatJsonValue::kNumber) bad = Status::Corrupt("the checkpoint status's \"rebased\" is no number");
+    else s.rebased = rb->second.n;
+  }
   for (auto [k, p] : {std::pair<const char*, std::string*>{"dir", &s.dir}, {"state", &s.state}, {"newest", &s.newest},
                       {"last_error", &s.last_error}})
     str(k, p);
@@ -220,6 +228,106 @@ std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& point
   return out;
 }
 
+// ---- making a point whole ----
+
+namespace {
+
+// Every file under `from` hard-linked into `to` (made 0700), directories made, links copied.
+Status link_tree(const std::string& from, const std::string& to, int depth = 0) {
+  if (depth > 8) return Status::Unsupported(from + ": directories nested too deep");
+  if (::mkdir(to.c_str(), 0700) != 0) return Status::Unavailable("cannot make " + to + ": " + std::strerror(errno));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    const std::string n = e.path().filename().string(), src = from + "/" + n, dst = to + "/" + n;
+    if (e.is_symlink(ec)) {
+      std::error_code lec;
+      const auto target = std::filesystem::read_symlink(src, lec);
+      if (lec || ::symlink(target.c_str(), dst.c_str()) != 0) return Status::Unavailable("cannot copy the link " + src);
+    } else if (e.is_directory(ec)) {
+      POS_RETURN_IF_ERROR(link_tree(src, dst, depth + 1));
+    } else if (e.is_regular_file(ec)) {
+      if (::link(src.c_str(), dst.c_str()) != 0)
+        return Status::Unavailable("cannot link " + src + " to " + dst + ": " + std::strerror(errno));
+    } else {
+      return Status::Unsupported(src + " is neither a file, a directory nor a link");
+    }
+  }
+  if (ec) return Status::Unavailable("cannot list " + from + ": " + ec.message());
+  return sync_dir(to);
+}
+
+}  // namespace
+
+StatusOr<WholePointReport> make_point_whole(const std::string& dir, const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string point = dir + "/" + name, tmp = dir + "/.tmp-" + name + ".whole";
+  auto m = read_manifest(point);
+  if (!m.ok()) return m.status();
+  WholePointReport rep;
+  if (m->prev.empty()) return rep;
+  if (m->kind != "dump" && m->kind != "pre-dump")
+    return Status::Unsupported(name + " is a " + m->kind + ": an in-process job's GPU part cannot be made whole yet");
+  if (m->gpu.find('/') != std::string::npos || m->criu.find('/') != std::string::npos || m->gpu == m->criu)
+    return Status::Unsupported(name + ": its parts are not two directories of their own");
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  if (::mkdir(tmp.c_str(), 0700) != 0) return Status::Unavailable("cannot make " + tmp + ": " + std::strerror(errno));
+  struct Scratch {
+    std::string dir;
+    bool keep = false;
+    ~Scratch() {
+      std::error_code e;
+      if (!keep) std::filesystem::remove_all(dir, e);
+    }
+  } scratch{tmp};
+  bool gpu_whole = false;
+  for (const auto& e : std::filesystem::directory_iterator(point, ec)) {
+    const std::string n = e.path().filename().string(), src = point + "/" + n, dst = tmp + "/" + n;
+    struct stat st {};
+    if (n == "manifest") continue;  // written last, below
+    if (n == m->gpu) {
+      if (e.is_symlink(ec) || !e.is_directory(ec) || ::stat((src + "/inventory.pb").c_str(), &st) != 0)
+        return Status::Unsupported(name + "'s GPU part is no POS image");
+      auto w = ckpt::write_whole_image(src, dst);
+      if (!w.ok()) return w.status().with_context("making " + name + "'s GPU part whole");
+      rep.gpu_bytes = w->blob_bytes, rep.gpu_bytes_from_parents = w->bytes_from_ancestors;
+      rep.gpu_files_linked = w->files_linked, rep.gpu_bytes_copied = w->bytes_copied;
+      rep.gpu_dir = point + "/" + n;
+      gpu_whole = true;
+    } else if (n == m->criu && !e.is_symlink(ec) && e.is_directory(ec) && ::lstat((src + "/parent").c_str(), &st) == 0) {
+      auto w = ckpt::write_whole_criu_image(src, dst);
+      if (!w.ok()) return w.status().with_context("making " + name + "'s CPU part whole");
+      rep.cpu_pages_from_parents = w->pages_from_parents;
+    } else if (e.is_symlink(ec)) {
+      return Status::Unsupported(src + " is a link: a point's files are its own");
+    } else if (e.is_directory(ec)) {
+      POS_RETURN_IF_ERROR(link_tree(src, dst));
+    } else if (e.is_regular_file(ec)) {
+      if (::link(src.c_str(), dst.c_str()) != 0)
+        return Status::Unavailable("cannot link " + src + " to " + dst + ": " + std::strerror(errno));
+    } else {
+      return Status::Unsupported(src + " is neither a file nor a directory");
+    }
+  }
+  if (ec) return Status::Unavailable("cannot list " + point + ": " + ec.message());
+  JobManifest whole = *m;
+  whole.prev.clear();
+  whole.criu_parent = false;
+  if (gpu_whole) whole.gpu_bytes = rep.gpu_bytes, whole.gpu_bytes_referenced = 0;
+  POS_RETURN_IF_ERROR(write_small_file(tmp + "/manifest", manifest_json(whole), 0600));
+  ckpt::fault_point("rebase-built");
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, point.c_str(), RENAME_EXCHANGE) != 0)
+    return Status::Unavailable("cannot exchange " + tmp + " with " + point + ": " + std::strerror(errno));
+  scratch.keep = true;  // it is the old point now: removed below, or by the next runner
+  ckpt::fault_point("rebase-exchanged");
+  Status synced = sync_dir(dir);
+  std::filesystem::remove_all(tmp, ec);
+  POS_RETURN_IF_ERROR(synced);
+  rep.changed = true;
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
 // ---- the runner ----
 
 StatusOr<std::unique_ptr<CheckpointRunner>> CheckpointRunner::open(const CheckpointPolicy& policy,
@@ -305,9 +413,36 @@ void CheckpointRunner::write_status() {
 }
 
 Status CheckpointRunner::retire() {
-  const std::vector<RestorePoint> points = list_restore_points(policy_.dir);
-  const std::vector<std::string> gone = points_to_retire(points, policy_.keep);
+  std::vector<RestorePoint> points = list_restore_points(policy_.dir);
   Status first = Status::Ok();
+  // Rebasing: the oldest point kept, where it builds on points that go, is made whole first, so
+  // that they can go (nothing of the device bytes is copied). Where that fails, its chain is kept.
+  std::string punch_dir;
+  if (points.size() > policy_.keep && !points[points.size() - policy_.keep].parent.empty()) {
+    const std::string oldest = points[points.size() - policy_.keep].name;
+    auto w = make_point_whole(policy_.dir, oldest);
+    if (w.ok() && w->changed) {
+      ++status_.rebased;
+      punch_dir = w->gpu_dir;
+      if (log_) {
+        char line[384];
+        std::snprintf(line, sizeof(line),
+                      "%s: made whole in %.3f s (GPU: %.1f MB from earlier points, %u files linked, %.1f MB copied; "
+                      "CPU: %llu pages copied)",
+                      oldest.c_str(), w->seconds, static_cast<double>(w->gpu_bytes_from_parents) / 1e6, w->gpu_files_linked,
+                      static_cast<double>(w->gpu_bytes_copied) / 1e6, static_cast<unsigned long long>(w->cpu_pages_from_parents));
+        log_(line);
+      }
+      points = list_restore_points(policy_.dir);
+    } else if (!w.ok() && w.status().code() == Code::kUnsupported) {
+      // A kind of point this cannot rebase (said once): retention keeps its chain, as it may.
+      if (log_ && !said_unsupported_) log_("retention keeps chains whole: " + w.status().message());
+      said_unsupported_ = true;
+    } else if (!w.ok()) {
+      first = Status(w.status().code(), 0, "cannot make " + oldest + " whole, so its chain is kept: " + w.status().message());
+    }
+  }
+  const std::vector<std::string> gone = points_to_retire(points, policy_.keep);
   for (const std::string& name : gone) {
     // Renamed first (one atomic step: no half-deleted point ever carries a manifest under its own
     // name), then deleted; a runner killed in between leaves .del-cp-N for the next one.
@@ -327,6 +462,12 @@ Status CheckpointRunner::retire() {
       for (const std::string& name : gone) {
         std::error_code ec;
         std::filesystem::remove_all(policy_.dir + "/.del-" + name, ec);
+      }
+      // The bytes of the earlier points' files that the point made whole does not use (buffers
+      // rewritten since): their files are its own now.
+      if (!punch_dir.empty()) {
+        auto punched = ckpt::punch_unreferenced(punch_dir);
+        if (!punched.ok() && log_) log_("freeing unused bytes of " + punch_dir + ": " + punched.status().message());
       }
     }).join();
   }

@@ -64,6 +64,7 @@ struct PolicyStatus {
   std::string state;  // "running", "stopped" (pos-cli checkpoint --stop), "ended" (the job is gone)
   uint64_t started = 0, updated = 0;
   uint64_t taken = 0, failed = 0, coalesced = 0, bytes_total = 0, retired = 0;
+  uint64_t rebased = 0;  // points made whole so that retention could delete what they built on
   // The last tick that succeeded.
   uint64_t last_time = 0, last_duration_us = 0, last_pause_us = 0, last_gpu_us = 0, last_criu_us = 0, last_bytes = 0,
            last_bytes_referenced = 0;
@@ -99,6 +100,26 @@ std::vector<RestorePoint> list_restore_points(const std::string& dir);
 // Retention: the points to delete so that the newest `keep` stay, each with every point its chain
 // builds on (a kept point never loses a parent).
 std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& points, uint32_t keep);
+
+// What making a restore point whole did (make_point_whole).
+struct WholePointReport {
+  bool changed = false;              // false: it was whole already
+  uint64_t gpu_bytes = 0;            // device bytes the point now stores
+  uint64_t gpu_bytes_from_parents = 0;
+  uint32_t gpu_files_linked = 0;     // the parents' memory files hard-linked in (nothing copied)
+  uint64_t gpu_bytes_copied = 0;     // copied instead (too many files to link)
+  uint64_t cpu_pages_from_parents = 0;  // CRIU's pages copied from its parents' CPU parts
+  std::string gpu_dir;               // the point's GPU part (for punch_unreferenced once they are gone)
+  double seconds = 0;
+};
+// Rebasing onto nothing: restore point DIR/name made whole, so that the points it builds on can be
+// deleted. The new point is built beside it (DIR/.tmp-NAME.whole: its files hard-linked, its GPU
+// part's records pointing at the bytes its chain stored, its CPU part's parent pages copied, its
+// manifest without `prev`) and exchanged with it in one step (renameat2 RENAME_EXCHANGE), then DIR
+// is fsynced and the old one deleted: the point is complete under its name at every moment, and a
+// runner killed meanwhile leaves a .tmp- directory the next one removes. Points of a posd job only
+// (an in-process job's GPU part is a driver memory image: kUnsupported, and its chain is kept).
+StatusOr<WholePointReport> make_point_whole(const std::string& dir, const std::string& name);
 
 // The policy's loop in this process: it owns DIR (a lock file: one policy per directory) and the
 // status file (one policy per job).
@@ -140,6 +161,7 @@ class CheckpointRunner {
   std::string prev_;         // the newest point's name (the next one builds on it), or empty
   uint32_t since_full_ = 0;  // points since the last whole one
   std::function<void(const std::string&)> log_;
+  bool said_unsupported_ = false;  // that a point cannot be made whole (logged once)
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
 };
 

@@ -121,6 +121,8 @@ std::string render_metrics(const MetricsInput& in) {
        [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.bytes_total); }},
       {"pos_checkpoint_retired_total", "counter", "Restore points deleted by retention.",
        [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.retired); }},
+      {"pos_checkpoint_rebased_total", "counter", "Restore points made whole so that the points they built on could be deleted.",
+       [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.rebased); }},
       {"pos_checkpoint_restore_points", "gauge", "Complete restore points in the policy's directory.",
        [](const PolicyStatus& p, uint64_t) { return static_cast<double>(p.points); }},
       {"pos_checkpoint_last_duration_seconds", "gauge", "The last checkpoint, from its start until its point was complete.",
