@@ -11,14 +11,17 @@
 #   --rounds    each configuration runs this often (default 2), in turns (none, T1, T2, none, T1, ...)
 #               after one short warm-up run that is not counted: the machine's drift hits all alike
 #   --with-cpu  restore points of GPU and CPU state (CRIU); default GPU state only
-#   --keep, --full-every   the policy's (default 1 and 3: the disk holds one chain of at most 3 points)
+#   --keep, --full-every   the policy's (default 1 and 3: the disk holds the one point kept, made whole
+#               by retention when it builds on the one before)
 #   --dir       where the points go (default /dev/shm when it has room for 3x the job, else $TMPDIR)
 #   MODEL ARGS  default: ~9.5 GB of parameters, half of the layers frozen (--frozen 4: their tensors
 #               never change, so incremental points leave them to the whole one)
 # Every run must print the same losses and checksum as the run without a policy, else exit 1.
 # RPO: sampled every 20 ms from the policy's status file while the job trains (until its last
 # step): at each moment, now minus the cut of the newest complete point (its completion minus its
-# duration); the table gives the largest.
+# duration); the table gives the largest. Disk: the points in DIR and the bytes they occupy (du, each
+# hard-linked file once, holes not counted), sampled every second; the table gives the largest, and
+# how long retention took to make a point whole (mean).
 set -uo pipefail
 [[ $# -ge 1 && -d "$1" ]] || { sed -n 2,18p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
@@ -73,7 +76,15 @@ def run(every, rnd=0, warm=False):
         if os.environ["WITH_CPU"]: cmd.append("--with-cpu")
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         newest, rpo, cut = None, 0.0, None
+        disk_at, disk_max, points_max = 0.0, 0, 0
         while job.poll() is None:
+            if time.time() - disk_at >= 1:
+                disk_at = time.time()
+                du = subprocess.run(["du", "-sB1", d], capture_output=True, text=True).stdout.split()
+                if du: disk_max = max(disk_max, int(du[0]))
+                if os.path.isdir(d):
+                    points_max = max(points_max, sum(1 for n in os.listdir(d)
+                                                     if re.fullmatch(r"cp-\d+", n) and os.path.exists(f"{d}/{n}/manifest")))
             # The recovery point matters while the job trains: sampling ends with its last step.
             if "mean step time" in open(err.name).read()[-4096:]: break
             try: s = json.load(open(status_path))
@@ -90,7 +101,7 @@ def run(every, rnd=0, warm=False):
         subprocess.run(["rm", "-rf", d])
     else:
         job.wait()
-        s, log, rpo = None, "", 0
+        s, log, rpo, disk_max, points_max = None, "", 0, 0, 0
     if job.returncode != 0:
         sys.exit(f"continuous_bench: the {tag} run failed (exit {job.returncode}): {open(err.name).read()[-800:]}")
     t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", open(err.name).read(), re.M)
@@ -98,7 +109,9 @@ def run(every, rnd=0, warm=False):
     ticks = [(float(a), float(b or 0), float(c), float(d)) for a, b, c, d in
              re.findall(r"cp-\d+: (?:whole|on cp-\d+), ([0-9.]+) MB written(?:, (\d+) MB left to earlier points)?, "
                         r"the job paused ([0-9.]+) ms, ([0-9.]+) s in all", log)]
-    return dict(every=every, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read())
+    whole = [float(x) for x in re.findall(r"made whole in ([0-9.]+) s", log)]
+    return dict(every=every, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read(),
+                disk=disk_max, points=points_max, whole=whole)
 
 run(None, warm=True)
 configs = [None] + os.environ["EVERY"].split()
@@ -108,8 +121,9 @@ bad = [(r["every"] or "none") for r in runs[1:] if r["out"] != base["out"]]
 mean0 = statistics.mean(statistics.mean(r["steps"]) for r in runs if r["every"] is None)
 print(f"{os.environ['ROUNDS']} runs of each, in turns; figures pooled over a configuration's runs")
 print("| policy | ticks (coalesced, failed) | mean step ms | / none | median | max | max / median | MB per tick "
-      "(mean, first) | MB left to earlier points (mean) | job paused ms (median, max) | tick s (mean, max) | RPO max s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "(mean, first) | MB left to earlier points (mean) | job paused ms (median, max) | tick s (mean, max) | RPO max s "
+      "| points on disk (max) | GB on disk (max) | made whole: count, s (mean) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for e in configs:
     rs = [r for r in runs if r["every"] == e]
     t = [x for r in rs for x in r["steps"]]
@@ -124,7 +138,10 @@ for e in configs:
             "-" if not k else f"{statistics.mean(x[1] for x in k):.0f}",
             "-" if not k else f"{statistics.median(x[2] for x in k):.3f}, {max(x[2] for x in k):.3f}",
             "-" if not k else f"{statistics.mean(x[3] for x in k):.2f}, {max(x[3] for x in k):.2f}",
-            "-" if not ss else f"{max(r['rpo'] for r in rs):.2f}"]
+            "-" if not ss else f"{max(r['rpo'] for r in rs):.2f}",
+            "-" if not ss else str(max(r["points"] for r in rs)),
+            "-" if not ss else f"{max(r['disk'] for r in rs) / 1e9:.2f}",
+            "-" if not ss else (lambda w: f"{len(w)}, {statistics.mean(w):.3f}" if w else "0")([x for r in rs for x in r["whole"]])]
     print("| " + " | ".join(cols) + " |")
 print("mean step ms of each run, in the order run: " +
       ", ".join(f"{r['every'] or 'none'} {statistics.mean(r['steps']):.2f}" for r in runs))
