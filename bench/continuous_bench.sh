@@ -76,7 +76,7 @@ def run(every, rnd=0, warm=False):
         if os.environ["WITH_CPU"]: cmd.append("--with-cpu")
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         newest, rpo, cut = None, 0.0, None
-        disk_at, disk_max, points_max = 0.0, 0, 0
+        disk_at, disk_max, points_max, spans = 0.0, 0, 0, []
         while job.poll() is None:
             if time.time() - disk_at >= 1:
                 disk_at = time.time()
@@ -92,6 +92,7 @@ def run(every, rnd=0, warm=False):
             now = time.time()
             if s and s["newest"] and s["newest"] != newest:
                 newest, cut = s["newest"], now - s["last_duration_us"] / 1e6
+                spans.append((cut, now))  # the tick, then its retention, until the status says so
             if cut is not None: rpo = max(rpo, now - cut)
             time.sleep(0.02)
         job.wait()
@@ -101,17 +102,32 @@ def run(every, rnd=0, warm=False):
         subprocess.run(["rm", "-rf", d])
     else:
         job.wait()
-        s, log, rpo, disk_max, points_max = None, "", 0, 0, 0
+        s, log, rpo, disk_max, points_max, spans = None, "", 0, 0, 0, []
     if job.returncode != 0:
         sys.exit(f"continuous_bench: the {tag} run failed (exit {job.returncode}): {open(err.name).read()[-800:]}")
-    t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", open(err.name).read(), re.M)
-         if int(m.group(1)) >= 10]
+    text = open(err.name).read()
+    t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", text, re.M) if int(m.group(1)) >= 10]
+    # The three slowest steps, each placed against the nearest tick: seconds from the tick's start
+    # and from the end of its retention (negative: before).
+    worst = []
+    for m in sorted(re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*wall_s ([0-9.]+)", text, re.M),
+                    key=lambda m: -float(m.group(2))):
+        if int(m.group(1)) < 10: continue
+        w = float(m.group(3))
+        near = min(spans, key=lambda sp: abs(w - sp[0])) if spans else None
+        worst.append(f"step {m.group(1)} {float(m.group(2)):.0f} ms" +
+                     (f" (tick start {w - near[0]:+.2f} s, retention end {w - near[1]:+.2f} s)" if near else ""))
+        if len(worst) == 3: break
+    if os.environ.get("POS_BENCH_LOGS"):
+        os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
+        open(f"{os.environ['POS_BENCH_LOGS']}/{tag}.err", "w").write(text)
+        open(f"{os.environ['POS_BENCH_LOGS']}/{tag}.checkpoint.log", "w").write(log)
     ticks = [(float(a), float(b or 0), float(c), float(d)) for a, b, c, d in
              re.findall(r"cp-\d+: (?:whole|on cp-\d+), ([0-9.]+) MB written(?:, (\d+) MB left to earlier points)?, "
                         r"the job paused ([0-9.]+) ms, ([0-9.]+) s in all", log)]
     whole = [float(x) for x in re.findall(r"made whole in ([0-9.]+) s", log)]
     return dict(every=every, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read(),
-                disk=disk_max, points=points_max, whole=whole)
+                disk=disk_max, points=points_max, whole=whole, worst=worst)
 
 run(None, warm=True)
 configs = [None] + os.environ["EVERY"].split()
@@ -145,6 +161,8 @@ for e in configs:
     print("| " + " | ".join(cols) + " |")
 print("mean step ms of each run, in the order run: " +
       ", ".join(f"{r['every'] or 'none'} {statistics.mean(r['steps']):.2f}" for r in runs))
+for r in runs:
+    print(f"slowest steps, {r['every'] or 'none'}: " + "; ".join(r["worst"]))
 print(f"outputs identical to the run without a policy: {'yes' if not bad else 'NO: ' + ', '.join(bad)}")
 sys.exit(1 if bad else 0)
 PY
