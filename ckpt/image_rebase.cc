@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -213,7 +214,8 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
   return rep;
 }
 
-StatusOr<uint64_t> punch_unreferenced(const std::string& dir) {
+StatusOr<uint64_t> punch_unreferenced(const std::string& dir, uint64_t piece, uint32_t pause_us) {
+  if (piece == 0) piece = UINT64_MAX;
   auto opened = ImageReader::open_dir(dir);
   if (!opened.ok()) return opened.status();
   const ImageReader& img = **opened;
@@ -243,12 +245,17 @@ StatusOr<uint64_t> punch_unreferenced(const std::string& dir) {
     auto punch = [&](uint64_t from, uint64_t to) -> Status {
       from = align_up(from, 4096);
       if (to <= from) return Status::Ok();
-      if (::fallocate(fd.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
-                      static_cast<off_t>(to - from)) != 0) {
-        if (errno == EOPNOTSUPP) return Status::Unsupported("no hole punching");
-        return errno_status("cannot free unused bytes of " + path);
+      // In pieces, a pause between them: freeing gigabytes in one call holds the file system's
+      // and the allocator's locks for that long (docs/continuous_checkpointing.md).
+      for (uint64_t at = from; at < to;) {
+        const uint64_t n = std::min<uint64_t>(piece, to - at);
+        if (::fallocate(fd.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at), static_cast<off_t>(n)) != 0) {
+          if (errno == EOPNOTSUPP) return Status::Unsupported("no hole punching");
+          return errno_status("cannot free unused bytes of " + path);
+        }
+        punched += n, at += n;
+        if (at < to && pause_us > 0) ::usleep(static_cast<useconds_t>(pause_us));
       }
-      punched += to - from;
       return Status::Ok();
     };
     Status st_punch = Status::Ok();

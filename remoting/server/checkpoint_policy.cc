@@ -232,6 +232,27 @@ std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& point
 
 namespace {
 
+// A retired point deleted a piece at a time: each file of its own shrunk 64 MiB at a time with a
+// pause between (freeing gigabytes of a tmpfs in one call holds the allocator's locks for that long,
+// docs/continuous_checkpointing.md), then the tree removed. Files other entries link stay whole.
+void free_gently(const std::string& path) {
+  constexpr off_t kPiece = 64 << 20;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec); !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+    UniqueFd fd(::open(it->path().c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_nlink != 1) continue;
+    for (off_t size = st.st_size; size > kPiece;) {
+      size -= kPiece;
+      if (::ftruncate(fd.get(), size) != 0) break;
+      ::usleep(1000);
+    }
+  }
+  std::filesystem::remove_all(path, ec);
+}
+
 // Every file under `from` hard-linked into `to` (made 0700), directories made, links copied.
 Status link_tree(const std::string& from, const std::string& to, int depth = 0) {
   if (depth > 8) return Status::Unsupported(from + ": directories nested too deep");
@@ -459,15 +480,24 @@ Status CheckpointRunner::retire() {
     // job keeps the CPU meanwhile (a thread's nice cannot be raised back without privilege).
     std::thread([&] {
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-      for (const std::string& name : gone) {
-        std::error_code ec;
-        std::filesystem::remove_all(policy_.dir + "/.del-" + name, ec);
-      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const std::string& name : gone) free_gently(policy_.dir + "/.del-" + name);
+      const auto t1 = std::chrono::steady_clock::now();
       // The bytes of the earlier points' files that the point made whole does not use (buffers
       // rewritten since): their files are its own now.
+      uint64_t freed = 0;
       if (!punch_dir.empty()) {
         auto punched = ckpt::punch_unreferenced(punch_dir);
-        if (!punched.ok() && log_) log_("freeing unused bytes of " + punch_dir + ": " + punched.status().message());
+        if (punched.ok()) freed = *punched;
+        else if (log_) log_("freeing unused bytes of " + punch_dir + ": " + punched.status().message());
+      }
+      const auto t2 = std::chrono::steady_clock::now();
+      if (log_) {
+        char line[256];
+        std::snprintf(line, sizeof(line), "retention: %zu point(s) deleted in %.3f s; %.1f MB of unused bytes freed in %.3f s",
+                      gone.size(), std::chrono::duration<double>(t1 - t0).count(), static_cast<double>(freed) / 1e6,
+                      std::chrono::duration<double>(t2 - t1).count());
+        log_(line);
       }
     }).join();
   }
