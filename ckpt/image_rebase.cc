@@ -253,7 +253,7 @@ StatusOr<uint64_t> punch_unreferenced(const std::string& dir, uint64_t piece, ui
           if (errno == EOPNOTSUPP) return Status::Unsupported("no hole punching");
           return errno_status("cannot free unused bytes of " + path);
         }
-        punched += n, at += n;
+        at += n;
         if (at < to && pause_us > 0) ::usleep(static_cast<useconds_t>(pause_us));
       }
       return Status::Ok();
@@ -265,6 +265,10 @@ StatusOr<uint64_t> punch_unreferenced(const std::string& dir, uint64_t piece, ui
       pos = std::max(pos, off + len);
     }
     if (st_punch.ok() && pos < size) st_punch = punch(pos, size);
+    // What the holes freed (ranges punched before, in an earlier rebase, free nothing again).
+    struct stat after {};
+    if (::fstat(fd.fd, &after) == 0 && after.st_blocks < st.st_blocks)
+      punched += static_cast<uint64_t>(st.st_blocks - after.st_blocks) * 512;
     if (st_punch.code() == Code::kUnsupported) return punched;  // this file system keeps them
     POS_RETURN_IF_ERROR(st_punch);
   }

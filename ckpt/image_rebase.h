@@ -32,7 +32,8 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
 // such 4096-aligned stretch, in files that no other directory entry links (one link: the
 // ancestors are deleted), so no other image can lose bytes. A file system without hole punching
 // frees nothing and is no error. Holes are punched `piece` bytes at a time (0: each at once) with
-// `pause_us` between pieces. Returns the bytes the holes cover.
+// `pause_us` between pieces. Returns the bytes freed (the file system's blocks: ranges that were
+// holes already free nothing).
 StatusOr<uint64_t> punch_unreferenced(const std::string& dir, uint64_t piece = 64ull << 20, uint32_t pause_us = 1000);
 
 }  // namespace pos::ckpt
