@@ -253,6 +253,12 @@ void free_gently(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
+Status link_file(const std::string& src, const std::string& dst) {
+  if (::link(src.c_str(), dst.c_str()) != 0)
+    return Status::Unavailable("cannot link " + src + " to " + dst + ": " + std::strerror(errno));
+  return Status::Ok();
+}
+
 // Every file under `from` hard-linked into `to` (made 0700), directories made, links copied.
 Status link_tree(const std::string& from, const std::string& to, int depth = 0) {
   if (depth > 8) return Status::Unsupported(from + ": directories nested too deep");
@@ -267,8 +273,7 @@ Status link_tree(const std::string& from, const std::string& to, int depth = 0) 
     } else if (e.is_directory(ec)) {
       POS_RETURN_IF_ERROR(link_tree(src, dst, depth + 1));
     } else if (e.is_regular_file(ec)) {
-      if (::link(src.c_str(), dst.c_str()) != 0)
-        return Status::Unavailable("cannot link " + src + " to " + dst + ": " + std::strerror(errno));
+      POS_RETURN_IF_ERROR(link_file(src, dst));
     } else {
       return Status::Unsupported(src + " is neither a file, a directory nor a link");
     }
@@ -324,8 +329,7 @@ StatusOr<WholePointReport> make_point_whole(const std::string& dir, const std::s
     } else if (e.is_directory(ec)) {
       POS_RETURN_IF_ERROR(link_tree(src, dst));
     } else if (e.is_regular_file(ec)) {
-      if (::link(src.c_str(), dst.c_str()) != 0)
-        return Status::Unavailable("cannot link " + src + " to " + dst + ": " + std::strerror(errno));
+      POS_RETURN_IF_ERROR(link_file(src, dst));
     } else {
       return Status::Unsupported(src + " is neither a file nor a directory");
     }
