@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckpt/criu_image.h"
+#include "ckpt/image.h"
 #include "ckpt/region_table.h"
 
 namespace pos::ckpt {
@@ -361,12 +362,7 @@ StatusOr<CriuWholeReport> write_whole_criu_image(const std::string& dir, const s
     POS_RETURN_IF_ERROR(write_criu_pagemap(out_dir + "/" + name, out));
     ++rep.files;
   }
-  {
-    const int d = ::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    const bool synced = d >= 0 && ::fsync(d) == 0;
-    if (d >= 0) ::close(d);
-    if (!synced) return errno_status("cannot sync " + out_dir);
-  }
+  POS_RETURN_IF_ERROR(sync_directory(out_dir));
   scratch.keep = true;
   return rep;
 }

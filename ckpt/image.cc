@@ -170,6 +170,10 @@ void set_chunk_crc(pb::BlobRef* ref, uint64_t off, uint32_t crc) {
 }
 }  // namespace
 
+std::string image_memory_file(uint32_t k) { return k == 0 ? "memory.bin" : "memory." + std::to_string(k) + ".bin"; }
+
+Status sync_directory(const std::string& dir) { return fsync_dir(dir); }
+
 BlobChunkAt blob_chunk_at(const pb::BlobRef& ref, uint64_t index) {
   if (ref.stripes() < 2) return BlobChunkAt{ref.file(), ref.offset() + index * ref.chunk_size()};
   return BlobChunkAt{ref.file() + static_cast<uint32_t>(index % ref.stripes()),
@@ -424,7 +428,7 @@ class DirWriter final : public ImageWriter {
     lk.unlock();
     // Each file ends where its last blob's aligned slot ends (the inventory's sizes).
     for (size_t i = 0; i < files_.size(); ++i) {
-      const std::string name = file_name(static_cast<uint32_t>(i));
+      const std::string name = image_memory_file(static_cast<uint32_t>(i));
       if (::ftruncate(files_[i].fd.get(), static_cast<off_t>(ends_[i])) != 0) return errno_status("sizing " + name);
       if (::fsync(files_[i].fd.get()) != 0) return errno_status("fsync " + name);
     }
@@ -456,10 +460,9 @@ class DirWriter final : public ImageWriter {
     Fd fd;
     bool direct = false;
   };
-  static std::string file_name(uint32_t i) { return i == 0 ? "memory.bin" : "memory." + std::to_string(i) + ".bin"; }
   // Under mu_ (or before the writers start).
   Status open_file(uint32_t i) {
-    const fs::path mem = partial_ / file_name(i);
+    const fs::path mem = partial_ / image_memory_file(i);
     const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
     int fd = opt_.direct_io ? ::open(mem.c_str(), flags | O_DIRECT, 0644) : -1;
     const bool direct = fd >= 0;
@@ -513,8 +516,8 @@ class DirWriter final : public ImageWriter {
       // used), is then neither written here nor read again by the migration stream (it sends what
       // the file system says is data).
       const bool zeros = len > 0 && j.buf[0] == std::byte{0} && std::memcmp(j.buf, j.buf + 1, len - 1) == 0;
-      Status s = zeros ? Status::Ok() : write_all(fd, j.buf, len, at, file_name(file));
-      if (s.ok() && !zeros && opt_.on_written) opt_.on_written(file_name(file), at, len);
+      Status s = zeros ? Status::Ok() : write_all(fd, j.buf, len, at, image_memory_file(file));
+      if (s.ok() && !zeros && opt_.on_written) opt_.on_written(image_memory_file(file), at, len);
       fault_point("dump-blob");
       std::lock_guard<std::mutex> lk(mu_);
       set_chunk_crc(&refs_[j.blob], j.off, crc);  // refs_ grows under mu_ too
@@ -725,8 +728,7 @@ Status validate_client(const pb::ClientImage& c, const std::vector<uint64_t>& me
           const uint32_t file = r.stripes() >= 2 ? r.file() + k : r.file();
           const uint64_t n = stripe_bytes(r, k), memory_size = memory_sizes[file];
           if (r.offset() > memory_size || n > memory_size - r.offset())
-            return Status::Corrupt(who + ": blob outside " + (file == 0 ? std::string("memory.bin")
-                                                                        : "memory." + std::to_string(file) + ".bin"));
+            return Status::Corrupt(who + ": blob outside " + image_memory_file(file));
           if (n > 0) blobs.emplace_back(file, r.offset(), n);
         }
       }
@@ -914,7 +916,7 @@ StatusOr<std::unique_ptr<ImageReader>> ImageReader::open_dir_at(const std::strin
     return Status::Corrupt(dir + ": " + std::to_string(extra.size() + 1) + " memory files, more than " +
                            std::to_string(kMaxMemoryFiles));
   for (int i = 0; i <= extra.size(); ++i) {
-    const std::string name = i == 0 ? "memory.bin" : "memory." + std::to_string(i) + ".bin";
+    const std::string name = image_memory_file(static_cast<uint32_t>(i));
     const uint64_t want = i == 0 ? r->inventory_.memory_size() : extra[i - 1];
     struct stat st {};
     auto mfd = open_regular(d / name, &st);
@@ -1007,7 +1009,7 @@ Status ImageReader::verify_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t 
   if (crc32c(data, n) != ref.chunk_crc(static_cast<int>(idx))) {
     const BlobChunkAt at = blob_chunk_at(ref, idx);
     return Status::Corrupt((dir_.empty() ? std::string("memory image") : dir_) + ": checksum mismatch in " +
-                           (at.file == 0 ? std::string("memory.bin") : "memory." + std::to_string(at.file) + ".bin") +
+                           image_memory_file(at.file) +
                            " at offset " + std::to_string(at.offset));
   }
   return Status::Ok();
@@ -1028,7 +1030,7 @@ Status ImageReader::read_chunk(const pb::BlobRef& ref, uint64_t off, uint64_t n,
     const BlobChunkAt at = blob_chunk_at(ref, off / ref.chunk_size());
     if (at.file >= memory_fds_.size()) return Status::Corrupt(dir_ + ": blob in a memory file the image does not have");
     POS_RETURN_IF_ERROR(read_all(memory_fds_[at.file], dst, n, at.offset,
-                                 dir_ + "/" + (at.file == 0 ? std::string("memory.bin") : "memory." + std::to_string(at.file) + ".bin")));
+                                 dir_ + "/" + image_memory_file(at.file)));
   }
   return verify_chunk(ref, off, n, dst);
 }

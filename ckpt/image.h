@@ -45,6 +45,10 @@ struct BlobChunkAt {
   uint64_t offset;
 };
 BlobChunkAt blob_chunk_at(const pb::BlobRef& ref, uint64_t index);
+// Memory file `k` of an image: memory.bin, memory.1.bin, ...
+std::string image_memory_file(uint32_t k);
+// fsync of a directory (after entries in it were made, renamed or linked).
+Status sync_directory(const std::string& dir);
 inline constexpr int kMaxParentDepth = 64;
 inline constexpr uint64_t kMaxRecordBytes = 1ull << 30;  // client.pb: fatbins included
 // Bounds on pending calls (ClientImage.pending). A client never has more than 2 x queues.depth

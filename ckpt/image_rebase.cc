@@ -26,8 +26,6 @@ namespace fs = std::filesystem;
 
 Status errno_status(const std::string& what) { return Status::Unavailable(what + ": " + std::strerror(errno)); }
 
-std::string memory_file_name(uint32_t k) { return k == 0 ? "memory.bin" : "memory." + std::to_string(k) + ".bin"; }
-
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 struct FdCloser {
@@ -53,12 +51,6 @@ Status write_new_file(const std::string& path, const std::string& bytes) {
   if (fd.fd < 0) return errno_status("cannot create " + path);
   POS_RETURN_IF_ERROR(write_all_at(fd.fd, bytes.data(), bytes.size(), 0, path));
   if (::fsync(fd.fd) != 0) return errno_status("cannot sync " + path);
-  return Status::Ok();
-}
-
-Status sync_dir(const std::string& dir) {
-  FdCloser d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d.fd < 0 || ::fsync(d.fd) != 0) return errno_status("cannot sync " + dir);
   return Status::Ok();
 }
 
@@ -129,7 +121,7 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
   if (::mkdir(out_dir.c_str(), 0700) != 0) return errno_status("cannot make " + out_dir);
   Scratch scratch{out_dir};
   for (uint32_t k = 0; k < own_files; ++k) {
-    const std::string from = dir + "/" + memory_file_name(k), to = out_dir + "/" + memory_file_name(k);
+    const std::string from = dir + "/" + image_memory_file(k), to = out_dir + "/" + image_memory_file(k);
     if (::link(from.c_str(), to.c_str()) != 0) return errno_status("cannot link " + from + " to " + to);
   }
   std::vector<uint64_t> sizes{inv.memory_size()};
@@ -140,7 +132,7 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
   if (link_ancestors) {
     for (const auto& [key, index] : new_index) {
       const ImageReader* a = chain[key.first];
-      const std::string from = a->dir() + "/" + memory_file_name(key.second), to = out_dir + "/" + memory_file_name(index);
+      const std::string from = a->dir() + "/" + image_memory_file(key.second), to = out_dir + "/" + image_memory_file(index);
       if (::link(from.c_str(), to.c_str()) != 0) return errno_status("cannot link " + from + " to " + to);
       sizes.push_back(declared_size(a->inventory(), key.second));
       ++rep.files_linked;
@@ -153,7 +145,7 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
     }
   } else {
     // Too many files to link: the ancestors' bytes copied into one, each chunk verified as read.
-    const std::string path = out_dir + "/" + memory_file_name(own_files);
+    const std::string path = out_dir + "/" + image_memory_file(own_files);
     FdCloser fd{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
     if (fd.fd < 0) return errno_status("cannot create " + path);
     std::vector<std::byte> buf;
@@ -204,7 +196,7 @@ StatusOr<WholeImageReport> write_whole_image(const std::string& dir, const std::
   whole.set_format_version(version);
   POS_RETURN_IF_ERROR(write_new_file(out_dir + "/client.pb", cbytes));
   POS_RETURN_IF_ERROR(write_new_file(out_dir + "/inventory.pb", encode_inventory(whole)));
-  POS_RETURN_IF_ERROR(sync_dir(out_dir));
+  POS_RETURN_IF_ERROR(sync_directory(out_dir));
   // What a restore will check, checked now: a bug here must cost the rebase, not a restore point.
   auto check = ImageReader::open_dir(out_dir);
   if (!check.ok()) return Status::Internal("the whole image of " + dir + " does not read back: " + check.status().message());
@@ -232,7 +224,7 @@ StatusOr<uint64_t> punch_unreferenced(const std::string& dir, uint64_t piece, ui
   }
   uint64_t punched = 0;
   for (uint32_t k = 0; k < files; ++k) {
-    const std::string path = dir + "/" + memory_file_name(k);
+    const std::string path = dir + "/" + image_memory_file(k);
     FdCloser fd{::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW)};
     if (fd.fd < 0) return errno_status("cannot open " + path);
     struct stat st {};
