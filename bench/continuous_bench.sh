@@ -14,6 +14,9 @@
 #   --keep, --full-every   the policy's (default 1 and 3: the disk holds the one point kept, made whole
 #               by retention when it builds on the one before)
 #   --dir       where the points go (default /dev/shm when it has room for 3x the job, else $TMPDIR)
+#   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
+#               posd and the policy's checkpointer on others (the job's host work is what spreads
+#               its steps: bench/step_spread.sh)
 #   MODEL ARGS  default: ~9.5 GB of parameters, half of the layers frozen (--frozen 4: their tensors
 #               never change, so incremental points leave them to the whole one)
 # Every run must print the same losses and checksum as the run without a policy, else exit 1.
@@ -23,9 +26,9 @@
 # hard-linked file once, holes not counted), sampled every second; the table gives the largest, and
 # how long retention took to make a point whole (mean).
 set -uo pipefail
-[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,18p "$0" >&2; exit 2; }
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,21p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
-EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda; ROUNDS=2
+EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda; ROUNDS=2 JOB_CPUS="" POSD_CPUS=""
 MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -37,20 +40,26 @@ while [[ $# -gt 0 ]]; do
     --full-every) FULL="$2"; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
     --backend) BACKEND="$2"; shift 2 ;;
+    --job-cpus) JOB_CPUS="$2"; [[ $JOB_CPUS =~ ^[0-9,-]+$ ]] || { echo "continuous_bench: bad --job-cpus" >&2; exit 2; }; shift 2 ;;
+    --posd-cpus) POSD_CPUS="$2"; [[ $POSD_CPUS =~ ^[0-9,-]+$ ]] || { echo "continuous_bench: bad --posd-cpus" >&2; exit 2; }; shift 2 ;;
     --) shift; MODEL=("$@"); break ;;
     *) echo "continuous_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+[[ -z "$JOB_CPUS" && -z "$POSD_CPUS" || -n "$JOB_CPUS" && -n "$POSD_CPUS" ]] ||
+  { echo "continuous_bench: --job-cpus and --posd-cpus go together" >&2; exit 2; }
+[[ -n "$POSD_CPUS" ]] && POSD_PREFIX=(taskset -c "$POSD_CPUS")
 for f in tools/posd tools/pos-cli workloads/mlp_train_native remoting/client/libpos_client.so; do
   [[ -e "$BUILD/$f" ]] || { echo "continuous_bench: $BUILD/$f is missing" >&2; exit 2; }
 done
 source "$(dirname "${BASH_SOURCE[0]}")/policy_common.sh"
 bench_scratch continuous-bench
 start_bench_posd "$BACKEND"
-echo "points: $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}')); job: mlp_train_native ${MODEL[*]} --steps $STEPS; backend $BACKEND"
+echo "points: $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}')); job: mlp_train_native ${MODEL[*]} --steps $STEPS; backend $BACKEND" \
+  "${JOB_CPUS:+; job on cores $JOB_CPUS, posd and the checkpointer on $POSD_CPUS}"
 
 BUILD="$BUILD" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" STEPS="$STEPS" EVERY="$EVERY" WITH_CPU="$WITH_CPU" KEEP="$KEEP" \
-FULL="$FULL" ROUNDS="$ROUNDS" python3 - "${MODEL[@]}" <<'PY'
+FULL="$FULL" ROUNDS="$ROUNDS" JOB_CPUS="$JOB_CPUS" POSD_CPUS="$POSD_CPUS" python3 - "${MODEL[@]}" <<'PY'
 import json, os, re, statistics, subprocess, sys, time
 B, SOCK, TMP, WORK = os.environ["BUILD"], os.environ["SOCK"], os.environ["TMP"], os.environ["WORK"]
 steps, model = os.environ["STEPS"], sys.argv[1:]
@@ -59,10 +68,12 @@ env = dict(os.environ, POS_SOCKET=SOCK, LD_LIBRARY_PATH="/usr/local/cuda/lib64",
            LD_PRELOAD=B + "/remoting/client/libpos_client.so", POS_JOBS_DIR=TMP + "/jobs",
            POS_ARENA_SIZE="1GiB")  # the job pins 256 MiB of staging for its checksum
 
+pin = lambda cpus: ["taskset", "-c", cpus] if cpus else []
+
 def run(every, rnd=0, warm=False):
     tag = (every or "none") + f"-{rnd}"
     out, err = open(f"{TMP}/{tag}.out", "w"), open(f"{TMP}/{tag}.err", "w+")
-    job = subprocess.Popen([B + "/workloads/mlp_train_native", *model, "--steps", "30" if warm else steps, "--step-times"],
+    job = subprocess.Popen(pin(os.environ["JOB_CPUS"]) + [B + "/workloads/mlp_train_native", *model, "--steps", "30" if warm else steps, "--step-times"],
                            env=dict(env, POS_JOB_NAME="bench-" + tag), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     samples, status_path = [], f"{TMP}/jobs/checkpoints/{job.pid}.json"
     if every:
@@ -71,7 +82,7 @@ def run(every, rnd=0, warm=False):
             if re.search(r"^step 10 time_ms", open(err.name).read(), re.M): break
             time.sleep(0.05)
         d = f"{WORK}/{tag}"
-        cmd = [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", os.environ["KEEP"],
+        cmd = pin(os.environ["POSD_CPUS"]) + [cli, "checkpoint", "-t", str(job.pid), "-D", d, "--every", every, "--keep", os.environ["KEEP"],
                "--full-every", os.environ["FULL"], "--socket", SOCK, "--jobs-dir", TMP + "/jobs"]
         if os.environ["WITH_CPU"]: cmd.append("--with-cpu")
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -107,15 +118,19 @@ def run(every, rnd=0, warm=False):
         sys.exit(f"continuous_bench: the {tag} run failed (exit {job.returncode}): {open(err.name).read()[-800:]}")
     text = open(err.name).read()
     t = [float(m.group(2)) for m in re.finditer(r"^step (\d+) time_ms ([0-9.]+)", text, re.M) if int(m.group(1)) >= 10]
+    phases = [(float(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5))) for m in
+              re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*gen_ms ([0-9.]+) issue_ms ([0-9.]+) wait_ms ([0-9.]+)", text, re.M)
+              if int(m.group(1)) >= 10]
     # The three slowest steps, each placed against the nearest tick: seconds from the tick's start
     # and from the end of its retention (negative: before).
     worst = []
-    for m in sorted(re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*wall_s ([0-9.]+)", text, re.M),
+    for m in sorted(re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*wall_s ([0-9.]+)(?: gen_ms ([0-9.]+) issue_ms ([0-9.]+) wait_ms ([0-9.]+))?", text, re.M),
                     key=lambda m: -float(m.group(2))):
         if int(m.group(1)) < 10: continue
         w = float(m.group(3))
         near = min(spans, key=lambda sp: abs(w - sp[0])) if spans else None
         worst.append(f"step {m.group(1)} {float(m.group(2)):.0f} ms" +
+                     (f" (gen {float(m.group(4)):.0f}, issue {float(m.group(5)):.0f}, wait {float(m.group(6)):.0f})" if m.group(4) else "") +
                      (f" (tick start {w - near[0]:+.2f} s, retention end {w - near[1]:+.2f} s)" if near else ""))
         if len(worst) == 3: break
     if os.environ.get("POS_BENCH_LOGS"):
@@ -127,7 +142,7 @@ def run(every, rnd=0, warm=False):
                         r"the job paused ([0-9.]+) ms, ([0-9.]+) s in all", log)]
     whole = [float(x) for x in re.findall(r"made whole in ([0-9.]+) s", log)]
     return dict(every=every, steps=t, status=s, ticks=ticks, rpo=rpo, out=open(f"{TMP}/{tag}.out").read(),
-                disk=disk_max, points=points_max, whole=whole, worst=worst)
+                disk=disk_max, points=points_max, whole=whole, worst=worst, phases=phases)
 
 run(None, warm=True)
 configs = [None] + os.environ["EVERY"].split()
@@ -159,6 +174,16 @@ for e in configs:
             "-" if not ss else f"{max(r['disk'] for r in rs) / 1e9:.2f}",
             "-" if not ss else (lambda w: f"{len(w)}, {statistics.mean(w):.3f}" if w else "0")([x for r in rs for x in r["whole"]])]
     print("| " + " | ".join(cols) + " |")
+print("phases of a step, ms (the job's --step-times): host batch generation (the GPU idles), issuing the GPU")
+print("work, waiting for it; medians, then the slow steps' (> 1.1x the median) mean extra over them")
+for e in configs:
+    ph = [p for r in runs if r["every"] == e for p in r["phases"]]
+    if len(ph) < 3: continue
+    med = [statistics.median(p[i] for p in ph) for i in range(4)]
+    slow = [p for p in ph if p[0] > 1.1 * med[0]]
+    extra = [statistics.mean(p[i] for p in slow) - med[i] if slow else 0.0 for i in range(4)]
+    print(f"  {'none' if e is None else 'every ' + e}: gen {med[1]:.2f}, issue {med[2]:.2f}, wait {med[3]:.2f}; "
+          f"{len(slow)} slow steps, extra gen {extra[1]:+.2f}, issue {extra[2]:+.2f}, wait {extra[3]:+.2f}")
 print("mean step ms of each run, in the order run: " +
       ", ".join(f"{r['every'] or 'none'} {statistics.mean(r['steps']):.2f}" for r in runs))
 for r in runs:

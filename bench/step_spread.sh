@@ -61,9 +61,28 @@ run() {  # $1: name; the rest: env prefix
   "${JOB_PREFIX[@]}" env "$@" "$BUILD/workloads/mlp_train_native" "${ARGS[@]}" </dev/null >/dev/null 2>"$TMP/$name.err" &
   local job=$!
   sleep "$SECONDS_PER_RUN"
+  threads_cpu "$name" "$job" "$POSD_PID" "$PPOSD_PID" >"$TMP/$name.threads"
   kill -KILL "$job" 2>/dev/null; wait "$job" 2>/dev/null
   kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; SMI_PID=""
   echo "$name: $(grep -c '^step ' "$TMP/$name.err") steps" >&2
+}
+# The CPU time each thread of the job and of both posds (with their session processes) has used so
+# far, the busiest first: a thread that spins or competes with the job's own shows here.
+threads_cpu() {  # $1: run name; the rest: pids (empty ones skipped)
+  local name=$1; shift
+  local pids=() p
+  for p in "$@"; do [[ -n "$p" ]] && pids+=("$p" $(pgrep -P "$p" 2>/dev/null)); done
+  local hz; hz=$(getconf CLK_TCK)
+  for p in "${pids[@]}"; do
+    for t in /proc/"$p"/task/*; do
+      [[ -r "$t/stat" ]] || continue
+      # Fields after the ")" of comm: utime is the 12th, stime the 13th; the last CPU run on the 37th.
+      awk -v hz="$hz" -v pid="$p" -v tid="${t##*/}" -v name="$name" '{
+          i = index($0, ") "); comm = substr($0, index($0, "(") + 1, i - index($0, "(") - 1)
+          split(substr($0, i + 2), f, " ")
+          printf "%s %s/%s %s %.2f cpu%s\n", name, pid, tid, comm, (f[12] + f[13]) / hz, f[37] }' "$t/stat"
+    done
+  done | sort -k4,4 -g -r | head -12
 }
 NAMES=() JOB_PREFIX=()
 for ((r = 1; r <= ROUNDS; ++r)); do
@@ -123,4 +142,27 @@ for n in names:
     print(f"| {n} | {len(ms)} | {st.mean(ms):.2f} | {med:.2f} | {p95:.2f} | {ms[-1] / med:.2f} | {100 * over:.1f} % | "
           f"{st.median(clocks):.0f} ({min(clocks):.0f}) | {st.mean(power):.0f} ({max(power):.0f}) | "
           f"{' '.join(reasons) if reasons else 'none'} | {corr} |")
+print()
+print("Phases of a step (ms; the job's --step-times): host batch generation (the GPU idles), issuing")
+print("the GPU work, waiting for it. Medians, then the slow steps (> 1.1x the median) less those medians:")
+print("where a slow step's extra time went.")
+print("| run | gen median | issue median | wait median | slow steps | their extra: gen | issue | wait |")
+print("|---|---|---|---|---|---|---|---|")
+for n in names:
+    ph = []  # (total, gen, issue, wait)
+    for line in open(f"{tmp}/{n}.err"):
+        f = line.split()
+        if len(f) >= 16 and f[0] == "step" and f[10] == "gen_ms" and int(f[1]) >= 10:
+            ph.append((float(f[3]), float(f[11]), float(f[13]), float(f[15])))
+    if len(ph) < 3:
+        continue
+    med = [st.median(p[i] for p in ph) for i in range(4)]
+    slow = [p for p in ph if p[0] > 1.1 * med[0]]
+    extra = [st.mean(p[i] for p in slow) - med[i] if slow else 0.0 for i in range(4)]
+    print(f"| {n} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} | {len(slow)} | {extra[1]:+.2f} | {extra[2]:+.2f} | {extra[3]:+.2f} |")
+print()
+print("Busiest threads of each run (run, pid/tid, name, CPU seconds so far, last CPU):")
+for n in names:
+    try: print(open(f"{tmp}/{n}.threads").read().rstrip())
+    except OSError: pass
 EOF

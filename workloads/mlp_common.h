@@ -237,7 +237,7 @@ inline const char* usage_text() {
          "  --param-mib N   pick --hidden so the parameters take about N MiB (needs --layers >= 1)\n"
          "  --frozen N      the first N layers are not trained (default 0; at most layers + 1)\n"
          "  --reserve-mib N a device buffer of N MiB set at start, read only at the end (default 0)\n"
-         "  --step-times    print each step's wall time to stderr (CUDA program only; stdout unchanged)\n"
+         "  --step-times    print each step's time and phases to stderr (CUDA program only; stdout unchanged)\n"
          "  --help          print this and exit\n";
 }
 

@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
     if (step == 1) t_steps = t_step;
     // The previous step ended with a stream sync, so the pinned batch buffers are free to refill.
     data.batch(step, h_x, h_t);
+    const auto t_gen = std::chrono::steady_clock::now();
     check(cudaMemcpyAsync(act[0], h_x, sizeof(float) * cfg.input * batch, cudaMemcpyHostToDevice, g_stream),
           "cudaMemcpyAsync");
     check(cudaMemcpyAsync(d_target, h_t, sizeof(float) * cfg.output * batch, cudaMemcpyHostToDevice, g_stream),
@@ -199,6 +200,7 @@ int main(int argc, char** argv) {
     }
 
     check(cudaMemcpyAsync(h_loss, d_loss, sizeof(float), cudaMemcpyDeviceToHost, g_stream), "cudaMemcpyAsync");
+    const auto t_issued = std::chrono::steady_clock::now();
     check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize");
     if (cfg.step_times) {
       // Start and end on the monotonic clock (seconds) as well, so a step can be matched with what
@@ -211,9 +213,12 @@ int main(int argc, char** argv) {
         return std::chrono::duration<double>(t.time_since_epoch()).count();
       };
       const double wall_start = std::chrono::duration<double>(w_step.time_since_epoch()).count();
-      std::fprintf(stderr, "step %d time_ms %.4f start_s %.6f end_s %.6f wall_s %.6f\n", step,
-                   std::chrono::duration<double, std::milli>(t_end - t_step).count(), secs(t_step), secs(t_end),
-                   wall_start);
+      // Then the step's three phases (ms), to tell where a slow step lost its time: the host-side
+      // batch generation (the GPU idles meanwhile), issuing the step's GPU work, and waiting for it.
+      auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+      std::fprintf(stderr, "step %d time_ms %.4f start_s %.6f end_s %.6f wall_s %.6f gen_ms %.4f issue_ms %.4f wait_ms %.4f\n",
+                   step, ms(t_step, t_end), secs(t_step), secs(t_end), wall_start, ms(t_step, t_gen),
+                   ms(t_gen, t_issued), ms(t_issued, t_end));
     }
     mlp::print_step(stdout, step, *h_loss);
     std::fflush(stdout);
