@@ -6,6 +6,7 @@
 // that round the same with or without FMA contraction, so both builds start from the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -125,7 +126,7 @@ class DataGen {
     const float s = static_cast<float>(1.4 / std::sqrt(static_cast<double>(c.input)));
     for (long long j = 0; j < c.output; ++j) {
       for (long long i = 0; i < c.input; ++i)
-        teacher_[static_cast<size_t>(i + j * c.input)] = hash_unit(hash3(c.seed, 0x7465616368ull + j, i)) * s;
+        teacher_[static_cast<size_t>(j + i * c.output)] = hash_unit(hash3(c.seed, 0x7465616368ull + j, i)) * s;
       offset_[static_cast<size_t>(j)] = hash_unit(hash3(c.seed, 0x6f6666736574ull, j));
     }
   }
@@ -136,19 +137,39 @@ class DataGen {
     for (long long b = 0; b < c_.batch; ++b) {
       float* xb = x + b * in;
       for (long long i = 0; i < in; ++i) xb[i] = hash_unit(hash3(c_.seed + 0x64617461ull, step, b * in + i));
-      for (long long j = 0; j < out; ++j) {
-        const float* tj = teacher_.data() + j * in;
-        // Float x float is exact in double, so a fused multiply-add rounds like the plain sum.
-        double z = 0.0;
-        for (long long i = 0; i < in; ++i) z += static_cast<double>(xb[i]) * static_cast<double>(tj[i]);
-        t[j + b * out] = static_cast<float>(static_cast<double>(offset_[static_cast<size_t>(j)]) + std::sin(z));
+    }
+    // target_j = c_j + sin(sum_i x_i t_ij), each sum over i in order, so it rounds as one plain loop
+    // would. All targets of kBlock samples go at once (z += x_i * row i of the teacher): their adds
+    // overlap instead of each waiting for the one before, and each row of the teacher is read once
+    // per block, not per sample. One sum at a time took ~85 ms a batch at the bench's size, more than
+    // the GPU's part of a step (bench/step_spread.sh). Float x float is exact in double, so a fused
+    // multiply-add rounds like the plain sum.
+    std::vector<double> z(static_cast<size_t>(kBlock * out));
+    for (long long b0 = 0; b0 < c_.batch; b0 += kBlock) {
+      const long long nb = std::min<long long>(kBlock, c_.batch - b0);
+      std::fill(z.begin(), z.end(), 0.0);
+      for (long long i = 0; i < in; ++i) {
+        const float* td = teacher_.data() + i * out;
+        for (long long k = 0; k < nb; ++k) {
+          const double xi = static_cast<double>(x[(b0 + k) * in + i]);
+          double* zk = z.data() + k * out;
+          long long j = 0;
+          for (; j + 8 <= out; j += 8)  // a fixed count: compilers make it vector code at -O2
+            for (int u = 0; u < 8; ++u) zk[j + u] += xi * static_cast<double>(td[j + u]);
+          for (; j < out; ++j) zk[j] += xi * static_cast<double>(td[j]);
+        }
       }
+      for (long long k = 0; k < nb; ++k)
+        for (long long j = 0; j < out; ++j)
+          t[j + (b0 + k) * out] = static_cast<float>(static_cast<double>(offset_[static_cast<size_t>(j)]) +
+                                                     std::sin(z[static_cast<size_t>(k * out + j)]));
     }
   }
 
  private:
   MlpConfig c_;
-  std::vector<float> teacher_;  // input x output, column j = teacher of output j
+  static constexpr long long kBlock = 8;
+  std::vector<float> teacher_;  // input x output, row i: input i's weight in each target
   std::vector<float> offset_;   // c_j in [-1, 1)
 };
 
