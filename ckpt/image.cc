@@ -355,11 +355,9 @@ class DirWriter final : public ImageWriter {
     if (!fs::create_directory(partial_, ec))
       return Status(Code::kUnavailable, 0, "cannot create " + partial_.string() + ": " + ec.message());
     fault_point("dump-begin");
-    unsigned files = opt_.memory_files;
-    if (files == 0) files = static_cast<unsigned>(std::clamp(default_crc_threads(), 2, 8));
-    nfiles_ = std::min<unsigned>(files, kMaxMemoryFiles);
+    nfiles_ = opt_.files();
     POS_RETURN_IF_ERROR(open_file(0));  // memory.bin always; the others once a blob goes there
-    for (uint32_t i = 0; i < std::max({2u, opt_.staging_buffers, 2 * nfiles_}); ++i) {
+    for (uint32_t i = 0; i < opt_.staging_chunks(); ++i) {
       auto* b = static_cast<std::byte*>(opt_.alloc.alloc(kChunkSize));
       if (b == nullptr) return Status(Code::kOutOfMemory, 0, "cannot allocate checkpoint staging memory");
       all_.push_back(b);
@@ -615,6 +613,13 @@ Status MemoryWriterImpl::commit(pb::Inventory inv, const pb::ClientImage& client
 }
 
 }  // namespace
+
+uint32_t DirWriterOptions::files() const {
+  const uint32_t n = memory_files != 0 ? memory_files : static_cast<uint32_t>(std::clamp(default_crc_threads(), 2, 8));
+  return std::min<uint32_t>(n, kMaxMemoryFiles);
+}
+
+uint32_t DirWriterOptions::staging_chunks() const { return std::max({2u, staging_buffers, 2 * files()}); }
 
 // ---------------- public helpers ----------------
 HostAllocator HostAllocator::plain() {

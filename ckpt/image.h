@@ -155,6 +155,10 @@ struct DirWriterOptions {
   // memory.K.bin, inside "<dir>.partial") are written; chunks of zeros, left as holes, are not
   // reported. pos-cli migrate sends the stop's GPU part as posd drains it from these.
   std::function<void(const std::string& name, uint64_t offset, uint64_t length)> on_written;
+  // The memory files a writer with these options opens, and the staging chunks (kChunkSize) it
+  // takes from `alloc` when it opens (a session that page-locks them ahead makes this many).
+  uint32_t files() const;
+  uint32_t staging_chunks() const;
 };
 // To a directory: everything goes to "<dir>.partial" first, is fsynced, then renamed into place
 // (or exchanged with the old image when replacing), so a crash never damages the last image.

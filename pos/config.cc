@@ -332,6 +332,8 @@ class Reader {
            return Status::Ok();
          }},
         {"spare_session", [this](const Entry& e) { return store(read_bool(e), &c_->posd_spare_session); }},
+        {"checkpoint_staging_ahead",
+         [this](const Entry& e) { return store(read_bool(e), &c_->posd_checkpoint_staging_ahead); }},
         {"checkpoint_policy", [this](const Entry& e) { return walk(e, policy_keys()); }},
         {"migration", [this](const Entry& e) { return walk(e, migration_keys()); }},
         {"limits", [this](const Entry& e) { return limits(e); }},
@@ -615,6 +617,7 @@ std::string config_to_yaml(const Config& c) {
   y << YAML::Key << "isolation" << YAML::Value << (c.posd_isolation == Isolation::kProcess ? "process" : "shared");
   y << YAML::Key << "session_binary" << YAML::Value << YAML::DoubleQuoted << c.posd_session_binary;
   y << YAML::Key << "spare_session" << YAML::Value << c.posd_spare_session;
+  y << YAML::Key << "checkpoint_staging_ahead" << YAML::Value << c.posd_checkpoint_staging_ahead;
   y << YAML::Key << "metrics" << YAML::Value << YAML::DoubleQuoted << c.posd_metrics;
   y << YAML::Key << "usage_region" << YAML::Value << YAML::DoubleQuoted << c.posd_usage_region;
   y << YAML::Key << "limits" << YAML::Value << YAML::BeginSeq;
@@ -686,6 +689,12 @@ const Config::JobLimits* rule_for_job(const Config& c, const std::string& job) {
   return nullptr;
 }
 }  // namespace
+
+bool policy_names_job(const Config& c, const std::string& job) {
+  for (const std::string& pattern : c.posd_policy.jobs)
+    if (::fnmatch(pattern.c_str(), job.c_str(), 0) == 0) return true;
+  return false;
+}
 
 uint64_t memory_quota_for_job(const Config& c, const std::string& job) {
   const Config::JobLimits* r = rule_for_job(c, job);

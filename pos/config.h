@@ -84,6 +84,11 @@ struct Config {
   // its backend up (for CUDA: a context, ~0.3 s to make), and hands it the next job or restore, so
   // that neither waits for it; then starts the next spare. Costs one idle context's device memory.
   bool posd_spare_session = false;
+  // posd.checkpoint_staging_ahead: every job's session page-locks its checkpoint staging (16
+  // chunks of 8 MiB on a 16-core host) as it starts, instead of at its first checkpoint, where the
+  // driver held the job's GPU work for the ~60-70 ms it takes (the H200). Sessions of jobs that
+  // posd.checkpoint_policy names do so whatever this says (docs/continuous_checkpointing.md).
+  bool posd_checkpoint_staging_ahead = false;
   // The session process's program (posd-session). Empty: $POS_SESSION_BINARY, else found beside
   // libpos_posd or posd (docs/remoting.md, "Session processes").
   std::string posd_session_binary;
@@ -145,6 +150,8 @@ StatusOr<Config> config_from_environment();
 // The device-memory quota of a job named `job` (posd.limits' first matching rule; else
 // client.memory_quota). 0: none.
 uint64_t memory_quota_for_job(const Config& c, const std::string& job);
+// Whether posd.checkpoint_policy's `jobs` patterns name the job.
+bool policy_names_job(const Config& c, const std::string& job);
 // Its GPU-time share, per mille (posd.limits' first matching rule; 0: none).
 uint32_t gpu_share_for_job(const Config& c, const std::string& job);
 // The SM limit of the first posd.limits rule that names the job (0: none).

@@ -67,6 +67,23 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingThem) {
   EXPECT_EQ(d->delayed_verdict, VerdictLook::kAuto);
   EXPECT_FALSE(parse_config("client: {max_clients: 4096, va_size: 1TiB}").ok());  // exceeds user VA
   EXPECT_FALSE(parse_config("[unclosed").ok());
+  auto s = parse_config("posd: {checkpoint_staging_ahead: often}");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("checkpoint_staging_ahead"), std::string::npos) << s.status().message();
+}
+
+// Sessions page-lock their checkpoint staging as they start when posd.checkpoint_staging_ahead
+// says so (posd sets it for the jobs its checkpoint_policy names; off otherwise: 128 MiB of
+// page-locked memory per job on a 16-core host).
+TEST(Config, CheckpointStagingAheadIsOffByDefaultAndThePolicysPatternsNameItsJobs) {
+  auto c = parse_config("posd:\n  checkpoint_staging_ahead: true\n  checkpoint_policy: {jobs: [\"train-*\", eval], dir: /tmp}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->posd_checkpoint_staging_ahead);
+  EXPECT_FALSE(Config{}.posd_checkpoint_staging_ahead);
+  EXPECT_TRUE(policy_names_job(*c, "train-7"));
+  EXPECT_TRUE(policy_names_job(*c, "eval"));
+  EXPECT_FALSE(policy_names_job(*c, "evaluate"));
+  EXPECT_FALSE(policy_names_job(Config{}, "train-7"));
 }
 
 TEST(Config, TheShadowPoolIsAutoByDefaultOrASizeButNeverZero) {
@@ -517,6 +534,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   c.posd_isolation = Isolation::kShared;
   c.posd_session_binary = "/opt/pos/libexec/posd-session";
   c.posd_spare_session = true;
+  c.posd_checkpoint_staging_ahead = true;
   c.posd_usage_region = "/run/pos x/usage";
   c.posd_limits = {{{"train*", "a: b"}, 8ull << 30, 0, 0}, {{"*"}, 0, 305, 16}, {{"eval"}, UINT64_MAX, 1000, 0}};
   const std::string text = config_to_yaml(c);
@@ -548,6 +566,7 @@ TEST(Config, EveryFieldOffItsDefaultRoundTripsThroughTheYamlASessionProcessReads
   EXPECT_EQ(b.posd_isolation, c.posd_isolation);
   EXPECT_EQ(b.posd_session_binary, c.posd_session_binary);
   EXPECT_EQ(b.posd_spare_session, c.posd_spare_session);
+  EXPECT_EQ(b.posd_checkpoint_staging_ahead, c.posd_checkpoint_staging_ahead);
   EXPECT_EQ(b.posd_usage_region, c.posd_usage_region);
   ASSERT_EQ(b.posd_limits.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {

@@ -175,6 +175,41 @@ TEST(ImageRoundTripTest, AChunkOfZerosIsLeftAHoleInTheMemoryFileAndReadsBackAsZe
   fs::remove_all(dir);
 }
 
+// A session keeps DirWriterOptions::staging_chunks() page-locked chunks ahead so that its first
+// checkpoint makes none: the writer must take exactly that many, each of kChunkSize, and give them
+// all back; with more memory files, more.
+TEST(ImageRoundTripTest, TheWriterTakesExactlyTheStagingChunksItsOptionsNameAndGivesThemBack) {
+  for (uint32_t files : {0u, 1u, 12u}) {
+    const fs::path dir = fs::temp_directory_path() / ("pos-image-staging-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    size_t taken = 0, given = 0, wrong_size = 0;
+    DirWriterOptions o;
+    o.direct_io = false;
+    o.memory_files = files;
+    o.alloc = HostAllocator{[&](uint64_t n) -> void* {
+                              if (n != kChunkSize) ++wrong_size;
+                              ++taken;
+                              return std::aligned_alloc(4096, n);
+                            },
+                            [&](void* p) {
+                              ++given;
+                              std::free(p);
+                            }};
+    const uint32_t want = o.staging_chunks();
+    EXPECT_GE(want, 2 * o.files()) << files;
+    if (files == 12) {
+      EXPECT_EQ(want, 24u);
+    }
+    std::vector<std::byte> data(2 * kChunkSize, std::byte{7});
+    pb::ClientImage client;
+    write_one_buffer_image(dir, data, o, &client);
+    EXPECT_EQ(taken, want) << files;
+    EXPECT_EQ(given, want) << files;
+    EXPECT_EQ(wrong_size, 0u) << files;
+    fs::remove_all(dir);
+  }
+}
+
 // The writer tells of each range it wrote, once the bytes are in the file (pos-cli migrate sends
 // them on from there): every chunk with data once, the chunks of zeros never; the ranges told of
 // hold exactly the file's data.

@@ -40,6 +40,7 @@
 #include "unittest/netns_peer.h"
 #include "unittest/run_program.h"
 #include "workloads/mlp_reference.h"
+#include "pos/checkpoint/checkpoint.h"
 #include "remoting/server/checkpoint_policy.h"
 #include "remoting/server/control_client.h"
 
@@ -1736,6 +1737,14 @@ TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
   EXPECT_NE(posd.log_text().find("checkpoint policy for pid " + std::to_string(named) + " ('auto-1')"), std::string::npos)
       << posd.log_text();
   EXPECT_FALSE(std::filesystem::exists(points + "/manual-" + std::to_string(other)));
+  // The named job's session page-locked its checkpoint staging as it started; the other's did not.
+  EXPECT_NE(posd.log_text().find("pid " + std::to_string(named) + " ('auto-1'): checkpoint staging made ahead, " +
+                                 std::to_string(pos::checkpoint_staging_chunks()) + " chunks of 8 MiB kept"),
+            std::string::npos)
+      << posd.log_text();
+  EXPECT_EQ(posd.log_text().find("pid " + std::to_string(other) + " ('manual'): checkpoint staging made ahead"),
+            std::string::npos)
+      << posd.log_text();
   int code = -1;
   std::string err;
   const std::string ps = shell(env_or_fail("POS_CLI") + " ps --json --socket " + posd.socket + " --jobs-dir " + jobs, &code, &err);

@@ -40,6 +40,8 @@ static ckpt::HostAllocator staging_chunk_allocator(DeviceBackend* device) {
                              [device](void* p) { device->give_staging_chunk(p); }};
 }
 
+size_t checkpoint_staging_chunks() { return ckpt::DirWriterOptions{}.staging_chunks(); }
+
 StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s) {
   if (s == "sync") return CheckpointMode::kSync;
   if (s == "async") return CheckpointMode::kAsync;

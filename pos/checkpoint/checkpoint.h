@@ -27,6 +27,9 @@ enum class CheckpointMode : uint8_t {
   kAsync,  // the client runs on; buffers it is about to write are first copied to device shadows
 };
 StatusOr<CheckpointMode> parse_checkpoint_mode(const std::string& s);
+// The page-locked staging chunks (DeviceBackend::kStagingChunkBytes) a checkpoint into a directory
+// takes when it starts: what a session keeps ahead so that its first checkpoint makes none.
+size_t checkpoint_staging_chunks();
 
 struct CheckpointRequest {
   CheckpointMode mode = CheckpointMode::kSync;

@@ -4,7 +4,6 @@
 #include "remoting/server/posd_server.h"
 #include "remoting/server/checkpoint_policy.h"
 
-#include <fnmatch.h>
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -258,6 +257,9 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     if (!bin.ok()) return bin.status();
     srv->session_binary_ = *bin;
     srv->config_yaml_ = config_to_yaml(config);
+    Config ahead = config;
+    ahead.posd_checkpoint_staging_ahead = true;
+    srv->config_yaml_ahead_ = config_to_yaml(ahead);
     srv->session_env_ = environment_snapshot();
     session_channel::Start probe;
     probe.kind = static_cast<uint32_t>(session_channel::Kind::kProbe);
@@ -779,7 +781,7 @@ StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const se
   if (config_.posd_spare_session) {
     SessionProcess spare = take_spare();
     if (spare.pid > 0) {
-      Status handed = hand_to_spare(spare, client_fd, start, job, config_yaml_, dir_fd);
+      Status handed = hand_to_spare(spare, client_fd, start, job, session_yaml(job), dir_fd);
       if (handed.ok()) {
         start_spare();  // the next one comes up while this client starts
         *spare_used = true;
@@ -792,7 +794,7 @@ StatusOr<SessionProcess> PosdServer::session_process_for(int client_fd, const se
     }
     start_spare();
   }
-  return spawn_session_process(session_binary_, client_fd, start, job, config_yaml_, session_env_, dir_fd);
+  return spawn_session_process(session_binary_, client_fd, start, job, session_yaml(job), session_env_, dir_fd);
 }
 
 SessionProcess PosdServer::take_spare() {
@@ -843,9 +845,7 @@ void PosdServer::start_spare() {
 
 void PosdServer::start_policy(uint32_t pid, const std::string& job) {
   const auto& p = config_.posd_policy;
-  bool match = false;
-  for (const std::string& pattern : p.jobs) match = match || ::fnmatch(pattern.c_str(), job.c_str(), 0) == 0;
-  if (!match) return;
+  if (!policy_names_job(config_, job)) return;
   // DIR/<job>-<pid>: the program's base name, in characters safe in a file name.
   std::string name;
   for (char c : job.substr(job.rfind('/') == std::string::npos ? 0 : job.rfind('/') + 1))

@@ -147,6 +147,11 @@ class PosdServer {
   std::unique_ptr<POSWorkspace> ws_;  // posd.isolation: shared only
   std::string backend_name_;
   std::string session_binary_, config_yaml_;  // posd.isolation: process
+  // The config a session of a job posd.checkpoint_policy names gets: its staging made ahead.
+  std::string config_yaml_ahead_;
+  const std::string& session_yaml(const std::string& job) const {
+    return policy_names_job(config_, job) ? config_yaml_ahead_ : config_yaml_;
+  }
   std::vector<std::string> session_env_;      // the environment at start, for every session process
   std::mutex spare_mu_;
   // posd.spare_session: started ahead, no client yet, oldest first; under spare_mu_. One, or two

@@ -950,6 +950,18 @@ int session_process_main() {
       return 0;
     }
   }
+  // A job that will be checkpointed gets its checkpoint staging now, as it starts: made at its
+  // first checkpoint, the page-locking held the job's GPU work for its ~60-70 ms (the driver
+  // serializes it with the job's calls; the H200). posd sets this for the jobs its policy names.
+  // Best effort, as for a spare (whose kept chunks already cover it).
+  if (!probe && ws.ok() && config.posd_checkpoint_staging_ahead) {
+    DeviceBackend& b = (*ws)->backend();
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t kept = b.keep_staging_chunks(std::max(b.staging_chunks_kept(), checkpoint_staging_chunks()));
+    POS_INFO("posd-session", "pid %d ('%s'): checkpoint staging made ahead, %zu chunks of %llu MiB kept (%.3f s)",
+             start.pid, job.c_str(), kept, static_cast<unsigned long long>(DeviceBackend::kStagingChunkBytes >> 20),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
   int rc = 0;
   if (probe) {
