@@ -27,7 +27,7 @@ bench_cleanup() {
 # the sessions of jobs a YAML policy names do: a user running policies sets it.
 declare -p POSD_PREFIX >/dev/null 2>&1 || POSD_PREFIX=()
 start_bench_posd() {
-  printf 'backend: %s\nposd:\n  socket: %s\n  checkpoint_staging_ahead: true\n' "$1" "$SOCK" >"$TMP/posd.yaml"
+  printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n  checkpoint_staging_ahead: true\n' "$1" "$SOCK" >"$TMP/posd.yaml"
   [[ $1 == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
   "${POSD_PREFIX[@]}" "$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
   POSD_PID=$!

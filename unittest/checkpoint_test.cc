@@ -495,6 +495,9 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   t.join();
   ASSERT_TRUE(result.ok()) << result.status().to_string();
   EXPECT_GE(result->shadow_bytes, (20u << 20) + 4096u + 777 * 4);
+  // The worker's time on those shadows is what the job's calls waited: some, within the checkpoint.
+  EXPECT_GT(result->shadow_s, 0.0);
+  EXPECT_LT(result->shadow_s, result->total_s);
   EXPECT_EQ(download<unsigned>(small_, 1024), filled(1024, 1234u));
   ASSERT_TRUE(kill_and_restore(d).ok());
   expect_state();
@@ -1184,6 +1187,7 @@ TEST_F(CheckpointTest, WithLazyOkAClientStillLoadingIsCheckpointedAtOnceTakingUn
     EXPECT_EQ(res->bytes_from_image, (20u << 20) + 4096u);  // big_ and small_ were unloaded at the cut
     EXPECT_EQ(res->bytes_stored, (20u << 20) + 4096u + 777u * 4);
     EXPECT_EQ(res->shadow_bytes, 0u);
+    EXPECT_EQ(res->shadow_s, 0.0);  // nothing shadowed, so the job's calls waited for none
     hold.store(false);
     ASSERT_TRUE(kill_and_restore(again).ok());
     EXPECT_EQ(download<unsigned>(odd_, 777), odd);

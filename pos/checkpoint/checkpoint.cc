@@ -166,6 +166,16 @@ void CheckpointJob::protect(const APIContext& c) {
 
 void CheckpointJob::protect_region(DrainRegion& r) {
   if (r.src_img != nullptr) return;  // drained from the image: the device's bytes are not read
+  // The worker's time here is time the job's calls wait: reported with the checkpoint.
+  struct Timed {
+    CheckpointJob* job;
+    double t0 = seconds_now();
+    ~Timed() {
+      const double d = seconds_now() - t0;
+      std::lock_guard<std::mutex> pl(job->pool_mu_);
+      job->shadow_s_ += d;
+    }
+  } timed{this};
   std::unique_lock<std::mutex> lk(r.mu);  // waits out a chunk the drainer has in flight
   while (!r.done && r.shadow == 0) {
     const uint64_t need = r.size - r.drained;
@@ -404,6 +414,7 @@ StatusOr<CheckpointResult> CheckpointJob::wait() {
     std::lock_guard<std::mutex> pl(pool_mu_);
     result_.shadow_bytes = shadow_total_;
     result_.shadow_waits = shadow_waits_;
+    result_.shadow_s = shadow_s_;
     result_.shadow_limit = shadow_limit_;
   }
   result_.total_s = seconds_now() - t0_;

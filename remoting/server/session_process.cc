@@ -233,9 +233,11 @@ class CheckpointRunner {
       r.bytes_stored = res->bytes_stored, r.bytes_referenced = res->bytes_referenced;
       r.bytes_from_image = res->bytes_from_image;
       r.stall_s = res->stall_s, r.total_s = res->total_s;
-      POS_INFO("posd-session", "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s (cut after %.3f s, drained in %.3f s)",
+      POS_INFO("posd-session",
+               "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s (cut after %.3f s, drained in %.3f s; the job's "
+               "calls waited %.1f ms for %.1f MB of copy-on-write shadows)",
                (unsigned long)uuid, (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s,
-               res->to_cut_s, res->drain_end_s - res->drain_start_s);
+               res->to_cut_s, res->drain_end_s - res->drain_start_s, res->shadow_s * 1e3, res->shadow_bytes / 1e6);
     } else {
       r.code = static_cast<int32_t>(res.status().code());
       r.api_error = res.status().api_error();
