@@ -94,9 +94,21 @@ TEST(TrainingEndToEnd, TheJobSaysItRanThroughPosWithItsBackendAndCallCount) {
   EXPECT_FALSE(summary_of(err).found) << err;
 }
 
+// Batches made ahead on other threads (--prefetch, the benches' job), samples split unevenly
+// between threads (37 over 1, 3 and 8), are the batches made at each step's start: the run is the
+// reference's, bit for bit.
+TEST(TrainingEndToEnd, AJobThatMakesItsBatchesAheadOnSeveralThreadsMatchesToo) {
+  for (const char* threads : {"1", "3", "8"})
+    expect_same_training({"--input", "70", "--hidden", "64", "--layers", "3", "--output", "19", "--batch", "37",
+                          "--steps", "15", "--frozen", "1", "--prefetch", threads},
+                         15);
+}
+
 TEST(TrainingEndToEnd, BadArgumentsFailCleanly) {
   int code = 0;
   run_pos({"--hidden", "zero"}, &code);
+  EXPECT_NE(code, 0);
+  run_pos({"--prefetch", "65"}, &code);
   EXPECT_NE(code, 0);
 }
 

@@ -40,6 +40,11 @@ struct MlpConfig {
   // Not part of the computation: the CUDA program prints each step's wall time to stderr
   // (bench/async_step_bench.sh reads it); the reference accepts the flag and ignores it.
   bool step_times = false;
+  // Not part of the computation either: the CUDA program makes the next step's batch on this many
+  // threads while the current step runs (as a data loader's workers do), instead of at each step's
+  // start on its own thread, where the GPU waits for it. The batches are the same; the reference
+  // accepts the option and ignores it.
+  int prefetch = 0;
 };
 
 // ---- model shape --------------------------------------------------------------------------------
@@ -132,9 +137,13 @@ class DataGen {
   }
 
   // x: input x batch, t: output x batch, both column-major (one column per sample).
-  void batch(int step, float* x, float* t) const {
+  void batch(int step, float* x, float* t) const { batch_range(step, x, t, 0, c_.batch); }
+
+  // Samples [first, end) of step's batch, written where batch() writes them: each sample's values
+  // are its own (blocks only group samples), so threads may make disjoint ranges side by side.
+  void batch_range(int step, float* x, float* t, long long first, long long end) const {
     const long long in = c_.input, out = c_.output;
-    for (long long b = 0; b < c_.batch; ++b) {
+    for (long long b = first; b < end; ++b) {
       float* xb = x + b * in;
       for (long long i = 0; i < in; ++i) xb[i] = hash_unit(hash3(c_.seed + 0x64617461ull, step, b * in + i));
     }
@@ -145,8 +154,8 @@ class DataGen {
     // the GPU's part of a step (bench/step_spread.sh). Float x float is exact in double, so a fused
     // multiply-add rounds like the plain sum.
     std::vector<double> z(static_cast<size_t>(kBlock * out));
-    for (long long b0 = 0; b0 < c_.batch; b0 += kBlock) {
-      const long long nb = std::min<long long>(kBlock, c_.batch - b0);
+    for (long long b0 = first; b0 < end; b0 += kBlock) {
+      const long long nb = std::min<long long>(kBlock, end - b0);
       std::fill(z.begin(), z.end(), 0.0);
       for (long long i = 0; i < in; ++i) {
         const float* td = teacher_.data() + i * out;
@@ -259,6 +268,7 @@ inline const char* usage_text() {
          "  --frozen N      the first N layers are not trained (default 0; at most layers + 1)\n"
          "  --reserve-mib N a device buffer of N MiB set at start, read only at the end (default 0)\n"
          "  --step-times    print each step's time and phases to stderr (CUDA program only; stdout unchanged)\n"
+         "  --prefetch N    make the next batch on N threads during each step (CUDA program only; 0: at its start)\n"
          "  --help          print this and exit\n";
 }
 
@@ -362,6 +372,9 @@ inline ParseResult parse_args(int argc, const char* const* argv, MlpConfig* cfg)
     } else if (a == "--reserve-mib") {
       if (!detail::parse_int(v, 0, 1 << 20, &n)) return bad("an integer in [0, 1048576]");
       c.reserve_mib = static_cast<int>(n);
+    } else if (a == "--prefetch") {
+      if (!detail::parse_int(v, 0, 64, &n)) return bad("an integer in [0, 64]");
+      c.prefetch = static_cast<int>(n);
     } else if (a == "--param-mib") {
       if (!detail::parse_int(v, 1, 1ll << 30, &n)) return bad("an integer in [1, 1073741824]");
       param_mib = n;

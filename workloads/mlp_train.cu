@@ -9,8 +9,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "workloads/mlp_common.h"
@@ -79,6 +83,78 @@ float* pinned_floats(long long count) {
   return static_cast<float*>(p);
 }
 
+// --prefetch N: each step's batch is made ahead, on N threads, into one of two pinned slots (step s
+// into slot s % 2), while the step before runs; a step waits only for a batch not made yet. A slot
+// is refilled once the step that used it has synchronized (its copies to the device are done).
+class Prefetcher {
+ public:
+  Prefetcher(const mlp::DataGen& data, int threads, long long batch, int steps, float* const x[2], float* const t[2])
+      : data_(data), threads_(threads), batch_(batch), steps_(steps), x_{x[0], x[1]}, t_{t[0], t[1]} {
+    producer_ = std::thread([this] { produce(); });
+  }
+  ~Prefetcher() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    producer_.join();
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  int take(int step) {  // the slot holding step's batch, once made
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return made_[step & 1] == step; });
+    return step & 1;
+  }
+  void release(int step) {  // step's copies are done: its slot may take the step after next
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      made_[step & 1] = -1;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void produce() {
+    for (int s = 0; s < steps_; ++s) {
+      const int slot = s & 1;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || made_[slot] == -1; });
+        if (stop_) return;
+      }
+      // Disjoint ranges of samples, one per thread (this one takes the first).
+      std::vector<std::thread> helpers;
+      const long long per = (batch_ + threads_ - 1) / threads_;
+      for (int k = 1; k < threads_; ++k) {
+        const long long first = std::min(batch_, k * per), end = std::min(batch_, (k + 1) * per);
+        if (first < end) helpers.emplace_back([=, this] { data_.batch_range(s, x_[slot], t_[slot], first, end); });
+      }
+      data_.batch_range(s, x_[slot], t_[slot], 0, std::min(batch_, per));
+      for (std::thread& h : helpers) h.join();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        made_[slot] = s;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  const mlp::DataGen& data_;
+  const int threads_;
+  const long long batch_;
+  const int steps_;
+  float* const x_[2];
+  float* const t_[2];
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int made_[2] = {-1, -1};  // guarded by mu_: the step whose batch the slot holds (-1: free)
+  bool stop_ = false;       // guarded by mu_
+  std::thread producer_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,10 +211,17 @@ int main(int argc, char** argv) {
                               static_cast<unsigned long long>(mlp::reserve_seed(cfg)), 1.0f);
   }
 
-  float* h_x = pinned_floats(static_cast<long long>(cfg.input) * batch);
-  float* h_t = pinned_floats(static_cast<long long>(cfg.output) * batch);
+  // Two slots of batch buffers with --prefetch (one made while the other is used), else one.
+  float* h_x[2] = {pinned_floats(static_cast<long long>(cfg.input) * batch), nullptr};
+  float* h_t[2] = {pinned_floats(static_cast<long long>(cfg.output) * batch), nullptr};
+  if (cfg.prefetch > 0) {
+    h_x[1] = pinned_floats(static_cast<long long>(cfg.input) * batch);
+    h_t[1] = pinned_floats(static_cast<long long>(cfg.output) * batch);
+  }
   float* h_loss = pinned_floats(1);
   const mlp::DataGen data(cfg);
+  std::unique_ptr<Prefetcher> prefetch;
+  if (cfg.prefetch > 0) prefetch = std::make_unique<Prefetcher>(data, cfg.prefetch, batch, cfg.steps, h_x, h_t);
   const float lr = mlp::learning_rate(cfg);
 
   // Step time on the host clock, from the second step on (the first includes lazy module loading);
@@ -149,11 +232,13 @@ int main(int argc, char** argv) {
     const auto w_step = std::chrono::system_clock::now();
     if (step == 1) t_steps = t_step;
     // The previous step ended with a stream sync, so the pinned batch buffers are free to refill.
-    data.batch(step, h_x, h_t);
+    int slot = 0;
+    if (prefetch) slot = prefetch->take(step);
+    else data.batch(step, h_x[0], h_t[0]);
     const auto t_gen = std::chrono::steady_clock::now();
-    check(cudaMemcpyAsync(act[0], h_x, sizeof(float) * cfg.input * batch, cudaMemcpyHostToDevice, g_stream),
+    check(cudaMemcpyAsync(act[0], h_x[slot], sizeof(float) * cfg.input * batch, cudaMemcpyHostToDevice, g_stream),
           "cudaMemcpyAsync");
-    check(cudaMemcpyAsync(d_target, h_t, sizeof(float) * cfg.output * batch, cudaMemcpyHostToDevice, g_stream),
+    check(cudaMemcpyAsync(d_target, h_t[slot], sizeof(float) * cfg.output * batch, cudaMemcpyHostToDevice, g_stream),
           "cudaMemcpyAsync");
 
     for (int l = 0; l < nl; ++l) {
@@ -202,6 +287,7 @@ int main(int argc, char** argv) {
     check(cudaMemcpyAsync(h_loss, d_loss, sizeof(float), cudaMemcpyDeviceToHost, g_stream), "cudaMemcpyAsync");
     const auto t_issued = std::chrono::steady_clock::now();
     check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize");
+    if (prefetch) prefetch->release(step);
     if (cfg.step_times) {
       // Start and end on the monotonic clock (seconds) as well, so a step can be matched with what
       // else happened meanwhile (POS_CHECKPOINT's drain line uses the same clock); and the start on
@@ -267,8 +353,9 @@ int main(int argc, char** argv) {
 
   check(cudaFreeHost(stage), "cudaFreeHost");
   check(cudaFreeHost(h_loss), "cudaFreeHost");
-  check(cudaFreeHost(h_t), "cudaFreeHost");
-  check(cudaFreeHost(h_x), "cudaFreeHost");
+  prefetch.reset();  // its threads write the slots
+  for (float* p : {h_t[1], h_x[1], h_t[0], h_x[0]})
+    if (p != nullptr) check(cudaFreeHost(p), "cudaFreeHost");
   if (reserve != nullptr) check(cudaFree(reserve), "cudaFree");
   for (float* p : {d_loss, d_sample_loss, grad_b, grad_w, delta[1], delta[0], d_target}) check(cudaFree(p), "cudaFree");
   for (float* p : act) check(cudaFree(p), "cudaFree");
