@@ -186,14 +186,15 @@ for e in configs:
           f"{len(slow)} slow steps, extra gen {extra[1]:+.2f}, issue {extra[2]:+.2f}, wait {extra[3]:+.2f}")
 # posd's log: what each tick's copy-on-write cost the job's calls (the worker copying the buffers the
 # job wrote before the drain reached them), over every policy run.
-cow = [(float(a), float(b)) for a, b in re.findall(r"the job's calls waited ([0-9.]+) ms for ([0-9.]+) MB of copy-on-write",
-                                                      open(TMP + "/posd.log", errors="replace").read())]
+cow = [(float(a), float(b), float(c or 0)) for a, b, c in
+       re.findall(r"the job's calls waited ([0-9.]+) ms for ([0-9.]+) MB of copy-on-write shadows(?:, ([0-9.]+) ms of it allocating)?",
+                  open(TMP + "/posd.log", errors="replace").read())]
 if os.environ.get("POS_BENCH_LOGS"):
     open(f"{os.environ['POS_BENCH_LOGS']}/posd.log", "w").write(open(TMP + "/posd.log", errors="replace").read()[-200000:])
 if cow:
     print(f"copy-on-write, per tick ({len(cow)}): the job's calls waited median {statistics.median(c[0] for c in cow):.1f} ms, "
           f"max {max(c[0] for c in cow):.1f} ms; shadowed median {statistics.median(c[1] for c in cow):.0f} MB, "
-          f"max {max(c[1] for c in cow):.0f} MB")
+          f"max {max(c[1] for c in cow):.0f} MB; allocating them median {statistics.median(c[2] for c in cow):.1f} ms")
 print("mean step ms of each run, in the order run: " +
       ", ".join(f"{r['every'] or 'none'} {statistics.mean(r['steps']):.2f}" for r in runs))
 for r in runs:

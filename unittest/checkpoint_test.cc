@@ -498,6 +498,8 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   // The worker's time on those shadows is what the job's calls waited: some, within the checkpoint.
   EXPECT_GT(result->shadow_s, 0.0);
   EXPECT_LT(result->shadow_s, result->total_s);
+  EXPECT_GT(result->shadow_alloc_s, 0.0);  // one allocation per shadowed buffer, part of that time
+  EXPECT_LE(result->shadow_alloc_s, result->shadow_s);
   EXPECT_EQ(download<unsigned>(small_, 1024), filled(1024, 1234u));
   ASSERT_TRUE(kill_and_restore(d).ok());
   expect_state();

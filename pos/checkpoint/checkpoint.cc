@@ -182,7 +182,9 @@ void CheckpointJob::protect_region(DrainRegion& r) {
     {
       std::lock_guard<std::mutex> pl(pool_mu_);
       if (shadow_in_use_ + need <= shadow_limit_) {
+        const double a0 = seconds_now();
         auto s = shadow_copier_->shadow_alloc(need);
+        shadow_alloc_s_ += seconds_now() - a0;
         if (s.ok()) {
           shadow_in_use_ += need;
           shadow_total_ += need;
@@ -415,6 +417,7 @@ StatusOr<CheckpointResult> CheckpointJob::wait() {
     result_.shadow_bytes = shadow_total_;
     result_.shadow_waits = shadow_waits_;
     result_.shadow_s = shadow_s_;
+    result_.shadow_alloc_s = shadow_alloc_s_;
     result_.shadow_limit = shadow_limit_;
   }
   result_.total_s = seconds_now() - t0_;

@@ -84,6 +84,7 @@ struct CheckpointResult {
   uint64_t shadow_limit = 0;     // async: the pool's bound for this checkpoint
   uint64_t shadow_waits = 0;     // async: times the worker found the pool full and waited
   double shadow_s = 0;           // async: how long the worker spent on shadows (the job's calls waited)
+  double shadow_alloc_s = 0;     // async: of that, allocating them (the rest: copying, waiting for the pool)
   double stall_s = 0;            // how long the client's worker was stopped at the cut
   double total_s = 0;            // request to durable image
   // When the drainer started (at the cut) and when the image was durable, on the monotonic clock
@@ -234,6 +235,7 @@ class CheckpointJob {
   uint64_t shadow_total_ = 0;   // guarded by pool_mu_
   uint64_t shadow_waits_ = 0;   // guarded by pool_mu_
   double shadow_s_ = 0;         // guarded by pool_mu_
+  double shadow_alloc_s_ = 0;   // guarded by pool_mu_
 
   std::thread drainer_;
   std::atomic<bool> drained_flag_{false};
