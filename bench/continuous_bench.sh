@@ -103,7 +103,7 @@ def run(every, rnd=0, warm=False):
             now = time.time()
             if s and s["newest"] and s["newest"] != newest:
                 newest, cut = s["newest"], now - s["last_duration_us"] / 1e6
-                spans.append((cut, now))  # the tick, then its retention, until the status says so
+                spans.append((cut, now))  # the tick, until the status names its point (complete)
             if cut is not None: rpo = max(rpo, now - cut)
             time.sleep(0.02)
         job.wait()
@@ -122,7 +122,7 @@ def run(every, rnd=0, warm=False):
               re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*gen_ms ([0-9.]+) issue_ms ([0-9.]+) wait_ms ([0-9.]+)", text, re.M)
               if int(m.group(1)) >= 10]
     # The three slowest steps, each placed against the nearest tick: seconds from the tick's start
-    # and from the end of its retention (negative: before).
+    # and from the moment the status named its point (negative: before).
     worst = []
     for m in sorted(re.finditer(r"^step (\d+) time_ms ([0-9.]+) .*wall_s ([0-9.]+)(?: gen_ms ([0-9.]+) issue_ms ([0-9.]+) wait_ms ([0-9.]+))?", text, re.M),
                     key=lambda m: -float(m.group(2))):
@@ -131,7 +131,7 @@ def run(every, rnd=0, warm=False):
         near = min(spans, key=lambda sp: abs(w - sp[0])) if spans else None
         worst.append(f"step {m.group(1)} {float(m.group(2)):.0f} ms" +
                      (f" (gen {float(m.group(4)):.0f}, issue {float(m.group(5)):.0f}, wait {float(m.group(6)):.0f})" if m.group(4) else "") +
-                     (f" (tick start {w - near[0]:+.2f} s, retention end {w - near[1]:+.2f} s)" if near else ""))
+                     (f" (tick start {w - near[0]:+.2f} s, point complete {w - near[1]:+.2f} s)" if near else ""))
         if len(worst) == 3: break
     if os.environ.get("POS_BENCH_LOGS"):
         os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)

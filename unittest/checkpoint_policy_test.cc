@@ -280,7 +280,7 @@ TEST(CheckpointPolicy, ARunnerKilledWhileItMakesAPointWholeLeavesEveryPointCompl
     const pid_t child = ::fork();
     if (child == 0) {
       ::setenv("POS_FAULT_POINT", stage, 1);
-      auto r = CheckpointRunner::open(policy(dir, 2, 100), "", t.fn());
+      auto r = CheckpointRunner::open(policy(dir, 2, 100), dir + ".status", t.fn());
       if (r.ok()) (void)(*r)->tick();  // cp-4 (a new runner's first: whole), then cp-3 made whole: killed there
       std::_Exit(3);
     }
@@ -290,6 +290,13 @@ TEST(CheckpointPolicy, ARunnerKilledWhileItMakesAPointWholeLeavesEveryPointCompl
     EXPECT_TRUE(fs::exists(dir + "/.tmp-cp-000003.whole")) << stage;  // the new one, or the old one after the exchange
     EXPECT_EQ(list_restore_points(dir).size(), 4u) << stage;
     for (int i = 1; i <= 4; ++i) RealTick::expect_state(dir, "cp-00000" + std::to_string(i), i);
+    // The status named cp-4 as soon as it was complete, before retention (where the runner died):
+    // ps and the metrics show the job's real recovery point while an old one is being freed.
+    auto s = read_policy_status(dir + ".status");
+    ASSERT_TRUE(s.ok()) << stage;
+    EXPECT_EQ(s->newest, "cp-000004") << stage;
+    EXPECT_EQ(s->taken, 1u) << stage;
+    fs::remove(dir + ".status");
     t.tick_of["cp-000004"] = 4;
     auto r = CheckpointRunner::open(policy(dir, 2, 100), "", t.fn());
     ASSERT_TRUE(r.ok()) << r.status().to_string();

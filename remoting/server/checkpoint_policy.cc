@@ -557,6 +557,10 @@ Status CheckpointRunner::tick() {
   }
   prev_ = name;
   since_full_ = whole ? 0 : since_full_ + 1;
+  // The point is complete now: ps and the status file say so before retention runs (freeing an old
+  // point goes gently, for most of a second with large jobs), so the age of the newest point they
+  // show is the job's real recovery point.
+  write_status();
   Status ret = retire();
   if (!ret.ok()) {
     status_.last_error = printable(ret.message(), 1024);
