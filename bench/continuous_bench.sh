@@ -18,7 +18,10 @@
 #               posd and the policy's checkpointer on others (the job's host work is what spreads
 #               its steps: bench/step_spread.sh)
 #   MODEL ARGS  default: ~9.5 GB of parameters, half of the layers frozen (--frozen 4: their tensors
-#               never change, so incremental points leave them to the whole one)
+#               never change, so incremental points leave them to the whole one), each batch made
+#               ahead on 4 threads (--prefetch 4, as a data loader's workers do: made at each step's
+#               start on one thread it was most of the step, and its speed followed the host core's,
+#               which hid POS's part of the step; docs/BENCHMARKS.md, 2026-11-29)
 # Every run must print the same losses and checksum as the run without a policy, else exit 1.
 # RPO: sampled every 20 ms from the policy's status file while the job trains (until its last
 # step): at each moment, now minus the cut of the newest complete point (its completion minus its
@@ -26,10 +29,10 @@
 # hard-linked file once, holes not counted), sampled every second; the table gives the largest, and
 # how long retention took to make a point whole (mean).
 set -uo pipefail
-[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,21p "$0" >&2; exit 2; }
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,24p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
 EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda; ROUNDS=2 JOB_CPUS="" POSD_CPUS=""
-MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
+MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4 --prefetch 4)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --every) EVERY="$2"; shift 2 ;;
