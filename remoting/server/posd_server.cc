@@ -4,7 +4,6 @@
 #include "remoting/server/posd_server.h"
 #include "remoting/server/checkpoint_policy.h"
 
-
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
