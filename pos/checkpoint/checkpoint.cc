@@ -168,14 +168,14 @@ void CheckpointJob::protect_region(DrainRegion& r) {
   if (r.src_img != nullptr) return;  // drained from the image: the device's bytes are not read
   // The worker's time here is time the job's calls wait: reported with the checkpoint.
   struct Timed {
-    CheckpointJob* job;
-    double t0 = seconds_now();
+    std::atomic<uint64_t>& total;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     ~Timed() {
-      const double d = seconds_now() - t0;
-      std::lock_guard<std::mutex> pl(job->pool_mu_);
-      job->shadow_s_ += d;
+      const auto d = std::chrono::steady_clock::now() - t0;
+      total.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+                      std::memory_order_relaxed);
     }
-  } timed{this};
+  } timed{shadow_ns_};
   std::unique_lock<std::mutex> lk(r.mu);  // waits out a chunk the drainer has in flight
   while (!r.done && r.shadow == 0) {
     const uint64_t need = r.size - r.drained;
@@ -416,7 +416,7 @@ StatusOr<CheckpointResult> CheckpointJob::wait() {
     std::lock_guard<std::mutex> pl(pool_mu_);
     result_.shadow_bytes = shadow_total_;
     result_.shadow_waits = shadow_waits_;
-    result_.shadow_s = shadow_s_;
+    result_.shadow_s = static_cast<double>(shadow_ns_.load(std::memory_order_relaxed)) / 1e9;
     result_.shadow_alloc_s = shadow_alloc_s_;
     result_.shadow_limit = shadow_limit_;
   }

@@ -234,7 +234,7 @@ class CheckpointJob {
   uint64_t shadow_in_use_ = 0;  // guarded by pool_mu_
   uint64_t shadow_total_ = 0;   // guarded by pool_mu_
   uint64_t shadow_waits_ = 0;   // guarded by pool_mu_
-  double shadow_s_ = 0;         // guarded by pool_mu_
+  std::atomic<uint64_t> shadow_ns_{0};  // the worker's time in protect_region (no lock on its fast path)
   double shadow_alloc_s_ = 0;   // guarded by pool_mu_
 
   std::thread drainer_;
