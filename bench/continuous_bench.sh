@@ -13,6 +13,8 @@
 #   --with-cpu  restore points of GPU and CPU state (CRIU); default GPU state only
 #   --keep, --full-every   the policy's (default 1 and 3: the disk holds the one point kept, made whole
 #               by retention when it builds on the one before)
+#   --keep-shadows true|false|auto   posd's checkpoint.keep_shadows (default true, as for the jobs a
+#               YAML policy names: the shadows of one tick are kept for the next)
 #   --dir       where the points go (default /dev/shm when it has room for 3x the job, else $TMPDIR)
 #   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
 #               posd and the policy's checkpointer on others (the job's host work is what spreads
@@ -29,7 +31,7 @@
 # hard-linked file once, holes not counted), sampled every second; the table gives the largest, and
 # how long retention took to make a point whole (mean).
 set -uo pipefail
-[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,24p "$0" >&2; exit 2; }
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,26p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
 EVERY="10s 2s"; STEPS=1500; WITH_CPU=""; KEEP=1; FULL=3; DIR=""; BACKEND=cuda; ROUNDS=2 JOB_CPUS="" POSD_CPUS=""
 MODEL=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4 --prefetch 4)
@@ -41,6 +43,7 @@ while [[ $# -gt 0 ]]; do
     --with-cpu) WITH_CPU="--with-cpu"; shift ;;
     --keep) KEEP="$2"; shift 2 ;;
     --full-every) FULL="$2"; shift 2 ;;
+    --keep-shadows) KEEP_SHADOWS="$2"; [[ $KEEP_SHADOWS =~ ^(true|false|auto)$ ]] || { echo "continuous_bench: --keep-shadows is true, false or auto" >&2; exit 2; }; shift 2 ;;
     --dir) DIR="$2"; shift 2 ;;
     --backend) BACKEND="$2"; shift 2 ;;
     --job-cpus) JOB_CPUS="$2"; [[ $JOB_CPUS =~ ^[0-9,-]+$ ]] || { echo "continuous_bench: bad --job-cpus" >&2; exit 2; }; shift 2 ;;

@@ -23,11 +23,13 @@ bench_cleanup() {
 
 # posd of $BUILD on backend $1 (host: with the MLP's host kernels) at $SOCK, its log in $TMP; returns
 # once it answers (or after 20 s). POSD_PREFIX (an array, e.g. taskset -c LIST) goes before it. Its
-# sessions page-lock their checkpoint staging as they start (posd.checkpoint_staging_ahead), as
-# the sessions of jobs a YAML policy names do: a user running policies sets it.
+# sessions page-lock their checkpoint staging as they start (posd.checkpoint_staging_ahead) and keep
+# their copy-on-write shadows between ticks (checkpoint.keep_shadows: KEEP_SHADOWS, default true), as
+# the sessions of jobs a YAML policy names do: a user running policies sets them.
 declare -p POSD_PREFIX >/dev/null 2>&1 || POSD_PREFIX=()
 start_bench_posd() {
-  printf 'backend: %s\nlog_level: info\nposd:\n  socket: %s\n  checkpoint_staging_ahead: true\n' "$1" "$SOCK" >"$TMP/posd.yaml"
+  printf 'backend: %s\nlog_level: info\ncheckpoint:\n  keep_shadows: %s\nposd:\n  socket: %s\n  checkpoint_staging_ahead: true\n' \
+    "$1" "${KEEP_SHADOWS:-true}" "$SOCK" >"$TMP/posd.yaml"
   [[ $1 == host ]] && printf '  host_kernel_libraries: [%s]\n' "$BUILD/workloads/libmlp_host_kernels.so" >>"$TMP/posd.yaml"
   "${POSD_PREFIX[@]}" "$BUILD/tools/posd" --config "$TMP/posd.yaml" 2>"$TMP/posd.log" &
   POSD_PID=$!

@@ -242,6 +242,11 @@ class DeviceBackend {
   // Frees the kept chunks (a session that will not checkpoint or restore; a backend's destructor).
   void release_staging_chunks();
 
+  // Whether the copy-on-write shadows of clients opened from now on are kept between async
+  // checkpoints (config checkpoint.keep_shadows; a spare session learns it when it is handed its
+  // job). Only the CUDA backend allocates shadows.
+  virtual void set_keep_shadows(bool keep) { (void)keep; }
+
  protected:
   // What parsers may reserve in all; set by the backend before it opens clients.
   void set_memory_capacity(uint64_t bytes) { capacity_ = bytes; }

@@ -296,6 +296,14 @@ class Reader {
          }},
         // Two slots of at least 256 KiB for one lane.
         {"staging", [this](const Entry& e) { return store(read_size(e, 512ull << 10, 1ull << 30), &c_->ckpt_staging_bytes); }},
+        {"keep_shadows",
+         [this](const Entry& e) -> Status {
+           auto w = read_word(e, {"auto", "true", "false"});
+           if (!w.ok()) return w.status();
+           if (*w == "auto") c_->ckpt_keep_shadows.reset();
+           else c_->ckpt_keep_shadows = *w == "true";
+           return Status::Ok();
+         }},
     };
   }
 
@@ -599,6 +607,9 @@ std::string config_to_yaml(const Config& c) {
   if (c.ckpt_copy_threads == 0) y << "auto";
   else y << c.ckpt_copy_threads;
   y << YAML::Key << "staging" << YAML::Value << c.ckpt_staging_bytes;
+  y << YAML::Key << "keep_shadows" << YAML::Value;
+  if (c.ckpt_keep_shadows.has_value()) y << *c.ckpt_keep_shadows;
+  else y << "auto";
   y << YAML::EndMap;
   y << YAML::Key << "posd" << YAML::Value << YAML::BeginMap;
   y << YAML::Key << "socket" << YAML::Value << YAML::DoubleQuoted << c.posd_socket;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct Config {
   // at once (docs/cuda_backend.md): the threads (0: auto, min(8, cores)) and the staging they share.
   uint32_t ckpt_copy_threads = 0;
   uint64_t ckpt_staging_bytes = 32ull << 20;
+  // checkpoint.keep_shadows: device memory that one async checkpoint's copy-on-write shadows used
+  // stays reserved for the next one (so that a tick does not wait for the driver to map it
+  // afresh); the job's own allocations take it back when they need the room. Unset (auto): kept
+  // in the sessions of jobs posd.checkpoint_policy names, whose checkpoints come every few seconds.
+  std::optional<bool> ckpt_keep_shadows;
 
   // posd (docs/remoting.md): where it listens, who may connect, each session's shared arena.
   // Empty: $POS_SOCKET, else the user's private default (/run/pos/posd.sock for root; docs/remoting.md,

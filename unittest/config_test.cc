@@ -86,6 +86,25 @@ TEST(Config, CheckpointStagingAheadIsOffByDefaultAndThePolicysPatternsNameItsJob
   EXPECT_FALSE(policy_names_job(Config{}, "train-7"));
 }
 
+// Shadows kept between checkpoints hold device memory: auto keeps them only where posd's policy
+// will checkpoint the job every few seconds (posd_server's session config); true or false decide
+// for every session.
+TEST(Config, KeepShadowsIsAutoByDefaultOrTrueOrFalseAndSurvivesTheSessionsYaml) {
+  EXPECT_FALSE(parse_config("").value().ckpt_keep_shadows.has_value());
+  EXPECT_FALSE(parse_config("checkpoint: {keep_shadows: auto}").value().ckpt_keep_shadows.has_value());
+  EXPECT_EQ(parse_config("checkpoint: {keep_shadows: true}").value().ckpt_keep_shadows, std::optional<bool>(true));
+  EXPECT_EQ(parse_config("checkpoint: {keep_shadows: false}").value().ckpt_keep_shadows, std::optional<bool>(false));
+  auto bad = parse_config("checkpoint: {keep_shadows: sometimes}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keep_shadows"), std::string::npos) << bad.status().message();
+  for (const char* text : {"", "checkpoint: {keep_shadows: true}", "checkpoint: {keep_shadows: false}"}) {
+    const Config c = parse_config(text).value();
+    auto back = parse_config(config_to_yaml(c));
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    EXPECT_EQ(back->ckpt_keep_shadows, c.ckpt_keep_shadows) << text;
+  }
+}
+
 TEST(Config, TheShadowPoolIsAutoByDefaultOrASizeButNeverZero) {
   auto d = parse_config("");
   ASSERT_TRUE(d.ok());

@@ -1723,8 +1723,10 @@ TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
   const std::string base = ::testing::TempDir() + "posd-e2e-yaml-" + std::to_string(::getpid());
   const std::string points = base + ".points", jobs = base + ".jobs";
   for (const std::string& p : {points, jobs}) std::filesystem::remove_all(p);
-  OwnPosd posd(base + "-posd", "  checkpoint_policy:\n    jobs: [\"auto-*\"]\n    every: 200ms\n    dir: " + points +
-                                   "\n    keep: 2\n    full_every: 3\n");
+  // With a spare session process, which the named job (started first) is handed: what posd's
+  // config says of a named job's checkpoints must reach a session whose backend is up already.
+  OwnPosd posd(base + "-posd", "  spare_session: true\n  checkpoint_policy:\n    jobs: [\"auto-*\"]\n    every: 200ms\n    dir: " +
+                                   points + "\n    keep: 2\n    full_every: 3\n");
   const pid_t named = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "auto-1", base + ".out1", jobs, posd);
   const pid_t other = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "manual", base + ".out2", jobs, posd);
   const std::string dir = points + "/auto-1-" + std::to_string(named);
@@ -1737,11 +1739,20 @@ TEST_F(PosdProcess, APosdPolicyCheckpointsTheJobsItNamesFromTheirStart) {
   EXPECT_NE(posd.log_text().find("checkpoint policy for pid " + std::to_string(named) + " ('auto-1')"), std::string::npos)
       << posd.log_text();
   EXPECT_FALSE(std::filesystem::exists(points + "/manual-" + std::to_string(other)));
-  // The named job's session page-locked its checkpoint staging as it started; the other's did not.
-  EXPECT_NE(posd.log_text().find("pid " + std::to_string(named) + " ('auto-1'): checkpoint staging made ahead, " +
-                                 std::to_string(pos::checkpoint_staging_chunks()) + " chunks of 8 MiB kept"),
-            std::string::npos)
+  // The named job's session page-locked its checkpoint staging as it started, and keeps its
+  // copy-on-write shadows between ticks (checkpoint.keep_shadows: auto); the other's did neither.
+  // (A spare made its restore loaders' chunks already: at least as many as a checkpoint takes.)
+  const std::string ahead = "pid " + std::to_string(named) + " ('auto-1'): checkpoint staging made ahead, ";
+  EXPECT_TRUE(std::regex_search(posd.log_text(), std::regex("pid " + std::to_string(named) +
+                                                              " uid [0-9]+ job 'auto-1' in session process [0-9]+ \\(the spare\\)")))
       << posd.log_text();
+  const size_t at = posd.log_text().find(ahead);
+  ASSERT_NE(at, std::string::npos) << posd.log_text();
+  const std::string line = posd.log_text().substr(at, posd.log_text().find('\n', at) - at);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(line, m, std::regex("made ahead, ([0-9]+) chunks of 8 MiB kept"))) << line;
+  EXPECT_GE(std::stoul(m[1].str()), pos::checkpoint_staging_chunks()) << line;
+  EXPECT_NE(line.find("copy-on-write shadows kept between checkpoints"), std::string::npos) << line;
   EXPECT_EQ(posd.log_text().find("pid " + std::to_string(other) + " ('manual'): checkpoint staging made ahead"),
             std::string::npos)
       << posd.log_text();

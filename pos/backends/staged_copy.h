@@ -39,6 +39,9 @@ struct StagingOptions {
   // checkpoint.staging).
   unsigned ckpt_lanes = 0;
   uint64_t ckpt_staging_bytes = 32ull << 20;
+  // The session's pool of copy-on-write shadows keeps what one checkpoint freed for the next one
+  // (config checkpoint.keep_shadows; the CUDA backend's ShadowPool).
+  bool keep_shadows = false;
 };
 
 // How the checkpoint copier's staging is cut: `lanes` threads, each with two slots of `slot_bytes`

@@ -258,6 +258,7 @@ StatusOr<std::unique_ptr<PosdServer>> PosdServer::start(const Config& config) {
     srv->config_yaml_ = config_to_yaml(config);
     Config ahead = config;
     ahead.posd_checkpoint_staging_ahead = true;
+    if (!ahead.ckpt_keep_shadows.has_value()) ahead.ckpt_keep_shadows = true;
     srv->config_yaml_ahead_ = config_to_yaml(ahead);
     srv->session_env_ = environment_snapshot();
     session_channel::Start probe;

@@ -147,7 +147,8 @@ class PosdServer {
   std::unique_ptr<POSWorkspace> ws_;  // posd.isolation: shared only
   std::string backend_name_;
   std::string session_binary_, config_yaml_;  // posd.isolation: process
-  // The config a session of a job posd.checkpoint_policy names gets: its staging made ahead.
+  // The config a session of a job posd.checkpoint_policy names gets: its staging made ahead, its
+  // copy-on-write shadows kept between ticks (unless checkpoint.keep_shadows says otherwise).
   std::string config_yaml_ahead_;
   const std::string& session_yaml(const std::string& job) const {
     return policy_names_job(config_, job) ? config_yaml_ahead_ : config_yaml_;

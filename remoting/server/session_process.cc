@@ -861,7 +861,7 @@ namespace {
 // A spare's second Start (kServe or kRestore) and its descriptors, put where a process started
 // for that client has them (kClientFd, kDirFd). False: posd closed the channel, or sent nothing
 // this build reads (then the process ends; posd starts a new one for that client).
-bool await_handover(int channel, std::vector<char>& buf, sc::Start* start, std::string* job) {
+bool await_handover(int channel, std::vector<char>& buf, sc::Start* start, std::string* job, std::string* config) {
   for (;;) {
     pollfd p{channel, POLLIN, 0};
     const int n = ::poll(&p, 1, -1);
@@ -895,6 +895,7 @@ bool await_handover(int channel, std::vector<char>& buf, sc::Start* start, std::
     if (!place(fds[0], sc::kClientFd) || (fds[1] && !place(fds[1], sc::kDirFd))) return false;
     *start = s;
     job->assign(buf.data() + sizeof(s), s.job_len);
+    config->assign(buf.data() + sizeof(s) + s.job_len, s.config_len);
     return true;
   }
 }
@@ -947,12 +948,20 @@ int session_process_main() {
     // here is made as the loaders start, as in any other session.
     if (ws.ok()) (void)(*ws)->backend().keep_staging_chunks(restore_loader_threads() + 1);
     // Up ahead of its client: now the client (posd closing the channel instead: nothing to do).
-    if (!await_handover(channel, buf, &start, &job)) {
+    std::string handed;
+    if (!await_handover(channel, buf, &start, &job, &handed)) {
       if (ws.ok()) ws->reset();
       for (void* h : libs) ::dlclose(h);
       return 0;
     }
+    // The spare's backend is up already; what posd's config says of this job's checkpoints (its
+    // policy names it, say) is taken from the config it was handed with.
+    if (auto h = parse_config(handed); h.ok()) {
+      config.posd_checkpoint_staging_ahead = h->posd_checkpoint_staging_ahead;
+      config.ckpt_keep_shadows = h->ckpt_keep_shadows;
+    }
   }
+  if (!probe && ws.ok()) (*ws)->backend().set_keep_shadows(config.ckpt_keep_shadows.value_or(false));
   // A job that will be checkpointed gets its checkpoint staging now, as it starts: made at its
   // first checkpoint, the page-locking held the job's GPU work for its ~60-70 ms (the driver
   // serializes it with the job's calls; the H200). posd sets this for the jobs its policy names.
@@ -961,9 +970,12 @@ int session_process_main() {
     DeviceBackend& b = (*ws)->backend();
     const auto t0 = std::chrono::steady_clock::now();
     const size_t kept = b.keep_staging_chunks(std::max(b.staging_chunks_kept(), checkpoint_staging_chunks()));
-    POS_INFO("posd-session", "pid %d ('%s'): checkpoint staging made ahead, %zu chunks of %llu MiB kept (%.3f s)",
+    POS_INFO("posd-session",
+             "pid %d ('%s'): checkpoint staging made ahead, %zu chunks of %llu MiB kept (%.3f s); copy-on-write "
+             "shadows %s between checkpoints",
              start.pid, job.c_str(), kept, static_cast<unsigned long long>(DeviceBackend::kStagingChunkBytes >> 20),
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+             config.ckpt_keep_shadows.value_or(false) ? "kept" : "given back");
   }
   const bool restore = start.kind == static_cast<uint32_t>(sc::Kind::kRestore);
   int rc = 0;

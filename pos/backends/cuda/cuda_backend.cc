@@ -436,6 +436,48 @@ class CuLanes final : public LaneDevice {
   std::unique_ptr<StagedLanes> lanes_;
 };
 
+// A session's copy-on-write shadows come from a stream-ordered pool of its own. With `keep` (config
+// checkpoint.keep_shadows; posd sets it for the jobs its checkpoint policy names) the pool holds
+// on to what a checkpoint freed, so that the next tick's shadows are not mapped (and scrubbed) by
+// the driver again: on the H200 that was most of the time the job's calls waited for them. The job
+// takes the room back when its own allocation needs it (CudaClient::map_chunk trims the pool).
+// Without `keep` the pool gives memory back at each synchronization, as the device's default
+// pool does. No pool (the device has no stream-ordered allocator): shadows are cuMemAlloc'd.
+class ShadowPool {
+ public:
+  static std::shared_ptr<ShadowPool> make(CUdevice dev, bool keep) {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = dev;
+    CUmemoryPool p = nullptr;
+    if (cuMemPoolCreate(&p, &props) != CUDA_SUCCESS) return nullptr;
+    cuuint64_t threshold = keep ? UINT64_MAX : 0;
+    if (cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) != CUDA_SUCCESS) {
+      cuMemPoolDestroy(p);
+      return nullptr;
+    }
+    return std::shared_ptr<ShadowPool>(new ShadowPool(p));
+  }
+  ~ShadowPool() { cuMemPoolDestroy(pool_); }  // memory still allocated goes once it is freed
+  CUmemoryPool get() const { return pool_; }
+  // Gives every byte no shadow holds back to the device; what it gave (0 if nothing).
+  uint64_t trim() {
+    const uint64_t before = reserved();
+    cuMemPoolTrimTo(pool_, 0);
+    const uint64_t after = reserved();
+    return before > after ? before - after : 0;
+  }
+  uint64_t reserved() const {
+    cuuint64_t v = 0;
+    return cuMemPoolGetAttribute(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS ? v : 0;
+  }
+
+ private:
+  explicit ShadowPool(CUmemoryPool p) : pool_(p) {}
+  CUmemoryPool pool_;
+};
+
 // The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
 // so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
 class CudaCopier final : public DeviceCopier {
@@ -443,7 +485,8 @@ class CudaCopier final : public DeviceCopier {
   // `staging`: the client's; the copier stages through slots of its own, smaller and more of them
   // (kSlotBytes × kSlots, bounded), since its copies come one 8 MiB chunk at a time: four pieces
   // per chunk keep the DMA of one piece under the memcpy of the last.
-  CudaCopier(CUcontext ctx, StagingOptions staging, uint64_t spin_ns) : ctx_(ctx), staging_opts_(staging), spin_ns_(spin_ns) {
+  CudaCopier(CUcontext ctx, StagingOptions staging, uint64_t spin_ns, std::shared_ptr<ShadowPool> pool)
+      : ctx_(ctx), staging_opts_(staging), spin_ns_(spin_ns), pool_(std::move(pool)) {
     staging_opts_.slot_bytes = kSlotBytes;
     staging_opts_.slots = kSlots;
     staging_opts_.min_bytes = kSlotBytes;
@@ -453,7 +496,7 @@ class CudaCopier final : public DeviceCopier {
   ~CudaCopier() override {
     if (make_current(ctx_).ok()) {
       for (CUdeviceptr p : shadows_) {
-        if (no_pool_ || lanes_[0] == nullptr) cuMemFree(p);
+        if (!pool_ || lanes_[0] == nullptr) cuMemFree(p);
         else cuMemFreeAsync(p, lanes_[0]);
       }
       for (CUstream s : lanes_)
@@ -501,26 +544,22 @@ class CudaCopier final : public DeviceCopier {
     POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
     return Status::Ok();
   }
-  // Shadows come from the device's stream-ordered pool: cuMemFree would wait for the whole
-  // device (the job's kernels included), so a drainer freeing shadows would stall behind the job
-  // and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
+  // Shadows come from the session's stream-ordered pool (ShadowPool): cuMemFree would wait for
+  // the whole device (the job's kernels included), so a drainer freeing shadows would stall behind
+  // the job and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
   StatusOr<uint64_t> shadow_alloc(uint64_t n) override {
     POS_RETURN_IF_ERROR(make_current(ctx_));
     CUdeviceptr p = 0;
     const size_t bytes = n == 0 ? 1 : n;
-    if (!no_pool_) {
-      const CUresult r = cuMemAllocAsync(&p, bytes, lanes_[0]);
-      if (r == CUDA_ERROR_NOT_SUPPORTED) no_pool_ = true;
-      else POS_CU(r, "shadow of " + std::to_string(n) + " bytes");
-    }
-    if (no_pool_) POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
+    if (pool_) POS_CU(cuMemAllocFromPoolAsync(&p, bytes, pool_->get(), lanes_[0]), "shadow of " + std::to_string(n) + " bytes");
+    else POS_CU(cuMemAlloc(&p, bytes), "shadow of " + std::to_string(n) + " bytes");
     shadows_.insert(p);
     return static_cast<uint64_t>(p);
   }
   void shadow_free(uint64_t addr) override {
     if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
     // The caller has waited for every copy that reads the shadow, so any stream may free it.
-    if (no_pool_) cuMemFree(addr);
+    if (!pool_) cuMemFree(addr);
     else cuMemFreeAsync(addr, lanes_[1]);
   }
 
@@ -575,7 +614,7 @@ class CudaCopier final : public DeviceCopier {
   bool lanes_off_ = false;
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
-  bool no_pool_ = false;  // the device has no stream-ordered allocator
+  std::shared_ptr<ShadowPool> pool_;  // null: the device has no stream-ordered allocator
 };
 
 // A peer switch's scratch mapping of the source session's memory (CudaClient::copy_from_peer):
@@ -634,7 +673,12 @@ class CudaClient final : public BackendClient {
   Status copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) override;
 
   StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
-    auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_);
+    POS_RETURN_IF_ERROR(bind());
+    if (!shadow_pool_tried_) {
+      shadow_pool_tried_ = true;
+      shadow_pool_ = ShadowPool::make(dev_, staging_opts_.keep_shadows);
+    }
+    auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_, shadow_pool_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<DeviceCopier>(std::move(c));
   }
@@ -1141,6 +1185,8 @@ class CudaClient final : public BackendClient {
   const uint32_t sms_granted_;                   // ctx_ is a green context of that many SMs (0: the primary)
   std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
   std::thread scratch_release_;                  // the last peer switch's scratch, unmapped after the restore
+  std::shared_ptr<ShadowPool> shadow_pool_;      // made with the first copier; shared with the copiers
+  bool shadow_pool_tried_ = false;
   ChunkExporter exporter_{ctx_};                 // last: made after ctx_; the destructor's body releases chunks through it
 };
 
@@ -1169,6 +1215,8 @@ Status CudaClient::map_chunk(uint64_t start, uint64_t size) {
   bool shareable = !unshareable_;
   prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   CUresult made = cuMemCreate(&h, size, &prop, 0);
+  // Shadows the pool kept for the next checkpoint yield to the job's own memory.
+  if (made == CUDA_ERROR_OUT_OF_MEMORY && shadow_pool_ && shadow_pool_->trim() > 0) made = cuMemCreate(&h, size, &prop, 0);
   if (shareable && (made == CUDA_ERROR_NOT_SUPPORTED || made == CUDA_ERROR_INVALID_VALUE)) {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     made = cuMemCreate(&h, size, &prop, 0);
@@ -1406,6 +1454,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   std::string_view name() const override { return "cuda"; }
+  void set_keep_shadows(bool keep) override { keep_shadows_.store(keep, std::memory_order_relaxed); }
   std::string device_name(int device) const override {
     DeviceProps p{};
     if (!properties(device, &p).ok()) return "unknown";
@@ -1480,7 +1529,9 @@ class CudaBackend final : public DeviceBackend {
     CUcontext use = *ctx;
     if (sms != 0)
       if (CUcontext g = green_context(device, sms, &granted); g != nullptr) use = g;
-    auto c = std::make_unique<CudaClient>(use, devs_[device], granule_, base, size, staging_, spin_ns_, &pins_, granted);
+    StagingOptions staging = staging_;
+    staging.keep_shadows = keep_shadows_.load(std::memory_order_relaxed);
+    auto c = std::make_unique<CudaClient>(use, devs_[device], granule_, base, size, staging, spin_ns_, &pins_, granted);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<BackendClient>(std::move(c));
   }
@@ -1652,6 +1703,7 @@ class CudaBackend final : public DeviceBackend {
   mutable std::map<std::pair<int, uint32_t>, Green> greens_;  // under mu_
 
   const StagingOptions staging_;  // each client's pageable-copy staging (docs/cuda_backend.md)
+  std::atomic<bool> keep_shadows_{staging_.keep_shadows};  // for clients opened from now on
   const uint64_t spin_ns_;
   OnUsePins pins_;  // session arenas, page-locked as copies name them (outlives every client)
   int home_ = 0;
@@ -1678,6 +1730,7 @@ extern "C" __attribute__((visibility("default"))) pos::DeviceBackend* pos_cuda_b
   if (config != nullptr) {
     staging.ckpt_lanes = config->ckpt_copy_threads;
     staging.ckpt_staging_bytes = config->ckpt_staging_bytes;
+    staging.keep_shadows = config->ckpt_keep_shadows.value_or(false);
   }
   const uint64_t spin_ns = config != nullptr ? config->spin_ns : pos::Config{}.spin_ns;
   const int home = config != nullptr && !config->posd_devices.empty() ? config->posd_devices.front() : 0;
