@@ -102,6 +102,11 @@ class DeviceCopier {
   virtual Status to_device_async(uint64_t dst, const void* src, uint64_t n, int lane) = 0;
   virtual Status device_copy_async(uint64_t dst, uint64_t src, uint64_t n, int lane) = 0;
   virtual Status wait(int lane) = 0;  // everything issued on `lane` has finished
+  // The client's work from now on runs only after everything issued on `lane` so far (a shadow's
+  // copy before the call that writes the buffer). Where the backend can order that on the device
+  // (the CUDA backend: the client's streams wait for an event) the caller goes on at once; by
+  // default it waits here.
+  virtual Status order_client_after(int lane) { return wait(lane); }
   // Device memory outside every client range (copy-on-write shadows).
   virtual StatusOr<uint64_t> shadow_alloc(uint64_t n) = 0;
   virtual void shadow_free(uint64_t addr) = 0;

@@ -505,6 +505,39 @@ TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesIts
   expect_state();
 }
 
+// The worker does not wait for a shadow's copy on a GPU: the call that writes the buffer waits for
+// it on the device. A 256 MiB copy is still running when the memset right behind it would start,
+// so an image that holds every byte of the cut shows the write came after the copy.
+TEST_F(CheckpointTest, AWriteRightAfterTheCutToALargeBufferWaitsForItsShadowsCopy) {
+  build_state();
+  constexpr uint64_t kBytes = 256ull << 20;
+  const uint64_t large = alloc(kBytes);
+  const std::vector<unsigned> data = pattern(kBytes / 4, 9);
+  upload(large, data.data(), kBytes);
+  ASSERT_TRUE(api().device_synchronize().ok());
+  const std::string d = temp_dir("fenced");
+  std::atomic<bool> hold{true}, cut{false};
+  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
+  req.hold_drain = &hold;
+  req.on_cut = [&](uint64_t) { cut.store(true); };
+  StatusOr<CheckpointResult> result = Status::Internal("not run");
+  std::thread t([&] { result = dump(std::move(req)); });
+  while (!cut.load()) std::this_thread::yield();
+  ASSERT_TRUE(api().memset(large, 0xee, kBytes).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());  // (stream_ does not wait for the default stream)
+  auto a = args(client().fill, large + kBytes / 2, 77u, 1024);  // and a kernel on another stream
+  ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, a).ok());
+  ASSERT_TRUE(api().device_synchronize().ok());
+  hold.store(false);
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_GE(result->shadow_bytes, kBytes);
+  EXPECT_EQ(download<unsigned>(large + kBytes / 2, 1024), filled(1024, 77u));  // the job's writes landed
+  ASSERT_TRUE(kill_and_restore(d).ok());
+  expect_state();
+  EXPECT_TRUE(download<unsigned>(large, kBytes / 4) == data) << "the image does not hold the cut's bytes";
+}
+
 // Into memory that was never page-locked (on a GPU: the copier's staging lanes, several chunks in
 // flight at once) while the job writes its largest buffer during the drain: the image is the cut's.
 TEST_F(CheckpointTest, AnAsyncCheckpointIntoPageableMemoryHoldsTheCutWhileTheJobWritesDuringTheDrain) {

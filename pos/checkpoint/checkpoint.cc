@@ -1,7 +1,8 @@
 // checkpoint.cc — the drainer and copy-on-write of a checkpoint job.
 // The drainer copies chunk by chunk under each region's lock; the worker, before a call writes a
 // region not yet drained, takes the same lock (so no copy of the old bytes is in flight) and
-// moves the undrained rest to a device shadow. The pool of shadows is bounded.
+// moves the undrained rest to a device shadow, ordered before the call's own work. The pool of
+// shadows is bounded.
 #include "pos/checkpoint/checkpoint.h"
 
 #include <algorithm>
@@ -188,8 +189,10 @@ void CheckpointJob::protect_region(DrainRegion& r) {
         if (s.ok()) {
           shadow_in_use_ += need;
           shadow_total_ += need;
+          // The call that writes the buffer runs after the copy; on a GPU the client's streams
+          // wait for it on the device, so the worker goes on at once (DeviceCopier).
           Status c = shadow_copier_->device_copy_async(*s, r.addr + r.drained, need, 0);
-          if (c.ok()) c = shadow_copier_->wait(0);
+          if (c.ok()) c = shadow_copier_->order_client_after(0);
           if (c.ok()) {
             r.shadow = *s;
             r.shadow_from = r.drained;
@@ -337,6 +340,8 @@ Status CheckpointJob::drain_round(DrainRegion& r, uint64_t base, uint64_t* next)
     } else if (r.src_img != nullptr) {
       POS_RETURN_IF_ERROR(copy_from_image(r, base, parts));
     } else if (end > base) {
+      // A shadow's copy may still be in flight (the worker did not wait for it).
+      if (r.shadow != 0 && end > r.shadow_from) POS_RETURN_IF_ERROR(shadow_copier_->wait(0));
       for (size_t i = 0; i < parts.size(); ++i) {
         const uint64_t off = base + i * ckpt::kChunkSize;
         parts[i].dev = (r.shadow != 0 && off >= r.shadow_from) ? r.shadow + (off - r.shadow_from) : r.addr + off;

@@ -90,6 +90,7 @@ struct CuStream {
   uint32_t flags = 0;          // the app's flags (cudaStreamNonBlocking)
   bool pending = false;        // blocking stream: work queued since the default stream last joined it
   uint64_t seen_default = 0;   // blocking stream: default-stream epoch it last waited for
+  uint64_t seen_fence = 0;     // the client's ShadowFence epoch it last waited for
   bool blocking() const { return (flags & 0x1u) == 0; }
 };
 
@@ -478,6 +479,17 @@ class ShadowPool {
   CUmemoryPool pool_;
 };
 
+// Copy-on-write ordered on the device: a shadow's copy is queued on a copier lane, which then
+// records `ev`; each of the client's streams waits for the newest record before its next work
+// (CudaClient::order_before). So the job's calls never wait on the host for a shadow's copy: the
+// kernel that writes the buffer waits for it on the device, usually not at all, since the copy
+// starts at once, beside the kernels queued before it. (The lane runs in order, so the newest
+// record covers every copy before it.) Worker thread only, as the client is.
+struct ShadowFence {
+  CUevent ev = nullptr;
+  uint64_t epoch = 0;  // bumped at each record; 0: never recorded
+};
+
 // The checkpoint engine's copies: its own non-blocking streams (lanes) in the client's context,
 // so they never queue behind the job's kernels. Binds the context on whichever thread uses it.
 class CudaCopier final : public DeviceCopier {
@@ -485,8 +497,9 @@ class CudaCopier final : public DeviceCopier {
   // `staging`: the client's; the copier stages through slots of its own, smaller and more of them
   // (kSlotBytes × kSlots, bounded), since its copies come one 8 MiB chunk at a time: four pieces
   // per chunk keep the DMA of one piece under the memcpy of the last.
-  CudaCopier(CUcontext ctx, StagingOptions staging, uint64_t spin_ns, std::shared_ptr<ShadowPool> pool)
-      : ctx_(ctx), staging_opts_(staging), spin_ns_(spin_ns), pool_(std::move(pool)) {
+  CudaCopier(CUcontext ctx, StagingOptions staging, uint64_t spin_ns, std::shared_ptr<ShadowPool> pool,
+             ShadowFence* fence)
+      : ctx_(ctx), staging_opts_(staging), spin_ns_(spin_ns), pool_(std::move(pool)), fence_(fence) {
     staging_opts_.slot_bytes = kSlotBytes;
     staging_opts_.slots = kSlots;
     staging_opts_.min_bytes = kSlotBytes;
@@ -506,9 +519,14 @@ class CudaCopier final : public DeviceCopier {
         }
     }
   }
+  // The lanes have the context's highest priority: a shadow's copy that runs on SMs gets them as
+  // the job's running kernel frees them, ahead of the job's queued blocks.
   Status open() {
     POS_RETURN_IF_ERROR(make_current(ctx_));
-    for (CUstream& s : lanes_) POS_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "checkpoint copy stream");
+    int least = 0, greatest = 0;
+    if (cuCtxGetStreamPriorityRange(&least, &greatest) != CUDA_SUCCESS) greatest = 0;
+    for (CUstream& s : lanes_)
+      POS_CU(cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, greatest), "checkpoint copy stream");
     return Status::Ok();
   }
   // Into or out of pageable host memory (an image whose memory was never page-locked) the copy
@@ -544,6 +562,13 @@ class CudaCopier final : public DeviceCopier {
     POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
     return Status::Ok();
   }
+  Status order_client_after(int lane) override {
+    if (fence_ == nullptr || fence_->ev == nullptr) return wait(lane);
+    POS_RETURN_IF_ERROR(make_current(ctx_));
+    POS_CU(cuEventRecord(fence_->ev, lanes_[lane & 1]), "shadow fence");
+    ++fence_->epoch;
+    return Status::Ok();
+  }
   // Shadows come from the session's stream-ordered pool (ShadowPool): cuMemFree would wait for
   // the whole device (the job's kernels included), so a drainer freeing shadows would stall behind
   // the job and the job's next writes behind a full pool. cuMemAlloc only where pools are missing.
@@ -558,9 +583,10 @@ class CudaCopier final : public DeviceCopier {
   }
   void shadow_free(uint64_t addr) override {
     if (shadows_.erase(addr) == 0 || !make_current(ctx_).ok()) return;
-    // The caller has waited for every copy that reads the shadow, so any stream may free it.
+    // The caller has waited for every copy that reads the shadow; freed on the lane that wrote it,
+    // so that even a copy nobody waited for (a failed checkpoint's) comes first.
     if (!pool_) cuMemFree(addr);
-    else cuMemFreeAsync(addr, lanes_[1]);
+    else cuMemFreeAsync(addr, lanes_[0]);
   }
 
  private:
@@ -615,6 +641,7 @@ class CudaCopier final : public DeviceCopier {
   CUstream lanes_[kLanes] = {};
   std::set<CUdeviceptr> shadows_;
   std::shared_ptr<ShadowPool> pool_;  // null: the device has no stream-ordered allocator
+  ShadowFence* fence_;                // the client's (outlives the copier); null: order_client_after waits
 };
 
 // A peer switch's scratch mapping of the source session's memory (CudaClient::copy_from_peer):
@@ -677,8 +704,10 @@ class CudaClient final : public BackendClient {
     if (!shadow_pool_tried_) {
       shadow_pool_tried_ = true;
       shadow_pool_ = ShadowPool::make(dev_, staging_opts_.keep_shadows);
+      // Without the event every shadow's copy is waited for on the host, as before.
+      if (cuEventCreate(&fence_.ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) fence_.ev = nullptr;
     }
-    auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_, shadow_pool_);
+    auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_, shadow_pool_, &fence_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<DeviceCopier>(std::move(c));
   }
@@ -1123,6 +1152,10 @@ class CudaClient final : public BackendClient {
   // queued so far on the client's blocking streams, and work on a blocking stream waits for the
   // default stream's work so far. Costs an event only when the app switches between them.
   void order_before(CuStream& s) {
+    if (s.seen_fence != fence_.epoch) {  // a shadow's copy was queued since this stream's last work
+      cuStreamWaitEvent(s.s, fence_.ev, 0);
+      s.seen_fence = fence_.epoch;
+    }
     if (&s == default_.get()) {
       for (CuStream* b : pending_) {
         cuEventRecord(b->join, b->s);
@@ -1187,6 +1220,7 @@ class CudaClient final : public BackendClient {
   std::thread scratch_release_;                  // the last peer switch's scratch, unmapped after the restore
   std::shared_ptr<ShadowPool> shadow_pool_;      // made with the first copier; shared with the copiers
   bool shadow_pool_tried_ = false;
+  ShadowFence fence_;                            // its event made with the first copier
   ChunkExporter exporter_{ctx_};                 // last: made after ctx_; the destructor's body releases chunks through it
 };
 
@@ -1194,6 +1228,10 @@ CudaClient::~CudaClient() {
   if (scratch_release_.joinable()) scratch_release_.join();
   if (!bind().ok()) return;
   (void)synchronize_all();
+  if (fence_.ev != nullptr) {  // a shadow's copy may still read the memory released below
+    cuEventSynchronize(fence_.ev);
+    cuEventDestroy(fence_.ev);
+  }
   staging_.reset();
   for (auto& [id, b] : blas_) cublasDestroy(b.h);
   for (auto& [id, e] : events_) cuEventDestroy(e);
@@ -1393,8 +1431,10 @@ Status CudaClient::free_at(uint64_t addr, uint64_t size) {
   auto a = allocations_.find(addr);
   if (a == allocations_.end() || a->second != size)
     return Status::Internal("cuda backend: free of an address it did not allocate");
-  // cudaFree waits for the device: queued work may still use the buffer.
+  // cudaFree waits for the device: queued work may still use the buffer, and so may a shadow's
+  // copy of it that the client's streams only wait for on the device (ShadowFence).
   POS_RETURN_IF_ERROR(synchronize_all());
+  if (fence_.epoch != 0) POS_CU(cuEventSynchronize(fence_.ev), "shadow fence");
   allocations_.erase(a);
   const uint64_t lo = addr / granule_ * granule_;
   const uint64_t hi = (addr + size + granule_ - 1) / granule_ * granule_;
