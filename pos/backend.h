@@ -107,6 +107,10 @@ class DeviceCopier {
   // (the CUDA backend: the client's streams wait for an event) the caller goes on at once; by
   // default it waits here.
   virtual Status order_client_after(int lane) { return wait(lane); }
+  // The checkpoint is over and its shadows freed (the drainer's last step): shadow memory reserved
+  // ahead (BackendClient::reserve_shadows) that they did not use goes back to the device. Returns
+  // the bytes kept for the next checkpoint (0 where shadows are not kept).
+  virtual uint64_t settle_shadows() { return 0; }
   // Device memory outside every client range (copy-on-write shadows).
   virtual StatusOr<uint64_t> shadow_alloc(uint64_t n) = 0;
   virtual void shadow_free(uint64_t addr) = 0;
@@ -172,6 +176,13 @@ class BackendClient {
 
   // A copier for the checkpoint engine (see DeviceCopier); may be handed to another thread.
   virtual StatusOr<std::unique_ptr<DeviceCopier>> make_copier() = 0;
+  // Ahead of an async checkpoint's cut, on the thread that asked for it (thread-safe, unlike the
+  // rest): a backend that keeps shadows between checkpoints (the CUDA backend with
+  // checkpoint.keep_shadows) grows its pool to `bytes` the first time, so that the first tick's
+  // copy-on-write does not wait for the driver to map device memory; that checkpoint's end gives
+  // back what its shadows did not use (DeviceCopier::settle_shadows). Returns the bytes it grew
+  // the pool by (by default nothing).
+  virtual uint64_t reserve_shadows(uint64_t bytes) { (void)bytes; return 0; }
 
   // pos-cli migrate's peer switch (docs/migration.md). export_memory: descriptors of all the memory
   // that backs this client's allocations, once its work is done (the caller synchronized).

@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <unordered_map>
 
@@ -455,6 +456,21 @@ StatusOr<CheckpointResult> POSClient::checkpoint(CheckpointRequest request) {
                                       " was stopped by a checkpoint: it runs nothing more (restore its image)");
   auto job = std::make_shared<CheckpointJob>(std::move(request), backend_);
   POS_RETURN_IF_ERROR(job->prepare(config_.shadow_pool_bytes, device()));
+  // Async: a backend that keeps shadows grows their pool now, before the cut, rather than on the
+  // worker while the job's calls wait (the first tick's). At most the shadow bound: the job's
+  // memory, the asked bound, half the free memory. (A client with memory has device state, so
+  // the worker does not replace its backend client meanwhile: move_device is for clients without.)
+  if (job->request().mode == CheckpointMode::kAsync && !job->request().peer && !job->request().stop) {
+    uint64_t want = memory_in_use_.load(std::memory_order_relaxed);
+    if (job->shadow_limit() != 0) want = std::min(want, job->shadow_limit());
+    MemInfo mi{};
+    want = backend_->mem_info(device(), &mi).ok() ? std::min(want, mi.free / 2) : 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t grown = want > 0 ? backend_client_->reserve_shadows(want) : 0;
+    if (grown > 0)
+      POS_INFO(log_name_, "copy-on-write shadows reserved ahead of the first cut: %.1f MB in %.3f s", grown / 1e6,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   const bool stop = job->request().stop;
   // The drainer wakes the parser (seal) and the worker (outcome); it never blocks on them.
   if (stop) job->set_wake([this] {

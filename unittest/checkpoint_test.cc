@@ -538,6 +538,49 @@ TEST_F(CheckpointTest, AWriteRightAfterTheCutToALargeBufferWaitsForItsShadowsCop
   EXPECT_TRUE(download<unsigned>(large, kBytes / 4) == data) << "the image does not hold the cut's bytes";
 }
 
+// checkpoint.keep_shadows: on a GPU the session keeps the memory an async checkpoint's shadows used
+// for the next one (its first checkpoint grew the pool ahead of the cut, then gave back what the
+// shadows did not use), and keeps nothing without it. The host backend's shadows are plain host
+// memory, kept by nobody. Either way every image holds its cut.
+TEST_F(CheckpointTest, ShadowsAreKeptForTheNextCheckpointOnlyWhereTheConfigSaysSo) {
+  for (const bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "keep_shadows: true" : "keep_shadows: false");
+    Config c = test_config();
+    c.ckpt_keep_shadows = keep;
+    make_workspace(c);
+    build_state();
+    const bool kept_here = keep && ws_->backend().name() == "cuda";
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("checkpoint " + std::to_string(round + 1));
+      const std::string d = temp_dir("kept-" + std::to_string(keep) + "-" + std::to_string(round));
+      std::atomic<bool> hold{true}, cut{false};
+      CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
+      req.hold_drain = &hold;
+      req.on_cut = [&](uint64_t) { cut.store(true); };
+      StatusOr<CheckpointResult> result = Status::Internal("not run");
+      std::thread t([&] { result = dump(std::move(req)); });
+      while (!cut.load()) std::this_thread::yield();
+      ASSERT_TRUE(api().memset(big_, 0x40 + round, 20u << 20).ok());
+      ASSERT_TRUE(api().device_synchronize().ok());
+      hold.store(false);
+      t.join();
+      ASSERT_TRUE(result.ok()) << result.status().to_string();
+      EXPECT_GE(result->shadow_bytes, 20u << 20);
+      if (kept_here) {
+        EXPECT_GE(result->shadow_kept, result->shadow_bytes);
+        // Ahead of the first cut the pool grew to the job's memory (half the free memory at most);
+        // what the shadows did not use went back (a pool's chunks are whole granules).
+        EXPECT_LE(result->shadow_kept, result->shadow_bytes + (64u << 20));
+      } else {
+        EXPECT_EQ(result->shadow_kept, 0u);
+      }
+      ASSERT_TRUE(kill_and_restore(d).ok());
+      expect_state();
+      upload(odd_, odd_data_.data(), 777 * 4);  // (expect_state's kernel rewrote it)
+    }
+  }
+}
+
 // Into memory that was never page-locked (on a GPU: the copier's staging lanes, several chunks in
 // flight at once) while the job writes its largest buffer during the drain: the image is the cut's.
 TEST_F(CheckpointTest, AnAsyncCheckpointIntoPageableMemoryHoldsTheCutWhileTheJobWritesDuringTheDrain) {

@@ -219,6 +219,8 @@ void CheckpointJob::protect_region(DrainRegion& r) {
 
 void CheckpointJob::drain_main() {
   Status s = drain_all();
+  // Done with shadows (a failed drain's still held are freed with the job, and stay reserved).
+  if (shadow_copier_) result_.shadow_kept = shadow_copier_->settle_shadows();
   if (s.ok()) s = writer_->finish_blobs();
   if (s.ok()) {
     for (auto& r : regions_) {

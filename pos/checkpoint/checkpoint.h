@@ -82,6 +82,7 @@ struct CheckpointResult {
   uint64_t bytes_from_image = 0; // lazy_ok: bytes of bytes_stored copied from the lazy restore's image
   uint64_t shadow_bytes = 0;     // async: bytes copied to shadows because the job wrote them
   uint64_t shadow_limit = 0;     // async: the pool's bound for this checkpoint
+  uint64_t shadow_kept = 0;      // async: shadow memory the session keeps for the next (keep_shadows)
   uint64_t shadow_waits = 0;     // async: times the worker found the pool full and waited
   double shadow_s = 0;           // async: how long the worker spent on shadows (the job's calls waited)
   double shadow_alloc_s = 0;     // async: of that, allocating them (the rest: copying, waiting for the pool)
@@ -174,6 +175,8 @@ class CheckpointJob {
   // Control thread, before the command: opens the target and the parent.
   // `device` is the client's device, whose free memory bounds an auto-sized shadow pool.
   Status prepare(uint64_t default_shadow_pool, int device);
+  // After prepare: the shadow pool's bound as asked (0: auto, sized at the cut).
+  uint64_t shadow_limit() const { return shadow_limit_; }
   // Parser: one region per buffer whose bytes go into this image.
   void add_region(uint64_t key, uint64_t addr, uint64_t size, bool is_var, int record);
   uint64_t* referenced_bytes() { return &result_.bytes_referenced; }

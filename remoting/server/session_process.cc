@@ -235,10 +235,11 @@ class CheckpointRunner {
       r.stall_s = res->stall_s, r.total_s = res->total_s;
       POS_INFO("posd-session",
                "checkpoint of client %lu: cut %lu, %lu bytes in %.3f s (cut after %.3f s, drained in %.3f s; the job's "
-               "calls waited %.1f ms for %.1f MB of copy-on-write shadows, %.1f ms of it allocating them)",
+               "calls waited %.1f ms for %.1f MB of copy-on-write shadows, %.1f ms of it allocating them; %.1f MB of "
+               "shadows kept for the next)",
                (unsigned long)uuid, (unsigned long)res->cut_pc, (unsigned long)res->bytes_stored, res->total_s,
                res->to_cut_s, res->drain_end_s - res->drain_start_s, res->shadow_s * 1e3, res->shadow_bytes / 1e6,
-               res->shadow_alloc_s * 1e3);
+               res->shadow_alloc_s * 1e3, res->shadow_kept / 1e6);
     } else {
       r.code = static_cast<int32_t>(res.status().code());
       r.api_error = res.status().api_error();

@@ -458,10 +458,49 @@ class ShadowPool {
       cuMemPoolDestroy(p);
       return nullptr;
     }
-    return std::shared_ptr<ShadowPool>(new ShadowPool(p));
+    return std::shared_ptr<ShadowPool>(new ShadowPool(p, keep));
   }
   ~ShadowPool() { cuMemPoolDestroy(pool_); }  // memory still allocated goes once it is freed
   CUmemoryPool get() const { return pool_; }
+  // The first time only (a session's first checkpoint): grows the pool to `bytes`, in pieces of at
+  // most kPiece (the job's larger buffers' size, so that their shadows fit one, and so that a trim
+  // can give whole pieces back). The calling thread has the context current. A piece the device
+  // refuses ends it: the rest is allocated as shadows need it, as without.
+  static constexpr uint64_t kPiece = 1ull << 30;
+  uint64_t grow_once(uint64_t bytes) {
+    if (grown_.exchange(true)) return 0;
+    const uint64_t have = reserved();
+    if (bytes <= have) return 0;
+    CUstream s = nullptr;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 0;
+    std::vector<CUdeviceptr> got;
+    for (uint64_t left = bytes - have; left > 0;) {
+      const uint64_t n = std::min(left, kPiece);
+      CUdeviceptr p = 0;
+      if (cuMemAllocFromPoolAsync(&p, n, pool_, s) != CUDA_SUCCESS) break;
+      got.push_back(p);
+      left -= n;
+    }
+    for (CUdeviceptr p : got) cuMemFreeAsync(p, s);
+    cuStreamSynchronize(s);
+    cuStreamDestroy(s);
+    cuuint64_t zero = 0;  // from here the high mark counts the checkpoint's shadows only
+    cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
+    settle_pending_.store(!got.empty());
+    const uint64_t now = reserved();
+    return now > have ? now - have : 0;
+  }
+  // A checkpoint's shadows are freed: after the one grow_once served, what they did not use goes;
+  // a pool that does not keep gives back everything now. Returns what the pool keeps.
+  uint64_t settle() {
+    if (!keep_) {
+      cuMemPoolTrimTo(pool_, 0);
+    } else if (settle_pending_.exchange(false)) {
+      cuuint64_t high = 0;
+      if (cuMemPoolGetAttribute(pool_, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &high) == CUDA_SUCCESS) cuMemPoolTrimTo(pool_, high);
+    }
+    return reserved();
+  }
   // Gives every byte no shadow holds back to the device; what it gave (0 if nothing).
   uint64_t trim() {
     const uint64_t before = reserved();
@@ -475,8 +514,10 @@ class ShadowPool {
   }
 
  private:
-  explicit ShadowPool(CUmemoryPool p) : pool_(p) {}
+  ShadowPool(CUmemoryPool p, bool keep) : pool_(p), keep_(keep) {}
   CUmemoryPool pool_;
+  const bool keep_;
+  std::atomic<bool> grown_{false}, settle_pending_{false};
 };
 
 // Copy-on-write ordered on the device: a shadow's copy is queued on a copier lane, which then
@@ -561,6 +602,10 @@ class CudaCopier final : public DeviceCopier {
     POS_RETURN_IF_ERROR(make_current(ctx_));
     POS_CU(cuStreamSynchronize(lanes_[lane & 1]), "checkpoint copy stream");
     return Status::Ok();
+  }
+  uint64_t settle_shadows() override {
+    if (!pool_ || !wait(0).ok()) return 0;  // (the frees were queued on lane 0)
+    return pool_->settle();
   }
   Status order_client_after(int lane) override {
     if (fence_ == nullptr || fence_->ev == nullptr) return wait(lane);
@@ -688,6 +733,10 @@ class CudaClient final : public BackendClient {
     }
     POS_CU(r, "client range " + hex(base_));
     reserved_ = true;
+    // Copy-on-write's pool and fence, made now so that a checkpoint's control thread may grow the
+    // pool ahead of the cut (reserve_shadows). Without them shadows are cuMemAlloc'd and waited for.
+    shadow_pool_ = ShadowPool::make(dev_, staging_opts_.keep_shadows);
+    if (cuEventCreate(&fence_.ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) fence_.ev = nullptr;
     auto d = make_stream(0, 0);
     if (!d.ok()) return d.status();
     default_ = std::move(d.value());
@@ -699,14 +748,10 @@ class CudaClient final : public BackendClient {
   StatusOr<std::vector<PeerMemory>> export_memory() override;
   Status copy_from_peer(const std::vector<PeerMemory>& ranges, const std::vector<PeerBuffer>& buffers) override;
 
+  uint64_t reserve_shadows(uint64_t bytes) override {
+    return staging_opts_.keep_shadows && shadow_pool_ && bind().ok() ? shadow_pool_->grow_once(bytes) : 0;
+  }
   StatusOr<std::unique_ptr<DeviceCopier>> make_copier() override {
-    POS_RETURN_IF_ERROR(bind());
-    if (!shadow_pool_tried_) {
-      shadow_pool_tried_ = true;
-      shadow_pool_ = ShadowPool::make(dev_, staging_opts_.keep_shadows);
-      // Without the event every shadow's copy is waited for on the host, as before.
-      if (cuEventCreate(&fence_.ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) fence_.ev = nullptr;
-    }
     auto c = std::make_unique<CudaCopier>(ctx_, staging_opts_, spin_ns_, shadow_pool_, &fence_);
     POS_RETURN_IF_ERROR(c->open());
     return std::unique_ptr<DeviceCopier>(std::move(c));
@@ -1218,9 +1263,8 @@ class CudaClient final : public BackendClient {
   const uint32_t sms_granted_;                   // ctx_ is a green context of that many SMs (0: the primary)
   std::unique_ptr<CuStaging> staging_;           // made on the first large pageable copy
   std::thread scratch_release_;                  // the last peer switch's scratch, unmapped after the restore
-  std::shared_ptr<ShadowPool> shadow_pool_;      // made with the first copier; shared with the copiers
-  bool shadow_pool_tried_ = false;
-  ShadowFence fence_;                            // its event made with the first copier
+  std::shared_ptr<ShadowPool> shadow_pool_;      // made by open(); shared with the copiers
+  ShadowFence fence_;                            // its event made by open()
   ChunkExporter exporter_{ctx_};                 // last: made after ctx_; the destructor's body releases chunks through it
 };
 
