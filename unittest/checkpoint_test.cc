@@ -88,6 +88,31 @@ class CheckpointTest : public ApiTest {
     EXPECT_TRUE(api().event_query(event_).ok());
   }
   StatusOr<CheckpointResult> dump(CheckpointRequest r) { return ws_->checkpoint(client().uuid, std::move(r)); }
+  // An async checkpoint into `d` on a thread of its own, past its cut when this returns, its
+  // drainer held until finish(): the test writes the job's buffers before the drain reads them.
+  struct HeldAsync {
+    std::atomic<bool> hold{true}, cut{false}, done{false};
+    StatusOr<CheckpointResult> result = Status::Internal("not run");
+    std::thread t;
+    StatusOr<CheckpointResult>& finish() {
+      hold.store(false);
+      if (t.joinable()) t.join();
+      return result;
+    }
+    ~HeldAsync() { (void)finish(); }
+  };
+  std::unique_ptr<HeldAsync> held_async(const std::string& d) {
+    auto h = std::make_unique<HeldAsync>();
+    CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
+    req.hold_drain = &h->hold;
+    req.on_cut = [p = h.get()](uint64_t) { p->cut.store(true); };
+    h->t = std::thread([this, p = h.get(), r = std::move(req)]() mutable {
+      p->result = dump(std::move(r));
+      p->done.store(true);
+    });
+    while (!h->cut.load() && !h->done.load()) std::this_thread::yield();  // (a refused one never cuts)
+    return h;
+  }
   CheckpointRequest to_dir(const std::string& d, CheckpointMode m = CheckpointMode::kSync) {
     CheckpointRequest r;
     r.dir = d;
@@ -478,21 +503,14 @@ TEST_F(CheckpointTest, AMemoryImageRestoresLikeADirectoryAndCanBeSaved) {
 TEST_F(CheckpointTest, AnAsyncImageHoldsTheStateAtTheCutWhileTheJobOverwritesItsBuffers) {
   build_state();
   const std::string d = temp_dir("async");
-  std::atomic<bool> hold{true}, cut{false};
-  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
-  req.hold_drain = &hold;
-  req.on_cut = [&](uint64_t) { cut.store(true); };
-  StatusOr<CheckpointResult> result = Status::Internal("not run");
-  std::thread t([&] { result = dump(std::move(req)); });
-  while (!cut.load()) std::this_thread::yield();
+  auto held = held_async(d);
   // The drainer has not copied a byte yet; the job writes every buffer through three paths.
   ASSERT_TRUE(api().memset(big_, 0x5a, 20u << 20).ok());
   auto a = args(client().fill, static_cast<uint64_t>(small_), 1234u, 1024);
   ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, a).ok());
   ASSERT_TRUE(api().stream_synchronize(stream_).ok());
   ASSERT_TRUE(api().free(odd_).ok());
-  hold.store(false);
-  t.join();
+  auto& result = held->finish();
   ASSERT_TRUE(result.ok()) << result.status().to_string();
   EXPECT_GE(result->shadow_bytes, (20u << 20) + 4096u + 777 * 4);
   // The worker's time on those shadows is what the job's calls waited: some, within the checkpoint.
@@ -516,20 +534,13 @@ TEST_F(CheckpointTest, AWriteRightAfterTheCutToALargeBufferWaitsForItsShadowsCop
   upload(large, data.data(), kBytes);
   ASSERT_TRUE(api().device_synchronize().ok());
   const std::string d = temp_dir("fenced");
-  std::atomic<bool> hold{true}, cut{false};
-  CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
-  req.hold_drain = &hold;
-  req.on_cut = [&](uint64_t) { cut.store(true); };
-  StatusOr<CheckpointResult> result = Status::Internal("not run");
-  std::thread t([&] { result = dump(std::move(req)); });
-  while (!cut.load()) std::this_thread::yield();
+  auto held = held_async(d);
   ASSERT_TRUE(api().memset(large, 0xee, kBytes).ok());
   ASSERT_TRUE(api().device_synchronize().ok());  // (stream_ does not wait for the default stream)
   auto a = args(client().fill, large + kBytes / 2, 77u, 1024);  // and a kernel on another stream
   ASSERT_TRUE(api().launch_kernel(client().fill.handle, dims(4, 256), stream_, a).ok());
   ASSERT_TRUE(api().device_synchronize().ok());
-  hold.store(false);
-  t.join();
+  auto& result = held->finish();
   ASSERT_TRUE(result.ok()) << result.status().to_string();
   EXPECT_GE(result->shadow_bytes, kBytes);
   EXPECT_EQ(download<unsigned>(large + kBytes / 2, 1024), filled(1024, 77u));  // the job's writes landed
@@ -553,17 +564,10 @@ TEST_F(CheckpointTest, ShadowsAreKeptForTheNextCheckpointOnlyWhereTheConfigSaysS
     for (int round = 0; round < 2; ++round) {
       SCOPED_TRACE("checkpoint " + std::to_string(round + 1));
       const std::string d = temp_dir("kept-" + std::to_string(keep) + "-" + std::to_string(round));
-      std::atomic<bool> hold{true}, cut{false};
-      CheckpointRequest req = to_dir(d, CheckpointMode::kAsync);
-      req.hold_drain = &hold;
-      req.on_cut = [&](uint64_t) { cut.store(true); };
-      StatusOr<CheckpointResult> result = Status::Internal("not run");
-      std::thread t([&] { result = dump(std::move(req)); });
-      while (!cut.load()) std::this_thread::yield();
+      auto held = held_async(d);
       ASSERT_TRUE(api().memset(big_, 0x40 + round, 20u << 20).ok());
       ASSERT_TRUE(api().device_synchronize().ok());
-      hold.store(false);
-      t.join();
+      auto& result = held->finish();
       ASSERT_TRUE(result.ok()) << result.status().to_string();
       EXPECT_GE(result->shadow_bytes, 20u << 20);
       if (kept_here) {
