@@ -427,7 +427,11 @@ StatusOr<std::unique_ptr<CheckpointRunner>> CheckpointRunner::open(const Checkpo
   return r;
 }
 
-CheckpointRunner::~CheckpointRunner() = default;
+CheckpointRunner::~CheckpointRunner() { finish_retention(); }
+
+void CheckpointRunner::finish_retention() {
+  if (freeing_.joinable()) freeing_.join();
+}
 
 void CheckpointRunner::write_status() {
   status_.updated = now_epoch();
@@ -438,6 +442,9 @@ void CheckpointRunner::write_status() {
 }
 
 Status CheckpointRunner::retire() {
+  // The last retention's freeing first: it may still punch the point made whole then, which this
+  // one may link from.
+  finish_retention();
   std::vector<RestorePoint> points = list_restore_points(policy_.dir);
   Status first = Status::Ok();
   // Rebasing: the oldest point kept, where it builds on points that go, is made whole first, so
@@ -480,9 +487,11 @@ Status CheckpointRunner::retire() {
   }
   if (!gone.empty()) {
     if (Status st = sync_dir(policy_.dir); !st.ok() && first.ok()) first = st;
-    // Freeing gigabytes (of tmpfs, say) takes CPU: on a thread of its own at nice 19, so that the
-    // job keeps the CPU meanwhile (a thread's nice cannot be raised back without privilege).
-    std::thread([&] {
+    // Freeing gigabytes (of tmpfs, say) takes CPU and time: on a thread of its own at nice 19, so
+    // that the job keeps the CPU meanwhile (a thread's nice cannot be raised back without
+    // privilege), and left running, so that the next tick starts on time. Nothing reads the
+    // retired points; the point made whole is punched only where nothing references its bytes.
+    freeing_ = std::thread([this, gone, punch_dir] {
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
       const auto t0 = std::chrono::steady_clock::now();
       for (const std::string& name : gone) free_gently(policy_.dir + "/.del-" + name);
@@ -503,7 +512,7 @@ Status CheckpointRunner::retire() {
                       std::chrono::duration<double>(t2 - t1).count());
         log_(line);
       }
-    }).join();
+    });
   }
   status_.points = points.size() - gone.size();
   return first;
@@ -603,6 +612,7 @@ void CheckpointRunner::run(const std::atomic<bool>& stop, const std::function<bo
       if (next < now) next = now;
     }
   }
+  finish_retention();  // (the checkpointer's process ends right after run())
   status_.state = ended ? "ended" : "stopped";
   if (log_) log_(ended ? "the job is gone: the policy ends" : "stopped");
   write_status();

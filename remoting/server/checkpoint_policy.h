@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pos/base/status.h"
@@ -136,16 +138,27 @@ class CheckpointRunner {
 
   // One tick now: a checkpoint into DIR/.tmp-cp-N, renamed to DIR/cp-N once complete (the rename
   // and DIR fsynced), then retention; the status file rewritten either way. A failed tick leaves
-  // every earlier restore point as it was.
+  // every earlier restore point as it was. Retention retires points at once (renamed .del-cp-N)
+  // but frees their bytes on a thread that goes on after tick() returns, so that freeing
+  // gigabytes never delays the next tick (whose point would then be older); the next retention,
+  // finish_retention, run()'s end and the destructor wait for it.
   Status tick();
+  // Waits until the bytes of the points retention retired are freed.
+  void finish_retention();
   // Ticks every interval until `stop` is set or `alive()` says the job is gone (checked between
   // ticks and while waiting); a tick that runs past the interval is followed by one tick at the
   // next slot, the slots it skipped counted as coalesced. Writes the final state.
   void run(const std::atomic<bool>& stop, const std::function<bool()>& alive);
 
   const PolicyStatus& status() const { return status_; }
-  // One line per tick on stdout when set (the checkpointer's log).
-  void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+  // One line per tick on stdout when set (the checkpointer's log). Called from one thread at a
+  // time (retention's freeing logs from its own).
+  void set_log(std::function<void(const std::string&)> log) {
+    log_ = [f = std::move(log), mu = std::make_shared<std::mutex>()](const std::string& l) {
+      std::lock_guard<std::mutex> g(*mu);
+      f(l);
+    };
+  }
 
  private:
   CheckpointRunner() = default;
@@ -163,6 +176,7 @@ class CheckpointRunner {
   std::function<void(const std::string&)> log_;
   bool said_unsupported_ = false;  // that a point cannot be made whole (logged once)
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
+  std::thread freeing_;          // the last retention's: frees the retired points' bytes
 };
 
 // "30s", "500ms", "2m", "1h", "1.5" (seconds): the interval in seconds, or why not (0.01 s to 1 day).
