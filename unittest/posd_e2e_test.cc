@@ -299,9 +299,10 @@ std::set<pid_t> children_of(pid_t parent) {
 // Starts the training binary under posd in the background (stdout to `out_file`), and waits until
 // posd shows its session holding device memory. Returns its pid (the shell execs it).
 pid_t start_job(const std::string& preload, const std::string& train, const std::string& job, const std::string& out_file,
-                const std::function<std::string()>& ps, const std::function<std::string()>& log, bool append = false) {
+                const std::function<std::string()>& ps, const std::function<std::string()>& log, bool append = false,
+                const std::string& err_file = "/dev/null") {
   const std::string cmd = preload + "POS_JOB_NAME=" + job + " exec " + train + " </dev/null " + (append ? ">>" : ">") +
-                          out_file + " 2>/dev/null";
+                          out_file + " 2>>" + err_file;
   pid_t child = -1;
   std::vector<char*> argv{const_cast<char*>("/bin/sh"), const_cast<char*>("-c"), const_cast<char*>(cmd.c_str()), nullptr};
   EXPECT_EQ(posix_spawn(&child, "/bin/sh", nullptr, nullptr, argv.data(), environ), 0);
@@ -1497,9 +1498,10 @@ using PosdGpuProcess = PosdProcess;
 // file to its size at the dump, so a job restored from an earlier point appends what it prints
 // from its cut on), its jobs directory `jobs_dir` (its policy's status goes there).
 pid_t start_appending_job(const std::string& preload, const std::string& train, const std::string& job,
-                          const std::string& out_file, const std::string& jobs_dir, const OwnPosd& posd) {
+                          const std::string& out_file, const std::string& jobs_dir, const OwnPosd& posd,
+                          const std::string& err_file = "/dev/null") {
   return start_job(preload + "POS_SOCKET=" + posd.socket + " POS_JOBS_DIR=" + jobs_dir + " ", train, job, out_file,
-                   [&] { return posd.ps(); }, [&] { return posd.log_text(); }, true);
+                   [&] { return posd.ps(); }, [&] { return posd.log_text(); }, true, err_file);
 }
 
 // What a job killed after printing `killed_at` bytes and restored from a restore point leaves in
@@ -1552,11 +1554,11 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
   for (const std::string victim : {"job", "checkpointer", "posd"}) {
     const std::string why = "killed: " + victim + " (seed " + std::to_string(seed) + ")";
     const std::string base = ::testing::TempDir() + "posd-e2e-cont-" + victim + "-" + std::to_string(::getpid());
-    const std::string out_file = base + ".out", dir = base + ".points", jobs = base + ".jobs";
-    for (const std::string& p : {dir, jobs, out_file}) std::filesystem::remove_all(p);
+    const std::string out_file = base + ".out", dir = base + ".points", jobs = base + ".jobs", err_file = base + ".err";
+    for (const std::string& p : {dir, jobs, out_file, err_file}) std::filesystem::remove_all(p);
     auto posd = std::make_unique<OwnPosd>(base + "-posd", "  metrics: 127.0.0.1:0\n");
     const pid_t child = start_appending_job(preload_env(), train_cmd(args[0] + " " + args[1]), "cont-" + victim,
-                                            out_file, jobs, *posd);
+                                            out_file, jobs, *posd, err_file);
     int code = -1;
     std::string err;
     const std::string started = shell("POS_JOBS_DIR=" + jobs + " " + cli + " checkpoint -t " + std::to_string(child) +
@@ -1578,6 +1580,7 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::rand() % 800));
     const pid_t target = victim == "job" ? child : victim == "checkpointer" ? checkpointer : posd->pid;
+    const bool job_ran = pos::process_running(static_cast<uint32_t>(child));
     ASSERT_EQ(kill(target, SIGKILL), 0) << why;
     if (victim == "posd") {
       waitpid(posd->pid, nullptr, 0);
@@ -1589,7 +1592,10 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
     kill(child, SIGKILL);
     int st = wait_for_exit(child, std::chrono::seconds(30));
     // (With posd gone the job may have ended first by itself: its calls fail and it exits 1.)
-    ASSERT_TRUE(WIFSIGNALED(st) || (victim == "posd" && WIFEXITED(st))) << why << " " << st;
+    ASSERT_TRUE(WIFSIGNALED(st) || (victim == "posd" && WIFEXITED(st)))
+        << why << ": the job " << (job_ran ? "was running at the kill" : "had ended before the kill") << ", status " << st
+        << "\nits stderr:\n" << read_file(err_file) << "\ncheckpoint.log:\n" << read_file(dir + "/checkpoint.log")
+        << (posd->pid > 0 ? posd->log_text() : "");
     if (victim != "checkpointer") {
       // The checkpointer sees the job gone and ends (its tick in progress fails, if any).
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -1625,7 +1631,7 @@ TEST_F(PosdProcess, ContinuousCheckpointsLeaveTheNewestRestorePointRestorableWha
         EXPECT_TRUE(n.rfind(".del-", 0) != 0 && n.rfind(".tmp-", 0) != 0) << n << "\n" << images;
       }
     }
-    for (const std::string& p : {dir, jobs, out_file}) std::filesystem::remove_all(p);
+    for (const std::string& p : {dir, jobs, out_file, err_file}) std::filesystem::remove_all(p);
   }
 }
 
