@@ -10,6 +10,7 @@
 // rename the hook table's entries too.
 #include "remoting/driver/driver_api.h"
 #include "remoting/driver/placement.h"
+#include "remoting/driver/snapshot.h"
 // Then the toolkit's, declaring every versioned export by its own name (cuMemAlloc_v2,
 // cuLaunchKernel_ptsz, cuGetProcAddress and cuGetProcAddress_v2), as the driver exports them.
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -40,6 +41,7 @@ static_assert(sizeof(d::CUdevice) == sizeof(CUdevice));
 static_assert(sizeof(d::cuuint64_t) == sizeof(cuuint64_t));
 static_assert(d::kSuccess == CUDA_SUCCESS && d::kErrorNotInitialized == CUDA_ERROR_NOT_INITIALIZED);
 static_assert(d::kProcAddressPerThread == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+static_assert(offsetof(CUlaunchConfig, hStream) == d::kLaunchConfigStreamOffset);
 static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == 1 && CU_MEM_LOCATION_TYPE_DEVICE == 1 &&
               CU_MEM_ACCESS_FLAGS_PROT_READWRITE == 3 && CU_MEM_ALLOC_GRANULARITY_MINIMUM == 0);
 
@@ -80,3 +82,5 @@ TEST(DriverAbi, TheLayersStructsAndConstantsAreTheDriversAsCudaHDeclaresThem) {
   EXPECT_EQ(q.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
   EXPECT_EQ(q.location.id, 3);
 }
+
+TEST(DriverAbi, ThePerThreadStreamHandleIsTheOneCudaHDefines) { EXPECT_EQ(d::kPerThreadStream, CU_STREAM_PER_THREAD); }

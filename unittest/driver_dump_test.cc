@@ -550,14 +550,14 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   // The writer's tuning from the environment: a bad value fails with its name and leaves no image;
   // good ones write the same image.
   const std::string tuned = (root_ / "tuned").string();
-  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo"}) {
+  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo", "POS_SNAP_AHEAD=yes"}) {
     out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned, &code, bad);
     EXPECT_NE(code, 0) << bad;
     EXPECT_NE(out.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(tuned)) << bad;  // refused before anything was made
   }
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned + " --json", &code,
-            "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536");
+            "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536 POS_SNAP_AHEAD=0");
   ASSERT_EQ(code, 0) << out;
   EXPECT_EQ(region_lines(img + "/gpu"), region_lines(tuned + "/gpu"));
   std::string tuned_shown = cli("inspect " + tuned, &code);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -914,9 +915,9 @@ struct Snap {
   std::vector<int> written;           // per allocation: 1 written since the last cut
   std::vector<std::string> contents;  // per allocation, from the shadow
 };
-Snap snap_of(const std::string& sock) {
+Snap snap_of(const std::string& sock, const std::string& cmd = "snap-cut") {
   Snap out;
-  auto a = pos::ask_job_fds(sock, "snap-cut", {}, 10000);
+  auto a = pos::ask_job_fds(sock, cmd, {}, 10000);
   if (!a.ok()) {
     out.text = a.status().to_string();
     return out;
@@ -970,6 +971,7 @@ TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWritten
   EXPECT_NE(s.text.find("\"bytes\":8388608,\"count\":3,\"written\":3,"), std::string::npos)
       << s.text;
   EXPECT_NE(s.text.find("\"streams\":2,"), std::string::npos) << s.text;  // the legacy one and the probe's
+  EXPECT_NE(s.text.find("\"ahead\":true,\"ahead_waits\":0,"), std::string::npos) << s.text;  // copies ran ahead
   ASSERT_EQ(s.contents.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.contents[i] == holds(i)) << i;
   const Snap again = snap_of(sock);
@@ -1042,6 +1044,40 @@ TEST_F(Preloaded, AGpuOnlyCheckpointTakesTheMemoryAtItsCutAndNamesWhatWasWritten
   std::filesystem::remove_all(dir);
 }
 
+// While a cut's copies run ahead of the job (the fake's event waits made slow, so that the job calls
+// in meanwhile), each of the job's calls that may touch memory of the cut waits for its copy on its
+// own stream, once per stream; one that touches none waits for nothing; the copy holds the bytes at
+// the cut. With `order=all` the copies are ordered before all later work instead.
+TEST_F(Preloaded, WhileACutsCopiesRunTheJobsCallsWaitOnlyForTheCopiesOfWhatTheyTouch) {
+  for (const std::string ahead : {"1", "0"}) {
+    const std::string dir = jobs_dir() + "-snap-ahead" + ahead;
+    std::filesystem::remove_all(dir);
+    RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}, {"FAKE_CUDA_EVENT_SYNC_MS", "700"}});
+    ASSERT_TRUE(job.ready());
+    const std::string sock = pos::job_socket_path(dir, job.pid);
+    Snap s;
+    std::thread cut([&] { s = snap_of(sock, ahead == "1" ? "snap-cut" : "snap-cut order=all"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // the cut is waiting for its copies now
+    for (const char* cmd : {"launch 1 140\n", "launch 1 141\n", "nop\n", "memset 2 142\n"}) {
+      job.say(cmd);
+      EXPECT_EQ(job.line_within(5000), "done rc=0\n") << cmd;
+    }
+    cut.join();
+    ASSERT_EQ(s.contents.size(), 3u) << s.text;
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.contents[i] == holds(i)) << ahead << " " << i;
+    if (ahead == "1") {
+      // The launches on the probe's stream: one wait; the memset on the legacy stream: another.
+      EXPECT_NE(s.text.find("\"ahead\":true,\"ahead_waits\":2,"), std::string::npos) << s.text;
+    } else {
+      EXPECT_NE(s.text.find("\"ahead\":false,\"ahead_waits\":0,"), std::string::npos) << s.text;
+    }
+    // The writes during the cut are marked for the next one.
+    EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 1, 1}));
+    EXPECT_EQ(job.stop(), 0);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST_F(Preloaded, AGpuOnlyCheckpointRefusesAJobWithoutPlacementAndTakesMemoryTheJobMapsItselfAsWritten) {
   const std::string dir = jobs_dir() + "-snap-vmm";
   std::filesystem::remove_all(dir);
@@ -1067,6 +1103,8 @@ TEST_F(Preloaded, AGpuOnlyCheckpointRefusesAJobWithoutPlacementAndTakesMemoryThe
                             "],[52776558133248,4194304,1],[52776562327552,4194304,1]]"),
                 std::string::npos)
           << s.text;  // the job's own mappings always count as written: no scan marks them
+      // ... nor sees what touches them: every later work waits for all the copies.
+      EXPECT_NE(s.text.find("\"ahead\":false,"), std::string::npos) << s.text;
       ASSERT_EQ(s.contents.size(), 3u) << s.text;
       EXPECT_TRUE(s.contents[0].substr(0, p3.size()) == p3);
       EXPECT_TRUE(s.contents[1] == p1);

@@ -448,6 +448,9 @@ FAKE_EXPORT int cuMemPoolTrimTo(void*, size_t) {
 }
 FAKE_EXPORT int cuEventSynchronize(void*) {
   bump("cuEventSynchronize");
+  // FAKE_CUDA_EVENT_SYNC_MS: each wait takes this long, as a device still copying would (a test's
+  // window to call in while a checkpoint's copies "run").
+  if (const char* ms = std::getenv("FAKE_CUDA_EVENT_SYNC_MS"); ms != nullptr) ::usleep(static_cast<useconds_t>(std::atoi(ms)) * 1000);
   drain_waits();
   return 0;
 }

@@ -230,4 +230,18 @@ enum class HookId : uint16_t {
 };
 inline constexpr size_t kHookCount = static_cast<size_t>(HookId::kCount);
 
+// Whether a hook is a per-thread default stream variant (_ptsz / _ptds): its null stream is the
+// calling thread's own.
+constexpr bool per_thread_hook(HookId id) {
+  switch (id) {
+#define POS_DRIVER_HOOK_PT(name, base, per_thread, ...) \
+  case HookId::name:                                    \
+    return per_thread;
+    POS_DRIVER_HOOKS(POS_DRIVER_HOOK_PT)
+#undef POS_DRIVER_HOOK_PT
+    default:
+      return false;
+  }
+}
+
 }  // namespace pos::driver

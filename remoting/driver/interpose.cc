@@ -127,6 +127,13 @@ struct Runtime {
   GpuIdCalls ids;  // the real driver's device queries, for pos-cli's `gpus`
   std::mutex dump_mu;
   std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
+  // While a GPU-only checkpoint's copies run ahead of the job (snapshot.h, CopyAhead): the hooks
+  // make each call's stream wait for the copies of what it may touch. `ahead_on` is read first,
+  // without the mutex, so that a hook pays one load when no cut is running.
+  std::atomic<bool> ahead_on{false};
+  std::mutex ahead_mu;
+  std::unique_ptr<CopyAhead> ahead;  // under ahead_mu
+  uint64_t ahead_errors = 0;         // under ahead_mu: waits the driver refused (the cut then fails)
   // While a GPU-only checkpoint is prepared no CUDA graph capture may begin: the checkpoint's own
   // driver calls (a shadow's cuMemCreate, say) are prohibited while a capture runs, and would end
   // it. cuStreamBeginCapture's hooks wait for this to clear (GatePass).
@@ -807,7 +814,7 @@ std::string lazy_done(Runtime* rt) {
 // in stream order while the job goes on, and this thread waits for them. The answer names every
 // allocation, whether it was written since the previous cut ([addr,size,written]), and comes with
 // one descriptor: the shadow, which this job keeps until snap-release (or the next cut or dump).
-pos::ControlMessage snap_cut(Runtime* rt) {
+pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
   pos::ControlMessage out;
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   const auto refuse = [](const std::string& why) {
@@ -875,6 +882,16 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   uint64_t cut_id = 0, since_id = 0;
   double quiesce_s = 0, stall_s = 0;
   std::chrono::steady_clock::time_point open_at;
+  // The copies run ahead of the job where the hooks can see what it touches (snapshot.h,
+  // CopyAhead): placed memory with launch scanning on, unless the caller asked for the copies to be
+  // ordered before all of the job's later work (`snap-cut order=all`). Its events are made here,
+  // outside the hold.
+  std::unique_ptr<CopyAhead> ahead;
+  if (rt->scanner && run_ahead) {
+    auto a = CopyAhead::create(rt->snap);
+    if (a.ok()) ahead = std::move(*a);  // else the copies are ordered before everything, as without it
+  }
+  bool ran_ahead = false;
   for (int attempt = 0;; ++attempt) {
     auto shadow = DeviceShadow::create(rt->snap.vmm, dev, want);
     if (!shadow.ok())
@@ -917,22 +934,51 @@ pos::ControlMessage snap_cut(Runtime* rt) {
     for (const AppVmm::Region& r : app) regions.push_back(Placement::Region{r.dev, r.addr, r.size, true});
     std::sort(regions.begin(), regions.end(),
               [](const Placement::Region& a, const Placement::Region& b) { return a.addr < b.addr; });
-    const CUresult rc = enqueue_cut(rt->snap, copy_stream, rt->streams.list(), regions, rt->shadow->base(), done);
+    CUresult rc = kSuccess;
+    if (ahead && app.empty()) {  // the hooks do not see memory the job maps itself
+      rc = ahead->enqueue(copy_stream, rt->streams.list(), regions, rt->shadow->base(), done);
+      if (rc == kSuccess) {
+        std::lock_guard<std::mutex> al(rt->ahead_mu);
+        rt->ahead = std::move(ahead);
+        rt->ahead_errors = 0;
+        rt->ahead_on.store(true, std::memory_order_release);
+        ran_ahead = true;
+      }
+    } else {
+      rc = enqueue_cut(rt->snap, copy_stream, rt->streams.list(), regions, rt->shadow->base(), done);
+    }
     rt->gate.reopen();
     open_at = std::chrono::steady_clock::now();
     stall_s = std::chrono::duration<double>(open_at - t0).count();
     if (rc != kSuccess) {
       rt->placement->mark_all_written();  // the marks were taken: the next checkpoint must take all
-      (void)rt->snap.event_synchronize(done);
+      // Copies may be queued that no event covers: the shadow goes only once the device is done.
+      (void)rt->copy.ctx_synchronize();
       drop_shadow(rt, true);
       return refuse("ordering the checkpoint's copies failed: CUDA driver error " + std::to_string(rc));
     }
     break;
   }
-  if (const CUresult rc = rt->snap.event_synchronize(done); rc != kSuccess) {
+  const CUresult copied = rt->snap.event_synchronize(done);
+  // The copies are done (or failed): the job's calls stop waiting for them.
+  uint64_t ahead_waits = 0, ahead_errors = 0;
+  if (ran_ahead) {
+    std::lock_guard<std::mutex> al(rt->ahead_mu);
+    rt->ahead_on.store(false, std::memory_order_release);
+    ahead_waits = rt->ahead->waits();
+    ahead_errors = rt->ahead_errors;
+    rt->ahead.reset();
+  }
+  if (copied != kSuccess) {
     rt->placement->mark_all_written();
     drop_shadow(rt, true);
-    return refuse("the checkpoint's copies failed: CUDA driver error " + std::to_string(rc));
+    return refuse("the checkpoint's copies failed: CUDA driver error " + std::to_string(copied));
+  }
+  if (ahead_errors > 0) {  // some of the job's work may have run before the copy of what it wrote
+    rt->placement->mark_all_written();
+    drop_shadow(rt, true);
+    return refuse("the driver refused " + std::to_string(ahead_errors) +
+                  " wait(s) of the job's work for the checkpoint's copies: no checkpoint taken");
   }
   const double copy_s = seconds_since(open_at);
   int fd = -1;
@@ -944,15 +990,16 @@ pos::ControlMessage snap_cut(Runtime* rt) {
   out.fds.emplace_back(fd);
   const RegionList list = region_list(regions);
   const uint64_t bytes = list.bytes, written = list.written, written_bytes = list.written_bytes;
-  char head[400];
+  char head[600];
   std::snprintf(head, sizeof(head),
                 "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
                 "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"precheck_s\":%.6f,\"quiesce_s\":%.6f,"
-                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"regions\":[",
+                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"ahead\":%s,\"ahead_waits\":%llu,\"regions\":[",
                 dev, static_cast<unsigned long long>(since_id), static_cast<unsigned long long>(cut_id),
                 static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
-                rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s);
+                rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s, ran_ahead ? "true" : "false",
+                static_cast<unsigned long long>(ahead_waits));
   out.text = head + list.json + "]}";
   return out;
 }
@@ -1186,14 +1233,15 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT [lazy PID], "
-                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut, snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
+                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut [order=all], snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
 // other command answered by answer(), descriptors sent along with it dropped.
 pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg) {
   if (msg.text == "dump-share") return dump_share(rt);
-  if (msg.text == "snap-cut") return snap_cut(rt);
+  if (msg.text == "snap-cut") return snap_cut(rt, true);
+  if (msg.text == "snap-cut order=all") return snap_cut(rt, false);
   pos::ControlMessage out;
   if (msg.text.rfind("dump-take ", 0) == 0) out.text = dump_take(rt, msg.text.substr(10), msg.fds);
   else out.text = answer(rt, msg.text);
@@ -1671,16 +1719,34 @@ inline int share_enter(Runtime* rt) {
   }
 }
 
+// Before work on stream `s` that may touch placed memory while a cut's copies run ahead: `s` waits
+// for the copies of what it touches (`addrs`; all of them when `all`). A refused wait leaves the
+// cut to order everything (snap_cut sees ahead_errors).
+void ahead_wait(Runtime* rt, CUstream s, const uint64_t* addrs, size_t n, bool all) {
+  std::lock_guard<std::mutex> lk(rt->ahead_mu);
+  if (!rt->ahead) return;
+  const CUresult rc = all ? rt->ahead->before_all(s) : rt->ahead->before_touch(s, addrs, n);
+  if (rc != kSuccess) ++rt->ahead_errors;
+}
+void ahead_wait_range(Runtime* rt, CUstream s, uint64_t addr, uint64_t len) {
+  std::lock_guard<std::mutex> lk(rt->ahead_mu);
+  if (rt->ahead && rt->ahead->before_range(s, addr, len) != kSuccess) ++rt->ahead_errors;
+}
+bool ahead_running(Runtime* rt) { return rt->ahead_on.load(std::memory_order_acquire); }
+
 // A launch's parameters scanned for placed memory, which is marked written; a launch whose
-// parameters cannot be read marks all of it (launch_params.h).
-void mark_launch(Runtime* rt, CUfunction f, void** params, void** extra) {
+// parameters cannot be read marks all of it (launch_params.h). While a cut's copies run ahead, the
+// launch's stream `s` first waits for the copies of what it may touch.
+void mark_launch(Runtime* rt, CUfunction f, void** params, void** extra, CUstream s) {
   Placement* p = rt->placement.get();
+  const bool ahead = ahead_running(rt);
   uint64_t hits[32];
   size_t n = 0;
   uint64_t found = 0;
   const bool read = rt->scanner->scan(f, params, extra, [&](uint64_t w) {
     if (!p->in_window(w)) return;
     if (n == 32) {
+      if (ahead) ahead_wait(rt, s, hits, n, false);
       p->mark_written(hits, n);
       n = 0;
     }
@@ -1688,11 +1754,37 @@ void mark_launch(Runtime* rt, CUfunction f, void** params, void** extra) {
     ++found;
   });
   if (!read) {
+    if (ahead) ahead_wait(rt, s, nullptr, 0, true);
     p->mark_all_written();
     return;
   }
-  if (n > 0) p->mark_written(hits, n);
+  if (n > 0) {
+    if (ahead) ahead_wait(rt, s, hits, n, false);
+    p->mark_written(hits, n);
+  }
   if (found > 0) rt->marked.fetch_add(found, std::memory_order_relaxed);
+}
+
+// The stream a hooked call runs on, as a stream handle that means the same from any thread.
+template <HookId kId>
+inline CUstream call_stream(CUstream s) {
+  return s == nullptr && per_thread_hook(kId) ? kPerThreadStream : s;
+}
+
+// The stream of a cuLaunchKernelEx (its config's; kLaunchConfigStreamOffset).
+inline CUstream config_stream(const CUlaunchConfig* config) {
+  if (config == nullptr) return nullptr;
+  CUstream s = nullptr;
+  std::memcpy(&s, reinterpret_cast<const char*>(config) + kLaunchConfigStreamOffset, sizeof(s));
+  return s;
+}
+
+// A copy or memset into placed memory: marked written, and, while a cut's copies run ahead, its
+// stream waits for the copies of that range first.
+inline void mark_range(Runtime* rt, CUstream s, uint64_t dst, uint64_t len) {
+  if (!rt->placement->in_window(dst)) return;
+  if (ahead_running(rt)) ahead_wait_range(rt, s, dst, len);
+  rt->placement->mark_range_written(dst, len);
 }
 
 // Inside the gate, before the driver runs a hooked call: what it may write, marked (placement on).
@@ -1702,24 +1794,26 @@ inline void before_call(Runtime* rt, A... a) {
   if (!rt->placement || !rt->scanner) return;
   [[maybe_unused]] auto t = std::make_tuple(a...);
   if constexpr (kId == H::cuLaunchKernel || kId == H::cuLaunchKernel_ptsz) {
-    mark_launch(rt, std::get<0>(t), std::get<9>(t), std::get<10>(t));
+    mark_launch(rt, std::get<0>(t), std::get<9>(t), std::get<10>(t), call_stream<kId>(std::get<8>(t)));
   } else if constexpr (kId == H::cuLaunchCooperativeKernel || kId == H::cuLaunchCooperativeKernel_ptsz) {
-    mark_launch(rt, std::get<0>(t), std::get<9>(t), nullptr);
+    mark_launch(rt, std::get<0>(t), std::get<9>(t), nullptr, call_stream<kId>(std::get<8>(t)));
   } else if constexpr (kId == H::cuLaunchKernelEx || kId == H::cuLaunchKernelEx_ptsz) {
-    mark_launch(rt, std::get<1>(t), std::get<2>(t), std::get<3>(t));
+    mark_launch(rt, std::get<1>(t), std::get<2>(t), std::get<3>(t), call_stream<kId>(config_stream(std::get<0>(t))));
   } else if constexpr (kId == H::cuMemcpyAsync || kId == H::cuMemcpyAsync_ptsz || kId == H::cuMemcpyHtoDAsync_v2 ||
                        kId == H::cuMemcpyHtoDAsync_v2_ptsz || kId == H::cuMemcpyDtoDAsync_v2 ||
-                       kId == H::cuMemcpyDtoDAsync_v2_ptsz || kId == H::cuMemcpy || kId == H::cuMemcpy_ptds ||
-                       kId == H::cuMemcpyHtoD_v2 || kId == H::cuMemcpyHtoD_v2_ptds || kId == H::cuMemcpyDtoD_v2 ||
-                       kId == H::cuMemcpyDtoD_v2_ptds || kId == H::cuMemsetD8_v2 || kId == H::cuMemsetD8_v2_ptds ||
-                       kId == H::cuMemsetD8Async || kId == H::cuMemsetD8Async_ptsz) {
-    const uint64_t dst = std::get<0>(t);
-    if (rt->placement->in_window(dst)) rt->placement->mark_range_written(dst, std::get<2>(t));
-  } else if constexpr (kId == H::cuMemsetD32_v2 || kId == H::cuMemsetD32_v2_ptds || kId == H::cuMemsetD32Async ||
-                       kId == H::cuMemsetD32Async_ptsz) {
-    const uint64_t dst = std::get<0>(t);
-    if (rt->placement->in_window(dst)) rt->placement->mark_range_written(dst, uint64_t{4} * std::get<2>(t));
+                       kId == H::cuMemcpyDtoDAsync_v2_ptsz || kId == H::cuMemsetD8Async ||
+                       kId == H::cuMemsetD8Async_ptsz) {
+    mark_range(rt, call_stream<kId>(std::get<3>(t)), std::get<0>(t), std::get<2>(t));
+  } else if constexpr (kId == H::cuMemcpy || kId == H::cuMemcpy_ptds || kId == H::cuMemcpyHtoD_v2 ||
+                       kId == H::cuMemcpyHtoD_v2_ptds || kId == H::cuMemcpyDtoD_v2 || kId == H::cuMemcpyDtoD_v2_ptds ||
+                       kId == H::cuMemsetD8_v2 || kId == H::cuMemsetD8_v2_ptds) {
+    mark_range(rt, call_stream<kId>(nullptr), std::get<0>(t), std::get<2>(t));  // on the default stream
+  } else if constexpr (kId == H::cuMemsetD32Async || kId == H::cuMemsetD32Async_ptsz) {
+    mark_range(rt, call_stream<kId>(std::get<3>(t)), std::get<0>(t), uint64_t{4} * std::get<2>(t));
+  } else if constexpr (kId == H::cuMemsetD32_v2 || kId == H::cuMemsetD32_v2_ptds) {
+    mark_range(rt, call_stream<kId>(nullptr), std::get<0>(t), uint64_t{4} * std::get<2>(t));
   } else if constexpr (kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
+    if (ahead_running(rt)) ahead_wait(rt, call_stream<kId>(std::get<1>(t)), nullptr, 0, true);
     rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
   } else if constexpr (kId == H::cuStreamDestroy_v2) {
     rt->streams.remove(std::get<0>(t));

@@ -121,6 +121,7 @@ CUresult Placement::alloc(CUdeviceptr* out, size_t bytes, bool* placed) {
     give(r, at, size);
     return rc;
   }
+  b.touched = ++marks_;  // a new allocation counts as written now
   live_.emplace(at, b);
   ++stats_.placed;
   ++stats_.live;
@@ -193,26 +194,29 @@ std::vector<Placement::Region> Placement::regions() const {
 
 void Placement::mark_written(const uint64_t* addrs, size_t n) {
   std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t now = ++marks_;
   for (size_t i = 0; i < n; ++i) {
     auto it = live_.upper_bound(addrs[i]);
     if (it == live_.begin()) continue;
     --it;
-    if (addrs[i] - it->first < it->second.size) it->second.written = true;
+    if (addrs[i] - it->first < it->second.size) it->second.written = true, it->second.touched = now;
   }
 }
 
 void Placement::mark_range_written(uint64_t addr, uint64_t len) {
   if (len == 0) return;
   std::lock_guard<std::mutex> lk(mu_);
+  const uint64_t now = ++marks_;
   auto it = live_.upper_bound(addr);
   if (it != live_.begin()) --it;
   for (; it != live_.end() && it->first < addr + len; ++it)
-    if (it->first + it->second.size > addr) it->second.written = true;
+    if (it->first + it->second.size > addr) it->second.written = true, it->second.touched = now;
 }
 
 void Placement::mark_all_written() {
   std::lock_guard<std::mutex> lk(mu_);
-  for (auto& [at, b] : live_) b.written = true;
+  const uint64_t now = ++marks_;
+  for (auto& [at, b] : live_) b.written = true, b.touched = now;
 }
 
 std::vector<Placement::Region> Placement::cut() {
@@ -220,7 +224,7 @@ std::vector<Placement::Region> Placement::cut() {
   std::vector<Region> out;
   out.reserve(live_.size());
   for (auto& [at, b] : live_) {
-    out.push_back(Region{b.dev, at, b.size, b.written});
+    out.push_back(Region{b.dev, at, b.size, b.written, b.touched});
     b.written = false;
   }
   return out;

@@ -81,6 +81,10 @@ class Placement {
     int dev;
     uint64_t addr, size;
     bool written = false;  // written since the last cut() (cut() only)
+    // When the job's calls last touched it (cut() only): a count that grows with every mark, so
+    // that a cut can copy first what the job touched longest ago, which a job that repeats its
+    // steps touches again soonest (snapshot.h, CopyAhead).
+    uint64_t touched = 0;
   };
   // Every live allocation, by address.
   std::vector<Region> regions() const;
@@ -148,6 +152,7 @@ class Placement {
     bool shareable = false;  // made with a POSIX-descriptor handle type (or imported from one)
     int fd = -1;             // the descriptor it was imported from, kept for the next hand-off
     bool written = true;     // since the last cut()
+    uint64_t touched = 0;    // the mark count when it was last marked (or made)
   };
   CUresult map_block(uint64_t at, Block* b);  // under mu_: create, map, set access
   bool ready(int dev);  // under mu_: the device's range reserved (tries once)
@@ -161,6 +166,7 @@ class Placement {
   std::map<uint64_t, Block> live_;  // under mu_: address → block
   Stats stats_;                     // under mu_
   bool unmapped_ = false;           // under mu_: unmap() ran and remap() has not finished
+  uint64_t marks_ = 0;              // under mu_: marks so far (Block::touched)
 };
 
 }  // namespace pos::driver

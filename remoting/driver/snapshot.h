@@ -10,10 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "pos/base/status.h"
@@ -93,5 +96,70 @@ bool any_capturing(const SnapCalls& calls, const std::vector<CUstream>& streams)
 
 CUresult enqueue_cut(const SnapCalls& calls, CUstream copy_stream, const std::vector<CUstream>& streams,
                      const std::vector<Placement::Region>& regions, uint64_t shadow_base, CUevent done);
+
+// The per-thread default stream's handle (CU_STREAM_PER_THREAD): what a _ptsz call's null stream is.
+inline const CUstream kPerThreadStream = reinterpret_cast<CUstream>(uintptr_t{2});
+// Where cuLaunchKernelEx's CUlaunchConfig keeps its stream: after seven unsigned ints (grid, block,
+// shared memory), pointer-aligned (checked against cuda.h in driver_abi_test).
+inline constexpr size_t kLaunchConfigStreamOffset = 32;
+
+// A cut whose copies run ahead of the job (docs/driver_runtime.md, "GPU-only checkpoints"): ordered
+// after every stream's work at the cut, as enqueue_cut orders them, but the job's streams do not
+// wait for all of them. Instead, before the job's later work that may touch a region (a launch whose
+// parameters name it, a copy or memset into it: the hooks of "Written memory"), that work's stream
+// waits for the copy of that region only, so the job stalls only where it overtakes the copies. The
+// regions are copied oldest-touched first (Placement::Region::touched): a job that repeats its
+// steps touches again soonest what it touched longest ago, so the copies tend to stay ahead of it.
+// They go in at most kBatches batches, each followed by an event a stream can wait for.
+// Work the hooks cannot see into (a launch whose parameters cannot be read, a graph) waits for all.
+// The hooks do not see memory the job maps itself: a cut with such memory uses enqueue_cut.
+// Not thread-safe: the caller serializes its calls (interpose.cc holds a mutex).
+class CopyAhead {
+ public:
+  static constexpr size_t kBatches = 64;
+  // Its events made, ahead of the cut (outside the job's hold); the context must be current.
+  static StatusOr<std::unique_ptr<CopyAhead>> create(const SnapCalls& calls);
+  // Destroys the events; work still waiting for one keeps what it needs (the driver's rule).
+  ~CopyAhead();
+  CopyAhead(const CopyAhead&) = delete;
+  CopyAhead& operator=(const CopyAhead&) = delete;
+
+  // Under the job's hold, the context current: the events on every stream, the copies of
+  // `regions` (by address, into shadow_base + the sizes of the regions before each) in copy_order,
+  // an event after each batch, and `done` after the last. Nothing the job enqueues later waits yet.
+  // On an error part way, what was enqueued stays enqueued and the error is returned: the caller
+  // then orders every stream after `done` (order_all), as enqueue_cut would have.
+  CUresult enqueue(CUstream copy_stream, const std::vector<CUstream>& streams,
+                   const std::vector<Placement::Region>& regions, uint64_t shadow_base, CUevent done);
+  // Before work on stream `s` (kPerThreadStream for this thread's) that may touch the memory at
+  // these addresses: `s` waits for the batches that copy it, unless it has waited for them already.
+  // Addresses outside the cut's regions need no wait.
+  CUresult before_touch(CUstream s, const uint64_t* addrs, size_t n);
+  // Likewise for every region overlapping [addr, addr + len).
+  CUresult before_range(CUstream s, uint64_t addr, uint64_t len);
+  // Before work on `s` that may touch anything: it waits for every copy.
+  CUresult before_all(CUstream s);
+  // The waits the job's streams were given so far, and the batches the copies went in.
+  uint64_t waits() const { return waits_; }
+  size_t batches() const { return used_; }
+
+  // The order the copies go in, as positions in `regions`: least recently touched first, then by
+  // address.
+  static std::vector<size_t> copy_order(const std::vector<Placement::Region>& regions);
+
+ private:
+  explicit CopyAhead(const SnapCalls& calls) : calls_(calls) {}
+  CUresult wait_for(CUstream s, int batch);
+  int batch_of(uint64_t addr) const;  // -1: in no region of the cut
+
+  const SnapCalls calls_;
+  std::vector<CUevent> events_;             // kBatches, made by create()
+  size_t used_ = 0;                         // batches recorded
+  std::vector<uint64_t> begin_, end_;       // the cut's regions, by address
+  std::vector<int> batch_;                  // per region: the batch that copies it
+  // Per stream (and, for the per-thread stream, per thread): the last batch it waits for.
+  std::map<std::pair<CUstream, std::thread::id>, int> waited_;
+  uint64_t waits_ = 0;
+};
 
 }  // namespace pos::driver

@@ -1264,6 +1264,14 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   // The job runs on while its copy is written: the writers yield the CPU to it.
   driver::CopyOptions co;
   POS_RETURN_IF_ERROR(running_writer_options(&co));  // a bad one refused before anything is touched
+  // The cut's copies run ahead of the job (docs/driver_runtime.md, "GPU-only checkpoints");
+  // POS_SNAP_AHEAD=0 orders them before all of its later work instead, as before copy-ahead.
+  std::string cut_cmd = "snap-cut";
+  if (const char* v = std::getenv("POS_SNAP_AHEAD"); v != nullptr && *v != '\0') {
+    if (std::strcmp(v, "0") == 0) cut_cmd = "snap-cut order=all";
+    else if (std::strcmp(v, "1") != 0)
+      return Status::InvalidArgument("POS_SNAP_AHEAD must be 0 or 1, not '" + printable(v, 40) + "'");
+  }
   auto prepared = prepare(o, /*criu_needed=*/false);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
@@ -1288,7 +1296,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   JobDumpReport r;
   say("gpu");
   auto t = std::chrono::steady_clock::now();
-  auto cut = ask_job_fds(o.job_socket, "snap-cut", {}, 600'000);
+  auto cut = ask_job_fds(o.job_socket, cut_cmd, {}, 600'000);
   if (!cut.ok()) {
     remove_parts();
     return cut.status().with_context("asking the job for a GPU-only checkpoint");
