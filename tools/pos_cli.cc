@@ -276,7 +276,8 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"phases\":{\"detach_s\":%.6f,\"cut_s\":%.6f,\"gpu_s\":%.6f,\"gpu_stall_s\":%.6f,\"criu_s\":%.6f,\"resume_s\":%.6f,"
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
-                "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"gpu_unwritten\":[%s],\"note\":%s}\n",
+                "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"gpu_unwritten\":[%s],\"gpu_ahead\":%s,"
+                "\"gpu_ahead_waits\":%llu,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -290,7 +291,7 @@ int dump(const DumpArgs& a, bool pre) {
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
                 r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",
                 (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, unwritten.c_str(),
-                pos::json_string(r->note).c_str());
+                r->gpu_ahead ? "true" : "false", (unsigned long long)r->gpu_ahead_waits, pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -304,10 +305,14 @@ int dump(const DumpArgs& a, bool pre) {
   if (pre && inproc) {
     std::printf("pre-dumped in-process job %d to %s: device memory at one cut, %llu bytes in %llu allocations (%llu "
                 "bytes in %llu written since its previous checkpoint); the job waited %.3f ms, its copy took %.3f s on the "
-                "device, written in %.3f s; the job runs on\n",
+                "device%s, written in %.3f s; the job runs on\n",
                 a.pid, a.dir.c_str(), (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles,
                 (unsigned long long)r->written_bytes, (unsigned long long)r->written_regions, r->gpu.stall_s * 1e3,
-                r->job_save_s, r->gpu_s);
+                r->job_save_s,
+                r->gpu_ahead ? (" ahead of the job (its work waited for it on the device " +
+                                std::to_string(r->gpu_ahead_waits) + " time(s))").c_str()
+                             : " before any of the job's later work",
+                r->gpu_s);
   } else if (pre) {
     std::printf("pre-dumped pid %d to %s: GPU state at call %llu (%llu handles, %s), %s; the job runs on; "
                 "GPU %.3f s, CRIU %.3f s, total %.3f s\n",

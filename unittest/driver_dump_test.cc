@@ -522,6 +522,7 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   EXPECT_NE(out.find("\"gpu_bytes\":10485760"), std::string::npos) << out;
   EXPECT_NE(out.find("\"inproc\":true,\"gpu_written\":2,\"gpu_written_bytes\":10485760"), std::string::npos) << out;
   EXPECT_NE(out.find("\"criu_images\":\"\""), std::string::npos) << out;  // GPU-only
+  EXPECT_NE(out.find("\"gpu_ahead\":true,\"gpu_ahead_waits\":0,"), std::string::npos) << out;  // the copies ran ahead
   EXPECT_EQ(check(), "rc=0 same=1\n");  // it never stopped
   EXPECT_NE(read_file(pre + "/manifest").find("\"kind\":\"driver-pre-dump\""), std::string::npos);
   std::string shown = cli("inspect " + pre, &code);
@@ -559,6 +560,7 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned + " --json", &code,
             "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536 POS_SNAP_AHEAD=0");
   ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"gpu_ahead\":false,"), std::string::npos) << out;  // ordered before the job's later work
   EXPECT_EQ(region_lines(img + "/gpu"), region_lines(tuned + "/gpu"));
   std::string tuned_shown = cli("inspect " + tuned, &code);
   EXPECT_EQ(code, 0) << tuned_shown;

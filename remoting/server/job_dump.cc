@@ -1328,6 +1328,8 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.gpu.stall_s = json_number(a, "stall_s");
   r.detach_s = r.gpu.stall_s;
   r.job_save_s = json_number(a, "copy_s");
+  r.gpu_ahead = a.find("\"ahead\":true") != std::string::npos;
+  r.gpu_ahead_waits = json_u64(a, "ahead_waits");
   r.gpu.handles = regions->size();
   std::string whole;
   const std::vector<ckpt::SavedRegion> inherited =

@@ -104,6 +104,10 @@ struct JobDumpReport {
   // GPU-only checkpoint (all of them at the first).
   uint64_t written_regions = 0, written_bytes = 0;
   std::vector<uint64_t> unwritten;  // the addresses of the others (unchanged since that checkpoint)
+  // An in-process job's pre-dump: whether the cut's copies ran ahead of the job (its calls waited
+  // on the device only for the copies of what they touched), and how many such waits there were.
+  bool gpu_ahead = false;
+  uint64_t gpu_ahead_waits = 0;
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
