@@ -277,7 +277,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
                 "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"gpu_unwritten\":[%s],\"gpu_ahead\":%s,"
-                "\"gpu_ahead_waits\":%llu,\"note\":%s}\n",
+                "\"gpu_ahead_waits\":%llu,\"gpu_shadow_reused\":%s,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -291,7 +291,8 @@ int dump(const DumpArgs& a, bool pre) {
                 r->job_save_s, r->job_unmap_s, r->job_load_s, r->total_s,
                 r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",
                 (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, unwritten.c_str(),
-                r->gpu_ahead ? "true" : "false", (unsigned long long)r->gpu_ahead_waits, pos::json_string(r->note).c_str());
+                r->gpu_ahead ? "true" : "false", (unsigned long long)r->gpu_ahead_waits,
+                r->gpu_shadow_reused ? "true" : "false", pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +

@@ -551,7 +551,7 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   // The writer's tuning from the environment: a bad value fails with its name and leaves no image;
   // good ones write the same image.
   const std::string tuned = (root_ / "tuned").string();
-  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo", "POS_SNAP_AHEAD=yes"}) {
+  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo", "POS_SNAP_AHEAD=yes", "POS_SNAP_KEEP=2"}) {
     out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned, &code, bad);
     EXPECT_NE(code, 0) << bad;
     EXPECT_NE(out.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << out;
@@ -565,6 +565,14 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   std::string tuned_shown = cli("inspect " + tuned, &code);
   EXPECT_EQ(code, 0) << tuned_shown;
   EXPECT_NE(tuned_shown.find("verified: 10485760 bytes"), std::string::npos) << tuned_shown;
+  EXPECT_EQ(check(), "rc=0 same=1\n");
+  // POS_SNAP_KEEP=1: the job keeps its copy once written, and the next pre-dump copies into it.
+  for (const char* k : {"k1", "k2"}) {
+    out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + (root_ / k).string() + " --json", &code, "POS_SNAP_KEEP=1");
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_NE(out.find(std::string("\"gpu_shadow_reused\":") + (k[1] == '1' ? "false" : "true")), std::string::npos) << out;
+    EXPECT_EQ(region_lines(img + "/gpu"), region_lines((root_ / k).string() + "/gpu")) << k;
+  }
   EXPECT_EQ(check(), "rc=0 same=1\n");
 }
 

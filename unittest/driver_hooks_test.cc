@@ -1078,6 +1078,51 @@ TEST_F(Preloaded, WhileACutsCopiesRunTheJobsCallsWaitOnlyForTheCopiesOfWhatTheyT
   }
 }
 
+// A reader that wrote its copy and let go of it with `snap-release keep` leaves the shadow to the
+// job: the next cut copies into it (and holds the new bytes); a shadow let go of plainly, or never
+// let go of (its reader may still be writing), is not copied into again.
+TEST_F(Preloaded, AShadowItsReaderKeptIsCopiedIntoAgainAndNoOtherIs) {
+  const std::string dir = jobs_dir() + "-snap-keep";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  const auto cut = [&] {
+    auto a = pos::ask_job_fds(sock, "snap-cut", {}, 10000);
+    return a.ok() ? a->text : a.status().to_string();
+  };
+  const auto release = [&](const char* how) {
+    auto a = pos::ask_job(sock, how, 10000);
+    return a.ok() ? *a : a.status().to_string();
+  };
+  EXPECT_NE(cut().find("\"shadow_reused\":false"), std::string::npos);  // the first
+  EXPECT_EQ(release("snap-release keep"), "{\"ok\":true,\"kept\":8388608}");
+  EXPECT_NE(cut().find("\"shadow_reused\":true"), std::string::npos);
+  EXPECT_NE(cut().find("\"shadow_reused\":false"), std::string::npos);  // the last one was never let go of
+  EXPECT_EQ(release("snap-release"), "{\"ok\":true}");
+  EXPECT_NE(release("snap-release keep").find("nothing to release"), std::string::npos);
+  EXPECT_NE(cut().find("\"shadow_reused\":false"), std::string::npos);
+  EXPECT_EQ(release("snap-release keep"), "{\"ok\":true,\"kept\":8388608}");
+  // Copied into again, the shadow holds the bytes of the new cut.
+  job.say("launch 1 150\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  const Snap s = snap_of(sock);
+  EXPECT_NE(s.text.find("\"shadow_reused\":true"), std::string::npos) << s.text;
+  EXPECT_EQ(s.written, (std::vector<int>{0, 1, 0}));
+  ASSERT_EQ(s.contents.size(), 3u);
+  EXPECT_TRUE(s.contents[0] == holds(0) && s.contents[1] == holds(1, 150) && s.contents[2] == holds(2));
+  // A dump lets go of a kept shadow (NVIDIA's checkpoint must not take it).
+  EXPECT_NE(cut().find("\"ok\":true"), std::string::npos);
+  EXPECT_EQ(release("snap-release keep"), "{\"ok\":true,\"kept\":8388608}");
+  auto held = pos::ask_job_fds(sock, "dump-share", {}, 10000);
+  ASSERT_TRUE(held.ok());
+  auto back = pos::ask_job(sock, "dump-resume", 10000);
+  ASSERT_TRUE(back.ok());
+  EXPECT_NE(cut().find("\"shadow_reused\":false"), std::string::npos);
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(Preloaded, AGpuOnlyCheckpointRefusesAJobWithoutPlacementAndTakesMemoryTheJobMapsItselfAsWritten) {
   const std::string dir = jobs_dir() + "-snap-vmm";
   std::filesystem::remove_all(dir);

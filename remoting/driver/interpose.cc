@@ -127,6 +127,9 @@ struct Runtime {
   GpuIdCalls ids;  // the real driver's device queries, for pos-cli's `gpus`
   std::mutex dump_mu;
   std::unique_ptr<DeviceShadow> shadow;  // under dump_mu: a GPU-only checkpoint's copy, until snap-release
+  // under dump_mu: the caller of the last cut wrote its copy and let go of it with `snap-release
+  // keep`: the next cut may copy into the same shadow instead of making one (a policy's ticks).
+  bool shadow_free = false;
   // While a GPU-only checkpoint's copies run ahead of the job (snapshot.h, CopyAhead): the hooks
   // make each call's stream wait for the copies of what it may touch. `ahead_on` is read first,
   // without the mutex, so that a hook pays one load when no cut is running.
@@ -507,6 +510,7 @@ uint64_t new_cut(Runtime* rt, uint64_t* since) {
 // A GPU-only checkpoint's shadow let go (under dump_mu): pos-cli imported it, or never will.
 // `ctx_current`: the caller has the device's context current already (and keeps it).
 void drop_shadow(Runtime* rt, bool ctx_current = false) {
+  rt->shadow_free = false;
   if (!rt->shadow) return;
   if (ctx_current) {
     rt->shadow.reset();
@@ -853,7 +857,12 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
   double precheck_s = 0;
   CaptureHold capture_hold;
   if (std::string why = capture_hold.acquire(rt, &precheck_s); !why.empty()) return refuse(why);
-  drop_shadow(rt, true);
+  // A shadow its last reader let go of with `snap-release keep` is copied into again; any other
+  // (a reader may still be writing from it) is let go of here: the reader's import keeps it alive.
+  const bool reusable = rt->shadow && rt->shadow_free;
+  rt->shadow_free = false;
+  if (!reusable) drop_shadow(rt, true);
+  bool reused = false;
   CUstream copy_stream = nullptr;
   CUevent done = nullptr;
   if (rt->snap.stream_create(&copy_stream, 1 /* CU_STREAM_NON_BLOCKING */) != kSuccess)
@@ -893,11 +902,15 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
   }
   bool ran_ahead = false;
   for (int attempt = 0;; ++attempt) {
-    auto shadow = DeviceShadow::create(rt->snap.vmm, dev, want);
-    if (!shadow.ok())
-      return refuse("no room on the device for the checkpoint's copy of " + std::to_string(want) +
-                    " bytes: " + shadow.status().message());
-    rt->shadow = std::move(*shadow);
+    reused = rt->shadow && rt->shadow->size() >= want;
+    if (!reused) {
+      drop_shadow(rt, true);
+      auto shadow = DeviceShadow::create(rt->snap.vmm, dev, want);
+      if (!shadow.ok())
+        return refuse("no room on the device for the checkpoint's copy of " + std::to_string(want) +
+                      " bytes: " + shadow.status().message());
+      rt->shadow = std::move(*shadow);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     if (std::string why = close_gate(rt); !why.empty()) {
       drop_shadow(rt, true);
@@ -994,20 +1007,25 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
   std::snprintf(head, sizeof(head),
                 "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
                 "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"precheck_s\":%.6f,\"quiesce_s\":%.6f,"
-                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"ahead\":%s,\"ahead_waits\":%llu,\"regions\":[",
+                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"ahead\":%s,\"ahead_waits\":%llu,\"shadow_reused\":%s,\"regions\":[",
                 dev, static_cast<unsigned long long>(since_id), static_cast<unsigned long long>(cut_id),
                 static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
                 rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s, ran_ahead ? "true" : "false",
-                static_cast<unsigned long long>(ahead_waits));
+                static_cast<unsigned long long>(ahead_waits), reused ? "true" : "false");
   out.text = head + list.json + "]}";
   return out;
 }
 
-// `snap-release`: the shadow of the last snap-cut let go (pos-cli holds its own reference).
-std::string snap_release(Runtime* rt) {
+// `snap-release [keep]`: the shadow of the last snap-cut let go (pos-cli holds its own reference),
+// or, with `keep` (sent once the caller has written its copy), kept for the next cut to copy into.
+std::string snap_release(Runtime* rt, bool keep) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   if (!rt->shadow) return dump_error("no GPU-only checkpoint holds a copy: nothing to release");
+  if (keep) {
+    rt->shadow_free = true;
+    return "{\"ok\":true,\"kept\":" + std::to_string(rt->shadow->size()) + "}";
+  }
   double held_s = 0;
   CaptureHold capture_hold;
   if (std::string why = capture_hold.acquire(rt, &held_s); !why.empty())  // let go at the next cut or dump
@@ -1185,7 +1203,8 @@ pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg);
 std::string answer(Runtime* rt, const std::string& cmd) {
   if (cmd.rfind("dump-save ", 0) == 0) return dump_save(rt, cmd.substr(10));
   if (cmd == "dump-release") return dump_release(rt);
-  if (cmd == "snap-release") return snap_release(rt);
+  if (cmd == "snap-release") return snap_release(rt, false);
+  if (cmd == "snap-release keep") return snap_release(rt, true);
   if (cmd == "lazy-done") return lazy_done(rt);
   if (cmd == "gpus") return gpus_answer(rt);
   if (cmd == "limit" || cmd.rfind("limit ", 0) == 0) return limit_answer(rt, cmd.size() > 6 ? cmd.substr(6) : std::string());
@@ -1233,7 +1252,7 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT [lazy PID], "
-                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut [order=all], snap-release, limit [memory=BYTES|share=PERMILLE])") + "}";
+                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut [order=all], snap-release [keep], limit [memory=BYTES|share=PERMILLE])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every

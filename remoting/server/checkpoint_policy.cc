@@ -634,6 +634,9 @@ CheckpointTick job_checkpoint_tick(const CheckpointPolicy& policy) {
     o.async = !inproc && (policy.async || !policy.with_cpu);
     o.job_socket = policy.job_socket;
     o.resume_program = policy.resume_program;
+    // An in-process job keeps its device copy between ticks, as posd's sessions of policy jobs
+    // keep their shadows (POS_SNAP_KEEP=0 in the checkpointer's environment: not).
+    o.keep_shadow = inproc;
     StatusOr<JobDumpReport> r = policy.with_cpu ? (inproc ? dump_driver_job(o) : dump_job(o))
                                                 : (inproc ? pre_dump_driver_job(o) : pre_dump_job(o));
     if (!r.ok()) return r.status();

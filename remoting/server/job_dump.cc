@@ -1272,6 +1272,14 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     else if (std::strcmp(v, "1") != 0)
       return Status::InvalidArgument("POS_SNAP_AHEAD must be 0 or 1, not '" + printable(v, 40) + "'");
   }
+  // The job keeps its device copy for the next cut (o.keep_shadow: a policy's ticks), unless
+  // POS_SNAP_KEEP says otherwise (0 or 1).
+  bool keep_shadow = o.keep_shadow;
+  if (const char* v = std::getenv("POS_SNAP_KEEP"); v != nullptr && *v != '\0') {
+    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0)
+      return Status::InvalidArgument("POS_SNAP_KEEP must be 0 or 1, not '" + printable(v, 40) + "'");
+    keep_shadow = *v == '1';
+  }
   auto prepared = prepare(o, /*criu_needed=*/false);
   if (!prepared.ok()) return prepared.status();
   const Prepared& pp = *prepared;
@@ -1318,12 +1326,18 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     got = Status::Corrupt("the job sent " + std::to_string(cut->fds.size()) + " descriptors for its copy, not one");
   if (got.ok())
     got = (*held)->import_copy(*regions, std::move(cut->fds[0]), static_cast<uint64_t>(json_number(a, "shadow_bytes")));
-  auto released = ask_dump(o.job_socket, "snap-release");
+  // Without keep_shadow the job lets go of its copy now (this process holds its own reference);
+  // with it, once the copy is written, so that the job's next cut copies into the same memory.
+  if (!keep_shadow || !got.ok()) {
+    auto released = ask_dump(o.job_socket, "snap-release");
+    if (!released.ok())
+      r.note = "the job did not let go of its copy (" + released.status().message() + "): it does at its next checkpoint or dump";
+  }
   if (!got.ok()) {
     remove_parts();
     return got.with_context("taking the job's checkpoint copy");
   }
-  if (!released.ok()) r.note = "the job did not let go of its copy (" + released.status().message() + "): it does at its next checkpoint or dump";
+  r.gpu_shadow_reused = a.find("\"shadow_reused\":true") != std::string::npos;
   r.cut_s = seconds_since(t);
   r.gpu.stall_s = json_number(a, "stall_s");
   r.detach_s = r.gpu.stall_s;
@@ -1348,7 +1362,11 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   co.inherited = inherited;
   co.unchanged = unchanged_in_prev(pp);
   auto saved = (*held)->save(gpu_dir, co);
-  held->reset();  // the copy's device memory goes as soon as it is written
+  held->reset();  // the copy's device memory goes as soon as it is written (or back to the job, kept)
+  if (keep_shadow) {
+    auto kept = ask_dump(o.job_socket, "snap-release keep");
+    if (!kept.ok()) add_note(&r.note, "the job did not keep its copy for the next checkpoint (" + kept.status().message() + ")");
+  }
   if (!saved.ok()) {
     remove_parts();
     return saved.status().with_context("writing the device memory");

@@ -40,6 +40,10 @@ struct JobDumpOptions {
   // A job still loading a lazy restore is dumped at once: what it has not loaded yet is copied from
   // the image it loads from. Else the dump waits until the load is done.
   bool lazy_ok = false;
+  // An in-process job's pre-dump: the job keeps its device copy once this one is written, for its
+  // next cut to copy into (a policy's ticks: no 12 GB made and let go of every tick, at the cost of
+  // that memory held between them). POS_SNAP_KEEP=0|1 overrides it.
+  bool keep_shadow = false;
   // An earlier dump or pre-dump of this job (dump --prev): the GPU part stores only buffers written
   // since its cut, CRIU's only pages changed since its (where the kernel tracks dirty memory).
   std::string prev;
@@ -108,6 +112,7 @@ struct JobDumpReport {
   // on the device only for the copies of what they touched), and how many such waits there were.
   bool gpu_ahead = false;
   uint64_t gpu_ahead_waits = 0;
+  bool gpu_shadow_reused = false;  // the job copied into the copy it kept from its previous cut
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
