@@ -71,13 +71,13 @@ class CopyAheadTest : public ::testing::Test {
   const uint64_t shadow_ = 1 << 30;
 };
 
-// Four allocations by address; the job touched B longest ago, then D, A and C.
+// Four allocations by address; the job is expected to touch B first, then D, A and C.
 std::vector<Placement::Region> four() {
   return {{0, 0x10000, 0x1000, true, 5}, {0, 0x20000, 0x1000, true, 2}, {0, 0x30000, 0x2000, true, 9},
           {0, 0x50000, 0x1000, false, 3}};
 }
 
-TEST_F(CopyAheadTest, WhatTheJobTouchedLongestAgoIsCopiedFirstEachToItsPlaceInTheShadowAfterEveryStreamsWork) {
+TEST_F(CopyAheadTest, WhatTheJobIsExpectedToTouchFirstIsCopiedFirstEachToItsPlaceInTheShadowAfterEveryStreamsWork) {
   auto a = CopyAhead::create(stub_calls());
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(CopyAhead::copy_order(four()), (std::vector<size_t>{1, 3, 0, 2}));
@@ -88,7 +88,7 @@ TEST_F(CopyAheadTest, WhatTheJobTouchedLongestAgoIsCopiedFirstEachToItsPlaceInTh
   EXPECT_EQ(std::vector<std::string>(g->trace.begin(), g->trace.begin() + 6),
             (std::vector<std::string>{"record 1065 on 0", "wait 77 for 1065", "record 1066 on 5", "wait 77 for 1066",
                                       "record 1067 on 6", "wait 77 for 1067"}));
-  // Then the copies, oldest-touched first, each region at its offset in address order.
+  // Then the copies in that order, each region at its offset in address order.
   const uint64_t base = shadow_;
   EXPECT_EQ(lines("copy"), (std::vector<std::string>{
                                "copy 131072 to " + std::to_string(base + 0x1000) + " n 4096 on 77",
@@ -150,7 +150,7 @@ TEST_F(CopyAheadTest, TheJobsLaterWorkWaitsOnlyForTheCopiesOfWhatItTouchesAndEac
 }
 
 TEST_F(CopyAheadTest, ManyRegionsGoInAtMostSixtyFourBatchesNeighboursInOneCopy) {
-  // 130 allocations back to back, touched in address order: 3 per batch, 44 batches, each one copy.
+  // 130 allocations back to back, in address order: 3 per batch, 44 batches, each one copy.
   std::vector<Placement::Region> regions;
   for (uint64_t i = 0; i < 130; ++i) regions.push_back({0, 0x100000 + i * 0x1000, 0x1000, true, i});
   auto a = CopyAhead::create(stub_calls());
@@ -162,8 +162,8 @@ TEST_F(CopyAheadTest, ManyRegionsGoInAtMostSixtyFourBatchesNeighboursInOneCopy) 
   EXPECT_EQ(copies[0], "copy 1048576 to " + std::to_string(shadow_) + " n 12288 on 77");
   EXPECT_EQ(copies[43], "copy " + std::to_string(0x100000 + 129 * 0x1000) + " to " +
                             std::to_string(shadow_ + 129 * 0x1000) + " n 4096 on 77");
-  // Touched in reverse: the same regions, last first, none merged across the reversed order.
-  for (auto& r : regions) r.touched = 1000 - r.touched;
+  // In reverse: the same regions, last first, none merged across the reversed order.
+  for (auto& r : regions) r.order = 1000 - r.order;
   g->trace.clear();
   auto b = CopyAhead::create(stub_calls());
   ASSERT_TRUE(b.ok());

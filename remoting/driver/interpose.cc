@@ -1834,6 +1834,10 @@ inline void before_call(Runtime* rt, A... a) {
   } else if constexpr (kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
     if (ahead_running(rt)) ahead_wait(rt, call_stream<kId>(std::get<1>(t)), nullptr, 0, true);
     rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
+  } else if constexpr (kId == H::cuStreamSynchronize || kId == H::cuStreamSynchronize_ptsz ||
+                       kId == H::cuEventSynchronize || kId == H::cuCtxSynchronize || kId == H::cuCtxSynchronize_v2 ||
+                       kId == H::cuMemcpyDtoH_v2 || kId == H::cuMemcpyDtoH_v2_ptds) {
+    rt->placement->new_epoch();  // the job waits for its device: a step's end, typically (Placement::new_epoch)
   } else if constexpr (kId == H::cuStreamDestroy_v2) {
     rt->streams.remove(std::get<0>(t));
     if (rt->pool) rt->pool->stream_ending(std::get<0>(t));  // its pending frees get their events now

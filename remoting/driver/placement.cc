@@ -121,7 +121,7 @@ CUresult Placement::alloc(CUdeviceptr* out, size_t bytes, bool* placed) {
     give(r, at, size);
     return rc;
   }
-  b.touched = ++marks_;  // a new allocation counts as written now
+  touch(b, ++marks_, epoch_.load(std::memory_order_relaxed));  // a new allocation counts as written now
   live_.emplace(at, b);
   ++stats_.placed;
   ++stats_.live;
@@ -192,39 +192,51 @@ std::vector<Placement::Region> Placement::regions() const {
   return out;
 }
 
+void Placement::touch(Block& b, uint64_t now, uint64_t epoch) {
+  b.written = true;
+  if (b.epoch == epoch) return;
+  b.prev_first = b.first;
+  b.epoch = epoch;
+  b.first = now;
+}
+
 void Placement::mark_written(const uint64_t* addrs, size_t n) {
   std::lock_guard<std::mutex> lk(mu_);
-  const uint64_t now = ++marks_;
+  const uint64_t now = ++marks_, e = epoch_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < n; ++i) {
     auto it = live_.upper_bound(addrs[i]);
     if (it == live_.begin()) continue;
     --it;
-    if (addrs[i] - it->first < it->second.size) it->second.written = true, it->second.touched = now;
+    if (addrs[i] - it->first < it->second.size) touch(it->second, now, e);
   }
 }
 
 void Placement::mark_range_written(uint64_t addr, uint64_t len) {
   if (len == 0) return;
   std::lock_guard<std::mutex> lk(mu_);
-  const uint64_t now = ++marks_;
+  const uint64_t now = ++marks_, e = epoch_.load(std::memory_order_relaxed);
   auto it = live_.upper_bound(addr);
   if (it != live_.begin()) --it;
   for (; it != live_.end() && it->first < addr + len; ++it)
-    if (it->first + it->second.size > addr) it->second.written = true, it->second.touched = now;
+    if (it->first + it->second.size > addr) touch(it->second, now, e);
 }
 
 void Placement::mark_all_written() {
   std::lock_guard<std::mutex> lk(mu_);
-  const uint64_t now = ++marks_;
-  for (auto& [at, b] : live_) b.written = true, b.touched = now;
+  const uint64_t now = ++marks_, e = epoch_.load(std::memory_order_relaxed);
+  for (auto& [at, b] : live_) touch(b, now, e);
 }
 
 std::vector<Placement::Region> Placement::cut() {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<Region> out;
   out.reserve(live_.size());
+  const uint64_t e = epoch_.load(std::memory_order_relaxed);
   for (auto& [at, b] : live_) {
-    out.push_back(Region{b.dev, at, b.size, b.written, b.touched});
+    // Not touched yet this epoch: by its first touch in its latest epoch; else after all of those,
+    // by its first touch the epoch before.
+    const uint64_t order = b.epoch != e ? b.first : (uint64_t{1} << 63) | b.prev_first;
+    out.push_back(Region{b.dev, at, b.size, b.written, order});
     b.written = false;
   }
   return out;

@@ -7,6 +7,7 @@
 // fake driver. Thread-safe (one mutex: allocations are rare, PyTorch caches them).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -81,10 +82,9 @@ class Placement {
     int dev;
     uint64_t addr, size;
     bool written = false;  // written since the last cut() (cut() only)
-    // When the job's calls last touched it (cut() only): a count that grows with every mark, so
-    // that a cut can copy first what the job touched longest ago, which a job that repeats its
-    // steps touches again soonest (snapshot.h, CopyAhead).
-    uint64_t touched = 0;
+    // (cut() only) How soon the job is expected to touch it again, relative to the others: lower
+    // sooner (snapshot.h, CopyAhead copies in this order). See new_epoch().
+    uint64_t order = 0;
   };
   // Every live allocation, by address.
   std::vector<Region> regions() const;
@@ -104,6 +104,14 @@ class Placement {
   // Every live allocation, by address, with its mark; the marks cleared. The caller holds the job
   // at its gate, so that no launch falls between the marks read and the cut.
   std::vector<Region> cut();
+  // The job's synchronizing calls (a stream's, an event's or the context's synchronize, a
+  // synchronous copy to the host) divide its work into epochs: a training job's steps, typically,
+  // each ending where it reads its loss. Each allocation remembers when the job first touched it
+  // in the latest epoch that touched it, and in the one before. A cut orders the allocations the
+  // current epoch has not touched yet by that first touch (the job's previous step touched them in
+  // that order: its next step will too), then the ones it has, by their first touch the epoch
+  // before (Region::order). Lock-free: called by the synchronizing hooks.
+  void new_epoch() { epoch_.fetch_add(1, std::memory_order_relaxed); }
 
   // For a full dump (docs/driver_runtime.md, "Dump"): the physical memory behind every live
   // allocation unmapped and released, its address range kept reserved, so that the driver's own
@@ -152,8 +160,11 @@ class Placement {
     bool shareable = false;  // made with a POSIX-descriptor handle type (or imported from one)
     int fd = -1;             // the descriptor it was imported from, kept for the next hand-off
     bool written = true;     // since the last cut()
-    uint64_t touched = 0;    // the mark count when it was last marked (or made)
+    // The epoch that last touched it, the mark count of its first touch in that epoch, and of its
+    // first touch in the epoch that touched it before (0: none).
+    uint64_t epoch = 0, first = 0, prev_first = 0;
   };
+  void touch(Block& b, uint64_t now, uint64_t epoch);  // under mu_
   CUresult map_block(uint64_t at, Block* b);  // under mu_: create, map, set access
   bool ready(int dev);  // under mu_: the device's range reserved (tries once)
   static uint64_t take(Range& r, uint64_t size);  // first fit; 0 when full
@@ -166,7 +177,8 @@ class Placement {
   std::map<uint64_t, Block> live_;  // under mu_: address → block
   Stats stats_;                     // under mu_
   bool unmapped_ = false;           // under mu_: unmap() ran and remap() has not finished
-  uint64_t marks_ = 0;              // under mu_: marks so far (Block::touched)
+  uint64_t marks_ = 0;              // under mu_: marks so far (Block::first)
+  std::atomic<uint64_t> epoch_{1};  // new_epoch()
 };
 
 }  // namespace pos::driver

@@ -147,7 +147,7 @@ std::vector<size_t> CopyAhead::copy_order(const std::vector<Placement::Region>& 
   std::vector<size_t> order(regions.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (regions[a].touched != regions[b].touched) return regions[a].touched < regions[b].touched;
+    if (regions[a].order != regions[b].order) return regions[a].order < regions[b].order;
     return regions[a].addr < regions[b].addr;
   });
   return order;

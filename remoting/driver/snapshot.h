@@ -108,8 +108,8 @@ inline constexpr size_t kLaunchConfigStreamOffset = 32;
 // wait for all of them. Instead, before the job's later work that may touch a region (a launch whose
 // parameters name it, a copy or memset into it: the hooks of "Written memory"), that work's stream
 // waits for the copy of that region only, so the job stalls only where it overtakes the copies. The
-// regions are copied oldest-touched first (Placement::Region::touched): a job that repeats its
-// steps touches again soonest what it touched longest ago, so the copies tend to stay ahead of it.
+// regions are copied in the order the job is expected to touch them next (Placement::Region::order:
+// the order its previous step first touched them in), so the copies tend to stay ahead of it.
 // They go in at most kBatches batches, each followed by an event a stream can wait for.
 // Work the hooks cannot see into (a launch whose parameters cannot be read, a graph) waits for all.
 // The hooks do not see memory the job maps itself: a cut with such memory uses enqueue_cut.
@@ -143,8 +143,7 @@ class CopyAhead {
   uint64_t waits() const { return waits_; }
   size_t batches() const { return used_; }
 
-  // The order the copies go in, as positions in `regions`: least recently touched first, then by
-  // address.
+  // The order the copies go in, as positions in `regions`: by Region::order, then by address.
   static std::vector<size_t> copy_order(const std::vector<Placement::Region>& regions);
 
  private:
