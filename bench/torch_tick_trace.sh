@@ -53,13 +53,13 @@ for i in $(seq 1 "$TICKS"); do
   if [[ "${VAR[$v]}" == off ]]; then
     sleep "$OFF_S"
     t1=$(date +%s.%N)
-    echo "$i $t0 $t1 0 0 0 0 0 $v" >>"$TMP/ticks"
+    echo "$i $t0 $t1 0 0 0 0 0 $v 0" >>"$TMP/ticks"
   else
     ENVS=(); [[ "${VAR[$v]}" != - ]] && read -r -a ENVS <<<"${VAR[$v]}"
     R=$(env "${ENVS[@]}" $PREFIX "$CLI" pre-dump -t "$JOB" -D "$TMP/pd" --json 2>&1) || { echo "pre-dump $i failed: $R"; exit 1; }
     nice -n 19 rm -rf "$TMP/pd"  # inside the tick, as a policy's retention deletes a point each tick
     t1=$(date +%s.%N)
-    echo "$i $t0 $t1 $(json "$R" cut_s) $(json "$R" gpu_stall_s) $(json "$R" job_save_s) $(json "$R" gpu_s) $(json "$R" gpu_bytes) $v" >>"$TMP/ticks"
+    echo "$i $t0 $t1 $(json "$R" cut_s) $(json "$R" gpu_stall_s) $(json "$R" job_save_s) $(json "$R" gpu_s) $(json "$R" gpu_bytes) $v $(json "$R" gpu_ahead_waits)" >>"$TMP/ticks"
   fi
   rm -rf "$TMP/pd"
   sleep "$GAP"
@@ -111,8 +111,8 @@ awk -v med="$MED" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; line[$1] = $0; n = $1; 
   END {
     for (i = 1; i <= n; ++i) {
       split(line[i], f, " ")
-      printf "tick %d: %.3f s in all; cut %.4f s (job stalled %.4f s, device copy %.4f s), written by %.3f s; %.2f GB\n",
-             i, t1[i] - t0[i], f[4], f[5], f[6], f[7], f[8] / 1e9
+      printf "tick %d: %.3f s in all; cut %.4f s (job stalled %.4f s, device copy %.4f s, job waits for it %d), written by %.3f s; %.2f GB\n",
+             i, t1[i] - t0[i], f[4], f[5], f[6], f[10], f[7], f[8] / 1e9
       in_window = 0; slow = 0
       for (k = 1; k < m; ++k) {
         if (st[k] < t0[i] || st[k] > t1[i] + 1) continue
