@@ -41,6 +41,7 @@ JOB=""
 cleanup() { [[ -n "$JOB" ]] && kill -KILL "$JOB" 2>/dev/null; rm -rf "$TMP"; }
 trap cleanup EXIT
 json() { local x; x=$(sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" <<<"$1" | head -1); echo "${x:-0}"; }
+jtext() { local x; x=$(sed -n "s/.*\"$2\":\"\([a-z-]*\)\".*/\1/p" <<<"$1" | head -1); echo "${x:--}"; }
 OUTF="$TMP/job.out"
 "$POS" run -- python3 "$ROOT/workloads/torch_train.py" "${ARGS[@]}" --step-times >"$OUTF" 2>"$OUTF.err" & JOB=$!
 for _ in $(seq 1 6000); do grep -q '^step 60 ' "$OUTF" && break; sleep 0.05; done
@@ -53,13 +54,13 @@ for i in $(seq 1 "$TICKS"); do
   if [[ "${VAR[$v]}" == off ]]; then
     sleep "$OFF_S"
     t1=$(date +%s.%N)
-    echo "$i $t0 $t1 0 0 0 0 0 $v 0" >>"$TMP/ticks"
+    echo "$i $t0 $t1 0 0 0 0 0 $v 0 - 0" >>"$TMP/ticks"
   else
     ENVS=(); [[ "${VAR[$v]}" != - ]] && read -r -a ENVS <<<"${VAR[$v]}"
     R=$(env "${ENVS[@]}" $PREFIX "$CLI" pre-dump -t "$JOB" -D "$TMP/pd" --json 2>&1) || { echo "pre-dump $i failed: $R"; exit 1; }
     nice -n 19 rm -rf "$TMP/pd"  # inside the tick, as a policy's retention deletes a point each tick
     t1=$(date +%s.%N)
-    echo "$i $t0 $t1 $(json "$R" cut_s) $(json "$R" gpu_stall_s) $(json "$R" job_save_s) $(json "$R" gpu_s) $(json "$R" gpu_bytes) $v $(json "$R" gpu_ahead_waits)" >>"$TMP/ticks"
+    echo "$i $t0 $t1 $(json "$R" cut_s) $(json "$R" gpu_stall_s) $(json "$R" job_save_s) $(json "$R" gpu_s) $(json "$R" gpu_bytes) $v $(json "$R" gpu_ahead_waits) $(jtext "$R" gpu_align) $(json "$R" gpu_align_s)" >>"$TMP/ticks"
   fi
   rm -rf "$TMP/pd"
   sleep "$GAP"
@@ -77,11 +78,11 @@ if [[ "$VARIANTS" != - ]]; then
   read -r OMED OMEAN OCOUNT <<<"$OUTMED"
   # Lost time against the mean step outside (the median would count the distribution's skew as a
   # cost in every window, the control's too); slow steps against the median.
-  awk -v vars="$VARIANTS" -v med="$OMED" -v mean="$OMEAN" -v k="$OCOUNT" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; va[$1] = $9; wr[$1] = $7; n = $1; next }
+  awk -v vars="$VARIANTS" -v med="$OMED" -v mean="$OMEAN" -v k="$OCOUNT" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; va[$1] = $9; wr[$1] = $7; al[$1] = $11; gb[$1] = $8 / 1e9; n = $1; next }
     { st[FNR] = $2; m = FNR }
     END {
       printf "outside the windows: median step %.4f s, mean %.4f s (%d steps)\n", med, mean, k
-      printf "%-4s %-48s %5s %9s %11s %9s %7s %9s\n", "tick", "variant", "steps", "tick s", "lost ms", "> 1.2x", "worst", "written s"
+      printf "%-4s %-48s %5s %9s %11s %9s %7s %9s %8s %7s\n", "tick", "variant", "steps", "tick s", "lost ms", "> 1.2x", "worst", "written s", "cut at", "GB"
       nv = split(vars, name, ";")
       for (i = 1; i <= n; ++i) {
         lost = 0; slow = 0; worst = 0; c = 0
@@ -92,7 +93,7 @@ if [[ "$VARIANTS" != - ]]; then
           if (len > worst) worst = len
         }
         v = va[i] + 1
-        printf "%-4d %-48s %5d %9.3f %11.1f %9d %6.2fx %9.3f\n", i, name[v], c, t1[i] - t0[i], lost * 1000, slow, worst / med, wr[i]
+        printf "%-4d %-48s %5d %9.3f %11.1f %9d %6.2fx %9.3f %8s %7.2f\n", i, name[v], c, t1[i] - t0[i], lost * 1000, slow, worst / med, wr[i], al[i], gb[i]
         sum[v] += lost * 1000; sq[v] += (lost * 1000) ^ 2; cnt[v]++; sl[v] += slow; dur[v] += t1[i] - t0[i]
         if (worst / med > ww[v]) ww[v] = worst / med
       }
@@ -111,8 +112,8 @@ awk -v med="$MED" 'FNR == NR { t0[$1] = $2; t1[$1] = $3; line[$1] = $0; n = $1; 
   END {
     for (i = 1; i <= n; ++i) {
       split(line[i], f, " ")
-      printf "tick %d: %.3f s in all; cut %.4f s (job stalled %.4f s, device copy %.4f s, job waits for it %d), written by %.3f s; %.2f GB\n",
-             i, t1[i] - t0[i], f[4], f[5], f[6], f[10], f[7], f[8] / 1e9
+      printf "tick %d: %.3f s in all; cut %.4f s (waited for a step boundary: %s, %.4f s; job stalled %.4f s, device copy %.4f s, job waits for it %d), written by %.3f s; %.2f GB\n",
+             i, t1[i] - t0[i], f[4], f[11], f[12], f[5], f[6], f[10], f[7], f[8] / 1e9
       in_window = 0; slow = 0
       for (k = 1; k < m; ++k) {
         if (st[k] < t0[i] || st[k] > t1[i] + 1) continue

@@ -277,7 +277,7 @@ int dump(const DumpArgs& a, bool pre) {
                 "\"driver_s\":%.6f,\"driver_restore_s\":%.6f,\"sync_s\":%.6f,\"job_save_s\":%.6f,\"job_unmap_s\":%.6f,"
                 "\"job_load_s\":%.6f,\"total_s\":%.6f},\"pause_s\":%.6f,\"stopped_s\":%.6f,\"handoff\":%s,\"gpu_snapshot\":%s,"
                 "\"inproc\":%s,\"gpu_written\":%llu,\"gpu_written_bytes\":%llu,\"gpu_unwritten\":[%s],\"gpu_ahead\":%s,"
-                "\"gpu_ahead_waits\":%llu,\"gpu_shadow_reused\":%s,\"note\":%s}\n",
+                "\"gpu_ahead_waits\":%llu,\"gpu_shadow_reused\":%s,\"gpu_align\":%s,\"gpu_align_s\":%.6f,\"gpu_pool_free_bytes\":%llu,\"note\":%s}\n",
                 cmd, a.pid, pos::json_string(a.dir).c_str(), pos::json_string(a.prev).c_str(),
                 o.leave_running ? "true" : "false", o.async ? "async" : "sync", (unsigned long long)r->gpu.cut_pc,
                 (unsigned long long)r->gpu.handles, (unsigned long long)r->gpu.bytes_stored,
@@ -292,7 +292,9 @@ int dump(const DumpArgs& a, bool pre) {
                 r->pause_s, r->stopped_s, r->handoff ? "true" : "false", r->gpu_snapshot ? "true" : "false", inproc ? "true" : "false",
                 (unsigned long long)r->written_regions, (unsigned long long)r->written_bytes, unwritten.c_str(),
                 r->gpu_ahead ? "true" : "false", (unsigned long long)r->gpu_ahead_waits,
-                r->gpu_shadow_reused ? "true" : "false", pos::json_string(r->note).c_str());
+                r->gpu_shadow_reused ? "true" : "false", pos::json_string(r->gpu_align).c_str(), r->gpu_align_s,
+                (unsigned long long)r->gpu_pool_free_bytes,
+                pos::json_string(r->note).c_str());
     return 0;
   }
   const std::string gpu = std::to_string(r->gpu.bytes_stored) + " bytes" +
@@ -304,10 +306,15 @@ int dump(const DumpArgs& a, bool pre) {
                           : std::string("CPU state by CRIU (") + std::to_string(r->criu_bytes) + " bytes" +
                                 (r->criu_incremental ? ", pages changed since --prev only" : "") + ")";
   if (pre && inproc) {
-    std::printf("pre-dumped in-process job %d to %s: device memory at one cut, %llu bytes in %llu allocations (%llu "
+    // Where the cut fell: at the job's step boundary (a synchronizing call of it returned), or why not.
+    char at[96] = "";
+    if (r->gpu_align == "sync") std::snprintf(at, sizeof(at), " at the job's step boundary (%.0f ms later)", r->gpu_align_s * 1e3);
+    else if (r->gpu_align == "timeout") std::snprintf(at, sizeof(at), " (no step boundary within %.0f ms)", r->gpu_align_s * 1e3);
+    else if (r->gpu_align == "idle") std::snprintf(at, sizeof(at), " (the job was idle)");
+    std::printf("pre-dumped in-process job %d to %s: device memory at one cut%s, %llu bytes in %llu allocations (%llu "
                 "bytes in %llu written since its previous checkpoint); the job waited %.3f ms, its copy took %.3f s on the "
                 "device%s, written in %.3f s; the job runs on\n",
-                a.pid, a.dir.c_str(), (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles,
+                a.pid, a.dir.c_str(), at, (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles,
                 (unsigned long long)r->written_bytes, (unsigned long long)r->written_regions, r->gpu.stall_s * 1e3,
                 r->job_save_s,
                 r->gpu_ahead ? (" ahead of the job (its work waited for it on the device " +

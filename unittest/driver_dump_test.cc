@@ -523,6 +523,7 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   EXPECT_NE(out.find("\"inproc\":true,\"gpu_written\":2,\"gpu_written_bytes\":10485760"), std::string::npos) << out;
   EXPECT_NE(out.find("\"criu_images\":\"\""), std::string::npos) << out;  // GPU-only
   EXPECT_NE(out.find("\"gpu_ahead\":true,\"gpu_ahead_waits\":0,"), std::string::npos) << out;  // the copies ran ahead
+  EXPECT_NE(out.find("\"gpu_align\":\"none\","), std::string::npos) << out;  // no stream-ordered memory: no wait
   EXPECT_EQ(check(), "rc=0 same=1\n");  // it never stopped
   EXPECT_NE(read_file(pre + "/manifest").find("\"kind\":\"driver-pre-dump\""), std::string::npos);
   std::string shown = cli("inspect " + pre, &code);
@@ -551,16 +552,18 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   // The writer's tuning from the environment: a bad value fails with its name and leaves no image;
   // good ones write the same image.
   const std::string tuned = (root_ / "tuned").string();
-  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo", "POS_SNAP_AHEAD=yes", "POS_SNAP_KEEP=2"}) {
+  for (const char* bad : {"POS_IMAGE_THREADS=0", "POS_IMAGE_PIECE=12288", "POS_IMAGE_SCHED=fifo", "POS_SNAP_AHEAD=yes", "POS_SNAP_KEEP=2",
+                          "POS_SNAP_ALIGN_MS=-1", "POS_SNAP_ALIGN_MS=60001", "POS_SNAP_ALIGN_MS=1s"}) {
     out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned, &code, bad);
     EXPECT_NE(code, 0) << bad;
     EXPECT_NE(out.find(std::string(bad).substr(0, std::string(bad).find('='))), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(tuned)) << bad;  // refused before anything was made
   }
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + tuned + " --json", &code,
-            "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536 POS_SNAP_AHEAD=0");
+            "POS_IMAGE_THREADS=3 POS_IMAGE_SCHED=idle POS_IMAGE_PIECE=65536 POS_SNAP_AHEAD=0 POS_SNAP_ALIGN_MS=0");
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("\"gpu_ahead\":false,"), std::string::npos) << out;  // ordered before the job's later work
+  EXPECT_NE(out.find("\"gpu_align\":\"off\",\"gpu_align_s\":0.000000"), std::string::npos) << out;
   EXPECT_EQ(region_lines(img + "/gpu"), region_lines(tuned + "/gpu"));
   std::string tuned_shown = cli("inspect " + tuned, &code);
   EXPECT_EQ(code, 0) << tuned_shown;

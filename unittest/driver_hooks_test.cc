@@ -1078,6 +1078,105 @@ TEST_F(Preloaded, WhileACutsCopiesRunTheJobsCallsWaitOnlyForTheCopiesOfWhatTheyT
   }
 }
 
+// `snap-cut align=MS`: a cut of a job with stream-ordered memory waits for the job's step boundary
+// (its return from a synchronizing call) while the job is busy, and no longer than MS; an idle job
+// is cut at once, and so is one without such memory. The cut holds what the job's step wrote. Bad
+// arguments are refused by name and change nothing.
+TEST_F(Preloaded, ACutWaitsForTheJobsStepBoundaryWhileItWorksButNotForAnIdleJob) {
+  const std::string dir = jobs_dir() + "-snap-align";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  for (const char* bad : {"snap-cut align=x", "snap-cut align=60001", "snap-cut align=", "snap-cut bogus",
+                          "snap-cut align=5 order=none", "snap-cut "}) {
+    auto a = pos::ask_job_fds(sock, bad, {}, 10000);
+    ASSERT_TRUE(a.ok()) << bad;
+    EXPECT_NE(a->text.find("snap-cut takes order=all and align=MS (0 to 60000)"), std::string::npos) << bad << ": " << a->text;
+    EXPECT_TRUE(a->fds.empty()) << bad;
+  }
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // Without stream-ordered memory there is nothing to wait for.
+  EXPECT_NE(snap_of(sock, "snap-cut align=5000").text.find("\"align\":\"none\",\"align_s\":0.000000"), std::string::npos);
+  job.say("palloc 0 9\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  // Idle: cut without waiting out the 5 s.
+  auto t0 = std::chrono::steady_clock::now();
+  Snap s = snap_of(sock, "snap-cut align=5000");
+  EXPECT_LT(since(t0), 2.5);
+  EXPECT_NE(s.text.find("\"align\":\"idle\""), std::string::npos) << s.text;
+  EXPECT_EQ(s.written, (std::vector<int>{0, 0, 0, 1})) << s.text;  // the new stream-ordered block's piece
+  // Busy: the cut waits through the job's work, and goes at its step's end.
+  std::atomic<bool> done{false};
+  job.say("busy 0 500\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread cut([&] {
+    s = snap_of(sock, "snap-cut align=5000");
+    done = true;
+  });
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  EXPECT_FALSE(done.load());  // still waiting: no step boundary yet
+  job.say("launch 1 170\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  const auto synced = std::chrono::steady_clock::now();
+  job.say("sync\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  cut.join();
+  EXPECT_LT(since(synced), 2.5);  // the sync ended the wait, not the 5 s
+  EXPECT_NE(s.text.find("\"align\":\"sync\""), std::string::npos) << s.text;
+  EXPECT_EQ(s.written, (std::vector<int>{0, 1, 0, 0})) << s.text;
+  ASSERT_EQ(s.contents.size(), 4u) << s.text;
+  EXPECT_TRUE(s.contents[0] == holds(0) && s.contents[1] == holds(1, 170) && s.contents[2] == holds(2));
+  // A job busy past MS is cut at MS; align=0 does not wait.
+  std::thread late([&] { s = snap_of(sock, "snap-cut align=150"); });
+  job.say("busy 0 600\n");
+  ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+  late.join();
+  EXPECT_NE(s.text.find("\"align\":\"timeout\",\"align_s\":0.1"), std::string::npos) << s.text;
+  EXPECT_NE(snap_of(sock, "snap-cut align=0").text.find("\"align\":\"off\",\"align_s\":0.000000"), std::string::npos);
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Of the stream-ordered pool's segments a cut copies only what live blocks hold: a block the job
+// freed before the cut is dead at it. The pieces hold the live blocks' bytes.
+TEST_F(Preloaded, ACutCopiesOnlyTheLiveBlocksOfStreamOrderedMemory) {
+  const std::string dir = jobs_dir() + "-snap-pool";
+  std::filesystem::remove_all(dir);
+  RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}});
+  ASSERT_TRUE(job.ready());
+  const std::string sock = pos::job_socket_path(dir, job.pid);
+  for (const char* cmd : {"palloc 0 120\n", "palloc 1 121\n", "palloc 2 122\n", "pfree 1 0\n"}) {
+    job.say(cmd);
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n") << cmd;
+  }
+  Snap s = snap_of(sock, "snap-cut align=0");
+  // The three allocations, then slots 0 and 2 of one 32 MiB segment (slot 1 between them is free).
+  ASSERT_EQ(s.contents.size(), 5u) << s.text;
+  EXPECT_NE(s.text.find("\"bytes\":10485760,\"count\":5,"), std::string::npos) << s.text;
+  EXPECT_NE(s.text.find("\"pool_free_bytes\":31457280,"), std::string::npos) << s.text;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.contents[i] == holds(i)) << i;
+  EXPECT_TRUE(s.contents[3] == std::string(1 << 20, static_cast<char>(120)));
+  EXPECT_TRUE(s.contents[4] == std::string(1 << 20, static_cast<char>(122)));
+  // Slot 0 freed too, slot 1 allocated again (where slot 0 was: the first fit) with new bytes;
+  // slots 1 and 2 together again, beside each other: one piece.
+  for (const char* cmd : {"pfree 0 0\n", "palloc 1 123\n", "palloc 0 124\n"}) {
+    job.say(cmd);
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n") << cmd;
+  }
+  s = snap_of(sock, "snap-cut align=0");
+  ASSERT_EQ(s.contents.size(), 4u) << s.text;
+  EXPECT_EQ(s.written, (std::vector<int>{0, 0, 0, 1})) << s.text;
+  EXPECT_NE(s.text.find("\"pool_free_bytes\":30408704,"), std::string::npos) << s.text;
+  ASSERT_EQ(s.contents[3].size(), 3u << 20) << s.text;
+  EXPECT_TRUE(s.contents[3] == std::string(1 << 20, static_cast<char>(123)) + std::string(1 << 20, static_cast<char>(124)) +
+                                   std::string(1 << 20, static_cast<char>(122)));
+  EXPECT_EQ(job.stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 // A reader that wrote its copy and let go of it with `snap-release keep` leaves the shadow to the
 // job: the next cut copies into it (and holds the new bytes); a shadow let go of plainly, or never
 // let go of (its reader may still be writing), is not copied into again.

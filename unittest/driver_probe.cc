@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 
 #include "unittest/fake_cuda.h"
 
@@ -367,7 +369,10 @@ int main(int argc, char** argv) {
     // from cuKernelGetParamInfo), struct (the address inside a struct passed by value), extra (a
     // parameter buffer), memset (cuMemsetD8), blind (a kernel with no layout: nothing can be told).
     // "nop" launches a kernel whose only parameter is a number; "capture" / "endcapture" begin and
-    // end a CUDA graph capture on the probe's stream.
+    // end a CUDA graph capture on the probe's stream; "busy 0 MS" launches nops for MS ms without
+    // waiting for the device (a step's work); "sync" waits for the probe's stream (a step's end);
+    // "palloc I V" allocates 1 MiB of stream-ordered memory on the probe's stream as slot I (0..2)
+    // and fills it with byte V, "pfree I 0" frees slot I on that stream.
     auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
     auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
     auto memset8 = reinterpret_cast<int (*)(unsigned long long, unsigned char, size_t)>(sym("cuMemsetD8_v2"));
@@ -393,6 +398,9 @@ int main(int argc, char** argv) {
     const FakeKernel buffer{kFakeFunc, 2, {0, 8}, {8, 1}, 0, 0, 0, 8};  // extra: pointer at 0, value at 8
     const FakeKernel blind{0, 2, {0, 8}, {8, 1}, 0, 0, 1, 0};
     const FakeKernel number{kFakeFunc, 1, {0}, {4}, -1, 0, -1, 0};
+    auto alloc_async = reinterpret_cast<int (*)(unsigned long long*, size_t, void*)>(sym("cuMemAllocAsync"));
+    auto free_async = reinterpret_cast<int (*)(unsigned long long, void*)>(sym("cuMemFreeAsync"));
+    unsigned long long slot[3] = {};
     char line[64];
     while (std::fgets(line, sizeof(line), stdin) != nullptr) {
       char how[16] = {};
@@ -427,6 +435,13 @@ int main(int argc, char** argv) {
         else if (h == "memset") r = memset8(ptr, val, 4096);
         else if (h == "blind") r = go(blind, params, nullptr);
         else if (h == "nop") r = go(number, nparams, nullptr);
+        else if (h == "busy")
+          for (auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(v); r == 0 && std::chrono::steady_clock::now() < end;
+               std::this_thread::sleep_for(std::chrono::microseconds(500)))
+            r = go(number, nparams, nullptr);
+        else if (h == "sync") r = reinterpret_cast<int (*)(void*)>(sym("cuStreamSynchronize"))(stream);
+        else if (h == "palloc") r = alloc_async(&slot[x], 1 << 20, stream) | memset8(slot[x], val, 1 << 20);
+        else if (h == "pfree") r = free_async(slot[x], stream);
         else if (h == "capture")  // a CUDA graph capture begun on the probe's stream (hooked) ...
           r = reinterpret_cast<int (*)(void*, int)>(sym("cuStreamBeginCapture_v2"))(stream, 0);
         else if (h == "endcapture")  // ... and ended (passes through)

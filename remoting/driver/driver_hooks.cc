@@ -137,6 +137,12 @@ uint64_t Census::launches() const {
   return n;
 }
 
+uint64_t Census::total_calls() const {
+  uint64_t n = 0;
+  for (const Counter& c : calls_) n += c.n.load(std::memory_order_relaxed);
+  return n;
+}
+
 void Census::device_used(int dev) {
   if (dev >= 0 && dev < 64) devices_.fetch_or(1ull << dev, std::memory_order_relaxed);
 }

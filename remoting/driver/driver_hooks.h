@@ -93,6 +93,8 @@ class Census {
 
   // Kernel launches of every kind (cuLaunchKernel*, cuLaunchCooperativeKernel*).
   uint64_t launches() const;
+  // Hooked calls of every kind: whether the job has called its driver lately.
+  uint64_t total_calls() const;
 
   // A context of device `dev` was taken (cuDevicePrimaryCtxRetain).
   void device_used(int dev);

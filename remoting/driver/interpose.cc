@@ -137,6 +137,17 @@ struct Runtime {
   std::mutex ahead_mu;
   std::unique_ptr<CopyAhead> ahead;  // under ahead_mu
   uint64_t ahead_errors = 0;         // under ahead_mu: waits the driver refused (the cut then fails)
+  // A cut that waits for the job's step boundary (`snap-cut align=MS`): the job's threads inside a
+  // synchronizing call (cuStreamSynchronize and the like), and, while a cut waits (`align_wanted`,
+  // read without the mutex), the returns from them counted and told to it. A step's end is where
+  // the device has just run dry: the cut's copies then take less from the job's next step than
+  // when they land amid its work (docs/driver_runtime.md, "GPU-only checkpoints").
+  std::atomic<int> in_sync{0};
+  std::atomic<bool> align_wanted{false};
+  std::atomic<int> capture_waiters{0};  // capture-begin hooks held by a cut: the cut waits no more
+  std::mutex align_mu;
+  std::condition_variable align_cv;
+  uint64_t sync_returns = 0;  // under align_mu
   // While a GPU-only checkpoint is prepared no CUDA graph capture may begin: the checkpoint's own
   // driver calls (a shadow's cuMemCreate, say) are prohibited while a capture runs, and would end
   // it. cuStreamBeginCapture's hooks wait for this to clear (GatePass).
@@ -195,8 +206,14 @@ class GatePass {
     if (gate_ == nullptr) return;
     for (;;) {
       if (capture != nullptr && capture->captures_held.load(std::memory_order_acquire)) {
+        capture->capture_waiters.fetch_add(1, std::memory_order_acq_rel);
+        if (capture->align_wanted.load(std::memory_order_acquire)) {  // a cut waiting for a step's end goes now
+          std::lock_guard<std::mutex> al(capture->align_mu);
+          capture->align_cv.notify_all();
+        }
         std::unique_lock<std::mutex> lk(capture->capture_mu);
         capture->capture_cv.wait(lk, [&] { return !capture->captures_held.load(std::memory_order_acquire); });
+        capture->capture_waiters.fetch_sub(1, std::memory_order_acq_rel);
       }
       gate_->enter(0);
       if (capture == nullptr || !capture->captures_held.load(std::memory_order_acquire)) return;
@@ -812,13 +829,92 @@ std::string lazy_done(Runtime* rt) {
   return "{\"ok\":true,\"waits\":" + std::to_string(rt->lazy->holds()) + "}";
 }
 
+// A cut's allocations with the stream-ordered pool's segments cut down to what live blocks hold
+// (StreamPool::live_pieces, in 64 KiB pieces): a block freed before the cut is dead at it, so its
+// bytes need no copy. For a job that frees its step's temporaries (PyTorch on cudaMallocAsync),
+// that is most of what a cut at its step boundary would otherwise copy. *skipped: the bytes left out.
+std::vector<Placement::Region> live_only(std::vector<Placement::Region> regions, const StreamPool* pool,
+                                         uint64_t* skipped) {
+  *skipped = 0;
+  if (pool == nullptr) return regions;
+  const auto pieces = pool->live_pieces(64 << 10);
+  std::vector<Placement::Region> out;
+  out.reserve(regions.size());
+  for (const Placement::Region& r : regions) {
+    const auto it = pieces.find(r.addr);
+    if (it == pieces.end()) {
+      out.push_back(r);
+      continue;
+    }
+    uint64_t kept = 0;
+    for (const auto& [lo, hi] : it->second) {
+      if (lo < r.addr || hi > r.addr + r.size || lo >= hi) continue;  // a segment and its region always agree
+      Placement::Region piece = r;
+      piece.addr = lo, piece.size = hi - lo;
+      out.push_back(piece);
+      kept += piece.size;
+    }
+    *skipped += r.size - kept;
+  }
+  return out;
+}
+
+// How a cut's wait for the job's step boundary ended (`snap-cut align=MS`).
+struct StepAlign {
+  double waited_s = 0;
+  // sync (a synchronizing call returned), idle, timeout, capture; off (not asked); none (the job
+  // has no stream-ordered memory: nothing to leave out at a step's end)
+  const char* how = "off";
+};
+
+// Waits up to align_ms for the job's next return from a synchronizing call (one in progress counts):
+// the job has just found its device idle, and the cut's copies, begun there, run where the job's
+// next step has not begun its work yet. A job that makes no driver calls and is in no such call
+// for 50 ms is idle: nothing to align with. A capture-begin hook held by the cut ends the wait too.
+StepAlign align_to_step(Runtime* rt, int align_ms) {
+  StepAlign a;
+  if (align_ms <= 0) return a;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + std::chrono::milliseconds(align_ms);
+  rt->align_wanted.store(true, std::memory_order_release);
+  {
+    std::unique_lock<std::mutex> lk(rt->align_mu);
+    const uint64_t start = rt->sync_returns;
+    uint64_t calls = rt->census.total_calls();
+    a.how = "timeout";
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      if (rt->capture_waiters.load(std::memory_order_acquire) > 0) {
+        a.how = "capture";
+        break;
+      }
+      rt->align_cv.wait_until(lk, std::min(deadline, now + std::chrono::milliseconds(50)));
+      if (rt->sync_returns != start) {
+        a.how = "sync";
+        break;
+      }
+      const uint64_t c = rt->census.total_calls();
+      if (c == calls && rt->in_sync.load(std::memory_order_acquire) == 0 &&
+          std::chrono::steady_clock::now() - now >= std::chrono::milliseconds(50)) {
+        a.how = "idle";
+        break;
+      }
+      calls = c;
+    }
+  }
+  rt->align_wanted.store(false, std::memory_order_release);
+  a.waited_s = seconds_since(t0);
+  return a;
+}
+
 // `snap-cut`: a GPU-only checkpoint's cut (snapshot.h). A shadow as large as the placed memory is
 // made first, while the job runs; then the job's driver calls wait at the gate only while the
 // events, copies and waits are enqueued (the answer's stall_s); the copies then run on the device
 // in stream order while the job goes on, and this thread waits for them. The answer names every
 // allocation, whether it was written since the previous cut ([addr,size,written]), and comes with
 // one descriptor: the shadow, which this job keeps until snap-release (or the next cut or dump).
-pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
+pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead, int align_ms) {
   pos::ControlMessage out;
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   const auto refuse = [](const std::string& why) {
@@ -901,6 +997,8 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
     if (a.ok()) ahead = std::move(*a);  // else the copies are ordered before everything, as without it
   }
   bool ran_ahead = false;
+  StepAlign step_align;
+  uint64_t pool_free = 0;  // bytes of the stream-ordered pool's segments no live block held: not copied
   for (int attempt = 0;; ++attempt) {
     reused = rt->shadow && rt->shadow->size() >= want;
     if (!reused) {
@@ -910,6 +1008,13 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
         return refuse("no room on the device for the checkpoint's copy of " + std::to_string(want) +
                       " bytes: " + shadow.status().message());
       rt->shadow = std::move(*shadow);
+    }
+    // Everything else is ready: the cut waits for a step's end, where the job's stream-ordered
+    // temporaries are free (live_only leaves them out). Without stream-ordered memory there is
+    // nothing to gain (measured: docs/BENCHMARKS.md), and the cut does not wait.
+    if (attempt == 0 && align_ms > 0) {
+      if (rt->pool && rt->pool->stats().segments > 0) step_align = align_to_step(rt, align_ms);
+      else step_align.how = "none";
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (std::string why = close_gate(rt); !why.empty()) {
@@ -943,7 +1048,7 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
       continue;
     }
     cut_id = new_cut(rt, &since_id);
-    regions = rt->placement->cut();
+    regions = live_only(rt->placement->cut(), rt->pool.get(), &pool_free);
     for (const AppVmm::Region& r : app) regions.push_back(Placement::Region{r.dev, r.addr, r.size, true});
     std::sort(regions.begin(), regions.end(),
               [](const Placement::Region& a, const Placement::Region& b) { return a.addr < b.addr; });
@@ -1003,16 +1108,18 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead) {
   out.fds.emplace_back(fd);
   const RegionList list = region_list(regions);
   const uint64_t bytes = list.bytes, written = list.written, written_bytes = list.written_bytes;
-  char head[600];
+  char head[768];
   std::snprintf(head, sizeof(head),
                 "{\"ok\":true,\"device\":%d,\"since\":%llu,\"cut\":%llu,\"bytes\":%llu,\"count\":%zu,\"written\":%llu,"
                 "\"written_bytes\":%llu,\"shadow_bytes\":%llu,\"streams\":%zu,\"precheck_s\":%.6f,\"quiesce_s\":%.6f,"
-                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"ahead\":%s,\"ahead_waits\":%llu,\"shadow_reused\":%s,\"regions\":[",
+                "\"stall_s\":%.6f,\"copy_s\":%.6f,\"ahead\":%s,\"ahead_waits\":%llu,\"shadow_reused\":%s,"
+                "\"align\":\"%s\",\"align_s\":%.6f,\"pool_free_bytes\":%llu,\"regions\":[",
                 dev, static_cast<unsigned long long>(since_id), static_cast<unsigned long long>(cut_id),
                 static_cast<unsigned long long>(bytes), regions.size(), static_cast<unsigned long long>(written),
                 static_cast<unsigned long long>(written_bytes), static_cast<unsigned long long>(rt->shadow->size()),
                 rt->streams.list().size() + 1, precheck_s, quiesce_s, stall_s, copy_s, ran_ahead ? "true" : "false",
-                static_cast<unsigned long long>(ahead_waits), reused ? "true" : "false");
+                static_cast<unsigned long long>(ahead_waits), reused ? "true" : "false", step_align.how,
+                step_align.waited_s, static_cast<unsigned long long>(pool_free));
   out.text = head + list.json + "]}";
   return out;
 }
@@ -1252,15 +1359,40 @@ std::string answer(Runtime* rt, const std::string& cmd) {
   }
   return "{\"error\":" + pos::json_string("unknown command '" + pos::printable(cmd, 64) +
                                          "' (ps, ps-row, gpus, dump-save DIR, dump-share, dump-release, dump-take COUNT LIST CUT [lazy PID], "
-                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut [order=all], snap-release [keep], limit [memory=BYTES|share=PERMILLE])") + "}";
+                                         "dump-resume [@CUT] [DIR], lazy-done, snap-cut [order=all] [align=MS], snap-release [keep], limit [memory=BYTES|share=PERMILLE])") + "}";
 }
 
 // The commands with descriptors (dump-share answers with them, dump-take comes with them); every
 // other command answered by answer(), descriptors sent along with it dropped.
 pos::ControlMessage answer_fds(Runtime* rt, pos::ControlMessage& msg) {
   if (msg.text == "dump-share") return dump_share(rt);
-  if (msg.text == "snap-cut") return snap_cut(rt, true);
-  if (msg.text == "snap-cut order=all") return snap_cut(rt, false);
+  if (msg.text == "snap-cut" || msg.text.rfind("snap-cut ", 0) == 0) {
+    // snap-cut [order=all] [align=MS]: the copies ordered before all of the job's later work; the
+    // cut waits up to MS ms (0..60000) for the job's step boundary.
+    bool ahead = true;
+    int align_ms = 0;
+    std::string bad;
+    bool refused = false;
+    size_t at = 8;
+    while (!refused && at < msg.text.size()) {
+      const size_t end = std::min(msg.text.find(' ', at + 1), msg.text.size());
+      const std::string word = msg.text.substr(at + 1, end - at - 1);
+      at = end;
+      if (word == "order=all") {
+        ahead = false;
+        continue;
+      }
+      auto ms = word.rfind("align=", 0) == 0 ? pos::parse_uint(word.substr(6)) : StatusOr<uint64_t>(Status::InvalidArgument(""));
+      if (ms.ok() && *ms <= 60000) align_ms = static_cast<int>(*ms);
+      else bad = word, refused = true;
+    }
+    if (refused) {
+      pos::ControlMessage m;
+      m.text = dump_error("snap-cut takes order=all and align=MS (0 to 60000), not '" + pos::printable(bad, 40) + "'");
+      return m;
+    }
+    return snap_cut(rt, ahead, align_ms);
+  }
   pos::ControlMessage out;
   if (msg.text.rfind("dump-take ", 0) == 0) out.text = dump_take(rt, msg.text.substr(10), msg.fds);
   else out.text = answer(rt, msg.text);
@@ -1806,10 +1938,19 @@ inline void mark_range(Runtime* rt, CUstream s, uint64_t dst, uint64_t len) {
   rt->placement->mark_range_written(dst, len);
 }
 
+// The calls with which the job waits for its device: where its steps end, typically.
+constexpr bool synchronizes(HookId id) {
+  using H = HookId;
+  return id == H::cuStreamSynchronize || id == H::cuStreamSynchronize_ptsz || id == H::cuEventSynchronize ||
+         id == H::cuCtxSynchronize || id == H::cuCtxSynchronize_v2 || id == H::cuMemcpyDtoH_v2 ||
+         id == H::cuMemcpyDtoH_v2_ptds;
+}
+
 // Inside the gate, before the driver runs a hooked call: what it may write, marked (placement on).
 template <HookId kId, typename... A>
 inline void before_call(Runtime* rt, A... a) {
   using H = HookId;
+  if constexpr (synchronizes(kId)) rt->in_sync.fetch_add(1, std::memory_order_acq_rel);
   if (!rt->placement || !rt->scanner) return;
   [[maybe_unused]] auto t = std::make_tuple(a...);
   if constexpr (kId == H::cuLaunchKernel || kId == H::cuLaunchKernel_ptsz) {
@@ -1834,9 +1975,7 @@ inline void before_call(Runtime* rt, A... a) {
   } else if constexpr (kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
     if (ahead_running(rt)) ahead_wait(rt, call_stream<kId>(std::get<1>(t)), nullptr, 0, true);
     rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
-  } else if constexpr (kId == H::cuStreamSynchronize || kId == H::cuStreamSynchronize_ptsz ||
-                       kId == H::cuEventSynchronize || kId == H::cuCtxSynchronize || kId == H::cuCtxSynchronize_v2 ||
-                       kId == H::cuMemcpyDtoH_v2 || kId == H::cuMemcpyDtoH_v2_ptds) {
+  } else if constexpr (synchronizes(kId)) {
     rt->placement->new_epoch();  // the job waits for its device: a step's end, typically (Placement::new_epoch)
   } else if constexpr (kId == H::cuStreamDestroy_v2) {
     rt->streams.remove(std::get<0>(t));
@@ -1849,6 +1988,16 @@ inline void before_call(Runtime* rt, A... a) {
 // After the driver answered: the streams the job made, for the cuts to order themselves after.
 template <HookId kId, typename... A>
 inline void after_call(Runtime* rt, CUresult rc, A... a) {
+  if constexpr (synchronizes(kId)) {
+    rt->in_sync.fetch_sub(1, std::memory_order_acq_rel);
+    if (rt->align_wanted.load(std::memory_order_acquire)) {  // a cut waits for this: the step's end
+      {
+        std::lock_guard<std::mutex> al(rt->align_mu);
+        ++rt->sync_returns;
+      }
+      rt->align_cv.notify_all();
+    }
+  }
   if constexpr (kId == HookId::cuStreamCreate || kId == HookId::cuStreamCreateWithPriority) {
     auto t = std::make_tuple(a...);
     if (rc == kSuccess && std::get<0>(t) != nullptr) {

@@ -285,6 +285,24 @@ void StreamPool::stream_ending(CUstream s) {
     }
 }
 
+std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> StreamPool::live_pieces(uint64_t align) const {
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [seg, where] : segs_) {
+    const uint64_t seg_end = seg + where.second;
+    auto& pieces = out[seg];
+    for (auto it = blocks_.lower_bound(seg); it != blocks_.end() && it->first < seg_end; ++it) {
+      const Block& b = it->second;
+      if (b.free && !b.deferred) continue;
+      const uint64_t lo = std::max(seg, it->first & ~(align - 1));
+      const uint64_t hi = std::min(seg_end, (it->first + b.size + align - 1) & ~(align - 1));
+      if (!pieces.empty() && lo <= pieces.back().second) pieces.back().second = std::max(pieces.back().second, hi);
+      else pieces.emplace_back(lo, hi);
+    }
+  }
+  return out;
+}
+
 StreamPool::Stats StreamPool::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "remoting/driver/driver_api.h"
@@ -74,6 +75,12 @@ class StreamPool {
   CUresult trim(size_t keep);
   // Before cuStreamDestroy(s): frees on `s` whose event was not recorded yet get it now.
   void stream_ending(CUstream s);
+
+  // What of each segment live blocks hold now, for a cut that copies only those (docs/driver_runtime.md,
+  // "GPU-only checkpoints"): segment start -> its pieces [begin, end), each live block rounded out to
+  // `align` (a power of two) within its segment, overlapping ones merged; empty for a segment with
+  // no live block. A block freed inside a capture still counts as live (the graph may use it).
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> live_pieces(uint64_t align) const;
 
   struct Stats {
     uint64_t reserved = 0, used = 0, reserved_high = 0, used_high = 0;

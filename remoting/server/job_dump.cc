@@ -1272,6 +1272,17 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
     else if (std::strcmp(v, "1") != 0)
       return Status::InvalidArgument("POS_SNAP_AHEAD must be 0 or 1, not '" + printable(v, 40) + "'");
   }
+  // The cut waits up to POS_SNAP_ALIGN_MS (default 1000; 0: not at all) for the job's step boundary
+  // (a synchronizing call's return), where its copies cost the job's next step least.
+  int align_ms = 1000;
+  if (const char* v = std::getenv("POS_SNAP_ALIGN_MS"); v != nullptr && *v != '\0') {
+    auto ms = parse_uint(v);
+    if (!ms.ok() || *ms > 60000)
+      return Status::InvalidArgument("POS_SNAP_ALIGN_MS must be a number of milliseconds from 0 to 60000, not '" +
+                                     printable(v, 40) + "'");
+    align_ms = static_cast<int>(*ms);
+  }
+  cut_cmd += " align=" + std::to_string(align_ms);
   // The job keeps its device copy for the next cut (o.keep_shadow: a policy's ticks), unless
   // POS_SNAP_KEEP says otherwise (0 or 1).
   bool keep_shadow = o.keep_shadow;
@@ -1344,6 +1355,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   r.job_save_s = json_number(a, "copy_s");
   r.gpu_ahead = a.find("\"ahead\":true") != std::string::npos;
   r.gpu_ahead_waits = json_u64(a, "ahead_waits");
+  r.gpu_align = json_text(a, "align");
+  r.gpu_align_s = json_number(a, "align_s");
+  r.gpu_pool_free_bytes = json_u64(a, "pool_free_bytes");
   r.gpu.handles = regions->size();
   std::string whole;
   const std::vector<ckpt::SavedRegion> inherited =

@@ -113,6 +113,11 @@ struct JobDumpReport {
   bool gpu_ahead = false;
   uint64_t gpu_ahead_waits = 0;
   bool gpu_shadow_reused = false;  // the job copied into the copy it kept from its previous cut
+  // How the cut waited for the job's step boundary (POS_SNAP_ALIGN_MS): sync (a synchronizing call
+  // of the job returned), idle, timeout, capture, off; and for how long.
+  std::string gpu_align;
+  double gpu_align_s = 0;
+  uint64_t gpu_pool_free_bytes = 0;  // of stream-ordered memory, held by no live block at the cut: not copied
 };
 
 // Detaches the job (its calls wait), cuts its GPU state for DIR/gpu, dumps its process tree with
