@@ -240,6 +240,35 @@ TEST_F(StreamPoolTest, ABlockFreedInACaptureIsNotReusedBeforeATrim) {
   EXPECT_EQ(alloc(StreamPool::kSegmentBytes, 7), a);
 }
 
+// What a cut copies of the pool: each segment's live blocks, rounded out and merged; freed ones
+// left out, but not those freed inside a capture (the graph may still use them).
+TEST_F(StreamPoolTest, LivePiecesAreTheLiveBlocksRoundedOutToTheAlignmentAndMerged) {
+  const CUdeviceptr a = alloc(100, 7), b = alloc(1 << 20, 7), c = alloc(70000, 7), d = alloc(4096, 7);
+  const CUdeviceptr seg = *segments_.begin();
+  ASSERT_EQ(a, seg);
+  free_on(b, 7);
+  auto p = pool_->live_pieces(64 << 10);
+  ASSERT_EQ(p.size(), 1u);
+  // a: [seg, 64K); c and d, after b's 1 MiB: one piece from c rounded down to d's end rounded up.
+  const uint64_t c_lo = c & ~uint64_t{0xffff}, d_hi = (d + 4096 + 0xffff) & ~uint64_t{0xffff};
+  EXPECT_EQ(p[seg], (std::vector<std::pair<uint64_t, uint64_t>>{{seg, seg + (64 << 10)}, {c_lo, d_hi}}));
+  // Freed inside a capture, c still counts; freed plainly, d does not.
+  bool ours = false;
+  ASSERT_EQ(pool_->free_deferred(c, &ours), kSuccess);
+  free_on(d, 7);
+  free_on(a, 7);
+  p = pool_->live_pieces(64 << 10);
+  EXPECT_EQ(p[seg], (std::vector<std::pair<uint64_t, uint64_t>>{{c_lo, (c + 70000 + 0xffff) & ~uint64_t{0xffff}}}));
+  // A segment with no live block (c back after a trim that keeps everything): an empty list; given
+  // back, none.
+  ASSERT_EQ(pool_->trim(1ull << 40), kSuccess);
+  p = pool_->live_pieces(64 << 10);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[seg].empty());
+  ASSERT_EQ(pool_->trim(0), kSuccess);
+  EXPECT_TRUE(pool_->live_pieces(64 << 10).empty());
+}
+
 TEST_F(StreamPoolTest, WithoutAnEventTheFreeWaitsForTheDeviceAndTheBlockIsFreeAnywhere) {
   const CUdeviceptr a = alloc(StreamPool::kSegmentBytes, 7);
   stub_.fail_events = true;

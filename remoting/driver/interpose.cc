@@ -842,13 +842,16 @@ std::vector<Placement::Region> live_only(std::vector<Placement::Region> regions,
   out.reserve(regions.size());
   for (const Placement::Region& r : regions) {
     const auto it = pieces.find(r.addr);
-    if (it == pieces.end()) {
+    // A segment whose pieces do not lie inside its region (never: the pool's segments are
+    // Placement's allocations) is copied whole rather than trusted.
+    if (it == pieces.end() || std::any_of(it->second.begin(), it->second.end(), [&](const auto& p) {
+          return p.first < r.addr || p.second > r.addr + r.size || p.first >= p.second;
+        })) {
       out.push_back(r);
       continue;
     }
     uint64_t kept = 0;
     for (const auto& [lo, hi] : it->second) {
-      if (lo < r.addr || hi > r.addr + r.size || lo >= hi) continue;  // a segment and its region always agree
       Placement::Region piece = r;
       piece.addr = lo, piece.size = hi - lo;
       out.push_back(piece);
