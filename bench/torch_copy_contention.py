@@ -19,7 +19,6 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workloads"))
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import torch_train as tt  # noqa: E402
 
 
@@ -81,14 +80,7 @@ def main():
                     th.join()
                 th = threading.Thread(target=copier, args=(shapes[v], t))
                 th.start()
-        x, y = tt.batch(step, a, dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss.item()
+        tt.train_step(model, opt, step, a, dev).item()
     torch.cuda.synchronize()
     starts.append(time.perf_counter())
     if th is not None:

@@ -96,6 +96,18 @@ def batch(step, a, device):
     return x[:, :-1], x[:, 1:]
 
 
+def train_step(fwd, opt, step, a, device):
+    """One step of training on batch `step`: its loss (a device tensor; reading it waits for the step)."""
+    x, y = batch(step, a, device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = fwd(x)
+    loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def main():
     a = parse()
     torch.manual_seed(0)
@@ -119,13 +131,7 @@ def main():
     for step in range(a.steps):
         if a.step_times:
             print(f"step {step} start_s {time.time():.6f}", file=sys.stderr, flush=True)
-        x, y = batch(step, a, dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = fwd(x)
-        loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = train_step(fwd, opt, step, a, dev)
         print(f"step {step} loss {loss.item():.6f}", flush=True)
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
