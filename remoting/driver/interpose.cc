@@ -139,9 +139,9 @@ struct Runtime {
   uint64_t ahead_errors = 0;         // under ahead_mu: waits the driver refused (the cut then fails)
   // A cut that waits for the job's step boundary (`snap-cut align=MS`): the job's threads inside a
   // synchronizing call (cuStreamSynchronize and the like), and, while a cut waits (`align_wanted`,
-  // read without the mutex), the returns from them counted and told to it. A step's end is where
-  // the device has just run dry: the cut's copies then take less from the job's next step than
-  // when they land amid its work (docs/driver_runtime.md, "GPU-only checkpoints").
+  // read without the mutex), the returns from them counted and told to it. At a step's end the
+  // job's stream-ordered temporaries are free, and a cut does not copy them (live_only;
+  // docs/driver_runtime.md, "GPU-only checkpoints").
   std::atomic<int> in_sync{0};
   std::atomic<bool> align_wanted{false};
   std::atomic<int> capture_waiters{0};  // capture-begin hooks held by a cut: the cut waits no more
