@@ -311,10 +311,13 @@ int dump(const DumpArgs& a, bool pre) {
     if (r->gpu_align == "sync") std::snprintf(at, sizeof(at), " at the job's step boundary (%.0f ms later)", r->gpu_align_s * 1e3);
     else if (r->gpu_align == "timeout") std::snprintf(at, sizeof(at), " (no step boundary within %.0f ms)", r->gpu_align_s * 1e3);
     else if (r->gpu_align == "idle") std::snprintf(at, sizeof(at), " (the job was idle)");
-    std::printf("pre-dumped in-process job %d to %s: device memory at one cut%s, %llu bytes in %llu allocations (%llu "
+    const std::string freed = r->gpu_pool_free_bytes == 0 ? std::string()
+                              : ", " + std::to_string(r->gpu_pool_free_bytes) + " bytes of freed stream-ordered memory left out";
+    std::printf("pre-dumped in-process job %d to %s: device memory at one cut%s, %llu bytes in %llu allocations%s (%llu "
                 "bytes in %llu written since its previous checkpoint); the job waited %.3f ms, its copy took %.3f s on the "
                 "device%s, written in %.3f s; the job runs on\n",
                 a.pid, a.dir.c_str(), at, (unsigned long long)r->gpu.bytes_stored, (unsigned long long)r->gpu.handles,
+                freed.c_str(),
                 (unsigned long long)r->written_bytes, (unsigned long long)r->written_regions, r->gpu.stall_s * 1e3,
                 r->job_save_s,
                 r->gpu_ahead ? (" ahead of the job (its work waited for it on the device " +

@@ -549,6 +549,13 @@ TEST_F(DriverDump, APreDumpIsAGpuOnlyCheckpointTheJobRunsOnAndARestoreRefusesIt)
   out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + pre, &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(out.find("already holds an image"), std::string::npos) << out;
+  // Without --json, one line for a person: what was taken, and that the job runs on.
+  out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + (root_ / "said").string(), &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("pre-dumped in-process job " + std::to_string(pid_) + " to " + (root_ / "said").string() +
+                     ": device memory at one cut, 10485760 bytes in 2 allocations (0 bytes in 0 written since"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("the job runs on"), std::string::npos) << out;
   // The writer's tuning from the environment: a bad value fails with its name and leaves no image;
   // good ones write the same image.
   const std::string tuned = (root_ / "tuned").string();
