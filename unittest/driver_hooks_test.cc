@@ -1136,6 +1136,21 @@ TEST_F(Preloaded, ACutWaitsForTheJobsStepBoundaryWhileItWorksButNotForAnIdleJob)
   late.join();
   EXPECT_NE(s.text.find("\"align\":\"timeout\",\"align_s\":0.1"), std::string::npos) << s.text;
   EXPECT_NE(snap_of(sock, "snap-cut align=0").text.find("\"align\":\"off\",\"align_s\":0.000000"), std::string::npos);
+  // A job that captures CUDA graphs: a capture that begins while the cut waits (held back by it)
+  // ends the wait, and begins once the cut is done.
+  for (const char* cmd : {"capture\n", "endcapture\n"}) {
+    job.say(cmd);
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n") << cmd;
+  }
+  job.say("busycapture 0 400\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  t0 = std::chrono::steady_clock::now();
+  s = snap_of(sock, "snap-cut align=5000");
+  EXPECT_LT(since(t0), 2.5);
+  EXPECT_NE(s.text.find("\"align\":\"capture\""), std::string::npos) << s.text;
+  EXPECT_EQ(job.line_within(5000), "done rc=0\n");  // the capture began
+  job.say("endcapture\n");
+  EXPECT_EQ(job.line_within(5000), "done rc=0\n");
   EXPECT_EQ(job.stop(), 0);
   std::filesystem::remove_all(dir);
 }

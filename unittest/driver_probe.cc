@@ -372,7 +372,8 @@ int main(int argc, char** argv) {
     // end a CUDA graph capture on the probe's stream; "busy 0 MS" launches nops for MS ms without
     // waiting for the device (a step's work); "sync" waits for the probe's stream (a step's end);
     // "palloc I V" allocates 1 MiB of stream-ordered memory on the probe's stream as slot I (0..2)
-    // and fills it with byte V, "pfree I 0" frees slot I on that stream.
+    // and fills it with byte V, "pfree I 0" frees slot I on that stream; "busycapture 0 MS" is
+    // "busy 0 MS" followed at once by "capture".
     auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
     auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
     auto memset8 = reinterpret_cast<int (*)(unsigned long long, unsigned char, size_t)>(sym("cuMemsetD8_v2"));
@@ -440,6 +441,12 @@ int main(int argc, char** argv) {
                std::this_thread::sleep_for(std::chrono::microseconds(500)))
             r = go(number, nparams, nullptr);
         else if (h == "sync") r = reinterpret_cast<int (*)(void*)>(sym("cuStreamSynchronize"))(stream);
+        else if (h == "busycapture") {  // "busy" without a pause before the capture begins
+          for (auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(v);
+               r == 0 && std::chrono::steady_clock::now() < end; std::this_thread::sleep_for(std::chrono::microseconds(500)))
+            r = go(number, nparams, nullptr);
+          if (r == 0) r = reinterpret_cast<int (*)(void*, int)>(sym("cuStreamBeginCapture_v2"))(stream, 0);
+        }
         else if (h == "palloc") r = alloc_async(&slot[x], 1 << 20, stream) | memset8(slot[x], val, 1 << 20);
         else if (h == "pfree") r = free_async(slot[x], stream);
         else if (h == "capture")  // a CUDA graph capture begun on the probe's stream (hooked) ...
