@@ -10,6 +10,7 @@
 #
 # --state-gib sizes the model so that parameters + AdamW state (4 fp32 copies) come to about G GiB.
 import argparse
+import gc
 import hashlib
 import math
 import os
@@ -74,7 +75,8 @@ def parse():
                    help="torch.compile with mode='reduce-overhead': Triton kernels replayed as CUDA graphs")
     p.add_argument("--state-gib", type=float, default=0.0,
                    help="widen --dim so that parameters + AdamW state come to about this many GiB")
-    p.add_argument("--step-times", action="store_true", help="print each step's start time (s) to stderr")
+    p.add_argument("--step-times", action="store_true",
+                   help="print each step's start time (s) and where its time went to stderr")
     p.add_argument("--freeze", type=int, default=0,
                    help="freeze the first N blocks (fine-tuning the rest): their weights are read, never written")
     a = p.parse_args()
@@ -96,9 +98,12 @@ def batch(step, a, device):
     return x[:, :-1], x[:, 1:]
 
 
-def train_step(fwd, opt, step, a, device):
-    """One step of training on batch `step`: its loss (a device tensor; reading it waits for the step)."""
+def train_step(fwd, opt, step, a, device, marks=None):
+    """One step of training on batch `step`: its loss (a device tensor; reading it waits for the step).
+    marks, if given, gets the host time at which the batch was on the device."""
     x, y = batch(step, a, device)
+    if marks is not None:
+        marks.append(time.perf_counter())
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = fwd(x)
     loss = F.cross_entropy(logits.float().view(-1, a.vocab), y.reshape(-1))
@@ -128,11 +133,32 @@ def main():
     print(f"model: layers {a.layers} dim {a.dim} heads {a.heads} vocab {a.vocab} seq {a.seq} batch {a.batch} "
           f"params {n} state {16 * n / (1 << 30):.2f} GiB" + (f" frozen blocks {a.freeze}" if a.freeze else ""),
           flush=True)
+    gc_s = [0.0, None]  # time spent in Python's garbage collector, and when the running collection began
+    if a.step_times:
+        def on_gc(phase, info):
+            if phase == "start":
+                gc_s[1] = time.perf_counter()
+            elif gc_s[1] is not None:
+                gc_s[0] += time.perf_counter() - gc_s[1]
+                gc_s[1] = None
+        gc.callbacks.append(on_gc)
     for step in range(a.steps):
-        if a.step_times:
-            print(f"step {step} start_s {time.time():.6f}", file=sys.stderr, flush=True)
-        loss = train_step(fwd, opt, step, a, dev)
-        print(f"step {step} loss {loss.item():.6f}", flush=True)
+        if not a.step_times:
+            loss = train_step(fwd, opt, step, a, dev)
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+            continue
+        # Where a slow step's time went (bench/step_spread.sh --job torch): making the batch and
+        # copying it over, issuing the step's GPU work, waiting for it, and Python's collector.
+        print(f"step {step} start_s {time.time():.6f}", file=sys.stderr, flush=True)
+        marks, gc_before = [time.perf_counter()], gc_s[0]
+        loss = train_step(fwd, opt, step, a, dev, marks)
+        marks.append(time.perf_counter())
+        value = loss.item()
+        marks.append(time.perf_counter())
+        print(f"step {step} loss {value:.6f}", flush=True)
+        ms = [1000 * (marks[i + 1] - marks[i]) for i in range(3)]
+        print(f"step {step} phases batch_ms {ms[0]:.3f} issue_ms {ms[1]:.3f} wait_ms {ms[2]:.3f} "
+              f"gc_ms {1000 * (gc_s[0] - gc_before):.3f}", file=sys.stderr, flush=True)
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
