@@ -27,12 +27,15 @@
 #                tick's cost is the step time of its half less as many steps at the mean of the
 #                interval's other half; the overhead is their mean over the interval, with a 95 %
 #                interval (Student's t over the ticks), and the worst step of each half is compared
-#                with the median of the second halves.
+#                with the median of the second halves, and with the median of the steps within 2.5 s
+#                of it (the job's pace drifts with its host); the slowest steps are listed at their
+#                offset into the interval, with torch_train.py's phases. POS_BENCH_LOGS=DIR keeps
+#                the policy's log and every step there.
 #   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
 #                posd and pos-cli on others (the MLP job's step groups follow the cores its host
 #                work runs on: bench/step_spread.sh)
 set -uo pipefail
-[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,33p "$0" >&2; exit 2; }
+[[ $# -ge 1 && -d "$1" ]] || { sed -n 2,36p "$0" >&2; exit 2; }
 BUILD="$(cd "$1" && pwd)"; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOB=mlp EVERY=10s TICKS=3 PAIRS=6 WARM=20 DIR="" BACKEND=cuda STEADY=0 JOB_CPUS="" POSD_CPUS=""
@@ -71,7 +74,7 @@ bench_scratch policy-windows
 echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $SHAPE; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
 BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
 PAIRS="$PAIRS" WARM="$WARM" STEADY="$STEADY" JOB_CPUS="$JOB_CPUS" POSD_CPUS="$POSD_CPUS" python3 - "${ARGS[@]}" <<'PY'
-import os, re, signal, statistics, subprocess, sys, threading, time
+import bisect, os, re, signal, statistics, subprocess, sys, threading, time
 E = os.environ
 B, TMP, WORK, kind = E["BUILD"], E["TMP"], E["WORK"], E["JOB"]
 cli = B + "/tools/pos-cli"
@@ -99,12 +102,14 @@ cli_pin = ["taskset", "-c", E["POSD_CPUS"]] if E["POSD_CPUS"] else []
 cmd = job_pin + cmd
 out = open(TMP + "/job.out", "w")
 job = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-starts, tail = [], []
+starts, tail, phases = [], [], {}  # phases: step index -> torch_train.py's "phases" fields
 def reader():
     for line in job.stderr:
         mm = re.match(r"step (\d+) .*start_s ([0-9.]+)", line)
-        if mm: starts.append(float(mm.group(2)))
-        else: tail.append(line); del tail[:-40]
+        if mm: starts.append(float(mm.group(2))); continue
+        mm = re.match(r"step (\d+) phases (.*)", line)
+        if mm: phases[int(mm.group(1))] = mm.group(2).strip(); continue
+        tail.append(line); del tail[:-40]
 threading.Thread(target=reader, daemon=True).start()
 def fail(msg):
     job.kill()
@@ -169,6 +174,39 @@ if steady > 0:
           f"{100 * (ml + hw) / (every_s * 1e3):+.2f} %)")
     print(f"steps: second halves {base:.3f} ms mean (median {med2:.3f}), {per_interval:.0f} per interval; worst step / that "
           f"median: first halves {max(max(a) for a in firsts) / med2:.2f}, second halves {max(max(b) for b in seconds) / med2:.2f}")
+    # The job's pace drifts on this kind of host (5 s medians 28.7-30.6 ms for the PyTorch job, the
+    # issuing of its launches on the host), so each step is also judged against the median of the
+    # steps within 2.5 s of it: a tick's own slow steps against those of the tick-free halves.
+    ts = [st for st, _ in steps]
+    def local(i):
+        a, b = bisect.bisect_left(ts, ts[i] - 2.5), bisect.bisect_right(ts, ts[i] + 2.5)
+        return steps[i][1] / statistics.median(ms for _, ms in steps[a:b])
+    rel = [[], []]  # first halves, second halves
+    for i, (st, ms) in enumerate(steps):
+        if t_start <= st < t_start + steady * every_s:
+            rel[((st - t_start) % every_s) >= half].append(local(i))
+    print("worst step / the median of the steps within 2.5 s of it: first halves %.2f (%d over 1.2), second halves "
+          "%.2f (%d over 1.2)" % (max(rel[0]), sum(x > 1.2 for x in rel[0]), max(rel[1]), sum(x > 1.2 for x in rel[1])))
+    # Where the slowest steps fell: their offset from their interval's start (the tick's), and, for
+    # torch_train.py, where the step's time went (making the batch, issuing, waiting, the collector).
+    print(f"slowest steps (offset from the interval's start; x the second halves' median):")
+    idx = sorted(range(len(steps)), key=lambda i: -steps[i][1])
+    shown = 0
+    for i in idx:
+        st, ms = steps[i]
+        k = int((st - t_start) // every_s)
+        if not 0 <= k < steady: continue
+        print(f"  interval {k + 1} +{st - t_start - k * every_s:.2f} s: {ms:.2f} ms ({ms / med2:.2f}x, {local(i):.2f}x locally)"
+              + (f"; {phases[i]}" if i in phases else ""))
+        shown += 1
+        if shown == 8: break
+    if os.environ.get("POS_BENCH_LOGS"):
+        os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
+        open(os.environ["POS_BENCH_LOGS"] + "/checkpoint.log", "w").write(log)
+        with open(os.environ["POS_BENCH_LOGS"] + "/steps.txt", "w") as f:
+            f.write(f"# t_start {t_start:.6f} every_s {every_s}\n")
+            for i, (st, ms) in enumerate(steps):
+                f.write(f"{i} {st:.6f} {ms:.3f} {phases.get(i, '')}\n")
     tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", log)]
     if tk:
         print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
