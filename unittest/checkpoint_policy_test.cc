@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -38,6 +39,7 @@ struct FakeTick {
   std::atomic<bool> fail{false};
   std::atomic<int> calls{0};
   double sleep_s = 0;
+  uint64_t referenced = 500;       // bytes an incremental point leaves to earlier ones (of 1000 + these)
   std::vector<std::string> prevs;  // what each call was given
   CheckpointTick fn() {
     return [this](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
@@ -53,7 +55,7 @@ struct FakeTick {
       m.prev = prev.empty() ? "" : "../" + fs::path(prev).filename().string();
       EXPECT_TRUE(write_small_file(dir + "/manifest", manifest_json(m), 0600).ok());
       TickOutcome t;
-      t.bytes = 1000, t.bytes_referenced = prev.empty() ? 0 : 500, t.pause_s = 0.001;
+      t.bytes = 1000, t.bytes_referenced = prev.empty() ? 0 : referenced, t.pause_s = 0.001;
       return t;
     };
   }
@@ -120,6 +122,43 @@ TEST(CheckpointPolicy, RetentionKeepsTheNewestPointsAndEveryParentTheirChainsNee
   for (const std::string& n : entries(dir)) EXPECT_NE(n.rfind(".del-", 0), 0u) << n;
   EXPECT_EQ((*r)->status().retired, 3u);
   EXPECT_EQ(t.prevs, (std::vector<std::string>{"", "cp-000001", "cp-000002", "", "cp-000004", "cp-000005", ""}));
+}
+
+TEST(CheckpointPolicy, AJobThatRewritesNearlyAllItsMemoryBetweenTicksGetsWholePointsNotChains) {
+  const std::string dir = fresh_dir("rewrites");
+  FakeTick t;
+  t.referenced = 50;  // 4.8 % of the point's bytes left to earlier points
+  auto r = CheckpointRunner::open(policy(dir, 1, 3), "", t.fn());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::vector<std::string> log;
+  (*r)->set_log([&](const std::string& l) { log.push_back(l); });
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE((*r)->tick().ok());
+  // An incremental point that saved so little makes the next three whole; then one looks again.
+  EXPECT_EQ(t.prevs, (std::vector<std::string>{"", "cp-000001", "", "", "", "cp-000005", "", "", ""}));
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& l) {
+                            return l.find("left 4.8 % of its bytes to earlier points: the next 3 points are whole") !=
+                                   std::string::npos;
+                          }),
+            2)
+      << log.size();
+  // So the directory holds the newest point alone, not the chain --keep 1 --full-every 3 would keep.
+  (*r)->finish_retention();
+  EXPECT_EQ(entries(dir), (std::set<std::string>{".policy.lock", "cp-000009"}));
+
+  // A point that saves a third goes on building a chain, and so does one with a CPU part (CRIU's
+  // incremental dumps save on their own).
+  for (bool with_cpu : {false, true}) {
+    const std::string d2 = fresh_dir(with_cpu ? "rewrites-cpu" : "saves");
+    FakeTick t2;
+    t2.referenced = with_cpu ? 50 : 500;
+    CheckpointPolicy p = policy(d2, 1, 3);
+    p.with_cpu = with_cpu;
+    auto r2 = CheckpointRunner::open(p, "", t2.fn());
+    ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE((*r2)->tick().ok());
+    EXPECT_EQ(t2.prevs, (std::vector<std::string>{"", "cp-000001", "cp-000002", ""})) << with_cpu;
+  }
 }
 
 TEST(CheckpointPolicy, RetentionAloneNeverRetiresAParentOfAKeptPoint) {

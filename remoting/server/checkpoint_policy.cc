@@ -522,7 +522,7 @@ Status CheckpointRunner::tick() {
   const uint64_t seq = next_seq_++;
   const std::string name = point_name(seq);
   const std::string tmp = policy_.dir + "/.tmp-" + name, final_dir = policy_.dir + "/" + name;
-  const bool whole = prev_.empty() || since_full_ + 1 >= policy_.full_every;
+  const bool whole = prev_.empty() || since_full_ + 1 >= policy_.full_every || whole_ahead_ > 0;
   const auto t0 = std::chrono::steady_clock::now();
   StatusOr<TickOutcome> r = tick_(tmp, whole ? std::string() : policy_.dir + "/" + prev_);
   Status st = r.ok() ? Status::Ok() : r.status();
@@ -566,6 +566,25 @@ Status CheckpointRunner::tick() {
   }
   prev_ = name;
   since_full_ = whole ? 0 : since_full_ + 1;
+  if (whole && whole_ahead_ > 0) --whole_ahead_;
+  // An incremental GPU-only point that left under a tenth of its bytes to earlier points: the job
+  // rewrites nearly all of its memory between ticks (a PyTorch job whose optimizer steps every
+  // parameter). A chain would then hold up to K points on disk, freed together, to save that tenth.
+  // The next K points are whole; then one incremental point looks again. (CRIU's part is left
+  // out: its incremental dumps save on their own, whatever the GPU part does.)
+  if (!whole && !policy_.with_cpu && r->bytes_referenced * 9 < r->bytes) {
+    whole_ahead_ = policy_.full_every;
+    if (log_) {
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "%s left %.1f %% of its bytes to earlier points: the next %u points are whole (a chain would "
+                    "keep them all on disk for that)",
+                    name.c_str(), 100.0 * static_cast<double>(r->bytes_referenced) /
+                                      static_cast<double>(r->bytes + r->bytes_referenced),
+                    policy_.full_every);
+      log_(line);
+    }
+  }
   // The point is complete now: ps and the status file say so before retention runs (freeing an old
   // point goes gently, for most of a second with large jobs), so the age of the newest point they
   // show is the job's real recovery point.

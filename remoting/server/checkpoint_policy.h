@@ -173,6 +173,7 @@ class CheckpointRunner {
   uint64_t next_seq_ = 1;
   std::string prev_;         // the newest point's name (the next one builds on it), or empty
   uint32_t since_full_ = 0;  // points since the last whole one
+  uint32_t whole_ahead_ = 0; // points to take whole because the last incremental one saved little
   std::function<void(const std::string&)> log_;
   bool said_unsupported_ = false;  // that a point cannot be made whole (logged once)
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
