@@ -8,8 +8,9 @@
 #                              [--posd-cpus LIST --job-cpus LIST] [-- job args...]
 # Each round runs mlp_train_native for N seconds natively, then N seconds under a posd of BUILD (CUDA
 # backend); with --job torch, workloads/torch_train.py (default --layers 4 --state-gib 8) natively,
-# then under `pos run` (the in-process driver runtime). Steps 0-9 of each run are left out. Prints one table: per run the step count, mean,
-# median, p95, max / median, the share of steps above 1.2x the median, the SM clock (median, min)
+# then under `pos run` (the in-process driver runtime). Steps 0-9 of each run are left out. Prints
+# one table: per run the step count, mean, median, p95, max / median, the share of steps above 1.2x
+# the median, the SM clock (median, min)
 # and power (mean, max) while it ran, the throttle reasons seen, and the correlation between a
 # step's time and the SM clock sampled nearest its start. --posd-cpus / --job-cpus (taskset lists):
 # posd (and its session processes) and the job on cores of their own, for another pair of runs
