@@ -10,9 +10,8 @@
 # backend); with --job torch, workloads/torch_train.py (default --layers 4 --state-gib 8) natively,
 # then under `pos run` (the in-process driver runtime). Steps 0-9 of each run are left out. Prints
 # one table: per run the step count, mean, median, p95, max / median, the share of steps above 1.2x
-# the median, the SM clock (median, min)
-# and power (mean, max) while it ran, the throttle reasons seen, and the correlation between a
-# step's time and the SM clock sampled nearest its start. --posd-cpus / --job-cpus (taskset lists):
+# the median, the SM clock (median, min) and power (mean, max) while it ran, the throttle reasons
+# seen, and the correlation between a step's time and the SM clock sampled nearest its start. --posd-cpus / --job-cpus (taskset lists):
 # posd (and its session processes) and the job on cores of their own, for another pair of runs
 # per round ("pinned"; a torch job needs only --job-cpus). A second table says in which phase of the
 # step the slow steps lost their time (for torch: making the batch, issuing the GPU work, waiting for
