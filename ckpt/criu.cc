@@ -477,6 +477,15 @@ Status criu_dump(const std::string& criu, pid_t pid, const std::string& dir, con
   if (o.track_mem) argv.push_back("--track-mem");
   if (!o.prev_images_dir.empty()) argv.insert(argv.end(), {"--prev-images-dir", o.prev_images_dir});
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());
+  // The criu-dump-running fault point stops CRIU once its first image is there; a CRIU that got
+  // the CPU first (a loaded machine) could by then have finished and ended the job. For the fault
+  // point only, CRIU is held at its post-dump stage (its images written, the job not yet ended or
+  // let go) until the fault point ends pos-cli and, with it, CRIU, which lets the job go on.
+  if (const char* want = std::getenv("POS_FAULT_POINT"); want != nullptr && std::strcmp(want, "criu-dump-running") == 0) {
+    const std::string hold = dir + "/.fault-hold.sh";
+    std::ofstream(hold) << "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && sleep 30\nexit 0\n";
+    if (::chmod(hold.c_str(), 0700) == 0) argv.insert(argv.end(), {"--action-script", hold});
+  }
   std::function<void()> tick;
   uint64_t expected = 0;
   if (o.progress) {
