@@ -405,7 +405,7 @@ uint64_t rollup_field(const std::string& text, const char* key) {
 }
 
 void tree_pids(pid_t pid, std::vector<pid_t>* out, int depth) {
-  if (depth > 64 || out->size() > 4096) return;  // bounded: an estimate, not an inventory
+  if (depth > 64 || out->size() > 4096) return;  // bounded (a job's tree is far smaller)
   out->push_back(pid);
   const std::string task = "/proc/" + std::to_string(pid) + "/task";
   DIR* d = ::opendir(task.c_str());
@@ -423,6 +423,23 @@ void tree_pids(pid_t pid, std::vector<pid_t>* out, int depth) {
 }
 
 }  // namespace
+
+void kill_tree(pid_t pid) {
+  std::vector<pid_t> pids;
+  tree_pids(pid, &pids, 0);  // a stopped tree: no process forks or leaves meanwhile
+  for (pid_t p : pids) (void)::kill(p, SIGKILL);
+  // Back once each is dead (a zombie for its parent to reap, or gone), as after CRIU's own end of
+  // the tree: whoever restores the job under its pid next finds it free once reaped. 10 s at most.
+  for (pid_t p : pids) {
+    for (int i = 0; i < 10'000; ++i) {
+      std::ifstream f("/proc/" + std::to_string(p) + "/stat");
+      std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t at = stat.rfind(')');
+      if (!f || at == std::string::npos || at + 2 >= stat.size() || stat[at + 2] == 'Z' || stat[at + 2] == 'X') break;
+      ::usleep(1000);
+    }
+  }
+}
 
 uint64_t tree_memory_bytes(pid_t pid) {
   std::vector<pid_t> pids;

@@ -44,6 +44,10 @@ struct CriuDumpOptions {
 // pages (from /proc/P/smaps_rollup; its resident set where that file is missing). An estimate, for
 // progress; 0 if the process is gone.
 uint64_t tree_memory_bytes(pid_t pid);
+// Ends the process tree rooted at `pid` (SIGKILL to each process found under it) and returns once
+// each is dead: what CRIU's dump does as its last step, for a tree it left stopped
+// (--leave-stopped) until the image was whole.
+void kill_tree(pid_t pid);
 // The bytes of the regular files directly in `dir` (CRIU's images as they are written).
 uint64_t dir_file_bytes(const std::string& dir);
 

@@ -756,8 +756,9 @@ std::string dump_when_free(const std::string& cmd, int* code, std::string* err) 
 // kill -9 of pos-cli at each phase of a dump, and of CRIU under it: the job is let run on at once
 // (pos-cli's guardian writes its permit; CRIU dies with pos-cli), no manifest is left (no image
 // that looks whole), and after all of it a dump works and the job finishes as if never touched.
-// Before CRIU has its image the dump is one that would end the job; after, one that leaves it
-// running (a dump that ends the job has ended it once CRIU is done).
+// Dumps that would end the job, at every phase: CRIU leaves it stopped and it is ended only once
+// the manifest is written, so pos-cli killed after CRIU leaves it running too (the guardian's
+// SIGCONT); and dumps that leave it running, after CRIU.
 TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoImage) {
   become_subreaper();
   const std::vector<std::string> args{"--steps", on_gpu() ? "60000" : "8000"};
@@ -770,7 +771,8 @@ TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoI
     bool leave_running;
   };
   for (const Point& p : {Point{"job-dump-detached", false}, Point{"job-dump-cut", false},
-                         Point{"criu-dump-running", false}, Point{"job-dump-criu-done", true},
+                         Point{"criu-dump-running", false}, Point{"job-dump-criu-done", false},
+                         Point{"job-dump-before-manifest", false}, Point{"job-dump-criu-done", true},
                          Point{"job-dump-before-manifest", true}}) {
     SCOPED_TRACE(p.name);
     ASSERT_EQ(kill(child, 0), 0) << "the job ended: make it longer";
@@ -784,6 +786,18 @@ TEST_F(PosdProcess, PosCliOrCriuKilledAtAnyPhaseOfADumpLeavesTheJobRunningAndNoI
     EXPECT_NE(code, 0);
     EXPECT_NE(err.find(std::string("fault point ") + p.name), std::string::npos) << err << log_text();
     EXPECT_FALSE(std::filesystem::exists(dir + "/manifest"));
+    // Running, not stopped (a dump that would have ended it left it stopped until the manifest).
+    std::string state;
+    for (int i = 0; i < 200; ++i) {
+      state = read_file("/proc/" + std::to_string(child) + "/stat");
+      const size_t at = state.rfind(')');
+      if (at != std::string::npos && at + 2 < state.size() && state[at + 2] != 'T') break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const size_t at = state.rfind(')');
+    ASSERT_TRUE(at != std::string::npos && at + 2 < state.size()) << "the job is gone: " << state;
+    EXPECT_NE(state[at + 2], 'T') << "the job was left stopped: " << state;
+    std::filesystem::remove_all(dir);
   }
   int code = -1;
   std::string err;
@@ -1853,6 +1867,9 @@ std::string migrate_reaping(const std::string& cmd, pid_t child, int* code, std:
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   t.join();
+  // An end that came just before the command returned (a dump ends the job as its last step).
+  int st = 0;
+  if (waitpid(child, &st, WNOHANG) == child) reaped->push_back(st);
   return out;
 }
 

@@ -295,7 +295,12 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   const std::string permit = *permit_path;
 
   JobDumpReport r;
-  JobGuardian guardian(permit, pp.owner, o.leave_stopped ? static_cast<pid_t>(o.pid) : 0);
+  // A dump that ends the job ends it only once its image is whole: CRIU leaves the job stopped, and
+  // its tree is ended once the manifest is durable. This process killed in between leaves a job
+  // that runs on (the guardian's SIGCONT and permit) rather than an ended job with no image.
+  const bool end_at_manifest = !o.leave_running && !o.leave_stopped && !o.gpu_only;
+  const bool stopped = o.leave_stopped || end_at_manifest;
+  JobGuardian guardian(permit, pp.owner, stopped ? static_cast<pid_t>(o.pid) : 0);
   say("detach");
   auto t = std::chrono::steady_clock::now();
   const auto t_detach = t;
@@ -381,7 +386,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   ckpt::CriuDumpOptions co;
   co.progress = [&](uint64_t d, uint64_t n) { say("criu", d, n); };
   co.leave_running = o.leave_running;
-  if (o.leave_stopped && !o.leave_running) co.extra.push_back("--leave-stopped");
+  if (stopped) co.extra.push_back("--leave-stopped");
   // A job started from a shell shares its session: CRIU must be told so.
   co.shell_job = ::getsid(static_cast<pid_t>(o.pid)) != static_cast<pid_t>(o.pid);
   // A job left running may be dumped again with this image as --prev: tracking makes that one
@@ -420,20 +425,17 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
     // The job's calls were held from the detach to the permit (it re-attaches within milliseconds
     // of it); the checks before the detach did not hold it.
     r.pause_s = seconds_since(t_detach);
-  } else if (!o.leave_stopped) {
-    (void)::unlink(permit.c_str());  // the job is gone: CRIU ended it
   }
   drain.join();
   r.gpu_s = seconds_since(t0) - r.detach_s;
   // A job left stopped is let run on if its image cannot be completed.
   auto undo_stopped = [&](const Status& why) -> Status {
-    Status s = undo(why);
-    (void)::kill(static_cast<pid_t>(o.pid), SIGCONT);
-    return s;
+    (void)::kill(static_cast<pid_t>(o.pid), SIGCONT);  // first: a stopped job cannot take its permit
+    return undo(why);
   };
   if (!gpu.ok()) {
-    if (o.leave_stopped) return undo_stopped(gpu.status().with_context("saving the GPU state"));
-    // The job runs on (or has ended, without --leave-running); the image is not complete.
+    if (stopped) return undo_stopped(gpu.status().with_context("saving the GPU state"));
+    // The job runs on; the image is not complete.
     remove_parts();
     return gpu.status().with_context("saving the GPU state");
   }
@@ -441,7 +443,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
 
   // The token lets the restored job re-attach: the caller's alone.
   auto drop = [&](const Status& why) {
-    if (o.leave_stopped) return undo_stopped(why);
+    if (stopped) return undo_stopped(why);
     remove_parts();
     return why;
   };
@@ -455,6 +457,7 @@ StatusOr<JobDumpReport> dump_job(const JobDumpOptions& o) {
   m.leave_running = o.leave_running;
   m.shell_job = co.shell_job;
   if (Status s = write_manifest(dir, &m, &r); !s.ok()) return drop(s);
+  if (end_at_manifest) ckpt::kill_tree(static_cast<pid_t>(o.pid));  // the image is whole: as CRIU would have
   r.permit = permit;
   r.total_s = seconds_since(t0);
   return r;
