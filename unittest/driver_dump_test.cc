@@ -377,12 +377,13 @@ TEST_F(DriverDump, ARestoreWithDeviceIsRefusedWhereTheJobCannotMoveThereAndChang
 }
 
 // pos-cli killed mid-dump (kill -9 at a fault point: after the job saved and unmapped its memory,
-// or after the driver's checkpoint): its guardian runs `pos-cli resume`, and the job runs on with
-// its memory. No image is left.
+// after the driver's checkpoint, or after CRIU's dump, which leaves a job to be ended stopped until
+// the manifest): its guardian runs `pos-cli resume`, and the job runs on with its memory. No image
+// is left.
 TEST_F(DriverDump, APosCliKilledMidDumpLeavesTheJobRunningWithItsMemory) {
   start();
   int code = -1;
-  for (const char* point : {"driver-dump-saved", "driver-dump-checkpointed"}) {
+  for (const char* point : {"driver-dump-saved", "driver-dump-checkpointed", "driver-dump-criu-done"}) {
     SCOPED_TRACE(point);
     const std::string img = (root_ / (std::string("img-") + point)).string();
     // run_shell's code for a killed pos-cli; the prefix sets the fault point for pos-cli alone.

@@ -1032,6 +1032,9 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // (Unknown start time: /proc unreadable here. Then the pid is taken to be the job, as before.)
   const auto same_job = [&] { return started == 0 || process_start_time(o.pid) == started; };
   DriverJobGuardian guardian(o.resume_program, o.pid, o.job_socket);
+  // A dump that ends the job ends it only once its image is whole (dump_job's reason).
+  const bool end_at_manifest = !o.leave_running && !o.leave_stopped;
+  const bool stopped = o.leave_stopped || end_at_manifest;
   // The hand-off's side here (docs/driver_runtime.md, "Dump and restore"): this process's own
   // context on the job's device, made before the job stops. Without it the job copies.
   const int dev = job_device(*ps);
@@ -1171,7 +1174,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       remove_parts();
       return Status::Unavailable("the job ended during the dump (" + why.message() + "); nothing under its pid was touched");
     }
-    if (o.leave_stopped) (void)::kill(pid, SIGCONT);  // CRIU may have left it stopped
+    if (stopped) (void)::kill(pid, SIGCONT);  // CRIU may have left it stopped
     Status back = (*driver)->release(pid);
     if (back.ok()) back = give_back().status();
     remove_parts();
@@ -1192,9 +1195,10 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   ckpt::CriuDumpOptions co;
   co.progress = [&](uint64_t dn, uint64_t n) { say("criu", dn, n); };
   co.leave_running = o.leave_running;
-  // A migration's stop: the job is ended by the caller once the image is complete, so that a
-  // failure (or this process's death: the guardian resumes it) before then brings it back.
-  if (o.leave_stopped && !o.leave_running) co.extra.push_back("--leave-stopped");
+  // Left stopped by CRIU: a migration's stop (the caller ends the job once the image is complete)
+  // and a dump that ends the job (ended here once the manifest is durable), so that a failure, or
+  // this process's death (the guardian resumes it), before then brings it back.
+  if (stopped) co.extra.push_back("--leave-stopped");
   if (!same_job()) return undo(Status::Unavailable("its process is gone"));
   co.shell_job = ::getsid(pid) != pid;
   Status c = ::mkdir(r.criu_dir.c_str(), 0700) == 0 ? ckpt::criu_dump(pp.criu, pid, r.criu_dir, co)
@@ -1204,6 +1208,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // The memory must be in the image before the job may write it again.
   join_writer();
   if (!written.ok()) return undo(written.with_context("writing the device memory"));
+  ckpt::fault_point("driver-dump-criu-done");
   r.stopped_s = seconds_since(t_stop);
   if (o.leave_running) {
     say("resume");
@@ -1230,11 +1235,14 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       }
     }
   }
-  held.reset();  // a stopped job's memory is freed here; a running one's is its own again
+  // A stopped job's memory is freed here (a running one's is its own again); a job to be ended
+  // keeps it until then, so that a failure before the manifest can still give it back.
+  if (!end_at_manifest) held.reset();
   if (handed) give_files(gpu_dir, pp.owner);
   // Durable once the job runs again.
   t = std::chrono::steady_clock::now();
   if (Status s = sync_gpu_part(gpu_dir, dir); !s.ok()) {
+    if (end_at_manifest) return undo(s);
     remove_parts();
     return s;
   }
@@ -1251,8 +1259,13 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   m.shell_job = co.shell_job;
   r.manifest = dir + "/manifest";
   if (Status s = write_small_file(r.manifest, manifest_json(m), 0600); !s.ok()) {
+    if (end_at_manifest) return undo(s);
     remove_parts();
     return s;
+  }
+  if (end_at_manifest) {
+    ckpt::kill_tree(pid);  // the image is whole: ended as CRIU would have, then its memory freed
+    held.reset();
   }
   r.total_s = seconds_since(t0);
   return r;
