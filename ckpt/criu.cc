@@ -428,14 +428,23 @@ void kill_tree(pid_t pid) {
   std::vector<pid_t> pids;
   tree_pids(pid, &pids, 0);  // a stopped tree: no process forks or leaves meanwhile
   for (pid_t p : pids) (void)::kill(p, SIGKILL);
-  // Back once each is dead (a zombie for its parent to reap, or gone), as after CRIU's own end of
-  // the tree: whoever restores the job under its pid next finds it free once reaped. 10 s at most.
+  // Back once each is dead, as after CRIU's own end of the tree: gone, or a zombie with no thread
+  // left (a process's first thread shows as a zombie while its others still exit, and only then
+  // is the process its parent's to reap), so that whoever restores the job under its pid next
+  // finds it free once reaped. 10 s at most.
   for (pid_t p : pids) {
     for (int i = 0; i < 10'000; ++i) {
       std::ifstream f("/proc/" + std::to_string(p) + "/stat");
-      std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const size_t at = stat.rfind(')');
-      if (!f || at == std::string::npos || at + 2 >= stat.size() || stat[at + 2] == 'Z' || stat[at + 2] == 'X') break;
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t at = text.rfind(')');
+      if (!f || at == std::string::npos) break;  // gone
+      std::istringstream fields(text.substr(at + 1));
+      std::string state, field;
+      fields >> state;
+      long threads = -1;
+      for (int k = 4; k <= 20 && fields >> field; ++k)
+        if (k == 20) threads = std::strtol(field.c_str(), nullptr, 10);  // num_threads, field 20
+      if ((state == "Z" || state == "X") && threads <= 1) break;
       ::usleep(1000);
     }
   }

@@ -2204,7 +2204,7 @@ TEST_F(PosdMultiGpu, AJobDumpedOnGpu0AndRestoredOnGpu1FinishesAsIfNeverStopped) 
   (void)migrate_reaping(cli + " dump -t " + std::to_string(child) + " -D " + img + " --socket " + a.socket, child, &code,
                         &err, &reaped);
   ASSERT_EQ(code, 0) << err << a.log_text();
-  ASSERT_EQ(reaped.size(), 1u);  // the dump ended it
+  ASSERT_EQ(reaped.size(), 1u) << read_file("/proc/" + std::to_string(child) + "/stat") << err;  // the dump ended it
   const std::string restored = shell(cli + " restore -D " + img + " --socket " + b.socket, &code, &err);
   ASSERT_EQ(code, 0) << err << restored << b.log_text();
   EXPECT_EQ(device_of(b, child), 1) << b.ps();
