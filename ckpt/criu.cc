@@ -44,14 +44,23 @@ struct Ran {
 
 constexpr std::chrono::seconds kGoneGrace{5};
 
-// Whether `pid` runs: it exists and is no zombie (/proc/PID/stat's state).
-bool process_alive(pid_t pid) {
+// /proc/PID/stat's fields from the state on (field 3 first; the command name before it may hold
+// spaces), or none when the process is gone.
+std::vector<std::string> stat_fields(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  const char state = stat[close + 2];
-  return state != 'Z' && state != 'X';
+  std::vector<std::string> out;
+  if (close == std::string::npos) return out;
+  std::istringstream in(stat.substr(close + 1));
+  for (std::string field; in >> field;) out.push_back(field);
+  return out;
+}
+
+// Whether `pid` runs: it exists and is no zombie (/proc/PID/stat's state).
+bool process_alive(pid_t pid) {
+  const std::vector<std::string> f = stat_fields(pid);
+  return !f.empty() && f[0] != "Z" && f[0] != "X";
 }
 
 // Runs argv[0] with argv; stdout and stderr captured (bounded). CRIU dies with this thread (a
@@ -434,17 +443,10 @@ void kill_tree(pid_t pid) {
   // finds it free once reaped. 10 s at most.
   for (pid_t p : pids) {
     for (int i = 0; i < 10'000; ++i) {
-      std::ifstream f("/proc/" + std::to_string(p) + "/stat");
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const size_t at = text.rfind(')');
-      if (!f || at == std::string::npos) break;  // gone
-      std::istringstream fields(text.substr(at + 1));
-      std::string state, field;
-      fields >> state;
-      long threads = -1;
-      for (int k = 4; k <= 20 && fields >> field; ++k)
-        if (k == 20) threads = std::strtol(field.c_str(), nullptr, 10);  // num_threads, field 20
-      if ((state == "Z" || state == "X") && threads <= 1) break;
+      const std::vector<std::string> f = stat_fields(p);
+      if (f.empty()) break;  // gone
+      const long threads = f.size() > 17 ? std::strtol(f[17].c_str(), nullptr, 10) : -1;  // field 20
+      if ((f[0] == "Z" || f[0] == "X") && threads <= 1) break;
       ::usleep(1000);
     }
   }
