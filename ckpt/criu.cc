@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -45,10 +44,17 @@ struct Ran {
 constexpr std::chrono::seconds kGoneGrace{5};
 
 // /proc/PID/stat's fields from the state on (field 3 first; the command name before it may hold
-// spaces), or none when the process is gone.
+// spaces), or none when the process is gone. read(2), not a stream: a process that exits between
+// open and read fails the read with ESRCH, and libstdc++'s stream buffer throws on that.
 std::vector<std::string> stat_fields(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string stat;
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[4096];  // the whole line: 52 numbers of at most 20 digits and a short command name
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) stat.assign(buf, static_cast<size_t>(n));
+    ::close(fd);
+  }
   const size_t close = stat.rfind(')');
   std::vector<std::string> out;
   if (close == std::string::npos) return out;
