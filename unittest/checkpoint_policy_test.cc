@@ -18,6 +18,7 @@
 
 #include "ckpt/criu_delta.h"
 #include "ckpt/criu_image.h"
+#include "remoting/server/job_dump.h"
 #include "remoting/server/job_manifest.h"
 #include "unittest/crafted_image.h"
 
@@ -37,6 +38,8 @@ std::string fresh_dir(const std::string& name) {
 struct FakeTick {
   uint32_t pid = static_cast<uint32_t>(::getpid());
   std::atomic<bool> fail{false};
+  std::atomic<int> not_started{0};  // calls left that answer as a job that has not used the GPU yet
+  bool timeout = false;              // answer as a dump whose job did not answer in time
   std::atomic<int> calls{0};
   double sleep_s = 0;
   uint64_t referenced = 500;       // bytes an incremental point leaves to earlier ones (of 1000 + these)
@@ -46,6 +49,11 @@ struct FakeTick {
       ++calls;
       prevs.push_back(prev.empty() ? "" : fs::path(prev).filename().string());
       if (sleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+      if (not_started > 0) {
+        --not_started;
+        return job_not_started_error("the job has not used the GPU yet");
+      }
+      if (timeout) return Status(Code::kNotReady, 0, "no answer within 600000 ms");
       fs::create_directories(dir + "/gpu");
       std::ofstream(dir + "/gpu/blob") << "bytes";
       if (fail) return Status::Unavailable("cannot write " + dir + "/gpu/blob: No space left on device");
@@ -372,6 +380,38 @@ TEST(CheckpointPolicy, AFailedTickKeepsEveryEarlierPointAndTheNextPointIsWhole) 
   t.fail = false;
   ASSERT_TRUE((*r)->tick().ok());
   EXPECT_EQ(t.prevs.back(), "");  // after a failure the chain starts again
+}
+
+TEST(CheckpointPolicy, TicksBeforeTheJobUsesTheGpuWaitForItAndCountNoFailure) {
+  const std::string dir = fresh_dir("not-started");
+  FakeTick t;
+  t.not_started = 3;
+  auto r = CheckpointRunner::open(policy(dir, 5, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok());
+  std::vector<std::string> log;
+  (*r)->set_log([&](const std::string& l) { log.push_back(l); });
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(job_not_started((*r)->tick()));
+  ASSERT_TRUE((*r)->tick().ok());
+  ASSERT_TRUE((*r)->tick().ok());
+  // No point skipped in the names, nothing counted failed, and the wait said once.
+  EXPECT_EQ(entries(dir), (std::set<std::string>{".policy.lock", "cp-000001", "cp-000002"}));
+  auto s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->failed, 0u);
+  EXPECT_EQ(s->taken, 2u);
+  EXPECT_EQ(s->last_error, "");
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& l) { return l.rfind("waiting for the job: ", 0) == 0; }),
+            1);
+  // Any other not-ready answer (a job that did not answer in time) is a failure, as before.
+  t.timeout = true;
+  const Status st = (*r)->tick();
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(job_not_started(st));
+  s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->failed, 1u);
+  EXPECT_NE(s->last_error.find("no answer within"), std::string::npos) << s->last_error;
 }
 
 TEST(CheckpointPolicy, ARunnerKilledMidwayLeavesNoPointAndTheNextRunnerClearsWhatItLeft) {

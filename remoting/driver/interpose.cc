@@ -926,6 +926,14 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead, int align_ms) {
     return m;
   };
   if (rt->saved || rt->shared) return refuse("a dump holds this job: no GPU-only checkpoint until it ends");
+  // A job still starting (a PyTorch job importing its modules: no context, no device memory) has
+  // no GPU state to save: said as such ("not_yet"), so that a policy waits instead of failing.
+  if (rt->census.first_device() < 0 && rt->census.memory().live == 0) {
+    pos::ControlMessage m;
+    m.text = "{\"ok\":false,\"not_yet\":true,\"error\":\"the job has not used the GPU yet: it has no GPU state to "
+             "checkpoint\"}";
+    return m;
+  }
   if (std::string why = dump_blockers(rt); !why.empty()) return refuse("this job cannot be checkpointed: " + why);
   if (!rt->placement)
     return refuse("GPU-only checkpoints take memory POS placed, and placement is off (" +

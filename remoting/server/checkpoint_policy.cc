@@ -533,6 +533,14 @@ Status CheckpointRunner::tick() {
   if (!st.ok()) {
     std::error_code ec;
     std::filesystem::remove_all(tmp, ec);
+    if (job_not_started(st)) {
+      // The job has no state to checkpoint yet (it has not used the GPU): nothing failed, and no
+      // point is missing. The next tick tries again under the same name.
+      --next_seq_;
+      if (log_ && !said_not_yet_) log_("waiting for the job: " + printable(st.message(), 256));
+      said_not_yet_ = true;
+      return st;
+    }
     if (alive_ && !alive_()) {
       // The job ended during the checkpoint: that is the policy's end, not a failure to report.
       if (log_) log_(name + ": the job ended during this checkpoint (" + printable(st.message(), 256) + ")");

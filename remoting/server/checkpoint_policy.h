@@ -176,6 +176,7 @@ class CheckpointRunner {
   uint32_t whole_ahead_ = 0; // points to take whole because the last incremental one saved little
   std::function<void(const std::string&)> log_;
   bool said_unsupported_ = false;  // that a point cannot be made whole (logged once)
+  bool said_not_yet_ = false;      // that the job has no state to checkpoint yet (logged once)
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
   std::thread freeing_;          // the last retention's: frees the retired points' bytes
 };

@@ -1271,6 +1271,16 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   return r;
 }
 
+// Not-ready with CUDA's "initialization error": no other status of a dump is made so (a timeout is
+// not-ready with no API error), so a policy cannot mistake a real failure for a job still starting.
+Status job_not_started_error(std::string why) {
+  return Status(Code::kNotReady, cuda::kErrorInitializationError, std::move(why));
+}
+
+bool job_not_started(const Status& s) {
+  return s.code() == Code::kNotReady && s.api_error() == cuda::kErrorInitializationError;
+}
+
 StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
@@ -1340,6 +1350,8 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   if (a.find("\"ok\":true") == std::string::npos) {
     remove_parts();
     const std::string why = json_text(a, "error");
+    if (a.find("\"not_yet\":true") != std::string::npos)  // a retry later may succeed (a policy waits)
+      return job_not_started_error(why).with_context("saving the GPU state");
     return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(a, 200) : why)
         .with_context("saving the GPU state");
   }

@@ -147,7 +147,12 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& options);
 // process imports the copy and writes DIR/gpu from it while the job runs on, then DIR/manifest
 // (kind "driver-pre-dump"). No CPU part (NVIDIA's checkpoint would have to stop the job); not
 // restorable, and not yet a --prev. Any failure leaves the job running and no image.
+// A job that has not used the GPU yet (no context, no device memory) has nothing for it to save:
+// its error then says so (job_not_started), so that a checkpoint policy waits for the job instead
+// of counting failed ticks.
 StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& options);
+Status job_not_started_error(std::string why);
+bool job_not_started(const Status& s);
 
 // `dump-take` to the in-process job at `socket`: its device memory as `fds` (in its allocation
 // order), `list`, its allocation list's checksum, and `cut`, the dump's cut (a process restored
