@@ -3,7 +3,8 @@
 # build in build-gpu, then tests and commands in turn; its results are what docs/BENCHMARKS.md records.
 #
 #   bash tools/gpu_session.sh --prepare          here, before the first call: fills .deps (git ignores
-#                                                it) with tools/install_criu.sh's CRIU and CLI11's headers
+#                                                it) with tools/install_criu.sh's CRIU, CLI11's headers
+#                                                and iproute2's ip (network-namespace tests)
 #   bash tools/gpu_session.sh [t NAME[@FILTER]...] [sh 'COMMAND'...]
 #                                                there (`device` run, carry [".deps"]): builds, then
 #                                                runs each test (meson test NAME, FILTER a gtest
@@ -23,6 +24,18 @@ if [[ "${1:-}" == "--prepare" ]]; then
   [[ -d $prefix && -d /usr/include/CLI ]] || { echo "gpu_session: $prefix or /usr/include/CLI is missing" >&2; exit 1; }
   rm -rf .deps/criu .deps/include/CLI && mkdir -p .deps/include &&
     cp -a "$prefix" .deps/criu && cp -a /usr/include/CLI .deps/include/CLI || exit 1
+  # iproute2 (the GPU machine has none): `ip` for the tests that stand another host up as a network
+  # namespace (bench/netns_common.sh), with the libraries it needs beyond libc and zlib, given to it
+  # alone through the loader (`ip netns exec`'s programs keep the machine's own).
+  ipbin="$(command -v ip || true)"
+  if [[ -n $ipbin ]]; then
+    rm -rf .deps/iproute2 && mkdir -p .deps/iproute2/bin .deps/iproute2/lib && cp "$ipbin" .deps/iproute2/bin/ip.real &&
+      ldd "$ipbin" | awk '$3 ~ /^\// {print $3}' | grep -vE '/lib(c|z)\.so' | xargs -r cp -L -t .deps/iproute2/lib &&
+      printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nexec /lib64/ld-linux-x86-64.so.2 --library-path "$d/../lib" "$d/ip.real" "$@"\n' \
+        >.deps/iproute2/bin/ip && chmod 755 .deps/iproute2/bin/ip || exit 1
+  else
+    echo "gpu_session: no ip here (apt-get install iproute2): tests with network namespaces will fail there" >&2
+  fi
   echo "gpu_session: .deps ready ($(du -sh .deps | cut -f1)); carry [\".deps\"] in each device call"
   exit 0
 fi
@@ -34,6 +47,7 @@ if [[ -d .deps/criu ]]; then
 else
   echo "gpu_session: no .deps/criu carried: CRIU's tests will fail (run --prepare here, carry .deps)" >&2
 fi
+command -v ip >/dev/null || { [[ -x .deps/iproute2/bin/ip ]] && export PATH="$PATH:$ROOT/.deps/iproute2/bin"; }
 echo "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); cores $(nproc); $(date -u +%FT%TZ)"
 t0=$(date +%s)
 if [[ ! -f build-gpu/build.ninja ]]; then
