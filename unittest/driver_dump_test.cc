@@ -67,6 +67,7 @@ class DriverDump : public ::testing::Test {
     e.push_back("POS_JOBS_DIR=" + jobs_);
     e.push_back("POS_DRIVER_PLACE=1");
     if (copy_) e.push_back("FAKE_CUDA_NO_EXPORT=1");
+    if (wait_go_) e.push_back("DRIVER_PROBE_WAIT_GO=1");
     e.insert(e.end(), fake_env_.begin(), fake_env_.end());
     std::vector<char*> envp;
     for (std::string& s : e) envp.push_back(s.data());
@@ -86,6 +87,17 @@ class DriverDump : public ::testing::Test {
     argv.push_back(nullptr);
     ASSERT_EQ(::posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
     posix_spawn_file_actions_destroy(&fa);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const char* until = wait_go_ ? "waiting" : "ready";  // (go() then waits for ready)
+    while (!fs::exists(root_ / "work" / until)) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the probe did not get " << until;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(read_file(root_ / "work" / until), "rc=0\n");
+  }
+  // A probe started with wait_go_ let go on to use the GPU; waits until it is ready.
+  void go() {
+    { std::ofstream(root_ / "work" / "go"); }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!fs::exists(root_ / "work" / "ready")) {
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the probe did not get ready";
@@ -166,6 +178,7 @@ class DriverDump : public ::testing::Test {
   // The job's memory cannot be exported (FAKE_CUDA_NO_EXPORT): the dump falls back to the job's
   // own copy to files, and the restore to the job's own load.
   bool copy_ = false;
+  bool wait_go_ = false;  // the probe waits for go() before it touches the GPU
   std::vector<std::string> fake_env_;  // for the job and pos-cli (fake_gpus)
   const char* handoff() const { return copy_ ? "\"handoff\":false" : "\"handoff\":true"; }
 
@@ -791,6 +804,36 @@ TEST_F(DriverDump, PosRunWithACheckpointPolicyLeavesRestorePointsTheNewestOfWhic
   out = pos::test::run_shell(env("POS_RUN") + " run --checkpoint-every 1s -- /bin/true", &code);
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("--checkpoint-every and -D go together"), std::string::npos) << out;
+}
+
+// A job still starting (it has not touched the GPU) has nothing for a GPU-only checkpoint to save:
+// a pre-dump says so and leaves no image; a policy started with it waits, counts no failure, and
+// takes its first point once the job has used the GPU.
+TEST_F(DriverDump, AJobThatHasNotUsedTheGpuYetIsRefusedPlainlyAndAPolicyWaitsForIt) {
+  wait_go_ = true;
+  const std::string points = (root_ / "points").string();
+  start({"--checkpoint-every", "100ms", "-D", points});
+  int code = -1;
+  const std::string img = (root_ / "img").string();
+  const std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("the job has not used the GPU yet"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(img + "/manifest"));
+  EXPECT_EQ(::kill(pid_, 0), 0) << "the job must run on";
+  // Several ticks' worth of waiting, then the job goes on and the policy takes its points.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const std::string log = points + "/checkpoint.log";
+  EXPECT_NE(read_file(log).find("waiting for the job: "), std::string::npos) << read_file(log);
+  go();
+  ASSERT_TRUE(wait_for(log, "cp-000002: ")) << read_file(log);
+  const std::string text = read_file(log);
+  EXPECT_EQ(text.find("failed after"), std::string::npos) << text;
+  EXPECT_NE(text.find("cp-000001: whole"), std::string::npos) << text;
+  const size_t first = text.find("waiting for the job: ");
+  EXPECT_EQ(text.find("waiting for the job: ", first + 1), std::string::npos) << "said once: " << text;
+  const std::string st = read_file(jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json");
+  EXPECT_NE(st.find("\"failed\":0"), std::string::npos) << st;
+  ASSERT_EQ(check(), "rc=0 same=1\n");  // and the job's memory is as it made it
 }
 
 }  // namespace

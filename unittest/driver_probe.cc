@@ -474,6 +474,15 @@ int main(int argc, char** argv) {
         std::rename(tmp.c_str(), p.c_str());
       }
     };
+    // DRIVER_PROBE_WAIT_GO: a job still starting (a PyTorch job importing its modules): it asks
+    // the driver about the device (which starts POS's layer and its control socket) but makes no
+    // context or memory; DIR/waiting says so, and DIR/go lets it go on.
+    if (const char* w = std::getenv("DRIVER_PROBE_WAIT_GO"); w != nullptr && *w == '1') {
+      int v = 0;
+      auto attr = reinterpret_cast<int (*)(int*, int, int)>(dlsym(RTLD_DEFAULT, "cuDeviceGetAttribute"));
+      put(dir + "/waiting", "rc=" + std::to_string(attr != nullptr ? attr(&v, 16 /* SM count */, 0) : -1) + "\n");
+      while (!exists(dir + "/go")) usleep(2000);
+    }
     unsigned long long a = 0, b = 0;
     const size_t na = 3 << 20, nb = 5 << 20;
     int rc = cuMemAlloc_v2(&a, na) | cuMemAlloc_v2(&b, nb);

@@ -384,6 +384,16 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 std::string dump_error(const std::string& why) { return "{\"ok\":false,\"error\":" + pos::json_string(why) + "}"; }
 
+// A job still starting (a PyTorch job importing its modules: no context, no device memory) has no
+// GPU state for a GPU-only checkpoint to save: it answers so ("not_yet"), and a policy waits for it
+// instead of counting failures. (A dump goes on: its CPU part is the whole job then.) Empty when
+// the job has used the GPU.
+std::string not_started_answer(Runtime* rt) {
+  if (rt->census.first_device() >= 0 || rt->census.memory().live != 0) return "";
+  return "{\"ok\":false,\"not_yet\":true,\"error\":\"the job has not used the GPU yet: it has no GPU state to "
+         "save\"}";
+}
+
 // Every allocation a dump saves: POS's placed ones and the job's own mappings, by address.
 std::vector<SavedRegion> dump_regions(Runtime* rt) {
   std::vector<SavedRegion> out;
@@ -926,12 +936,9 @@ pos::ControlMessage snap_cut(Runtime* rt, bool run_ahead, int align_ms) {
     return m;
   };
   if (rt->saved || rt->shared) return refuse("a dump holds this job: no GPU-only checkpoint until it ends");
-  // A job still starting (a PyTorch job importing its modules: no context, no device memory) has
-  // no GPU state to save: said as such ("not_yet"), so that a policy waits instead of failing.
-  if (rt->census.first_device() < 0 && rt->census.memory().live == 0) {
+  if (std::string no = not_started_answer(rt); !no.empty()) {
     pos::ControlMessage m;
-    m.text = "{\"ok\":false,\"not_yet\":true,\"error\":\"the job has not used the GPU yet: it has no GPU state to "
-             "checkpoint\"}";
+    m.text = std::move(no);
     return m;
   }
   if (std::string why = dump_blockers(rt); !why.empty()) return refuse("this job cannot be checkpointed: " + why);

@@ -591,14 +591,19 @@ Status sync_files(const std::vector<std::string>& paths) {
 }
 
 // One dump command to the job; its answer when it says ok, else its error.
+// A job's answer that refused: why, as the job said it; a job that has not used the GPU yet says
+// so apart (job_not_started).
+Status job_refusal(const std::string& answer) {
+  const std::string why = json_text(answer, "error");
+  if (answer.find("\"not_yet\":true") != std::string::npos) return job_not_started_error(why);
+  return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(answer, 200) : why);
+}
+
 StatusOr<std::string> ask_dump(const std::string& socket, const std::string& command) {
   // Saving or loading many GiB takes seconds: the bound is for a job that stopped answering.
   auto a = ask_job(socket, command, 600'000);
   if (!a.ok()) return a.status();
-  if (a->find("\"ok\":true") == std::string::npos) {
-    const std::string why = json_text(*a, "error");
-    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(*a, 200) : why);
-  }
+  if (a->find("\"ok\":true") == std::string::npos) return job_refusal(*a);
   return *a;
 }
 
@@ -1130,9 +1135,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
       held.reset();
     } else {
       remove_parts();
-      const std::string why = json_text(shared->text, "error");
-      return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(shared->text, 200) : why)
-          .with_context("saving the GPU state");
+      return job_refusal(shared->text).with_context("saving the GPU state");
     }
   }
   if (!handed) {
@@ -1349,11 +1352,7 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   const std::string& a = cut->text;
   if (a.find("\"ok\":true") == std::string::npos) {
     remove_parts();
-    const std::string why = json_text(a, "error");
-    if (a.find("\"not_yet\":true") != std::string::npos)  // a retry later may succeed (a policy waits)
-      return job_not_started_error(why).with_context("saving the GPU state");
-    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(a, 200) : why)
-        .with_context("saving the GPU state");
+    return job_refusal(a).with_context("saving the GPU state");
   }
   // From here the job holds the copy for this process until snap-release (or its next cut or dump,
   // if this process dies first: the job never waits for this one).
@@ -1496,11 +1495,8 @@ StatusOr<JobMoveReport> move_driver_job(const JobMoveOptions& o) {
   const auto t_stop = std::chrono::steady_clock::now();
   auto shared = ask_job_fds(o.job_socket, "dump-share", {}, 600'000);
   if (!shared.ok()) return shared.status().with_context("asking the job for its device memory");
-  if (shared->text.find("\"ok\":true") == std::string::npos) {
-    const std::string why = json_text(shared->text, "error");
-    return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(shared->text, 200) : why)
-        .with_context("handing the job's device memory over");
-  }
+  if (shared->text.find("\"ok\":true") == std::string::npos)
+    return job_refusal(shared->text).with_context("handing the job's device memory over");
   const std::string& a = shared->text;
   const uint32_t list = static_cast<uint32_t>(json_number(a, "list"));
   const uint64_t cut = json_u64(a, "cut");
