@@ -38,6 +38,7 @@ std::string fresh_dir(const std::string& name) {
 struct FakeTick {
   uint32_t pid = static_cast<uint32_t>(::getpid());
   std::atomic<bool> fail{false};
+  int fail_from = 0;                 // if set: calls from this one on fail as `fail` does
   std::atomic<int> not_started{0};  // calls left that answer as a job that has not used the GPU yet
   bool timeout = false;              // answer as a dump whose job did not answer in time
   std::atomic<int> calls{0};
@@ -56,7 +57,7 @@ struct FakeTick {
       if (timeout) return Status(Code::kNotReady, 0, "no answer within 600000 ms");
       fs::create_directories(dir + "/gpu");
       std::ofstream(dir + "/gpu/blob") << "bytes";
-      if (fail) return Status::Unavailable("cannot write " + dir + "/gpu/blob: No space left on device");
+      if (fail || (fail_from > 0 && calls >= fail_from)) return Status::Unavailable("cannot write " + dir + "/gpu/blob: No space left on device");
       JobManifest m;
       m.pid = pid, m.uid = static_cast<uint32_t>(::geteuid()), m.arena_bytes = 1 << 20;
       m.permit = "/dev/shm/pos-permit-test", m.socket = "/tmp/posd.sock", m.job = "job";
@@ -493,6 +494,54 @@ TEST(CheckpointPolicy, ThePolicyEndsWhenTheJobIsGone) {
   EXPECT_GE(s->taken, 1u);
   EXPECT_FALSE(process_running(0));
   EXPECT_TRUE(process_running(static_cast<uint32_t>(::getpid())));
+}
+
+// A job at its exit refuses a tick (its driver shut down) a moment before its process is gone:
+// that tick is the policy's end, not a failure. A tick that fails while the job lives on is one.
+TEST(CheckpointPolicy, ATickRefusedByAJobThatEndsRightAfterIsNoFailure) {
+  const std::string dir = fresh_dir("ending");
+  FakeTick t;
+  auto r = CheckpointRunner::open(policy(dir, 2, 10), dir + ".status", t.fn());
+  ASSERT_TRUE(r.ok());
+  std::vector<std::string> log;
+  (*r)->set_log([&](const std::string& l) { log.push_back(l); });
+  std::atomic<bool> stop{false};
+  std::atomic<int> checks{0};
+  std::atomic<int> fail_after{-1};  // the check count from which the job is gone
+  // Two good ticks, then the job refuses the third and is gone 200 ms later.
+  t.fail_from = 3;
+  std::thread ender([&] {
+    while (t.calls < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    fail_after = 1;
+  });
+  (*r)->run(stop, [&] { return fail_after < 0 && ++checks < 100000; });
+  ender.join();
+  auto s = read_policy_status(dir + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->state, "ended");
+  EXPECT_EQ(s->failed, 0u);
+  EXPECT_EQ(s->taken, 2u);
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& l) { return l.find(": the job ended during this checkpoint") != std::string::npos; }),
+            1);
+  // A job that lives on: the refusal is a failure, said after the second's wait.
+  FakeTick t2;
+  t2.fail = true;
+  const std::string d2 = fresh_dir("ending-not");
+  auto r2 = CheckpointRunner::open(policy(d2, 2, 10), d2 + ".status", t2.fn());
+  ASSERT_TRUE(r2.ok());
+  std::thread stopper([&] {
+    while (t2.calls < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    stop = true;
+  });
+  stop = false;
+  (*r2)->run(stop, [] { return true; });
+  stopper.join();
+  s = read_policy_status(d2 + ".status");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->failed, 1u);
+  EXPECT_EQ(s->state, "stopped");
 }
 
 TEST(CheckpointPolicy, TheStatusFileReadsBackAndADamagedOneIsRefused) {

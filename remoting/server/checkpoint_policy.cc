@@ -541,8 +541,15 @@ Status CheckpointRunner::tick() {
       said_not_yet_ = true;
       return st;
     }
-    if (alive_ && !alive_()) {
-      // The job ended during the checkpoint: that is the policy's end, not a failure to report.
+    // The job ended during the checkpoint, or is ending (a job whose driver has shut down at its
+    // exit refuses the tick a moment before its process is gone: it gets a second to go): that is
+    // the policy's end, not a failure to report.
+    const auto ending = [&] {
+      for (int i = 0; i < 50; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(20)))
+        if (!alive_()) return true;
+      return false;
+    };
+    if (alive_ && ending()) {
       if (log_) log_(name + ": the job ended during this checkpoint (" + printable(st.message(), 256) + ")");
       return st;
     }
