@@ -590,7 +590,6 @@ Status sync_files(const std::vector<std::string>& paths) {
   return Status::Ok();
 }
 
-// One dump command to the job; its answer when it says ok, else its error.
 // A job's answer that refused: why, as the job said it; a job that has not used the GPU yet says
 // so apart (job_not_started).
 Status job_refusal(const std::string& answer) {
@@ -599,6 +598,7 @@ Status job_refusal(const std::string& answer) {
   return Status::FailedPrecondition(why.empty() ? "the job answered: " + printable(answer, 200) : why);
 }
 
+// One dump command to the job; its answer when it says ok, else its error.
 StatusOr<std::string> ask_dump(const std::string& socket, const std::string& command) {
   // Saving or loading many GiB takes seconds: the bound is for a job that stopped answering.
   auto a = ask_job(socket, command, 600'000);
