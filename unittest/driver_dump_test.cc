@@ -95,6 +95,16 @@ class DriverDump : public ::testing::Test {
     }
     ASSERT_EQ(read_file(root_ / "work" / until), "rc=0\n");
   }
+  // The job and its policy ended (SIGKILL, reaped), for another start().
+  void out_of_the_way() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    const std::string st = jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (read_file(st).find("\"state\":\"ended\"") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pid_ = -1;
+  }
   // A probe started with wait_go_ let go on to use the GPU; waits until it is ready.
   void go() {
     { std::ofstream(root_ / "work" / "go"); }
@@ -806,34 +816,45 @@ TEST_F(DriverDump, PosRunWithACheckpointPolicyLeavesRestorePointsTheNewestOfWhic
   EXPECT_NE(out.find("--checkpoint-every and -D go together"), std::string::npos) << out;
 }
 
-// A job still starting (it has not touched the GPU) has nothing for a GPU-only checkpoint to save:
-// a pre-dump says so and leaves no image; a policy started with it waits, counts no failure, and
-// takes its first point once the job has used the GPU.
+// A job still starting (it has not touched the GPU) has nothing for POS to save: pre-dumps, dumps
+// and moves say so and leave no image, the job running on; a policy started with it, GPU-only or
+// with CPU state, waits, counts no failure, and takes its first point once the job used the GPU.
 TEST_F(DriverDump, AJobThatHasNotUsedTheGpuYetIsRefusedPlainlyAndAPolicyWaitsForIt) {
+  fake_gpus(2);
   wait_go_ = true;
-  const std::string points = (root_ / "points").string();
-  start({"--checkpoint-every", "100ms", "-D", points});
-  int code = -1;
-  const std::string img = (root_ / "img").string();
-  const std::string out = cli("pre-dump -t " + std::to_string(pid_) + " -D " + img + " --jobs-dir " + jobs_, &code);
-  EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("the job has not used the GPU yet"), std::string::npos) << out;
-  EXPECT_FALSE(fs::exists(img + "/manifest"));
-  EXPECT_EQ(::kill(pid_, 0), 0) << "the job must run on";
-  // Several ticks' worth of waiting, then the job goes on and the policy takes its points.
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  const std::string log = points + "/checkpoint.log";
-  EXPECT_NE(read_file(log).find("waiting for the job: "), std::string::npos) << read_file(log);
-  go();
-  ASSERT_TRUE(wait_for(log, "cp-000002: ")) << read_file(log);
-  const std::string text = read_file(log);
-  EXPECT_EQ(text.find("failed after"), std::string::npos) << text;
-  EXPECT_NE(text.find("cp-000001: whole"), std::string::npos) << text;
-  const size_t first = text.find("waiting for the job: ");
-  EXPECT_EQ(text.find("waiting for the job: ", first + 1), std::string::npos) << "said once: " << text;
-  const std::string st = read_file(jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json");
-  EXPECT_NE(st.find("\"failed\":0"), std::string::npos) << st;
-  ASSERT_EQ(check(), "rc=0 same=1\n");  // and the job's memory is as it made it
+  for (const std::string with_cpu : {"", "--with-cpu"}) {
+    SCOPED_TRACE("policy " + (with_cpu.empty() ? std::string("GPU-only") : with_cpu));
+    const std::string points = (root_ / ("points" + with_cpu)).string();
+    std::vector<std::string> run = {"--checkpoint-every", "100ms", "-D", points};
+    if (!with_cpu.empty()) run.push_back(with_cpu);
+    start(run);
+    int code = -1;
+    const std::string img = (root_ / "img").string();
+    for (const std::string cmd : {"pre-dump", "dump --leave-running", "dump", "migrate --device 1"}) {
+      fs::remove_all(img);
+      const bool moves = cmd.rfind("migrate", 0) == 0;
+      const std::string out = cli(cmd + " -t " + std::to_string(pid_) + (moves ? "" : " -D " + img) + " --jobs-dir " + jobs_, &code);
+      EXPECT_NE(code, 0) << cmd << ": " << out;
+      EXPECT_NE(out.find("the job has not used the GPU yet"), std::string::npos) << cmd << ": " << out;
+      EXPECT_FALSE(fs::exists(img + "/manifest")) << cmd;
+      EXPECT_EQ(::kill(pid_, 0), 0) << cmd << ": the job must run on";
+    }
+    // Several ticks' worth of waiting, then the job goes on and the policy takes its points.
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    const std::string log = points + "/checkpoint.log";
+    EXPECT_NE(read_file(log).find("waiting for the job: "), std::string::npos) << read_file(log);
+    go();
+    ASSERT_TRUE(wait_for(log, "cp-000002: ")) << read_file(log);
+    const std::string text = read_file(log);
+    EXPECT_EQ(text.find("failed after"), std::string::npos) << text;
+    EXPECT_NE(text.find("cp-000001: whole"), std::string::npos) << text;
+    const size_t first = text.find("waiting for the job: ");
+    EXPECT_EQ(text.find("waiting for the job: ", first + 1), std::string::npos) << "said once: " << text;
+    const std::string st = read_file(jobs_ + "/checkpoints/" + std::to_string(pid_) + ".json");
+    EXPECT_NE(st.find("\"failed\":0"), std::string::npos) << st;
+    ASSERT_EQ(check(), "rc=0 same=1\n");  // and the job's memory is as it made it
+    out_of_the_way();
+  }
 }
 
 }  // namespace

@@ -385,9 +385,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 std::string dump_error(const std::string& why) { return "{\"ok\":false,\"error\":" + pos::json_string(why) + "}"; }
 
 // A job still starting (a PyTorch job importing its modules: no context, no device memory) has no
-// GPU state for a GPU-only checkpoint to save: it answers so ("not_yet"), and a policy waits for it
-// instead of counting failures. (A dump goes on: its CPU part is the whole job then.) Empty when
-// the job has used the GPU.
+// GPU state to save: its checkpoints, dumps and moves answer so ("not_yet"), and a policy waits for
+// it instead of counting failures. A dump could not go on anyway: holding the job takes its device
+// context, which a job that never initialized the driver cannot give, and which a job that did
+// would get from the hold, unasked. Empty when the job has used the GPU.
 std::string not_started_answer(Runtime* rt) {
   if (rt->census.first_device() >= 0 || rt->census.memory().live != 0) return "";
   return "{\"ok\":false,\"not_yet\":true,\"error\":\"the job has not used the GPU yet: it has no GPU state to "
@@ -624,6 +625,10 @@ pos::ControlMessage dump_share(Runtime* rt) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   if (rt->saved || rt->shared) {
     out.text = dump_error("a dump holds this job already: dump-resume first");
+    return out;
+  }
+  if (std::string no = not_started_answer(rt); !no.empty()) {
+    out.text = std::move(no);
     return out;
   }
   drop_shadow(rt);  // a checkpoint's copy pos-cli never released: not for NVIDIA's checkpoint to take
@@ -1165,6 +1170,7 @@ std::string snap_release(Runtime* rt, bool keep) {
 std::string dump_save(Runtime* rt, const std::string& dir) {
   std::lock_guard<std::mutex> lk(rt->dump_mu);
   if (rt->saved || rt->shared) return dump_error("a dump holds this job already: dump-resume first");
+  if (std::string no = not_started_answer(rt); !no.empty()) return no;
   if (std::string why = dump_blockers(rt); !why.empty()) return dump_error("this job cannot be dumped: " + why);
   if (std::string why = check_dir(dir); !why.empty()) return dump_error(why);
   drop_shadow(rt);

@@ -1464,7 +1464,8 @@ StatusOr<JobMoveReport> move_driver_job(const JobMoveOptions& o) {
   if (!gpus.ok()) return gpus.status().with_context("asking the job which GPUs it uses");
   JobManifest m;  // the job's GPUs, as a dump would record them
   record_gpus(*gpus, &m);
-  if (m.gpu_uuids.empty()) return Status::FailedPrecondition("the job cannot say which GPU it uses: it cannot be moved");
+  // No GPU among those it used, nor any memory on one: a job still starting.
+  if (m.gpu_uuids.empty()) return job_not_started_error("the job has not used the GPU yet: there is nothing to move");
   // A job under an SM limit runs in a green context of its GPU's SMs; whether NVIDIA's restore can
   // carry one to another GPU is not known (docs/limits.md): such a job is not moved.
   if (const size_t at = ps->find("\"sms\":"); at != std::string::npos && std::strtoull(ps->c_str() + at + 6, nullptr, 10) != 0)
