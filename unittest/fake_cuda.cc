@@ -110,8 +110,22 @@ FAKE_EXPORT int cuCtxGetDevice(int* d) {
   *d = 0;
   return 0;
 }
+// Primary contexts are counted as the driver does: the first retain of a device's makes it, the
+// last release lets it go; with FAKE_CUDA_STATE both are logged ("context PID DEV", "context-gone
+// PID DEV"), so that a test can count the contexts a process made.
+namespace {
+int primary_refs[64];
+void log_line(const std::string& line);
+}  // namespace
 FAKE_EXPORT int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   bump("cuDevicePrimaryCtxRetain");
+  if (dev < 0 || dev >= 64) return 101;
+  bool made = false;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    made = primary_refs[dev]++ == 0;
+  }
+  if (made) log_line("context " + std::to_string(::getpid()) + " " + std::to_string(dev));
   *ctx = reinterpret_cast<void*>(static_cast<uintptr_t>(0x1000 + dev));
   return 0;
 }
@@ -484,7 +498,17 @@ FAKE_EXPORT int cuCtxGetCurrent(void** ctx) {
   return 0;
 }
 FAKE_EXPORT void fake_set_current(void* ctx) { t_current_ctx = ctx; }
-FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) {
+  if (dev < 0 || dev >= 64) return 101;
+  bool gone = false;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (primary_refs[dev] == 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT: nothing retained
+    gone = --primary_refs[dev] == 0;
+  }
+  if (gone) log_line("context-gone " + std::to_string(::getpid()) + " " + std::to_string(dev));
+  return 0;
+}
 FAKE_EXPORT int cuStreamCreate(void** s, unsigned) {
   *s = reinterpret_cast<void*>(0x5);
   return 0;

@@ -655,7 +655,9 @@ void CheckpointRunner::run(const std::atomic<bool>& stop, const std::function<bo
 // ---- the real tick ----
 
 CheckpointTick job_checkpoint_tick(const CheckpointPolicy& policy) {
-  return [policy](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
+  // An in-process job's ticks share one context of its device, made at the first (job_dump.h).
+  auto contexts = std::make_shared<DeviceContexts>();
+  return [policy, contexts](const std::string& dir, const std::string& prev) -> StatusOr<TickOutcome> {
     JobDumpOptions o;
     o.socket = policy.socket;
     o.pid = policy.pid;
@@ -671,6 +673,7 @@ CheckpointTick job_checkpoint_tick(const CheckpointPolicy& policy) {
     // An in-process job keeps its device copy between ticks, as posd's sessions of policy jobs
     // keep their shadows (POS_SNAP_KEEP=0 in the checkpointer's environment: not).
     o.keep_shadow = inproc;
+    o.contexts = contexts;
     StatusOr<JobDumpReport> r = policy.with_cpu ? (inproc ? dump_driver_job(o) : dump_job(o))
                                                 : (inproc ? pre_dump_driver_job(o) : pre_dump_job(o));
     if (!r.ok()) return r.status();

@@ -940,6 +940,30 @@ int local_device(void* driver, const std::string& gpus, int job_dev) {
   return job_dev;
 }
 
+DeviceContexts::~DeviceContexts() {
+  if (dev_ >= 0) (void)release_(dev_);
+}
+
+Status DeviceContexts::keep(void* driver, int dev) {
+  if (dev == dev_) return Status::Ok();
+  using Retain = int (*)(void**, int);
+  const auto retain = reinterpret_cast<Retain>(::dlsym(driver, "cuDevicePrimaryCtxRetain"));
+  const auto release = reinterpret_cast<int (*)(int)>(::dlsym(driver, "cuDevicePrimaryCtxRelease_v2"));
+  if (retain == nullptr || release == nullptr) return Status::Unsupported("the driver has no primary contexts");
+  void* ctx = nullptr;
+  if (const int rc = retain(&ctx, dev); rc != 0)
+    return Status::Unavailable("cuDevicePrimaryCtxRetain failed: CUDA driver error " + std::to_string(rc));
+  if (dev_ >= 0) (void)release_(dev_);
+  release_ = release, dev_ = dev;
+  return Status::Ok();
+}
+
+// The caller's kept context of the job's device, if it keeps one (a policy). Best effort: without
+// it, HeldMemory makes its own (and says why it could not), as for a lone dump.
+void keep_context(const JobDumpOptions& o, void* driver, int dev) {
+  if (o.contexts != nullptr) (void)o.contexts->keep(driver, dev);
+}
+
 // The manifest of an in-process job's image (kind "driver-dump" or "driver-pre-dump"), and the
 // report's bytes: chunks left to the previous image (`same_bytes`) count as its bytes, not this
 // one's, though the table's stored regions still name them (the manifest's gpu_bytes is theirs).
@@ -1044,6 +1068,7 @@ StatusOr<JobDumpReport> dump_driver_job(const JobDumpOptions& o) {
   // context on the job's device, made before the job stops. Without it the job copies.
   const int dev = job_device(*ps);
   const int here = local_device((*driver)->library(), gpus, dev);
+  keep_context(o, (*driver)->library(), here);
   std::unique_ptr<driver::HeldMemory> held;
   std::string no_handoff;
   if (auto h = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), here); h.ok()) held = std::move(*h);
@@ -1333,8 +1358,9 @@ StatusOr<JobDumpReport> pre_dump_driver_job(const JobDumpOptions& o) {
   auto asked_gpus = ask_job(o.job_socket, "gpus");
   const std::string gpus = asked_gpus.ok() ? *asked_gpus : std::string();
   const int dev = job_device(*ps);
-  auto held = driver::HeldMemory::open(driver::peer_calls((*driver)->library()),
-                                       local_device((*driver)->library(), gpus, dev));
+  const int here = local_device((*driver)->library(), gpus, dev);
+  keep_context(o, (*driver)->library(), here);
+  auto held = driver::HeldMemory::open(driver::peer_calls((*driver)->library()), here);
   if (!held.ok()) return held.status().with_context("opening the job's device here");
   const std::string gpu_dir = dir + "/gpu";
   auto remove_parts = [&] {

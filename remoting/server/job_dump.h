@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,26 @@ namespace pos {
 namespace driver {
 class HeldMemory;
 }
+
+// This process's CUDA context of an in-process job's device, kept from one dump or pre-dump to
+// the next (a checkpoint policy's ticks). Without it each one makes the context and lets it go:
+// ~0.1 s of every tick, and the driver's work of making a context on the job's GPU while the job
+// runs. At most one device's: the job's current one (after a move, the old one's goes).
+class DeviceContexts {
+ public:
+  DeviceContexts() = default;
+  ~DeviceContexts();
+  DeviceContexts(const DeviceContexts&) = delete;
+  DeviceContexts& operator=(const DeviceContexts&) = delete;
+  // Keeps device `dev`'s primary context of the driver library `driver` (a dlopen handle that
+  // stays loaded: DriverCheckpoint never unloads it), letting go of another device's.
+  [[nodiscard]] Status keep(void* driver, int dev);
+  int device() const { return dev_; }  // -1: none kept
+
+ private:
+  int (*release_)(int) = nullptr;
+  int dev_ = -1;
+};
 
 struct JobDumpOptions {
   std::string socket;  // posd's
@@ -69,6 +90,9 @@ struct JobDumpOptions {
   // being written) once posd has written it, from the thread that reads posd's answers: pos-cli
   // migrate sends them to another host while the drain goes on. Best effort (control_client.h).
   std::function<void(const std::string& file, uint64_t offset, uint64_t length)> gpu_written;
+  // An in-process job's dumps and pre-dumps: the device context to keep between them (a policy's
+  // ticks). Null: this call makes its own and lets it go.
+  std::shared_ptr<DeviceContexts> contexts;
 };
 
 struct JobDumpReport {
