@@ -498,6 +498,10 @@ FAKE_EXPORT int cuCtxGetCurrent(void** ctx) {
   return 0;
 }
 FAKE_EXPORT void fake_set_current(void* ctx) { t_current_ctx = ctx; }
+FAKE_EXPORT int fake_primary_refs(int dev) {
+  std::lock_guard<std::mutex> lk(mu);
+  return dev >= 0 && dev < 64 ? primary_refs[dev] : -1;
+}
 FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int dev) {
   if (dev < 0 || dev >= 64) return 101;
   bool gone = false;
