@@ -29,7 +29,9 @@
 #                interval (Student's t over the ticks), and the worst step of each half is compared
 #                with the median of the second halves, and with the median of the steps within 2.5 s
 #                of it (the job's pace drifts with its host); the slowest steps are listed at their
-#                offset into the interval, with torch_train.py's phases. POS_BENCH_LOGS=DIR keeps
+#                offset into the interval, with torch_train.py's phases. Each tick's own steps
+#                (those overlapping its start to 0.25 s after its end) are set apart from the rest
+#                of the run: the tick's worst step beside the job's own. POS_BENCH_LOGS=DIR keeps
 #                the policy's log and every step there.
 #   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
 #                posd and pos-cli on others (the MLP job's step groups follow the cores its host
@@ -149,8 +151,18 @@ if steady > 0:
         print(f"warning: a tick took {max(took[:steady]):.2f} s, longer than the first half less 0.5 s")
     steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
     print(f"policy started {1e3 * (t_answer - t_start):.0f} ms after it was asked; {steady} intervals of {every_s:g} s")
-    print("| tick | tick s | steps (first half, second) | mean ms (first, second) | lost ms | worst / median of the second halves (first, second) |")
-    print("|---|---|---|---|---|---|")
+    # The tick's own steps: those that overlap its window (its start to 0.25 s after its end, by the
+    # log's duration), against the steps of the same run outside every window: what a tick adds,
+    # beside the spread the job has by itself.
+    win = [(t_start + k * every_s, t_start + k * every_s + took[k] + 0.25) for k in range(steady)]
+    in_win, outside = [[] for _ in range(steady)], []
+    for st, ms in steps:
+        hit = [k for k, (w0, w1) in enumerate(win) if st < w1 and st + ms / 1e3 > w0]
+        if hit: in_win[hit[0]].append(ms)
+        elif t_start <= st < t_start + steady * every_s: outside.append(ms)
+    if not outside or any(not w for w in in_win): fail("a tick's window or the rest of the run holds no step")
+    print("| tick | tick s | steps (first half, second) | mean ms (first, second) | lost ms | worst / median of the second halves (first, second) | the tick's window: steps, worst / median |")
+    print("|---|---|---|---|---|---|---|")
     lost, firsts, seconds = [], [], []
     for k in range(steady):
         a0 = t_start + k * every_s
@@ -163,7 +175,7 @@ if steady > 0:
     for k in range(steady):
         A, Bh = firsts[k], seconds[k]
         print(f"| {k + 1} | {took[k]:.2f} | {len(A)}, {len(Bh)} | {statistics.mean(A):.3f}, {statistics.mean(Bh):.3f} | "
-              f"{lost[k]:.1f} | {max(A) / med2:.2f}, {max(Bh) / med2:.2f} |")
+              f"{lost[k]:.1f} | {max(A) / med2:.2f}, {max(Bh) / med2:.2f} | {len(in_win[k])}, {max(in_win[k]) / med2:.2f} |")
     ml = statistics.mean(lost)
     hw = T.get(steady - 1, 2.0) * statistics.stdev(lost) / steady ** 0.5 if steady > 1 else float("nan")
     base = statistics.mean([x for b in seconds for x in b])
@@ -185,6 +197,11 @@ if steady > 0:
     for i, (st, ms) in enumerate(steps):
         if t_start <= st < t_start + steady * every_s:
             rel[((st - t_start) % every_s) >= half].append(local(i))
+    later = [max(w) / med2 for w in in_win[1:]]
+    print(f"the ticks' own steps (each tick's window: its start to 0.25 s after its end), worst / that median: first "
+          f"tick {max(in_win[0]) / med2:.2f}" + (f", later ticks {min(later):.2f}-{max(later):.2f} ({sum(x > 1.2 for x in later)} "
+          f"of {len(later)} over 1.2)" if later else "") + f"; the {len(outside)} steps outside every window: worst "
+          f"{max(outside) / med2:.2f} ({sum(x > 1.2 * med2 for x in outside)} over 1.2)")
     print("worst step / the median of the steps within 2.5 s of it: first halves %.2f (%d over 1.2), second halves "
           "%.2f (%d over 1.2)" % (max(rel[0]), sum(x > 1.2 for x in rel[0]), max(rel[1]), sum(x > 1.2 for x in rel[1])))
     # Where the slowest steps fell: their offset from their interval's start (the tick's), and, for
