@@ -685,12 +685,15 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   const bool cpu_pages = link != nullptr && room_for_cpu_pages(o.pid, rep.work_dir);
   if (peer_switch) rep.stop_reason = "peer";
   bool staging = false;  // round 1 is being staged at the target
+  // An in-process job's rounds share this process's context of its device (made at the first).
+  const auto contexts = std::make_shared<DeviceContexts>();
   const auto t_rounds = std::chrono::steady_clock::now();
   rep.setup_s = seconds_since(t0);
   for (uint32_t n = 1; !peer_switch; ++n) {
     JobDumpOptions d;
     d.socket = o.socket, d.pid = o.pid, d.leave_running = true, d.async = !inproc, d.lazy_ok = true;
     d.job_socket = o.job_socket;
+    d.contexts = contexts;
     d.dir = rep.work_dir + "/round-" + std::to_string(n);
     d.prev = prev;
     // To another host: each round also holds the job's memory as read while it runs (CPU pre-copy
@@ -824,6 +827,7 @@ StatusOr<JobMigrateReport> migrate_once(const JobMigrateOptions& o) {
   d.socket = o.socket, d.pid = o.pid, d.dir = final_dir, d.prev = prev, d.lazy_ok = true;
   d.leave_stopped = true;
   d.job_socket = o.job_socket;
+  d.contexts = contexts;  // the rounds' (none made at the stop)
   if (inproc) d.resume_program = o.self_program;  // this process killed mid-dump: the job is resumed
   // To another host, the stop's GPU part goes as soon as it is complete, while CRIU (and an
   // in-process job's driver checkpoint) still run: the whole image after them took the send and
