@@ -95,6 +95,15 @@ class DriverDump : public ::testing::Test {
     }
     ASSERT_EQ(read_file(root_ / "work" / until), "rc=0\n");
   }
+  // The probe under `pos run` with a policy every 100 ms into root_/points<with_cpu> (GPU-only, or
+  // --with-cpu); that directory.
+  std::string start_with_policy(const std::string& with_cpu) {
+    const std::string points = (root_ / ("points" + with_cpu)).string();
+    std::vector<std::string> run = {"--checkpoint-every", "100ms", "-D", points};
+    if (!with_cpu.empty()) run.push_back(with_cpu);
+    start(run);
+    return points;
+  }
   // The job and its policy ended (SIGKILL, reaped), for another start().
   void out_of_the_way() {
     ::kill(pid_, SIGKILL);
@@ -824,10 +833,7 @@ TEST_F(DriverDump, AJobThatHasNotUsedTheGpuYetIsRefusedPlainlyAndAPolicyWaitsFor
   wait_go_ = true;
   for (const std::string with_cpu : {"", "--with-cpu"}) {
     SCOPED_TRACE("policy " + (with_cpu.empty() ? std::string("GPU-only") : with_cpu));
-    const std::string points = (root_ / ("points" + with_cpu)).string();
-    std::vector<std::string> run = {"--checkpoint-every", "100ms", "-D", points};
-    if (!with_cpu.empty()) run.push_back(with_cpu);
-    start(run);
+    const std::string points = start_with_policy(with_cpu);
     int code = -1;
     const std::string img = (root_ / "img").string();
     for (const std::string cmd : {"pre-dump", "dump --leave-running", "dump", "migrate --device 1"}) {
@@ -864,10 +870,7 @@ TEST_F(DriverDump, APolicysCheckpointerMakesItsDeviceContextOnceAndKeepsItBetwee
   fake_gpus(1);
   for (const std::string with_cpu : {"", "--with-cpu"}) {
     SCOPED_TRACE("policy " + (with_cpu.empty() ? std::string("GPU-only") : with_cpu));
-    const std::string points = (root_ / ("points" + with_cpu)).string();
-    std::vector<std::string> run = {"--checkpoint-every", "100ms", "-D", points};
-    if (!with_cpu.empty()) run.push_back(with_cpu);
-    start(run);
+    const std::string points = start_with_policy(with_cpu);
     const std::string log = points + "/checkpoint.log";
     ASSERT_TRUE(wait_for(log, "cp-000004: ")) << read_file(log);
     const std::string text = read_file(log);
