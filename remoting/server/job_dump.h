@@ -19,9 +19,10 @@ class HeldMemory;
 }
 
 // This process's CUDA context of an in-process job's device, kept from one dump or pre-dump to
-// the next (a checkpoint policy's ticks). Without it each one makes the context and lets it go:
-// ~0.1 s of every tick, and the driver's work of making a context on the job's GPU while the job
-// runs. At most one device's: the job's current one (after a move, the old one's goes).
+// the next (a checkpoint policy's ticks, a migration's rounds). Without it each one makes the
+// context and lets it go: ~0.3 s of every tick on an H200, and the driver's making of a context on
+// the job's GPU right before the cut slowed the job's step there (docs/driver_runtime.md). At most
+// one device's: the job's current one (after a move, the old one's goes). One caller at a time.
 class DeviceContexts {
  public:
   DeviceContexts() = default;
@@ -91,7 +92,7 @@ struct JobDumpOptions {
   // migrate sends them to another host while the drain goes on. Best effort (control_client.h).
   std::function<void(const std::string& file, uint64_t offset, uint64_t length)> gpu_written;
   // An in-process job's dumps and pre-dumps: the device context to keep between them (a policy's
-  // ticks). Null: this call makes its own and lets it go.
+  // ticks, a migration's rounds and stop). Null: this call makes its own and lets it go.
   std::shared_ptr<DeviceContexts> contexts;
 };
 
