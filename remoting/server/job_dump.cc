@@ -946,15 +946,14 @@ DeviceContexts::~DeviceContexts() {
 
 Status DeviceContexts::keep(void* driver, int dev) {
   if (dev == dev_) return Status::Ok();
-  using Retain = int (*)(void**, int);
-  const auto retain = reinterpret_cast<Retain>(::dlsym(driver, "cuDevicePrimaryCtxRetain"));
-  const auto release = reinterpret_cast<int (*)(int)>(::dlsym(driver, "cuDevicePrimaryCtxRelease_v2"));
-  if (retain == nullptr || release == nullptr) return Status::Unsupported("the driver has no primary contexts");
-  void* ctx = nullptr;
-  if (const int rc = retain(&ctx, dev); rc != 0)
+  const driver::CopyCalls c = driver::peer_calls(driver).copy;  // the calls HeldMemory makes it with
+  if (c.primary_ctx_retain == nullptr || c.primary_ctx_release == nullptr)
+    return Status::Unsupported("the driver has no primary contexts");
+  driver::CUcontext ctx = nullptr;
+  if (const driver::CUresult rc = c.primary_ctx_retain(&ctx, dev); rc != 0)
     return Status::Unavailable("cuDevicePrimaryCtxRetain failed: CUDA driver error " + std::to_string(rc));
   if (dev_ >= 0) (void)release_(dev_);
-  release_ = release, dev_ = dev;
+  release_ = c.primary_ctx_release, dev_ = dev;
   return Status::Ok();
 }
 
