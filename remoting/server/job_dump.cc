@@ -957,8 +957,8 @@ Status DeviceContexts::keep(void* driver, int dev) {
   return Status::Ok();
 }
 
-// The caller's kept context of the job's device, if it keeps one (a policy). Best effort: without
-// it, HeldMemory makes its own (and says why it could not), as for a lone dump.
+// The caller's kept context of the job's device, if it keeps one (a policy, a migration). Best
+// effort: without it, HeldMemory makes its own (and says why it could not), as for a lone dump.
 void keep_context(const JobDumpOptions& o, void* driver, int dev) {
   if (o.contexts != nullptr) (void)o.contexts->keep(driver, dev);
 }
