@@ -6,16 +6,22 @@
 # before all of its later work (POS_SNAP_AHEAD=0); at least one cut that ran ahead must have made
 # the job's work wait for a copy (so the race was there to lose). Exit 1 on any failure.
 #
-# Usage: unittest/cut_consistency.sh BUILD PROBE [CUTS]   (gpu suite: cut_consistency_gpu)
+# With --graphs the probe updates its buffers by CUDA graph launches (cut_probe.cu), and the job's
+# census must show every launch's graph read at instantiation (graph_writes: launches_read > 0,
+# launches_unread 0), so the waits were the graphs' own, not the wait for every copy.
+#
+# Usage: unittest/cut_consistency.sh BUILD PROBE [CUTS] [--graphs]
+#        (gpu suite: cut_consistency_gpu, cut_consistency_graphs_gpu)
 set -uo pipefail
-B="${1:?usage: cut_consistency.sh BUILD PROBE [CUTS]}" PROBE="${2:?}" CUTS="${3:-12}"
+B="${1:?usage: cut_consistency.sh BUILD PROBE [CUTS] [--graphs]}" PROBE="${2:?}" CUTS="${3:-12}" GRAPHS="${4:-}"
+[[ -z "$GRAPHS" || "$GRAPHS" == --graphs ]] || { echo "cut_consistency.sh: unknown option $GRAPHS"; exit 2; }
 TMP=$(mktemp -d /tmp/cut-consistency.XXXXXX)
 IMG=$(mktemp -d /dev/shm/cut-consistency.XXXXXX)
 JOB=""
 cleanup() { [[ -n "$JOB" ]] && kill -9 "$JOB" 2>/dev/null; rm -rf "$TMP" "$IMG"; }
 trap cleanup EXIT
 export POS_JOBS_DIR="$TMP/jobs"
-"$B/tools/pos" run -- "$PROBE" --buffers 8 --mib 256 --seconds 300 >"$TMP/out" 2>"$TMP/err" &
+"$B/tools/pos" run -- "$PROBE" --buffers 8 --mib 256 --seconds 300 $GRAPHS >"$TMP/out" 2>"$TMP/err" &
 JOB=$!
 for _ in $(seq 1 600); do grep -q '^ready' "$TMP/out" 2>/dev/null && break; kill -0 "$JOB" 2>/dev/null || break; sleep 0.1; done
 grep -q '^ready' "$TMP/out" || { echo "the probe did not start: $(tail -5 "$TMP/err")"; exit 1; }
@@ -83,6 +89,29 @@ PY
 done
 [[ $WAITED -gt 0 ]] || { echo "no cut that ran ahead made the job's work wait for a copy: the race was never run"; FAIL=1; }
 echo "cuts that ran ahead with the job's work waiting: $WAITED"
+if [[ -n "$GRAPHS" ]]; then
+  "$B/tools/pos-cli" ps --json >"$TMP/ps.json" 2>"$TMP/ps.err" || { echo "pos-cli ps failed: $(cat "$TMP/ps.err")"; FAIL=1; }
+  python3 - "$TMP/ps.json" "$JOB" <<'PY' || FAIL=1
+import json, sys
+pid = int(sys.argv[2])
+def find(v):  # the job's graph_writes, wherever ps puts the job
+    if isinstance(v, dict):
+        if v.get("pid") == pid and isinstance(v.get("census"), dict): return v["census"].get("graph_writes")
+        for x in v.values():
+            r = find(x)
+            if r is not None: return r
+    elif isinstance(v, list):
+        for x in v:
+            r = find(x)
+            if r is not None: return r
+    return None
+g = find(json.load(open(sys.argv[1])))
+if g is None: sys.exit("the job's census has no graph_writes")
+print(f"graphs: {g}")
+if g.get("graphs_read", 0) < 8 or g.get("launches_read", 0) == 0 or g.get("launches_unread", 1) != 0:
+    sys.exit("not every graph launch had its graph read at instantiation")
+PY
+fi
 kill "$JOB" 2>/dev/null; wait "$JOB" 2>/dev/null; JOB=""
 [[ $FAIL -eq 0 ]] && echo "cut_consistency: OK" || echo "cut_consistency: FAILED"
 exit $FAIL

@@ -6,8 +6,12 @@
 // buffer the kernel filled. A checkpoint consistent with a cut after update K therefore holds, in
 // buffer b, the largest u <= K with (u - 1) mod N == b (0 when there is none), in every word.
 // It prints "buffer I 0xADDR BYTES" per buffer, then "ready", and runs for --seconds.
+// With --graphs each update is one launch of a CUDA graph made for its buffer (as torch.compile's
+// reduce-overhead replays them): a kernel bumps a device counter to u, then the buffer is filled with
+// the counter's value, by a kernel, after a memset node (buffers 3 mod 8), through a copy node from
+// staging (7 mod 8), or inside a child graph (buffer 0): the graph layer must read each kind.
 //
-//   cut_probe [--buffers N] [--mib M] [--seconds S]
+//   cut_probe [--buffers N] [--mib M] [--seconds S] [--graphs]
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -25,6 +29,15 @@ __global__ void fill(uint32_t* p, size_t n, uint32_t v) {
     p[i] = v;
 }
 
+__global__ void bump(uint32_t* counter) { *counter += 1; }
+
+__global__ void fill_counted(uint32_t* p, size_t n, const uint32_t* counter) {
+  const uint32_t v = *counter;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
 bool ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   std::fprintf(stderr, "cut_probe: %s: %s\n", what, cudaGetErrorString(e));
@@ -37,12 +50,21 @@ int main(int argc, char** argv) {
   int buffers = 8;
   size_t mib = 256;
   double seconds = 30;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--buffers") == 0) buffers = std::atoi(argv[i + 1]);
+  bool graphs = false;
+  for (int i = 1; i < argc; i += 2) {
+    if (std::strcmp(argv[i], "--graphs") == 0) {
+      graphs = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "usage: cut_probe [--buffers N] [--mib M] [--seconds S] [--graphs]\n");
+      return 2;
+    } else if (std::strcmp(argv[i], "--buffers") == 0) buffers = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--mib") == 0) mib = std::strtoull(argv[i + 1], nullptr, 10);
     else if (std::strcmp(argv[i], "--seconds") == 0) seconds = std::atof(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: cut_probe [--buffers N] [--mib M] [--seconds S]\n");
+      std::fprintf(stderr, "usage: cut_probe [--buffers N] [--mib M] [--seconds S] [--graphs]\n");
       return 2;
     }
   }
@@ -61,6 +83,39 @@ int main(int argc, char** argv) {
   }
   if (!ok(cudaMalloc(&staging, bytes), "cudaMalloc (staging)") || !ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
     return 1;
+  // One executable graph per buffer, made by capturing its update on `s`.
+  uint32_t* counter = nullptr;
+  std::vector<cudaGraphExec_t> exec(graphs ? buffers : 0, nullptr);
+  if (graphs) {
+    if (!ok(cudaMalloc(&counter, sizeof(uint32_t)), "cudaMalloc (counter)") ||
+        !ok(cudaMemset(counter, 0, sizeof(uint32_t)), "cudaMemset (counter)") ||
+        !ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
+      return 1;
+    for (int i = 0; i < buffers; ++i) {
+      cudaGraph_t g = nullptr;
+      if (!ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")) return 1;
+      bump<<<1, 1, 0, s>>>(counter);
+      if (i % 8 == 7) {
+        fill_counted<<<1024, 256, 0, s>>>(staging, words, counter);
+        (void)cudaMemcpyAsync(b[i], staging, bytes, cudaMemcpyDeviceToDevice, s);
+      } else {
+        if (i % 8 == 3) (void)cudaMemsetAsync(b[i], 0xff, bytes, s);
+        fill_counted<<<1024, 256, 0, s>>>(b[i], words, counter);
+      }
+      if (!ok(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture")) return 1;
+      if (i == 0) {  // inside a parent, as a child graph
+        cudaGraph_t parent = nullptr;
+        cudaGraphNode_t node = nullptr;
+        if (!ok(cudaGraphCreate(&parent, 0), "cudaGraphCreate") ||
+            !ok(cudaGraphAddChildGraphNode(&node, parent, nullptr, 0, g), "cudaGraphAddChildGraphNode"))
+          return 1;
+        (void)cudaGraphDestroy(g);
+        g = parent;
+      }
+      if (!ok(cudaGraphInstantiate(&exec[i], g, 0), "cudaGraphInstantiate")) return 1;
+      (void)cudaGraphDestroy(g);
+    }
+  }
   std::printf("ready\n");
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
@@ -70,6 +125,10 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 64; ++k) {
       ++u;
       uint32_t* dst = b[(u - 1) % buffers];
+      if (graphs) {
+        if (!ok(cudaGraphLaunch(exec[(u - 1) % buffers], s), "cudaGraphLaunch")) return 1;
+        continue;
+      }
       if (u % 8 == 0) {
         fill<<<1024, 256, 0, s>>>(staging, words, u);
         if (!ok(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync")) return 1;

@@ -9,6 +9,7 @@
 // Ours first: cuda.h renames driver functions by macro (cuGetProcAddress → _v2), which would
 // rename the hook table's entries too.
 #include "remoting/driver/driver_api.h"
+#include "remoting/driver/graph_touches.h"
 #include "remoting/driver/placement.h"
 #include "remoting/driver/snapshot.h"
 // Then the toolkit's, declaring every versioned export by its own name (cuMemAlloc_v2,
@@ -33,6 +34,42 @@ SAME_LAYOUT(d::CUmemAllocationProp, CUmemAllocationProp, allocFlags);
 static_assert(sizeof(d::CUmemAccessDesc) == sizeof(CUmemAccessDesc));
 SAME_LAYOUT(d::CUmemAccessDesc, CUmemAccessDesc, location);
 SAME_LAYOUT(d::CUmemAccessDesc, CUmemAccessDesc, flags);
+// What graph_touches.h reads from a graph's nodes.
+static_assert(sizeof(d::KernelNodeParams) == sizeof(CUDA_KERNEL_NODE_PARAMS_v2));
+SAME_LAYOUT(d::KernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, func);
+static_assert(offsetof(d::KernelNodeParams, grid) == offsetof(CUDA_KERNEL_NODE_PARAMS_v2, gridDimX));
+static_assert(offsetof(d::KernelNodeParams, shared_bytes) == offsetof(CUDA_KERNEL_NODE_PARAMS_v2, sharedMemBytes));
+static_assert(offsetof(d::KernelNodeParams, kernel_params) == offsetof(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams));
+SAME_LAYOUT(d::KernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, extra);
+SAME_LAYOUT(d::KernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, kern);
+SAME_LAYOUT(d::KernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, ctx);
+static_assert(sizeof(d::Memcpy3D) == sizeof(CUDA_MEMCPY3D));
+static_assert(offsetof(d::Memcpy3D, dst_x_bytes) == offsetof(CUDA_MEMCPY3D, dstXInBytes) &&
+              offsetof(d::Memcpy3D, dst_y) == offsetof(CUDA_MEMCPY3D, dstY) &&
+              offsetof(d::Memcpy3D, dst_z) == offsetof(CUDA_MEMCPY3D, dstZ) &&
+              offsetof(d::Memcpy3D, dst_memory_type) == offsetof(CUDA_MEMCPY3D, dstMemoryType) &&
+              offsetof(d::Memcpy3D, dst_host) == offsetof(CUDA_MEMCPY3D, dstHost) &&
+              offsetof(d::Memcpy3D, dst_device) == offsetof(CUDA_MEMCPY3D, dstDevice) &&
+              offsetof(d::Memcpy3D, dst_pitch) == offsetof(CUDA_MEMCPY3D, dstPitch) &&
+              offsetof(d::Memcpy3D, dst_height) == offsetof(CUDA_MEMCPY3D, dstHeight) &&
+              offsetof(d::Memcpy3D, width_bytes) == offsetof(CUDA_MEMCPY3D, WidthInBytes) &&
+              offsetof(d::Memcpy3D, height) == offsetof(CUDA_MEMCPY3D, Height) &&
+              offsetof(d::Memcpy3D, depth) == offsetof(CUDA_MEMCPY3D, Depth));
+static_assert(sizeof(d::MemsetNodeParams) == sizeof(CUDA_MEMSET_NODE_PARAMS));
+static_assert(offsetof(d::MemsetNodeParams, dst) == offsetof(CUDA_MEMSET_NODE_PARAMS, dst) &&
+              offsetof(d::MemsetNodeParams, pitch) == offsetof(CUDA_MEMSET_NODE_PARAMS, pitch) &&
+              offsetof(d::MemsetNodeParams, element_size) == offsetof(CUDA_MEMSET_NODE_PARAMS, elementSize) &&
+              offsetof(d::MemsetNodeParams, width) == offsetof(CUDA_MEMSET_NODE_PARAMS, width) &&
+              offsetof(d::MemsetNodeParams, height) == offsetof(CUDA_MEMSET_NODE_PARAMS, height));
+static_assert(d::kNodeKernel == CU_GRAPH_NODE_TYPE_KERNEL && d::kNodeMemcpy == CU_GRAPH_NODE_TYPE_MEMCPY &&
+              d::kNodeMemset == CU_GRAPH_NODE_TYPE_MEMSET && d::kNodeHost == CU_GRAPH_NODE_TYPE_HOST &&
+              d::kNodeChildGraph == CU_GRAPH_NODE_TYPE_GRAPH && d::kNodeEmpty == CU_GRAPH_NODE_TYPE_EMPTY &&
+              d::kNodeWaitEvent == CU_GRAPH_NODE_TYPE_WAIT_EVENT && d::kNodeEventRecord == CU_GRAPH_NODE_TYPE_EVENT_RECORD &&
+              d::kNodeSemaphoreSignal == CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL &&
+              d::kNodeSemaphoreWait == CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT && d::kNodeMemAlloc == CU_GRAPH_NODE_TYPE_MEM_ALLOC &&
+              d::kNodeMemFree == CU_GRAPH_NODE_TYPE_MEM_FREE);
+static_assert(d::kMemoryHost == CU_MEMORYTYPE_HOST && d::kMemoryDevice == CU_MEMORYTYPE_DEVICE &&
+              d::kMemoryUnified == CU_MEMORYTYPE_UNIFIED);
 static_assert(sizeof(d::CUipcMemHandle) == sizeof(CUipcMemHandle));
 static_assert(sizeof(d::CUdeviceptr) == sizeof(CUdeviceptr));
 static_assert(sizeof(d::CUmemGenericAllocationHandle) == sizeof(CUmemGenericAllocationHandle));

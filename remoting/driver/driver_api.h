@@ -22,6 +22,8 @@ using CUmodule = void*;
 using CUlibrary = void*;
 using CUevent = void*;
 using CUgraphExec = void*;
+using CUgraph = void*;
+using CUgraphNode = void*;
 using CUcontext = void*;
 using CUdevice = int;
 using CUstreamCaptureMode = int;
@@ -35,6 +37,9 @@ using CUlibraryOption = int;
 using CUdriverProcAddressQueryResult = int;
 using cuuint64_t = uint64_t;
 struct CUlaunchConfig;       // only passed by pointer
+struct CUgraphInstantiateParams;  // only passed by pointer (CUDA_GRAPH_INSTANTIATE_PARAMS)
+struct CUgraphExecUpdateResultInfo;  // only passed by pointer
+struct CUgraphNodeParams;            // only passed by pointer
 struct CUmemAllocationProp;  // only passed by pointer
 struct CUmemAccessDesc;      // only passed by pointer
 
@@ -155,6 +160,31 @@ enum class Role : uint8_t {
     (pi, attrib, dev), -1)                                                                                         \
   X(cuGraphLaunch, cuGraphLaunch, false, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)        \
   X(cuGraphLaunch_ptsz, cuGraphLaunch, true, 10000, kCount, CUresult, (CUgraphExec g, CUstream s), (g, s), -1)    \
+  X(cuGraphInstantiateWithFlags, cuGraphInstantiate, false, 12000, kCount, CUresult,                               \
+    (CUgraphExec * e, CUgraph g, unsigned long long flags), (e, g, flags), -1)                                     \
+  X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, false, 12000, kCount, CUresult,                   \
+    (CUgraphExec * e, CUgraph g, CUgraphInstantiateParams * p), (e, g, p), -1)                                     \
+  X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, true, 12000, kCount, CUresult,               \
+    (CUgraphExec * e, CUgraph g, CUgraphInstantiateParams * p), (e, g, p), -1)                                     \
+  X(cuGraphExecDestroy, cuGraphExecDestroy, false, 10000, kCount, CUresult, (CUgraphExec e), (e), -1)              \
+  X(cuGraphExecUpdate, cuGraphExecUpdate, false, 10020, kCount, CUresult,                                          \
+    (CUgraphExec e, CUgraph g, CUgraphNode * error_node, int* result), (e, g, error_node, result), -1)            \
+  X(cuGraphExecUpdate_v2, cuGraphExecUpdate, false, 12000, kCount, CUresult,                                       \
+    (CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo * info), (e, g, info), -1)                              \
+  X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, false, 10010, kCount, CUresult,                \
+    (CUgraphExec e, CUgraphNode n, const void* p), (e, n, p), -1)                                                  \
+  X(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, false, 12000, kCount, CUresult,             \
+    (CUgraphExec e, CUgraphNode n, const void* p), (e, n, p), -1)                                                  \
+  X(cuGraphExecMemcpyNodeSetParams, cuGraphExecMemcpyNodeSetParams, false, 10020, kCount, CUresult,                \
+    (CUgraphExec e, CUgraphNode n, const void* p, CUcontext c), (e, n, p, c), -1)                                  \
+  X(cuGraphExecMemsetNodeSetParams, cuGraphExecMemsetNodeSetParams, false, 10020, kCount, CUresult,                \
+    (CUgraphExec e, CUgraphNode n, const void* p, CUcontext c), (e, n, p, c), -1)                                  \
+  X(cuGraphExecChildGraphNodeSetParams, cuGraphExecChildGraphNodeSetParams, false, 11010, kCount, CUresult,        \
+    (CUgraphExec e, CUgraphNode n, CUgraph child), (e, n, child), -1)                                              \
+  X(cuGraphExecBatchMemOpNodeSetParams, cuGraphExecBatchMemOpNodeSetParams, false, 11070, kCount, CUresult,        \
+    (CUgraphExec e, CUgraphNode n, const void* p), (e, n, p), -1)                                                  \
+  X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, false, 12020, kCount, CUresult,                            \
+    (CUgraphExec e, CUgraphNode n, CUgraphNodeParams * p), (e, n, p), -1)                                          \
   X(cuStreamSynchronize, cuStreamSynchronize, false, 2000, kCount, CUresult, (CUstream s), (s), -1)               \
   X(cuStreamSynchronize_ptsz, cuStreamSynchronize, true, 7000, kCount, CUresult, (CUstream s), (s), -1)           \
   X(cuEventSynchronize, cuEventSynchronize, false, 2000, kCount, CUresult, (CUevent e), (e), -1)                   \

@@ -42,6 +42,7 @@
 #include "remoting/driver/gpu_identity.h"
 #include "remoting/driver/held_memory.h"
 #include "remoting/driver/lazy_load.h"
+#include "remoting/driver/graph_touches.h"
 #include "remoting/driver/launch_params.h"
 #include "remoting/driver/memory_limit.h"
 #include "remoting/driver/placement.h"
@@ -121,6 +122,8 @@ struct Runtime {
   // What the job's launches, copies and memsets may write (placed memory only: marks go to
   // Placement), and the streams a cut orders itself after (docs/driver_runtime.md, "Written memory").
   std::unique_ptr<LaunchScanner> scanner;
+  GraphCalls graph_reads;  // the real driver's, to read a graph as it is instantiated (graph_touches.h)
+  GraphBook graphs;        // what each executable graph may write
   std::atomic<uint64_t> marked{0};  // addresses found in launch parameters
   StreamSet streams;
   SnapCalls snap;  // the real driver's, for GPU-only checkpoints
@@ -374,6 +377,16 @@ std::string census_json(Runtime* rt) {
                   static_cast<unsigned long long>(w.layouts),
                   static_cast<unsigned long long>(rt->marked.load(std::memory_order_relaxed)), rt->streams.list().size());
     text.insert(text.size() - 1, buf);
+    // CUDA graphs read at instantiation (graph_touches.h): their launches mark only what they name.
+    const GraphBook::Stats g = rt->graphs.stats();
+    std::snprintf(buf, sizeof(buf),
+                  ",\"graph_writes\":{\"graphs_read\":%llu,\"graphs_unread\":%llu,\"launches_read\":%llu,"
+                  "\"launches_unread\":%llu",
+                  static_cast<unsigned long long>(g.read), static_cast<unsigned long long>(g.unread),
+                  static_cast<unsigned long long>(g.launches_read), static_cast<unsigned long long>(g.launches_unread));
+    text.insert(text.size() - 1, std::string(buf) +
+                                     (g.last_unread.empty() ? "" : ",\"last_unread\":" + pos::json_string(g.last_unread)) +
+                                     "}");
   }
   return text;
 }
@@ -1629,6 +1642,7 @@ Runtime* runtime() {
       pi.kernel_param_info =
           reinterpret_cast<decltype(pi.kernel_param_info)>(real_dlsym()(rt->driver, "cuKernelGetParamInfo"));
       rt->scanner = std::make_unique<LaunchScanner>(pi);
+      rt->graph_reads = graph_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
       if (const VmmCalls v = vmm_calls(rt->driver); v.complete()) rt->app_vmm = std::make_unique<AppVmm>(v);
     }
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
@@ -1940,6 +1954,50 @@ void mark_launch(Runtime* rt, CUfunction f, void** params, void** extra, CUstrea
   if (found > 0) rt->marked.fetch_add(found, std::memory_order_relaxed);
 }
 
+// A graph launch: what the graph was read to write at its instantiation (graph_touches.h) is marked,
+// and while a cut's copies run ahead its stream waits for their copies alone; a graph not known
+// (not read, or changed since) marks everything and waits for every copy, as a graph launch did
+// before graphs were read.
+void mark_graph_launch(Runtime* rt, CUgraphExec e, CUstream s) {
+  Placement* p = rt->placement.get();
+  const std::shared_ptr<const GraphTouches> g = rt->graphs.find(e);
+  rt->graphs.count_launch(g != nullptr);
+  const bool ahead = ahead_running(rt);
+  if (g == nullptr) {
+    if (ahead) ahead_wait(rt, s, nullptr, 0, true);
+    p->mark_all_written();
+    return;
+  }
+  if (ahead) {
+    if (!g->words.empty()) ahead_wait(rt, s, g->words.data(), g->words.size(), false);
+    for (const auto& [at, len] : g->ranges) ahead_wait_range(rt, s, at, len);
+  }
+  if (!g->words.empty()) p->mark_written(g->words.data(), g->words.size());
+  for (const auto& [at, len] : g->ranges) p->mark_range_written(at, len);
+  rt->marked.fetch_add(g->words.size(), std::memory_order_relaxed);
+}
+
+// An executable graph made: what it may write, read from the graph it was made of.
+void learn_graph(Runtime* rt, CUgraphExec e, CUgraph g) {
+  if (!rt->placement || !rt->scanner) return;
+  std::string why;
+  Placement* p = rt->placement.get();
+  std::shared_ptr<const GraphTouches> t =
+      read_graph(rt->graph_reads, *rt->scanner, g, [p](uint64_t w) { return p->in_window(w); }, &why);
+  if (t == nullptr) rt->graphs.count_unread(why);
+  rt->graphs.learn(e, std::move(t));
+}
+
+// The calls after which an executable graph may write other memory than it was read to, or is gone.
+constexpr bool changes_graph(HookId id) {
+  using H = HookId;
+  return id == H::cuGraphExecDestroy || id == H::cuGraphExecUpdate || id == H::cuGraphExecUpdate_v2 ||
+         id == H::cuGraphExecKernelNodeSetParams || id == H::cuGraphExecKernelNodeSetParams_v2 ||
+         id == H::cuGraphExecMemcpyNodeSetParams || id == H::cuGraphExecMemsetNodeSetParams ||
+         id == H::cuGraphExecChildGraphNodeSetParams || id == H::cuGraphExecBatchMemOpNodeSetParams ||
+         id == H::cuGraphExecNodeSetParams;
+}
+
 // The stream a hooked call runs on, as a stream handle that means the same from any thread.
 template <HookId kId>
 inline CUstream call_stream(CUstream s) {
@@ -1997,8 +2055,9 @@ inline void before_call(Runtime* rt, A... a) {
   } else if constexpr (kId == H::cuMemsetD32_v2 || kId == H::cuMemsetD32_v2_ptds) {
     mark_range(rt, call_stream<kId>(nullptr), std::get<0>(t), uint64_t{4} * std::get<2>(t));
   } else if constexpr (kId == H::cuGraphLaunch || kId == H::cuGraphLaunch_ptsz) {
-    if (ahead_running(rt)) ahead_wait(rt, call_stream<kId>(std::get<1>(t)), nullptr, 0, true);
-    rt->placement->mark_all_written();  // a graph's kernels are not seen one by one
+    mark_graph_launch(rt, std::get<0>(t), call_stream<kId>(std::get<1>(t)));
+  } else if constexpr (changes_graph(kId)) {
+    rt->graphs.forget(std::get<0>(t));  // destroyed, or what it writes may have changed: not known now
   } else if constexpr (synchronizes(kId)) {
     rt->placement->new_epoch();  // the job waits for its device: a step's end, typically (Placement::new_epoch)
   } else if constexpr (kId == H::cuStreamDestroy_v2) {
@@ -2021,6 +2080,11 @@ inline void after_call(Runtime* rt, CUresult rc, A... a) {
       }
       rt->align_cv.notify_all();
     }
+  }
+  if constexpr (kId == HookId::cuGraphInstantiateWithFlags || kId == HookId::cuGraphInstantiateWithParams ||
+                kId == HookId::cuGraphInstantiateWithParams_ptsz) {
+    auto t = std::make_tuple(a...);
+    if (rc == kSuccess && std::get<0>(t) != nullptr) learn_graph(rt, *std::get<0>(t), std::get<1>(t));
   }
   if constexpr (kId == HookId::cuStreamCreate || kId == HookId::cuStreamCreateWithPriority) {
     auto t = std::make_tuple(a...);
