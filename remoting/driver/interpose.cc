@@ -124,6 +124,7 @@ struct Runtime {
   std::unique_ptr<LaunchScanner> scanner;
   GraphCalls graph_reads;  // the real driver's, to read a graph as it is instantiated (graph_touches.h)
   GraphBook graphs;        // what each executable graph may write
+  bool graph_reads_off = false;  // POS_GRAPH_WRITES=0
   std::atomic<uint64_t> marked{0};  // addresses found in launch parameters
   StreamSet streams;
   SnapCalls snap;  // the real driver's, for GPU-only checkpoints
@@ -1642,7 +1643,11 @@ Runtime* runtime() {
       pi.kernel_param_info =
           reinterpret_cast<decltype(pi.kernel_param_info)>(real_dlsym()(rt->driver, "cuKernelGetParamInfo"));
       rt->scanner = std::make_unique<LaunchScanner>(pi);
-      rt->graph_reads = graph_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
+      // POS_GRAPH_WRITES=0: graphs are not read, and each launch counts as writing everything.
+      if (const char* gw = std::getenv("POS_GRAPH_WRITES"); gw == nullptr || std::strcmp(gw, "0") != 0)
+        rt->graph_reads = graph_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
+      else
+        rt->graph_reads_off = true;
       if (const VmmCalls v = vmm_calls(rt->driver); v.complete()) rt->app_vmm = std::make_unique<AppVmm>(v);
     }
     // A job on a driver gets a control socket for pos-cli (POS_CONTROL=0: none). Failing to make
@@ -1980,6 +1985,11 @@ void mark_graph_launch(Runtime* rt, CUgraphExec e, CUstream s) {
 // An executable graph made: what it may write, read from the graph it was made of.
 void learn_graph(Runtime* rt, CUgraphExec e, CUgraph g) {
   if (!rt->placement || !rt->scanner) return;
+  if (rt->graph_reads_off) {
+    rt->graphs.count_unread("POS_GRAPH_WRITES=0");
+    rt->graphs.forget(e);
+    return;
+  }
   std::string why;
   Placement* p = rt->placement.get();
   std::shared_ptr<const GraphTouches> t =
