@@ -1078,6 +1078,55 @@ TEST_F(Preloaded, WhileACutsCopiesRunTheJobsCallsWaitOnlyForTheCopiesOfWhatTheyT
   }
 }
 
+// A CUDA graph is read when the job instantiates it: its launches mark only the memory its kernel
+// nodes name, and the copy holds what it wrote. An executable graph changed after instantiation is
+// no longer known, so its launches mark everything, as they do with POS_GRAPH_WRITES=0; the census
+// counts both.
+TEST_F(Preloaded, AGraphLaunchMarksWhatItsGraphWasReadToWriteUntilTheGraphIsChanged) {
+  for (const std::string read : {"1", "0"}) {
+    const std::string dir = jobs_dir() + "-snap-graph" + read;
+    std::filesystem::remove_all(dir);
+    RunningProbe job(dir, "writes", {{"POS_DRIVER_PLACE", "1"}, {"POS_GRAPH_WRITES", read}});
+    ASSERT_TRUE(job.ready());
+    const std::string sock = pos::job_socket_path(dir, job.pid);
+    (void)snap_of(sock);  // everything is new; from here on, only what the job writes
+    job.say("gmake 1 130\n");
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+    EXPECT_EQ(snap_of(sock).written, (std::vector<int>{0, 0, 0})) << read;  // made, not run
+    job.say("glaunch 1 0\n");
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+    Snap s = snap_of(sock);
+    const std::vector<int> marked = read == "1" ? std::vector<int>{0, 1, 0} : std::vector<int>{1, 1, 1};
+    EXPECT_EQ(s.written, marked) << s.text;
+    ASSERT_EQ(s.contents.size(), 3u) << s.text;
+    EXPECT_TRUE(s.contents[0] == holds(0) && s.contents[1] == holds(1, 130) && s.contents[2] == holds(2)) << read;
+    // The executable's node now writes allocation 2: the layer cannot know it, so all of it counts.
+    job.say("gset 1 2\n");
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+    job.say("glaunch 1 0\n");
+    ASSERT_EQ(job.line_within(5000), "done rc=0\n");
+    s = snap_of(sock);
+    EXPECT_EQ(s.written, (std::vector<int>{1, 1, 1})) << s.text;
+    ASSERT_EQ(s.contents.size(), 3u) << s.text;
+    EXPECT_TRUE(s.contents[2] == holds(2, 130)) << read;
+    auto ps = pos::ask_job(sock, "ps", 10000);
+    ASSERT_TRUE(ps.ok());
+    if (read == "1") {
+      EXPECT_NE(ps->find("\"graph_writes\":{\"graphs_read\":1,\"graphs_unread\":0,\"launches_read\":1,"
+                         "\"launches_unread\":1}"),
+                std::string::npos)
+          << *ps;
+    } else {
+      EXPECT_NE(ps->find("\"graph_writes\":{\"graphs_read\":0,\"graphs_unread\":1,\"launches_read\":0,"
+                         "\"launches_unread\":2,\"last_unread\":\"POS_GRAPH_WRITES=0\"}"),
+                std::string::npos)
+          << *ps;
+    }
+    EXPECT_EQ(job.stop(), 0);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 // `snap-cut align=MS`: a cut of a job with stream-ordered memory waits for the job's step boundary
 // (its return from a synchronizing call) while the job is busy, and no longer than MS; an idle job
 // is cut at once, and so is one without such memory. The cut holds what the job's step wrote. Bad

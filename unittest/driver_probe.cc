@@ -373,7 +373,9 @@ int main(int argc, char** argv) {
     // waiting for the device (a step's work); "sync" waits for the probe's stream (a step's end);
     // "palloc I V" allocates 1 MiB of stream-ordered memory on the probe's stream as slot I (0..2)
     // and fills it with byte V, "pfree I 0" frees slot I on that stream; "busycapture 0 MS" is
-    // "busy 0 MS" followed at once by "capture".
+    // "busy 0 MS" followed at once by "capture". "gmake X V" makes and instantiates graph X, one
+    // kernel node writing V into allocation X; "glaunch X 0" launches it on the probe's stream;
+    // "gset X Y" changes its executable's node to write into allocation Y instead.
     auto sym = [](const char* n) { return dlsym(RTLD_DEFAULT, n); };
     auto htod = reinterpret_cast<int (*)(unsigned long long, const void*, size_t)>(sym("cuMemcpyHtoD_v2"));
     auto memset8 = reinterpret_cast<int (*)(unsigned long long, unsigned char, size_t)>(sym("cuMemsetD8_v2"));
@@ -402,6 +404,24 @@ int main(int argc, char** argv) {
     auto alloc_async = reinterpret_cast<int (*)(unsigned long long*, size_t, void*)>(sym("cuMemAllocAsync"));
     auto free_async = reinterpret_cast<int (*)(unsigned long long, void*)>(sym("cuMemFreeAsync"));
     unsigned long long slot[3] = {};
+    // CUDA graphs ("gmake", "glaunch", "gset"): the driver's calls, the hooked ones through the layer.
+    struct KernelNodeParams {  // CUDA_KERNEL_NODE_PARAMS_v2
+      void* func;
+      unsigned grid[3], block[3], shared_bytes;
+      void** kernel_params;
+      void** extra;
+      void* kern;
+      void* ctx;
+    };
+    auto graph_create = reinterpret_cast<int (*)(void**, unsigned)>(sym("cuGraphCreate"));
+    auto graph_add_kernel =
+        reinterpret_cast<int (*)(void**, void*, const void*, size_t, const KernelNodeParams*)>(sym("cuGraphAddKernelNode_v2"));
+    auto graph_instantiate = reinterpret_cast<int (*)(void**, void*, unsigned long long)>(sym("cuGraphInstantiateWithFlags"));
+    auto graph_launch = reinterpret_cast<int (*)(void*, void*)>(sym("cuGraphLaunch"));
+    auto graph_set = reinterpret_cast<int (*)(void*, void*, const KernelNodeParams*)>(sym("cuGraphExecKernelNodeSetParams_v2"));
+    void* graph_exec[3] = {};
+    void* graph_node[3] = {};
+    unsigned char graph_value[3] = {};
     char line[64];
     while (std::fgets(line, sizeof(line), stdin) != nullptr) {
       char how[16] = {};
@@ -451,6 +471,25 @@ int main(int argc, char** argv) {
         else if (h == "pfree") r = free_async(slot[x], stream);
         else if (h == "capture")  // a CUDA graph capture begun on the probe's stream (hooked) ...
           r = reinterpret_cast<int (*)(void*, int)>(sym("cuStreamBeginCapture_v2"))(stream, 0);
+        else if (h == "gmake") {  // a CUDA graph of one kernel node writing V into allocation X, instantiated
+          void* g = nullptr;
+          KernelNodeParams p{};
+          p.func = const_cast<FakeKernel*>(&plain);
+          p.kernel_params = params;
+          graph_value[x] = val;
+          r = graph_create(&g, 0) | graph_add_kernel(&graph_node[x], g, nullptr, 0, &p) |
+              graph_instantiate(&graph_exec[x], g, 0);
+        } else if (h == "glaunch") {  // graph X launched on the probe's stream
+          r = graph_launch(graph_exec[x], stream);
+        } else if (h == "gset") {  // graph X's executable node now writes allocation V (with its value)
+          unsigned long long to = at[v % 3];
+          unsigned char keep = graph_value[x];
+          void* changed[2] = {&to, &keep};
+          KernelNodeParams p{};
+          p.func = const_cast<FakeKernel*>(&plain);
+          p.kernel_params = changed;
+          r = graph_set(graph_exec[x], graph_node[x], &p);
+        }
         else if (h == "endcapture")  // ... and ended (passes through)
           r = reinterpret_cast<int (*)(void*, void**)>(sym("cuStreamEndCapture"))(stream, nullptr);
         else r = -1;

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -205,9 +206,111 @@ FAKE_EXPORT int cuStreamIsCapturing(void* s, int* status) {
   *status = capturing.count(s) != 0 ? 1 : 0;  // CU_STREAM_CAPTURE_STATUS_ACTIVE : NONE
   return 0;
 }
-FAKE_EXPORT int cuGraphLaunch(void*, void*) {
-  bump("cuGraphLaunch");
+// CUDA graphs of kernel nodes (FakeKernels): a graph is a list of nodes, each holding its kernel and
+// a copy of its parameter values; an executable graph copies the list at instantiation, and its
+// launch runs each node's kernel at once, after the pending stream waits.
+namespace {
+struct KernelNodeParamsV2 {  // CUDA_KERNEL_NODE_PARAMS_v2's layout
+  void* func;
+  unsigned grid[3], block[3], shared_bytes;
+  void** kernel_params;
+  void** extra;
+  void* kern;
+  void* ctx;
+};
+struct FakeNode {
+  void* func = nullptr;
+  std::vector<std::vector<unsigned char>> values;
+  std::vector<void*> ptrs;  // into values: what cuGraphKernelNodeGetParams_v2 hands out
+  void set(void* f, void** params) {
+    func = f;
+    values.clear();
+    const auto* k = static_cast<const FakeKernel*>(f);
+    for (uint32_t i = 0; k != nullptr && params != nullptr && i < k->n && i < 8; ++i) {
+      const auto* b = static_cast<const unsigned char*>(params[i]);
+      values.emplace_back(b, b + k->size[i]);
+    }
+    point();
+  }
+  void point() {
+    ptrs.clear();
+    for (auto& v : values) ptrs.push_back(v.data());
+  }
+};
+struct FakeGraph {
+  std::vector<FakeNode*> nodes;
+};
+struct FakeExec {
+  std::vector<std::pair<FakeNode*, FakeNode>> nodes;  // (the graph's node, the executable's copy)
+};
+int run_kernel(void* f, void** params, void** extra);
+}  // namespace
+FAKE_EXPORT int cuGraphCreate(void** g, unsigned) {
+  *g = new FakeGraph;
   return 0;
+}
+FAKE_EXPORT int cuGraphAddKernelNode_v2(void** node, void* g, const void*, size_t, const KernelNodeParamsV2* p) {
+  if (g == nullptr || p == nullptr) return 1;
+  auto* n = new FakeNode;
+  n->set(p->func, p->kernel_params);
+  static_cast<FakeGraph*>(g)->nodes.push_back(n);
+  *node = n;
+  return 0;
+}
+FAKE_EXPORT int cuGraphGetNodes(void* g, void** nodes, size_t* n) {
+  const auto& v = static_cast<FakeGraph*>(g)->nodes;
+  if (nodes == nullptr) {
+    *n = v.size();
+    return 0;
+  }
+  for (size_t i = 0; i < *n && i < v.size(); ++i) nodes[i] = v[i];
+  *n = std::min(*n, v.size());
+  return 0;
+}
+FAKE_EXPORT int cuGraphNodeGetType(void*, int* type) {
+  *type = 0;  // CU_GRAPH_NODE_TYPE_KERNEL: the only kind the fake makes
+  return 0;
+}
+FAKE_EXPORT int cuGraphKernelNodeGetParams_v2(void* node, KernelNodeParamsV2* p) {
+  auto* n = static_cast<FakeNode*>(node);
+  *p = KernelNodeParamsV2{};
+  p->func = n->func;
+  p->kernel_params = n->ptrs.data();
+  return 0;
+}
+// Node kinds the fake never makes: asked of no node.
+FAKE_EXPORT int cuGraphMemcpyNodeGetParams(void*, void*) { return 1; }
+FAKE_EXPORT int cuGraphMemsetNodeGetParams(void*, void*) { return 1; }
+FAKE_EXPORT int cuGraphChildGraphNodeGetGraph(void*, void**) { return 1; }
+FAKE_EXPORT int cuGraphInstantiateWithFlags(void** e, void* g, unsigned long long) {
+  bump("cuGraphInstantiateWithFlags");
+  auto* x = new FakeExec;
+  for (FakeNode* n : static_cast<FakeGraph*>(g)->nodes) x->nodes.emplace_back(n, *n);
+  for (auto& [from, copy] : x->nodes) copy.point();
+  *e = x;
+  return 0;
+}
+FAKE_EXPORT int cuGraphExecKernelNodeSetParams_v2(void* e, void* node, const KernelNodeParamsV2* p) {
+  bump("cuGraphExecKernelNodeSetParams_v2");
+  for (auto& [from, copy] : static_cast<FakeExec*>(e)->nodes)
+    if (from == node) {
+      copy.set(p->func, p->kernel_params);
+      return 0;
+    }
+  return 1;
+}
+FAKE_EXPORT int cuGraphExecDestroy(void* e) {
+  bump("cuGraphExecDestroy");
+  delete static_cast<FakeExec*>(e);
+  return 0;
+}
+FAKE_EXPORT int cuGraphLaunch(void* e, void*) {
+  bump("cuGraphLaunch");
+  if (e == nullptr) return 0;
+  drain_waits();
+  int rc = 0;
+  for (auto& [from, copy] : static_cast<FakeExec*>(e)->nodes) rc |= run_kernel(copy.func, copy.ptrs.data(), nullptr);
+  return rc;
 }
 // An IPC handle is 64 bytes passed by value: the fake fills one with a pattern and checks it
 // arrives whole, so a hook that forwarded it with the wrong ABI fails the call.
