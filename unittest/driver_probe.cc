@@ -405,14 +405,7 @@ int main(int argc, char** argv) {
     auto free_async = reinterpret_cast<int (*)(unsigned long long, void*)>(sym("cuMemFreeAsync"));
     unsigned long long slot[3] = {};
     // CUDA graphs ("gmake", "glaunch", "gset"): the driver's calls, the hooked ones through the layer.
-    struct KernelNodeParams {  // CUDA_KERNEL_NODE_PARAMS_v2
-      void* func;
-      unsigned grid[3], block[3], shared_bytes;
-      void** kernel_params;
-      void** extra;
-      void* kern;
-      void* ctx;
-    };
+    using KernelNodeParams = FakeKernelNodeParams;
     auto graph_create = reinterpret_cast<int (*)(void**, unsigned)>(sym("cuGraphCreate"));
     auto graph_add_kernel =
         reinterpret_cast<int (*)(void**, void*, const void*, size_t, const KernelNodeParams*)>(sym("cuGraphAddKernelNode_v2"));

@@ -210,14 +210,6 @@ FAKE_EXPORT int cuStreamIsCapturing(void* s, int* status) {
 // a copy of its parameter values; an executable graph copies the list at instantiation, and its
 // launch runs each node's kernel at once, after the pending stream waits.
 namespace {
-struct KernelNodeParamsV2 {  // CUDA_KERNEL_NODE_PARAMS_v2's layout
-  void* func;
-  unsigned grid[3], block[3], shared_bytes;
-  void** kernel_params;
-  void** extra;
-  void* kern;
-  void* ctx;
-};
 struct FakeNode {
   void* func = nullptr;
   std::vector<std::vector<unsigned char>> values;
@@ -249,7 +241,7 @@ FAKE_EXPORT int cuGraphCreate(void** g, unsigned) {
   *g = new FakeGraph;
   return 0;
 }
-FAKE_EXPORT int cuGraphAddKernelNode_v2(void** node, void* g, const void*, size_t, const KernelNodeParamsV2* p) {
+FAKE_EXPORT int cuGraphAddKernelNode_v2(void** node, void* g, const void*, size_t, const FakeKernelNodeParams* p) {
   if (g == nullptr || p == nullptr) return 1;
   auto* n = new FakeNode;
   n->set(p->func, p->kernel_params);
@@ -271,9 +263,9 @@ FAKE_EXPORT int cuGraphNodeGetType(void*, int* type) {
   *type = 0;  // CU_GRAPH_NODE_TYPE_KERNEL: the only kind the fake makes
   return 0;
 }
-FAKE_EXPORT int cuGraphKernelNodeGetParams_v2(void* node, KernelNodeParamsV2* p) {
+FAKE_EXPORT int cuGraphKernelNodeGetParams_v2(void* node, FakeKernelNodeParams* p) {
   auto* n = static_cast<FakeNode*>(node);
-  *p = KernelNodeParamsV2{};
+  *p = FakeKernelNodeParams{};
   p->func = n->func;
   p->kernel_params = n->ptrs.data();
   return 0;
@@ -290,7 +282,7 @@ FAKE_EXPORT int cuGraphInstantiateWithFlags(void** e, void* g, unsigned long lon
   *e = x;
   return 0;
 }
-FAKE_EXPORT int cuGraphExecKernelNodeSetParams_v2(void* e, void* node, const KernelNodeParamsV2* p) {
+FAKE_EXPORT int cuGraphExecKernelNodeSetParams_v2(void* e, void* node, const FakeKernelNodeParams* p) {
   bump("cuGraphExecKernelNodeSetParams_v2");
   for (auto& [from, copy] : static_cast<FakeExec*>(e)->nodes)
     if (from == node) {

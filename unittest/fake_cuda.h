@@ -1,6 +1,7 @@
 // fake_cuda.h — the fake driver's kernels (unittest/fake_cuda.cc), shared with the probe that
 // launches them: a "function handle" is a pointer to a FakeKernel, which says its parameter layout
-// and, when launched, writes one 4 KiB page at the device address it is given.
+// and, when launched, writes one 4 KiB page at the device address it is given; and the parameters
+// of the kernel nodes of its CUDA graphs.
 #pragma once
 
 #include <cstdint>
@@ -20,4 +21,14 @@ struct FakeKernel {
   uint32_t ptr_at;
   int32_t val_param;
   uint32_t val_at;
+};
+
+// CUDA_KERNEL_NODE_PARAMS_v2's layout: the fake's graph calls and the probe that makes graphs.
+struct FakeKernelNodeParams {
+  void* func;
+  unsigned grid[3], block[3], shared_bytes;
+  void** kernel_params;
+  void** extra;
+  void* kern;
+  void* ctx;
 };
