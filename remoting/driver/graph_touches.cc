@@ -9,11 +9,6 @@ namespace {
 
 constexpr int kMaxDepth = 8;
 
-template <typename F>
-void lookup(const std::function<void*(const char*)>& sym, F* f, const char* name) {
-  *f = reinterpret_cast<F>(sym(name));
-}
-
 // The span a 3D copy writes, from its first byte: the last row of the last slice ends it.
 uint64_t copy_span(const Memcpy3D& c) {
   const uint64_t rows = c.height == 0 ? 0 : c.height - 1, slices = c.depth == 0 ? 0 : c.depth - 1;
@@ -110,17 +105,6 @@ struct Reader {
 };
 
 }  // namespace
-
-GraphCalls graph_calls(const std::function<void*(const char*)>& sym) {
-  GraphCalls c;
-  lookup(sym, &c.get_nodes, "cuGraphGetNodes");
-  lookup(sym, &c.node_type, "cuGraphNodeGetType");
-  lookup(sym, &c.kernel_params, "cuGraphKernelNodeGetParams_v2");
-  lookup(sym, &c.memcpy_params, "cuGraphMemcpyNodeGetParams");
-  lookup(sym, &c.memset_params, "cuGraphMemsetNodeGetParams");
-  lookup(sym, &c.child_graph, "cuGraphChildGraphNodeGetGraph");
-  return c;
-}
 
 std::shared_ptr<const GraphTouches> read_graph(const GraphCalls& calls, LaunchScanner& scanner, CUgraph g,
                                                const std::function<bool(uint64_t)>& keep, std::string* why) {

@@ -72,8 +72,6 @@ struct GraphCalls {
     return get_nodes && node_type && kernel_params && memcpy_params && memset_params && child_graph;
   }
 };
-// The real driver's, looked up by `sym` (dlsym on its handle).
-GraphCalls graph_calls(const std::function<void*(const char*)>& sym);
 
 // What a graph's nodes may write: the words of its kernels' parameters that `keep` accepts (POS's
 // address window), and its copies' and memsets' destination ranges that start in it. Sorted, unique.

@@ -1567,6 +1567,19 @@ SnapCalls snap_calls(void* driver) {
   return c;
 }
 
+// The real driver's calls that read a CUDA graph's nodes (graph_touches.h).
+GraphCalls graph_calls(void* driver) {
+  GraphCalls c;
+  const auto get = [driver](auto* fn, const char* name) { lookup(driver, fn, name); };
+  get(&c.get_nodes, "cuGraphGetNodes");
+  get(&c.node_type, "cuGraphNodeGetType");
+  get(&c.kernel_params, "cuGraphKernelNodeGetParams_v2");
+  get(&c.memcpy_params, "cuGraphMemcpyNodeGetParams");
+  get(&c.memset_params, "cuGraphMemsetNodeGetParams");
+  get(&c.child_graph, "cuGraphChildGraphNodeGetGraph");
+  return c;
+}
+
 std::atomic<Runtime*> g_runtime{nullptr};
 std::once_flag g_once;
 thread_local bool t_starting = false;
@@ -1645,7 +1658,7 @@ Runtime* runtime() {
       rt->scanner = std::make_unique<LaunchScanner>(pi);
       // POS_GRAPH_WRITES=0: graphs are not read, and each launch counts as writing everything.
       if (const char* gw = std::getenv("POS_GRAPH_WRITES"); gw == nullptr || std::strcmp(gw, "0") != 0)
-        rt->graph_reads = graph_calls([rt](const char* name) { return real_dlsym()(rt->driver, name); });
+        rt->graph_reads = graph_calls(rt->driver);
       else
         rt->graph_reads_off = true;
       if (const VmmCalls v = vmm_calls(rt->driver); v.complete()) rt->app_vmm = std::make_unique<AppVmm>(v);
@@ -1986,8 +1999,7 @@ void mark_graph_launch(Runtime* rt, CUgraphExec e, CUstream s) {
 void learn_graph(Runtime* rt, CUgraphExec e, CUgraph g) {
   if (!rt->placement || !rt->scanner) return;
   if (rt->graph_reads_off) {
-    rt->graphs.count_unread("POS_GRAPH_WRITES=0");
-    rt->graphs.forget(e);
+    rt->graphs.count_unread("POS_GRAPH_WRITES=0");  // nothing is learnt, so the book never knows `e`
     return;
   }
   std::string why;
