@@ -170,6 +170,42 @@ TEST(CheckpointPolicy, AJobThatRewritesNearlyAllItsMemoryBetweenTicksGetsWholePo
   }
 }
 
+TEST(CheckpointPolicy, RetiredPointsAreFreedOnSeveralThreadsAndAFileAKeptPointLinksKeepsItsBytes) {
+  const std::string dir = fresh_dir("free");
+  // Two retired points of three files each (200 MiB apiece, sparse: shrunk in 64 MiB pieces like
+  // real ones), and a kept point that links one file of the first.
+  std::vector<std::string> retired;
+  for (int p = 0; p < 2; ++p) {
+    const std::string d = dir + "/.del-cp-00000" + std::to_string(p + 1) + "/gpu";
+    fs::create_directories(d);
+    for (int f = 0; f < 3; ++f) {
+      const std::string file = d + "/memory." + std::to_string(f);
+      std::ofstream(file) << "head of " << p << "." << f;
+      fs::resize_file(file, 200ull << 20);
+    }
+    retired.push_back(fs::path(d).parent_path().string());
+  }
+  fs::create_directories(dir + "/cp-000003/gpu");
+  fs::create_hard_link(retired[0] + "/gpu/memory.1", dir + "/cp-000003/gpu/memory.1");
+  free_gently(retired, 4);
+  EXPECT_FALSE(fs::exists(retired[0]));
+  EXPECT_FALSE(fs::exists(retired[1]));
+  // The linked file is whole: its size and its first bytes.
+  const std::string kept = dir + "/cp-000003/gpu/memory.1";
+  ASSERT_TRUE(fs::exists(kept));
+  EXPECT_EQ(fs::file_size(kept), 200ull << 20);
+  std::string head;
+  std::getline(std::ifstream(kept), head);
+  EXPECT_EQ(head.substr(0, 11), "head of 0.1");
+  EXPECT_EQ(fs::hard_link_count(kept), 1u);
+  // Nothing to free is no work, and paths that are not there are no error.
+  free_gently({}, 4);
+  free_gently({dir + "/.del-cp-000009"}, 4);
+  EXPECT_GE(freeing_threads(), 1u);
+  EXPECT_LE(freeing_threads(), 4u);
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointPolicy, RetentionAloneNeverRetiresAParentOfAKeptPoint) {
   std::vector<RestorePoint> pts;
   for (uint64_t i = 1; i <= 6; ++i) {

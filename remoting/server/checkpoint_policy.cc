@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -228,30 +229,45 @@ std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& point
   return out;
 }
 
+// Described in the header; the pieces and the pause are docs/continuous_checkpointing.md's "Freeing".
+void free_gently(const std::vector<std::string>& paths, unsigned threads) {
+  constexpr off_t kPiece = 64 << 20;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const std::string& path : paths)
+    for (auto it = std::filesystem::recursive_directory_iterator(path, ec); !ec && it != std::filesystem::recursive_directory_iterator();
+         it.increment(ec))
+      if (!it->is_symlink(ec) && it->is_regular_file(ec)) files.push_back(it->path().string());
+  std::atomic<size_t> next{0};
+  const auto shrink = [&] {
+    for (size_t i = next++; i < files.size(); i = next++) {
+      UniqueFd fd(::open(files[i].c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+      struct stat st {};
+      if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_nlink != 1) continue;
+      for (off_t size = st.st_size; size > kPiece;) {
+        size -= kPiece;
+        if (::ftruncate(fd.get(), size) != 0) break;
+        ::usleep(1000);
+      }
+    }
+  };
+  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < std::min<size_t>(threads, files.size()); ++t)
+    helpers.emplace_back([&] {
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
+      shrink();
+    });
+  shrink();
+  for (std::thread& h : helpers) h.join();
+  for (const std::string& path : paths) std::filesystem::remove_all(path, ec);
+}
+
+unsigned freeing_threads() { return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u); }
+
 // ---- making a point whole ----
 
 namespace {
-
-// A retired point deleted a piece at a time: each file of its own shrunk 64 MiB at a time with a
-// pause between (freeing gigabytes of a tmpfs in one call holds the allocator's locks for that long,
-// docs/continuous_checkpointing.md), then the tree removed. Files other entries link stay whole.
-void free_gently(const std::string& path) {
-  constexpr off_t kPiece = 64 << 20;
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(path, ec); !ec && it != std::filesystem::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
-    UniqueFd fd(::open(it->path().c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
-    struct stat st {};
-    if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_nlink != 1) continue;
-    for (off_t size = st.st_size; size > kPiece;) {
-      size -= kPiece;
-      if (::ftruncate(fd.get(), size) != 0) break;
-      ::usleep(1000);
-    }
-  }
-  std::filesystem::remove_all(path, ec);
-}
 
 Status link_file(const std::string& src, const std::string& dst) {
   if (::link(src.c_str(), dst.c_str()) != 0)
@@ -494,7 +510,9 @@ Status CheckpointRunner::retire() {
     freeing_ = std::thread([this, gone, punch_dir] {
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
       const auto t0 = std::chrono::steady_clock::now();
-      for (const std::string& name : gone) free_gently(policy_.dir + "/.del-" + name);
+      std::vector<std::string> paths;
+      for (const std::string& name : gone) paths.push_back(policy_.dir + "/.del-" + name);
+      free_gently(paths, freeing_threads());
       const auto t1 = std::chrono::steady_clock::now();
       // The bytes of the earlier points' files that the point made whole does not use (buffers
       // rewritten since): their files are its own now.

@@ -102,6 +102,16 @@ std::vector<RestorePoint> list_restore_points(const std::string& dir);
 // Retention: the points to delete so that the newest `keep` stay, each with every point its chain
 // builds on (a kept point never loses a parent).
 std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& points, uint32_t keep);
+// Deletes retired points' trees a piece at a time: each regular file that nothing else links is
+// shrunk 64 MiB at a time with a 1 ms pause between (freeing gigabytes of a tmpfs in one call holds
+// the kernel's allocator locks that long), then the trees are removed; a file another entry links
+// (a point made whole) keeps its bytes. Up to `threads` files at once: a tmpfs frees one file's
+// pages under that file's lock, so one thread (~6 GB/s on an H200 host) was slower than a policy
+// writes there and held its next tick back (docs/BENCHMARKS.md, 2026-11-29). The helper threads
+// take the caller's nice.
+void free_gently(const std::vector<std::string>& paths, unsigned threads);
+// How many threads retention frees with: a quarter of the cores, 1 to 4.
+unsigned freeing_threads();
 
 // What making a restore point whole did (make_point_whole).
 struct WholePointReport {
