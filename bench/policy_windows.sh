@@ -35,6 +35,8 @@
 #                the policy's log and every step there. When writing is slower than the interval
 #                (the log holds fewer ticks than intervals: coalesced), the run is judged whole:
 #                its steps against the job's own over as long a stretch just before the policy.
+#                Both print the RPO: the age of the newest complete point, sampled every 20 ms from
+#                the policy's status file (as continuous_bench.sh does).
 #   --job-cpus LIST, --posd-cpus LIST (taskset lists, both or neither): the job on cores of its own,
 #                posd and pos-cli on others (the MLP job's step groups follow the cores its host
 #                work runs on: bench/step_spread.sh)
@@ -78,7 +80,7 @@ bench_scratch policy-windows
 echo "job: $JOB ${ARGS[*]}; policy every $EVERY, $SHAPE; points in $WORK ($(df -PT "$WORK" | awk 'NR==2{print $2}'))"
 BUILD="$BUILD" ROOT="$ROOT" SOCK="$SOCK" TMP="$TMP" WORK="$WORK" JOB="$JOB" EVERY="$EVERY" TICKS="$TICKS" \
 PAIRS="$PAIRS" WARM="$WARM" STEADY="$STEADY" JOB_CPUS="$JOB_CPUS" POSD_CPUS="$POSD_CPUS" python3 - "${ARGS[@]}" <<'PY'
-import bisect, os, re, signal, statistics, subprocess, sys, threading, time
+import bisect, json, os, re, signal, statistics, subprocess, sys, threading, time
 E = os.environ
 B, TMP, WORK, kind = E["BUILD"], E["TMP"], E["WORK"], E["JOB"]
 cli = B + "/tools/pos-cli"
@@ -136,7 +138,18 @@ if steady > 0:
     r = subprocess.run(c, env=env, capture_output=True, text=True)
     if r.returncode != 0: fail(f"pos-cli checkpoint failed: {r.stderr.strip()}")
     t_answer = now()
-    time.sleep(steady * every_s + 0.3)
+    # RPO, as continuous_bench.sh reads it: sampled every 20 ms from the policy's status file, now
+    # minus the cut of the newest complete point (its completion minus its duration).
+    status_path, newest, cut, rpo = f"{TMP}/jobs/checkpoints/{job.pid}.json", None, None, 0.0
+    end = time.monotonic() + steady * every_s + 0.3
+    while time.monotonic() < end:
+        try: js = json.load(open(status_path))
+        except Exception: js = None
+        tn = time.time()
+        if js and js.get("newest") and js["newest"] != newest:
+            newest, cut = js["newest"], tn - js["last_duration_us"] / 1e6
+        if cut is not None: rpo = max(rpo, tn - cut)
+        time.sleep(0.02)
     r = subprocess.run([cli, "checkpoint", "-t", str(job.pid), "--stop", "--jobs-dir", TMP + "/jobs", *cli_extra],
                        env=env, capture_output=True, text=True)
     if r.returncode != 0: fail(f"pos-cli checkpoint --stop failed: {r.stderr.strip()}")
@@ -147,6 +160,12 @@ if steady > 0:
     job.send_signal(signal.SIGKILL)
     job.wait()
     took = [float(x) for x in re.findall(r"([0-9.]+) s in all", log)]
+    def rpo_line():
+        # A tick that outlasts the interval starts the next at once (coalesced): the bound is then
+        # the longest tick twice.
+        bound = max(every_s, max(took)) + max(took) if took else float("nan")
+        return (f"RPO max {rpo:.2f} s (age of the newest complete point, sampled every 20 ms); the interval "
+                f"(or the longest tick, if longer) plus the longest tick: {bound:.2f} s")
     steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
     if len(took) < steady:
         # Writing took longer than the interval: the policy coalesced ticks and moved its schedule,
@@ -169,6 +188,7 @@ if steady > 0:
             print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
                   f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median "
                   f"{statistics.median(b for _, b in tk):.3f} ms, max {max(b for _, b in tk):.3f} ms")
+        print(rpo_line())
         if os.environ.get("POS_BENCH_LOGS"):
             os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
             open(os.environ["POS_BENCH_LOGS"] + "/checkpoint.log", "w").write(log)
@@ -256,6 +276,7 @@ if steady > 0:
         print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
               f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median {statistics.median(b for _, b in tk):.3f} ms, "
               f"max {max(b for _, b in tk):.3f} ms")
+    print(rpo_line())
     sys.exit(0)
 windows, logs = [], []  # windows: (kind, begin, end) on the job's clock
 def off_window():
