@@ -6,7 +6,7 @@
 # usage: bench/policy_windows.sh BUILD [--job mlp|torch] [--every 10s] [--ticks 3] [--pairs 6]
 #                                [--warm S] [--dir DIR] [-- JOB ARGS...]
 #   --job mlp    workloads/mlp_train_native under posd (CUDA backend), the job of continuous_bench.sh
-#                (default args: 8.84 GB of parameters, half the layers frozen)
+#                (default args: 8.84 GB of parameters, half the layers frozen, batches made ahead on 4 threads)
 #   --job torch  workloads/torch_train.py under `pos run` (in-process; default: 4 layers, --state-gib 8)
 #   --every      the policy's interval; --ticks: ticks per "on" window, which lasts ticks x every
 #                minus 0.5 s (a tick runs at the policy's start, then every interval: the window
@@ -67,7 +67,7 @@ done
 [[ -n "$POSD_CPUS" ]] && POSD_PREFIX=(taskset -c "$POSD_CPUS")
 ARGS=("$@")
 if [[ ${#ARGS[@]} -eq 0 ]]; then
-  if [[ $JOB == mlp ]]; then ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4)
+  if [[ $JOB == mlp ]]; then ARGS=(--input 1024 --hidden 16384 --layers 8 --output 256 --batch 256 --frozen 4 --prefetch 4)
   else ARGS=(--layers 4 --state-gib 8); fi
 fi
 for f in tools/posd tools/pos-cli tools/pos workloads/mlp_train_native remoting/client/libpos_client.so; do
