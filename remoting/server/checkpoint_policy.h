@@ -102,15 +102,23 @@ std::vector<RestorePoint> list_restore_points(const std::string& dir);
 // Retention: the points to delete so that the newest `keep` stay, each with every point its chain
 // builds on (a kept point never loses a parent).
 std::vector<std::string> points_to_retire(const std::vector<RestorePoint>& points, uint32_t keep);
-// Deletes retired points' trees a piece at a time: each regular file that nothing else links is
-// shrunk 64 MiB at a time with a 1 ms pause between (freeing gigabytes of a tmpfs in one call holds
-// the kernel's allocator locks that long), then the trees are removed; a file another entry links
-// (a point made whole) keeps its bytes. Up to `threads` files at once: a tmpfs frees one file's
-// pages under that file's lock, so one thread (~6 GB/s on an H200 host) was slower than a policy
-// writes there and held its next tick back (docs/BENCHMARKS.md, 2026-11-29). The helper threads
-// take the caller's nice.
+// Retired points' files, freed a piece at a time by whichever threads take part: each regular
+// file that nothing else links is shrunk 64 MiB at a time with a 1 ms pause between (freeing
+// gigabytes of a tmpfs in one call holds the kernel's allocator locks that long); a file another
+// entry links (a point made whole) keeps its bytes. Threads take whole files: a tmpfs frees one
+// file's pages under that file's lock.
+struct FreeList {
+  std::vector<std::string> files;
+  std::atomic<size_t> next{0};
+};
+// The regular files under `paths`.
+std::unique_ptr<FreeList> list_files_to_free(const std::vector<std::string>& paths);
+// Frees files of the list until none is left unclaimed; any number of threads may call it at once.
+void take_part_in_freeing(FreeList& list);
+// All of it: the files on up to `threads` threads (the helpers take the caller's nice), then the
+// trees removed.
 void free_gently(const std::vector<std::string>& paths, unsigned threads);
-// How many threads retention frees with: a quarter of the cores, 1 to 4.
+// How many threads retention frees with once a tick waits for it: a quarter of the cores, 2 to 4.
 unsigned freeing_threads();
 
 // What making a restore point whole did (make_point_whole).
@@ -189,6 +197,8 @@ class CheckpointRunner {
   bool said_not_yet_ = false;      // that the job has no state to checkpoint yet (logged once)
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
   std::thread freeing_;          // the last retention's: frees the retired points' bytes
+  std::shared_ptr<FreeList> freeing_list_;  // what it frees (helpers join in when a tick waits)
+  std::shared_ptr<std::atomic<bool>> freeing_done_;
 };
 
 // "30s", "500ms", "2m", "1h", "1.5" (seconds): the interval in seconds, or why not (0.01 s to 1 day).
