@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -365,7 +366,11 @@ class DirWriter final : public ImageWriter {
     }
     // A writer per file: each takes any chunk, but two never write one file at once (its inode
     // lock would make the second wait anyway).
-    for (unsigned i = 0; i < nfiles_; ++i) writers_.emplace_back([this] { write_loop(); });
+    for (unsigned i = 0; i < nfiles_; ++i)
+      writers_.emplace_back([this] {
+        if (opt_.nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), opt_.nice);
+        write_loop();
+      });
     return Status::Ok();
   }
 

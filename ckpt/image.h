@@ -151,6 +151,10 @@ struct DirWriterOptions {
   // inode lock: ~2-4 GB/s; side by side they reach the page cache's 30-50 GB/s). 0: by the cores.
   uint32_t memory_files = 0;
   HostAllocator alloc = HostAllocator::plain();
+  // The writer threads' nice (each thread's own, set as it starts; 0: left as it is). A checkpoint
+  // whose job runs on beside it writes at 19: its checksums and writes then take only the cores
+  // that posd's worker, serving the job meanwhile, leaves (docs/checkpoint.md).
+  int nice = 0;
   // Called by a writer thread once bytes [offset, offset+length) of memory file `name` (memory.bin,
   // memory.K.bin, inside "<dir>.partial") are written; chunks of zeros, left as holes, are not
   // reported. pos-cli migrate sends the stop's GPU part as posd drains it from these.

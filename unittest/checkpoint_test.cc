@@ -9,6 +9,8 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <tuple>
 #include <fstream>
 #include <thread>
@@ -259,6 +261,32 @@ TEST_F(CheckpointTest, ASyncCheckpointToADirectoryRestoresEveryBufferAndHandle) 
   EXPECT_FALSE(fs::exists(d + ".partial"));
   ASSERT_TRUE(kill_and_restore(d).ok());
   expect_state();
+}
+
+// A copy-on-write checkpoint's writers run at nice 19, so that the job, running on beside it, keeps
+// the session's worker on its cores; a sync one's (the job waits for it) at the caller's nice.
+TEST_F(CheckpointTest, ACopyOnWriteCheckpointWritesAtNice19AndASyncOneAtTheCallersNice) {
+  build_state();
+  const int mine = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+  for (CheckpointMode mode : {CheckpointMode::kSync, CheckpointMode::kAsync}) {
+    const std::string d = temp_dir(mode == CheckpointMode::kSync ? "nice-sync" : "nice-async");
+    std::mutex mu;
+    std::set<int> nices;
+    CheckpointRequest req = to_dir(d, mode);
+    req.on_written = [&](const std::string&, uint64_t, uint64_t) {
+      const int n = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
+      std::lock_guard<std::mutex> lk(mu);
+      nices.insert(n);
+    };
+    auto r = dump(std::move(req));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_FALSE(nices.empty()) << "no range written was told of";
+    EXPECT_EQ(nices, (std::set<int>{mode == CheckpointMode::kAsync ? 19 : mine}));
+    ASSERT_TRUE(kill_and_restore(d).ok());
+    expect_state();
+    upload(odd_, odd_data_.data(), 777 * 4);
+    ASSERT_TRUE(api().device_synchronize().ok());
+  }
 }
 
 // Each type's record hook writes its own fields and its restore hook reads them all back: an image

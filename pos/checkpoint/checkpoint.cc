@@ -80,6 +80,10 @@ Status CheckpointJob::prepare(uint64_t default_shadow_pool, int device) {
     o.replace = req_.replace;
     o.alloc = staging_chunk_allocator(device_);
     o.on_written = req_.on_written;
+    // The job runs on while this one is written (copy-on-write, not a stop): its writers yield the
+    // CPU to the session's worker. At nice 0, on the 8 cores posd was pinned to, they made the
+    // MLP job's steps during a tick up to 1.5x; on 10 cores 1.15x (docs/BENCHMARKS.md, 2026-11-29).
+    if (req_.mode == CheckpointMode::kAsync && !req_.stop) o.nice = 19;
     if (req_.peer) {
       // A peer switch's image holds handles and variables only, and is taken while the job waits:
       // no page-locked staging (allocating it costs tens of milliseconds), one memory file.

@@ -455,9 +455,9 @@ CheckpointRunner::~CheckpointRunner() { finish_retention(); }
 void CheckpointRunner::finish_retention() {
   if (!freeing_.joinable()) return;
   // Still freeing: what waits for it (the next retention, so the next tick) gets helpers, at nice
-  // 19 too. Alone, one thread freed 30 GB of /dev/shm in 4.8 s and held a 2 s policy's next tick
-  // back by 2.5 s; always on four threads, the freeing slowed the MLP job's steps beside it (up to
-  // 1.6x; docs/BENCHMARKS.md, 2026-11-29). So it is gentle until something waits.
+  // 19 too. Alone, one thread freed 30 GB of /dev/shm in 4.8 s and a 2 s policy's next tick started
+  // about 2 s late; freeing on four threads always is more load beside the job than it needs when
+  // nothing waits (docs/BENCHMARKS.md, 2026-11-29). So it is gentle until something waits.
   std::vector<std::thread> helpers;
   const auto t0 = std::chrono::steady_clock::now();
   if (freeing_list_ && freeing_done_ && !*freeing_done_) {

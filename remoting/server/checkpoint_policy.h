@@ -161,7 +161,9 @@ class CheckpointRunner {
   // gigabytes never delays the next tick (whose point would then be older); the next retention,
   // finish_retention, run()'s end and the destructor wait for it.
   Status tick();
-  // Waits until the bytes of the points retention retired are freed.
+  // Waits until the bytes of the points retention retired are freed, adding helper threads
+  // (freeing_threads() in all) if it is still freeing: one thread frees gently, more only while
+  // something waits.
   void finish_retention();
   // Ticks every interval until `stop` is set or `alive()` says the job is gone (checked between
   // ticks and while waiting); a tick that runs past the interval is followed by one tick at the
