@@ -460,7 +460,8 @@ void CheckpointRunner::finish_retention() {
   // nothing waits (docs/BENCHMARKS.md, 2026-11-29). So it is gentle until something waits.
   std::vector<std::thread> helpers;
   const auto t0 = std::chrono::steady_clock::now();
-  if (freeing_list_ && freeing_done_ && !*freeing_done_) {
+  // (Only for files not yet taken: a retention past them is punching, or done.)
+  if (freeing_list_ && freeing_list_->next.load() < freeing_list_->files.size()) {
     for (unsigned t = 1; t < freeing_threads(); ++t)
       helpers.emplace_back([list = freeing_list_] {
         (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
@@ -477,7 +478,6 @@ void CheckpointRunner::finish_retention() {
     log_(line);
   }
   freeing_list_.reset();
-  freeing_done_.reset();
 }
 
 void CheckpointRunner::write_status() {
@@ -541,8 +541,7 @@ Status CheckpointRunner::retire() {
     std::vector<std::string> paths;
     for (const std::string& name : gone) paths.push_back(policy_.dir + "/.del-" + name);
     freeing_list_ = list_files_to_free(paths);
-    freeing_done_ = std::make_shared<std::atomic<bool>>(false);
-    freeing_ = std::thread([this, paths, punch_dir, list = freeing_list_, done = freeing_done_] {
+    freeing_ = std::thread([this, paths, punch_dir, list = freeing_list_] {
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
       const auto t0 = std::chrono::steady_clock::now();
       take_part_in_freeing(*list);
@@ -566,7 +565,6 @@ Status CheckpointRunner::retire() {
                       std::chrono::duration<double>(t2 - t1).count());
         log_(line);
       }
-      *done = true;
     });
   }
   status_.points = points.size() - gone.size();

@@ -200,7 +200,6 @@ class CheckpointRunner {
   std::function<bool()> alive_;  // run()'s: a tick that fails because the job ended is no failure
   std::thread freeing_;          // the last retention's: frees the retired points' bytes
   std::shared_ptr<FreeList> freeing_list_;  // what it frees (helpers join in when a tick waits)
-  std::shared_ptr<std::atomic<bool>> freeing_done_;
 };
 
 // "30s", "500ms", "2m", "1h", "1.5" (seconds): the interval in seconds, or why not (0.01 s to 1 day).
