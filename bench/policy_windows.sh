@@ -167,6 +167,22 @@ if steady > 0:
         return (f"RPO max {rpo:.2f} s (age of the newest complete point, sampled every 20 ms); the interval "
                 f"(or the longest tick, if longer) plus the longest tick: {bound:.2f} s")
     steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
+    def finish():
+        # Both shapes end alike: the ticks' totals, the RPO, and (POS_BENCH_LOGS) the log and the steps kept.
+        tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", log)]
+        if tk:
+            print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
+                  f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median "
+                  f"{statistics.median(b for _, b in tk):.3f} ms, max {max(b for _, b in tk):.3f} ms")
+        print(rpo_line())
+        if os.environ.get("POS_BENCH_LOGS"):
+            os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
+            open(os.environ["POS_BENCH_LOGS"] + "/checkpoint.log", "w").write(log)
+            with open(os.environ["POS_BENCH_LOGS"] + "/steps.txt", "w") as f:
+                f.write(f"# t_start {t_start:.6f} every_s {every_s}\n")
+                for i, (st, ms) in enumerate(steps):
+                    f.write(f"{i} {st:.6f} {ms:.3f} {phases.get(i, '')}\n")
+        sys.exit(0)
     if len(took) < steady:
         # Writing took longer than the interval: the policy coalesced ticks and moved its schedule,
         # so the intervals' halves no longer hold one tick each. What is left to judge is the whole
@@ -183,20 +199,10 @@ if steady > 0:
         print(f"steps under the policy: {len(under)}, mean {statistics.mean(under):.3f} ms "
               f"({100 * (statistics.mean(under) / statistics.mean(before) - 1):+.2f} % on the mean before), median {mu:.3f}; "
               f"worst / the median before {max(under) / mb:.2f} ({sum(x > 1.2 * mb for x in under)} over 1.2)")
-        tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", log)]
-        if tk:
-            print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
-                  f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median "
-                  f"{statistics.median(b for _, b in tk):.3f} ms, max {max(b for _, b in tk):.3f} ms")
-        print(rpo_line())
-        if os.environ.get("POS_BENCH_LOGS"):
-            os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
-            open(os.environ["POS_BENCH_LOGS"] + "/checkpoint.log", "w").write(log)
-        sys.exit(0)
+        finish()
     half = every_s / 2
     if max(took[:steady]) > half - 0.5:
         print(f"warning: a tick took {max(took[:steady]):.2f} s, longer than the first half less 0.5 s")
-    steps = [(starts[i], (starts[i + 1] - starts[i]) * 1e3) for i in range(len(starts) - 1)]
     print(f"policy started {1e3 * (t_answer - t_start):.0f} ms after it was asked; {steady} intervals of {every_s:g} s")
     # The tick's own steps: those that overlap its window (its start to 0.25 s after its end, by the
     # log's duration), against the steps of the same run outside every window: what a tick adds,
@@ -264,20 +270,7 @@ if steady > 0:
               + (f"; {phases[i]}" if i in phases else ""))
         shown += 1
         if shown == 8: break
-    if os.environ.get("POS_BENCH_LOGS"):
-        os.makedirs(os.environ["POS_BENCH_LOGS"], exist_ok=True)
-        open(os.environ["POS_BENCH_LOGS"] + "/checkpoint.log", "w").write(log)
-        with open(os.environ["POS_BENCH_LOGS"] + "/steps.txt", "w") as f:
-            f.write(f"# t_start {t_start:.6f} every_s {every_s}\n")
-            for i, (st, ms) in enumerate(steps):
-                f.write(f"{i} {st:.6f} {ms:.3f} {phases.get(i, '')}\n")
-    tk = [(float(a), float(b)) for a, b in re.findall(r"([0-9.]+) MB written.*?the job paused ([0-9.]+) ms", log)]
-    if tk:
-        print(f"ticks: {len(tk)}; MB written per tick mean {statistics.mean(a for a, _ in tk):.0f}; tick s mean "
-              f"{statistics.mean(took):.2f}, max {max(took):.2f}; job paused median {statistics.median(b for _, b in tk):.3f} ms, "
-              f"max {max(b for _, b in tk):.3f} ms")
-    print(rpo_line())
-    sys.exit(0)
+    finish()
 windows, logs = [], []  # windows: (kind, begin, end) on the job's clock
 def off_window():
     b = now(); time.sleep(window); windows.append(("off", b, now()))
