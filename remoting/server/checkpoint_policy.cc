@@ -255,21 +255,6 @@ void take_part_in_freeing(FreeList& list) {
   }
 }
 
-void free_gently(const std::vector<std::string>& paths, unsigned threads) {
-  std::unique_ptr<FreeList> list = list_files_to_free(paths);
-  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
-  std::vector<std::thread> helpers;
-  for (unsigned t = 1; t < std::min<size_t>(threads, list->files.size()); ++t)
-    helpers.emplace_back([&list, nice] {
-      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
-      take_part_in_freeing(*list);
-    });
-  take_part_in_freeing(*list);
-  for (std::thread& h : helpers) h.join();
-  std::error_code ec;
-  for (const std::string& path : paths) std::filesystem::remove_all(path, ec);
-}
-
 unsigned freeing_threads() { return std::clamp(std::thread::hardware_concurrency() / 4, 2u, 4u); }
 
 // ---- making a point whole ----

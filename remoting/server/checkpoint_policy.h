@@ -115,9 +115,6 @@ struct FreeList {
 std::unique_ptr<FreeList> list_files_to_free(const std::vector<std::string>& paths);
 // Frees files of the list until none is left unclaimed; any number of threads may call it at once.
 void take_part_in_freeing(FreeList& list);
-// All of it: the files on up to `threads` threads (the helpers take the caller's nice), then the
-// trees removed.
-void free_gently(const std::vector<std::string>& paths, unsigned threads);
 // How many threads retention frees with once a tick waits for it: a quarter of the cores, 2 to 4.
 unsigned freeing_threads();
 
